@@ -1,0 +1,79 @@
+"""quantize(): checks its input and launches the Triton quantize kernel."""
+from __future__ import annotations
+
+import torch
+import triton
+
+from .._runtime import check_device
+from . import kernel
+from .reference import nvfp4_global_scale
+from .scaled_tensor import ScaledTensor
+from .spec import format_spec
+
+__all__ = ["quantize"]
+
+_INPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def quantize(
+    x: torch.Tensor,
+    format: str,
+    *,
+    global_scale: torch.Tensor | None = None,
+    scale_layout: str = "row",
+    group_offsets: torch.Tensor | None = None,
+) -> ScaledTensor:
+    """Quantizes ``x`` ``[..., K]`` to a block-scaled format with a Triton kernel.
+
+    Args:
+        x: bf16, fp16 or fp32 ``[..., K]``; K a multiple of the format's block (32 MX, 16 NVFP4).
+        format: ``"mxfp8"`` (e4m3 data, e8m0 scale per 32), ``"mxfp4"`` (packed e2m1, e8m0 per 32)
+            or ``"nvfp4"`` (packed e2m1, e4m3 scale per 16, float32 per-tensor decode scale).
+        global_scale: nvfp4 only: float32 scalar decode scale; default ``amax(|x|) / (448 · 6)``,
+            computed on the device.
+        scale_layout: ``"row"`` (``[..., K / block]``, the default) or ``"128x4"`` (tensor-core tiles).
+        group_offsets: int32 ``[G + 1]`` for a 2D x with ``scale_layout="128x4"``: pad the scale tiles
+            per group, the layout of the seed's A operand.
+
+    MX scales follow the OCP MX floor rule ``2^(floor(log2(amax)) - emax)``; elements round to
+    nearest even and saturate. Same bits as :func:`llmkernels.formats.quantize_reference`.
+
+    Raises:
+        TypeError: x is not a floating tensor of a supported dtype.
+        ValueError: unknown format, K not a multiple of the block, bad global_scale, device.
+    """
+    spec = format_spec(format)
+    if not isinstance(x, torch.Tensor) or x.dtype not in _INPUT_DTYPES:
+        raise TypeError(f"x must be a bf16, fp16 or fp32 tensor, got {getattr(x, 'dtype', type(x).__name__)}")
+    if x.dim() < 1 or x.shape[-1] % spec.block:
+        raise ValueError(f"x's last dim must be a multiple of {spec.block} for {format}, got shape {tuple(x.shape)}")
+    if global_scale is not None:
+        if not spec.has_global_scale:
+            raise ValueError(f"global_scale is for nvfp4 only, not {format}")
+        if not isinstance(global_scale, torch.Tensor) or global_scale.numel() != 1:
+            raise ValueError("global_scale must be a tensor of one element")
+    check_device(x=x, global_scale=global_scale)
+
+    num_cols = x.shape[-1]
+    x2d = x.reshape(-1, num_cols)
+    if x2d.stride(-1) != 1:
+        x2d = x2d.contiguous()
+    num_rows = x2d.shape[0]
+    data = torch.empty((*x.shape[:-1], num_cols // 2 if spec.packed else num_cols), dtype=spec.data_dtype,
+                       device=x.device)
+    scales = torch.empty((*x.shape[:-1], num_cols // spec.block), dtype=torch.uint8, device=x.device)
+    if spec.has_global_scale:
+        global_scale = nvfp4_global_scale(x) if global_scale is None else global_scale.float().reshape(())
+    if x2d.numel() > 0:
+        block_rows, block_cols = 16, 128
+        grid = (triton.cdiv(num_rows, block_rows), triton.cdiv(num_cols, block_cols))
+        kernel.quantize_kernel[grid](
+            x2d, data.view(torch.uint8), scales, global_scale,
+            x2d.stride(0), num_rows, num_cols,
+            ELEMENT=spec.element, SCALE=spec.scale, SCALE_BLOCK=spec.block, EMAX=spec.emax,
+            BLOCK_ROWS=block_rows, BLOCK_COLS=block_cols,
+        )
+    result = ScaledTensor(data, scales.view(spec.scale_dtype), format, global_scale)
+    if scale_layout != "row" or group_offsets is not None:
+        result = result.to_layout(scale_layout, group_offsets=group_offsets)
+    return result

@@ -1,0 +1,123 @@
+"""Triton kernels for the block-scaled formats: quantize, and the element/scale decoders that the
+matmul kernels share."""
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def decode_e2m1(codes):
+    """uint8 e2m1 codes (low 4 bits) → float32. Magnitude ×4 is an integer: 0 2 4 6 8 12 16 24."""
+    codes = codes.to(tl.int32)
+    exponent = (codes >> 1) & 3
+    mantissa = codes & 1
+    quadruple = tl.where(exponent == 0, mantissa * 2, (mantissa + 2) << exponent)
+    magnitude = quadruple.to(tl.float32) * 0.25
+    return tl.where((codes & 8) != 0, -magnitude, magnitude)
+
+
+@triton.jit
+def decode_e8m0(bits):
+    """uint8 biased exponents → float32 ``2^(bits - 127)``; 0 is the subnormal 2^-127, 255 NaN."""
+    bits = bits.to(tl.int32)
+    word = tl.where(bits == 0, 0x00400000, bits << 23)
+    word = tl.where(bits == 255, 0x7FC00000, word)
+    return word.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def decode_scale(bits, SCALE: tl.constexpr):
+    """uint8 scale bits → float32, for ``SCALE`` ``"e8m0"`` or ``"e4m3"``."""
+    if SCALE == "e8m0":
+        return decode_e8m0(bits)
+    else:
+        return bits.to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _round_to_e4m3(value):
+    """float32 within ±448 → the nearest e4m3 value (ties to even), still as float32.
+
+    Adding ``M = 1.5 · 2^23 · ulp`` moves ``value`` into a binade whose float32 spacing is the e4m3
+    ulp, so the hardware's round-to-nearest-even addition does the rounding; subtracting M is exact.
+    (The cast to fp8 then only sees representable values: Triton's interpreter does not round fp8
+    casts to nearest even.)
+    """
+    exponent = ((value.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
+    exponent = tl.maximum(exponent, -6)  # e4m3 subnormals share the ulp of the lowest binade
+    magic = (((exponent + 20 + 127) << 23) | 0x400000).to(tl.float32, bitcast=True)
+    return (value + magic) - magic
+
+
+@triton.jit
+def _encode_e2m1(scaled):
+    """float32 already clamped to ±6 → e2m1 codes (int32), round to nearest even."""
+    magnitude = tl.abs(scaled)
+    # Each threshold is a midpoint between neighbours; ">" where the lower neighbour is even
+    # (ties go down), ">=" where the upper one is.
+    code = (magnitude > 0.25).to(tl.int32) + (magnitude >= 0.75).to(tl.int32)
+    code += (magnitude > 1.25).to(tl.int32) + (magnitude >= 1.75).to(tl.int32)
+    code += (magnitude > 2.5).to(tl.int32) + (magnitude >= 3.5).to(tl.int32)
+    code += (magnitude > 5.0).to(tl.int32)
+    sign = (scaled.to(tl.int32, bitcast=True) >> 31) & 1
+    return code | (sign << 3)
+
+
+@triton.jit
+def quantize_kernel(
+    x_ptr, data_ptr, scales_ptr, global_scale_ptr,
+    stride_x_row, num_rows, num_cols,
+    ELEMENT: tl.constexpr, SCALE: tl.constexpr, SCALE_BLOCK: tl.constexpr, EMAX: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr,
+):
+    """Quantizes x ``[num_rows, num_cols]`` (row stride ``stride_x_row``, unit column stride).
+
+    Writes ``data`` ``[num_rows, num_cols]`` e4m3 or ``[num_rows, num_cols / 2]`` packed e2m1, and
+    row-major ``scales`` ``[num_rows, num_cols / SCALE_BLOCK]`` (uint8 bits). One program per
+    ``BLOCK_ROWS × BLOCK_COLS`` tile.
+    """
+    SCALES_PER_TILE: tl.constexpr = BLOCK_COLS // SCALE_BLOCK
+    rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+    cols = tl.program_id(1) * BLOCK_COLS + tl.arange(0, BLOCK_COLS)
+    rows64 = rows.to(tl.int64)
+    row_ok = rows < num_rows
+    x = tl.load(x_ptr + rows64[:, None] * stride_x_row + cols[None, :],
+                mask=row_ok[:, None] & (cols < num_cols)[None, :], other=0.0).to(tl.float32)
+    blocks = tl.reshape(x, (BLOCK_ROWS, SCALES_PER_TILE, SCALE_BLOCK))
+    amax = tl.max(tl.abs(blocks), axis=2)
+
+    if SCALE == "e8m0":
+        # OCP MX: scale = 2^(floor(log2(amax)) - emax), read off amax's exponent bits.
+        exponent = ((amax.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
+        scale_bits = tl.minimum(tl.maximum(exponent - EMAX, -127), 127) + 127
+        scale_bits = tl.where(amax != amax, 255, scale_bits)
+        # 1 / scale, exact; finite inputs keep scale_bits <= 253 so this stays a normal float.
+        inverse_scale = ((254 - scale_bits) << 23).to(tl.float32, bitcast=True)
+        scaled = blocks * inverse_scale[:, :, None]
+    else:
+        # NVFP4: e4m3 block scale of (amax / 6) relative to the per-tensor decode scale.
+        global_scale = tl.load(global_scale_ptr)
+        block_scale = tl.math.div_rn(tl.math.div_rn(amax, 6.0), global_scale)
+        block_scale = _round_to_e4m3(tl.minimum(tl.maximum(block_scale, 0.015625), 448.0)).to(tl.float8e4nv)
+        scale_bits = block_scale.to(tl.uint8, bitcast=True)
+        scale = block_scale.to(tl.float32) * global_scale
+        scaled = tl.math.div_rn(blocks, scale[:, :, None])
+
+    if ELEMENT == "e4m3":
+        scaled = tl.minimum(tl.maximum(scaled, -448.0), 448.0)
+        values = _round_to_e4m3(tl.reshape(scaled, (BLOCK_ROWS, BLOCK_COLS))).to(tl.float8e4nv)
+        values = values.to(tl.uint8, bitcast=True)
+        tl.store(data_ptr + rows64[:, None] * num_cols + cols[None, :], values,
+                 mask=row_ok[:, None] & (cols < num_cols)[None, :])
+    else:
+        scaled = tl.minimum(tl.maximum(scaled, -6.0), 6.0)
+        codes = tl.reshape(_encode_e2m1(scaled), (BLOCK_ROWS, BLOCK_COLS // 2, 2))
+        even, odd = tl.split(codes)
+        packed = (even | (odd << 4)).to(tl.uint8)
+        byte_cols = tl.program_id(1) * (BLOCK_COLS // 2) + tl.arange(0, BLOCK_COLS // 2)
+        tl.store(data_ptr + rows64[:, None] * (num_cols // 2) + byte_cols[None, :], packed,
+                 mask=row_ok[:, None] & (byte_cols < num_cols // 2)[None, :])
+
+    scale_cols = tl.program_id(1) * SCALES_PER_TILE + tl.arange(0, SCALES_PER_TILE)
+    num_scale_cols = num_cols // SCALE_BLOCK
+    tl.store(scales_ptr + rows64[:, None] * num_scale_cols + scale_cols[None, :], scale_bits.to(tl.uint8),
+             mask=row_ok[:, None] & (scale_cols < num_scale_cols)[None, :])

@@ -1,0 +1,119 @@
+"""Conversions between the plain row-major scale layout and the seed's 128x4 tensor-core layout.
+
+A 128x4 tile holds the scales of 128 rows × 4 scale columns in 512 bytes; scale ``(r, c)`` of a tile
+sits at byte ``(r % 32) * 16 + (r // 32) * 4 + c``. We store tiles as ``[..., row_tiles, col_tiles, 32, 16]``.
+All functions run on the tensors' device without a host sync.
+"""
+from __future__ import annotations
+
+import torch
+
+from .scaled_tensor import TILE_ROWS, TILE_SCALE_COLS, ScaledTensor
+
+__all__ = [
+    "to_blocked_scales", "from_blocked_scales", "to_grouped_blocked_scales", "from_grouped_blocked_scales",
+    "scales_to_row",
+]
+
+
+def _pad_bits(scales: torch.Tensor) -> int:
+    return 127 if scales.dtype == torch.float8_e8m0fnu else 0x38  # 1.0 in e8m0 / e4m3
+
+
+def _tiles_from_rows(rows: torch.Tensor) -> torch.Tensor:
+    """``[..., RT*128, CT*4]`` → ``[..., RT, CT, 32, 16]``."""
+    *lead, r, c = rows.shape
+    tiles = rows.reshape(*lead, r // TILE_ROWS, 4, 32, c // TILE_SCALE_COLS, TILE_SCALE_COLS)
+    n = len(lead)
+    tiles = tiles.permute(*range(n), n, n + 3, n + 2, n + 1, n + 4)
+    return tiles.reshape(*lead, r // TILE_ROWS, c // TILE_SCALE_COLS, 32, 16)
+
+
+def _rows_from_tiles(tiles: torch.Tensor) -> torch.Tensor:
+    """``[..., RT, CT, 32, 16]`` → ``[..., RT*128, CT*4]``."""
+    *lead, rt, ct, _, _ = tiles.shape
+    n = len(lead)
+    rows = tiles.reshape(*lead, rt, ct, 32, 4, TILE_SCALE_COLS)
+    rows = rows.permute(*range(n), n, n + 3, n + 2, n + 1, n + 4)
+    return rows.reshape(*lead, rt * TILE_ROWS, ct * TILE_SCALE_COLS)
+
+
+def to_blocked_scales(scales: torch.Tensor) -> torch.Tensor:
+    """Row-major scales ``[..., R, C]`` → 128x4 tiles ``[..., ceil(R/128), ceil(C/4), 32, 16]``, padded with 1.0."""
+    *lead, r, c = scales.shape
+    rt, ct = -(-r // TILE_ROWS), -(-c // TILE_SCALE_COLS)
+    bits = scales.view(torch.uint8)
+    padded = bits.new_full((*lead, rt * TILE_ROWS, ct * TILE_SCALE_COLS), _pad_bits(scales))
+    padded[..., :r, :c] = bits
+    return _tiles_from_rows(padded).contiguous().view(scales.dtype)
+
+
+def from_blocked_scales(blocked: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    """128x4 tiles ``[..., RT, CT, 32, 16]`` → row-major ``[..., rows, cols]``."""
+    bits = _rows_from_tiles(blocked.view(torch.uint8))
+    return bits[..., :rows, :cols].contiguous().view(blocked.dtype)
+
+
+def _group_tile_rows(group_offsets: torch.Tensor, num_rows: int):
+    """For every row of a grouped 2D tensor: its tile-row and row-in-tile in the per-group padded layout.
+
+    Returns ``(tile_row [R], row_in_tile [R], group_scale_offsets [G])``. Rows outside every group get
+    tile-row ``-1``. Offsets are clamped to ``[0, R]`` and made non-decreasing, as the kernel does.
+    """
+    offsets = group_offsets.to(torch.int64).clamp(0, num_rows)
+    offsets = torch.cummax(offsets, dim=0).values
+    sizes = offsets[1:] - offsets[:-1]
+    tiles = (sizes + TILE_ROWS - 1) // TILE_ROWS
+    first_tile = torch.cumsum(tiles, 0) - tiles
+    group_scale_offsets = first_tile - offsets[:-1] // TILE_ROWS
+    rows = torch.arange(num_rows, device=group_offsets.device)
+    group = torch.searchsorted(offsets[1:], rows, right=True).clamp(max=max(len(sizes) - 1, 0))
+    start = offsets[group]
+    local = rows - start
+    inside = (rows >= offsets[0]) & (rows < offsets[-1])
+    tile_row = torch.where(inside, first_tile[group] + local // TILE_ROWS, -1)
+    return tile_row, local % TILE_ROWS, group_scale_offsets.to(torch.int32)
+
+
+def to_grouped_blocked_scales(scales: torch.Tensor, group_offsets: torch.Tensor):
+    """Row-major scales ``[R, C]`` of a grouped tensor → ``(tiles, group_scale_offsets)``.
+
+    Each group's scale rows start a fresh 128-row tile (the seed's A-operand layout): row ``m`` of
+    group ``g`` lands in tile-row ``(m - off[g]) // 128 + off[g] // 128 + group_scale_offsets[g]``.
+    ``tiles`` is ``[ceil(R/128) + G, ceil(C/4), 32, 16]`` (an upper bound on the tiles needed; the rest
+    is padding), ``group_scale_offsets`` int32 ``[G]``. Rows outside every group are dropped.
+    """
+    if scales.dim() != 2:
+        raise ValueError(f"grouped scales must be 2D [R, C], got shape {tuple(scales.shape)}")
+    r, c = scales.shape
+    num_groups = group_offsets.numel() - 1
+    rt, ct = -(-r // TILE_ROWS) + num_groups, -(-c // TILE_SCALE_COLS)
+    tile_row, row_in_tile, group_scale_offsets = _group_tile_rows(group_offsets, r)
+    # Rows outside every group go to one extra tile-row that is cut off at the end.
+    flat_row = torch.where(tile_row >= 0, tile_row * TILE_ROWS + row_in_tile, rt * TILE_ROWS)
+    bits = scales.view(torch.uint8)
+    padded = bits.new_full(((rt + 1) * TILE_ROWS, ct * TILE_SCALE_COLS), _pad_bits(scales))
+    padded[flat_row, :c] = bits
+    tiles = _tiles_from_rows(padded[: rt * TILE_ROWS])
+    return tiles.contiguous().view(scales.dtype), group_scale_offsets
+
+
+def from_grouped_blocked_scales(blocked: torch.Tensor, group_offsets: torch.Tensor, num_rows: int, cols: int):
+    """Inverse of :func:`to_grouped_blocked_scales` (the seed's own ``a_scale_offsets`` are not needed:
+    they follow from ``group_offsets``). Rows outside every group read as 1.0."""
+    rows = _rows_from_tiles(blocked.view(torch.uint8))
+    tile_row, row_in_tile, _ = _group_tile_rows(group_offsets, num_rows)
+    flat_row = (tile_row.clamp(min=0) * TILE_ROWS + row_in_tile).clamp(max=rows.shape[0] - 1)
+    out = rows[flat_row, :cols]
+    out = torch.where((tile_row >= 0)[:, None], out, _pad_bits(blocked))
+    return out.to(torch.uint8).contiguous().view(blocked.dtype)
+
+
+def scales_to_row(tensor: ScaledTensor) -> torch.Tensor:
+    """The scales of ``tensor`` in the row-major layout ``[..., R, K / block]``."""
+    if tensor.scale_layout == "row":
+        return tensor.scales
+    rows, cols = tensor.shape[-2], tensor.shape[-1] // tensor.spec.block
+    if tensor.group_offsets is not None:
+        return from_grouped_blocked_scales(tensor.scales, tensor.group_offsets, rows, cols)
+    return from_blocked_scales(tensor.scales, rows, cols)

@@ -1,0 +1,109 @@
+"""PyTorch reference for the block-scaled formats: quantize and dequantize, written for clarity.
+
+These are the oracle for the Triton quantize kernel and for the matmul tests; they compute in float32.
+"""
+from __future__ import annotations
+
+import torch
+
+from .scaled_tensor import ScaledTensor
+from .spec import E2M1_MAX, E4M3_MAX, FormatSpec, format_spec
+
+__all__ = ["quantize_reference", "dequantize", "e2m1_values", "encode_e2m1", "decode_e2m1", "decode_e8m0"]
+
+# e2m1 code (sign << 3 | exponent << 1 | mantissa) → value
+_E2M1_MAGNITUDES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+E4M3_TINY = 2.0**-6  # smallest normal e4m3: floor of an nvfp4 block scale (torchao's choice)
+
+
+def e2m1_values(device=None) -> torch.Tensor:
+    """float32 ``[16]``: the value of every e2m1 code."""
+    mags = torch.tensor(_E2M1_MAGNITUDES, dtype=torch.float32, device=device)
+    return torch.cat([mags, -mags])
+
+
+def encode_e2m1(x: torch.Tensor) -> torch.Tensor:
+    """float32 → uint8 e2m1 codes (one per element), round to nearest even, saturating at ±6."""
+    mags = torch.tensor(_E2M1_MAGNITUDES, dtype=torch.float32, device=x.device)
+    a = x.abs().clamp(max=E2M1_MAX)
+    dist = (a[..., None] - mags).abs()
+    best = dist.min(dim=-1, keepdim=True).values
+    # Among the nearest codes (two on a tie), prefer the even one (mantissa bit 0).
+    candidates = (dist == best) & (torch.arange(8, device=x.device) % 2 == 0)
+    code = torch.where(candidates.any(-1), candidates.int().argmax(-1), dist.argmin(-1))
+    sign = torch.signbit(x) & ~torch.isnan(x)
+    return (code + sign.to(code.dtype) * 8).to(torch.uint8)
+
+
+def decode_e2m1(codes: torch.Tensor) -> torch.Tensor:
+    return e2m1_values(codes.device)[codes.long()]
+
+
+def decode_e8m0(bits: torch.Tensor) -> torch.Tensor:
+    """uint8 biased exponents → float32 ``2^(bits - 127)`` (255 → NaN)."""
+    value = torch.exp2(bits.float() - 127.0)
+    return torch.where(bits == 255, torch.nan, value)
+
+
+def _pack_e2m1(codes: torch.Tensor) -> torch.Tensor:
+    return codes[..., 0::2] | (codes[..., 1::2] << 4)
+
+
+def _unpack_e2m1(packed: torch.Tensor) -> torch.Tensor:
+    return torch.stack([packed & 0xF, packed >> 4], dim=-1).flatten(-2)
+
+
+def nvfp4_global_scale(x: torch.Tensor) -> torch.Tensor:
+    """The nvfp4 decode scale ``amax / (448 · 6)`` as a float32 scalar tensor (1.0 for an all-zero x)."""
+    amax = x.abs().amax().float()
+    return torch.where(amax > 0, amax / (E4M3_MAX * E2M1_MAX), torch.ones_like(amax))
+
+
+def quantize_reference(x: torch.Tensor, format: str, global_scale: torch.Tensor | None = None) -> ScaledTensor:
+    """Reference for :func:`llmkernels.quantize` (same bits), in plain PyTorch. x: ``[..., K]``."""
+    spec = format_spec(format)
+    k = x.shape[-1]
+    if k % spec.block:
+        raise ValueError(f"{format} needs the last dim ({k}) to be a multiple of {spec.block}")
+    blocks = x.float().reshape(*x.shape[:-1], k // spec.block, spec.block)
+    amax = blocks.abs().amax(-1)
+    if spec.scale == "e8m0":
+        scale_bits, scale = _mx_scales(amax, spec)
+        scales = scale_bits.view(torch.float8_e8m0fnu)
+    else:
+        if global_scale is None:
+            global_scale = nvfp4_global_scale(x)
+        global_scale = global_scale.float().reshape(())
+        block_scale = (amax / E2M1_MAX) / global_scale
+        scales = block_scale.clamp(E4M3_TINY, E4M3_MAX).to(torch.float8_e4m3fn)
+        scale = scales.float() * global_scale
+    scaled = (blocks / scale[..., None]).clamp(-spec.element_max, spec.element_max).reshape(x.shape)
+    if spec.packed:
+        data = _pack_e2m1(encode_e2m1(scaled))
+    else:
+        data = scaled.to(torch.float8_e4m3fn)
+    return ScaledTensor(data, scales, format, global_scale if spec.has_global_scale else None)
+
+
+def _mx_scales(amax: torch.Tensor, spec: FormatSpec):
+    """OCP MX floor rule: ``scale = 2^(floor(log2(amax)) - emax)``, clamped to e8m0's range."""
+    # floor(log2(amax)) exactly (a float32 log2 rounds up just below a power of two); subnormal
+    # and zero amax fall below e8m0's range and clamp to its bottom, as the bit-level rule does.
+    exponent = torch.where(amax > 0, torch.frexp(amax).exponent - 1, -127)
+    unbiased = (exponent.clamp(min=-127) - spec.emax).clamp(-127, 127)
+    bits = torch.where(torch.isnan(amax), 255, unbiased + 127).to(torch.uint8)
+    return bits, decode_e8m0(bits)
+
+
+def dequantize(x: ScaledTensor) -> torch.Tensor:
+    """ScaledTensor of logical shape ``[..., K]`` → float32 ``[..., K]`` (any scale layout)."""
+    from .layout import scales_to_row
+
+    spec = x.spec
+    values = decode_e2m1(_unpack_e2m1(x.data)) if spec.packed else x.data.float()
+    row_scales = scales_to_row(x)
+    scale = decode_e8m0(row_scales.view(torch.uint8)) if spec.scale == "e8m0" else row_scales.float()
+    if spec.has_global_scale:
+        scale = scale * x.global_scale.float().reshape(())
+    blocks = values.reshape(*values.shape[:-1], -1, spec.block)
+    return (blocks * scale[..., None]).reshape(values.shape)

@@ -1,0 +1,130 @@
+"""ScaledTensor: quantized data with its block scales."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .spec import FormatSpec, format_spec
+
+__all__ = ["ScaledTensor", "SCALE_LAYOUTS", "TILE_ROWS", "TILE_SCALE_COLS"]
+
+SCALE_LAYOUTS = ("row", "128x4")
+TILE_ROWS = 128  # rows of one tensor-core scale tile
+TILE_SCALE_COLS = 4  # scale columns of one tile
+
+
+@dataclass
+class ScaledTensor:
+    """A block-scaled tensor of logical shape ``[..., K]``.
+
+    Attributes:
+        data: ``float8_e4m3fn [..., K]`` (mxfp8) or ``uint8 [..., K // 2]`` (mxfp4, nvfp4; two e2m1
+            values per byte, the even element in the low nibble).
+        scales: one scale per ``block`` elements along K. ``scale_layout="row"``: ``[..., R, K // block]``
+            row-major. ``"128x4"``: the tensor-core layout ``[..., ceil(R / 128), ceil(K / block / 4), 32, 16]``
+            (byte ``(r % 32) * 16 + (r % 128) // 32 * 4 + c % 4`` of tile ``(r // 128, c // 4)``), padded with 1.0.
+            dtype ``float8_e8m0fnu`` (MX) or ``float8_e4m3fn`` (nvfp4).
+        format: ``"mxfp8"``, ``"mxfp4"`` or ``"nvfp4"``.
+        global_scale: nvfp4 only, float32 scalar tensor: the **decode** scale,
+            ``x ≈ e2m1 · block_scale · global_scale``.
+        scale_layout: ``"row"`` or ``"128x4"``.
+        group_offsets, group_scale_offsets: set only for a 2D tensor whose 128x4 scales are padded per
+            group (the seed's A operand): int32 ``[G + 1]`` row offsets of the groups and the seed's
+            ``a_scale_offsets`` int32 ``[G]``. Group g's scale rows start at tile-row
+            ``group_offsets[g] // 128 + group_scale_offsets[g]``.
+    """
+
+    data: torch.Tensor
+    scales: torch.Tensor
+    format: str
+    global_scale: torch.Tensor | None = None
+    scale_layout: str = "row"
+    group_offsets: torch.Tensor | None = None
+    group_scale_offsets: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        spec = self.spec
+        if not isinstance(self.data, torch.Tensor) or self.data.dtype != spec.data_dtype:
+            raise TypeError(f"{self.format} data must be a {spec.data_dtype} tensor, got {_describe(self.data)}")
+        if not isinstance(self.scales, torch.Tensor) or self.scales.dtype != spec.scale_dtype:
+            raise TypeError(f"{self.format} scales must be a {spec.scale_dtype} tensor, got {_describe(self.scales)}")
+        if self.scale_layout not in SCALE_LAYOUTS:
+            raise ValueError(f"scale_layout must be one of {SCALE_LAYOUTS}, got {self.scale_layout!r}")
+        if self.data.dim() < (2 if self.scale_layout == "128x4" else 1):
+            raise ValueError(f"data of shape {tuple(self.data.shape)} has too few dimensions for {self.scale_layout} scales")
+        if spec.has_global_scale:
+            gs = self.global_scale
+            if not isinstance(gs, torch.Tensor) or gs.dtype != torch.float32 or gs.numel() != 1:
+                raise TypeError(f"nvfp4 needs global_scale, a float32 tensor of one element, got {_describe(gs)}")
+        elif self.global_scale is not None:
+            raise ValueError(f"{self.format} has no global_scale")
+        grouped = self.group_offsets is not None or self.group_scale_offsets is not None
+        if grouped and (self.scale_layout != "128x4" or self.data.dim() != 2
+                        or self.group_offsets is None or self.group_scale_offsets is None):
+            raise ValueError("group_offsets and group_scale_offsets go together, on a 2D tensor with 128x4 scales")
+        self._check_scale_shape()
+
+    def _check_scale_shape(self) -> None:
+        rows_shape = tuple(self.data.shape[:-1])
+        scale_cols = self.shape[-1] // self.spec.block
+        if self.shape[-1] % self.spec.block:
+            raise ValueError(f"{self.format} needs K = {self.shape[-1]} to be a multiple of {self.spec.block}")
+        if self.scale_layout == "row":
+            expected = rows_shape + (scale_cols,)
+            ok = tuple(self.scales.shape) == expected
+        elif self.group_offsets is not None:
+            expected = ("tile_rows", -(-scale_cols // TILE_SCALE_COLS), 32, 16)
+            ok = self.scales.dim() == 4 and tuple(self.scales.shape[1:]) == expected[1:]
+        else:
+            row_tiles = -(-rows_shape[-1] // TILE_ROWS)
+            expected = rows_shape[:-1] + (row_tiles, -(-scale_cols // TILE_SCALE_COLS), 32, 16)
+            ok = tuple(self.scales.shape) == expected
+        if not ok:
+            raise ValueError(
+                f"scales of shape {tuple(self.scales.shape)} do not fit data of logical shape {self.shape} "
+                f"in layout {self.scale_layout!r} (expected {expected})"
+            )
+
+    @property
+    def spec(self) -> FormatSpec:
+        return format_spec(self.format)
+
+    @property
+    def shape(self) -> torch.Size:
+        """The logical shape ``[..., K]`` (packed data holds K / 2 bytes per row)."""
+        if self.spec.packed:
+            return torch.Size((*self.data.shape[:-1], self.data.shape[-1] * 2))
+        return self.data.shape
+
+    @property
+    def device(self) -> torch.device:
+        return self.data.device
+
+    def dim(self) -> int:
+        return self.data.dim()
+
+    def to_layout(self, layout: str, group_offsets: torch.Tensor | None = None) -> "ScaledTensor":
+        """The same tensor with its scales in ``layout`` (``"row"`` or ``"128x4"``).
+
+        ``group_offsets`` (int32 ``[G + 1]``, 2D tensors only): pad the 128x4 scales per group, as the
+        seed's A operand needs (see :func:`llmkernels.formats.to_grouped_blocked_scales`).
+        """
+        from . import layout as _layout
+
+        row_scales = self.scales if self.scale_layout == "row" else _layout.scales_to_row(self)
+        if layout == "row":
+            return ScaledTensor(self.data, row_scales, self.format, self.global_scale)
+        if layout != "128x4":
+            raise ValueError(f"layout must be one of {SCALE_LAYOUTS}, got {layout!r}")
+        if group_offsets is None:
+            return ScaledTensor(self.data, _layout.to_blocked_scales(row_scales), self.format, self.global_scale, "128x4")
+        blocked, group_scale_offsets = _layout.to_grouped_blocked_scales(row_scales, group_offsets)
+        return ScaledTensor(self.data, blocked, self.format, self.global_scale, "128x4", group_offsets,
+                            group_scale_offsets)
+
+
+def _describe(x) -> str:
+    if isinstance(x, torch.Tensor):
+        return f"{x.dtype} tensor of shape {tuple(x.shape)}"
+    return type(x).__name__

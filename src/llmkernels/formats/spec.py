@@ -1,0 +1,64 @@
+"""The block-scaled formats: element type, scale type and block size of each."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["FormatSpec", "FORMATS", "format_spec", "E2M1_MAX", "E4M3_MAX"]
+
+E2M1_MAX = 6.0
+E4M3_MAX = 448.0
+
+
+@dataclass(frozen=True)
+class FormatSpec:
+    """One microscaled format.
+
+    ``element``: ``"e4m3"`` (one ``float8_e4m3fn`` per element) or ``"e2m1"`` (two per ``uint8``,
+    low nibble = even element). ``scale``: ``"e8m0"`` (power of two, ``float8_e8m0fnu``) or
+    ``"e4m3"`` (``float8_e4m3fn``). ``block``: elements along the last dim sharing one scale.
+    ``emax``: exponent of the element type's largest power of two (the OCP MX spec's emax_elem).
+    """
+
+    name: str
+    element: str
+    scale: str
+    block: int
+    emax: int
+    has_global_scale: bool
+
+    @property
+    def packed(self) -> bool:
+        return self.element == "e2m1"
+
+    @property
+    def data_dtype(self) -> torch.dtype:
+        return torch.uint8 if self.packed else torch.float8_e4m3fn
+
+    @property
+    def scale_dtype(self) -> torch.dtype:
+        return torch.float8_e8m0fnu if self.scale == "e8m0" else torch.float8_e4m3fn
+
+    @property
+    def scale_one_bits(self) -> int:
+        """The scale's bit pattern for 1.0, used to pad scale tensors."""
+        return 127 if self.scale == "e8m0" else 0x38
+
+    @property
+    def element_max(self) -> float:
+        return E2M1_MAX if self.packed else E4M3_MAX
+
+
+FORMATS: dict[str, FormatSpec] = {
+    "mxfp8": FormatSpec("mxfp8", "e4m3", "e8m0", 32, 8, False),
+    "mxfp4": FormatSpec("mxfp4", "e2m1", "e8m0", 32, 2, False),
+    "nvfp4": FormatSpec("nvfp4", "e2m1", "e4m3", 16, 2, True),
+}
+
+
+def format_spec(name: str) -> FormatSpec:
+    try:
+        return FORMATS[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"format must be one of {sorted(FORMATS)}, got {name!r}") from None
