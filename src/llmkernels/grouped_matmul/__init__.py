@@ -1,0 +1,6 @@
+"""The grouped 1D-1D block-scaled matmul for Mixture-of-Experts."""
+from .api import EPILOGUES, grouped_matmul
+from .config import BlockScaledMatmulConfig, default_config
+from .reference import grouped_matmul_reference
+
+__all__ = ["grouped_matmul", "grouped_matmul_reference", "BlockScaledMatmulConfig", "default_config", "EPILOGUES"]

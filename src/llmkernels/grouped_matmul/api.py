@@ -1,0 +1,257 @@
+"""grouped_matmul(): validates its inputs, picks a config and launches the kernel."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton.language as tl
+
+from .._runtime import check_device, interpreting, next_power_of_2, num_programs_hint
+from ..formats import ScaledTensor
+from . import kernel
+from .config import BlockScaledMatmulConfig, default_config
+
+__all__ = ["grouped_matmul", "EPILOGUES"]
+
+EPILOGUES = ("silu", "gelu", "swiglu")
+_PLAIN_DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+_OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+_OFFSET_DTYPES = (torch.int32, torch.uint32)
+
+
+@dataclass(frozen=True)
+class _Operand:
+    """What the kernel needs to know about one operand."""
+
+    data: torch.Tensor
+    scales: torch.Tensor | None
+    global_scale: torch.Tensor | None
+    element: str  # "bf16", "fp16", "e4m3", "e2m1"
+    scale: str  # "none", "e8m0", "e4m3"
+    scale_block: int
+    scale_layout: str  # "row", "128x4", "128x4_grouped"
+    format: str  # "bf16", "fp16" or a block-scaled format name
+
+    @property
+    def quantized(self) -> bool:
+        return self.scale != "none"
+
+
+def _operand(x, name: str, dims: int) -> _Operand:
+    if isinstance(x, ScaledTensor):
+        if x.dim() != dims:
+            raise ValueError(f"{name} must be {dims}D, got logical shape {tuple(x.shape)}")
+        spec = x.spec
+        layout = x.scale_layout
+        if layout == "128x4" and x.group_offsets is not None:
+            layout = "128x4_grouped"
+        data = x.data.view(torch.uint8)
+        if data.stride(-1) != 1:
+            raise ValueError(f"{name}.data must be contiguous along K")
+        scales = x.scales.view(torch.uint8)
+        if layout != "row" and not scales.is_contiguous():
+            raise ValueError(f"{name}.scales in the 128x4 layout must be contiguous")
+        if layout == "row" and scales.stride(-1) != 1:
+            raise ValueError(f"{name}.scales must be contiguous along K")
+        return _Operand(data, scales, x.global_scale, spec.element, spec.scale, spec.block, layout, x.format)
+    if isinstance(x, torch.Tensor):
+        if x.dtype not in _PLAIN_DTYPES:
+            raise TypeError(f"{name} must be a ScaledTensor or a bf16/fp16 tensor, got {x.dtype}")
+        if x.dim() != dims:
+            raise ValueError(f"{name} must be {dims}D, got shape {tuple(x.shape)}")
+        if x.stride(-1) != 1:
+            raise ValueError(f"{name} must be contiguous along K (its last dim)")
+        element = _PLAIN_DTYPES[x.dtype]
+        return _Operand(x, None, None, element, "none", 1, "row", element)
+    raise TypeError(f"{name} must be a ScaledTensor or a torch.Tensor, got {type(x).__name__}")
+
+
+def _check_format_pair(a: _Operand, b: _Operand) -> None:
+    if not a.quantized:
+        if not b.quantized and b.element != a.element:
+            raise TypeError(f"a is {a.format} but b is {b.format}: plain operands must share a dtype")
+        return
+    if not b.quantized:
+        raise TypeError(f"a is {a.format} but b is plain {b.format}: quantized activations need quantized weights")
+    if (a.format == "nvfp4") != (b.format == "nvfp4"):
+        raise TypeError(f"unsupported format pair a={a.format}, b={b.format}: nvfp4 pairs only with nvfp4")
+
+
+def _check_metadata(a_offsets, expert_ids, expert_scales, num_experts: int):
+    if not isinstance(a_offsets, torch.Tensor) or a_offsets.dtype not in _OFFSET_DTYPES or a_offsets.dim() != 1:
+        raise TypeError(f"a_offsets must be a 1D int32 or uint32 tensor, got {_describe(a_offsets)}")
+    if a_offsets.numel() < 1:
+        raise ValueError("a_offsets must hold G + 1 >= 1 entries")
+    num_groups = a_offsets.numel() - 1
+    if not isinstance(expert_ids, torch.Tensor) or expert_ids.dtype != torch.int32 or expert_ids.dim() != 1:
+        raise TypeError(f"expert_ids must be a 1D int32 tensor, got {_describe(expert_ids)}")
+    if expert_ids.numel() != num_groups:
+        raise ValueError(f"expert_ids has {expert_ids.numel()} entries but a_offsets describes {num_groups} groups")
+    if expert_scales is not None:
+        if not isinstance(expert_scales, torch.Tensor) or expert_scales.dtype != torch.float32:
+            raise TypeError(f"expert_scales must be a float32 tensor, got {_describe(expert_scales)}")
+        if tuple(expert_scales.shape) != (num_experts,):
+            raise ValueError(f"expert_scales must have shape ({num_experts},), got {tuple(expert_scales.shape)}")
+    return num_groups
+
+
+def _describe(x) -> str:
+    if isinstance(x, torch.Tensor):
+        return f"{x.dtype} tensor of shape {tuple(x.shape)}"
+    return type(x).__name__
+
+
+def _epilogue_kind(epilogue) -> tuple[str, object]:
+    if epilogue is None:
+        return "none", None
+    if isinstance(epilogue, str):
+        if epilogue not in EPILOGUES:
+            raise ValueError(f"epilogue must be None, one of {EPILOGUES} or a @triton.jit function, got {epilogue!r}")
+        return epilogue, None
+    if callable(getattr(epilogue, "fn", None)):  # a @triton.jit function (or its interpreted twin)
+        return "user", epilogue
+    raise TypeError(f"epilogue must be None, one of {EPILOGUES} or a @triton.jit function, got {type(epilogue).__name__}")
+
+
+def _validate_metadata_on_host(a_offsets, expert_ids, num_tokens: int, num_experts: int, a: ScaledTensor | None):
+    """The checks that need the offsets' values (one sync); only with ``validate=True``."""
+    offsets = a_offsets.to(torch.int64).cpu()
+    if offsets[0] != 0:
+        raise ValueError(f"a_offsets[0] must be 0, got {int(offsets[0])}")
+    if (offsets[1:] < offsets[:-1]).any():
+        raise ValueError("a_offsets must be non-decreasing")
+    if offsets[-1] > num_tokens:
+        raise ValueError(f"a_offsets[-1] = {int(offsets[-1])} exceeds the {num_tokens} rows of a")
+    ids = expert_ids.cpu()
+    if ((ids < -1) | (ids >= num_experts)).any():
+        raise ValueError(f"expert_ids must lie in [-1, {num_experts}), got {ids.tolist()}")
+    if a is not None and a.group_offsets is not None and not torch.equal(a.group_offsets.to(torch.int64).cpu(), offsets):
+        raise ValueError("a's scales were laid out for other group offsets than a_offsets")
+
+
+def _resolve_mma(config: BlockScaledMatmulConfig, a: _Operand, b: _Operand, device: torch.device) -> bool:
+    """True when the kernel should use tl.dot_scaled."""
+    mx_operands = b.scale == "e8m0" and a.scale in ("e8m0", "none")
+    if config.mma == "dequant":
+        return False
+    if config.mma == "dot_scaled":
+        if not mx_operands or a.element == "fp16":
+            raise ValueError(f"mma='dot_scaled' needs MX weights and MX or bf16 activations, got a={a.format}, b={b.format}")
+        return True
+    if not mx_operands or interpreting() or device.type != "cuda":
+        return False
+    return torch.cuda.get_device_capability(device)[0] >= 10
+
+
+def grouped_matmul(
+    a,
+    b,
+    a_offsets: torch.Tensor,
+    expert_ids: torch.Tensor,
+    expert_scales: torch.Tensor | None = None,
+    *,
+    epilogue=None,
+    out_dtype: torch.dtype = torch.bfloat16,
+    out: torch.Tensor | None = None,
+    config: BlockScaledMatmulConfig | None = None,
+    validate: bool = False,
+) -> torch.Tensor:
+    """Grouped 1D-1D block-scaled matmul for Mixture-of-Experts (the seed's Grouped1D1DMatmulKernel).
+
+    For every group g with rows ``a_offsets[g]:a_offsets[g+1]`` and expert ``e = expert_ids[g]``:
+    ``out[rows] = epilogue(expert_scales[e] · (A[rows] @ B[e]ᵀ))``, computed in fp32.
+
+    Args:
+        a: ``[T, K]`` tokens of all groups: a ScaledTensor (mxfp8, mxfp4, nvfp4; row or 128x4 scales,
+            for 128x4 padded per group, see :meth:`ScaledTensor.to_layout`), or a bf16/fp16 tensor
+            (weight-only quantization).
+        b: ``[E, N, K]`` expert weights, K-major: a ScaledTensor of the same family as ``a`` (MX with
+            MX, nvfp4 with nvfp4; any for plain ``a``), or a tensor of a's dtype.
+        a_offsets: int32 or uint32 ``[G + 1]`` on a's device, ``a_offsets[0] = 0``, non-decreasing.
+            Read on the device: the call syncs nothing and can be captured in a CUDA graph.
+        expert_ids: int32 ``[G]``; ``-1`` writes the group's rows as zeros.
+        expert_scales: optional float32 ``[E]``, multiplies the accumulator before the epilogue.
+        epilogue: ``None``, ``"silu"``, ``"gelu"`` (erf form), ``"swiglu"`` (B's N rows are
+            ``[gate | up]``; output ``silu(gate) · up`` of width N / 2), or a ``@triton.jit`` function
+            ``fn(value, row, col) -> value`` on the fp32 ``[BLOCK_M, BLOCK_N]`` tile with the global
+            row (token) and column indices.
+        out_dtype: bf16 (default), fp16 or fp32.
+        out: optional ``[T, N_out]`` tensor of ``out_dtype`` to write into (returned).
+        config: a :class:`BlockScaledMatmulConfig`; default from the shapes.
+        validate: check the offsets and expert ids on the host first (one sync) and raise on bad ones.
+
+    Returns:
+        ``[T, N_out]`` of ``out_dtype``. Rows outside every group are not written (uninitialised in
+        a new tensor).
+
+    Offsets outside ``[0, T]`` are clamped and expert ids outside ``[0, E)`` write zeros, so bad
+    metadata cannot make the kernel touch memory outside its tensors.
+
+    Raises:
+        TypeError: an argument of the wrong type or dtype, or an unsupported format pair.
+        ValueError: mismatched shapes (K, lengths of offsets, ids, scales), devices, a bad ``out``,
+            and with ``validate=True`` bad offsets or expert ids.
+    """
+    a_op, b_op = _operand(a, "a", 2), _operand(b, "b", 3)
+    _check_format_pair(a_op, b_op)
+    num_tokens, k = a.shape
+    num_experts, n, k_b = b.shape
+    if k != k_b:
+        raise ValueError(f"a has K = {k} but b has K = {k_b}")
+    num_groups = _check_metadata(a_offsets, expert_ids, expert_scales, num_experts)
+    epilogue_kind, epilogue_fn = _epilogue_kind(epilogue)
+    if epilogue_kind == "swiglu" and n % 2:
+        raise ValueError(f"swiglu needs an even N (gate and up halves), got N = {n}")
+    n_out = n // 2 if epilogue_kind == "swiglu" else n
+    if out_dtype not in _OUT_DTYPES:
+        raise TypeError(f"out_dtype must be bf16, fp16 or fp32, got {out_dtype}")
+    if config is not None and not isinstance(config, BlockScaledMatmulConfig):
+        raise TypeError(f"config must be a BlockScaledMatmulConfig, got {type(config).__name__}")
+    a_scale_offsets = a.group_scale_offsets if isinstance(a, ScaledTensor) else None
+    device = check_device(a=a_op.data, b=b_op.data, a_offsets=a_offsets, expert_ids=expert_ids,
+                          expert_scales=expert_scales, out=out, a_scale_offsets=a_scale_offsets,
+                          a_global_scale=a_op.global_scale, b_global_scale=b_op.global_scale)
+    if a_scale_offsets is not None and a_scale_offsets.numel() != num_groups:
+        raise ValueError(f"a's group_scale_offsets has {a_scale_offsets.numel()} entries for {num_groups} groups")
+    if out is None:
+        out = torch.empty((num_tokens, n_out), dtype=out_dtype, device=device)
+    elif tuple(out.shape) != (num_tokens, n_out) or out.dtype != out_dtype or out.stride(-1) != 1:
+        raise ValueError(f"out must be a [{num_tokens}, {n_out}] {out_dtype} tensor contiguous along its last dim, "
+                         f"got {out.dtype} of shape {tuple(out.shape)}, strides {out.stride()}")
+    if validate:
+        _validate_metadata_on_host(a_offsets, expert_ids, num_tokens, num_experts,
+                                   a if isinstance(a, ScaledTensor) else None)
+    config = config or default_config(num_tokens, num_groups, n_out, k, device)
+    use_dot_scaled = _resolve_mma(config, a_op, b_op, device)
+    if num_tokens == 0 or num_groups == 0 or n_out == 0:
+        return out
+
+    max_tiles = (-(-num_tokens // config.block_m) + num_groups) * -(-n_out // config.block_n)
+    num_programs = min(config.num_programs or num_programs_hint(device), max_tiles)
+    compute_dtype = tl.float16 if a_op.element == "fp16" else tl.bfloat16
+    if interpreting():
+        # Triton's interpreter multiplies bf16 tiles as raw uint16 bits; decoded tiles are exact in
+        # bf16/fp16, so an fp32 dot gives the same products there.
+        compute_dtype = tl.float32
+    b_scales = b_op.scales
+    dummy = a_offsets
+    kernel.grouped_matmul_kernel[(num_programs,)](
+        a_op.data, a_op.scales if a_op.quantized else dummy, a_op.global_scale if a_op.global_scale is not None else dummy,
+        b_op.data, b_scales if b_op.quantized else dummy, b_op.global_scale if b_op.global_scale is not None else dummy,
+        out, a_offsets, a_scale_offsets if a_scale_offsets is not None else dummy, expert_ids,
+        expert_scales if expert_scales is not None else dummy,
+        a_op.data.stride(0), a_op.scales.stride(0) if a_op.quantized and a_op.scale_layout == "row" else 0,
+        b_op.data.stride(0), b_op.data.stride(1),
+        b_scales.stride(0) if b_op.quantized and b_op.scale_layout == "row" else 0,
+        b_scales.stride(1) if b_op.quantized and b_op.scale_layout == "row" else 0,
+        out.stride(0),
+        num_tokens, num_groups, num_experts, n, k,
+        A_ELEMENT=a_op.element, A_SCALE=a_op.scale, A_SCALE_BLOCK=a_op.scale_block, A_SCALE_LAYOUT=a_op.scale_layout,
+        B_ELEMENT=b_op.element, B_SCALE=b_op.scale, B_SCALE_BLOCK=b_op.scale_block, B_SCALE_LAYOUT=b_op.scale_layout,
+        HAS_EXPERT_SCALES=expert_scales is not None, EPILOGUE=epilogue_kind, EPILOGUE_FN=epilogue_fn,
+        USE_DOT_SCALED=use_dot_scaled, COMPUTE_DTYPE=compute_dtype,
+        BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+        BLOCK_GROUPS=max(16, next_power_of_2(num_groups)),
+        num_warps=config.num_warps, num_stages=config.num_stages,
+    )
+    return out

@@ -1,0 +1,90 @@
+"""BlockScaledMatmulConfig: the launch parameters of the grouped matmul kernel, and their defaults."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .._runtime import interpreting
+
+__all__ = ["BlockScaledMatmulConfig", "MMA_PATHS", "default_config"]
+
+MMA_PATHS = ("auto", "dot_scaled", "dequant")
+
+
+def _is_power_of_2(n: int) -> bool:
+    return isinstance(n, int) and n > 0 and n & (n - 1) == 0
+
+
+@dataclass(frozen=True)
+class BlockScaledMatmulConfig:
+    """Tile shape, pipelining and MMA path of :func:`llmkernels.grouped_matmul`.
+
+    Mirrors the seed's ``BlockScaledMatmulConfig``; the fields that mean something in Triton:
+
+    ==========================  ========================================================================
+    seed field                  here
+    ==========================  ========================================================================
+    ``block_tile_shape``        ``(block_m, block_n, block_k)``: output tile rows (tokens), output
+                                columns, K step. Tiles never straddle two groups.
+    ``num_pipeline_stages``     ``num_stages``: Triton's software-pipelining depth of the K loop.
+    grid of the persistent      ``num_programs``: programs of the persistent grid (``None``: one per
+    work iterator               SM); program p takes tiles p, p + num_programs, ...
+    ``scaling_kind``            follows from the operands' formats.
+    ``mma_shape``, swizzles,    chosen by the Triton compiler (wgmma on Hopper, tcgen05 on Blackwell),
+    ``cta_group``, cluster,     not settable from Triton.
+    accumulator/output stages,
+    ``register_based_epilogue``
+    ==========================  ========================================================================
+
+    ``mma`` picks how block scales reach the tensor cores: ``"dot_scaled"`` hands the raw MX operands
+    and scales to ``tl.dot_scaled`` (native block-scaled MMA on Blackwell; Triton emulates it on
+    Hopper), ``"dequant"`` decodes each tile to bf16/fp16 in registers and uses ``tl.dot``, and
+    ``"auto"`` takes ``dot_scaled`` for MX operands on compute capability ≥ 10 and ``dequant``
+    elsewhere. NVFP4 always takes ``dequant`` (Triton 3.6 cannot compile e4m3-scaled ``dot_scaled``).
+
+    Raises ``ValueError`` on construction when a field is out of range.
+    """
+
+    block_m: int = 128
+    block_n: int = 128
+    block_k: int = 128
+    num_stages: int = 3
+    num_warps: int = 8
+    num_programs: int | None = None
+    mma: str = "auto"
+
+    def __post_init__(self) -> None:
+        for name in ("block_m", "block_n"):
+            value = getattr(self, name)
+            if not _is_power_of_2(value) or not 16 <= value <= 256:
+                raise ValueError(f"{name} must be a power of two in [16, 256], got {value!r}")
+        if not _is_power_of_2(self.block_k) or not 32 <= self.block_k <= 512:
+            raise ValueError(f"block_k must be a power of two in [32, 512], got {self.block_k!r}")
+        if not isinstance(self.num_stages, int) or not 1 <= self.num_stages <= 8:
+            raise ValueError(f"num_stages must be an int in [1, 8], got {self.num_stages!r}")
+        if self.num_warps not in (1, 2, 4, 8, 16):
+            raise ValueError(f"num_warps must be one of 1, 2, 4, 8, 16, got {self.num_warps!r}")
+        if self.num_programs is not None and (not isinstance(self.num_programs, int) or self.num_programs < 1):
+            raise ValueError(f"num_programs must be None or a positive int, got {self.num_programs!r}")
+        if self.mma not in MMA_PATHS:
+            raise ValueError(f"mma must be one of {MMA_PATHS}, got {self.mma!r}")
+
+    @property
+    def block_tile_shape(self) -> tuple[int, int, int]:
+        """The seed's name for ``(block_m, block_n, block_k)``."""
+        return (self.block_m, self.block_n, self.block_k)
+
+
+def default_config(num_tokens: int, num_groups: int, n_out: int, k: int, device: torch.device) -> BlockScaledMatmulConfig:
+    """A config from what the host knows without a sync: total tokens, groups, output width and K.
+
+    Small tiles in the interpreter (each program runs as numpy on the CPU). On the GPU, groups of
+    few tokens (decode) get 64-row tiles so that less of each tile is padding.
+    """
+    if device.type != "cuda" or interpreting():
+        return BlockScaledMatmulConfig(block_m=16, block_n=32, block_k=64, num_stages=1, num_warps=4)
+    tokens_per_group = num_tokens / max(num_groups, 1)
+    block_m = 64 if tokens_per_group <= 64 else 128
+    return BlockScaledMatmulConfig(block_m=block_m, block_n=128, block_k=128, num_stages=3,
+                                   num_warps=4 if block_m == 64 else 8)

@@ -1,0 +1,236 @@
+"""Triton kernel of the grouped 1D-1D block-scaled matmul (the seed's Grouped1D1DMatmulKernel).
+
+``out[rows of g] = epilogue(expert_scales[e] · global scales · A[rows of g] @ B[e].T)`` with
+``e = expert_ids[g]``, for all groups in one persistent launch. Operands are plain bf16/fp16,
+MX (e4m3 or packed e2m1 data with e8m0 scales per 32) or NVFP4 (packed e2m1, e4m3 scales per 16,
+a float32 global scale). Scales sit in the row-major layout or in 128x4 tensor-core tiles.
+"""
+import triton
+import triton.language as tl
+
+from ..formats.kernel import decode_e2m1, decode_scale
+
+TILE_BYTES: tl.constexpr = 512  # one 128-row × 4-column tile of scales
+
+
+@triton.jit
+def _pick(values, ids, index):
+    """values[index] of a small register vector."""
+    return tl.sum(tl.where(ids == index, values, 0))
+
+
+@triton.jit
+def _scale_col_offsets(scale_cols, SCALE_LAYOUT: tl.constexpr):
+    """Byte offset of scale column c from its row's base offset."""
+    if SCALE_LAYOUT == "row":
+        return scale_cols
+    else:
+        return (scale_cols // 4) * TILE_BYTES + scale_cols % 4
+
+
+@triton.jit
+def _tile_scale_row_base(tile_row, row_in_tile, num_scale_cols):
+    """Byte offset of a row's scales inside the 128x4 layout, at scale column 0."""
+    col_tiles = tl.cdiv(num_scale_cols, 4)
+    return tile_row.to(tl.int64) * col_tiles * TILE_BYTES + (row_in_tile % 32) * 16 + (row_in_tile // 32) * 4
+
+
+@triton.jit
+def _load_data(data_ptr, row_offsets, row_mask, k_start, K, ELEMENT: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Raw operand tile ``[rows, BLOCK_K]`` (``[rows, BLOCK_K / 2]`` bytes for packed e2m1)."""
+    if ELEMENT == "e2m1":
+        cols = k_start // 2 + tl.arange(0, BLOCK_K // 2)
+        col_mask = cols < K // 2
+    else:
+        cols = k_start + tl.arange(0, BLOCK_K)
+        col_mask = cols < K
+    return tl.load(data_ptr + row_offsets[:, None] + cols[None, :],
+                   mask=row_mask[:, None] & col_mask[None, :], other=0)
+
+
+@triton.jit
+def _load_scales(scales_ptr, scale_row_base, row_mask, k_start, K,
+                 SCALE: tl.constexpr, SCALE_BLOCK: tl.constexpr, SCALE_LAYOUT: tl.constexpr,
+                 BLOCK_K: tl.constexpr):
+    """Scale bits ``[rows, BLOCK_K / SCALE_BLOCK]`` (uint8); 1.0 where masked."""
+    if SCALE == "e8m0":
+        one_bits = 127
+    else:
+        one_bits = 0x38
+    scale_cols = k_start // SCALE_BLOCK + tl.arange(0, BLOCK_K // SCALE_BLOCK)
+    offsets = scale_row_base[:, None] + _scale_col_offsets(scale_cols, SCALE_LAYOUT)[None, :]
+    mask = row_mask[:, None] & (scale_cols < K // SCALE_BLOCK)[None, :]
+    return tl.load(scales_ptr + offsets, mask=mask, other=one_bits)
+
+
+@triton.jit
+def _dequantize(data, scale_bits, ELEMENT: tl.constexpr, SCALE: tl.constexpr, SCALE_BLOCK: tl.constexpr,
+                ROWS: tl.constexpr, BLOCK_K: tl.constexpr, COMPUTE_DTYPE: tl.constexpr):
+    """Raw tile → ``[ROWS, BLOCK_K]`` in COMPUTE_DTYPE. Exact: an e2m1 or e4m3 value times an e8m0 or
+    e4m3 scale has at most 6 significant bits, which bf16 and fp16 hold."""
+    if ELEMENT == "e4m3":
+        values = data.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+    elif ELEMENT == "e2m1":
+        even = decode_e2m1(data & 0xF)
+        odd = decode_e2m1(data >> 4)
+        values = tl.reshape(tl.join(even, odd), (ROWS, BLOCK_K))
+    else:
+        return data.to(COMPUTE_DTYPE)
+    scale = decode_scale(scale_bits, SCALE)
+    values = tl.reshape(values, (ROWS, BLOCK_K // SCALE_BLOCK, SCALE_BLOCK)) * scale[:, :, None]
+    return tl.reshape(values, (ROWS, BLOCK_K)).to(COMPUTE_DTYPE)
+
+
+@triton.jit
+def _mma_step(acc, a_data, a_scale_bits, b_data, b_scale_bits,
+              A_ELEMENT: tl.constexpr, A_SCALE: tl.constexpr, A_SCALE_BLOCK: tl.constexpr,
+              B_ELEMENT: tl.constexpr, B_SCALE: tl.constexpr, B_SCALE_BLOCK: tl.constexpr,
+              USE_DOT_SCALED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+              BLOCK_K: tl.constexpr, COMPUTE_DTYPE: tl.constexpr):
+    """acc ``[BLOCK_M, BLOCK_N]`` += A tile ``[BLOCK_M, BLOCK_K]`` @ B tile ``[BLOCK_N, BLOCK_K]``ᵀ."""
+    if USE_DOT_SCALED:
+        if A_SCALE == "none":
+            return tl.dot_scaled(a_data, None, A_ELEMENT, tl.trans(b_data), b_scale_bits, B_ELEMENT, acc)
+        else:
+            return tl.dot_scaled(a_data, a_scale_bits, A_ELEMENT, tl.trans(b_data), b_scale_bits, B_ELEMENT, acc)
+    else:
+        a = _dequantize(a_data, a_scale_bits, A_ELEMENT, A_SCALE, A_SCALE_BLOCK, BLOCK_M, BLOCK_K, COMPUTE_DTYPE)
+        b = _dequantize(b_data, b_scale_bits, B_ELEMENT, B_SCALE, B_SCALE_BLOCK, BLOCK_N, BLOCK_K, COMPUTE_DTYPE)
+        return tl.dot(a, tl.trans(b), acc)
+
+
+@triton.jit
+def grouped_matmul_kernel(
+    a_ptr, a_scales_ptr, a_global_scale_ptr,
+    b_ptr, b_scales_ptr, b_global_scale_ptr,
+    out_ptr, a_offsets_ptr, a_scale_offsets_ptr, expert_ids_ptr, expert_scales_ptr,
+    stride_a_row, stride_a_scale_row,
+    stride_b_expert, stride_b_row, stride_b_scale_expert, stride_b_scale_row,
+    stride_out_row,
+    num_tokens, num_groups, num_experts, N, K,
+    A_ELEMENT: tl.constexpr, A_SCALE: tl.constexpr, A_SCALE_BLOCK: tl.constexpr, A_SCALE_LAYOUT: tl.constexpr,
+    B_ELEMENT: tl.constexpr, B_SCALE: tl.constexpr, B_SCALE_BLOCK: tl.constexpr, B_SCALE_LAYOUT: tl.constexpr,
+    HAS_EXPERT_SCALES: tl.constexpr, EPILOGUE: tl.constexpr, EPILOGUE_FN: tl.constexpr,
+    USE_DOT_SCALED: tl.constexpr, COMPUTE_DTYPE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_GROUPS: tl.constexpr,
+):
+    """Persistent grouped matmul.
+
+    a: ``[num_tokens, K]`` (bytes ``[num_tokens, K/2]`` for e2m1); b: ``[num_experts, N, K]``;
+    out: ``[num_tokens, N_out]`` with ``N_out = N / 2`` for SwiGLU, else N. a_offsets: ``[G + 1]``,
+    expert_ids: int32 ``[G]``, a_scale_offsets: int32 ``[G]`` (grouped 128x4 A scales only).
+    Element types: ``"bf16" | "fp16" | "e4m3" | "e2m1"``; scales ``"none" | "e8m0" | "e4m3"``;
+    A scale layouts ``"row" | "128x4" | "128x4_grouped"``, B ``"row" | "128x4"``.
+
+    Tiles are numbered group after group, M-tiles fastest inside a group; program p takes tiles
+    p, p + num_programs, ... Each program derives every tile's group from a_offsets on the device.
+    Offsets are clamped to [0, num_tokens] so that no metadata can make it write outside ``out``;
+    a group whose expert id is outside [0, num_experts) is written as zeros.
+    """
+    n_out = N // 2 if EPILOGUE == "swiglu" else N
+    n_tiles = tl.cdiv(n_out, BLOCK_N)
+
+    group_ids = tl.arange(0, BLOCK_GROUPS)
+    in_range = group_ids < num_groups
+    starts = tl.load(a_offsets_ptr + group_ids, mask=in_range, other=0).to(tl.int64)
+    ends = tl.load(a_offsets_ptr + group_ids + 1, mask=in_range, other=0).to(tl.int64)
+    starts = tl.minimum(tl.maximum(starts, 0), num_tokens)
+    ends = tl.minimum(tl.maximum(ends, starts), num_tokens)
+    tiles = tl.cdiv(ends - starts, BLOCK_M) * n_tiles
+    tiles_through = tl.cumsum(tiles, 0)
+    total_tiles = tl.sum(tiles)
+
+    a_global_scale = 1.0
+    if A_SCALE == "e4m3":
+        a_global_scale = tl.load(a_global_scale_ptr)
+    b_global_scale = 1.0
+    if B_SCALE == "e4m3":
+        b_global_scale = tl.load(b_global_scale_ptr)
+    num_k_tiles = tl.cdiv(K, BLOCK_K)
+
+    for tile in range(tl.program_id(0), total_tiles, tl.num_programs(0)):
+        group = tl.sum((tiles_through <= tile).to(tl.int32))
+        group_start = _pick(starts, group_ids, group)
+        group_end = _pick(ends, group_ids, group)
+        tile_in_group = tile - (_pick(tiles_through, group_ids, group) - _pick(tiles, group_ids, group))
+        m_tiles = tl.cdiv(group_end - group_start, BLOCK_M)
+        tile_m = tile_in_group % m_tiles
+        tile_n = tile_in_group // m_tiles
+
+        expert = tl.load(expert_ids_ptr + group)
+        expert_ok = (expert >= 0) & (expert < num_experts)
+        expert = tl.where(expert_ok, expert, 0).to(tl.int64)
+
+        rows = group_start + tile_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        row_mask = rows < group_end
+        cols = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        col_mask = cols < n_out
+
+        a_row_offsets = rows * stride_a_row
+        a_scale_rows = rows * stride_a_scale_row
+        if A_SCALE_LAYOUT == "128x4":
+            a_scale_rows = _tile_scale_row_base(rows // 128, rows % 128, K // A_SCALE_BLOCK)
+        elif A_SCALE_LAYOUT == "128x4_grouped":
+            local_rows = rows - group_start
+            first_tile_row = group_start // 128 + tl.load(a_scale_offsets_ptr + group)
+            a_scale_rows = _tile_scale_row_base(first_tile_row + local_rows // 128, local_rows % 128,
+                                                K // A_SCALE_BLOCK)
+
+        b_rows = cols
+        b_row_offsets = expert * stride_b_expert + b_rows * stride_b_row
+        b_scale_rows = expert * stride_b_scale_expert + b_rows * stride_b_scale_row
+        if B_SCALE_LAYOUT == "128x4":
+            b_scale_rows = _tile_scale_row_base(expert * tl.cdiv(N, 128) + b_rows // 128, b_rows % 128,
+                                                K // B_SCALE_BLOCK)
+        if EPILOGUE == "swiglu":  # B's rows are [gate | up]: the up rows sit n_out further
+            up_rows = cols + n_out
+            up_row_offsets = expert * stride_b_expert + up_rows * stride_b_row
+            up_scale_rows = expert * stride_b_scale_expert + up_rows * stride_b_scale_row
+            if B_SCALE_LAYOUT == "128x4":
+                up_scale_rows = _tile_scale_row_base(expert * tl.cdiv(N, 128) + up_rows // 128, up_rows % 128,
+                                                     K // B_SCALE_BLOCK)
+
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        up_acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k_tile in range(0, tl.where(expert_ok, num_k_tiles, 0)):
+            k_start = k_tile * BLOCK_K
+            a_data = _load_data(a_ptr, a_row_offsets, row_mask, k_start, K, A_ELEMENT, BLOCK_K)
+            a_scale_bits = a_data  # stands in for the scales of an unscaled A; never read
+            if A_SCALE != "none":
+                a_scale_bits = _load_scales(a_scales_ptr, a_scale_rows, row_mask, k_start, K,
+                                            A_SCALE, A_SCALE_BLOCK, A_SCALE_LAYOUT, BLOCK_K)
+            b_data = _load_data(b_ptr, b_row_offsets, col_mask, k_start, K, B_ELEMENT, BLOCK_K)
+            b_scale_bits = b_data  # likewise for B
+            if B_SCALE != "none":
+                b_scale_bits = _load_scales(b_scales_ptr, b_scale_rows, col_mask, k_start, K,
+                                            B_SCALE, B_SCALE_BLOCK, B_SCALE_LAYOUT, BLOCK_K)
+            acc = _mma_step(acc, a_data, a_scale_bits, b_data, b_scale_bits,
+                            A_ELEMENT, A_SCALE, A_SCALE_BLOCK, B_ELEMENT, B_SCALE, B_SCALE_BLOCK,
+                            USE_DOT_SCALED, BLOCK_M, BLOCK_N, BLOCK_K, COMPUTE_DTYPE)
+            if EPILOGUE == "swiglu":
+                up_data = _load_data(b_ptr, up_row_offsets, col_mask, k_start, K, B_ELEMENT, BLOCK_K)
+                up_scale_bits = up_data
+                if B_SCALE != "none":
+                    up_scale_bits = _load_scales(b_scales_ptr, up_scale_rows, col_mask, k_start, K,
+                                                 B_SCALE, B_SCALE_BLOCK, B_SCALE_LAYOUT, BLOCK_K)
+                up_acc = _mma_step(up_acc, a_data, a_scale_bits, up_data, up_scale_bits,
+                                   A_ELEMENT, A_SCALE, A_SCALE_BLOCK, B_ELEMENT, B_SCALE, B_SCALE_BLOCK,
+                                   USE_DOT_SCALED, BLOCK_M, BLOCK_N, BLOCK_K, COMPUTE_DTYPE)
+
+        # Epilogue on the fp32 accumulator: global scales, expert scale, then the activation.
+        multiplier = a_global_scale * b_global_scale
+        if HAS_EXPERT_SCALES:
+            multiplier = multiplier * tl.load(expert_scales_ptr + expert)
+        acc = acc * multiplier
+        if EPILOGUE == "silu":
+            acc = acc * tl.sigmoid(acc)
+        elif EPILOGUE == "gelu":
+            acc = 0.5 * acc * (1.0 + tl.erf(acc * 0.7071067811865476))
+        elif EPILOGUE == "swiglu":
+            acc = acc * tl.sigmoid(acc) * (up_acc * multiplier)
+        elif EPILOGUE == "user":
+            acc = EPILOGUE_FN(acc, rows[:, None], cols[None, :])
+        acc = tl.where(expert_ok, acc, 0.0)
+        out_offsets = rows[:, None] * stride_out_row + cols[None, :]
+        tl.store(out_ptr + out_offsets, acc.to(out_ptr.dtype.element_ty),
+                 mask=row_mask[:, None] & col_mask[None, :])

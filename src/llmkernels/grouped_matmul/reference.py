@@ -1,0 +1,54 @@
+"""PyTorch reference of the grouped matmul, in float32 (float64 accumulation), for tests and users."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..formats import ScaledTensor, dequantize
+
+__all__ = ["grouped_matmul_reference", "REFERENCE_EPILOGUES"]
+
+REFERENCE_EPILOGUES = {
+    "silu": torch.nn.functional.silu,
+    "gelu": lambda x: 0.5 * x * (1.0 + torch.erf(x / math.sqrt(2.0))),
+}
+
+
+def grouped_matmul_reference(a, b, a_offsets, expert_ids, expert_scales=None, *, epilogue=None) -> torch.Tensor:
+    """float32 ``[T, N_out]`` reference of :func:`llmkernels.grouped_matmul` on the same arguments.
+
+    ``epilogue``: ``None``, ``"silu"``, ``"gelu"``, ``"swiglu"`` or a PyTorch function
+    ``fn(value [rows, N_out], row [rows, 1], col [1, N_out]) -> value`` mirroring a user's jit epilogue.
+    Rows outside every group are NaN (the kernel leaves them unwritten). Loops over groups on the
+    host: for checking, not for speed.
+    """
+    a_values = dequantize(a) if isinstance(a, ScaledTensor) else a.float()
+    b_values = dequantize(b) if isinstance(b, ScaledTensor) else b.float()
+    num_tokens = a_values.shape[0]
+    num_experts, n, _ = b_values.shape
+    n_out = n // 2 if epilogue == "swiglu" else n
+    out = torch.full((num_tokens, n_out), float("nan"), dtype=torch.float32, device=a_values.device)
+    offsets = a_offsets.to(torch.int64).clamp(0, num_tokens).tolist()
+    ids = expert_ids.tolist()
+    for group, expert in enumerate(ids):
+        start = offsets[group]
+        end = max(offsets[group + 1], start)
+        if end == start:
+            continue
+        if not 0 <= expert < num_experts:
+            out[start:end] = 0.0
+            continue
+        acc = (a_values[start:end].double() @ b_values[expert].double().T).float()
+        if expert_scales is not None:
+            acc = acc * expert_scales[expert].float()
+        if epilogue == "swiglu":
+            acc = torch.nn.functional.silu(acc[:, :n_out]) * acc[:, n_out:]
+        elif isinstance(epilogue, str):
+            acc = REFERENCE_EPILOGUES[epilogue](acc)
+        elif epilogue is not None:
+            rows = torch.arange(start, end, device=acc.device)[:, None]
+            cols = torch.arange(n_out, device=acc.device)[None, :]
+            acc = epilogue(acc, rows, cols)
+        out[start:end] = acc
+    return out
