@@ -36,7 +36,7 @@ def encode_e2m1(x: torch.Tensor) -> torch.Tensor:
 
 
 def decode_e2m1(codes: torch.Tensor) -> torch.Tensor:
-    return e2m1_values(codes.device)[codes.long()]
+    return e2m1_values(codes.device)[codes.int()]
 
 
 def decode_e8m0(bits: torch.Tensor) -> torch.Tensor:

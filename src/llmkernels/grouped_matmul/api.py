@@ -184,8 +184,9 @@ def grouped_matmul(
         ``[T, N_out]`` of ``out_dtype``. Rows outside every group are not written (uninitialised in
         a new tensor).
 
-    Offsets outside ``[0, T]`` are clamped and expert ids outside ``[0, E)`` write zeros, so bad
-    metadata cannot make the kernel touch memory outside its tensors.
+    Offsets are read clamped to ``[0, T]`` and to their running maximum, and expert ids outside
+    ``[0, E)`` write zeros, so bad metadata can neither make the kernel touch memory outside its
+    tensors nor write a row twice (``validate=True`` reports it instead).
 
     Raises:
         TypeError: an argument of the wrong type or dtype, or an unsupported format pair.

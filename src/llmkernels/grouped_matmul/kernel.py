@@ -10,7 +10,12 @@ import triton.language as tl
 
 from ..formats.kernel import decode_e2m1, decode_scale
 
-TILE_BYTES: tl.constexpr = 512  # one 128-row × 4-column tile of scales
+TILE_BYTES = tl.constexpr(512)  # one 128-row × 4-column tile of scales
+
+
+@triton.jit
+def _maximum(a, b):
+    return tl.maximum(a, b)
 
 
 @triton.jit
@@ -68,17 +73,19 @@ def _dequantize(data, scale_bits, ELEMENT: tl.constexpr, SCALE: tl.constexpr, SC
                 ROWS: tl.constexpr, BLOCK_K: tl.constexpr, COMPUTE_DTYPE: tl.constexpr):
     """Raw tile → ``[ROWS, BLOCK_K]`` in COMPUTE_DTYPE. Exact: an e2m1 or e4m3 value times an e8m0 or
     e4m3 scale has at most 6 significant bits, which bf16 and fp16 hold."""
-    if ELEMENT == "e4m3":
-        values = data.to(tl.float8e4nv, bitcast=True).to(tl.float32)
-    elif ELEMENT == "e2m1":
-        even = decode_e2m1(data & 0xF)
-        odd = decode_e2m1(data >> 4)
-        values = tl.reshape(tl.join(even, odd), (ROWS, BLOCK_K))
+    if SCALE == "none":
+        values = data
     else:
-        return data.to(COMPUTE_DTYPE)
-    scale = decode_scale(scale_bits, SCALE)
-    values = tl.reshape(values, (ROWS, BLOCK_K // SCALE_BLOCK, SCALE_BLOCK)) * scale[:, :, None]
-    return tl.reshape(values, (ROWS, BLOCK_K)).to(COMPUTE_DTYPE)
+        if ELEMENT == "e4m3":
+            values = data.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+        else:
+            even = decode_e2m1(data & 0xF)
+            odd = decode_e2m1(data >> 4)
+            values = tl.reshape(tl.join(even, odd), (ROWS, BLOCK_K))
+        scale = decode_scale(scale_bits, SCALE)
+        values = tl.reshape(values, (ROWS, BLOCK_K // SCALE_BLOCK, SCALE_BLOCK)) * scale[:, :, None]
+        values = tl.reshape(values, (ROWS, BLOCK_K))
+    return values.to(COMPUTE_DTYPE)
 
 
 @triton.jit
@@ -124,19 +131,23 @@ def grouped_matmul_kernel(
 
     Tiles are numbered group after group, M-tiles fastest inside a group; program p takes tiles
     p, p + num_programs, ... Each program derives every tile's group from a_offsets on the device.
-    Offsets are clamped to [0, num_tokens] so that no metadata can make it write outside ``out``;
-    a group whose expert id is outside [0, num_experts) is written as zeros.
+    Offsets are clamped to [0, num_tokens] and to their running maximum, so that no metadata can
+    make it write outside ``out`` or write a row twice; a group whose expert id is outside [0, num_experts) is written as zeros.
     """
     n_out = N // 2 if EPILOGUE == "swiglu" else N
     n_tiles = tl.cdiv(n_out, BLOCK_N)
 
     group_ids = tl.arange(0, BLOCK_GROUPS)
     in_range = group_ids < num_groups
+    # Offsets clamped to [0, num_tokens] and made non-decreasing (running maximum): whatever the
+    # metadata, each row belongs to at most one group and every write lands inside ``out``.
+    first_offset = tl.load(a_offsets_ptr).to(tl.int64)
     starts = tl.load(a_offsets_ptr + group_ids, mask=in_range, other=0).to(tl.int64)
     ends = tl.load(a_offsets_ptr + group_ids + 1, mask=in_range, other=0).to(tl.int64)
-    starts = tl.minimum(tl.maximum(starts, 0), num_tokens)
-    ends = tl.minimum(tl.maximum(ends, starts), num_tokens)
-    tiles = tl.cdiv(ends - starts, BLOCK_M) * n_tiles
+    starts = tl.minimum(tl.maximum(tl.associative_scan(starts, 0, _maximum), 0), num_tokens)
+    ends = tl.maximum(tl.associative_scan(ends, 0, _maximum), first_offset)
+    ends = tl.minimum(tl.maximum(ends, 0), num_tokens)
+    tiles = tl.where(in_range, tl.cdiv(ends - starts, BLOCK_M) * n_tiles, 0)
     tiles_through = tl.cumsum(tiles, 0)
     total_tiles = tl.sum(tiles)
 

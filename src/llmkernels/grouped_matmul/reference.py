@@ -29,11 +29,11 @@ def grouped_matmul_reference(a, b, a_offsets, expert_ids, expert_scales=None, *,
     num_experts, n, _ = b_values.shape
     n_out = n // 2 if epilogue == "swiglu" else n
     out = torch.full((num_tokens, n_out), float("nan"), dtype=torch.float32, device=a_values.device)
-    offsets = a_offsets.to(torch.int64).clamp(0, num_tokens).tolist()
+    # Clamped to [0, T] and made non-decreasing, as the kernel reads them.
+    offsets = torch.cummax(a_offsets.to(torch.int64).clamp(0, num_tokens), 0).values.tolist()
     ids = expert_ids.tolist()
     for group, expert in enumerate(ids):
-        start = offsets[group]
-        end = max(offsets[group + 1], start)
+        start, end = offsets[group], offsets[group + 1]
         if end == start:
             continue
         if not 0 <= expert < num_experts:

@@ -1,0 +1,92 @@
+"""Shared benchmark plumbing: device ceilings, timing, tables (markdown + CSV) and plots."""
+from __future__ import annotations
+
+import csv
+import os
+import re
+
+import torch
+
+
+def gpu_slug() -> str:
+    name = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+
+
+def default_out_dir() -> str:
+    return os.path.join(os.path.dirname(__file__), "results", gpu_slug())
+
+
+def time_ms(fn, warmup_ms: float = 25, rep_ms: float = 100) -> float:
+    """Median time of ``fn()`` in milliseconds (CUDA events, via triton.testing.do_bench)."""
+    import triton.testing
+
+    return triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median")
+
+
+def measure_ceilings() -> dict:
+    """Copy bandwidth (GB/s, read + write), bf16 and fp8 matmul rates (TFLOP/s), measured now."""
+    ceilings = {}
+    src = torch.empty(2**30 // 2, dtype=torch.bfloat16, device="cuda").normal_()
+    dst = torch.empty_like(src)
+    ms = time_ms(lambda: dst.copy_(src))
+    ceilings["copy_gbps"] = 2 * src.numel() * 2 / ms / 1e6
+    del src, dst
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    ms = time_ms(lambda: a @ b)
+    ceilings["bf16_tflops"] = 2 * 8192**3 / ms / 1e9
+    try:
+        a8, b8 = a.to(torch.float8_e4m3fn), b.to(torch.float8_e4m3fn).T.contiguous().T
+        one = torch.tensor(1.0, device="cuda")
+        ms = time_ms(lambda: torch._scaled_mm(a8, b8, one, one, out_dtype=torch.bfloat16))
+        ceilings["fp8_tflops"] = 2 * 8192**3 / ms / 1e9
+    except Exception:  # noqa: BLE001 - a peer that fails is reported, not fatal
+        ceilings["fp8_tflops"] = float("nan")
+    return ceilings
+
+
+def write_table(rows: list[dict], out_dir: str, stem: str, title: str, notes: str = "") -> str:
+    """Writes ``stem.csv`` and ``stem.md`` under out_dir and returns the markdown table."""
+    os.makedirs(out_dir, exist_ok=True)
+    columns = list(rows[0].keys()) if rows else []
+    with open(os.path.join(out_dir, f"{stem}.csv"), "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows(rows)
+
+    def fmt(value):
+        if isinstance(value, float):
+            return "fails" if value != value else f"{value:.3g}" if abs(value) < 100 else f"{value:.0f}"
+        return str(value)
+
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(fmt(row[c]) for c in columns) + " |" for row in rows]
+    table = "\n".join(lines)
+    with open(os.path.join(out_dir, f"{stem}.md"), "w") as f:
+        f.write(f"# {title}\n\n{notes}\n\n{table}\n")
+    return table
+
+
+def bar_plot(labels: list[str], series: dict[str, list[float]], ylabel: str, path: str, title: str) -> None:
+    """Grouped bar chart; skipped quietly when matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    width = 0.8 / max(len(series), 1)
+    fig, ax = plt.subplots(figsize=(max(8, len(labels) * 1.4), 4.5))
+    for i, (name, values) in enumerate(series.items()):
+        positions = [x + i * width for x in range(len(labels))]
+        ax.bar(positions, [0 if v != v else v for v in values], width, label=name)
+    ax.set_xticks([x + width * (len(series) - 1) / 2 for x in range(len(labels))])
+    ax.set_xticklabels(labels, rotation=20, ha="right", fontsize=8)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

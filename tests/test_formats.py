@@ -1,0 +1,166 @@
+"""Block-scaled formats: the Triton quantize kernel against the PyTorch reference, known values,
+round trips and the 128x4 scale layouts."""
+import pytest
+import torch
+
+import llmkernels as lk
+from llmkernels._testing import relative_error
+from llmkernels.formats import (
+    ScaledTensor, from_blocked_scales, from_grouped_blocked_scales, to_blocked_scales, to_grouped_blocked_scales,
+)
+
+# dequantize(quantize(x)) vs x, relative error bounds for Gaussian x (rms error of the element type)
+ROUND_TRIP_TOLERANCE = {"mxfp8": 0.04, "mxfp4": 0.16, "nvfp4": 0.13}
+FORMAT_NAMES = ["mxfp8", "mxfp4", "nvfp4"]
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.uint8)
+
+
+def _wide_range_input(shape, dtype, device):
+    """Gaussian rows whose magnitudes span ~2^±8, so scales of many exponents occur."""
+    x = torch.randn(shape, device=device) * torch.exp2(torch.randint(-8, 9, (*shape[:-1], 1), device=device).float())
+    return x.to(dtype)
+
+
+@pytest.mark.parametrize("format", FORMAT_NAMES)
+@pytest.mark.parametrize("shape", [(1, 32), (5, 96), (3, 7, 256), (33, 160)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_quantize_kernel_matches_reference_bits(format, shape, dtype, device):
+    x = _wide_range_input(shape, dtype, device)
+    x.view(-1, shape[-1])[0, :16] = 0.0  # an all-zero block (nvfp4) / half block (MX)
+    ours = lk.quantize(x, format)
+    ref = lk.quantize_reference(x, format)
+    assert ours.data.shape == ref.data.shape and ours.scales.shape == ref.scales.shape
+    assert torch.equal(_bits(ours.scales), _bits(ref.scales)), "scales differ"
+    assert torch.equal(_bits(ours.data), _bits(ref.data)), "data differ"
+    if format == "nvfp4":
+        assert torch.equal(ours.global_scale, ref.global_scale)
+
+
+@pytest.mark.parametrize("format", FORMAT_NAMES)
+def test_round_trip_error(format, device):
+    x = torch.randn(64, 256, device=device)
+    error = relative_error(lk.dequantize(lk.quantize(x, format)), x)
+    assert 0 < error <= ROUND_TRIP_TOLERANCE[format]
+
+
+@pytest.mark.parametrize("format", ["mxfp8", "mxfp4"])
+def test_mx_requantize_is_identity(format, device):
+    q = lk.quantize(_wide_range_input((8, 128), torch.float32, device), format)
+    again = lk.quantize(lk.dequantize(q), format)
+    assert torch.equal(_bits(again.data), _bits(q.data)) and torch.equal(_bits(again.scales), _bits(q.scales))
+
+
+def test_mxfp4_known_values_round_to_nearest_even(device):
+    # amax 7 -> scale 2^(floor(log2 7) - 2) = 1, so elements are coded as they are.
+    values = [7.0, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, -0.3, -5.5, 6.0, 0.0, 0.26, -1.0, 4.4, 1.5]
+    expected = [6.0, 0.0, 1.0, 1.0, 2.0, 2.0, 4.0, 4.0, -0.5, -6.0, 6.0, 0.0, 0.5, -1.0, 4.0, 1.5]
+    x = torch.tensor(values * 2, device=device)[None, :]
+    for quantize in (lk.quantize, lk.quantize_reference):
+        q = quantize(x, "mxfp4")
+        assert _bits(q.scales).tolist() == [[127]]
+        assert lk.dequantize(q)[0].tolist() == expected * 2
+        assert _bits(q.data)[0, 0].item() == 0x07 | (0x00 << 4)  # 6.0 low nibble, 0.0 high nibble
+
+
+def test_mxfp8_known_scale_and_saturation(device):
+    x = torch.full((1, 32), 0.5, device=device)
+    x[0, 0] = 1.0 * 1.99  # floor(log2) = 0 -> scale 2^(0 - 8); 1.99 / 2^-8 = 509 saturates to 448
+    for quantize in (lk.quantize, lk.quantize_reference):
+        q = quantize(x, "mxfp8")
+        assert _bits(q.scales).tolist() == [[127 - 8]]
+        decoded = lk.dequantize(q)[0]
+        assert decoded[0].item() == 448.0 / 256 and decoded[1].item() == 0.5
+
+
+def test_nvfp4_global_scale_is_decode_scale(device):
+    x = torch.randn(4, 64, device=device)
+    q = lk.quantize(x, "nvfp4")
+    expected = x.abs().max() / (448.0 * 6.0)
+    assert torch.allclose(q.global_scale, expected)
+    # The largest element codes as 6 with a block scale of 448, so it decodes to amax.
+    assert torch.allclose(lk.dequantize(q).abs().max(), x.abs().max())
+    given = torch.tensor(0.01, device=device)
+    q2 = lk.quantize(x, "nvfp4", global_scale=given)
+    assert q2.global_scale.item() == pytest.approx(0.01)
+    assert relative_error(lk.dequantize(q2), x) <= ROUND_TRIP_TOLERANCE["nvfp4"]
+
+
+def test_blocked_layout_positions(device):
+    rows, cols = 200, 9
+    scales = torch.randint(0, 255, (rows, cols), dtype=torch.uint8, device=device).view(torch.float8_e8m0fnu)
+    blocked = to_blocked_scales(scales)
+    assert blocked.shape == (2, 3, 32, 16)
+    flat = _bits(blocked).reshape(-1)
+    for r, c in [(0, 0), (37, 5), (131, 8), (199, 3), (127, 4)]:
+        tile = (r // 128) * 3 + c // 4
+        byte = tile * 512 + (r % 32) * 16 + (r % 128) // 32 * 4 + c % 4
+        assert flat[byte] == _bits(scales)[r, c]
+    assert (flat.reshape(2, 3, 32, 4, 4)[1, :, :, 3, :] == 127).all()  # rows 224.. are padding (1.0)
+    assert torch.equal(_bits(from_blocked_scales(blocked, rows, cols)), _bits(scales))
+
+
+def test_blocked_layout_batched_round_trip(device):
+    scales = torch.randint(0, 255, (3, 130, 8), dtype=torch.uint8, device=device).view(torch.float8_e4m3fn)
+    blocked = to_blocked_scales(scales)
+    assert blocked.shape == (3, 2, 2, 32, 16)
+    assert torch.equal(_bits(from_blocked_scales(blocked, 130, 8)), _bits(scales))
+
+
+def test_grouped_blocked_layout(device):
+    sizes = [130, 0, 5, 128, 1]
+    offsets = torch.tensor([0, 130, 130, 135, 263, 264], dtype=torch.int32, device=device)
+    num_rows = 270  # 6 rows past the last group
+    scales = torch.randint(0, 255, (num_rows, 6), dtype=torch.uint8, device=device).view(torch.float8_e8m0fnu)
+    blocked, group_scale_offsets = to_grouped_blocked_scales(scales, offsets)
+    # Tiles per group: 2, 0, 1, 1, 1 -> first tiles 0, 2, 2, 3, 4.
+    first_tiles = [0, 2, 2, 3, 4]
+    assert group_scale_offsets.tolist() == [f - o // 128 for f, o in zip(first_tiles, offsets[:-1].tolist())]
+    flat = _bits(blocked).reshape(blocked.shape[0], blocked.shape[1], 512)
+    starts = offsets.tolist()
+    for g, size in enumerate(sizes):
+        for local in {0, size // 2, size - 1} if size else set():
+            row = starts[g] + local
+            tile_row = local // 128 + starts[g] // 128 + group_scale_offsets[g].item()
+            byte = (local % 128 % 32) * 16 + (local % 128) // 32 * 4 + 5 % 4
+            assert flat[tile_row, 5 // 4, byte] == _bits(scales)[row, 5]
+    back = from_grouped_blocked_scales(blocked, offsets, num_rows, 6)
+    assert torch.equal(_bits(back)[:264], _bits(scales)[:264])
+    assert (_bits(back)[264:] == 127).all()
+
+
+@pytest.mark.parametrize("format", FORMAT_NAMES)
+def test_to_layout_round_trip_and_dequantize(format, device):
+    x = torch.randn(150, 64, device=device)
+    q = lk.quantize(x, format)
+    offsets = torch.tensor([0, 3, 3, 140, 150], dtype=torch.int32, device=device)
+    for blocked in (q.to_layout("128x4"), lk.quantize(x, format, scale_layout="128x4", group_offsets=offsets)):
+        assert blocked.scale_layout == "128x4"
+        assert torch.equal(lk.dequantize(blocked), lk.dequantize(q))
+        assert torch.equal(_bits(blocked.to_layout("row").scales), _bits(q.scales))
+
+
+def test_quantize_rejects_bad_input(device):
+    x = torch.randn(4, 64, device=device)
+    with pytest.raises(ValueError, match="format"):
+        lk.quantize(x, "fp6")
+    with pytest.raises(TypeError, match="x must be"):
+        lk.quantize(x.to(torch.int32), "mxfp8")
+    with pytest.raises(ValueError, match="multiple of 32"):
+        lk.quantize(torch.randn(4, 48, device=device), "mxfp4")
+    with pytest.raises(ValueError, match="global_scale is for nvfp4"):
+        lk.quantize(x, "mxfp8", global_scale=torch.tensor(1.0, device=device))
+
+
+def test_scaled_tensor_rejects_inconsistent_parts(device):
+    q = lk.quantize(torch.randn(4, 64, device=device), "nvfp4")
+    with pytest.raises(TypeError, match="data must be"):
+        ScaledTensor(q.data.view(torch.int8), q.scales, "nvfp4", q.global_scale)
+    with pytest.raises(ValueError, match="do not fit"):
+        ScaledTensor(q.data, q.scales[:, :2], "nvfp4", q.global_scale)
+    with pytest.raises(TypeError, match="global_scale"):
+        ScaledTensor(q.data, q.scales, "nvfp4")
+    with pytest.raises(TypeError, match="scales must be"):
+        ScaledTensor(q.data, q.scales, "mxfp4")
