@@ -1,0 +1,88 @@
+"""Ablations for the grouped matmul on the GPU: MMA path and tile configs per format and regime.
+
+    python benchmarks/ablate_grouped_matmul.py [--out DIR] [--formats mxfp8,mxfp4] [--budget-s 240]
+
+Every variant is checked against the reference (relative error printed) before it is timed. Writes
+ablate_grouped_matmul.{csv,md} to DIR.
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+from common import default_out_dir, measure_ceilings, time_ms, write_table  # noqa: E402
+
+import llmkernels as lk  # noqa: E402
+from llmkernels._testing import relative_error  # noqa: E402
+
+REGIMES = {  # (experts, tokens per expert, N, K)
+    "compute": (8, 2048, 4096, 7168),
+    "decode": (128, 16, 4096, 7168),
+}
+PAIRS = {"bf16": ("bf16", "bf16"), "mxfp8": ("mxfp8", "mxfp8"), "mxfp4": ("mxfp4", "mxfp4"),
+         "nvfp4": ("nvfp4", "nvfp4"), "w4a16": ("bf16", "mxfp4"), "w8a16": ("bf16", "mxfp8")}
+TILES = {
+    "compute": [(128, 128, 128, 3, 8), (128, 128, 64, 4, 8), (128, 256, 64, 3, 8)],
+    "decode": [(64, 128, 128, 3, 4), (16, 128, 128, 4, 4), (16, 64, 256, 4, 4)],
+}
+
+
+def _operand(x, fmt):
+    return x.to(torch.bfloat16) if fmt == "bf16" else lk.quantize(x, fmt)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", default=None)
+    parser.add_argument("--formats", default="mxfp8,mxfp4,w4a16,nvfp4")
+    parser.add_argument("--regimes", default="compute,decode")
+    parser.add_argument("--budget-s", type=float, default=240)
+    args = parser.parse_args()
+    started = time.time()
+    ceilings = measure_ceilings()
+    rows = []
+    for regime in args.regimes.split(","):
+        num_experts, tokens_per_expert, n, k = REGIMES[regime]
+        tokens = num_experts * tokens_per_expert
+        x = torch.randn(tokens, k, device="cuda")
+        w = torch.randn(num_experts, n, k, device="cuda") / k**0.5
+        offsets = torch.arange(num_experts + 1, dtype=torch.int32, device="cuda") * tokens_per_expert
+        ids = torch.arange(num_experts, dtype=torch.int32, device="cuda")
+        weight_bytes = {"bf16": 2, "mxfp8": 1 + 1 / 32, "mxfp4": 0.5 + 1 / 32, "nvfp4": 0.5 + 1 / 16}
+        for name in args.formats.split(","):
+            fa, fb = PAIRS[name]
+            a, b = _operand(x, fa), _operand(w, fb)
+            expected = lk.grouped_matmul_reference(a, b, offsets, ids)
+            mmas = ["dequant", "dot_scaled"] if fb in ("mxfp8", "mxfp4") else ["dequant"]
+            for (bm, bn, bk, stages, warps), mma in itertools.product(TILES[regime], mmas):
+                if time.time() - started > args.budget_s:
+                    break
+                config = lk.BlockScaledMatmulConfig(bm, bn, bk, stages, warps, mma=mma)
+                try:
+                    out = lk.grouped_matmul(a, b, offsets, ids, config=config)
+                    error = relative_error(out.float(), expected)
+                    ms = time_ms(lambda: lk.grouped_matmul(a, b, offsets, ids, config=config))
+                except Exception as exc:  # noqa: BLE001 - a variant that fails to compile is a result too
+                    print(f"{regime} {name} {config}: {type(exc).__name__}: {str(exc)[:200]}")
+                    error, ms = float("nan"), float("nan")
+                tflops = 2.0 * tokens * n * k / ms / 1e9
+                weight_gbps = num_experts * n * k * weight_bytes[fb] / ms / 1e6
+                rows.append({"regime": regime, "pair": name, "mma": mma, "tile": f"{bm}x{bn}x{bk}",
+                             "stages": stages, "warps": warps, "us": ms * 1e3, "TFLOP/s": tflops,
+                             "weight GB/s": weight_gbps, "% copy": 100 * weight_gbps / ceilings["copy_gbps"],
+                             "rel err": error})
+                print(rows[-1], flush=True)
+            del expected
+    out_dir = args.out or default_out_dir()
+    print(write_table(rows, out_dir, "ablate_grouped_matmul", "Grouped matmul ablations",
+                      f"{torch.cuda.get_device_name()}; ceilings {ceilings}"))
+
+
+if __name__ == "__main__":
+    main()
