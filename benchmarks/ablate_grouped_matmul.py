@@ -27,9 +27,12 @@ REGIMES = {  # (experts, tokens per expert, N, K)
 }
 PAIRS = {"bf16": ("bf16", "bf16"), "mxfp8": ("mxfp8", "mxfp8"), "mxfp4": ("mxfp4", "mxfp4"),
          "nvfp4": ("nvfp4", "nvfp4"), "w4a16": ("bf16", "mxfp4"), "w8a16": ("bf16", "mxfp8")}
+# (block_m, block_n, block_k, stages, warps, ab_swapped)
 TILES = {
-    "compute": [(128, 128, 128, 3, 8), (128, 128, 64, 4, 8), (128, 256, 64, 3, 8)],
-    "decode": [(64, 128, 128, 3, 4), (16, 128, 128, 4, 4), (16, 64, 256, 4, 4)],
+    "compute": [(128, 128, 128, 3, 8, False), (128, 128, 128, 3, 8, True), (64, 128, 128, 3, 4, True),
+                (128, 256, 64, 3, 8, False)],
+    "decode": [(64, 128, 128, 3, 4, False), (16, 128, 128, 4, 4, True), (32, 128, 128, 4, 4, True),
+               (16, 64, 256, 4, 4, True)],
 }
 
 
@@ -60,10 +63,10 @@ def main():
             a, b = _operand(x, fa), _operand(w, fb)
             expected = lk.grouped_matmul_reference(a, b, offsets, ids)
             mmas = ["dequant", "dot_scaled"] if fb in ("mxfp8", "mxfp4") else ["dequant"]
-            for (bm, bn, bk, stages, warps), mma in itertools.product(TILES[regime], mmas):
+            for (bm, bn, bk, stages, warps, swapped), mma in itertools.product(TILES[regime], mmas):
                 if time.time() - started > args.budget_s:
                     break
-                config = lk.BlockScaledMatmulConfig(bm, bn, bk, stages, warps, mma=mma)
+                config = lk.BlockScaledMatmulConfig(bm, bn, bk, stages, warps, mma=mma, ab_swapped=swapped)
                 try:
                     out = lk.grouped_matmul(a, b, offsets, ids, config=config)
                     error = relative_error(out.float(), expected)
@@ -73,7 +76,7 @@ def main():
                     error, ms = float("nan"), float("nan")
                 tflops = 2.0 * tokens * n * k / ms / 1e9
                 weight_gbps = num_experts * n * k * weight_bytes[fb] / ms / 1e6
-                rows.append({"regime": regime, "pair": name, "mma": mma, "tile": f"{bm}x{bn}x{bk}",
+                rows.append({"regime": regime, "pair": name, "mma": mma, "tile": f"{bm}x{bn}x{bk}", "swap": swapped,
                              "stages": stages, "warps": warps, "us": ms * 1e3, "TFLOP/s": tflops,
                              "weight GB/s": weight_gbps, "% copy": 100 * weight_gbps / ceilings["copy_gbps"],
                              "rel err": error})

@@ -83,6 +83,24 @@ def test_dot_scaled_path(formats, device):
     _check(_make_operand(x, formats[0]), _make_operand(w, formats[1]), offsets, ids, scales, rows, config=config)
 
 
+@pytest.mark.parametrize("formats", FORMAT_PAIRS, ids="x".join)
+def test_swapped_ab(formats, device):
+    x, w, offsets, ids, scales, rows = _problem("ragged", k=128, n=48, device=device)
+    config = lk.BlockScaledMatmulConfig(block_m=16, block_n=32, block_k=64, num_stages=1, num_warps=4, ab_swapped=True)
+    _check(_make_operand(x, formats[0]), _make_operand(w, formats[1]), offsets, ids, scales, rows, config=config,
+           epilogue="swiglu")
+
+
+@pytest.mark.skipif(interpreting() and tuple(map(int, triton.__version__.split(".")[:2])) < (3, 9),
+                    reason="Triton's interpreter runs tl.dot_scaled from 3.9 on")
+@pytest.mark.parametrize("formats", DOT_SCALED_PAIRS, ids="x".join)
+def test_swapped_ab_dot_scaled(formats, device):
+    x, w, offsets, ids, scales, rows = _problem("minus_one", k=128, n=48, device=device)
+    config = lk.BlockScaledMatmulConfig(block_m=16, block_n=32, block_k=64, num_stages=1, num_warps=4,
+                                        mma="dot_scaled", ab_swapped=True)
+    _check(_make_operand(x, formats[0]), _make_operand(w, formats[1]), offsets, ids, scales, rows, config=config)
+
+
 @pytest.mark.parametrize("grouping", sorted(GROUPINGS))
 @pytest.mark.parametrize("format", ["mxfp8", "nvfp4"])
 def test_groupings(grouping, format, device):
@@ -224,7 +242,8 @@ def test_mixed_devices_raise():
 
 
 @pytest.mark.parametrize("field, value", [("block_m", 24), ("block_n", 512), ("block_k", 16), ("num_stages", 0),
-                                          ("num_warps", 3), ("num_programs", 0), ("mma", "wgmma")])
+                                          ("num_warps", 3), ("num_programs", 0), ("mma", "wgmma"),
+                                          ("ab_swapped", 1)])
 def test_config_validation(field, value):
     with pytest.raises(ValueError, match=field):
         lk.BlockScaledMatmulConfig(**{field: value})

@@ -250,7 +250,7 @@ def grouped_matmul(
         A_ELEMENT=a_op.element, A_SCALE=a_op.scale, A_SCALE_BLOCK=a_op.scale_block, A_SCALE_LAYOUT=a_op.scale_layout,
         B_ELEMENT=b_op.element, B_SCALE=b_op.scale, B_SCALE_BLOCK=b_op.scale_block, B_SCALE_LAYOUT=b_op.scale_layout,
         HAS_EXPERT_SCALES=expert_scales is not None, EPILOGUE=epilogue_kind, EPILOGUE_FN=epilogue_fn,
-        USE_DOT_SCALED=use_dot_scaled, COMPUTE_DTYPE=compute_dtype,
+        USE_DOT_SCALED=use_dot_scaled, SWAP_AB=config.ab_swapped, COMPUTE_DTYPE=compute_dtype,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         BLOCK_GROUPS=max(16, next_power_of_2(num_groups)),
         num_warps=config.num_warps, num_stages=config.num_stages,

@@ -30,6 +30,8 @@ class BlockScaledMatmulConfig:
     ``num_pipeline_stages``     ``num_stages``: Triton's software-pipelining depth of the K loop.
     grid of the persistent      ``num_programs``: programs of the persistent grid (``None``: one per
     work iterator               SM); program p takes tiles p, p + num_programs, ...
+    ``AB_swapped``              ``ab_swapped``: compute ``Cᵀ = B·Aᵀ`` per tile, so the weights are the
+                                MMA's M side and the (few) tokens its N side: decode-time groups.
     ``scaling_kind``            follows from the operands' formats.
     ``mma_shape``, swizzles,    chosen by the Triton compiler (wgmma on Hopper, tcgen05 on Blackwell),
     ``cta_group``, cluster,     not settable from Triton.
@@ -53,6 +55,7 @@ class BlockScaledMatmulConfig:
     num_warps: int = 8
     num_programs: int | None = None
     mma: str = "auto"
+    ab_swapped: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n"):
@@ -67,6 +70,8 @@ class BlockScaledMatmulConfig:
             raise ValueError(f"num_warps must be one of 1, 2, 4, 8, 16, got {self.num_warps!r}")
         if self.num_programs is not None and (not isinstance(self.num_programs, int) or self.num_programs < 1):
             raise ValueError(f"num_programs must be None or a positive int, got {self.num_programs!r}")
+        if not isinstance(self.ab_swapped, bool):
+            raise ValueError(f"ab_swapped must be a bool, got {self.ab_swapped!r}")
         if self.mma not in MMA_PATHS:
             raise ValueError(f"mma must be one of {MMA_PATHS}, got {self.mma!r}")
 

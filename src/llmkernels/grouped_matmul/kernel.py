@@ -77,12 +77,12 @@ def _dequantize(data, scale_bits, ELEMENT: tl.constexpr, SCALE: tl.constexpr, SC
         values = data
     else:
         if ELEMENT == "e4m3":
-            values = data.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+            values = data.to(tl.float8e4nv, bitcast=True).to(COMPUTE_DTYPE)
         else:
             even = decode_e2m1(data & 0xF)
             odd = decode_e2m1(data >> 4)
             values = tl.reshape(tl.join(even, odd), (ROWS, BLOCK_K))
-        scale = decode_scale(scale_bits, SCALE)
+        scale = decode_scale(scale_bits, SCALE).to(values.dtype)
         values = tl.reshape(values, (ROWS, BLOCK_K // SCALE_BLOCK, SCALE_BLOCK)) * scale[:, :, None]
         values = tl.reshape(values, (ROWS, BLOCK_K))
     return values.to(COMPUTE_DTYPE)
@@ -92,18 +92,31 @@ def _dequantize(data, scale_bits, ELEMENT: tl.constexpr, SCALE: tl.constexpr, SC
 def _mma_step(acc, a_data, a_scale_bits, b_data, b_scale_bits,
               A_ELEMENT: tl.constexpr, A_SCALE: tl.constexpr, A_SCALE_BLOCK: tl.constexpr,
               B_ELEMENT: tl.constexpr, B_SCALE: tl.constexpr, B_SCALE_BLOCK: tl.constexpr,
-              USE_DOT_SCALED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-              BLOCK_K: tl.constexpr, COMPUTE_DTYPE: tl.constexpr):
-    """acc ``[BLOCK_M, BLOCK_N]`` += A tile ``[BLOCK_M, BLOCK_K]`` @ B tile ``[BLOCK_N, BLOCK_K]``ᵀ."""
+              USE_DOT_SCALED: tl.constexpr, SWAP_AB: tl.constexpr, BLOCK_M: tl.constexpr,
+              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, COMPUTE_DTYPE: tl.constexpr):
+    """One K step: acc ``[BLOCK_M, BLOCK_N]`` += A tile ``[BLOCK_M, BLOCK_K]`` @ B tile ``[BLOCK_N, BLOCK_K]``ᵀ,
+    or with SWAP_AB acc ``[BLOCK_N, BLOCK_M]`` += B tile @ A tileᵀ (the weights are then the MMA's
+    left operand, which Hopper's wgmma can read from registers right after decoding)."""
     if USE_DOT_SCALED:
-        if A_SCALE == "none":
-            return tl.dot_scaled(a_data, None, A_ELEMENT, tl.trans(b_data), b_scale_bits, B_ELEMENT, acc)
+        if SWAP_AB:
+            if A_SCALE == "none":
+                return tl.dot_scaled(b_data, b_scale_bits, B_ELEMENT, tl.trans(a_data), None, A_ELEMENT, acc)
+            else:
+                return tl.dot_scaled(b_data, b_scale_bits, B_ELEMENT, tl.trans(a_data), a_scale_bits, A_ELEMENT,
+                                     acc)
         else:
-            return tl.dot_scaled(a_data, a_scale_bits, A_ELEMENT, tl.trans(b_data), b_scale_bits, B_ELEMENT, acc)
+            if A_SCALE == "none":
+                return tl.dot_scaled(a_data, None, A_ELEMENT, tl.trans(b_data), b_scale_bits, B_ELEMENT, acc)
+            else:
+                return tl.dot_scaled(a_data, a_scale_bits, A_ELEMENT, tl.trans(b_data), b_scale_bits, B_ELEMENT,
+                                     acc)
     else:
         a = _dequantize(a_data, a_scale_bits, A_ELEMENT, A_SCALE, A_SCALE_BLOCK, BLOCK_M, BLOCK_K, COMPUTE_DTYPE)
         b = _dequantize(b_data, b_scale_bits, B_ELEMENT, B_SCALE, B_SCALE_BLOCK, BLOCK_N, BLOCK_K, COMPUTE_DTYPE)
-        return tl.dot(a, tl.trans(b), acc)
+        if SWAP_AB:
+            return tl.dot(b, tl.trans(a), acc)
+        else:
+            return tl.dot(a, tl.trans(b), acc)
 
 
 @triton.jit
@@ -118,7 +131,7 @@ def grouped_matmul_kernel(
     A_ELEMENT: tl.constexpr, A_SCALE: tl.constexpr, A_SCALE_BLOCK: tl.constexpr, A_SCALE_LAYOUT: tl.constexpr,
     B_ELEMENT: tl.constexpr, B_SCALE: tl.constexpr, B_SCALE_BLOCK: tl.constexpr, B_SCALE_LAYOUT: tl.constexpr,
     HAS_EXPERT_SCALES: tl.constexpr, EPILOGUE: tl.constexpr, EPILOGUE_FN: tl.constexpr,
-    USE_DOT_SCALED: tl.constexpr, COMPUTE_DTYPE: tl.constexpr,
+    USE_DOT_SCALED: tl.constexpr, SWAP_AB: tl.constexpr, COMPUTE_DTYPE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_GROUPS: tl.constexpr,
 ):
     """Persistent grouped matmul.
@@ -201,8 +214,11 @@ def grouped_matmul_kernel(
                 up_scale_rows = _tile_scale_row_base(expert * tl.cdiv(N, 128) + up_rows // 128, up_rows % 128,
                                                      K // B_SCALE_BLOCK)
 
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        up_acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        if SWAP_AB:
+            acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        else:
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        up_acc = acc
         for k_tile in range(0, tl.where(expert_ok, num_k_tiles, 0)):
             k_start = k_tile * BLOCK_K
             a_data = _load_data(a_ptr, a_row_offsets, row_mask, k_start, K, A_ELEMENT, BLOCK_K)
@@ -217,7 +233,7 @@ def grouped_matmul_kernel(
                                             B_SCALE, B_SCALE_BLOCK, B_SCALE_LAYOUT, BLOCK_K)
             acc = _mma_step(acc, a_data, a_scale_bits, b_data, b_scale_bits,
                             A_ELEMENT, A_SCALE, A_SCALE_BLOCK, B_ELEMENT, B_SCALE, B_SCALE_BLOCK,
-                            USE_DOT_SCALED, BLOCK_M, BLOCK_N, BLOCK_K, COMPUTE_DTYPE)
+                            USE_DOT_SCALED, SWAP_AB, BLOCK_M, BLOCK_N, BLOCK_K, COMPUTE_DTYPE)
             if EPILOGUE == "swiglu":
                 up_data = _load_data(b_ptr, up_row_offsets, col_mask, k_start, K, B_ELEMENT, BLOCK_K)
                 up_scale_bits = up_data
@@ -226,8 +242,11 @@ def grouped_matmul_kernel(
                                                  B_SCALE, B_SCALE_BLOCK, B_SCALE_LAYOUT, BLOCK_K)
                 up_acc = _mma_step(up_acc, a_data, a_scale_bits, up_data, up_scale_bits,
                                    A_ELEMENT, A_SCALE, A_SCALE_BLOCK, B_ELEMENT, B_SCALE, B_SCALE_BLOCK,
-                                   USE_DOT_SCALED, BLOCK_M, BLOCK_N, BLOCK_K, COMPUTE_DTYPE)
+                                   USE_DOT_SCALED, SWAP_AB, BLOCK_M, BLOCK_N, BLOCK_K, COMPUTE_DTYPE)
 
+        if SWAP_AB:
+            acc = tl.trans(acc)
+            up_acc = tl.trans(up_acc)
         # Epilogue on the fp32 accumulator: global scales, expert scale, then the activation.
         multiplier = a_global_scale * b_global_scale
         if HAS_EXPERT_SCALES:
