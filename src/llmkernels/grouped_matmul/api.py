@@ -131,16 +131,16 @@ def _validate_metadata_on_host(a_offsets, expert_ids, num_tokens: int, num_exper
 
 def _resolve_mma(config: BlockScaledMatmulConfig, a: _Operand, b: _Operand, device: torch.device) -> bool:
     """True when the kernel should use tl.dot_scaled."""
-    mx_operands = b.scale == "e8m0" and a.scale in ("e8m0", "none")
+    mx_operands = b.scale == "e8m0" and (a.scale == "e8m0" or a.element == "bf16")
     if config.mma == "dequant":
         return False
     if config.mma == "dot_scaled":
-        if not mx_operands or a.element == "fp16":
+        if not mx_operands:
             raise ValueError(f"mma='dot_scaled' needs MX weights and MX or bf16 activations, got a={a.format}, b={b.format}")
         return True
     if not mx_operands or interpreting() or device.type != "cuda":
         return False
-    return torch.cuda.get_device_capability(device)[0] >= 10
+    return torch.cuda.get_device_capability(device)[0] >= 10 or b.element == "e2m1"
 
 
 def grouped_matmul(
@@ -222,7 +222,7 @@ def grouped_matmul(
     if validate:
         _validate_metadata_on_host(a_offsets, expert_ids, num_tokens, num_experts,
                                    a if isinstance(a, ScaledTensor) else None)
-    config = config or default_config(num_tokens, num_groups, n_out, k, device)
+    config = config or default_config(num_tokens, num_groups, n_out, k, device, a_op.element, b_op.element)
     use_dot_scaled = _resolve_mma(config, a_op, b_op, device)
     if num_tokens == 0 or num_groups == 0 or n_out == 0:
         return out

@@ -81,15 +81,22 @@ class BlockScaledMatmulConfig:
         return (self.block_m, self.block_n, self.block_k)
 
 
-def default_config(num_tokens: int, num_groups: int, n_out: int, k: int, device: torch.device) -> BlockScaledMatmulConfig:
-    """A config from what the host knows without a sync: total tokens, groups, output width and K.
+def default_config(num_tokens: int, num_groups: int, n_out: int, k: int, device: torch.device,
+                   a_element: str = "bf16", b_element: str = "bf16") -> BlockScaledMatmulConfig:
+    """A config from what the host knows without a sync: shapes and the operands' element types
+    (``"bf16" | "fp16" | "e4m3" | "e2m1"``).
 
-    Small tiles in the interpreter (each program runs as numpy on the CPU). On the GPU, groups of
-    few tokens (decode) get 64-row tiles so that less of each tile is padding.
+    Small tiles in the interpreter (each program runs as numpy on the CPU). On the GPU, the choices
+    measured best on an H200 (``benchmarks/results/nvidia-h200/ablate_grouped_matmul.md``): groups of
+    few tokens (decode) take 16-row tiles, with swap-AB for plain and e2m1 weights; plain bf16
+    compute-bound problems take 128×256×64 tiles; e2m1 weights 128×256×64 (or 128×128×128 under
+    plain activations).
     """
     if device.type != "cuda" or interpreting():
         return BlockScaledMatmulConfig(block_m=16, block_n=32, block_k=64, num_stages=1, num_warps=4)
-    tokens_per_group = num_tokens / max(num_groups, 1)
-    block_m = 64 if tokens_per_group <= 64 else 128
-    return BlockScaledMatmulConfig(block_m=block_m, block_n=128, block_k=128, num_stages=3,
-                                   num_warps=4 if block_m == 64 else 8)
+    if num_tokens / max(num_groups, 1) <= 64:
+        return BlockScaledMatmulConfig(block_m=16, block_n=128, block_k=128, num_stages=4, num_warps=4,
+                                       ab_swapped=b_element != "e4m3")
+    if b_element in ("bf16", "fp16") or (b_element == "e2m1" and a_element == "e2m1"):
+        return BlockScaledMatmulConfig(block_m=128, block_n=256, block_k=64, num_stages=3, num_warps=8)
+    return BlockScaledMatmulConfig(block_m=128, block_n=128, block_k=128, num_stages=3, num_warps=8)
