@@ -8,6 +8,7 @@ ablate_grouped_matmul.{csv,md} to DIR.
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import sys
 import time
@@ -26,15 +27,12 @@ REGIMES = {  # (experts, tokens per expert, N, K)
 }
 PAIRS = {"bf16": ("bf16", "bf16"), "mxfp8": ("mxfp8", "mxfp8"), "mxfp4": ("mxfp4", "mxfp4"),
          "nvfp4": ("nvfp4", "nvfp4"), "w4a16": ("bf16", "mxfp4"), "w8a16": ("bf16", "mxfp8")}
-# (block_m, block_n, block_k, stages, warps, ab_swapped, mma); block_k None = the scale block;
-# mma None = both "dequant" and "dot_scaled" where they apply.
+# (block_m, block_n, block_k, stages, warps, ab_swapped)
 TILES = {
-    "compute": [(128, 256, 64, 3, 8, False, None), (128, 128, 128, 3, 8, False, None),
-                (128, 128, None, 4, 8, False, "promote"), (128, 256, None, 3, 8, False, "promote"),
-                (128, 128, None, 4, 8, True, "promote")],
-    "decode": [(16, 128, 128, 4, 4, False, None), (16, 128, 128, 4, 4, True, None),
-               (16, 128, None, 4, 4, True, "promote"), (16, 128, None, 6, 4, True, "promote"),
-               (16, 64, None, 6, 4, True, "promote"), (16, 128, None, 4, 4, False, "promote")],
+    "compute": [(128, 128, 128, 3, 8, False), (128, 128, 128, 3, 8, True), (64, 128, 128, 3, 4, True),
+                (128, 256, 64, 3, 8, False)],
+    "decode": [(64, 128, 128, 3, 4, False), (16, 128, 128, 4, 4, True), (32, 128, 128, 4, 4, True),
+               (16, 64, 256, 4, 4, True)],
 }
 
 
@@ -64,15 +62,10 @@ def main():
             fa, fb = PAIRS[name]
             a, b = _operand(x, fa), _operand(w, fb)
             expected = lk.grouped_matmul_reference(a, b, offsets, ids)
-            both = ["dequant", "dot_scaled"] if fb in ("mxfp8", "mxfp4") else ["dequant"]
-            variants = [(tile, mma) for tile in TILES[regime] for mma in ([tile[-1]] if tile[-1] else both)]
-            for (bm, bn, bk, stages, warps, swapped, _), mma in variants:
+            mmas = ["dequant", "dot_scaled"] if fb in ("mxfp8", "mxfp4") else ["dequant"]
+            for (bm, bn, bk, stages, warps, swapped), mma in itertools.product(TILES[regime], mmas):
                 if time.time() - started > args.budget_s:
                     break
-                if mma == "promote":
-                    if fb == "bf16":
-                        continue
-                    bk = 16 if fb == "nvfp4" else 32
                 config = lk.BlockScaledMatmulConfig(bm, bn, bk, stages, warps, mma=mma, ab_swapped=swapped)
                 try:
                     out = lk.grouped_matmul(a, b, offsets, ids, config=config)

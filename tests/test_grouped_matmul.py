@@ -91,22 +91,6 @@ def test_swapped_ab(formats, device):
            epilogue="swiglu")
 
 
-QUANTIZED_WEIGHT_PAIRS = [pair for pair in FORMAT_PAIRS if pair[1] not in ("bf16", "fp16")]
-
-
-@pytest.mark.parametrize("formats", QUANTIZED_WEIGHT_PAIRS, ids="x".join)
-@pytest.mark.parametrize("swapped", [False, True])
-@pytest.mark.parametrize("a_layout", ["row", "128x4_grouped"])
-def test_promote_path(formats, swapped, a_layout, device):
-    x, w, offsets, ids, scales, rows = _problem("ragged", k=128, n=48, device=device)
-    a, b = _make_operand(x, formats[0]), _make_operand(w, formats[1])
-    if a_layout != "row" and isinstance(a, lk.ScaledTensor):
-        a, b = a.to_layout("128x4", group_offsets=offsets), b.to_layout("128x4")
-    config = lk.BlockScaledMatmulConfig(block_m=16, block_n=32, block_k=16 if formats[1] == "nvfp4" else 32,
-                                        num_stages=1, num_warps=4, mma="promote", ab_swapped=swapped)
-    _check(a, b, offsets, ids, scales, rows, config=config, epilogue="swiglu" if swapped else None)
-
-
 @pytest.mark.skipif(interpreting() and tuple(map(int, triton.__version__.split(".")[:2])) < (3, 9),
                     reason="Triton's interpreter runs tl.dot_scaled from 3.9 on")
 @pytest.mark.parametrize("formats", DOT_SCALED_PAIRS, ids="x".join)
@@ -231,9 +215,6 @@ def _bad_input_cases(device):
                                     epilogue="swiglu")),
         (ValueError, "mma='dot_scaled'", dict(ok, a=lk.quantize(x, "nvfp4"), b=lk.quantize(w, "nvfp4"),
                                               config=lk.BlockScaledMatmulConfig(mma="dot_scaled"))),
-        (ValueError, "block_k must be 32", dict(ok, config=lk.BlockScaledMatmulConfig(mma="promote", block_k=64))),
-        (ValueError, "needs block-scaled weights", dict(ok, a=x.bfloat16(), b=w.bfloat16(),
-                                                        config=lk.BlockScaledMatmulConfig(mma="promote"))),
     ]
 
 
@@ -260,7 +241,7 @@ def test_mixed_devices_raise():
         lk.grouped_matmul(x, w, torch.tensor([0, 4], dtype=torch.int32), torch.tensor([0], dtype=torch.int32))
 
 
-@pytest.mark.parametrize("field, value", [("block_m", 24), ("block_n", 512), ("block_k", 8), ("num_stages", 0),
+@pytest.mark.parametrize("field, value", [("block_m", 24), ("block_n", 512), ("block_k", 16), ("num_stages", 0),
                                           ("num_warps", 3), ("num_programs", 0), ("mma", "wgmma"),
                                           ("ab_swapped", 1)])
 def test_config_validation(field, value):

@@ -129,24 +129,18 @@ def _validate_metadata_on_host(a_offsets, expert_ids, num_tokens: int, num_exper
         raise ValueError("a's scales were laid out for other group offsets than a_offsets")
 
 
-def _resolve_mma(config: BlockScaledMatmulConfig, a: _Operand, b: _Operand, device: torch.device) -> str:
-    """The kernel's MMA path: ``"dot_scaled"``, ``"dequant"`` or ``"promote"``."""
+def _resolve_mma(config: BlockScaledMatmulConfig, a: _Operand, b: _Operand, device: torch.device) -> bool:
+    """True when the kernel should use tl.dot_scaled."""
     mx_operands = b.scale == "e8m0" and (a.scale == "e8m0" or a.element == "bf16")
-    if config.mma == "dot_scaled" and not mx_operands:
-        raise ValueError(f"mma='dot_scaled' needs MX weights and MX or bf16 activations, got a={a.format}, b={b.format}")
-    if config.mma == "promote":
-        if not b.quantized:
-            raise ValueError("mma='promote' needs block-scaled weights")
-        if config.block_k != b.scale_block:
-            raise ValueError(f"mma='promote' steps K one scale block at a time: block_k must be {b.scale_block} "
-                             f"for {b.format}, got {config.block_k}")
-    if config.mma != "auto":
-        return config.mma
+    if config.mma == "dequant":
+        return False
+    if config.mma == "dot_scaled":
+        if not mx_operands:
+            raise ValueError(f"mma='dot_scaled' needs MX weights and MX or bf16 activations, got a={a.format}, b={b.format}")
+        return True
     if not mx_operands or interpreting() or device.type != "cuda":
-        return "dequant"
-    if torch.cuda.get_device_capability(device)[0] >= 10 or b.element == "e2m1":
-        return "dot_scaled"
-    return "dequant"
+        return False
+    return torch.cuda.get_device_capability(device)[0] >= 10 or b.element == "e2m1"
 
 
 def grouped_matmul(
@@ -229,7 +223,7 @@ def grouped_matmul(
         _validate_metadata_on_host(a_offsets, expert_ids, num_tokens, num_experts,
                                    a if isinstance(a, ScaledTensor) else None)
     config = config or default_config(num_tokens, num_groups, n_out, k, device, a_op.element, b_op.element)
-    mma = _resolve_mma(config, a_op, b_op, device)
+    use_dot_scaled = _resolve_mma(config, a_op, b_op, device)
     if num_tokens == 0 or num_groups == 0 or n_out == 0:
         return out
 
@@ -256,7 +250,7 @@ def grouped_matmul(
         A_ELEMENT=a_op.element, A_SCALE=a_op.scale, A_SCALE_BLOCK=a_op.scale_block, A_SCALE_LAYOUT=a_op.scale_layout,
         B_ELEMENT=b_op.element, B_SCALE=b_op.scale, B_SCALE_BLOCK=b_op.scale_block, B_SCALE_LAYOUT=b_op.scale_layout,
         HAS_EXPERT_SCALES=expert_scales is not None, EPILOGUE=epilogue_kind, EPILOGUE_FN=epilogue_fn,
-        MMA=mma, SWAP_AB=config.ab_swapped, COMPUTE_DTYPE=compute_dtype,
+        USE_DOT_SCALED=use_dot_scaled, SWAP_AB=config.ab_swapped, COMPUTE_DTYPE=compute_dtype,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         BLOCK_GROUPS=max(16, next_power_of_2(num_groups)),
         num_warps=config.num_warps, num_stages=config.num_stages,

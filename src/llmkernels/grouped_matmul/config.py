@@ -9,7 +9,7 @@ from .._runtime import interpreting
 
 __all__ = ["BlockScaledMatmulConfig", "MMA_PATHS", "default_config"]
 
-MMA_PATHS = ("auto", "dot_scaled", "dequant", "promote")
+MMA_PATHS = ("auto", "dot_scaled", "dequant")
 
 
 def _is_power_of_2(n: int) -> bool:
@@ -62,8 +62,8 @@ class BlockScaledMatmulConfig:
             value = getattr(self, name)
             if not _is_power_of_2(value) or not 16 <= value <= 256:
                 raise ValueError(f"{name} must be a power of two in [16, 256], got {value!r}")
-        if not _is_power_of_2(self.block_k) or not 16 <= self.block_k <= 512:
-            raise ValueError(f"block_k must be a power of two in [16, 512], got {self.block_k!r}")
+        if not _is_power_of_2(self.block_k) or not 32 <= self.block_k <= 512:
+            raise ValueError(f"block_k must be a power of two in [32, 512], got {self.block_k!r}")
         if not isinstance(self.num_stages, int) or not 1 <= self.num_stages <= 8:
             raise ValueError(f"num_stages must be an int in [1, 8], got {self.num_stages!r}")
         if self.num_warps not in (1, 2, 4, 8, 16):

@@ -93,12 +93,12 @@ def _dequantize(data, scale_bits, ELEMENT: tl.constexpr, SCALE: tl.constexpr, SC
 def _mma_step(acc, a_data, a_scale_bits, b_data, b_scale_bits,
               A_ELEMENT: tl.constexpr, A_SCALE: tl.constexpr, A_SCALE_BLOCK: tl.constexpr,
               B_ELEMENT: tl.constexpr, B_SCALE: tl.constexpr, B_SCALE_BLOCK: tl.constexpr,
-              MMA: tl.constexpr, SWAP_AB: tl.constexpr, BLOCK_M: tl.constexpr,
+              USE_DOT_SCALED: tl.constexpr, SWAP_AB: tl.constexpr, BLOCK_M: tl.constexpr,
               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, COMPUTE_DTYPE: tl.constexpr):
     """One K step: acc ``[BLOCK_M, BLOCK_N]`` += A tile ``[BLOCK_M, BLOCK_K]`` @ B tile ``[BLOCK_N, BLOCK_K]``ᵀ,
     or with SWAP_AB acc ``[BLOCK_N, BLOCK_M]`` += B tile @ A tileᵀ (the weights are then the MMA's
     left operand, which Hopper's wgmma can read from registers right after decoding)."""
-    if MMA == "dot_scaled":
+    if USE_DOT_SCALED:
         if SWAP_AB:
             if A_SCALE == "none":
                 return tl.dot_scaled(b_data, b_scale_bits, B_ELEMENT, tl.trans(a_data), None, A_ELEMENT, acc)
@@ -121,97 +121,6 @@ def _mma_step(acc, a_data, a_scale_bits, b_data, b_scale_bits,
 
 
 @triton.jit
-def _decode_unscaled(data, ELEMENT: tl.constexpr, COMPUTE_DTYPE: tl.constexpr):
-    """Raw e4m3 or plain elements → COMPUTE_DTYPE, without scales."""
-    if ELEMENT == "e4m3":
-        return data.to(tl.float8e4nv, bitcast=True).to(tl.float32).to(COMPUTE_DTYPE)
-    else:
-        return data.to(COMPUTE_DTYPE)
-
-
-@triton.jit
-def _load_even_odd(data_ptr, row_offsets, row_mask, k_start, K, ELEMENT: tl.constexpr, BLOCK_K: tl.constexpr,
-                   COMPUTE_DTYPE: tl.constexpr):
-    """The even and the odd K columns of a tile, each ``[rows, BLOCK_K / 2]``, decoded without scales.
-
-    A packed e2m1 byte holds one even and one odd element, so splitting K by parity needs no
-    interleaving of nibbles; a dot over K is the sum of the dots over its even and odd halves.
-    """
-    HALF: tl.constexpr = BLOCK_K // 2
-    if ELEMENT == "e2m1":
-        cols = k_start // 2 + tl.arange(0, HALF)
-        data = tl.load(data_ptr + row_offsets[:, None] + cols[None, :],
-                       mask=row_mask[:, None] & (cols < K // 2)[None, :], other=0)
-        even = decode_e2m1(data & 0xF).to(COMPUTE_DTYPE)
-        odd = decode_e2m1(data >> 4).to(COMPUTE_DTYPE)
-    else:
-        cols = k_start + 2 * tl.arange(0, HALF)
-        mask = row_mask[:, None] & (cols < K)[None, :]
-        even = _decode_unscaled(tl.load(data_ptr + row_offsets[:, None] + cols[None, :], mask=mask, other=0),
-                                ELEMENT, COMPUTE_DTYPE)
-        odd = _decode_unscaled(tl.load(data_ptr + row_offsets[:, None] + cols[None, :] + 1, mask=mask, other=0),
-                               ELEMENT, COMPUTE_DTYPE)
-    return even, odd
-
-
-@triton.jit
-def _load_scale_column(scales_ptr, scale_row_base, row_mask, k_start, SCALE: tl.constexpr,
-                       SCALE_BLOCK: tl.constexpr, SCALE_LAYOUT: tl.constexpr):
-    """float32 ``[rows]``: each row's scale for the scale block that starts at k_start."""
-    if SCALE == "e8m0":
-        one_bits = 127
-    else:
-        one_bits = 0x38
-    scale_col = k_start // SCALE_BLOCK
-    bits = tl.load(scales_ptr + scale_row_base + _scale_col_offsets(scale_col, SCALE_LAYOUT), mask=row_mask,
-                   other=one_bits)
-    return decode_scale(bits, SCALE)
-
-
-@triton.jit
-def _promoted_step(acc, a_ptr, a_row_offsets, row_mask, a_scales_ptr, a_scale_rows,
-                   b_ptr, b_row_offsets, col_mask, b_scales_ptr, b_scale_rows, k_start, K,
-                   A_ELEMENT: tl.constexpr, A_SCALE: tl.constexpr, A_SCALE_LAYOUT: tl.constexpr,
-                   B_ELEMENT: tl.constexpr, B_SCALE: tl.constexpr, B_SCALE_LAYOUT: tl.constexpr,
-                   SCALE_BLOCK: tl.constexpr, SWAP_AB: tl.constexpr, BLOCK_K: tl.constexpr,
-                   COMPUTE_DTYPE: tl.constexpr):
-    """One scale block of K (BLOCK_K == SCALE_BLOCK): the MMA runs on unscaled elements, and the
-    block's scales multiply the fp32 partial product ("scale promotion"). No per-element scale
-    multiply, no reshapes: the decoded weights can feed the tensor cores straight from registers."""
-    if A_ELEMENT == "e2m1" or B_ELEMENT == "e2m1":
-        a_even, a_odd = _load_even_odd(a_ptr, a_row_offsets, row_mask, k_start, K, A_ELEMENT, BLOCK_K, COMPUTE_DTYPE)
-        b_even, b_odd = _load_even_odd(b_ptr, b_row_offsets, col_mask, k_start, K, B_ELEMENT, BLOCK_K, COMPUTE_DTYPE)
-        if SWAP_AB:
-            partial = tl.dot(b_even, tl.trans(a_even))
-            partial = tl.dot(b_odd, tl.trans(a_odd), partial)
-        else:
-            partial = tl.dot(a_even, tl.trans(b_even))
-            partial = tl.dot(a_odd, tl.trans(b_odd), partial)
-    else:
-        a = _decode_unscaled(_load_data(a_ptr, a_row_offsets, row_mask, k_start, K, A_ELEMENT, BLOCK_K),
-                             A_ELEMENT, COMPUTE_DTYPE)
-        b = _decode_unscaled(_load_data(b_ptr, b_row_offsets, col_mask, k_start, K, B_ELEMENT, BLOCK_K),
-                             B_ELEMENT, COMPUTE_DTYPE)
-        if SWAP_AB:
-            partial = tl.dot(b, tl.trans(a))
-        else:
-            partial = tl.dot(a, tl.trans(b))
-    b_scale = _load_scale_column(b_scales_ptr, b_scale_rows, col_mask, k_start, B_SCALE, SCALE_BLOCK, B_SCALE_LAYOUT)
-    if A_SCALE == "none":
-        if SWAP_AB:
-            return acc + partial * b_scale[:, None]
-        else:
-            return acc + partial * b_scale[None, :]
-    else:
-        a_scale = _load_scale_column(a_scales_ptr, a_scale_rows, row_mask, k_start, A_SCALE, SCALE_BLOCK,
-                                     A_SCALE_LAYOUT)
-        if SWAP_AB:
-            return acc + partial * (b_scale[:, None] * a_scale[None, :])
-        else:
-            return acc + partial * (a_scale[:, None] * b_scale[None, :])
-
-
-@triton.jit
 def grouped_matmul_kernel(
     a_ptr, a_scales_ptr, a_global_scale_ptr,
     b_ptr, b_scales_ptr, b_global_scale_ptr,
@@ -223,7 +132,7 @@ def grouped_matmul_kernel(
     A_ELEMENT: tl.constexpr, A_SCALE: tl.constexpr, A_SCALE_BLOCK: tl.constexpr, A_SCALE_LAYOUT: tl.constexpr,
     B_ELEMENT: tl.constexpr, B_SCALE: tl.constexpr, B_SCALE_BLOCK: tl.constexpr, B_SCALE_LAYOUT: tl.constexpr,
     HAS_EXPERT_SCALES: tl.constexpr, EPILOGUE: tl.constexpr, EPILOGUE_FN: tl.constexpr,
-    MMA: tl.constexpr, SWAP_AB: tl.constexpr, COMPUTE_DTYPE: tl.constexpr,
+    USE_DOT_SCALED: tl.constexpr, SWAP_AB: tl.constexpr, COMPUTE_DTYPE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_GROUPS: tl.constexpr,
 ):
     """Persistent grouped matmul.
@@ -232,9 +141,7 @@ def grouped_matmul_kernel(
     out: ``[num_tokens, N_out]`` with ``N_out = N / 2`` for SwiGLU, else N. a_offsets: ``[G + 1]``,
     expert_ids: int32 ``[G]``, a_scale_offsets: int32 ``[G]`` (grouped 128x4 A scales only).
     Element types: ``"bf16" | "fp16" | "e4m3" | "e2m1"``; scales ``"none" | "e8m0" | "e4m3"``;
-    A scale layouts ``"row" | "128x4" | "128x4_grouped"``, B ``"row" | "128x4"``. MMA paths:
-    ``"dot_scaled"``, ``"dequant"`` (scale every element, then ``tl.dot``) and ``"promote"``
-    (``tl.dot`` on unscaled elements one scale block at a time, scales on the fp32 partials).
+    A scale layouts ``"row" | "128x4" | "128x4_grouped"``, B ``"row" | "128x4"``.
 
     Tiles are numbered group after group, M-tiles fastest inside a group; program p takes tiles
     p, p + num_programs, ... Each program derives every tile's group from a_offsets on the device.
@@ -315,39 +222,28 @@ def grouped_matmul_kernel(
         up_acc = acc
         for k_tile in range(0, tl.where(expert_ok, num_k_tiles, 0)):
             k_start = k_tile * BLOCK_K
-            if MMA == "promote":
-                acc = _promoted_step(acc, a_ptr, a_row_offsets, row_mask, a_scales_ptr, a_scale_rows,
-                                     b_ptr, b_row_offsets, col_mask, b_scales_ptr, b_scale_rows, k_start, K,
-                                     A_ELEMENT, A_SCALE, A_SCALE_LAYOUT, B_ELEMENT, B_SCALE, B_SCALE_LAYOUT,
-                                     B_SCALE_BLOCK, SWAP_AB, BLOCK_K, COMPUTE_DTYPE)
-                if EPILOGUE == "swiglu":
-                    up_acc = _promoted_step(up_acc, a_ptr, a_row_offsets, row_mask, a_scales_ptr, a_scale_rows,
-                                            b_ptr, up_row_offsets, col_mask, b_scales_ptr, up_scale_rows, k_start, K,
-                                            A_ELEMENT, A_SCALE, A_SCALE_LAYOUT, B_ELEMENT, B_SCALE, B_SCALE_LAYOUT,
-                                            B_SCALE_BLOCK, SWAP_AB, BLOCK_K, COMPUTE_DTYPE)
-            else:
-                a_data = _load_data(a_ptr, a_row_offsets, row_mask, k_start, K, A_ELEMENT, BLOCK_K)
-                a_scale_bits = a_data  # stands in for the scales of an unscaled A; never read
-                if A_SCALE != "none":
-                    a_scale_bits = _load_scales(a_scales_ptr, a_scale_rows, row_mask, k_start, K,
-                                                A_SCALE, A_SCALE_BLOCK, A_SCALE_LAYOUT, BLOCK_K)
-                b_data = _load_data(b_ptr, b_row_offsets, col_mask, k_start, K, B_ELEMENT, BLOCK_K)
-                b_scale_bits = b_data  # likewise for B
+            a_data = _load_data(a_ptr, a_row_offsets, row_mask, k_start, K, A_ELEMENT, BLOCK_K)
+            a_scale_bits = a_data  # stands in for the scales of an unscaled A; never read
+            if A_SCALE != "none":
+                a_scale_bits = _load_scales(a_scales_ptr, a_scale_rows, row_mask, k_start, K,
+                                            A_SCALE, A_SCALE_BLOCK, A_SCALE_LAYOUT, BLOCK_K)
+            b_data = _load_data(b_ptr, b_row_offsets, col_mask, k_start, K, B_ELEMENT, BLOCK_K)
+            b_scale_bits = b_data  # likewise for B
+            if B_SCALE != "none":
+                b_scale_bits = _load_scales(b_scales_ptr, b_scale_rows, col_mask, k_start, K,
+                                            B_SCALE, B_SCALE_BLOCK, B_SCALE_LAYOUT, BLOCK_K)
+            acc = _mma_step(acc, a_data, a_scale_bits, b_data, b_scale_bits,
+                            A_ELEMENT, A_SCALE, A_SCALE_BLOCK, B_ELEMENT, B_SCALE, B_SCALE_BLOCK,
+                            USE_DOT_SCALED, SWAP_AB, BLOCK_M, BLOCK_N, BLOCK_K, COMPUTE_DTYPE)
+            if EPILOGUE == "swiglu":
+                up_data = _load_data(b_ptr, up_row_offsets, col_mask, k_start, K, B_ELEMENT, BLOCK_K)
+                up_scale_bits = up_data
                 if B_SCALE != "none":
-                    b_scale_bits = _load_scales(b_scales_ptr, b_scale_rows, col_mask, k_start, K,
-                                                B_SCALE, B_SCALE_BLOCK, B_SCALE_LAYOUT, BLOCK_K)
-                acc = _mma_step(acc, a_data, a_scale_bits, b_data, b_scale_bits,
-                                A_ELEMENT, A_SCALE, A_SCALE_BLOCK, B_ELEMENT, B_SCALE, B_SCALE_BLOCK,
-                                MMA, SWAP_AB, BLOCK_M, BLOCK_N, BLOCK_K, COMPUTE_DTYPE)
-                if EPILOGUE == "swiglu":
-                    up_data = _load_data(b_ptr, up_row_offsets, col_mask, k_start, K, B_ELEMENT, BLOCK_K)
-                    up_scale_bits = up_data
-                    if B_SCALE != "none":
-                        up_scale_bits = _load_scales(b_scales_ptr, up_scale_rows, col_mask, k_start, K,
-                                                     B_SCALE, B_SCALE_BLOCK, B_SCALE_LAYOUT, BLOCK_K)
-                    up_acc = _mma_step(up_acc, a_data, a_scale_bits, up_data, up_scale_bits,
-                                       A_ELEMENT, A_SCALE, A_SCALE_BLOCK, B_ELEMENT, B_SCALE, B_SCALE_BLOCK,
-                                       MMA, SWAP_AB, BLOCK_M, BLOCK_N, BLOCK_K, COMPUTE_DTYPE)
+                    up_scale_bits = _load_scales(b_scales_ptr, up_scale_rows, col_mask, k_start, K,
+                                                 B_SCALE, B_SCALE_BLOCK, B_SCALE_LAYOUT, BLOCK_K)
+                up_acc = _mma_step(up_acc, a_data, a_scale_bits, up_data, up_scale_bits,
+                                   A_ELEMENT, A_SCALE, A_SCALE_BLOCK, B_ELEMENT, B_SCALE, B_SCALE_BLOCK,
+                                   USE_DOT_SCALED, SWAP_AB, BLOCK_M, BLOCK_N, BLOCK_K, COMPUTE_DTYPE)
 
         if SWAP_AB:
             acc = tl.trans(acc)
