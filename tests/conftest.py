@@ -1,5 +1,6 @@
 """Without a GPU, run every kernel through Triton's interpreter (must be set before llmkernels is imported)."""
 import os
+import zlib
 
 import pytest
 import torch
@@ -17,8 +18,8 @@ def device():
 
 @pytest.fixture(autouse=True)
 def _fresh_seed(request):
-    # A different seed per test (not per run), so failures reproduce.
-    torch.manual_seed(hash(request.node.nodeid) % (2**31))
+    # A different seed per test, the same in every run (str hashes are salted per process).
+    torch.manual_seed(zlib.crc32(request.node.nodeid.encode()))
 
 
 def pytest_collection_modifyitems(config, items):
