@@ -1,0 +1,314 @@
+"""Attention benchmark: llmkernels.attention next to SDPA (flash, cuDNN) and FlexAttention, one run.
+
+    PYTHONPATH=src python benchmarks/bench_attention.py [--quick] [--out DIR] [--no-ablation]
+
+Prefill (bf16, B x H x S x D from gpu-baselines.md, causal and not) and paged decode (bf16, D=128,
+Hq=32, Hkv=8, batch 1..64, context 1k..32k; peers read the same K/V as dense tensors). Median times
+from ``triton.testing.do_bench``; ceilings measured in the same run (1 GiB device copy, bf16 8192^3
+matmul). Prints a markdown table and writes CSV + markdown + PNG (if matplotlib is installed) to
+``--out`` (default ``benchmarks/results/<gpu-name-slug>/``). A peer that fails is reported as "fails".
+On a machine without a GPU, ``--quick`` runs tiny shapes through the Triton interpreter (a smoke test
+of the script, not a measurement).
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import re
+import sys
+import time
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
+
+import triton  # noqa: E402
+
+from llmkernels.attention.api import attention  # noqa: E402
+from llmkernels.attention.config import default_config  # noqa: E402
+from llmkernels.attention.paged import PagedKVCache  # noqa: E402
+from llmkernels.attention.reference import attention_reference  # noqa: E402
+
+ON_GPU = torch.cuda.is_available()
+DEVICE = torch.device("cuda" if ON_GPU else "cpu")
+DTYPE = torch.bfloat16
+TIME_BUDGET_S = 270.0  # stop starting new peers after this (the whole run must stay under 5 minutes)
+START = time.perf_counter()
+
+PREFILL_SHAPES = [(4, 16, 4096, 128), (2, 16, 8192, 128), (8, 16, 2048, 64), (4, 8, 4096, 256)]
+DECODE_PROBLEMS = [(b, c) for b in (1, 8, 32, 64) for c in (1024, 8192, 32768)]
+QUICK_PREFILL = [(4, 16, 4096, 128)]
+QUICK_DECODE = [(1, 8192), (32, 8192)]
+CPU_PREFILL = [(1, 2, 64, 32)]
+CPU_DECODE = [(2, 64)]
+DECODE_HEADS, DECODE_KV_HEADS, DECODE_DIM, PAGE_SIZE = 32, 8, 128, 16
+
+
+def bench(fn) -> float:
+    """Median milliseconds of ``fn`` (one interpreter run on CPU)."""
+    if not ON_GPU:
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1e3
+    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+
+
+def over_budget() -> bool:
+    return time.perf_counter() - START > TIME_BUDGET_S
+
+
+def measure_ceilings() -> dict:
+    if not ON_GPU:
+        return {"copy_gbps": float("nan"), "matmul_tflops": float("nan")}
+    src = torch.empty(1 << 30, dtype=torch.uint8, device=DEVICE)
+    dst = torch.empty_like(src)
+    copy_ms = bench(lambda: dst.copy_(src))
+    a = torch.randn(8192, 8192, dtype=torch.bfloat16, device=DEVICE)
+    b = torch.randn(8192, 8192, dtype=torch.bfloat16, device=DEVICE)
+    mm_ms = bench(lambda: a @ b)
+    del src, dst, a, b
+    return {"copy_gbps": 2 * (1 << 30) / copy_ms / 1e6, "matmul_tflops": 2 * 8192 ** 3 / mm_ms / 1e9}
+
+
+def sdpa_peer(backend_name: str):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    backend = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}[backend_name]
+
+    def make(q, k, v, causal):  # q/k/v [B, H, S, D]
+        enable_gqa = q.shape[1] != k.shape[1]
+
+        def run():
+            with sdpa_kernel(backend):
+                return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal,
+                                                                        enable_gqa=enable_gqa)
+        return run
+    return make
+
+
+_FLEX = {}
+
+
+def flex_peer(q, k, v, causal):
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    if "fn" not in _FLEX:
+        _FLEX["fn"] = torch.compile(flex_attention, dynamic=False)
+    block_mask = None
+    if causal:
+        offset = k.shape[2] - q.shape[2]
+        block_mask = create_block_mask(lambda b, h, qi, ki: ki <= qi + offset, None, None, q.shape[2], k.shape[2],
+                                       device=q.device)
+    enable_gqa = q.shape[1] != k.shape[1]
+    return lambda: _FLEX["fn"](q, k, v, block_mask=block_mask, enable_gqa=enable_gqa)
+
+
+PEERS = {"sdpa_flash": sdpa_peer("flash"), "sdpa_cudnn": sdpa_peer("cudnn"), "flex": flex_peer}
+
+
+def run_peer(name, q_bhsd, k_bhsd, v_bhsd, causal, expected):
+    """(ms, note): time of one peer, or (None, 'fails: ...')."""
+    if not ON_GPU:
+        return None, "n/a (no GPU)"
+    if over_budget():
+        return None, "skipped (time budget)"
+    try:
+        fn = PEERS[name](q_bhsd, k_bhsd, v_bhsd, causal)
+        out = fn()
+        error = (out.float() - expected).norm() / expected.norm()
+        if not torch.isfinite(error) or error > 5e-2:
+            return None, f"fails (rel. error {error:.2e})"
+        return bench(fn), ""
+    except Exception as exc:  # a peer that cannot run this problem is reported, not fatal
+        return None, f"fails ({type(exc).__name__})"
+
+
+def prefill_rows(shapes, ablation: bool):
+    rows = []
+    for batch, heads, seqlen, head_dim in shapes:
+        q = torch.randn(batch, seqlen, heads, head_dim, dtype=DTYPE, device=DEVICE)
+        k = torch.randn_like(q)
+        v = torch.randn_like(q)
+        q_t, k_t, v_t = (x.transpose(1, 2) for x in (q, k, v))
+        for causal in (False, True):
+            problem = f"prefill {batch}x{heads}x{seqlen}x{head_dim}{' causal' if causal else ''}"
+            flops = 4 * batch * heads * seqlen * seqlen * head_dim * (0.5 if causal else 1.0)
+            io_bytes = 4 * q.numel() * q.element_size()
+            if ON_GPU:
+                with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.FLASH_ATTENTION):
+                    expected = torch.nn.functional.scaled_dot_product_attention(q_t, k_t, v_t, is_causal=causal).float()
+            else:
+                expected = attention_reference(q, k, v, causal=causal).transpose(1, 2)
+            variants = {"llmkernels": None}
+            if ablation and ON_GPU and (batch, heads, seqlen, head_dim) == PREFILL_SHAPES[0]:
+                base = default_config(head_dim, DTYPE, DEVICE)
+                variants.update({
+                    "llmk two_q_tiles": base.replace(BM=max(base.BM, 128), num_q_tiles=2),
+                    "llmk threshold=0": base.replace(rescale_threshold=0.0),
+                    "llmk poly_exp2=0.5": base.replace(poly_exp2_fraction=0.5),
+                    "llmk poly_exp2=0.25": base.replace(poly_exp2_fraction=0.25),
+                })
+            for name, config in variants.items():
+                try:
+                    fn = lambda config=config: attention(q, k, v, causal=causal, config=config)  # noqa: E731
+                    error = (fn().float().transpose(1, 2) - expected).norm() / expected.norm()
+                    ms = bench(fn)
+                    note = "" if error < 5e-2 else f"WRONG (rel. error {error:.2e})"
+                except Exception as exc:
+                    ms, note = None, f"fails ({type(exc).__name__}: {str(exc)[:80]})"
+                rows.append(dict(section="prefill", problem=problem, impl=name, ms=ms, flops=flops, bytes=io_bytes,
+                                 note=note))
+            for peer in PEERS:
+                ms, note = run_peer(peer, q_t, k_t, v_t, causal, expected)
+                rows.append(dict(section="prefill", problem=problem, impl=peer, ms=ms, flops=flops, bytes=io_bytes,
+                                 note=note))
+        del q, k, v, q_t, k_t, v_t
+    return rows
+
+
+def decode_rows(problems, heads=DECODE_HEADS, kv_heads=DECODE_KV_HEADS, head_dim=DECODE_DIM):
+    rows = []
+    for batch, context in problems:
+        pages_per_seq = context // PAGE_SIZE
+        num_pages = batch * pages_per_seq
+        k_pages = torch.randn(num_pages, PAGE_SIZE, kv_heads, head_dim, dtype=DTYPE, device=DEVICE)
+        v_pages = torch.randn_like(k_pages)
+        block_table = torch.randperm(num_pages, device=DEVICE).to(torch.int32).view(batch, pages_per_seq)
+        seqlens = torch.full((batch,), context, dtype=torch.int32, device=DEVICE)
+        cache = PagedKVCache(k_pages, v_pages, block_table, seqlens)
+        q = torch.randn(batch, 1, heads, head_dim, dtype=DTYPE, device=DEVICE)
+        # the same keys as dense [B, H, S, D] tensors for the peers
+        pages = block_table.long()
+        k_dense = k_pages[pages].reshape(batch, context, kv_heads, head_dim).transpose(1, 2).contiguous()
+        v_dense = v_pages[pages].reshape(batch, context, kv_heads, head_dim).transpose(1, 2).contiguous()
+        q_t = q.transpose(1, 2)
+        problem = f"decode paged B={batch} ctx={context}"
+        flops = 4 * batch * heads * context * head_dim
+        io_bytes = 2 * k_dense.numel() * k_dense.element_size() + 2 * q.numel() * q.element_size()
+        if ON_GPU:
+            expected = torch.nn.functional.scaled_dot_product_attention(
+                q_t.float(), k_dense.float(), v_dense.float(), enable_gqa=True)
+        else:
+            expected = attention_reference(q, None, None, kv_cache=cache).transpose(1, 2)
+        try:
+            fn = lambda: attention(q, None, None, kv_cache=cache)  # noqa: E731
+            error = (fn().float().transpose(1, 2) - expected).norm() / expected.norm()
+            ms, note = bench(fn), ("" if error < 5e-2 else f"WRONG (rel. error {error:.2e})")
+        except Exception as exc:
+            ms, note = None, f"fails ({type(exc).__name__}: {str(exc)[:80]})"
+        rows.append(dict(section="decode", problem=problem, impl="llmkernels", ms=ms, flops=flops, bytes=io_bytes,
+                         note=note))
+        for peer in PEERS:
+            if peer == "flex" and context != 8192 and ON_GPU:
+                # each new shape costs torch.compile ~10-20 s: compare at the baseline's 8k context only
+                rows.append(dict(section="decode", problem=problem, impl=peer, ms=None, flops=flops, bytes=io_bytes,
+                                 note="skipped (compile time; see ctx=8192)"))
+                continue
+            ms, note = run_peer(peer, q_t, k_dense, v_dense, False, expected)
+            rows.append(dict(section="decode", problem=problem, impl=peer, ms=ms, flops=flops, bytes=io_bytes,
+                             note=note + (" (dense KV)" if ms is not None else "")))
+        del k_pages, v_pages, k_dense, v_dense, cache
+        if ON_GPU:
+            torch.cuda.empty_cache()
+    return rows
+
+
+def add_metrics(rows, ceilings):
+    ours = {(r["problem"]): r["ms"] for r in rows if r["impl"] == "llmkernels"}
+    for r in rows:
+        ms = r["ms"]
+        r["tflops"] = r["flops"] / ms / 1e9 if ms else None
+        r["gbps"] = r["bytes"] / ms / 1e6 if ms else None
+        if ms and ON_GPU:
+            r["pct_ceiling"] = (100 * r["tflops"] / ceilings["matmul_tflops"] if r["section"] == "prefill"
+                                else 100 * r["gbps"] / ceilings["copy_gbps"])
+        else:
+            r["pct_ceiling"] = None
+        our_ms = ours.get(r["problem"])
+        r["ours_speedup"] = (ms / our_ms) if (ms and our_ms and r["impl"] != "llmkernels") else None
+    return rows
+
+
+def fmt(value, spec):
+    return "" if value is None else format(value, spec)
+
+
+def markdown(rows, ceilings, device_name) -> str:
+    lines = [f"# Attention benchmark on {device_name}", "",
+             f"Ceilings measured in this run: copy {ceilings['copy_gbps']:.0f} GB/s, bf16 matmul "
+             f"{ceilings['matmul_tflops']:.0f} TFLOP/s. `% ceiling`: TFLOP/s of the matmul (prefill) or GB/s of "
+             "the copy (decode). `llmk speedup`: peer time / llmkernels time (> 1: llmkernels faster).", "",
+             "| problem | impl | ms | TFLOP/s | GB/s | % ceiling | llmk speedup | note |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        lines.append(f"| {r['problem']} | {r['impl']} | {fmt(r['ms'], '.3f')} | {fmt(r['tflops'], '.0f')} | "
+                     f"{fmt(r['gbps'], '.0f')} | {fmt(r['pct_ceiling'], '.0f')} | {fmt(r['ours_speedup'], '.2f')} | "
+                     f"{r['note']} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_png(rows, path):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib not installed: no PNG")
+        return
+    fig, axes = plt.subplots(1, 2, figsize=(16, 6))
+    for ax, section, metric, label in ((axes[0], "prefill", "tflops", "TFLOP/s"), (axes[1], "decode", "gbps", "GB/s")):
+        section_rows = [r for r in rows if r["section"] == section]
+        problems = list(dict.fromkeys(r["problem"] for r in section_rows))
+        impls = list(dict.fromkeys(r["impl"] for r in section_rows))
+        width = 0.8 / max(len(impls), 1)
+        for i, impl in enumerate(impls):
+            values = [next((r[metric] or 0.0 for r in section_rows if r["problem"] == p and r["impl"] == impl), 0.0)
+                      for p in problems]
+            ax.bar([x + i * width for x in range(len(problems))], values, width, label=impl)
+        ax.set_xticks([x + 0.4 - width / 2 for x in range(len(problems))])
+        ax.set_xticklabels(problems, rotation=60, ha="right", fontsize=7)
+        ax.set_ylabel(label)
+        ax.set_title(section)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="one prefill shape and two decode problems")
+    parser.add_argument("--no-ablation", action="store_true", help="skip the FA4-switch rows")
+    parser.add_argument("--out", default=None, help="output folder (default benchmarks/results/<gpu>/)")
+    args = parser.parse_args(argv)
+    device_name = torch.cuda.get_device_name() if ON_GPU else "cpu-interpreter"
+    slug = re.sub(r"[^a-z0-9]+", "-", device_name.lower()).strip("-")
+    out_dir = args.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", slug)
+    os.makedirs(out_dir, exist_ok=True)
+    if ON_GPU:
+        prefill, decode = (QUICK_PREFILL, QUICK_DECODE) if args.quick else (PREFILL_SHAPES, DECODE_PROBLEMS)
+        decode_kwargs = {}
+    else:
+        if not args.quick:
+            print("no GPU: running the --quick smoke test through the Triton interpreter")
+        prefill, decode = CPU_PREFILL, CPU_DECODE
+        decode_kwargs = dict(heads=4, kv_heads=2, head_dim=32)
+    ceilings = measure_ceilings()
+    rows = prefill_rows(prefill, ablation=not args.no_ablation and not args.quick)
+    rows += decode_rows(decode, **decode_kwargs)
+    rows = add_metrics(rows, ceilings)
+    table = markdown(rows, ceilings, device_name)
+    print(table)
+    with open(os.path.join(out_dir, "attention.md"), "w") as f:
+        f.write(table)
+    fields = ["section", "problem", "impl", "ms", "tflops", "gbps", "pct_ceiling", "ours_speedup", "note"]
+    with open(os.path.join(out_dir, "attention.csv"), "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+    write_png(rows, os.path.join(out_dir, "attention.png"))
+    print(f"wrote {sorted(os.listdir(out_dir))} to {out_dir} in {time.perf_counter() - START:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

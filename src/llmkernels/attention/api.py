@@ -1,0 +1,363 @@
+"""attention(): validates its inputs, picks the config and the path (one pass, or split-KV + combine),
+and launches the Triton kernels. The only module that launches."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .._runtime import cdiv, check_device, interpreting, next_power_of_2, num_programs_hint
+from . import decode as decode_mod
+from .config import SUPPORTED_HEAD_DIMS, FA4Config, default_config
+from .kernel import attention_fwd_kernel
+from .masks import SCORE_MOD_ALIBI, resolve_mask, resolve_score_mod
+from .paged import PagedKVCache
+
+__all__ = ["attention"]
+
+_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def _dtype_name(x) -> str:
+    return str(getattr(x, "dtype", type(x).__name__))
+
+
+def _check_optional_int(name: str, value, minimum: int) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int or None, got {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+
+
+def _check_cu_seqlens(name: str, cu_seqlens, expected_len: int | None = None) -> None:
+    if not isinstance(cu_seqlens, torch.Tensor):
+        raise TypeError(f"{name} must be an int32 tensor [B + 1], got {type(cu_seqlens).__name__}")
+    if cu_seqlens.dtype != torch.int32:
+        raise TypeError(f"{name} must be int32, got {cu_seqlens.dtype}")
+    if cu_seqlens.dim() != 1 or cu_seqlens.shape[0] < 1:
+        raise ValueError(f"{name} must be 1-D [B + 1] with at least one entry, got shape {tuple(cu_seqlens.shape)}")
+    if expected_len is not None and cu_seqlens.shape[0] != expected_len:
+        raise ValueError(f"{name} must have {expected_len} entries (B + 1), got {cu_seqlens.shape[0]}")
+
+
+def _empty(shape, dtype, device) -> torch.Tensor:
+    """Every buffer the kernels write (outputs and split partials); tests replace it to poison them."""
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+_DUMMIES: dict = {}
+
+
+def _dummy(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """A one-element tensor for pointer arguments that the compiled variant never reads."""
+    key = (str(device), dtype)
+    if key not in _DUMMIES:
+        _DUMMIES[key] = torch.zeros(1, dtype=dtype, device=device)
+    return _DUMMIES[key]
+
+
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor | None,
+    v: torch.Tensor | None,
+    *,
+    causal: bool = False,
+    mask=None,
+    score_mod=None,
+    sinks: torch.Tensor | None = None,
+    softmax_scale: float | None = None,
+    cu_seqlens_q: torch.Tensor | None = None,
+    cu_seqlens_k: torch.Tensor | None = None,
+    max_seqlen_q: int | None = None,
+    max_seqlen_k: int | None = None,
+    kv_cache: PagedKVCache | None = None,
+    num_splits: int | None = None,
+    return_lse: bool = False,
+    config: FA4Config | None = None,
+):
+    """FA4-style attention forward, flash-attn conventions.
+
+    ``O = softmax(score_mod(softmax_scale * Q K^T), masked) V`` per (sequence, q head h); q head h reads
+    KV head ``h // (Hq / Hkv)`` (MHA, GQA, MQA).
+
+    Layouts:
+        * dense: q fp16/bf16 ``[B, Sq, Hq, D]``; k, v ``[B, Skv, Hkv, D]``.
+        * ragged: q ``[total_q, Hq, D]``, k, v ``[total_k, Hkv, D]`` with int32 ``cu_seqlens_q`` /
+          ``cu_seqlens_k`` ``[B + 1]`` (prefix sums; empty sequences allowed). ``max_seqlen_q`` (default
+          ``total_q``) and ``max_seqlen_k`` are host-side bounds that size the grid: no device sync.
+        * paged: ``kv_cache=PagedKVCache(...)`` and ``k = v = None``; q dense ``[B, Sq, Hq, D]`` or ragged
+          with ``cu_seqlens_q``; ``kv_cache.seqlens[b]`` counts the keys of sequence b, new tokens included.
+          ``max_seqlen_k`` is optional (bound: ``block_table.shape[1] * page_size``).
+        D: any multiple of 16 up to 256 (64, 128, 256 are the tuned ones); the same for q, k and v.
+
+    Args:
+        causal: bottom-right aligned: query i of Sq sees keys ``j <= i + Skv - Sq``.
+        mask: None, :class:`SlidingWindow`, :class:`Chunked`, a ``@triton.jit`` ``mask_mod(b, h, q_idx,
+            kv_idx) -> bool``, or a tuple of those (ANDed); see :mod:`llmkernels.attention.masks`.
+        score_mod: None, :func:`softcap`, :func:`alibi` or a ``@triton.jit`` ``score_mod(score, b, h, q_idx,
+            kv_idx) -> score`` applied to the scaled score.
+        sinks: float32 ``[Hq]`` natural-log sink logits (not scaled): they join each row's softmax
+            denominator only.
+        softmax_scale: default ``1 / sqrt(D)``.
+        num_splits: split the KV range of every (sequence, head) over this many programs (flash-decoding)
+            and combine; any value >= 1 (more splits than KV tiles is clamped, results unchanged).
+            None: split-KV with a GPU-filling heuristic when ``max_seqlen_q <= 16`` (decode), one pass otherwise.
+        return_lse: also return the float32 natural-log LSE ``[B, Hq, Sq]`` (ragged: ``[Hq, total_q]``);
+            it includes the sinks. Rows that see no key (and no sink) get output 0 and LSE -inf.
+        config: an :class:`FA4Config`; default :func:`default_config` for (D, dtype, GPU).
+
+    Returns:
+        out in q's layout and dtype (contiguous), or ``(out, lse)``.
+
+    Raises:
+        TypeError: wrong dtypes (q not fp16/bf16, k/v/pages not q's dtype, cu_seqlens/seqlens/block_table not
+            int32, sinks/alibi slopes not float32) or wrong argument types.
+        ValueError: shape mismatches, Hq not a multiple of Hkv, unsupported head dim, cu_seqlens of the wrong
+            length, block_table too small for max_seqlen_k, k/v given with kv_cache, config disagreeing with
+            the inputs, tensors on different devices or on the CPU outside the Triton interpreter.
+    """
+    # ---------------------------------------------------------------- validation (no device sync)
+    if not isinstance(q, torch.Tensor) or q.dtype not in _DTYPES:
+        raise TypeError(f"q must be a float16 or bfloat16 tensor, got {_dtype_name(q)}")
+    ragged = cu_seqlens_q is not None
+    paged = kv_cache is not None
+    if ragged and q.dim() != 3:
+        raise ValueError(f"q must be [total_q, Hq, D] with cu_seqlens_q, got shape {tuple(q.shape)}")
+    if not ragged and q.dim() != 4:
+        raise ValueError(f"q must be [B, Sq, Hq, D] (or ragged [total_q, Hq, D] with cu_seqlens_q), "
+                         f"got shape {tuple(q.shape)}")
+    if ragged:
+        _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q)
+    if paged:
+        if not isinstance(kv_cache, PagedKVCache):
+            raise TypeError(f"kv_cache must be a PagedKVCache, got {type(kv_cache).__name__}")
+        if k is not None or v is not None:
+            raise ValueError("with kv_cache, pass k = v = None (the keys and values live in the cache)")
+        if cu_seqlens_k is not None:
+            raise ValueError("cu_seqlens_k must be None with kv_cache (kv_cache.seqlens gives the key counts)")
+        if kv_cache.dtype != q.dtype:
+            raise TypeError(f"kv_cache.k_pages dtype {kv_cache.dtype} != q dtype {q.dtype}")
+        batch = kv_cache.batch_size
+        if ragged and cu_seqlens_q.shape[0] != batch + 1:
+            raise ValueError(f"cu_seqlens_q must have {batch + 1} entries (kv_cache.block_table has {batch} rows), "
+                             f"got {cu_seqlens_q.shape[0]}")
+        if not ragged and q.shape[0] != batch:
+            raise ValueError(f"q has batch {q.shape[0]} but kv_cache.block_table has {batch} rows")
+        num_kv_heads, head_dim_k = kv_cache.num_kv_heads, kv_cache.head_dim
+        kv_bound = kv_cache.max_seqlen_bound
+        _check_optional_int("max_seqlen_k", max_seqlen_k, 0)
+        if max_seqlen_k is not None:
+            if max_seqlen_k > kv_bound:
+                raise ValueError(f"block_table too small for max_seqlen_k={max_seqlen_k}: "
+                                 f"{kv_cache.block_table.shape[1]} pages x {kv_cache.page_size} = {kv_bound} keys")
+            kv_bound = max_seqlen_k
+    else:
+        for name, tensor in (("k", k), ("v", v)):
+            if not isinstance(tensor, torch.Tensor):
+                raise TypeError(f"{name} must be a tensor (or None with kv_cache), got {type(tensor).__name__}")
+            if tensor.dtype != q.dtype:
+                raise TypeError(f"{name} dtype {tensor.dtype} != q dtype {q.dtype}")
+        if v.shape != k.shape:
+            raise ValueError(f"v shape {tuple(v.shape)} != k shape {tuple(k.shape)}")
+        if ragged != (cu_seqlens_k is not None):
+            raise ValueError("cu_seqlens_q and cu_seqlens_k must be given together (ragged q and k)")
+        if ragged:
+            if k.dim() != 3:
+                raise ValueError(f"k must be [total_k, Hkv, D] with cu_seqlens_k, got shape {tuple(k.shape)}")
+            _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, cu_seqlens_q.shape[0])
+            batch = cu_seqlens_q.shape[0] - 1
+        else:
+            if k.dim() != 4:
+                raise ValueError(f"k must be [B, Skv, Hkv, D], got shape {tuple(k.shape)}")
+            if k.shape[0] != q.shape[0]:
+                raise ValueError(f"k batch {k.shape[0]} != q batch {q.shape[0]}")
+            batch = q.shape[0]
+        num_kv_heads, head_dim_k = k.shape[-2], k.shape[-1]
+        _check_optional_int("max_seqlen_k", max_seqlen_k, 0)
+        kv_bound = (max_seqlen_k if max_seqlen_k is not None else k.shape[0]) if ragged else k.shape[1]
+    num_q_heads, head_dim = q.shape[-2], q.shape[-1]
+    if head_dim not in SUPPORTED_HEAD_DIMS:
+        raise ValueError(f"head dim {head_dim} unsupported: q's last dim must be a multiple of 16 in [16, 256]")
+    if head_dim_k != head_dim:
+        raise ValueError(f"k/v head dim {head_dim_k} != q head dim {head_dim}")
+    if num_kv_heads < 1 or num_q_heads % num_kv_heads:
+        raise ValueError(f"q heads ({num_q_heads}) must be a multiple of k/v heads ({num_kv_heads})")
+    group = num_q_heads // num_kv_heads
+    _check_optional_int("max_seqlen_q", max_seqlen_q, 0)
+    _check_optional_int("num_splits", num_splits, 1)
+    if not isinstance(return_lse, bool):
+        raise TypeError(f"return_lse must be a bool, got {type(return_lse).__name__}")
+    mask_spec = resolve_mask(causal, mask)
+    mod_spec = resolve_score_mod(score_mod)
+    if mod_spec.kind == SCORE_MOD_ALIBI and mod_spec.slopes.shape[0] != num_q_heads:
+        raise ValueError(f"alibi slopes must be [Hq] = [{num_q_heads}], got {tuple(mod_spec.slopes.shape)}")
+    if sinks is not None:
+        if not isinstance(sinks, torch.Tensor) or sinks.dtype != torch.float32:
+            raise TypeError(f"sinks must be a float32 tensor [Hq], got {_dtype_name(sinks)}")
+        if sinks.shape != (num_q_heads,):
+            raise ValueError(f"sinks must be [Hq] = [{num_q_heads}], got {tuple(sinks.shape)}")
+    if softmax_scale is None:
+        softmax_scale = 1.0 / math.sqrt(head_dim)
+    elif isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)) or not math.isfinite(softmax_scale):
+        raise TypeError(f"softmax_scale must be a finite float or None, got {softmax_scale!r}")
+    if config is not None:
+        if not isinstance(config, FA4Config):
+            raise TypeError(f"config must be an FA4Config, got {type(config).__name__}")
+        for field, actual in (("depth", head_dim), ("num_q_heads", num_q_heads), ("num_kv_heads", num_kv_heads)):
+            expected = getattr(config, field)
+            if expected is not None and expected != actual:
+                raise ValueError(f"config.{field}={expected} but the inputs have {actual}")
+        if paged and config.page_size is not None and config.page_size != kv_cache.page_size:
+            raise ValueError(f"config.page_size={config.page_size} but kv_cache has page size {kv_cache.page_size}")
+    device = check_device(
+        q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, sinks=sinks,
+        alibi_slopes=mod_spec.slopes,
+        k_pages=kv_cache.k_pages if paged else None,
+        block_table=kv_cache.block_table if paged else None,
+        seqlens=kv_cache.seqlens if paged else None)
+
+    # ---------------------------------------------------------------- shapes and outputs
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    if not paged:
+        k = k if k.stride(-1) == 1 else k.contiguous()
+        v = v if v.stride(-1) == 1 else v.contiguous()
+    if ragged:
+        total_q = q.shape[0]
+        q_bound = total_q if max_seqlen_q is None else min(max_seqlen_q, total_q)
+        seqlen_q_dense = 0
+    else:
+        q_bound = q.shape[1]
+        seqlen_q_dense = q.shape[1]
+    out = _empty(q.shape, q.dtype, device)
+    lse = None
+    if return_lse:
+        lse_shape = (num_q_heads, q.shape[0]) if ragged else (q.shape[0], num_q_heads, q.shape[1])
+        lse = _empty(lse_shape, torch.float32, device)
+    if out.numel() == 0 or batch == 0 or q_bound == 0:
+        return (out, lse) if return_lse else out
+
+    split_path = (num_splits is not None and num_splits > 1) or (
+        num_splits is None and q_bound <= decode_mod.MAX_DECODE_QUERIES)
+    if config is None:
+        config = default_config(head_dim, q.dtype, device, decode=split_path,
+                                num_q_heads=num_q_heads, num_kv_heads=num_kv_heads)
+    head_dim_pad = next_power_of_2(head_dim)
+    block_n = config.BN
+    if split_path:
+        block_q, heads_per_tile = decode_mod.decode_tiling(q_bound, group, config.pack_gqa_heads)
+        num_q_tiles = 1
+    else:
+        block_q, heads_per_tile, num_q_tiles = config.MMA_M, 1, config.num_q_tiles
+    num_q_blocks = cdiv(q_bound, block_q * num_q_tiles)
+    num_head_programs = batch * num_kv_heads * cdiv(group, heads_per_tile)
+    kv_tiles_bound = max(1, cdiv(kv_bound, block_n))
+    if split_path:
+        if num_splits is None:
+            num_splits = decode_mod.choose_num_splits(num_q_blocks * num_head_programs, kv_tiles_bound,
+                                                      num_programs_hint(device))
+        num_splits = min(num_splits, kv_tiles_bound)  # extra splits would only see empty ranges
+    else:
+        num_splits = 1
+
+    # ---------------------------------------------------------------- strides
+    if ragged:
+        stride_qb, stride_qs, stride_qh = 0, q.stride(0), q.stride(1)
+    else:
+        stride_qb, stride_qs, stride_qh = q.stride(0), q.stride(1), q.stride(2)
+    if paged:
+        k_arg, v_arg = kv_cache.k_pages, kv_cache.v_pages
+        stride_k = (k_arg.stride(0), k_arg.stride(1), k_arg.stride(2))
+        stride_v = (v_arg.stride(0), v_arg.stride(1), v_arg.stride(2))
+        block_table = kv_cache.block_table
+        if block_table.stride(1) != 1:
+            block_table = block_table.contiguous()
+        seqlens_k, stride_block_table, seqlen_k_dense = kv_cache.seqlens, block_table.stride(0), 0
+        page_size = kv_cache.page_size
+    else:
+        k_arg, v_arg = k, v
+        if ragged:
+            stride_k, stride_v = (0, k.stride(0), k.stride(1)), (0, v.stride(0), v.stride(1))
+            seqlen_k_dense = 0
+        else:
+            stride_k, stride_v = (k.stride(0), k.stride(1), k.stride(2)), (v.stride(0), v.stride(1), v.stride(2))
+            seqlen_k_dense = k.shape[1]
+        block_table, seqlens_k, stride_block_table, page_size = _dummy(device, torch.int32), None, 0, 16
+    int_dummy = _dummy(device, torch.int32)
+    float_dummy = _dummy(device, torch.float32)
+    # out / lse strides as (b, token, head) and (b, head, token); ragged has no batch stride
+    if ragged:
+        stride_o = (0, out.stride(0), out.stride(1))
+    else:
+        stride_o = (out.stride(0), out.stride(1), out.stride(2))
+    if lse is not None:
+        stride_lse = (0, lse.stride(0), lse.stride(1)) if ragged else (lse.stride(0), lse.stride(1), lse.stride(2))
+    else:
+        stride_lse = (0, 0, 0)
+
+    if split_path:
+        o_partial = _empty((num_splits, *q.shape), torch.float32, device)
+        lse_partial_shape = (num_splits, num_q_heads, q.shape[0]) if ragged else (
+            num_splits, q.shape[0], num_q_heads, q.shape[1])
+        lse_partial = _empty(lse_partial_shape, torch.float32, device)
+        if ragged:
+            stride_target_o = (0, o_partial.stride(1), o_partial.stride(2))
+            stride_target_lse = (0, lse_partial.stride(1), lse_partial.stride(2))
+        else:
+            stride_target_o = (o_partial.stride(1), o_partial.stride(2), o_partial.stride(3))
+            stride_target_lse = (lse_partial.stride(1), lse_partial.stride(2), lse_partial.stride(3))
+        target_out, target_lse = o_partial, lse_partial
+        stride_o_split, stride_lse_split = o_partial.stride(0), lse_partial.stride(0)
+    else:
+        target_out, target_lse = out, (lse if lse is not None else float_dummy)
+        stride_target_o, stride_target_lse = stride_o, stride_lse
+        stride_o_split = stride_lse_split = 0
+
+    grid = (num_q_blocks * num_head_programs, num_splits)
+    attention_fwd_kernel[grid](
+        q, k_arg, v_arg, target_out, target_lse,
+        cu_seqlens_q if ragged else int_dummy,
+        cu_seqlens_k if (ragged and not paged) else int_dummy,
+        seqlens_k if paged else int_dummy,
+        block_table,
+        sinks if sinks is not None else float_dummy,
+        mod_spec.slopes if mod_spec.slopes is not None else float_dummy,
+        stride_qb, stride_qs, stride_qh,
+        *stride_k, *stride_v,
+        *stride_target_o, stride_o_split,
+        *stride_target_lse, stride_lse_split,
+        stride_block_table,
+        seqlen_q_dense, seqlen_k_dense, num_kv_heads, group, num_splits, num_head_programs,
+        float(softmax_scale), mask_spec.window_left, mask_spec.window_right, mask_spec.chunk_size,
+        float(mod_spec.cap),
+        HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, BLOCK_Q=block_q, HEADS_PER_TILE=heads_per_tile,
+        BLOCK_N=block_n, NUM_Q_TILES=num_q_tiles,
+        RAGGED_Q=ragged, RAGGED_K=ragged and not paged, PAGED=paged, PAGE_SIZE=page_size,
+        HAS_WINDOW=mask_spec.has_window, HAS_CHUNK=mask_spec.has_chunk,
+        HAS_MASK_MOD=mask_spec.mask_mod is not None, MASK_MOD=mask_spec.mask_mod,
+        SCORE_MOD_KIND=mod_spec.kind, SCORE_MOD=mod_spec.fn,
+        HAS_SINKS=sinks is not None and not split_path, SPLIT=split_path,
+        RETURN_LSE=return_lse and not split_path,
+        REVERSE_Q_BLOCKS=mask_spec.has_window and not split_path,
+        RESCALE_THRESHOLD=config.rescale_threshold, POLY_EXP2_FRACTION=config.poly_exp2_fraction,
+        UPCAST=interpreting(),
+        num_warps=config.num_warps, num_stages=config.num_kv_stages,
+    )
+    if split_path:
+        rows_per_batch = q.shape[0] if ragged else q.shape[1]
+        batches = 1 if ragged else q.shape[0]
+        combine_grid = (batches * rows_per_batch, num_q_heads)
+        decode_mod.combine_splits_kernel[combine_grid](
+            o_partial, lse_partial, out, lse if lse is not None else float_dummy,
+            sinks if sinks is not None else float_dummy,
+            o_partial.stride(0), *stride_target_o,
+            lse_partial.stride(0), *stride_target_lse,
+            *stride_o, *stride_lse,
+            rows_per_batch, num_splits,
+            HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, BLOCK_SPLITS=min(next_power_of_2(num_splits), 16),
+            HAS_SINKS=sinks is not None, RETURN_LSE=return_lse,
+            num_warps=4,
+        )
+    return (out, lse) if return_lse else out

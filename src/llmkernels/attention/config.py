@@ -1,0 +1,192 @@
+"""FA4Config: the seed's FA4Config fields, the FA4 switches, and the default per (head dim, dtype, GPU).
+
+Seed field -> what it is here
+-----------------------------
+==================  ==========================================================================
+``BM``              query rows per program (the seed: 256 = two tiles of 128)
+``MMA_M``           rows of one Q tile: ``BM // num_q_tiles`` (read-only property)
+``num_q_tiles``     1, or 2 for FA4's "2Q": two Q tiles per program share every K/V tile load
+``BN``              keys per K/V tile
+``depth``           head dim D (any multiple of 16 up to 256)
+``padded_depth``    D rounded up to a power of two (``tl.arange`` needs one); padding is masked
+``num_q_heads``     Hq; ``None`` = taken from the inputs, otherwise checked against them
+``num_kv_heads``    Hkv; same
+``group``           Hq // Hkv (read-only property)
+``num_kv_stages``   software-pipeline depth of the K/V loop (Triton's ``num_stages``)
+``num_warps``       warps per program (the seed's warp roles are Triton's business, see below)
+``page_size``       paged-KV page size; ``None`` = taken from the cache (informational)
+==================  ==========================================================================
+
+FA4 switches
+------------
+``rescale_threshold``  log2 units. The O accumulator is rescaled only when some row's running max
+                       grew by more than this (0 = rescale whenever the max grows: classic flash
+                       attention). Exact either way: the final ``1/l`` uses the same stale max, and
+                       ``p = exp2(s - stale_max) <= 2**threshold`` (at most 2**15 so fp16 P cannot
+                       overflow).
+``poly_exp2_fraction`` fraction of the score columns whose ``exp2`` is a Cody-Waite polynomial on the
+                       FMA units instead of the MUFU ``ex2`` instruction: 0, 0.25, 0.5, 0.75 or 1.
+``pack_gqa_heads``     split-KV/decode only: q heads of one KV head packed into one tile (rows are
+                       (query, head) pairs) so that K/V is read once per KV head. 0 = automatic.
+
+Seed fields fixed by the Triton compiler
+-----------------------------------------
+``BK0`` (K-chunk of QK^T: the whole ``padded_depth``; the compiler splits it into MMA instructions),
+``BK1`` (= ``BN`` for PV), ``num_qk_stages`` / ``num_pv_stages`` (MMA pipelining inside one tile),
+``swizzle_mode`` (shared-memory layouts are chosen by the compiler), and the warp roles (load / MMA /
+softmax / correction warpgroups): Triton schedules one program's warps itself. These are exposed as
+read-only properties with the values Triton effectively uses.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+from .._runtime import next_power_of_2
+
+__all__ = ["FA4Config", "default_config", "SUPPORTED_HEAD_DIMS"]
+
+SUPPORTED_HEAD_DIMS = tuple(range(16, 257, 16))
+_POLY_FRACTIONS = (0.0, 0.25, 0.5, 0.75, 1.0)
+_MAX_RESCALE_THRESHOLD = 15.0  # p <= 2**15 < 65504, the fp16 maximum
+
+
+def _is_power_of_2(n: int) -> bool:
+    return isinstance(n, int) and n > 0 and (n & (n - 1)) == 0
+
+
+@dataclass(frozen=True)
+class FA4Config:
+    """Tiling and FA4 switches of one attention launch. Validated on construction.
+
+    Raises:
+        ValueError: naming the field that is out of range (see the module docstring for the fields).
+    """
+
+    BM: int = 128
+    BN: int = 64
+    num_q_tiles: int = 1
+    depth: int | None = None
+    padded_depth: int | None = None
+    num_q_heads: int | None = None
+    num_kv_heads: int | None = None
+    num_kv_stages: int = 2
+    num_warps: int = 4
+    rescale_threshold: float = 8.0
+    poly_exp2_fraction: float = 0.0
+    pack_gqa_heads: int = 0
+    page_size: int | None = None
+
+    def __post_init__(self):
+        if not _is_power_of_2(self.num_q_tiles) or self.num_q_tiles > 2:
+            raise ValueError(f"num_q_tiles must be 1 or 2, got {self.num_q_tiles!r}")
+        if not _is_power_of_2(self.BM) or self.BM < 16 * self.num_q_tiles:
+            raise ValueError(f"BM must be a power of two >= 16 * num_q_tiles, got {self.BM!r}")
+        if not _is_power_of_2(self.BN) or self.BN < 16:
+            raise ValueError(f"BN must be a power of two >= 16, got {self.BN!r}")
+        if self.depth is not None:
+            if self.depth not in SUPPORTED_HEAD_DIMS:
+                raise ValueError(f"depth must be a multiple of 16 in [16, 256], got {self.depth!r}")
+            if self.padded_depth is None:
+                object.__setattr__(self, "padded_depth", next_power_of_2(self.depth))
+        if self.padded_depth is not None:
+            if not _is_power_of_2(self.padded_depth) or (self.depth is not None and self.padded_depth < self.depth):
+                raise ValueError(f"padded_depth must be a power of two >= depth, got {self.padded_depth!r}")
+        for field in ("num_q_heads", "num_kv_heads"):
+            value = getattr(self, field)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ValueError(f"{field} must be a positive int, got {value!r}")
+        if self.num_q_heads is not None and self.num_kv_heads is not None and self.num_q_heads % self.num_kv_heads:
+            raise ValueError(
+                f"num_q_heads ({self.num_q_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
+        if not isinstance(self.num_kv_stages, int) or not 1 <= self.num_kv_stages <= 8:
+            raise ValueError(f"num_kv_stages must be an int in [1, 8], got {self.num_kv_stages!r}")
+        if self.num_warps not in (1, 2, 4, 8, 16):
+            raise ValueError(f"num_warps must be 1, 2, 4, 8 or 16, got {self.num_warps!r}")
+        threshold = self.rescale_threshold
+        if not isinstance(threshold, (int, float)) or not 0.0 <= threshold <= _MAX_RESCALE_THRESHOLD:
+            raise ValueError(
+                f"rescale_threshold must be in [0, {_MAX_RESCALE_THRESHOLD}] (log2 units), got {threshold!r}")
+        object.__setattr__(self, "rescale_threshold", float(threshold))
+        if self.poly_exp2_fraction not in _POLY_FRACTIONS:
+            raise ValueError(f"poly_exp2_fraction must be one of {_POLY_FRACTIONS}, got {self.poly_exp2_fraction!r}")
+        object.__setattr__(self, "poly_exp2_fraction", float(self.poly_exp2_fraction))
+        if self.pack_gqa_heads != 0 and (not _is_power_of_2(self.pack_gqa_heads) or self.pack_gqa_heads > 128):
+            raise ValueError(f"pack_gqa_heads must be 0 (auto) or a power of two <= 128, got {self.pack_gqa_heads!r}")
+        if self.page_size is not None and (not _is_power_of_2(self.page_size) or not 16 <= self.page_size <= 256):
+            raise ValueError(f"page_size must be a power of two in [16, 256], got {self.page_size!r}")
+
+    # -- derived and compiler-fixed fields (the seed's names) ------------------------------------
+    @property
+    def MMA_M(self) -> int:
+        return self.BM // self.num_q_tiles
+
+    @property
+    def two_q_tiles(self) -> bool:
+        return self.num_q_tiles == 2
+
+    @property
+    def group(self) -> int | None:
+        if self.num_q_heads is None or self.num_kv_heads is None:
+            return None
+        return self.num_q_heads // self.num_kv_heads
+
+    @property
+    def BK0(self) -> int | None:
+        return self.padded_depth
+
+    @property
+    def BK1(self) -> int:
+        return self.BN
+
+    def replace(self, **changes) -> "FA4Config":
+        return dataclasses.replace(self, **changes)
+
+
+def _capability(device: torch.device) -> tuple[int, int] | None:
+    if device.type != "cuda":
+        return None
+    return torch.cuda.get_device_capability(device)
+
+
+def default_config(depth: int, dtype: torch.dtype, device: torch.device, *, decode: bool = False,
+                   num_q_heads: int | None = None, num_kv_heads: int | None = None) -> FA4Config:
+    """The default FA4Config for a head dim, dtype and device (``decode`` = the split-KV path).
+
+    CPU (Triton interpreter): small tiles, both FA4 tiles on, so the default exercises the FA4 paths.
+    Hopper (sm90): one Q tile of 128 rows (a warpgroup per 64 rows already gives the 2Q overlap),
+    MUFU exp2 only. Blackwell (sm100+): the seed's 2 x 128 rows and a quarter of exp2 on FMA units.
+    """
+    common = dict(depth=depth, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads)
+    capability = _capability(device)
+    if capability is None:
+        if decode:
+            return FA4Config(BM=16, BN=16, num_q_tiles=1, num_kv_stages=1, num_warps=4,
+                             rescale_threshold=8.0, **common)
+        return FA4Config(BM=32, BN=16, num_q_tiles=2, num_kv_stages=1, num_warps=4,
+                         rescale_threshold=8.0, poly_exp2_fraction=0.0, **common)
+    major = capability[0]
+    if decode:
+        return FA4Config(BM=16, BN=64 if depth <= 128 else 32, num_q_tiles=1, num_kv_stages=3, num_warps=4,
+                         rescale_threshold=8.0, **common)
+    if major >= 10:
+        if depth <= 128:
+            return FA4Config(BM=256, BN=128, num_q_tiles=2, num_kv_stages=2, num_warps=8,
+                             rescale_threshold=8.0, poly_exp2_fraction=0.25, **common)
+        return FA4Config(BM=128, BN=64, num_q_tiles=2, num_kv_stages=2, num_warps=8,
+                         rescale_threshold=8.0, poly_exp2_fraction=0.25, **common)
+    if major == 9:
+        if depth <= 64:
+            return FA4Config(BM=128, BN=128, num_q_tiles=1, num_kv_stages=3, num_warps=8,
+                             rescale_threshold=8.0, **common)
+        if depth <= 128:
+            return FA4Config(BM=128, BN=128, num_q_tiles=1, num_kv_stages=2, num_warps=8,
+                             rescale_threshold=8.0, **common)
+        return FA4Config(BM=128, BN=64, num_q_tiles=1, num_kv_stages=2, num_warps=8,
+                         rescale_threshold=8.0, **common)
+    # Ampere / Ada and anything else: smaller tiles, fewer registers.
+    if depth <= 128:
+        return FA4Config(BM=128, BN=64, num_q_tiles=1, num_kv_stages=2, num_warps=4, rescale_threshold=8.0, **common)
+    return FA4Config(BM=64, BN=32, num_q_tiles=1, num_kv_stages=2, num_warps=4, rescale_threshold=8.0, **common)

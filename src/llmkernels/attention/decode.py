@@ -1,0 +1,103 @@
+"""Split-KV (flash-decoding) pieces: the combine kernel and the host-side split heuristics.
+
+The split pass itself is ``kernel.attention_fwd_kernel`` with ``SPLIT=True``: program axis 2 is the
+split, each program runs the same masked/visible/masked phases over its share of whole KV tiles and
+writes a float32 partial O (already divided by its own row sum) and a base-2 LSE (-inf when the
+split saw no visible key). For decode the q heads of one KV head are packed into the rows of one
+tile (``HEADS_PER_TILE``), so each K/V tile is read once per KV head, not once per q head.
+
+``combine_splits_kernel`` merges the partials with the usual LSE weights, adds the sinks (once, here),
+and writes O in the output dtype and the natural-log LSE.
+"""
+import triton
+import triton.language as tl
+
+from .._runtime import cdiv, next_power_of_2
+
+LOG2E = tl.constexpr(1.4426950408889634)
+LN2 = tl.constexpr(0.6931471805599453)
+
+MAX_DECODE_QUERIES = 16  # q tokens per sequence up to which the split-KV path is the default
+
+
+@triton.jit
+def combine_splits_kernel(
+    o_partial_ptr, lse_partial_ptr, out_ptr, lse_ptr, sinks_ptr,
+    stride_p_split, stride_p_b, stride_p_s, stride_p_h,
+    stride_lp_split, stride_lp_b, stride_lp_h, stride_lp_s,
+    stride_ob, stride_os, stride_oh,
+    stride_lse_b, stride_lse_h, stride_lse_s,
+    rows_per_batch, num_splits,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_SPLITS: tl.constexpr,
+    HAS_SINKS: tl.constexpr, RETURN_LSE: tl.constexpr,
+):
+    """One program per (token row, q head): ``out = sum_s w_s O_s / (sum_s w_s + sink)``,
+    ``w_s = 2**(lse_s - M)``.
+
+    o_partial float32 ``[splits, B, Sq, Hq, D]`` (ragged: ``[splits, total_q, Hq, D]``, ``stride_p_b = 0``),
+    lse_partial float32 base 2 ``[splits, B, Hq, Sq]`` (ragged ``[splits, Hq, total_q]``); program axis 0
+    enumerates ``B * rows_per_batch`` rows (ragged: B = 1, rows = total_q), axis 1 the q heads.
+    """
+    row = tl.program_id(0)
+    head = tl.program_id(1)
+    batch = (row // rows_per_batch).to(tl.int64)
+    token = (row % rows_per_batch).to(tl.int64)
+    splits = tl.arange(0, BLOCK_SPLITS)
+    dims = tl.arange(0, HEAD_DIM_PAD)
+    lse_base = lse_partial_ptr + batch * stride_lp_b + head * stride_lp_h + token * stride_lp_s
+    o_base = o_partial_ptr + batch * stride_p_b + token * stride_p_s + head * stride_p_h
+
+    running_max = tl.zeros([BLOCK_SPLITS], dtype=tl.float32) - float("inf")
+    for start in tl.range(0, num_splits, BLOCK_SPLITS):
+        lse_split = tl.load(lse_base + (start + splits).to(tl.int64) * stride_lp_split,
+                            mask=start + splits < num_splits, other=float("-inf"))
+        running_max = tl.maximum(running_max, lse_split)
+    global_max = tl.max(running_max, 0)
+    if HAS_SINKS:
+        sink = tl.load(sinks_ptr + head) * LOG2E
+        global_max = tl.maximum(global_max, sink)
+    reference = tl.where(global_max == float("-inf"), 0.0, global_max)
+
+    weight_sum = tl.zeros([BLOCK_SPLITS], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_SPLITS, HEAD_DIM_PAD], dtype=tl.float32)
+    for start in tl.range(0, num_splits, BLOCK_SPLITS):
+        in_range = start + splits < num_splits
+        split_offsets = (start + splits).to(tl.int64)
+        lse_split = tl.load(lse_base + split_offsets * stride_lp_split, mask=in_range, other=float("-inf"))
+        weight = tl.exp2(lse_split - reference)
+        o_split = tl.load(o_base + split_offsets[:, None] * stride_p_split + dims[None, :],
+                          mask=in_range[:, None] & (dims < HEAD_DIM)[None, :], other=0.0)
+        weight_sum += weight
+        acc += weight[:, None] * o_split
+    total = tl.sum(weight_sum, 0)
+    if HAS_SINKS:
+        total += tl.exp2(sink - reference)
+    out = tl.sum(acc, 0) / tl.where(total > 0.0, total, 1.0)
+    tl.store(out_ptr + batch * stride_ob + token * stride_os + head * stride_oh + dims,
+             out.to(out_ptr.dtype.element_ty), mask=dims < HEAD_DIM)
+    if RETURN_LSE:
+        lse = tl.where(total > 0.0, (reference + tl.log2(tl.where(total > 0.0, total, 1.0))) * LN2, float("-inf"))
+        tl.store(lse_ptr + batch * stride_lse_b + head * stride_lse_h + token * stride_lse_s, lse)
+
+
+def choose_num_splits(num_programs_without_split: int, num_kv_tiles_bound: int, num_sms: int) -> int:
+    """Splits so that ``programs * splits`` fills the GPU about twice (host-known bounds only, no sync).
+
+    Never more splits than KV tiles of the longest possible sequence, never fewer than one.
+    """
+    if num_programs_without_split >= num_sms or num_kv_tiles_bound <= 1:
+        return 1
+    wanted = cdiv(2 * num_sms, max(num_programs_without_split, 1))
+    return max(1, min(wanted, num_kv_tiles_bound, 256))
+
+
+def decode_tiling(max_seqlen_q: int, group: int, pack_gqa_heads: int = 0) -> tuple[int, int]:
+    """(BLOCK_Q, HEADS_PER_TILE) of the split-KV path: rows are (query, head) pairs, at least 16 rows
+    (the smallest ``tl.dot`` M), at most 128."""
+    heads_per_tile = pack_gqa_heads or min(next_power_of_2(group), 64)
+    block_q = next_power_of_2(max(max_seqlen_q, 1))
+    while block_q * heads_per_tile > 128 and heads_per_tile > 1:
+        heads_per_tile //= 2
+    block_q = min(block_q, max(1, 128 // heads_per_tile))
+    block_q = max(block_q, max(1, 16 // heads_per_tile))
+    return block_q, heads_per_tile

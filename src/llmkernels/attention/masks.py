@@ -1,0 +1,239 @@
+"""Masks and score modifiers: the user-facing objects and the fused ``@triton.jit`` code they become.
+
+Positions. Query ``q_idx`` (0-based inside its sequence) is aligned bottom-right to the keys: its
+position is ``pos = q_idx + seqlen_k - seqlen_q`` (the new tokens follow the cache).
+
+* ``causal=True``: query sees keys ``kv_idx <= pos``.
+* :class:`SlidingWindow` ``(left, right)``: flash-attn's ``window_size``: keys
+  ``pos - left <= kv_idx <= pos + right``; ``-1`` = unbounded on that side. With ``causal=True`` the
+  right bound becomes ``min(right, 0)``.
+* :class:`Chunked` ``(size)``: Llama 4's chunked local attention: query and key in the same chunk,
+  ``pos // size == kv_idx // size`` (positions ``pos < 0`` are in no chunk and see nothing). Llama 4
+  uses it together with causal (``causal=True``: ``kv_idx <= pos`` too); without ``causal`` each
+  chunk attends bidirectionally.
+* a user ``mask_mod(b, h, q_idx, kv_idx) -> bool`` ``@triton.jit`` function: ``True`` = visible.
+  ``b`` is the batch index (int32 scalar), ``h`` the q head, ``q_idx`` / ``kv_idx`` the indices
+  inside the sequence (not aligned), as broadcastable int32 tensors (``[M, 1]`` and ``[1, N]``).
+  Indices of padding rows/columns are clamped into the valid range before the call.
+* ``mask`` may also be a tuple combining at most one window, one chunk and one ``mask_mod`` (AND).
+
+Score modifiers (applied to the scaled score ``softmax_scale * q.k`` in natural-log units, before
+masking, as FlexAttention's ``score_mod``):
+
+* :func:`softcap` ``(c)``: ``c * tanh(score / c)`` (Gemma 2 / flash-attn ``softcap``).
+* :func:`alibi` ``(slopes)``: ``score - slopes[h] * |pos - kv_idx|`` (flash-attn's ``alibi_slopes``),
+  slopes float32 ``[Hq]``.
+* a user ``score_mod(score, b, h, q_idx, kv_idx) -> score`` ``@triton.jit`` function, same index
+  conventions as ``mask_mod``.
+
+Tiles that the window / chunk / causal bounds hide completely are skipped by the loop bounds; tiles
+they show completely run without any per-element masking. A ``mask_mod`` is opaque, so with one every
+tile inside those bounds is masked per element.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+__all__ = ["SlidingWindow", "Chunked", "ScoreMod", "softcap", "alibi", "MaskSpec", "ScoreModSpec",
+           "resolve_mask", "resolve_score_mod", "UNBOUNDED"]
+
+UNBOUNDED = 1 << 30  # a window side that never binds (fits int32 arithmetic with any position)
+
+SCORE_MOD_NONE, SCORE_MOD_SOFTCAP, SCORE_MOD_ALIBI, SCORE_MOD_USER = 0, 1, 2, 3
+
+
+@dataclass(frozen=True)
+class SlidingWindow:
+    """Local attention window, flash-attn's ``window_size=(left, right)``; ``-1`` = unbounded side.
+
+    Raises:
+        ValueError: left or right is not an int >= -1.
+    """
+
+    left: int
+    right: int = 0
+
+    def __post_init__(self):
+        for name in ("left", "right"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < -1:
+                raise ValueError(f"SlidingWindow.{name} must be an int >= -1 (-1 = unbounded), got {value!r}")
+
+
+@dataclass(frozen=True)
+class Chunked:
+    """Chunked local attention (Llama 4): query and key in the same chunk of ``size`` positions.
+
+    Raises:
+        ValueError: size is not a positive int.
+    """
+
+    size: int
+
+    def __post_init__(self):
+        if isinstance(self.size, bool) or not isinstance(self.size, int) or self.size < 1:
+            raise ValueError(f"Chunked.size must be a positive int, got {self.size!r}")
+
+
+@dataclass(frozen=True)
+class ScoreMod:
+    """A built-in score modifier; make one with :func:`softcap` or :func:`alibi`."""
+
+    kind: str
+    cap: float = 0.0
+    slopes: torch.Tensor | None = None
+
+
+def softcap(cap: float) -> ScoreMod:
+    """``score -> cap * tanh(score / cap)``. Raises ValueError unless ``cap`` is a positive finite number."""
+    if isinstance(cap, bool) or not isinstance(cap, (int, float)) or not math.isfinite(cap) or cap <= 0:
+        raise ValueError(f"softcap cap must be a positive finite number, got {cap!r}")
+    return ScoreMod("softcap", cap=float(cap))
+
+
+def alibi(slopes: torch.Tensor) -> ScoreMod:
+    """``score -> score - slopes[h] * |pos - kv_idx|``; slopes float32 ``[Hq]`` on the inputs' device.
+
+    Raises:
+        TypeError: slopes is not a float32 tensor.
+        ValueError: slopes is not 1-D (its length is checked against Hq by :func:`attention`).
+    """
+    if not isinstance(slopes, torch.Tensor) or slopes.dtype != torch.float32:
+        raise TypeError(f"alibi slopes must be a float32 tensor, got {getattr(slopes, 'dtype', type(slopes).__name__)}")
+    if slopes.dim() != 1:
+        raise ValueError(f"alibi slopes must be 1-D [Hq], got shape {tuple(slopes.shape)}")
+    return ScoreMod("alibi", slopes=slopes)
+
+
+def _jit_function_types() -> tuple:
+    types = [triton.runtime.JITFunction]
+    try:  # what @triton.jit returns under TRITON_INTERPRET=1
+        from triton.runtime.interpreter import InterpretedFunction
+        types.append(InterpretedFunction)
+    except ImportError:
+        pass
+    return tuple(types)
+
+
+def is_jit_function(obj) -> bool:
+    """True for a ``@triton.jit`` function (compiled or interpreted)."""
+    return isinstance(obj, _jit_function_types())
+
+
+@dataclass(frozen=True)
+class MaskSpec:
+    """What the kernel needs to know about the mask: compile-time flags and runtime bounds."""
+
+    has_window: bool = False
+    window_left: int = UNBOUNDED
+    window_right: int = UNBOUNDED
+    has_chunk: bool = False
+    chunk_size: int = 1
+    mask_mod: object = None
+
+
+@dataclass(frozen=True)
+class ScoreModSpec:
+    kind: int = SCORE_MOD_NONE
+    cap: float = 1.0
+    slopes: torch.Tensor | None = None
+    fn: object = None
+
+
+def resolve_mask(causal: bool, mask) -> MaskSpec:
+    """Folds ``causal`` and ``mask`` into one :class:`MaskSpec`. Raises TypeError/ValueError naming ``mask``."""
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    parts = () if mask is None else (tuple(mask) if isinstance(mask, (tuple, list)) else (mask,))
+    window = chunk = mask_mod = None
+    for part in parts:
+        if isinstance(part, SlidingWindow):
+            if window is not None:
+                raise ValueError("mask: at most one SlidingWindow")
+            window = part
+        elif isinstance(part, Chunked):
+            if chunk is not None:
+                raise ValueError("mask: at most one Chunked")
+            chunk = part
+        elif is_jit_function(part):
+            if mask_mod is not None:
+                raise ValueError("mask: at most one mask_mod function")
+            mask_mod = part
+        else:
+            raise TypeError(
+                "mask must be None, SlidingWindow, Chunked, a @triton.jit mask_mod(b, h, q_idx, kv_idx), "
+                f"or a tuple of those; got {type(part).__name__}")
+    left = right = UNBOUNDED
+    if window is not None:
+        left = UNBOUNDED if window.left < 0 else window.left
+        right = UNBOUNDED if window.right < 0 else window.right
+    if causal:
+        right = min(right, 0)
+    return MaskSpec(
+        has_window=causal or window is not None,
+        window_left=left, window_right=right,
+        has_chunk=chunk is not None, chunk_size=chunk.size if chunk is not None else 1,
+        mask_mod=mask_mod,
+    )
+
+
+def resolve_score_mod(score_mod) -> ScoreModSpec:
+    """Turns ``score_mod`` into a :class:`ScoreModSpec`. Raises TypeError naming ``score_mod``."""
+    if score_mod is None:
+        return ScoreModSpec()
+    if isinstance(score_mod, ScoreMod):
+        if score_mod.kind == "softcap":
+            return ScoreModSpec(kind=SCORE_MOD_SOFTCAP, cap=score_mod.cap)
+        return ScoreModSpec(kind=SCORE_MOD_ALIBI, slopes=score_mod.slopes)
+    if is_jit_function(score_mod):
+        return ScoreModSpec(kind=SCORE_MOD_USER, fn=score_mod)
+    raise TypeError(
+        "score_mod must be None, softcap(c), alibi(slopes) or a @triton.jit score_mod(score, b, h, q_idx, kv_idx); "
+        f"got {type(score_mod).__name__}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Fused device code
+# ---------------------------------------------------------------------------------------------
+
+@triton.jit
+def tanh_via_exp2(x):
+    """tanh from one exp2 (no libdevice, so the interpreter runs it too); saturates cleanly at +-1."""
+    return 1.0 - 2.0 / (1.0 + tl.exp2(x * 2.8853900817779268))  # 2 * log2(e)
+
+
+@triton.jit
+def apply_score_mod(scores, batch, heads, q_idx, kv_idx, q_pos, softcap_value, alibi_slopes,
+                    SCORE_MOD_KIND: tl.constexpr, SCORE_MOD: tl.constexpr):
+    """scores ``[M, N]`` float32 (natural units) -> modified scores. ``heads``/``q_idx``/``q_pos``/
+    ``alibi_slopes`` are ``[M, 1]``, ``kv_idx`` ``[1, N]``."""
+    if SCORE_MOD_KIND == 1:
+        scores = softcap_value * tanh_via_exp2(scores / softcap_value)
+    elif SCORE_MOD_KIND == 2:
+        distance = tl.abs(q_pos - kv_idx).to(tl.float32)
+        scores = scores - alibi_slopes * distance
+    elif SCORE_MOD_KIND == 3:
+        scores = SCORE_MOD(scores, batch, heads, q_idx, kv_idx).to(tl.float32)
+    return scores
+
+
+@triton.jit
+def visible_mask(batch, heads, q_idx, kv_idx, q_pos, kv_raw, seqlen_k, window_left, window_right, chunk_size,
+                 HAS_WINDOW: tl.constexpr, HAS_CHUNK: tl.constexpr, HAS_MASK_MOD: tl.constexpr,
+                 MASK_MOD: tl.constexpr):
+    """bool ``[M, N]``: which (query, key) pairs are visible. ``kv_raw`` is the unclamped key index
+    ``[1, N]`` (for the length bound), ``kv_idx`` the clamped one handed to ``MASK_MOD``."""
+    visible = (kv_raw < seqlen_k) & (q_pos == q_pos)  # broadcast to [M, N]
+    if HAS_WINDOW:
+        offset = kv_raw - q_pos
+        visible = visible & (offset <= window_right) & (offset >= -window_left)
+    if HAS_CHUNK:
+        visible = visible & (q_pos >= 0) & ((q_pos // chunk_size) == (kv_raw // chunk_size))
+    if HAS_MASK_MOD:
+        visible = visible & MASK_MOD(batch, heads, q_idx, kv_idx)
+    return visible

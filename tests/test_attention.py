@@ -1,0 +1,442 @@
+"""llmkernels.attention against the float32 reference (and SDPA): layouts, GQA, masks, score mods, sinks,
+FA4 switches, LSE, fully masked rows, tile skipping, bad input. Tiny shapes on the CPU interpreter;
+realistic ones are marked ``gpu``. Every buffer the API allocates is poisoned with NaN first."""
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from llmkernels._testing import assert_close_relative, poison
+from llmkernels.attention import api as attention_api
+from llmkernels.attention.api import attention
+from llmkernels.attention.config import FA4Config
+from llmkernels.attention.kernel import exp2_poly
+from llmkernels.attention.masks import Chunked, SlidingWindow, alibi, softcap
+from llmkernels.attention.paged import PagedKVCache
+from llmkernels.attention.reference import _paged_to_dense, attention_reference
+
+# The interpreter evaluates both sides of tl.where: -inf - -inf of fully masked rows warns in numpy.
+pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+
+# Relative-error tolerances (‖out − ref‖ / ‖ref‖), one table for the module.
+TOLERANCE = {
+    torch.float16: 4e-3,   # P and O rounded to fp16
+    torch.bfloat16: 2e-2,  # P and O rounded to bf16 (8-bit mantissa)
+    "lse": 1e-4,           # float32 LSE; the exp2 polynomial adds <= 9e-5 relative to l
+    "gpu_bf16": 2e-2,
+}
+
+CPU_CONFIG = FA4Config(BM=32, BN=16, num_q_tiles=2, num_kv_stages=1)  # small tiles: many tiles per problem
+
+
+@pytest.fixture(autouse=True)
+def poisoned_buffers(monkeypatch):
+    """Every output / partial buffer starts as NaN, so an element the kernels forget to write fails."""
+    monkeypatch.setattr(attention_api, "_empty",
+                        lambda shape, dtype, device: poison(torch.empty(shape, dtype=dtype, device=device)))
+
+
+def _qkv(batch, seqlen_q, seqlen_k, num_q_heads, num_kv_heads, head_dim, dtype, device):
+    q = torch.randn(batch, seqlen_q, num_q_heads, head_dim, dtype=dtype, device=device)
+    k = torch.randn(batch, seqlen_k, num_kv_heads, head_dim, dtype=dtype, device=device)
+    v = torch.randn(batch, seqlen_k, num_kv_heads, head_dim, dtype=dtype, device=device)
+    return q, k, v
+
+
+def _check(q, k, v, tolerance=None, what="", **kwargs):
+    """Runs attention with return_lse and compares out and LSE with the reference; returns (out, lse)."""
+    out, lse = attention(q, k, v, return_lse=True, **kwargs)
+    ref_out, ref_lse = attention_reference(q, k, v, return_lse=True, **kwargs)
+    assert out.dtype == q.dtype and out.shape == q.shape
+    assert_close_relative(out, ref_out, tolerance or TOLERANCE[q.dtype], f"{what} out")
+    _check_lse(lse, ref_lse, what)
+    return out, lse
+
+
+def _check_lse(lse, ref_lse, what=""):
+    assert lse.shape == ref_lse.shape, f"{what}: lse shape {tuple(lse.shape)} != {tuple(ref_lse.shape)}"
+    assert not torch.isnan(lse).any(), f"{what}: NaN in lse"
+    ref_empty = torch.isinf(ref_lse)
+    assert torch.equal(torch.isinf(lse), ref_empty), f"{what}: -inf LSE rows differ"
+    if (~ref_empty).any():
+        assert_close_relative(lse[~ref_empty], ref_lse[~ref_empty], TOLERANCE["lse"], f"{what} lse")
+
+
+def _paged_cache(seqlens, page_size, num_kv_heads, head_dim, dtype, device, extra_pages=3):
+    """A cache whose pages are a random permutation (shuffled block table); unused entries hold garbage."""
+    pages_per_seq = [max(1, -(-n // page_size)) for n in seqlens]
+    max_pages = max(pages_per_seq) + 1
+    num_pages = sum(pages_per_seq) + extra_pages
+    permutation = torch.randperm(num_pages).tolist()
+    block_table = torch.full((len(seqlens), max_pages), 10**6, dtype=torch.int32)
+    cursor = 0
+    for b, count in enumerate(pages_per_seq):
+        block_table[b, :count] = torch.tensor(permutation[cursor:cursor + count], dtype=torch.int32)
+        cursor += count
+    k_pages = torch.randn(num_pages, page_size, num_kv_heads, head_dim, dtype=dtype, device=device)
+    v_pages = torch.randn(num_pages, page_size, num_kv_heads, head_dim, dtype=dtype, device=device)
+    return PagedKVCache(k_pages, v_pages, block_table.to(device), torch.tensor(seqlens, dtype=torch.int32, device=device))
+
+
+def _cu_seqlens(lengths, device):
+    offsets = [0]
+    for n in lengths:
+        offsets.append(offsets[-1] + n)
+    return torch.tensor(offsets, dtype=torch.int32, device=device)
+
+
+@triton.jit
+def checker_mask(b, h, q_idx, kv_idx):
+    return ((q_idx + kv_idx + h + b) % 3) != 0
+
+
+@triton.jit
+def biased_score(score, b, h, q_idx, kv_idx):
+    return score + 0.25 * h - 0.05 * (q_idx - kv_idx) + 0.1 * b
+
+
+# --------------------------------------------------------------------------- dense prefill
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("heads", [(2, 2), (4, 1), (8, 2), (8, 1)], ids=["mha", "mqa", "gqa4", "gqa8"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_dense(device, dtype, heads, causal):
+    q, k, v = _qkv(2, 37, 45, heads[0], heads[1], 32, dtype, device)
+    _check(q, k, v, causal=causal, config=CPU_CONFIG, what=f"{heads} causal={causal}")
+
+
+@pytest.mark.parametrize("head_dim", [16, 48, 64, 128])
+def test_head_dims(device, head_dim):
+    q, k, v = _qkv(1, 20, 33, 2, 1, head_dim, torch.float16, device)
+    _check(q, k, v, causal=True, config=CPU_CONFIG, what=f"D={head_dim}")
+
+
+@pytest.mark.parametrize("seqlens", [(1, 1), (1, 30), (30, 1), (17, 0), (64, 64)])
+def test_short_and_empty_sequences(device, seqlens):
+    q, k, v = _qkv(2, seqlens[0], seqlens[1], 2, 2, 16, torch.float16, device)
+    out, lse = _check(q, k, v, causal=True, config=CPU_CONFIG, num_splits=1, what=str(seqlens))
+    if seqlens[1] == 0:
+        assert torch.all(out == 0) and torch.all(lse == float("-inf"))
+
+
+def test_default_config_and_scale(device):
+    q, k, v = _qkv(1, 24, 24, 4, 2, 32, torch.bfloat16, device)
+    _check(q, k, v, causal=True, softmax_scale=0.3, what="default config")
+
+
+def test_strided_inputs(device):
+    """q/k/v as transposed views of [B, H, S, D] tensors (flash-attn layout from SDPA layout)."""
+    q = torch.randn(2, 4, 19, 32, dtype=torch.float16, device=device).transpose(1, 2)
+    k = torch.randn(2, 2, 26, 32, dtype=torch.float16, device=device).transpose(1, 2)
+    v = torch.randn(2, 2, 26, 32, dtype=torch.float16, device=device).transpose(1, 2)
+    _check(q, k, v, causal=False, config=CPU_CONFIG, what="strided")
+
+
+def test_matches_sdpa(device):
+    q, k, v = _qkv(2, 40, 40, 4, 2, 32, torch.float16, device)
+    out = attention(q, k, v, causal=True, config=CPU_CONFIG)
+    expected = torch.nn.functional.scaled_dot_product_attention(
+        q.float().transpose(1, 2), k.float().transpose(1, 2), v.float().transpose(1, 2),
+        is_causal=True, enable_gqa=True).transpose(1, 2)
+    assert_close_relative(out, expected, TOLERANCE[torch.float16], "sdpa")
+
+
+# --------------------------------------------------------------------------- FA4 switches
+
+FA4_CONFIGS = [
+    FA4Config(BM=16, BN=16, num_q_tiles=1, rescale_threshold=0.0),
+    FA4Config(BM=32, BN=16, num_q_tiles=2, rescale_threshold=0.0),
+    FA4Config(BM=32, BN=16, num_q_tiles=2, rescale_threshold=8.0),
+    FA4Config(BM=32, BN=32, num_q_tiles=2, rescale_threshold=15.0, poly_exp2_fraction=0.5),
+    FA4Config(BM=16, BN=16, num_q_tiles=1, rescale_threshold=4.0, poly_exp2_fraction=0.25),
+    FA4Config(BM=32, BN=16, num_q_tiles=2, rescale_threshold=8.0, poly_exp2_fraction=0.75),
+    FA4Config(BM=64, BN=32, num_q_tiles=2, rescale_threshold=2.0, poly_exp2_fraction=1.0),
+]
+
+
+@pytest.mark.parametrize("config", FA4_CONFIGS, ids=lambda c: f"BM{c.BM}BN{c.BN}x{c.num_q_tiles}"
+                         f"-t{c.rescale_threshold:g}-p{c.poly_exp2_fraction:g}")
+def test_fa4_switches(device, config):
+    q, k, v = _qkv(1, 50, 61, 4, 2, 32, torch.float16, device)
+    _check(q, k, v, causal=True, sinks=torch.randn(4, device=device), config=config, what="fa4")
+
+
+@pytest.mark.parametrize("threshold", [0.0, 3.0, 8.0])
+def test_conditional_rescale_exact_with_growing_scores(device, threshold):
+    """Scores that grow steadily along the keys (the running max moves every tile by less or more than
+    the threshold) and a large softmax_scale: the stale-max path must still be exact and finite."""
+    seqlen = 64
+    q = torch.ones(1, 8, 1, 16, dtype=torch.float16, device=device)
+    ramp = torch.linspace(-4, 4, seqlen, device=device).view(1, seqlen, 1, 1)
+    k = (ramp + 0.1 * torch.randn(1, seqlen, 1, 16, device=device)).half()
+    v = torch.randn(1, seqlen, 1, 16, dtype=torch.float16, device=device)
+    config = FA4Config(BM=16, BN=16, rescale_threshold=threshold, poly_exp2_fraction=0.5)
+    _check(q, k, v, softmax_scale=2.0, config=config, what=f"ramp t={threshold}")
+
+
+@triton.jit
+def run_exp2_poly(x_ptr, y_ptr, N: tl.constexpr):
+    offsets = tl.arange(0, N)
+    tl.store(y_ptr + offsets, exp2_poly(tl.load(x_ptr + offsets)))
+
+
+def test_exp2_polynomial(device):
+    x = torch.cat([torch.linspace(-130, 15, 1016), torch.tensor([float("-inf"), 0.0, -126.0, 1.0] + [0.5] * 4)])
+    x = x.to(device)
+    y = torch.empty_like(x)
+    run_exp2_poly[(1,)](x, y, N=x.numel())
+    expected = torch.exp2(x.double())
+    normal = x >= -126
+    assert (y[~normal] == 0).all()
+    assert ((y[normal].double() - expected[normal]).abs() / expected[normal]).max() < 1e-4
+
+
+# --------------------------------------------------------------------------- ragged
+
+@pytest.mark.parametrize("heads", [(4, 4), (4, 1), (8, 2)], ids=["mha", "mqa", "gqa4"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_ragged(device, heads, causal):
+    lengths_q = [5, 0, 1, 33, 17]
+    lengths_k = [9, 4, 1, 33, 40]
+    q = torch.randn(sum(lengths_q), heads[0], 32, dtype=torch.bfloat16, device=device)
+    k = torch.randn(sum(lengths_k), heads[1], 32, dtype=torch.bfloat16, device=device)
+    v = torch.randn_like(k)
+    kwargs = dict(cu_seqlens_q=_cu_seqlens(lengths_q, device), cu_seqlens_k=_cu_seqlens(lengths_k, device),
+                  causal=causal, sinks=torch.randn(heads[0], device=device))
+    _check(q, k, v, config=CPU_CONFIG, max_seqlen_q=33, max_seqlen_k=40, what="ragged", **kwargs)
+    _check(q, k, v, config=CPU_CONFIG, what="ragged, no max_seqlen", **kwargs)
+
+
+# --------------------------------------------------------------------------- paged
+
+@pytest.mark.parametrize("page_size", [16, 32])
+@pytest.mark.parametrize("ragged_q", [False, True])
+def test_paged_prefill(device, page_size, ragged_q):
+    seqlens = [40, 7, 0, 65]
+    cache = _paged_cache(seqlens, page_size, 2, 32, torch.float16, device)
+    if ragged_q:
+        lengths_q = [12, 7, 0, 20]
+        q = torch.randn(sum(lengths_q), 8, 32, dtype=torch.float16, device=device)
+        kwargs = dict(cu_seqlens_q=_cu_seqlens(lengths_q, device))
+    else:
+        q = torch.randn(4, 6, 8, 32, dtype=torch.float16, device=device)
+        kwargs = {}
+    _check(q, None, None, kv_cache=cache, causal=True, config=CPU_CONFIG, num_splits=1, what="paged", **kwargs)
+
+
+def test_paged_matches_dense(device):
+    seqlens = [33, 33]
+    cache = _paged_cache(seqlens, 16, 2, 16, torch.float16, device)
+    k = torch.stack([_paged_to_dense(cache, b, 33)[0] for b in range(2)])
+    v = torch.stack([_paged_to_dense(cache, b, 33)[1] for b in range(2)])
+    q = torch.randn(2, 9, 4, 16, dtype=torch.float16, device=device)
+    paged = attention(q, None, None, kv_cache=cache, causal=True, config=CPU_CONFIG, num_splits=1)
+    dense = attention(q, k, v, causal=True, config=CPU_CONFIG, num_splits=1)
+    assert torch.equal(paged, dense)
+
+
+# --------------------------------------------------------------------------- masks and score mods
+
+MASKS = {
+    "window": dict(mask=SlidingWindow(7, 3)),
+    "window_causal": dict(mask=SlidingWindow(9, -1), causal=True),
+    "window_left_only": dict(mask=SlidingWindow(-1, 2)),
+    "window_0_0": dict(mask=SlidingWindow(0, 0)),
+    "chunked": dict(mask=Chunked(16)),
+    "chunked_causal": dict(mask=Chunked(12), causal=True),
+    "mask_mod": dict(mask=checker_mask),
+    "mask_mod_causal": dict(mask=checker_mask, causal=True),
+    "window_and_mask_mod": dict(mask=(SlidingWindow(10, 10), checker_mask)),
+    "chunk_and_window": dict(mask=(Chunked(20), SlidingWindow(5, 0))),
+}
+
+
+@pytest.mark.parametrize("name", list(MASKS))
+def test_masks(device, name):
+    q, k, v = _qkv(2, 30, 52, 4, 2, 16, torch.float16, device)
+    _check(q, k, v, config=CPU_CONFIG, what=name, **MASKS[name])
+
+
+@pytest.mark.parametrize("name", ["softcap", "alibi", "user"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_score_mods(device, name, causal):
+    q, k, v = _qkv(2, 21, 35, 4, 2, 32, torch.bfloat16, device)
+    mod = {"softcap": softcap(2.5), "alibi": alibi(torch.rand(4, device=device)), "user": biased_score}[name]
+    _check(q, k, v, config=CPU_CONFIG, causal=causal, score_mod=mod, softmax_scale=0.5, what=name)
+
+
+def test_score_mod_with_mask_and_sinks_ragged(device):
+    lengths = [12, 0, 29]
+    q = torch.randn(sum(lengths), 4, 16, dtype=torch.float16, device=device)
+    k = torch.randn(sum(lengths), 4, 16, dtype=torch.float16, device=device)
+    v = torch.randn_like(k)
+    cu = _cu_seqlens(lengths, device)
+    _check(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=29, causal=True, mask=SlidingWindow(6, 0),
+           score_mod=softcap(5.0), sinks=torch.randn(4, device=device), config=CPU_CONFIG, what="combo")
+
+
+def test_hidden_tiles_are_skipped(device):
+    """Keys that no query can see are NaN: a kernel that loads such tiles and discards them gets NaN
+    (0 * NaN in P @ V); one that skips them by its loop bounds gets the right answer."""
+    q, k, v = _qkv(1, 16, 80, 2, 2, 16, torch.float16, device)
+    k[:, :48] = float("nan")
+    v[:, :48] = float("nan")  # queries sit at positions 64..79 and see 8 keys back at most
+    config = FA4Config(BM=16, BN=16, num_q_tiles=1)
+    for num_splits in (1, 3):
+        out = attention(q, k, v, causal=True, mask=SlidingWindow(8, 0), config=config, num_splits=num_splits)
+        ref = attention_reference(q, k.nan_to_num(), v.nan_to_num(), causal=True, mask=SlidingWindow(8, 0))
+        assert_close_relative(out, ref, TOLERANCE[torch.float16], f"skip, splits={num_splits}")
+    k2, v2 = k.clone(), v.clone()
+    k2[:, 64:] = float("nan")  # chunked: the first chunk of 64 is invisible to the queries in the second
+    v2[:, 64:] = float("nan")
+    k2[:, :48] = torch.randn(1, 48, 2, 16, dtype=torch.float16, device=device)
+    v2[:, :48] = torch.randn(1, 48, 2, 16, dtype=torch.float16, device=device)
+    q2 = torch.randn(1, 80, 2, 16, dtype=torch.float16, device=device)
+    out = attention(q2[:, :64], k2[:, :64], v2[:, :64], causal=True, mask=Chunked(32), config=config)
+    ref = attention_reference(q2[:, :64], k2[:, :64], v2[:, :64], causal=True, mask=Chunked(32))
+    assert_close_relative(out, ref, TOLERANCE[torch.float16], "chunked skip")
+
+
+# --------------------------------------------------------------------------- sinks, fully masked rows
+
+@pytest.mark.parametrize("num_splits", [None, 1, 4])
+def test_sinks(device, num_splits):
+    q, k, v = _qkv(2, 3, 40, 8, 2, 32, torch.bfloat16, device)
+    sinks = torch.randn(8, device=device) * 2
+    _check(q, k, v, sinks=sinks, causal=True, num_splits=num_splits, config=CPU_CONFIG, what="sinks")
+
+
+@pytest.mark.parametrize("num_splits", [1, 3])
+@pytest.mark.parametrize("with_sinks", [False, True])
+def test_fully_masked_rows(device, num_splits, with_sinks):
+    """Causal with Sq > Skv: the first Sq - Skv queries see no key -> output 0, LSE -inf (or the sink)."""
+    q, k, v = _qkv(2, 24, 10, 2, 1, 16, torch.float16, device)
+    sinks = torch.randn(2, device=device) if with_sinks else None
+    out, lse = _check(q, k, v, causal=True, sinks=sinks, num_splits=num_splits, config=CPU_CONFIG, what="masked")
+    assert torch.all(out[:, :14] == 0)
+    if with_sinks:
+        assert torch.allclose(lse[:, :, :14], sinks.view(1, 2, 1).expand(2, 2, 14))
+    else:
+        assert torch.all(lse[:, :, :14] == float("-inf"))
+    assert torch.isfinite(lse[:, :, 14:]).all()
+
+
+def test_mask_mod_hiding_whole_rows(device):
+    @triton.jit
+    def even_queries_only(b, h, q_idx, kv_idx):
+        return (q_idx % 2 == 0) & (kv_idx >= 0)
+
+    q, k, v = _qkv(1, 20, 20, 2, 2, 16, torch.float16, device)
+    out, lse = _check(q, k, v, mask=even_queries_only, config=CPU_CONFIG, what="row mask")
+    assert torch.all(out[:, 1::2] == 0) and torch.all(lse[:, :, 1::2] == float("-inf"))
+
+
+# --------------------------------------------------------------------------- config and bad input
+
+def test_config_validation():
+    cases = [("BM", dict(BM=24)), ("BN", dict(BN=8)), ("num_q_tiles", dict(num_q_tiles=3)),
+             ("depth", dict(depth=20)), ("num_kv_stages", dict(num_kv_stages=0)), ("num_warps", dict(num_warps=3)),
+             ("rescale_threshold", dict(rescale_threshold=-1.0)), ("rescale_threshold", dict(rescale_threshold=20.0)),
+             ("poly_exp2_fraction", dict(poly_exp2_fraction=0.3)), ("num_q_heads", dict(num_q_heads=6, num_kv_heads=4)),
+             ("page_size", dict(page_size=8)), ("pack_gqa_heads", dict(pack_gqa_heads=3)),
+             ("padded_depth", dict(depth=64, padded_depth=32))]
+    for field, kwargs in cases:
+        with pytest.raises(ValueError, match=field):
+            FA4Config(**kwargs)
+    config = FA4Config(BM=256, num_q_tiles=2, depth=96, num_q_heads=32, num_kv_heads=8)
+    assert config.MMA_M == 128 and config.two_q_tiles and config.group == 4 and config.padded_depth == 128
+    assert config.BK1 == config.BN
+
+
+def test_bad_inputs(device):
+    q, k, v = _qkv(2, 8, 8, 4, 2, 16, torch.float16, device)
+    cu = _cu_seqlens([4, 4], device)
+    cache = _paged_cache([8, 8], 16, 2, 16, torch.float16, device)
+    cases = [
+        (TypeError, "q", lambda: attention(q.float(), k, v)),
+        (TypeError, "k dtype", lambda: attention(q, k.bfloat16(), v)),
+        (ValueError, "v shape", lambda: attention(q, k, v[:, :4])),
+        (ValueError, "multiple", lambda: attention(q[:, :, :3], k, v)),
+        (ValueError, "head dim", lambda: attention(q[..., :8], k[..., :8], v[..., :8])),
+        (ValueError, "head dim", lambda: attention(q, k[..., :8].contiguous(), v[..., :8].contiguous())),
+        (ValueError, "k batch", lambda: attention(q, k[:1], v[:1])),
+        (ValueError, "q must be", lambda: attention(q[0], k, v)),
+        (ValueError, "cu_seqlens_k", lambda: attention(q[0], k[0], v[0], cu_seqlens_q=cu)),
+        (TypeError, "cu_seqlens_q", lambda: attention(q[0], k[0], v[0], cu_seqlens_q=cu.long(), cu_seqlens_k=cu)),
+        (ValueError, "cu_seqlens_k", lambda: attention(q[0], k[0], v[0], cu_seqlens_q=cu, cu_seqlens_k=cu[:2])),
+        (ValueError, "k = v = None", lambda: attention(q, k, v, kv_cache=cache)),
+        (TypeError, "kv_cache", lambda: attention(q, None, None, kv_cache=(k, v))),
+        (ValueError, "block_table too small", lambda: attention(q, None, None, kv_cache=cache, max_seqlen_k=100)),
+        (ValueError, "batch", lambda: attention(q[:1], None, None, kv_cache=cache)),
+        (TypeError, "sinks", lambda: attention(q, k, v, sinks=torch.zeros(4, dtype=torch.float16, device=device))),
+        (ValueError, "sinks", lambda: attention(q, k, v, sinks=torch.zeros(3, device=device))),
+        (ValueError, "alibi", lambda: attention(q, k, v, score_mod=alibi(torch.zeros(3, device=device)))),
+        (TypeError, "alibi", lambda: alibi(torch.zeros(4, dtype=torch.float64))),
+        (TypeError, "mask", lambda: attention(q, k, v, mask="causal")),
+        (TypeError, "score_mod", lambda: attention(q, k, v, score_mod=lambda s: s)),
+        (ValueError, "num_splits", lambda: attention(q, k, v, num_splits=0)),
+        (TypeError, "num_splits", lambda: attention(q, k, v, num_splits=2.0)),
+        (ValueError, "max_seqlen_q", lambda: attention(q, k, v, max_seqlen_q=-1)),
+        (TypeError, "causal", lambda: attention(q, k, v, causal=1)),
+        (ValueError, "config.num_q_heads", lambda: attention(q, k, v, config=FA4Config(num_q_heads=8))),
+        (ValueError, "SlidingWindow.left", lambda: SlidingWindow(-2, 0)),
+        (ValueError, "Chunked.size", lambda: Chunked(0)),
+        (ValueError, "softcap", lambda: softcap(0.0)),
+        (ValueError, "page_size", lambda: PagedKVCache(cache.k_pages[:, :8], cache.v_pages[:, :8], cache.block_table,
+                                                       cache.seqlens)),
+        (TypeError, "block_table", lambda: PagedKVCache(cache.k_pages, cache.v_pages, cache.block_table.long(),
+                                                        cache.seqlens)),
+        (ValueError, "seqlens", lambda: PagedKVCache(cache.k_pages, cache.v_pages, cache.block_table,
+                                                     cache.seqlens[:1])),
+    ]
+    for error, match, call in cases:
+        with pytest.raises(error, match=match):
+            call()
+
+
+def test_cpu_tensors_rejected_outside_interpreter(device, monkeypatch):
+    import llmkernels._runtime as runtime
+    monkeypatch.setattr(runtime, "interpreting", lambda: False)
+    q, k, v = _qkv(1, 4, 4, 1, 1, 16, torch.float16, torch.device("cpu"))
+    with pytest.raises(ValueError, match="q is on cpu"):
+        attention(q, k, v)
+
+
+# --------------------------------------------------------------------------- realistic shapes (GPU)
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(2, 16, 1024, 64), (2, 16, 2048, 128), (1, 8, 1024, 256), (1, 32, 777, 96)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_prefill_vs_sdpa(device, shape, causal):
+    batch, heads, seqlen, head_dim = shape
+    q, k, v = _qkv(batch, seqlen, seqlen, heads, heads // 4 if heads >= 4 else heads, head_dim,
+                   torch.bfloat16, device)
+    out = attention(q, k, v, causal=causal)
+    expected = torch.nn.functional.scaled_dot_product_attention(
+        q.float().transpose(1, 2), k.float().transpose(1, 2), v.float().transpose(1, 2),
+        is_causal=causal, enable_gqa=True).transpose(1, 2)
+    assert_close_relative(out, expected, TOLERANCE["gpu_bf16"], f"{shape} causal={causal}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", [FA4Config(BM=128, BN=64, num_q_tiles=2, num_warps=8, poly_exp2_fraction=0.5),
+                                    FA4Config(BM=128, BN=128, num_q_tiles=1, num_warps=8, rescale_threshold=0.0)])
+def test_gpu_fa4_switches(device, config):
+    q, k, v = _qkv(2, 1500, 2000, 16, 4, 128, torch.bfloat16, device)
+    _check(q, k, v, causal=True, sinks=torch.randn(16, device=device), config=config,
+           tolerance=TOLERANCE["gpu_bf16"], what="gpu fa4")
+
+
+@pytest.mark.gpu
+def test_gpu_ragged_masks(device):
+    lengths = [1000, 0, 1, 513, 2048]
+    q = torch.randn(sum(lengths), 16, 128, dtype=torch.bfloat16, device=device)
+    k = torch.randn(sum(lengths), 4, 128, dtype=torch.bfloat16, device=device)
+    v = torch.randn_like(k)
+    cu = _cu_seqlens(lengths, device)
+    for kwargs in (dict(causal=True), dict(mask=SlidingWindow(256, 0), causal=True),
+                   dict(mask=Chunked(512), causal=True), dict(score_mod=softcap(30.0), causal=True),
+                   dict(mask=checker_mask), dict(score_mod=biased_score)):
+        _check(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=2048, max_seqlen_k=2048,
+               tolerance=TOLERANCE["gpu_bf16"], what=str(kwargs), **kwargs)

@@ -1,0 +1,118 @@
+"""Split-KV decode + combine: every num_splits (also more than keys) gives the same result, paged and
+dense KV, GQA packing, short multi-token queries, sinks, masks; buffers poisoned with NaN."""
+import pytest
+import torch
+
+from llmkernels._testing import assert_close_relative, poison, relative_error
+from llmkernels.attention import api as attention_api
+from llmkernels.attention.api import attention
+from llmkernels.attention.config import FA4Config
+from llmkernels.attention.decode import choose_num_splits, decode_tiling
+from llmkernels.attention.masks import SlidingWindow, softcap
+from llmkernels.attention.reference import attention_reference
+
+from test_attention import _check, _cu_seqlens, _paged_cache, _qkv, checker_mask
+
+# The interpreter evaluates both sides of tl.where: -inf - -inf of fully masked rows warns in numpy.
+pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+
+# Relative-error tolerances, one table for the module.
+TOLERANCE = {
+    torch.float16: 4e-3,
+    torch.bfloat16: 2e-2,
+    "splits_agree": 6e-3,  # two num_splits of one bf16 problem: fp32 sums in another order, then bf16 rounding (1 ulp = 3.9e-3)
+    "gpu_bf16": 2e-2,
+}
+
+DECODE_CONFIG = FA4Config(BM=16, BN=16, num_kv_stages=1)
+
+
+@pytest.fixture(autouse=True)
+def poisoned_buffers(monkeypatch):
+    monkeypatch.setattr(attention_api, "_empty",
+                        lambda shape, dtype, device: poison(torch.empty(shape, dtype=dtype, device=device)))
+
+
+@pytest.mark.parametrize("heads", [(8, 2), (4, 4), (8, 1), (16, 2)], ids=["gqa4", "mha", "mqa8", "gqa8"])
+@pytest.mark.parametrize("page_size", [16, 64])
+def test_paged_decode_every_num_splits(device, heads, page_size):
+    seqlens = [70, 1, 0, 33]
+    cache = _paged_cache(seqlens, page_size, heads[1], 32, torch.bfloat16, device)
+    q = torch.randn(4, 1, heads[0], 32, dtype=torch.bfloat16, device=device)
+    sinks = torch.randn(heads[0], device=device)
+    outputs = []
+    for num_splits in (1, 2, 3, 5, 100):
+        out, _ = _check(q, None, None, kv_cache=cache, num_splits=num_splits, sinks=sinks, config=DECODE_CONFIG,
+                        tolerance=TOLERANCE[torch.bfloat16], what=f"splits={num_splits}")
+        outputs.append(out)
+    for out in outputs[1:]:
+        assert relative_error(out, outputs[0]) <= TOLERANCE["splits_agree"]
+
+
+@pytest.mark.parametrize("seqlen_q", [1, 4, 16])
+@pytest.mark.parametrize("num_splits", [None, 1, 4])
+def test_short_queries_causal(device, seqlen_q, num_splits):
+    """Speculative-decoding style: a few new tokens per sequence, causal against the cache."""
+    q, k, v = _qkv(2, seqlen_q, 45, 8, 2, 16, torch.float16, device)
+    _check(q, k, v, causal=True, num_splits=num_splits, config=DECODE_CONFIG, what=f"sq={seqlen_q}")
+
+
+def test_ragged_q_paged_decode(device):
+    lengths_q = [1, 3, 0, 2]
+    seqlens = [20, 50, 5, 2]
+    cache = _paged_cache(seqlens, 16, 2, 32, torch.float16, device)
+    q = torch.randn(sum(lengths_q), 8, 32, dtype=torch.float16, device=device)
+    for num_splits in (None, 2, 64):
+        _check(q, None, None, kv_cache=cache, cu_seqlens_q=_cu_seqlens(lengths_q, device), max_seqlen_q=3,
+               causal=True, num_splits=num_splits, config=DECODE_CONFIG, what=f"ragged paged {num_splits}")
+
+
+@pytest.mark.parametrize("kwargs", [dict(mask=SlidingWindow(10, 0), causal=True), dict(mask=checker_mask),
+                                    dict(score_mod=softcap(3.0), causal=True)], ids=["window", "mask_mod", "softcap"])
+def test_decode_masks_and_mods(device, kwargs):
+    q, k, v = _qkv(2, 2, 60, 4, 1, 16, torch.float16, device)
+    for num_splits in (1, 3):
+        _check(q, k, v, num_splits=num_splits, config=DECODE_CONFIG, what=str(kwargs), **kwargs)
+
+
+def test_long_queries_with_splits(device):
+    """num_splits > 1 also works for prefill-sized q (the split path tiles q as well)."""
+    q, k, v = _qkv(1, 40, 50, 4, 2, 16, torch.float16, device)
+    for num_splits in (2, 7):
+        _check(q, k, v, causal=True, num_splits=num_splits, config=DECODE_CONFIG, what=f"long q {num_splits}")
+
+
+def test_pack_gqa_heads_config(device):
+    q, k, v = _qkv(2, 1, 40, 16, 2, 16, torch.float16, device)
+    for pack in (1, 2, 8, 16):
+        config = FA4Config(BM=16, BN=16, pack_gqa_heads=pack)
+        _check(q, k, v, num_splits=3, config=config, what=f"pack={pack}")
+
+
+def test_fully_masked_decode_rows(device):
+    q, k, v = _qkv(2, 1, 0, 4, 2, 16, torch.float16, device)  # no keys at all
+    out, lse = attention(q, k, v, num_splits=4, return_lse=True, config=DECODE_CONFIG)
+    assert torch.all(out == 0) and torch.all(lse == float("-inf"))
+
+
+def test_heuristics():
+    assert choose_num_splits(1000, 64, 132) == 1
+    assert choose_num_splits(8, 1, 132) == 1
+    assert choose_num_splits(8, 512, 132) == 33
+    assert choose_num_splits(1, 4, 132) == 4
+    for max_q, group in [(1, 1), (1, 8), (1, 64), (16, 8), (5, 3), (200, 8)]:
+        block_q, heads_per_tile = decode_tiling(max_q, group)
+        rows = block_q * heads_per_tile
+        assert 16 <= rows <= 128 and heads_per_tile <= max(1, group) * 2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("batch,context", [(1, 8192), (8, 4096), (64, 1024), (4, 32768)])
+def test_gpu_paged_decode(device, batch, context):
+    seqlens = [context - 17 * b for b in range(batch)]
+    cache = _paged_cache(seqlens, 16, 8, 128, torch.bfloat16, device)
+    q = torch.randn(batch, 1, 32, 128, dtype=torch.bfloat16, device=device)
+    out, lse = attention(q, None, None, kv_cache=cache, return_lse=True)
+    ref, ref_lse = attention_reference(q, None, None, kv_cache=cache, return_lse=True)
+    assert_close_relative(out, ref, TOLERANCE["gpu_bf16"], "gpu decode")
+    assert_close_relative(lse, ref_lse, 1e-4, "gpu decode lse")
