@@ -53,10 +53,16 @@ def _unpack_e2m1(packed: torch.Tensor) -> torch.Tensor:
     return torch.stack([packed & 0xF, packed >> 4], dim=-1).flatten(-2)
 
 
+def _divide(x: torch.Tensor, divisor: float) -> torch.Tensor:
+    """``x / divisor`` correctly rounded on every device (CUDA turns division by a Python scalar into
+    a multiplication by its rounded reciprocal, which can move a value across an e4m3 tie)."""
+    return x / torch.full_like(x, divisor)
+
+
 def nvfp4_global_scale(x: torch.Tensor) -> torch.Tensor:
     """The nvfp4 decode scale ``amax / (448 · 6)`` as a float32 scalar tensor (1.0 for an all-zero x)."""
     amax = x.abs().amax().float()
-    return torch.where(amax > 0, amax / (E4M3_MAX * E2M1_MAX), torch.ones_like(amax))
+    return torch.where(amax > 0, _divide(amax, E4M3_MAX * E2M1_MAX), torch.ones_like(amax))
 
 
 def quantize_reference(x: torch.Tensor, format: str, global_scale: torch.Tensor | None = None) -> ScaledTensor:
@@ -74,7 +80,7 @@ def quantize_reference(x: torch.Tensor, format: str, global_scale: torch.Tensor 
         if global_scale is None:
             global_scale = nvfp4_global_scale(x)
         global_scale = global_scale.float().reshape(())
-        block_scale = (amax / E2M1_MAX) / global_scale
+        block_scale = _divide(amax, E2M1_MAX) / global_scale
         scales = block_scale.clamp(E4M3_TINY, E4M3_MAX).to(torch.float8_e4m3fn)
         scale = scales.float() * global_scale
     scaled = (blocks / scale[..., None]).clamp(-spec.element_max, spec.element_max).reshape(x.shape)
