@@ -106,10 +106,20 @@ def dequantize(x: ScaledTensor) -> torch.Tensor:
     from .layout import scales_to_row
 
     spec = x.spec
-    values = decode_e2m1(_unpack_e2m1(x.data)) if spec.packed else x.data.float()
     row_scales = scales_to_row(x)
     scale = decode_e8m0(row_scales.view(torch.uint8)) if spec.scale == "e8m0" else row_scales.float()
     if spec.has_global_scale:
         scale = scale * x.global_scale.float().reshape(())
-    blocks = values.reshape(*values.shape[:-1], -1, spec.block)
-    return (blocks * scale[..., None]).reshape(values.shape)
+    # Decoded in row chunks so that the temporaries stay small next to the float32 result
+    # (an [E, N, K] expert weight can be several GiB).
+    k = x.shape[-1]
+    data = x.data.reshape(-1, x.data.shape[-1])
+    scale = scale.reshape(-1, k // spec.block)
+    values = torch.empty(data.shape[0], k, dtype=torch.float32, device=data.device)
+    rows_per_chunk = max(1, (1 << 24) // k)
+    for start in range(0, data.shape[0], rows_per_chunk):
+        chunk = data[start:start + rows_per_chunk]
+        decoded = decode_e2m1(_unpack_e2m1(chunk)) if spec.packed else chunk.float()
+        blocks = decoded.view(decoded.shape[0], -1, spec.block) * scale[start:start + rows_per_chunk, :, None]
+        values[start:start + rows_per_chunk] = blocks.view(decoded.shape[0], k)
+    return values.reshape(x.shape)
