@@ -379,39 +379,28 @@ def attention_fwd_kernel(
     sum_b = tl.zeros([BLOCK_M], dtype=tl.float32)
     max_b = tl.zeros([BLOCK_M], dtype=tl.float32) - float("inf")
 
-    # Phase 1: masked tiles left of the fully visible band (sliding window / chunk start).
-    acc_a, sum_a, max_a, acc_b, sum_b, max_b = attend_kv_range(
-        acc_a, sum_a, max_a, acc_b, sum_b, max_b, q_a, q_b, q_idx_mod_a, q_idx_mod_b,
-        q_idx_a + shift, q_idx_b + shift, heads, alibi_slopes,
-        k_ptr, v_ptr, k_batch_offset, v_batch_offset, k_head_offset, v_head_offset,
-        stride_kb, stride_ks, stride_vb, stride_vs, block_table_row, kv_start, seqlen_k, batch,
-        split_lo, tl.minimum(full_lo, split_hi),
-        softmax_scale, qk_scale_log2, window_left, window_right, chunk_size, softcap_value,
-        HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, BLOCK_N, NUM_Q_TILES, PAGED, PAGE_SIZE, True,
-        HAS_WINDOW, HAS_CHUNK, HAS_MASK_MOD, MASK_MOD, SCORE_MOD_KIND, SCORE_MOD,
-        RESCALE_THRESHOLD, POLY_EXP2_FRACTION, UPCAST)
-    # Phase 2: fully visible tiles, no per-element masking.
-    acc_a, sum_a, max_a, acc_b, sum_b, max_b = attend_kv_range(
-        acc_a, sum_a, max_a, acc_b, sum_b, max_b, q_a, q_b, q_idx_mod_a, q_idx_mod_b,
-        q_idx_a + shift, q_idx_b + shift, heads, alibi_slopes,
-        k_ptr, v_ptr, k_batch_offset, v_batch_offset, k_head_offset, v_head_offset,
-        stride_kb, stride_ks, stride_vb, stride_vs, block_table_row, kv_start, seqlen_k, batch,
-        tl.maximum(full_lo, split_lo), tl.minimum(full_hi, split_hi),
-        softmax_scale, qk_scale_log2, window_left, window_right, chunk_size, softcap_value,
-        HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, BLOCK_N, NUM_Q_TILES, PAGED, PAGE_SIZE, False,
-        HAS_WINDOW, HAS_CHUNK, HAS_MASK_MOD, MASK_MOD, SCORE_MOD_KIND, SCORE_MOD,
-        RESCALE_THRESHOLD, POLY_EXP2_FRACTION, UPCAST)
-    # Phase 3: masked tiles right of it (causal diagonal, window end, sequence end).
-    acc_a, sum_a, max_a, acc_b, sum_b, max_b = attend_kv_range(
-        acc_a, sum_a, max_a, acc_b, sum_b, max_b, q_a, q_b, q_idx_mod_a, q_idx_mod_b,
-        q_idx_a + shift, q_idx_b + shift, heads, alibi_slopes,
-        k_ptr, v_ptr, k_batch_offset, v_batch_offset, k_head_offset, v_head_offset,
-        stride_kb, stride_ks, stride_vb, stride_vs, block_table_row, kv_start, seqlen_k, batch,
-        tl.maximum(full_hi, split_lo), split_hi,
-        softmax_scale, qk_scale_log2, window_left, window_right, chunk_size, softcap_value,
-        HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, BLOCK_N, NUM_Q_TILES, PAGED, PAGE_SIZE, True,
-        HAS_WINDOW, HAS_CHUNK, HAS_MASK_MOD, MASK_MOD, SCORE_MOD_KIND, SCORE_MOD,
-        RESCALE_THRESHOLD, POLY_EXP2_FRACTION, UPCAST)
+    # Three phases over this program's KV range [split_lo, split_hi): masked tiles left of the fully
+    # visible band (sliding window / chunk start), the band itself with no per-element masking, and
+    # masked tiles right of it (causal diagonal, window end, sequence end).
+    for phase in tl.static_range(3):
+        if phase == 0:
+            lo = split_lo
+            hi = tl.minimum(full_lo, split_hi)
+        elif phase == 1:
+            lo = tl.maximum(full_lo, split_lo)
+            hi = tl.minimum(full_hi, split_hi)
+        else:
+            lo = tl.maximum(full_hi, split_lo)
+            hi = split_hi
+        acc_a, sum_a, max_a, acc_b, sum_b, max_b = attend_kv_range(
+            acc_a, sum_a, max_a, acc_b, sum_b, max_b, q_a, q_b, q_idx_mod_a, q_idx_mod_b,
+            q_idx_a + shift, q_idx_b + shift, heads, alibi_slopes,
+            k_ptr, v_ptr, k_batch_offset, v_batch_offset, k_head_offset, v_head_offset,
+            stride_kb, stride_ks, stride_vb, stride_vs, block_table_row, kv_start, seqlen_k, batch,
+            lo, hi, softmax_scale, qk_scale_log2, window_left, window_right, chunk_size, softcap_value,
+            HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, BLOCK_N, NUM_Q_TILES, PAGED, PAGE_SIZE, phase != 1,
+            HAS_WINDOW, HAS_CHUNK, HAS_MASK_MOD, MASK_MOD, SCORE_MOD_KIND, SCORE_MOD,
+            RESCALE_THRESHOLD, POLY_EXP2_FRACTION, UPCAST)
 
     store_q_tile(acc_a, sum_a, max_a, out_ptr, lse_ptr, sinks_ptr, batch, split, q_start, q_idx_a, heads, valid_a,
                  dims, stride_ob, stride_os, stride_oh, stride_o_split,
