@@ -3,8 +3,12 @@ torch._scaled_grouped_mm (fp8 rowwise), same shapes, one run.
 
     python benchmarks/bench_grouped_matmul.py [--out DIR] [--quick]
 
-Prints a table (µs, TFLOP/s, GB/s, % of the measured ceilings, ratio to each peer) and writes
-grouped_matmul.{csv,md,png} to DIR (default benchmarks/results/<gpu>/).
+Sweeps tokens per expert (1 .. 4096) over the MoE projections of DeepSeek-V3, Qwen3-30B-A3B,
+gpt-oss-120b and Mixtral, plus Zipf-routed (imbalanced) and half-empty groupings, and times the
+activation quantize kernel. Prints tables (µs, TFLOP/s, GB/s, % of the measured ceilings, ratio to
+each peer) and writes grouped_matmul.{csv,md}, quantize.{csv,md}, routing.{csv,md} and one PNG per
+regime (decode: weight GB/s, compute: TFLOP/s, against tokens per expert) to DIR (default
+benchmarks/results/<gpu>/).
 """
 from __future__ import annotations
 
@@ -15,96 +19,211 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from common import bar_plot, default_out_dir, measure_ceilings, time_ms, write_table  # noqa: E402
+from common import default_out_dir, line_plots, measure_ceilings, time_ms, write_table  # noqa: E402
 
 import llmkernels as lk  # noqa: E402
+from llmkernels._testing import relative_error  # noqa: E402
 
-# (experts, tokens per expert, N, K): DeepSeek-V3-like, Qwen-like, decode, gpt-oss-like.
-SHAPES = [(8, 2048, 4096, 7168), (128, 128, 4096, 7168), (128, 16, 4096, 7168), (64, 512, 2048, 7168),
-          (32, 4, 5760, 2880)]
-# (label, a format, b format)
-OURS = [("ours bf16", "bf16", "bf16"), ("ours mxfp8", "mxfp8", "mxfp8"), ("ours mxfp4", "mxfp4", "mxfp4"),
-        ("ours nvfp4", "nvfp4", "nvfp4"), ("ours bf16 x mxfp4 (w4a16)", "bf16", "mxfp4")]
+# name: (experts, N, K) of one grouped projection (gate_up: N = 2 x intermediate).
+MODELS = {
+    "DeepSeek-V3 gate_up": (256, 4096, 7168),
+    "DeepSeek-V3 down": (256, 7168, 2048),
+    "Qwen3-30B-A3B gate_up": (128, 1536, 2048),
+    "Qwen3-30B-A3B down": (128, 2048, 768),
+    "gpt-oss-120b gate_up": (128, 5760, 2880),
+    "Mixtral gate_up": (8, 28672, 4096),
+}
+TOKENS_PER_EXPERT = (1, 4, 16, 64, 512, 1024, 4096)
+MAX_ROWS = 131072  # larger points are skipped (E=256 stops at 512 tokens per expert)
+DECODE_MAX, COMPUTE_MIN = 64, 512  # the issue's regimes, in tokens per expert
+# label: (activation format, weight format); peers are timed by their own functions.
+OURS = {
+    "ours bf16": ("bf16", "bf16"),
+    "ours mxfp8": ("mxfp8", "mxfp8"),
+    "ours bf16 x mxfp8": ("bf16", "mxfp8"),
+    "ours mxfp4": ("mxfp4", "mxfp4"),
+    "ours bf16 x mxfp4": ("bf16", "mxfp4"),
+    "ours nvfp4": ("nvfp4", "nvfp4"),
+}
+PEER_BF16, PEER_FP8 = "torch._grouped_mm bf16", "torch._scaled_grouped_mm fp8"
 BYTES_PER_ELEMENT = {"bf16": 2.0, "fp8": 1.0, "mxfp8": 1 + 1 / 32, "mxfp4": 0.5 + 1 / 32, "nvfp4": 0.5 + 1 / 16}
-PEERS = (("torch._grouped_mm bf16", "bf16"), ("torch._scaled_grouped_mm fp8", "fp8"))
 
 
-def _operand(x, fmt):
-    return x.to(torch.bfloat16) if fmt == "bf16" else lk.quantize(x, fmt)
+def _balanced_offsets(num_experts: int, tokens_per_expert: int) -> torch.Tensor:
+    return torch.arange(num_experts + 1, dtype=torch.int32, device="cuda") * tokens_per_expert
 
 
-def _peer_grouped_mm(x, w, ends):
-    a, b = x.to(torch.bfloat16), w.to(torch.bfloat16).transpose(-2, -1)
-    return lambda: torch._grouped_mm(a, b, offs=ends, out_dtype=torch.bfloat16)
+def _zipf_offsets(num_experts: int, total_tokens: int, exponent: float = 1.2) -> torch.Tensor:
+    """Group sizes ∝ 1 / rank^exponent in a random expert order, summing to total_tokens."""
+    weights = 1.0 / torch.arange(1, num_experts + 1, dtype=torch.float64) ** exponent
+    sizes = torch.floor(weights / weights.sum() * total_tokens).long()
+    sizes[0] += total_tokens - sizes.sum()
+    sizes = sizes[torch.randperm(num_experts)]
+    return torch.cat([torch.zeros(1, dtype=torch.long), sizes.cumsum(0)]).to(torch.int32).cuda()
 
 
-def _peer_scaled_grouped_mm(x, w, ends):
-    a = x.to(torch.float8_e4m3fn)
-    b = w.to(torch.float8_e4m3fn).transpose(-2, -1)
-    scale_a = torch.ones(x.shape[0], device=x.device)
-    scale_b = torch.ones(w.shape[0], w.shape[1], device=x.device)
-    return lambda: torch._scaled_grouped_mm(a, b, scale_a, scale_b, offs=ends, out_dtype=torch.bfloat16)
+class Problem:
+    """One projection's weights in every format, made once, and activations for up to max_rows."""
+
+    def __init__(self, num_experts: int, n: int, k: int, max_rows: int, formats: set[str]):
+        self.num_experts, self.n, self.k = num_experts, n, k
+        self.w = torch.randn(num_experts, n, k, device="cuda", dtype=torch.bfloat16) * k**-0.5
+        self.x = torch.randn(max_rows, k, device="cuda", dtype=torch.bfloat16)
+        self.weights = {fmt: self.w if fmt == "bf16" else lk.quantize(self.w, fmt) for fmt in formats}
+        self.w_fp8_t = self.w.to(torch.float8_e4m3fn).transpose(-2, -1)
+        self.ids = torch.arange(num_experts, dtype=torch.int32, device="cuda")
+
+    def ours(self, activation_format: str, weight_format: str, offsets: torch.Tensor):
+        rows = int(offsets[-1])
+        x = self.x[:rows]
+        a = x if activation_format == "bf16" else lk.quantize(x, activation_format)
+        b = self.weights[weight_format]
+        return lambda: lk.grouped_matmul(a, b, offsets, self.ids[:offsets.numel() - 1])
+
+    def peer_bf16(self, offsets: torch.Tensor):
+        x, w_t = self.x[:int(offsets[-1])], self.w.transpose(-2, -1)
+        return lambda: torch._grouped_mm(x, w_t, offs=offsets[1:], out_dtype=torch.bfloat16)
+
+    def peer_fp8(self, offsets: torch.Tensor):
+        x = self.x[:int(offsets[-1])].to(torch.float8_e4m3fn)
+        scale_a = torch.ones(x.shape[0], device="cuda")
+        scale_b = torch.ones(self.num_experts, self.n, device="cuda")
+        return lambda: torch._scaled_grouped_mm(x, self.w_fp8_t, scale_a, scale_b, offs=offsets[1:],
+                                                out_dtype=torch.bfloat16)
 
 
-def run(shapes, out_dir):
-    ceilings = measure_ceilings()
-    print(f"ceilings: copy {ceilings['copy_gbps']:.0f} GB/s, bf16 {ceilings['bf16_tflops']:.0f} TFLOP/s, "
-          f"fp8 {ceilings['fp8_tflops']:.0f} TFLOP/s")
-    rows, plot_labels, plot_series = [], [], {}
-    for num_experts, tokens_per_expert, n, k in shapes:
-        tokens = num_experts * tokens_per_expert
-        x = torch.randn(tokens, k, device="cuda")
-        w = torch.randn(num_experts, n, k, device="cuda") / k**0.5
-        offsets = torch.tensor([0] + [tokens_per_expert * (i + 1) for i in range(num_experts)], dtype=torch.int32,
-                               device="cuda")
-        ids = torch.arange(num_experts, dtype=torch.int32, device="cuda")
-        flops = 2.0 * tokens * n * k
-        shape_label = f"E{num_experts} t{tokens_per_expert} N{n} K{k}"
-        timings = {}
-        for (name, fmt), make in zip(PEERS, (_peer_grouped_mm, _peer_scaled_grouped_mm)):
-            try:
-                timings[name] = (time_ms(make(x, w, offsets[1:])), fmt, fmt)
-            except Exception as error:  # noqa: BLE001 - report the peer as failing, keep going
-                print(f"{name} fails on {shape_label}: {type(error).__name__}: {str(error)[:120]}")
-                timings[name] = (float("nan"), fmt, fmt)
-        for label, fa, fb in OURS:
-            a, b = _operand(x, fa), _operand(w, fb)
-            timings[label] = (time_ms(lambda: lk.grouped_matmul(a, b, offsets, ids)), fa, fb)
-        del x, w
-        peer_bf16 = timings[PEERS[0][0]][0]
-        peer_fp8 = timings[PEERS[1][0]][0]
-        for label, (ms, activation_format, weight_format) in timings.items():
-            bytes_moved = (tokens * k * BYTES_PER_ELEMENT[activation_format]
-                           + num_experts * n * k * BYTES_PER_ELEMENT[weight_format] + tokens * n * 2)
-            tflops = flops / ms / 1e9
-            gbps = bytes_moved / ms / 1e6
-            rows.append({
-                "shape": shape_label, "kernel": label, "us": ms * 1e3, "TFLOP/s": tflops, "GB/s": gbps,
-                "% bf16 peak": 100 * tflops / ceilings["bf16_tflops"], "% copy BW": 100 * gbps / ceilings["copy_gbps"],
-                "vs _grouped_mm": peer_bf16 / ms, "vs _scaled_grouped_mm": peer_fp8 / ms,
-            })
-            plot_series.setdefault(label, []).append(tflops)
-        plot_labels.append(shape_label)
-    notes = (f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}. Ceilings measured in this run: "
-             f"copy {ceilings['copy_gbps']:.0f} GB/s, bf16 matmul {ceilings['bf16_tflops']:.0f} TFLOP/s, "
-             f"fp8 matmul {ceilings['fp8_tflops']:.0f} TFLOP/s. Equal group sizes; times are medians (do_bench). "
-             "'vs' columns: peer time / our time (>1: we are faster). GB/s counts A, all of B (with scales), "
-             "and the bf16 output once.")
-    table = write_table(rows, out_dir, "grouped_matmul", "Grouped MoE matmul", notes)
-    bar_plot(plot_labels, plot_series, "TFLOP/s", os.path.join(out_dir, "grouped_matmul.png"),
-             f"Grouped matmul, {torch.cuda.get_device_name()}")
-    print(table)
+def _time(make) -> tuple[float, object]:
+    """(ms, output) of a peer or of ours; (nan, None) when it fails, reported and not fatal."""
+    try:
+        fn = make()
+        out = fn()
+        return time_ms(fn), out
+    except Exception as error:  # noqa: BLE001 - a failing system is a result too
+        print(f"  fails: {type(error).__name__}: {str(error)[:160]}")
+        return float("nan"), None
+
+
+def sweep(problem: Problem, model: str, tokens_per_expert: int, ceilings: dict, offsets=None, label=None) -> list:
+    """Rows for every system on one grouping (balanced unless offsets are given)."""
+    offsets = _balanced_offsets(problem.num_experts, tokens_per_expert) if offsets is None else offsets
+    rows_total = int(offsets[-1])
+    flops = 2.0 * rows_total * problem.n * problem.k
+    weight_elements = problem.num_experts * problem.n * problem.k
+    systems = {PEER_BF16: (("bf16", "bf16"), lambda: problem.peer_bf16(offsets)),
+               PEER_FP8: (("fp8", "fp8"), lambda: problem.peer_fp8(offsets))}
+    for name, (fa, fb) in OURS.items():
+        systems[name] = ((fa, fb), lambda fa=fa, fb=fb: problem.ours(fa, fb, offsets))
+    timings, reference = {}, None
+    for name, (formats, make) in systems.items():
+        ms, out = _time(make)
+        error = float("nan")
+        if out is not None:
+            if name == PEER_BF16:
+                reference = out.float()
+            elif reference is not None:
+                error = relative_error(out.float(), reference)
+                if not error < 0.3:  # quantized formats differ from bf16 by their rounding, not more
+                    print(f"  {name}: rel. error {error:.2e} against {PEER_BF16}: not timed")
+                    ms = float("nan")
+        timings[name] = (ms, formats, error)
+    rows = []
+    for name, (ms, (fa, fb), error) in timings.items():
+        weight_bytes = weight_elements * BYTES_PER_ELEMENT[fb]
+        total_bytes = weight_bytes + rows_total * (problem.k * BYTES_PER_ELEMENT[fa] + problem.n * 2)
+        rows.append({
+            "model": model, "routing": label or "balanced", "tokens/expert": tokens_per_expert, "system": name,
+            "us": ms * 1e3, "TFLOP/s": flops / ms / 1e9, "GB/s": total_bytes / ms / 1e6,
+            "weight GB/s": weight_bytes / ms / 1e6,
+            "% bf16 peak": 100 * flops / ms / 1e9 / ceilings["bf16_tflops"],
+            "% copy BW": 100 * total_bytes / ms / 1e6 / ceilings["copy_gbps"],
+            "vs _grouped_mm": timings[PEER_BF16][0] / ms, "vs _scaled_grouped_mm": timings[PEER_FP8][0] / ms,
+            "rel err vs bf16": error,
+        })
+    return rows
+
+
+def quantize_rows(ceilings: dict) -> list:
+    """Activation quantize kernel: bytes read + written against the copy bandwidth."""
+    rows = []
+    for tokens, k in ((16384, 7168), (4096, 2880), (65536, 2048)):
+        x = torch.randn(tokens, k, device="cuda", dtype=torch.bfloat16)
+        for fmt in ("mxfp8", "mxfp4", "nvfp4"):
+            global_scale = lk.quantize(x, fmt).global_scale if fmt == "nvfp4" else None
+            ms = time_ms(lambda: lk.quantize(x, fmt, global_scale=global_scale))
+            moved = tokens * k * (2 + BYTES_PER_ELEMENT[fmt])
+            rows.append({"tokens": tokens, "K": k, "format": fmt, "us": ms * 1e3, "GB/s": moved / ms / 1e6,
+                         "% copy BW": 100 * moved / ms / 1e6 / ceilings["copy_gbps"]})
+            if fmt == "nvfp4":  # and with the per-tensor amax pass that a fresh global scale needs
+                ms = time_ms(lambda: lk.quantize(x, fmt))
+                rows.append({"tokens": tokens, "K": k, "format": "nvfp4 + amax", "us": ms * 1e3,
+                             "GB/s": moved / ms / 1e6, "% copy BW": 100 * moved / ms / 1e6 / ceilings["copy_gbps"]})
+        del x
+    return rows
+
+
+def routing_rows(problem: Problem, model: str, ceilings: dict) -> list:
+    """Zipf-routed and half-empty groupings next to balanced ones with the same token count."""
+    rows = []
+    for tokens_per_expert in (16, 512):
+        total = problem.num_experts * tokens_per_expert
+        if total > problem.x.shape[0]:
+            continue
+        rows += sweep(problem, model, tokens_per_expert, ceilings)
+        rows += sweep(problem, model, tokens_per_expert, ceilings, _zipf_offsets(problem.num_experts, total), "zipf 1.2")
+        # every other group empty: the same tokens in half the groups, ids of all experts listed
+        sizes = torch.zeros(problem.num_experts, dtype=torch.int32)
+        sizes[::2] = 2 * tokens_per_expert
+        offsets = torch.cat([torch.zeros(1, dtype=torch.int32), sizes.cumsum(0).int()]).cuda()
+        rows += sweep(problem, model, tokens_per_expert, ceilings, offsets, "half empty")
+    return [r for r in rows if r["system"] in (PEER_BF16, "ours bf16", "ours mxfp8", "ours bf16 x mxfp4")]
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=None)
-    parser.add_argument("--quick", action="store_true", help="two small shapes only")
+    parser.add_argument("--quick", action="store_true", help="two projections, four token counts")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("this benchmark needs a CUDA GPU")
-    shapes = [(8, 256, 1024, 1024), (32, 4, 5760, 2880)] if args.quick else SHAPES
-    run(shapes, args.out or default_out_dir())
+    out_dir = args.out or default_out_dir()
+    torch.manual_seed(0)
+    ceilings = measure_ceilings()
+    gpu = torch.cuda.get_device_name()
+    print(f"{gpu}: copy {ceilings['copy_gbps']:.0f} GB/s, bf16 {ceilings['bf16_tflops']:.0f} TFLOP/s, "
+          f"fp8 {ceilings['fp8_tflops']:.0f} TFLOP/s", flush=True)
+    models = dict(list(MODELS.items())[2:4]) if args.quick else MODELS
+    token_counts = (1, 16, 64, 512) if args.quick else TOKENS_PER_EXPERT
+    weight_formats = {fb for _, fb in OURS.values()}
+    rows, routing = [], []
+    for model, (num_experts, n, k) in models.items():
+        counts = [t for t in token_counts if num_experts * t <= MAX_ROWS]
+        problem = Problem(num_experts, n, k, num_experts * max(counts), weight_formats)
+        for tokens_per_expert in counts:
+            print(f"{model}: {tokens_per_expert} tokens per expert", flush=True)
+            rows += sweep(problem, model, tokens_per_expert, ceilings)
+        if model in ("DeepSeek-V3 gate_up", "Qwen3-30B-A3B gate_up"):
+            routing += routing_rows(problem, model, ceilings)
+        del problem
+        torch.cuda.empty_cache()
+
+    header = (f"GPU: {gpu}, torch {torch.__version__}. Ceilings measured in this run: copy "
+              f"{ceilings['copy_gbps']:.0f} GB/s, bf16 matmul {ceilings['bf16_tflops']:.0f} TFLOP/s, fp8 matmul "
+              f"{ceilings['fp8_tflops']:.0f} TFLOP/s. Times are medians (do_bench). 'vs' columns: peer time / "
+              "our time (> 1: we are faster). GB/s counts A, all of B (with scales) and the bf16 output once; "
+              "'weight GB/s' counts B alone (the decode regime's floor). 'rel err vs bf16': against the "
+              "bf16 peer's output, a sanity check (tests/ hold the exact ones).")
+    print(write_table(rows, out_dir, "grouped_matmul", "Grouped MoE matmul: tokens-per-expert sweep", header))
+    if routing:
+        print(write_table(routing, out_dir, "routing", "Imbalanced and half-empty routing at equal tokens", header))
+    print(write_table(quantize_rows(ceilings), out_dir, "quantize", "Activation quantize kernel", header))
+    for regime, metric, keep in (("decode", "weight GB/s", lambda t: t <= DECODE_MAX),
+                                 ("compute", "TFLOP/s", lambda t: t >= COMPUTE_MIN)):
+        panels = {}
+        for r in rows:
+            if keep(r["tokens/expert"]):
+                panels.setdefault(r["model"], {}).setdefault(r["system"], []).append((r["tokens/expert"], r[metric]))
+        line_plots(panels, "tokens per expert", metric, os.path.join(out_dir, f"grouped_matmul_{regime}.png"),
+                   f"Grouped matmul, {regime} regime, {gpu}")
 
 
 if __name__ == "__main__":

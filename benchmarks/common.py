@@ -90,3 +90,38 @@ def bar_plot(labels: list[str], series: dict[str, list[float]], ylabel: str, pat
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def line_plots(panels: dict[str, dict[str, list[tuple[float, float]]]], xlabel: str, ylabel: str, path: str,
+               title: str) -> None:
+    """One subplot per panel, one line per series of (x, y) points, log2 x axis; skipped quietly
+    when matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    if not panels:
+        return
+    columns = min(3, len(panels))
+    rows = -(-len(panels) // columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(6 * columns, 4.2 * rows), squeeze=False)
+    for ax, (panel, series) in zip(axes.flat, panels.items()):
+        for name, points in series.items():
+            points = [(x, y) for x, y in points if y == y]
+            if points:
+                ax.plot(*zip(*points), marker="o", label=name)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.set_title(panel, fontsize=10)
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
+    axes.flat[0].legend(fontsize=7)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
