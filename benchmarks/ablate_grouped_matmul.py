@@ -20,20 +20,25 @@ from common import default_out_dir, measure_ceilings, time_ms, write_table  # no
 
 import llmkernels as lk  # noqa: E402
 from llmkernels._testing import relative_error  # noqa: E402
+from llmkernels.grouped_matmul import default_config  # noqa: E402
 
 REGIMES = {  # (experts, tokens per expert, N, K)
     "compute": (8, 2048, 4096, 7168),
     "decode": (128, 16, 4096, 7168),
+    "decode64": (128, 64, 4096, 7168),
 }
 PAIRS = {"bf16": ("bf16", "bf16"), "mxfp8": ("mxfp8", "mxfp8"), "mxfp4": ("mxfp4", "mxfp4"),
          "nvfp4": ("nvfp4", "nvfp4"), "w4a16": ("bf16", "mxfp4"), "w8a16": ("bf16", "mxfp8")}
-# (block_m, block_n, block_k, stages, warps, ab_swapped)
+# (block_m, block_n, block_k, stages, warps, programs per SM); swap-AB and the MMA path follow
+# default_config and mma="auto" unless --mma/--swap say otherwise.
 TILES = {
-    "compute": [(128, 128, 128, 3, 8, False), (128, 128, 128, 3, 8, True), (64, 128, 128, 3, 4, True),
-                (128, 256, 64, 3, 8, False)],
-    "decode": [(64, 128, 128, 3, 4, False), (16, 128, 128, 4, 4, True), (32, 128, 128, 4, 4, True),
-               (16, 64, 256, 4, 4, True)],
+    "compute": [(128, 128, 128, 3, 8, 1), (128, 256, 64, 3, 8, 1)],
+    "decode": [(16, 128, 128, 4, 4, 1), (16, 128, 128, 4, 4, 2), (16, 128, 128, 4, 4, 3),
+               (16, 128, 128, 4, 8, 1), (16, 128, 128, 4, 8, 2), (16, 64, 128, 4, 4, 2), (16, 128, 256, 3, 4, 2)],
+    "decode64": [(16, 128, 128, 4, 4, 1), (64, 128, 128, 4, 4, 1), (64, 128, 128, 4, 4, 2),
+                 (64, 128, 128, 3, 8, 1), (64, 128, 128, 3, 8, 2), (32, 128, 128, 4, 4, 2)],
 }
+ELEMENT = {"bf16": "bf16", "mxfp8": "e4m3", "mxfp4": "e2m1", "nvfp4": "e2m1"}
 
 
 def _operand(x, fmt):
@@ -46,15 +51,18 @@ def main():
     parser.add_argument("--formats", default="mxfp8,mxfp4,w4a16,nvfp4")
     parser.add_argument("--regimes", default="compute,decode")
     parser.add_argument("--budget-s", type=float, default=240)
+    parser.add_argument("--mma", default="auto", help="comma-separated MMA paths to compare")
+    parser.add_argument("--swap", default="default", help="default, or comma-separated 0/1")
     args = parser.parse_args()
     started = time.time()
     ceilings = measure_ceilings()
+    sm_count = torch.cuda.get_device_properties(0).multi_processor_count
     rows = []
     for regime in args.regimes.split(","):
         num_experts, tokens_per_expert, n, k = REGIMES[regime]
         tokens = num_experts * tokens_per_expert
-        x = torch.randn(tokens, k, device="cuda")
-        w = torch.randn(num_experts, n, k, device="cuda") / k**0.5
+        x = torch.randn(tokens, k, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(num_experts, n, k, device="cuda", dtype=torch.bfloat16) * k**-0.5
         offsets = torch.arange(num_experts + 1, dtype=torch.int32, device="cuda") * tokens_per_expert
         ids = torch.arange(num_experts, dtype=torch.int32, device="cuda")
         weight_bytes = {"bf16": 2, "mxfp8": 1 + 1 / 32, "mxfp4": 0.5 + 1 / 32, "nvfp4": 0.5 + 1 / 16}
@@ -62,11 +70,16 @@ def main():
             fa, fb = PAIRS[name]
             a, b = _operand(x, fa), _operand(w, fb)
             expected = lk.grouped_matmul_reference(a, b, offsets, ids)
-            mmas = ["dequant", "dot_scaled"] if fb in ("mxfp8", "mxfp4") else ["dequant"]
-            for (bm, bn, bk, stages, warps, swapped), mma in itertools.product(TILES[regime], mmas):
+            base = default_config(tokens, num_experts, n, k, x.device, ELEMENT[fa], ELEMENT[fb])
+            swaps = [base.ab_swapped] if args.swap == "default" else [bool(int(v)) for v in args.swap.split(",")]
+            variants = itertools.product(TILES[regime], args.mma.split(","), swaps)
+            for (bm, bn, bk, stages, warps, per_sm), mma, swapped in variants:
                 if time.time() - started > args.budget_s:
                     break
-                config = lk.BlockScaledMatmulConfig(bm, bn, bk, stages, warps, mma=mma, ab_swapped=swapped)
+                if mma == "dot_scaled" and not (fb in ("mxfp8", "mxfp4") and fa in ("bf16", "mxfp8", "mxfp4")):
+                    continue
+                config = lk.BlockScaledMatmulConfig(bm, bn, bk, stages, warps, num_programs=per_sm * sm_count,
+                                                    mma=mma, ab_swapped=swapped)
                 try:
                     out = lk.grouped_matmul(a, b, offsets, ids, config=config)
                     error = relative_error(out.float(), expected)
@@ -77,7 +90,7 @@ def main():
                 tflops = 2.0 * tokens * n * k / ms / 1e9
                 weight_gbps = num_experts * n * k * weight_bytes[fb] / ms / 1e6
                 rows.append({"regime": regime, "pair": name, "mma": mma, "tile": f"{bm}x{bn}x{bk}", "swap": swapped,
-                             "stages": stages, "warps": warps, "us": ms * 1e3, "TFLOP/s": tflops,
+                             "stages": stages, "warps": warps, "programs/SM": per_sm, "us": ms * 1e3, "TFLOP/s": tflops,
                              "weight GB/s": weight_gbps, "% copy": 100 * weight_gbps / ceilings["copy_gbps"],
                              "rel err": error})
                 print(rows[-1], flush=True)
