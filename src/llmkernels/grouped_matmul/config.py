@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .._runtime import interpreting
+from .._runtime import interpreting, num_programs_hint
 
 __all__ = ["BlockScaledMatmulConfig", "MMA_PATHS", "default_config"]
 
@@ -42,8 +42,8 @@ class BlockScaledMatmulConfig:
     ``mma`` picks how block scales reach the tensor cores: ``"dot_scaled"`` hands the raw MX operands
     and scales to ``tl.dot_scaled`` (native block-scaled MMA on Blackwell; Triton emulates it on
     Hopper), ``"dequant"`` decodes each tile to bf16/fp16 in registers and uses ``tl.dot``, and
-    ``"auto"`` takes ``dot_scaled`` for MX operands on compute capability ≥ 10 and ``dequant``
-    elsewhere. NVFP4 always takes ``dequant`` (Triton 3.6 cannot compile e4m3-scaled ``dot_scaled``).
+    ``"auto"`` takes ``dot_scaled`` for MX operands on compute capability ≥ 10 and for e2m1 MX
+    weights on Hopper (measured faster there), ``dequant`` elsewhere. NVFP4 always takes ``dequant`` (Triton 3.6 cannot compile e4m3-scaled ``dot_scaled``).
 
     Raises ``ValueError`` on construction when a field is out of range.
     """
@@ -87,16 +87,32 @@ def default_config(num_tokens: int, num_groups: int, n_out: int, k: int, device:
     (``"bf16" | "fp16" | "e4m3" | "e2m1"``).
 
     Small tiles in the interpreter (each program runs as numpy on the CPU). On the GPU, the choices
-    measured best on an H200 (``benchmarks/results/nvidia-h200/ablate_grouped_matmul.md``): groups of
-    few tokens (decode) take 16-row tiles, with swap-AB for plain and e2m1 weights; plain bf16
-    compute-bound problems take 128×256×64 tiles; e2m1 weights 128×256×64 (or 128×128×128 under
-    plain activations).
+    measured best on an H100 and an H200 (``benchmarks/results/*/ablate_grouped_matmul*.md``):
+
+    * up to 64 tokens per group (decode, weight-bandwidth bound): one M tile covers a whole group,
+      so each weight byte is read once (16, 32 or 64 rows), swap-AB for plain and e2m1 weights, and
+      two programs per SM, whose loads overlap each other's decoding;
+    * more tokens (compute bound): 128×256×64 tiles for plain and e2m1×e2m1 operands, 128×128×128
+      otherwise, one 8-warp program per SM.
     """
     if device.type != "cuda" or interpreting():
         return BlockScaledMatmulConfig(block_m=16, block_n=32, block_k=64, num_stages=1, num_warps=4)
-    if num_tokens / max(num_groups, 1) <= 64:
-        return BlockScaledMatmulConfig(block_m=16, block_n=128, block_k=128, num_stages=4, num_warps=4,
-                                       ab_swapped=b_element != "e4m3")
+    tokens_per_group = num_tokens / max(num_groups, 1)
+    if tokens_per_group <= 64:
+        two_per_sm = 2 * num_programs_hint(device)
+        swap = b_element != "e4m3"
+        if tokens_per_group <= 16:
+            if b_element == "e4m3":
+                return BlockScaledMatmulConfig(16, 128, 256, num_stages=3, num_warps=4, num_programs=two_per_sm)
+            return BlockScaledMatmulConfig(16, 128, 128, num_stages=4, num_warps=4, num_programs=two_per_sm,
+                                           ab_swapped=swap)
+        block_m = 32 if tokens_per_group <= 32 else 64
+        # 4 warps measured best for e4m3×e4m3 and bf16×e2m1 at 64 rows, 8 warps for the others.
+        if (a_element, b_element) in (("e4m3", "e4m3"), ("bf16", "e2m1"), ("fp16", "e2m1")):
+            return BlockScaledMatmulConfig(block_m, 128, 128, num_stages=4, num_warps=4, num_programs=two_per_sm,
+                                           ab_swapped=swap)
+        return BlockScaledMatmulConfig(block_m, 128, 128, num_stages=3, num_warps=8, num_programs=two_per_sm,
+                                       ab_swapped=swap)
     if b_element in ("bf16", "fp16") or (b_element == "e2m1" and a_element == "e2m1"):
         return BlockScaledMatmulConfig(block_m=128, block_n=256, block_k=64, num_stages=3, num_warps=8)
     return BlockScaledMatmulConfig(block_m=128, block_n=128, block_k=128, num_stages=3, num_warps=8)
