@@ -2,9 +2,13 @@
 round trips and the 128x4 scale layouts."""
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 import llmkernels as lk
-from llmkernels._testing import relative_error
+from llmkernels._testing import poison, relative_error
+from llmkernels.formats import reference
+from llmkernels.formats.kernel import decode_e2m1, decode_scale
 from llmkernels.formats import (
     ScaledTensor, from_blocked_scales, from_grouped_blocked_scales, to_blocked_scales, to_grouped_blocked_scales,
 )
@@ -164,3 +168,25 @@ def test_scaled_tensor_rejects_inconsistent_parts(device):
         ScaledTensor(q.data, q.scales, "nvfp4")
     with pytest.raises(TypeError, match="scales must be"):
         ScaledTensor(q.data, q.scales, "mxfp4")
+
+
+@triton.jit
+def _decode_codes_kernel(codes_ptr, e2m1_ptr, e8m0_ptr, e4m3_ptr):
+    offsets = tl.arange(0, 256)
+    codes = tl.load(codes_ptr + offsets)
+    tl.store(e2m1_ptr + offsets, decode_e2m1(codes & 0xF))
+    tl.store(e8m0_ptr + offsets, decode_scale(codes, "e8m0"))
+    tl.store(e4m3_ptr + offsets, decode_scale(codes, "e4m3"))
+
+
+def test_kernel_decoders_match_the_reference_for_every_code(device):
+    codes = torch.arange(256, dtype=torch.int32, device=device).to(torch.uint8)
+    e2m1, e8m0, e4m3 = (poison(torch.empty(256, device=device)) for _ in range(3))
+    _decode_codes_kernel[(1,)](codes, e2m1, e8m0, e4m3)
+    expected_e2m1 = reference.decode_e2m1(codes & 0xF)
+    assert torch.equal(e2m1, expected_e2m1), (e2m1, expected_e2m1)
+    expected_e8m0 = reference.decode_e8m0(codes)
+    assert torch.equal(e8m0[:255], expected_e8m0[:255]) and torch.isnan(e8m0[255])
+    expected_e4m3 = codes.view(torch.float8_e4m3fn).float()
+    finite = torch.isfinite(expected_e4m3)  # scales are never NaN (and the interpreter decodes 0x7F as 480)
+    assert torch.equal(e4m3[finite], expected_e4m3[finite])

@@ -13,6 +13,8 @@ from .spec import format_spec
 __all__ = ["quantize"]
 
 _INPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+# (rows, columns, warps) of one quantize program; benchmarks/ablate_quantize.py measures the choices.
+QUANTIZE_TILE = (16, 128, 4)
 
 
 def quantize(
@@ -65,13 +67,13 @@ def quantize(
     if spec.has_global_scale:
         global_scale = nvfp4_global_scale(x) if global_scale is None else global_scale.float().reshape(())
     if x2d.numel() > 0:
-        block_rows, block_cols = 16, 128
+        block_rows, block_cols, num_warps = QUANTIZE_TILE
         grid = (triton.cdiv(num_rows, block_rows), triton.cdiv(num_cols, block_cols))
         kernel.quantize_kernel[grid](
             x2d, data.view(torch.uint8), scales, global_scale,
             x2d.stride(0), num_rows, num_cols,
             ELEMENT=spec.element, SCALE=spec.scale, SCALE_BLOCK=spec.block, EMAX=spec.emax,
-            BLOCK_ROWS=block_rows, BLOCK_COLS=block_cols,
+            BLOCK_ROWS=block_rows, BLOCK_COLS=block_cols, num_warps=num_warps,
         )
     result = ScaledTensor(data, scales.view(spec.scale_dtype), format, global_scale)
     if scale_layout != "row" or group_offsets is not None:

@@ -6,13 +6,15 @@ import triton.language as tl
 
 @triton.jit
 def decode_e2m1(codes):
-    """uint8 e2m1 codes (low 4 bits) → float32. Magnitude ×4 is an integer: 0 2 4 6 8 12 16 24."""
+    """uint8 e2m1 codes (low 4 bits) → float32.
+
+    The code's exponent and mantissa bits land in float32's exponent and mantissa fields, which
+    makes the value 2^-126 times too small (e = 0 becomes float32's subnormal 2^-127 · m, which is
+    exactly what e2m1's own subnormal 0.5 · m needs), and one multiply by 2^126 rescales it.
+    """
     codes = codes.to(tl.int32)
-    exponent = (codes >> 1) & 3
-    mantissa = codes & 1
-    quadruple = tl.where(exponent == 0, mantissa * 2, (mantissa + 2) << exponent)
-    magnitude = quadruple.to(tl.float32) * 0.25
-    return tl.where((codes & 8) != 0, -magnitude, magnitude)
+    bits = ((codes & 7) << 22) | ((codes & 8) << 28)
+    return bits.to(tl.float32, bitcast=True) * 8.507059173023462e37  # 2^126
 
 
 @triton.jit
