@@ -14,7 +14,7 @@ __all__ = ["quantize"]
 
 _INPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 # (rows, columns, warps) of one quantize program; benchmarks/ablate_quantize.py measures the choices.
-QUANTIZE_TILE = (16, 128, 4)
+QUANTIZE_TILE = (16, 256, 4)
 
 
 def quantize(
