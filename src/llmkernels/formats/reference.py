@@ -47,6 +47,53 @@ def decode_e8m0(bits: torch.Tensor) -> torch.Tensor:
     return torch.where(exponents == 255, torch.nan, words.view(torch.float32))
 
 
+def _pack_e2m1(codes: torch.Tensor) -> torch.Tensor:
+    return codes[..., 0::2] | (codes[..., 1::2] << 4)
+
+
+def _unpack_e2m1(packed: torch.Tensor) -> torch.Tensor:
+    return torch.stack([packed & 0xF, packed >> 4], dim=-1).flatten(-2)
+
+
+def _divide(x: torch.Tensor, divisor: float) -> torch.Tensor:
+    """``x / divisor`` correctly rounded on every device (CUDA turns division by a Python scalar into
+    a multiplication by its rounded reciprocal, which can move a value across an e4m3 tie)."""
+    return x / torch.full_like(x, divisor)
+
+
+def nvfp4_global_scale(x: torch.Tensor) -> torch.Tensor:
+    """The nvfp4 decode scale ``amax / (448 · 6)`` as a float32 scalar tensor (1.0 for an all-zero x)."""
+    low, high = torch.aminmax(x)  # one pass, no |x| temporary
+    amax = torch.maximum(-low, high).float()
+    return torch.where(amax > 0, _divide(amax, E4M3_MAX * E2M1_MAX), torch.ones_like(amax))
+
+
+def quantize_reference(x: torch.Tensor, format: str, global_scale: torch.Tensor | None = None) -> ScaledTensor:
+    """Reference for :func:`llmkernels.quantize` (same bits), in plain PyTorch. x: ``[..., K]``."""
+    spec = format_spec(format)
+    k = x.shape[-1]
+    if k % spec.block:
+        raise ValueError(f"{format} needs the last dim ({k}) to be a multiple of {spec.block}")
+    blocks = x.float().reshape(*x.shape[:-1], k // spec.block, spec.block)
+    amax = blocks.abs().amax(-1)
+    if spec.scale == "e8m0":
+        scale_bits, scale = _mx_scales(amax, spec)
+        scales = scale_bits.view(torch.float8_e8m0fnu)
+    else:
+        if global_scale is None:
+            global_scale = nvfp4_global_scale(x)
+        global_scale = global_scale.float().reshape(())
+        block_scale = _divide(amax, E2M1_MAX) / global_scale
+        scales = block_scale.clamp(E4M3_TINY, E4M3_MAX).to(torch.float8_e4m3fn)
+        scale = scales.float() * global_scale
+    scaled = (blocks / scale[..., None]).clamp(-spec.element_max, spec.element_max).reshape(x.shape)
+    if spec.packed:
+        data = _pack_e2m1(encode_e2m1(scaled))
+    else:
+        data = scaled.to(torch.float8_e4m3fn)
+    return ScaledTensor(data, scales, format, global_scale if spec.has_global_scale else None)
+
+
 def _mx_scales(amax: torch.Tensor, spec: FormatSpec):
     """OCP MX floor rule: ``scale = 2^(floor(log2(amax)) - emax)``, clamped to e8m0's range."""
     # floor(log2(amax)) exactly (a float32 log2 rounds up just below a power of two); subnormal
