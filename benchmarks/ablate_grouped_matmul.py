@@ -16,7 +16,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from common import default_out_dir, measure_ceilings, time_ms, write_table  # noqa: E402
+from common import default_out_dir, measure_ceilings, time_ms, write_table, zipf_offsets  # noqa: E402
 
 import llmkernels as lk  # noqa: E402
 from llmkernels._testing import relative_error  # noqa: E402
@@ -26,6 +26,7 @@ REGIMES = {  # (experts, tokens per expert, N, K)
     "compute": (8, 2048, 4096, 7168),
     "decode": (128, 16, 4096, 7168),
     "decode64": (128, 64, 4096, 7168),
+    "decode_zipf": (128, 16, 4096, 7168),  # Zipf-routed, same token count as "decode"
 }
 PAIRS = {"bf16": ("bf16", "bf16"), "mxfp8": ("mxfp8", "mxfp8"), "mxfp4": ("mxfp4", "mxfp4"),
          "nvfp4": ("nvfp4", "nvfp4"), "w4a16": ("bf16", "mxfp4"), "w8a16": ("bf16", "mxfp8")}
@@ -34,7 +35,10 @@ PAIRS = {"bf16": ("bf16", "bf16"), "mxfp8": ("mxfp8", "mxfp8"), "mxfp4": ("mxfp4
 TILES = {
     "compute": [(128, 128, 128, 3, 8, 1), (128, 256, 64, 3, 8, 1)],
     "decode": [(16, 128, 128, 4, 4, 1), (16, 128, 128, 4, 4, 2), (16, 128, 128, 4, 4, 3),
-               (16, 128, 128, 4, 8, 1), (16, 128, 128, 4, 8, 2), (16, 64, 128, 4, 4, 2), (16, 128, 256, 3, 4, 2)],
+               (16, 128, 128, 4, 8, 1), (16, 128, 128, 4, 8, 2), (16, 64, 128, 4, 4, 2), (16, 128, 256, 3, 4, 2),
+               (64, 128, 128, 4, 4, 2), (64, 128, 128, 3, 8, 2)],
+    "decode_zipf": [(16, 128, 128, 4, 4, 2), (16, 128, 256, 3, 4, 2), (32, 128, 128, 4, 4, 2),
+                    (64, 128, 128, 4, 4, 2), (64, 128, 128, 3, 8, 2)],
     "decode64": [(16, 128, 128, 4, 4, 1), (64, 128, 128, 4, 4, 1), (64, 128, 128, 4, 4, 2),
                  (64, 128, 128, 3, 8, 1), (64, 128, 128, 3, 8, 2), (32, 128, 128, 4, 4, 2)],
 }
@@ -51,19 +55,22 @@ def main():
     parser.add_argument("--formats", default="mxfp8,mxfp4,w4a16,nvfp4")
     parser.add_argument("--regimes", default="compute,decode")
     parser.add_argument("--budget-s", type=float, default=240)
-    parser.add_argument("--mma", default="auto", help="comma-separated MMA paths to compare")
+    parser.add_argument("--mma", default="default", help="default (default_config's), or comma-separated paths")
     parser.add_argument("--swap", default="default", help="default, or comma-separated 0/1")
     args = parser.parse_args()
     started = time.time()
     ceilings = measure_ceilings()
     sm_count = torch.cuda.get_device_properties(0).multi_processor_count
     rows = []
+    torch.manual_seed(0)
     for regime in args.regimes.split(","):
         num_experts, tokens_per_expert, n, k = REGIMES[regime]
         tokens = num_experts * tokens_per_expert
         x = torch.randn(tokens, k, device="cuda", dtype=torch.bfloat16)
         w = torch.randn(num_experts, n, k, device="cuda", dtype=torch.bfloat16) * k**-0.5
         offsets = torch.arange(num_experts + 1, dtype=torch.int32, device="cuda") * tokens_per_expert
+        if regime.endswith("_zipf"):
+            offsets = zipf_offsets(num_experts, tokens)
         ids = torch.arange(num_experts, dtype=torch.int32, device="cuda")
         weight_bytes = {"bf16": 2, "mxfp8": 1 + 1 / 32, "mxfp4": 0.5 + 1 / 32, "nvfp4": 0.5 + 1 / 16}
         for name in args.formats.split(","):
@@ -72,7 +79,8 @@ def main():
             expected = lk.grouped_matmul_reference(a, b, offsets, ids)
             base = default_config(tokens, num_experts, n, k, x.device, ELEMENT[fa], ELEMENT[fb])
             swaps = [base.ab_swapped] if args.swap == "default" else [bool(int(v)) for v in args.swap.split(",")]
-            variants = itertools.product(TILES[regime], args.mma.split(","), swaps)
+            mmas = [base.mma] if args.mma == "default" else args.mma.split(",")
+            variants = itertools.product(TILES[regime], mmas, swaps)
             for (bm, bn, bk, stages, warps, per_sm), mma, swapped in variants:
                 if time.time() - started > args.budget_s:
                     break

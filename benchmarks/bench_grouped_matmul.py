@@ -19,7 +19,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from common import default_out_dir, line_plots, measure_ceilings, time_ms, write_table  # noqa: E402
+from common import default_out_dir, line_plots, measure_ceilings, time_ms, write_table, zipf_offsets  # noqa: E402
 
 import llmkernels as lk  # noqa: E402
 from llmkernels._testing import relative_error  # noqa: E402
@@ -51,15 +51,6 @@ BYTES_PER_ELEMENT = {"bf16": 2.0, "fp8": 1.0, "mxfp8": 1 + 1 / 32, "mxfp4": 0.5 
 
 def _balanced_offsets(num_experts: int, tokens_per_expert: int) -> torch.Tensor:
     return torch.arange(num_experts + 1, dtype=torch.int32, device="cuda") * tokens_per_expert
-
-
-def _zipf_offsets(num_experts: int, total_tokens: int, exponent: float = 1.2) -> torch.Tensor:
-    """Group sizes ∝ 1 / rank^exponent in a random expert order, summing to total_tokens."""
-    weights = 1.0 / torch.arange(1, num_experts + 1, dtype=torch.float64) ** exponent
-    sizes = torch.floor(weights / weights.sum() * total_tokens).long()
-    sizes[0] += total_tokens - sizes.sum()
-    sizes = sizes[torch.randperm(num_experts)]
-    return torch.cat([torch.zeros(1, dtype=torch.long), sizes.cumsum(0)]).to(torch.int32).cuda()
 
 
 class Problem:
@@ -169,7 +160,7 @@ def routing_rows(problem: Problem, model: str, ceilings: dict) -> list:
         if total > problem.x.shape[0]:
             continue
         rows += sweep(problem, model, tokens_per_expert, ceilings)
-        rows += sweep(problem, model, tokens_per_expert, ceilings, _zipf_offsets(problem.num_experts, total), "zipf 1.2")
+        rows += sweep(problem, model, tokens_per_expert, ceilings, zipf_offsets(problem.num_experts, total), "zipf 1.2")
         # every other group empty: the same tokens in half the groups, ids of all experts listed
         sizes = torch.zeros(problem.num_experts, dtype=torch.int32)
         sizes[::2] = 2 * tokens_per_expert

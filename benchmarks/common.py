@@ -17,6 +17,16 @@ def default_out_dir() -> str:
     return os.path.join(os.path.dirname(__file__), "results", gpu_slug())
 
 
+def zipf_offsets(num_experts: int, total_tokens: int, exponent: float = 1.2) -> torch.Tensor:
+    """int32 CUDA ``[E + 1]`` group offsets: group sizes ∝ 1 / rank^exponent in a random expert order,
+    summing to total_tokens (an imbalanced MoE routing)."""
+    weights = 1.0 / torch.arange(1, num_experts + 1, dtype=torch.float64) ** exponent
+    sizes = torch.floor(weights / weights.sum() * total_tokens).long()
+    sizes[0] += total_tokens - sizes.sum()
+    sizes = sizes[torch.randperm(num_experts)]
+    return torch.cat([torch.zeros(1, dtype=torch.long), sizes.cumsum(0)]).to(torch.int32).cuda()
+
+
 def time_ms(fn, warmup_ms: float = 25, rep_ms: float = 100) -> float:
     """Median time of ``fn()`` in milliseconds (CUDA events, via triton.testing.do_bench)."""
     import triton.testing
