@@ -11,6 +11,7 @@ import triton.language as tl
 import llmkernels as lk
 from llmkernels._runtime import interpreting
 from llmkernels._testing import assert_close_relative, on_gpu, poison, random_group_offsets
+from llmkernels.grouped_matmul import default_launches
 
 # Relative error bounds by output dtype. Products of decoded operands are exact in bf16/fp16 and
 # accumulate in fp32, so what is left is fp32 summation and the output rounding.
@@ -33,6 +34,8 @@ GROUPINGS = {
     "permuted": ([3, 16, 8, 2, 11], [4, 2, 0, 3, 1], 5),
     "single": ([40], [0], 1),
     "all_empty": ([0, 0, 0], [0, 1, 0], 2),
+    # every size class of the default decode launches: <= 16, 17..64, > 64 rows (average <= 64)
+    "size_classes": ([0, 3, 16, 17, 40, 64, 65, 130, 1, 2], [0, 1, 2, -1, 3, 1, 2, 0, 3, 2], 4),
 }
 
 
@@ -99,6 +102,19 @@ def test_swapped_ab_dot_scaled(formats, device):
     config = lk.BlockScaledMatmulConfig(block_m=16, block_n=32, block_k=64, num_stages=1, num_warps=4,
                                         mma="dot_scaled", ab_swapped=True)
     _check(_make_operand(x, formats[0]), _make_operand(w, formats[1]), offsets, ids, scales, rows, config=config)
+
+
+@pytest.mark.parametrize("formats", [("bf16", "bf16"), ("mxfp8", "mxfp8"), ("nvfp4", "nvfp4"), ("bf16", "mxfp4")],
+                         ids="x".join)
+def test_default_size_class_launches(formats, device):
+    """config=None splits small-group calls into size classes, each launch taking its own groups."""
+    x, w, offsets, ids, scales, rows = _problem("size_classes", k=64, n=32, device=device)
+    a, b = _make_operand(x, formats[0]), _make_operand(w, formats[1])
+    launches = default_launches(a.shape[0], ids.numel(), 32, 64, offsets.device)
+    assert len(launches) == 3
+    bounds = [(low, high) for _, low, high in launches]
+    assert bounds[0][0] < 0 and all(bounds[i][1] == bounds[i + 1][0] for i in range(2)) and bounds[-1][1] >= 2**31 - 1
+    _check(a, b, offsets, ids, scales, rows, out_dtype=torch.bfloat16, config=None)
 
 
 @pytest.mark.parametrize("grouping", sorted(GROUPINGS))

@@ -1,6 +1,6 @@
 """The grouped 1D-1D block-scaled matmul for Mixture-of-Experts."""
 from .api import EPILOGUES, grouped_matmul
-from .config import BlockScaledMatmulConfig, default_config
+from .config import BlockScaledMatmulConfig, default_config, default_launches
 from .reference import grouped_matmul_reference
 
-__all__ = ["grouped_matmul", "grouped_matmul_reference", "BlockScaledMatmulConfig", "default_config", "EPILOGUES"]
+__all__ = ["grouped_matmul", "grouped_matmul_reference", "BlockScaledMatmulConfig", "default_config", "default_launches", "EPILOGUES"]

@@ -9,7 +9,7 @@ import triton.language as tl
 from .._runtime import check_device, interpreting, next_power_of_2, num_programs_hint
 from ..formats import ScaledTensor
 from . import kernel
-from .config import BlockScaledMatmulConfig, default_config
+from .config import ALL_GROUP_SIZES, BlockScaledMatmulConfig, default_launches
 
 __all__ = ["grouped_matmul", "EPILOGUES"]
 
@@ -222,18 +222,33 @@ def grouped_matmul(
     if validate:
         _validate_metadata_on_host(a_offsets, expert_ids, num_tokens, num_experts,
                                    a if isinstance(a, ScaledTensor) else None)
-    config = config or default_config(num_tokens, num_groups, n_out, k, device, a_op.element, b_op.element)
-    use_dot_scaled = _resolve_mma(config, a_op, b_op, device)
+    if config is not None:
+        launches = [(config, *ALL_GROUP_SIZES)]
+    else:
+        launches = default_launches(num_tokens, num_groups, n_out, k, device, a_op.element, b_op.element)
+    mma_paths = [_resolve_mma(launch_config, a_op, b_op, device) for launch_config, _, _ in launches]
     if num_tokens == 0 or num_groups == 0 or n_out == 0:
         return out
 
-    max_tiles = (-(-num_tokens // config.block_m) + num_groups) * -(-n_out // config.block_n)
-    num_programs = min(config.num_programs or num_programs_hint(device), max_tiles)
     compute_dtype = tl.float16 if a_op.element == "fp16" else tl.bfloat16
     if interpreting():
         # Triton's interpreter multiplies bf16 tiles as raw uint16 bits; decoded tiles are exact in
         # bf16/fp16, so an fp32 dot gives the same products there.
         compute_dtype = tl.float32
+    for (launch_config, min_group_rows, max_group_rows), use_dot_scaled in zip(launches, mma_paths):
+        _launch(a_op, b_op, out, a_offsets, a_scale_offsets, expert_ids, expert_scales, num_experts, n, k,
+                min_group_rows, max_group_rows, launch_config, use_dot_scaled, epilogue_kind, epilogue_fn,
+                compute_dtype, device)
+    return out
+
+
+def _launch(a_op, b_op, out, a_offsets, a_scale_offsets, expert_ids, expert_scales, num_experts, n, k,
+            min_group_rows, max_group_rows, config, use_dot_scaled, epilogue_kind, epilogue_fn,
+            compute_dtype, device) -> None:
+    """One persistent launch over the groups of ``min_group_rows < rows <= max_group_rows``."""
+    num_tokens, num_groups, n_out = out.shape[0], expert_ids.numel(), out.shape[1]
+    max_tiles = (-(-num_tokens // config.block_m) + num_groups) * -(-n_out // config.block_n)
+    num_programs = min(config.num_programs or num_programs_hint(device), max_tiles)
     b_scales = b_op.scales
     dummy = a_offsets
     kernel.grouped_matmul_kernel[(num_programs,)](
@@ -246,7 +261,7 @@ def grouped_matmul(
         b_scales.stride(0) if b_op.quantized and b_op.scale_layout == "row" else 0,
         b_scales.stride(1) if b_op.quantized and b_op.scale_layout == "row" else 0,
         out.stride(0),
-        num_tokens, num_groups, num_experts, n, k,
+        num_tokens, num_groups, num_experts, n, k, min_group_rows, max_group_rows,
         A_ELEMENT=a_op.element, A_SCALE=a_op.scale, A_SCALE_BLOCK=a_op.scale_block, A_SCALE_LAYOUT=a_op.scale_layout,
         B_ELEMENT=b_op.element, B_SCALE=b_op.scale, B_SCALE_BLOCK=b_op.scale_block, B_SCALE_LAYOUT=b_op.scale_layout,
         HAS_EXPERT_SCALES=expert_scales is not None, EPILOGUE=epilogue_kind, EPILOGUE_FN=epilogue_fn,
@@ -255,4 +270,3 @@ def grouped_matmul(
         BLOCK_GROUPS=max(16, next_power_of_2(num_groups)),
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
-    return out

@@ -7,9 +7,13 @@ import torch
 
 from .._runtime import interpreting, num_programs_hint
 
-__all__ = ["BlockScaledMatmulConfig", "MMA_PATHS", "default_config"]
+__all__ = ["BlockScaledMatmulConfig", "MMA_PATHS", "ALL_GROUP_SIZES", "default_config", "default_launches"]
 
 MMA_PATHS = ("auto", "dot_scaled", "dequant")
+ALL_GROUP_SIZES = (-1, 2**31 - 1)  # (min exclusive, max inclusive) rows of the groups a launch takes
+# Size classes of the decode regime: each group gets a tile height that covers it, so its expert's
+# weights are read once (or a few times for the largest), whatever the routing's imbalance.
+_DECODE_CLASSES = ((-1, 16, 16), (16, 64, None), (64, 2**31 - 1, 4096))
 
 
 def _is_power_of_2(n: int) -> bool:
@@ -120,3 +124,26 @@ def default_config(num_tokens: int, num_groups: int, n_out: int, k: int, device:
     if b_element in ("bf16", "fp16") or (b_element == "e2m1" and a_element == "e2m1"):
         return BlockScaledMatmulConfig(block_m=128, block_n=256, block_k=64, num_stages=3, num_warps=8)
     return BlockScaledMatmulConfig(block_m=128, block_n=128, block_k=128, num_stages=3, num_warps=8)
+
+
+def default_launches(num_tokens: int, num_groups: int, n_out: int, k: int, device: torch.device,
+                     a_element: str = "bf16", b_element: str = "bf16") -> list:
+    """``[(config, min_group_rows, max_group_rows), ...]``: the launches of one call by default.
+
+    When the average group is small (decode, ≤ 64 tokens), the routing may still give a few experts
+    hundreds of tokens; one tile height chosen from the average would cut those into many short
+    tiles that each re-read the expert's weights. So groups are split by size on the device into
+    three classes, ≤ 16 rows, 17–64 and more, each launched with the config of its size (a class
+    with no group costs one empty launch). Otherwise one launch takes every group.
+    """
+    tokens_per_group = num_tokens / max(num_groups, 1)
+    if tokens_per_group > 64:
+        return [(default_config(num_tokens, num_groups, n_out, k, device, a_element, b_element), *ALL_GROUP_SIZES)]
+    launches = []
+    for min_rows, max_rows, class_tokens in _DECODE_CLASSES:
+        # the middle class takes the average's tile height when the average falls in it
+        class_tokens = class_tokens or max(tokens_per_group, 17)
+        config = default_config(round(class_tokens * max(num_groups, 1)), max(num_groups, 1), n_out, k, device,
+                                a_element, b_element)
+        launches.append((config, min_rows, max_rows))
+    return launches

@@ -128,7 +128,7 @@ def grouped_matmul_kernel(
     stride_a_row, stride_a_scale_row,
     stride_b_expert, stride_b_row, stride_b_scale_expert, stride_b_scale_row,
     stride_out_row,
-    num_tokens, num_groups, num_experts, N, K,
+    num_tokens, num_groups, num_experts, N, K, min_group_rows, max_group_rows,
     A_ELEMENT: tl.constexpr, A_SCALE: tl.constexpr, A_SCALE_BLOCK: tl.constexpr, A_SCALE_LAYOUT: tl.constexpr,
     B_ELEMENT: tl.constexpr, B_SCALE: tl.constexpr, B_SCALE_BLOCK: tl.constexpr, B_SCALE_LAYOUT: tl.constexpr,
     HAS_EXPERT_SCALES: tl.constexpr, EPILOGUE: tl.constexpr, EPILOGUE_FN: tl.constexpr,
@@ -144,7 +144,8 @@ def grouped_matmul_kernel(
     A scale layouts ``"row" | "128x4" | "128x4_grouped"``, B ``"row" | "128x4"``.
 
     Tiles are numbered group after group, M-tiles fastest inside a group; program p takes tiles
-    p, p + num_programs, ... Each program derives every tile's group from a_offsets on the device.
+    p, p + num_programs, ... Only groups of ``min_group_rows < rows <= max_group_rows`` are this
+    launch's: the host may split a call into size classes, each with its own tile height. Each program derives every tile's group from a_offsets on the device.
     Offsets are clamped to [0, num_tokens] and to their running maximum, so that no metadata can
     make it write outside ``out`` or write a row twice; a group whose expert id is outside [0, num_experts) is written as zeros.
     """
@@ -161,7 +162,10 @@ def grouped_matmul_kernel(
     starts = tl.minimum(tl.maximum(tl.associative_scan(starts, 0, _maximum), 0), num_tokens)
     ends = tl.maximum(tl.associative_scan(ends, 0, _maximum), first_offset)
     ends = tl.minimum(tl.maximum(ends, 0), num_tokens)
-    tiles = tl.where(in_range, tl.cdiv(ends - starts, BLOCK_M) * n_tiles, 0)
+    # This launch takes the groups of min_group_rows < rows <= max_group_rows (a size class).
+    rows_in_group = ends - starts
+    mine = in_range & (rows_in_group > min_group_rows) & (rows_in_group <= max_group_rows)
+    tiles = tl.where(mine, tl.cdiv(rows_in_group, BLOCK_M) * n_tiles, 0)
     tiles_through = tl.cumsum(tiles, 0)
     total_tiles = tl.sum(tiles)
 
