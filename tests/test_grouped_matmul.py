@@ -11,6 +11,7 @@ import triton.language as tl
 import llmkernels as lk
 from llmkernels._runtime import interpreting
 from llmkernels._testing import assert_close_relative, on_gpu, poison, random_group_offsets
+from llmkernels.grouped_matmul import config as gm_config
 from llmkernels.grouped_matmul import default_launches
 
 # Relative error bounds by output dtype. Products of decoded operands are exact in bf16/fp16 and
@@ -106,8 +107,10 @@ def test_swapped_ab_dot_scaled(formats, device):
 
 @pytest.mark.parametrize("formats", [("bf16", "bf16"), ("mxfp8", "mxfp8"), ("nvfp4", "nvfp4"), ("bf16", "mxfp4")],
                          ids="x".join)
-def test_default_size_class_launches(formats, device):
+def test_default_size_class_launches(formats, device, monkeypatch):
     """config=None splits small-group calls into size classes, each launch taking its own groups."""
+    monkeypatch.setattr(gm_config, "_SPLIT_MIN_WEIGHT_BYTES", 0)  # split these small weights too
+    default_launches.cache_clear()
     x, w, offsets, ids, scales, rows = _problem("size_classes", k=64, n=32, device=device)
     a, b = _make_operand(x, formats[0]), _make_operand(w, formats[1])
     launches = default_launches(a.shape[0], ids.numel(), 32, 64, offsets.device)
@@ -115,6 +118,7 @@ def test_default_size_class_launches(formats, device):
     bounds = [(low, high) for _, low, high in launches]
     assert bounds[0][0] < 0 and all(bounds[i][1] == bounds[i + 1][0] for i in range(2)) and bounds[-1][1] >= 2**31 - 1
     _check(a, b, offsets, ids, scales, rows, out_dtype=torch.bfloat16, config=None)
+    default_launches.cache_clear()
 
 
 @pytest.mark.parametrize("grouping", sorted(GROUPINGS))

@@ -225,7 +225,9 @@ def grouped_matmul(
     if config is not None:
         launches = [(config, *ALL_GROUP_SIZES)]
     else:
-        launches = default_launches(num_tokens, num_groups, n_out, k, device, a_op.element, b_op.element)
+        weight_bytes = b_op.data.numel() * b_op.data.element_size()
+        launches = default_launches(num_tokens, num_groups, n_out, k, device, a_op.element, b_op.element,
+                                    weight_bytes)
     mma_paths = [_resolve_mma(launch_config, a_op, b_op, device) for launch_config, _, _ in launches]
     if num_tokens == 0 or num_groups == 0 or n_out == 0:
         return out

@@ -1,6 +1,7 @@
 """BlockScaledMatmulConfig: the launch parameters of the grouped matmul kernel, and their defaults."""
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -14,6 +15,7 @@ ALL_GROUP_SIZES = (-1, 2**31 - 1)  # (min exclusive, max inclusive) rows of the 
 # Size classes of the decode regime: each group gets a tile height that covers it, so its expert's
 # weights are read once (or a few times for the largest), whatever the routing's imbalance.
 _DECODE_CLASSES = ((-1, 16, 16), (16, 64, None), (64, 2**31 - 1, 4096))
+_SPLIT_MIN_WEIGHT_BYTES = 1 << 30
 
 
 def _is_power_of_2(n: int) -> bool:
@@ -126,19 +128,24 @@ def default_config(num_tokens: int, num_groups: int, n_out: int, k: int, device:
     return BlockScaledMatmulConfig(block_m=128, block_n=128, block_k=128, num_stages=3, num_warps=8)
 
 
+@functools.lru_cache(maxsize=1024)
 def default_launches(num_tokens: int, num_groups: int, n_out: int, k: int, device: torch.device,
-                     a_element: str = "bf16", b_element: str = "bf16") -> list:
-    """``[(config, min_group_rows, max_group_rows), ...]``: the launches of one call by default.
+                     a_element: str = "bf16", b_element: str = "bf16", weight_bytes: int = 0) -> tuple:
+    """``((config, min_group_rows, max_group_rows), ...)``: the launches of one call by default.
 
     When the average group is small (decode, ≤ 64 tokens), the routing may still give a few experts
     hundreds of tokens; one tile height chosen from the average would cut those into many short
     tiles that each re-read the expert's weights. So groups are split by size on the device into
     three classes, ≤ 16 rows, 17–64 and more, each launched with the config of its size (a class
-    with no group costs one empty launch). Otherwise one launch takes every group.
+    with no group costs one empty launch). That pays when streaming the weights takes longer than
+    the host needs for three launches: from ``weight_bytes`` ≥ 1 GiB on (a third of a millisecond
+    at 3 TB/s), and always in the interpreter, where it is tested. Otherwise one launch takes every
+    group. Cached: the host work of a call is a dictionary lookup.
     """
     tokens_per_group = num_tokens / max(num_groups, 1)
-    if tokens_per_group > 64:
-        return [(default_config(num_tokens, num_groups, n_out, k, device, a_element, b_element), *ALL_GROUP_SIZES)]
+    split = interpreting() or device.type != "cuda" or weight_bytes >= _SPLIT_MIN_WEIGHT_BYTES
+    if tokens_per_group > 64 or not split:
+        return ((default_config(num_tokens, num_groups, n_out, k, device, a_element, b_element), *ALL_GROUP_SIZES),)
     launches = []
     for min_rows, max_rows, class_tokens in _DECODE_CLASSES:
         # the middle class takes the average's tile height when the average falls in it
@@ -146,4 +153,4 @@ def default_launches(num_tokens: int, num_groups: int, n_out: int, k: int, devic
         config = default_config(round(class_tokens * max(num_groups, 1)), max(num_groups, 1), n_out, k, device,
                                 a_element, b_element)
         launches.append((config, min_rows, max_rows))
-    return launches
+    return tuple(launches)
