@@ -8,6 +8,7 @@ from .formats import FORMATS, ScaledTensor, dequantize, quantize, quantize_refer
 from .grouped_matmul import BlockScaledMatmulConfig, grouped_matmul, grouped_matmul_reference
 from .attention import (FA4Config, Chunked, PagedKVCache, SlidingWindow, alibi, attention,
                         attention_reference, softcap)
+from . import ops  # registers torch.ops.llmkernels.*
 
 __version__ = "0.1.0"
 

@@ -9,6 +9,7 @@ import torch
 __all__ = ["interpreting", "check_device", "num_programs_hint", "cdiv", "next_power_of_2"]
 
 
+@torch.compiler.assume_constant_result  # a process-wide setting: a constant to torch.compile
 def interpreting() -> bool:
     """True when Triton runs kernels through its CPU interpreter (``TRITON_INTERPRET=1``).
 

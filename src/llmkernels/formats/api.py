@@ -55,6 +55,15 @@ def quantize(
         if not isinstance(global_scale, torch.Tensor) or global_scale.numel() != 1:
             raise ValueError("global_scale must be a tensor of one element")
     check_device(x=x, global_scale=global_scale)
+    if torch.compiler.is_compiling():
+        from ..ops import quantize_op  # an opaque node for the compiler
+
+        data, scales, op_global_scale = quantize_op(x, format, global_scale)
+        result = ScaledTensor(data.view(spec.data_dtype), scales.view(spec.scale_dtype), format,
+                              op_global_scale if spec.has_global_scale else None)
+        if scale_layout != "row" or group_offsets is not None:
+            result = result.to_layout(scale_layout, group_offsets=group_offsets)
+        return result
 
     num_cols = x.shape[-1]
     x2d = x.reshape(-1, num_cols)

@@ -214,6 +214,11 @@ def grouped_matmul(
                           a_global_scale=a_op.global_scale, b_global_scale=b_op.global_scale)
     if a_scale_offsets is not None and a_scale_offsets.numel() != num_groups:
         raise ValueError(f"a's group_scale_offsets has {a_scale_offsets.numel()} entries for {num_groups} groups")
+    if torch.compiler.is_compiling() and out is None and config is None and not validate and epilogue_fn is None:
+        from ..ops import grouped_matmul_op, scaled_tensor_parts  # an opaque node for the compiler
+
+        return grouped_matmul_op(*scaled_tensor_parts(a), *scaled_tensor_parts(b)[:5], a_offsets, expert_ids,
+                                 expert_scales, epilogue, out_dtype)
     if out is None:
         out = torch.empty((num_tokens, n_out), dtype=out_dtype, device=device)
     elif tuple(out.shape) != (num_tokens, n_out) or out.dtype != out_dtype or out.stride(-1) != 1:

@@ -1,0 +1,85 @@
+"""The kernels as PyTorch custom operators (``torch.ops.llmkernels.*``), for ``torch.compile``.
+
+Under ``torch.compile`` the public functions (:func:`llmkernels.grouped_matmul`,
+:func:`llmkernels.quantize`) check their arguments while tracing and then call these operators, which
+the compiler treats as opaque nodes with fake (meta) implementations: no graph break, and the
+compiled graph can be captured in a CUDA graph like the eager call. In eager mode the public functions
+launch directly (the dispatcher would add host time to every decode step).
+
+A ScaledTensor crosses the operator boundary as its parts (data, scales, global scale, format and
+layout strings); Python callables do not, so calls with a user ``@triton.jit`` epilogue, an ``out=``
+buffer, an explicit config or ``validate=True`` stay on the traced Python path.
+"""
+from __future__ import annotations
+
+import torch
+
+from .formats import ScaledTensor
+from .formats.spec import format_spec
+
+__all__ = ["grouped_matmul_op", "quantize_op", "scaled_tensor_parts"]
+
+PLAIN_FORMATS = ("bf16", "fp16")
+
+
+def scaled_tensor_parts(x) -> tuple:
+    """``(data, scales, global_scale, format, scale_layout, group_offsets, group_scale_offsets)`` of a
+    ScaledTensor (data and scales as their uint8 bytes, which every backend can carry), or of a plain
+    bf16/fp16 tensor (format ``"bf16"``/``"fp16"``, no scales)."""
+    if isinstance(x, ScaledTensor):
+        return (x.data.view(torch.uint8), x.scales.view(torch.uint8), x.global_scale, x.format, x.scale_layout,
+                x.group_offsets, x.group_scale_offsets)
+    return x, None, None, "fp16" if x.dtype == torch.float16 else "bf16", "row", None, None
+
+
+def _from_parts(data, scales, global_scale, format, scale_layout, group_offsets, group_scale_offsets):
+    if format in PLAIN_FORMATS:
+        return data
+    spec = format_spec(format)
+    return ScaledTensor(data.view(spec.data_dtype), scales.view(spec.scale_dtype), format, global_scale,
+                        scale_layout, group_offsets, group_scale_offsets)
+
+
+@torch.library.custom_op("llmkernels::grouped_matmul", mutates_args=())
+def grouped_matmul_op(
+    a_data: torch.Tensor, a_scales: torch.Tensor | None, a_global_scale: torch.Tensor | None, a_format: str,
+    a_scale_layout: str, a_group_offsets: torch.Tensor | None, a_group_scale_offsets: torch.Tensor | None,
+    b_data: torch.Tensor, b_scales: torch.Tensor | None, b_global_scale: torch.Tensor | None, b_format: str,
+    b_scale_layout: str, a_offsets: torch.Tensor, expert_ids: torch.Tensor, expert_scales: torch.Tensor | None,
+    epilogue: str | None, out_dtype: torch.dtype,
+) -> torch.Tensor:
+    """:func:`llmkernels.grouped_matmul` on the parts of its operands; returns ``[T, N_out]``."""
+    from .grouped_matmul.api import grouped_matmul
+
+    a = _from_parts(a_data, a_scales, a_global_scale, a_format, a_scale_layout, a_group_offsets, a_group_scale_offsets)
+    b = _from_parts(b_data, b_scales, b_global_scale, b_format, b_scale_layout, None, None)
+    return grouped_matmul(a, b, a_offsets, expert_ids, expert_scales, epilogue=epilogue, out_dtype=out_dtype)
+
+
+@grouped_matmul_op.register_fake
+def _grouped_matmul_fake(a_data, a_scales, a_global_scale, a_format, a_scale_layout, a_group_offsets,
+                         a_group_scale_offsets, b_data, b_scales, b_global_scale, b_format, b_scale_layout,
+                         a_offsets, expert_ids, expert_scales, epilogue, out_dtype):
+    n = b_data.shape[1]
+    return a_data.new_empty((a_data.shape[0], n // 2 if epilogue == "swiglu" else n), dtype=out_dtype)
+
+
+@torch.library.custom_op("llmkernels::quantize", mutates_args=())
+def quantize_op(x: torch.Tensor, format: str, global_scale: torch.Tensor | None
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`llmkernels.quantize` with row scales: ``(data, scales, global_scale)``, data and scales
+    as uint8 bytes; the global scale is a float32 scalar, 1.0 for the MX formats (which have none)."""
+    from .formats.api import quantize
+
+    result = quantize(x, format, global_scale=global_scale)
+    scale = result.global_scale if result.global_scale is not None else torch.ones((), device=x.device)
+    return result.data.view(torch.uint8), result.scales.view(torch.uint8), scale
+
+
+@quantize_op.register_fake
+def _quantize_fake(x, format, global_scale):
+    spec = format_spec(format)
+    k = x.shape[-1]
+    data = x.new_empty((*x.shape[:-1], k // 2 if spec.packed else k), dtype=torch.uint8)
+    scales = x.new_empty((*x.shape[:-1], k // spec.block), dtype=torch.uint8)
+    return data, scales, x.new_empty((), dtype=torch.float32)
