@@ -322,3 +322,20 @@ def test_cuda_graph_capture_reads_offsets_on_device(device):
         graph.replay()
         expected = lk.grouped_matmul_reference(a, b, offsets, ids)
         assert_close_relative(out.float(), expected, TOLERANCE[torch.bfloat16])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("formats", FORMAT_PAIRS, ids="x".join)
+@pytest.mark.parametrize("epilogue", [None, "swiglu"])
+@pytest.mark.parametrize("tokens_per_expert", [8, 200])
+def test_default_configs_compile_and_fit(formats, epilogue, tokens_per_expert, device):
+    """Every default config (decode and compute tiles, plain and SwiGLU) compiles within the GPU's
+    shared memory and is correct."""
+    num_experts, n, k = 4, 512, 512
+    offsets, rows = _moe_offsets(num_experts, tokens_per_expert, device)
+    ids = torch.arange(num_experts, dtype=torch.int32, device=device)
+    x = torch.randn(rows + 5, k, device=device)
+    w = torch.randn(num_experts, n, k, device=device) / k**0.5
+    scales = torch.rand(num_experts, device=device) + 0.5
+    a, b = _make_operand(x, formats[0]), _make_operand(w, formats[1])
+    _check(a, b, offsets, ids, scales, rows, out_dtype=torch.bfloat16, epilogue=epilogue, config=None)

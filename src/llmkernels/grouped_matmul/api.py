@@ -232,7 +232,7 @@ def grouped_matmul(
     else:
         weight_bytes = b_op.data.numel() * b_op.data.element_size()
         launches = default_launches(num_tokens, num_groups, n_out, k, device, a_op.element, b_op.element,
-                                    weight_bytes)
+                                    weight_bytes, epilogue_kind == "swiglu")
     mma_paths = [_resolve_mma(launch_config, a_op, b_op, device) for launch_config, _, _ in launches]
     if num_tokens == 0 or num_groups == 0 or n_out == 0:
         return out

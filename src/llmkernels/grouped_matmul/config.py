@@ -1,6 +1,7 @@
 """BlockScaledMatmulConfig: the launch parameters of the grouped matmul kernel, and their defaults."""
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 
@@ -88,9 +89,23 @@ class BlockScaledMatmulConfig:
 
 
 def default_config(num_tokens: int, num_groups: int, n_out: int, k: int, device: torch.device,
-                   a_element: str = "bf16", b_element: str = "bf16") -> BlockScaledMatmulConfig:
-    """A config from what the host knows without a sync: shapes and the operands' element types
-    (``"bf16" | "fp16" | "e4m3" | "e2m1"``).
+                   a_element: str = "bf16", b_element: str = "bf16", swiglu: bool = False) -> BlockScaledMatmulConfig:
+    """A config from what the host knows without a sync: shapes, the operands' element types
+    (``"bf16" | "fp16" | "e4m3" | "e2m1"``) and whether the epilogue is SwiGLU.
+
+    SwiGLU tiles load gate and up rows of B (``2 · block_n`` rows per K step), so they take half
+    the ``block_n`` of the plain config: the same B bytes per stage, which is what the tiles below
+    were measured (and fit shared memory) with.
+    """
+    config = _measured_config(num_tokens, num_groups, n_out, k, device, a_element, b_element)
+    if swiglu:
+        config = dataclasses.replace(config, block_n=max(16, config.block_n // 2))
+    return config
+
+
+def _measured_config(num_tokens: int, num_groups: int, n_out: int, k: int, device: torch.device,
+                     a_element: str, b_element: str) -> BlockScaledMatmulConfig:
+    """The tiles of :func:`default_config` before the SwiGLU adjustment.
 
     Small tiles in the interpreter (each program runs as numpy on the CPU). On the GPU, the choices
     measured best on an H100 and an H200 (``benchmarks/results/*/ablate_grouped_matmul*.md``):
@@ -130,7 +145,8 @@ def default_config(num_tokens: int, num_groups: int, n_out: int, k: int, device:
 
 @functools.lru_cache(maxsize=1024)
 def default_launches(num_tokens: int, num_groups: int, n_out: int, k: int, device: torch.device,
-                     a_element: str = "bf16", b_element: str = "bf16", weight_bytes: int = 0) -> tuple:
+                     a_element: str = "bf16", b_element: str = "bf16", weight_bytes: int = 0,
+                     swiglu: bool = False) -> tuple:
     """``((config, min_group_rows, max_group_rows), ...)``: the launches of one call by default.
 
     When the average group is small (decode, ≤ 64 tokens), the routing may still give a few experts
@@ -145,12 +161,13 @@ def default_launches(num_tokens: int, num_groups: int, n_out: int, k: int, devic
     tokens_per_group = num_tokens / max(num_groups, 1)
     split = interpreting() or device.type != "cuda" or weight_bytes >= _SPLIT_MIN_WEIGHT_BYTES
     if tokens_per_group > 64 or not split:
-        return ((default_config(num_tokens, num_groups, n_out, k, device, a_element, b_element), *ALL_GROUP_SIZES),)
+        return ((default_config(num_tokens, num_groups, n_out, k, device, a_element, b_element, swiglu),
+                 *ALL_GROUP_SIZES),)
     launches = []
     for min_rows, max_rows, class_tokens in _DECODE_CLASSES:
         # the middle class takes the average's tile height when the average falls in it
         class_tokens = class_tokens or max(tokens_per_group, 17)
         config = default_config(round(class_tokens * max(num_groups, 1)), max(num_groups, 1), n_out, k, device,
-                                a_element, b_element)
+                                a_element, b_element, swiglu)
         launches.append((config, min_rows, max_rows))
     return tuple(launches)
