@@ -59,3 +59,48 @@ def test_compile_cuda_graph(device):
     for _ in range(3):  # warm-up, record, replay
         out = compiled(x, w_q, offsets, ids, scales)
     assert_close_relative(out[:rows].float(), eager[:rows].float(), 1e-6, "compiled + CUDA graph")
+
+
+def _attention_args(q, k=None, v=None, *, has_window=False, left=-1, right=-1, chunk=0, softcap=0.0, slopes=None,
+                    sinks=None, cu_q=None, cu_k=None, max_q=None, max_k=None, cache=None, num_splits=None,
+                    return_lse=True):
+    pages = (cache.k_pages, cache.v_pages, cache.block_table, cache.seqlens) if cache is not None else (None,) * 4
+    return (q, k, v, has_window, left, right, chunk, softcap, slopes, sinks, q.shape[-1] ** -0.5, cu_q, cu_k, max_q,
+            max_k, *pages, num_splits, return_lse)
+
+
+@pytest.mark.parametrize("layout", ["dense", "ragged", "paged"])
+def test_attention_opcheck(layout, device):
+    dtype = torch.bfloat16
+    if layout == "dense":
+        q = torch.randn(2, 5, 4, 32, device=device, dtype=dtype)
+        k, v = (torch.randn(2, 7, 2, 32, device=device, dtype=dtype) for _ in range(2))
+        args = _attention_args(q, k, v, has_window=True, left=3, right=0, sinks=torch.randn(4, device=device))
+    elif layout == "ragged":
+        q = torch.randn(9, 4, 32, device=device, dtype=dtype)
+        k, v = (torch.randn(11, 2, 32, device=device, dtype=dtype) for _ in range(2))
+        cu_q = torch.tensor([0, 4, 9], dtype=torch.int32, device=device)
+        cu_k = torch.tensor([0, 5, 11], dtype=torch.int32, device=device)
+        args = _attention_args(q, k, v, chunk=4, softcap=20.0, cu_q=cu_q, cu_k=cu_k, max_q=5, max_k=6)
+    else:
+        q = torch.randn(2, 1, 4, 32, device=device, dtype=dtype)
+        pages = torch.randperm(6, device=device).to(torch.int32).view(2, 3)
+        cache = lk.PagedKVCache(torch.randn(6, 16, 2, 32, device=device, dtype=dtype),
+                                torch.randn(6, 16, 2, 32, device=device, dtype=dtype), pages,
+                                torch.tensor([40, 17], dtype=torch.int32, device=device))
+        args = _attention_args(q, cache=cache, num_splits=3, slopes=torch.rand(4, device=device))
+    torch.library.opcheck(torch.ops.llmkernels.attention.default, args, test_utils=("test_schema", "test_faketensor"))
+
+
+def _attention_block(q, k, v, sinks):
+    return lk.attention(q, k, v, causal=True, mask=lk.SlidingWindow(8, 0), score_mod=lk.softcap(30.0), sinks=sinks,
+                        return_lse=True)
+
+
+def test_attention_compile_fullgraph_matches_eager(device):
+    q = torch.randn(2, 24, 4, 32, device=device, dtype=torch.bfloat16)
+    k, v = (torch.randn(2, 24, 2, 32, device=device, dtype=torch.bfloat16) for _ in range(2))
+    sinks = torch.randn(4, device=device)
+    eager_out, eager_lse = _attention_block(q, k, v, sinks)
+    out, lse = torch.compile(_attention_block, fullgraph=True, backend="aot_eager")(q, k, v, sinks)
+    assert torch.equal(out, eager_out) and torch.equal(lse, eager_lse)

@@ -1,14 +1,15 @@
 """The kernels as PyTorch custom operators (``torch.ops.llmkernels.*``), for ``torch.compile``.
 
 Under ``torch.compile`` the public functions (:func:`llmkernels.grouped_matmul`,
-:func:`llmkernels.quantize`) check their arguments while tracing and then call these operators, which
+:func:`llmkernels.quantize`, :func:`llmkernels.attention`) check their arguments while tracing and then call these operators, which
 the compiler treats as opaque nodes with fake (meta) implementations: no graph break, and the
 compiled graph can be captured in a CUDA graph like the eager call. In eager mode the public functions
 launch directly (the dispatcher would add host time to every decode step).
 
 A ScaledTensor crosses the operator boundary as its parts (data, scales, global scale, format and
-layout strings); Python callables do not, so calls with a user ``@triton.jit`` epilogue, an ``out=``
-buffer, an explicit config or ``validate=True`` stay on the traced Python path.
+layout strings), masks and score modifiers as numbers; Python callables do not, so calls with a
+user ``@triton.jit`` epilogue, mask_mod or score_mod, an ``out=`` buffer, an explicit config or
+``validate=True`` stay on the traced Python path (where Dynamo may break the graph).
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import torch
 from .formats import ScaledTensor
 from .formats.spec import format_spec
 
-__all__ = ["grouped_matmul_op", "quantize_op", "scaled_tensor_parts"]
+__all__ = ["attention_op", "grouped_matmul_op", "quantize_op", "scaled_tensor_parts"]
 
 PLAIN_FORMATS = ("bf16", "fp16")
 
@@ -83,3 +84,49 @@ def _quantize_fake(x, format, global_scale):
     data = x.new_empty((*x.shape[:-1], k // 2 if spec.packed else k), dtype=torch.uint8)
     scales = x.new_empty((*x.shape[:-1], k // spec.block), dtype=torch.uint8)
     return data, scales, x.new_empty((), dtype=torch.float32)
+
+
+@torch.library.custom_op("llmkernels::attention", mutates_args=())
+def attention_op(
+    q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None,
+    has_window: bool, window_left: int, window_right: int, chunk_size: int, softcap: float,
+    alibi_slopes: torch.Tensor | None, sinks: torch.Tensor | None, softmax_scale: float,
+    cu_seqlens_q: torch.Tensor | None, cu_seqlens_k: torch.Tensor | None,
+    max_seqlen_q: int | None, max_seqlen_k: int | None,
+    k_pages: torch.Tensor | None, v_pages: torch.Tensor | None, block_table: torch.Tensor | None,
+    seqlens: torch.Tensor | None, num_splits: int | None, return_lse: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`llmkernels.attention` with its mask and score modifier as plain values: a window
+    (``-1`` = unbounded side; causal is the window's ``right = 0``), a chunk size (0: none), a
+    softcap (0: none) or ALiBi slopes. Returns ``(out, lse)``; lse is empty unless ``return_lse``."""
+    from .attention.api import attention
+    from .attention.masks import Chunked, SlidingWindow, alibi
+    from .attention.masks import softcap as make_softcap
+    from .attention.paged import PagedKVCache
+
+    mask = []
+    if has_window:
+        mask.append(SlidingWindow(window_left, window_right))
+    if chunk_size > 0:
+        mask.append(Chunked(chunk_size))
+    score_mod = make_softcap(softcap) if softcap > 0 else alibi(alibi_slopes) if alibi_slopes is not None else None
+    kv_cache = PagedKVCache(k_pages, v_pages, block_table, seqlens) if k_pages is not None else None
+    result = attention(q, k, v, mask=tuple(mask) or None, score_mod=score_mod, sinks=sinks,
+                       softmax_scale=softmax_scale, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                       max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, kv_cache=kv_cache,
+                       num_splits=num_splits, return_lse=return_lse)
+    if return_lse:
+        return result
+    return result, q.new_empty(0, dtype=torch.float32)
+
+
+@attention_op.register_fake
+def _attention_fake(q, k, v, has_window, window_left, window_right, chunk_size, softcap, alibi_slopes, sinks,
+                    softmax_scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, k_pages, v_pages,
+                    block_table, seqlens, num_splits, return_lse):
+    out = torch.empty_like(q)
+    if not return_lse:
+        return out, q.new_empty(0, dtype=torch.float32)
+    ragged = cu_seqlens_q is not None
+    lse_shape = (q.shape[1], q.shape[0]) if ragged else (q.shape[0], q.shape[2], q.shape[1])
+    return out, q.new_empty(lse_shape, dtype=torch.float32)

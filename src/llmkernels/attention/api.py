@@ -10,7 +10,7 @@ from .._runtime import cdiv, check_device, interpreting, next_power_of_2, num_pr
 from . import decode as decode_mod
 from .config import SUPPORTED_HEAD_DIMS, FA4Config, default_config
 from .kernel import attention_fwd_kernel
-from .masks import SCORE_MOD_ALIBI, resolve_mask, resolve_score_mod
+from .masks import SCORE_MOD_ALIBI, SCORE_MOD_SOFTCAP, UNBOUNDED, resolve_mask, resolve_score_mod
 from .paged import PagedKVCache
 
 __all__ = ["attention"]
@@ -217,6 +217,21 @@ def attention(
         k_pages=kv_cache.k_pages if paged else None,
         block_table=kv_cache.block_table if paged else None,
         seqlens=kv_cache.seqlens if paged else None)
+
+    if torch.compiler.is_compiling() and config is None and mask_spec.mask_mod is None and mod_spec.fn is None:
+        from ..ops import attention_op  # an opaque node for the compiler
+
+        def side(bound):  # the op's window convention: -1 = unbounded
+            return -1 if bound >= UNBOUNDED else bound
+
+        result = attention_op(
+            q, k, v, mask_spec.has_window, side(mask_spec.window_left), side(mask_spec.window_right),
+            mask_spec.chunk_size if mask_spec.has_chunk else 0,
+            mod_spec.cap if mod_spec.kind == SCORE_MOD_SOFTCAP else 0.0, mod_spec.slopes, sinks, float(softmax_scale),
+            cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+            kv_cache.k_pages if paged else None, kv_cache.v_pages if paged else None,
+            kv_cache.block_table if paged else None, kv_cache.seqlens if paged else None, num_splits, return_lse)
+        return result if return_lse else result[0]
 
     # ---------------------------------------------------------------- shapes and outputs
     if q.stride(-1) != 1:

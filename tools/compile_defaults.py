@@ -1,0 +1,113 @@
+"""Compile every default grouped-matmul config for a GPU architecture, without a GPU, and report
+shared memory and register spills against that GPU's limits.
+
+    TRITON_INTERPRET=0 python tools/compile_defaults.py [--arch 90] [--smem-limit 232448]
+
+Uses Triton's ahead-of-time ``triton.compile`` on the kernel's source (ptxas runs, nothing is
+launched), with the configs that ``default_launches`` picks for decode and compute sizes, every
+format pair and both plain and SwiGLU epilogues. Exits 1 if a config does not fit.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+os.environ["TRITON_INTERPRET"] = "0"
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from llmkernels.grouped_matmul import config as gm_config  # noqa: E402
+from llmkernels.grouped_matmul import kernel  # noqa: E402
+
+# (a element, a scale, a block, b element, b scale, b block) of each format pair
+PAIRS = {
+    "bf16xbf16": ("bf16", "none", 1, "bf16", "none", 1),
+    "mxfp8xmxfp8": ("e4m3", "e8m0", 32, "e4m3", "e8m0", 32),
+    "mxfp4xmxfp4": ("e2m1", "e8m0", 32, "e2m1", "e8m0", 32),
+    "nvfp4xnvfp4": ("e2m1", "e4m3", 16, "e2m1", "e4m3", 16),
+    "bf16xmxfp8": ("bf16", "none", 1, "e4m3", "e8m0", 32),
+    "bf16xmxfp4": ("bf16", "none", 1, "e2m1", "e8m0", 32),
+    "bf16xnvfp4": ("bf16", "none", 1, "e2m1", "e4m3", 16),
+}
+POINTER = {"bf16": "*bf16", "e4m3": "*u8", "e2m1": "*u8"}  # the API passes MX data as bytes
+
+
+def compile_one(pair, config, swiglu, arch, capability):
+    a_el, a_sc, a_blk, b_el, b_sc, b_blk = PAIRS[pair]
+    mx = b_sc == "e8m0" and (a_sc == "e8m0" or a_el == "bf16")
+    dot_scaled = config.mma == "dot_scaled" or (config.mma == "auto" and mx and (capability >= 10 or b_el == "e2m1"))
+    fn = kernel.grouped_matmul_kernel
+    constexprs = dict(
+        A_ELEMENT=a_el, A_SCALE=a_sc, A_SCALE_BLOCK=a_blk, A_SCALE_LAYOUT="row",
+        B_ELEMENT=b_el, B_SCALE=b_sc, B_SCALE_BLOCK=b_blk, B_SCALE_LAYOUT="row",
+        HAS_EXPERT_SCALES=True, EPILOGUE="swiglu" if swiglu else "none", EPILOGUE_FN=None,
+        USE_DOT_SCALED=dot_scaled, SWAP_AB=config.ab_swapped, COMPUTE_DTYPE=tl.bfloat16,
+        BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, BLOCK_GROUPS=16)
+    signature = {}
+    for name in fn.arg_names:
+        if name in constexprs:
+            signature[name] = "constexpr"
+        elif name in ("a_ptr", "b_ptr"):
+            signature[name] = POINTER[a_el if name == "a_ptr" else b_el]
+        elif name.endswith("scales_ptr") and name != "expert_scales_ptr":
+            signature[name] = "*u8"
+        elif name in ("a_global_scale_ptr", "b_global_scale_ptr", "expert_scales_ptr"):
+            signature[name] = "*fp32"
+        elif name == "out_ptr":
+            signature[name] = "*bf16"
+        elif name.endswith("_ptr"):
+            signature[name] = "*i32"
+        else:
+            signature[name] = "i32"
+    # As a launch specializes them: pointers, strides and sizes divisible by 16 (what enables
+    # vectorized async copies and with them the software pipeline).
+    aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
+               if name not in constexprs and name not in ("num_groups", "min_group_rows")}
+    source = ASTSource(fn, signature, constexprs={(fn.arg_names.index(k),): v for k, v in constexprs.items()},
+                       attrs=aligned)
+    compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32),
+                              options=dict(num_warps=config.num_warps, num_stages=config.num_stages))
+    return compiled.metadata.shared, compiled.asm["ptx"].count("st.local")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--arch", type=int, default=90)
+    parser.add_argument("--smem-limit", type=int, default=232448, help="bytes per block (H100/H200: 232448)")
+    parser.add_argument("--pairs", default=",".join(PAIRS))
+    args = parser.parse_args()
+    gm_config.num_programs_hint = lambda device: 132
+    torch.cuda.get_device_capability = lambda device=None: (args.arch // 10, args.arch % 10)
+    gm_config.default_launches.cache_clear()
+    device = torch.device("cuda", 0)
+    failures = 0
+    n, k, groups = 4096, 7168, 64
+    for pair in args.pairs.split(","):
+        a_el, _, _, b_el, _, _ = PAIRS[pair]
+        seen = set()
+        for tokens_per_group in (8, 48, 2048):
+            for swiglu in (False, True):
+                launches = gm_config.default_launches(tokens_per_group * groups, groups, n // 2 if swiglu else n, k,
+                                                      device, a_el, b_el, 1 << 40, swiglu)
+                for config, _, _ in launches:
+                    if (config, swiglu) in seen:
+                        continue
+                    seen.add((config, swiglu))
+                    shared, spills = compile_one(pair, config, swiglu, args.arch, args.arch // 10)
+                    fits = shared <= args.smem_limit
+                    failures += not fits
+                    print(f"{pair:12s} swiglu {swiglu!s:5s} {config.block_m}x{config.block_n}x{config.block_k} "
+                          f"s{config.num_stages} w{config.num_warps} mma={config.mma:8s} swap={config.ab_swapped!s:5s} "
+                          f"shared {shared:6d} spill-stores {spills:3d} {'ok' if fits else 'DOES NOT FIT'}",
+                          flush=True)
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()
