@@ -1,0 +1,6 @@
+"""The Mixture-of-Experts feed-forward block around the grouped matmul."""
+from .dispatch import dispatch
+from .layer import MoEFeedForward
+from .routing import SCORINGS, route
+
+__all__ = ["MoEFeedForward", "route", "dispatch", "SCORINGS"]

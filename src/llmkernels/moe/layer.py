@@ -1,0 +1,86 @@
+"""MoEFeedForward: router, dispatch, gate/up grouped matmul with fused SwiGLU, down grouped matmul,
+weighted combine; everything on the device, no host sync."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..formats import FORMATS, quantize
+from ..grouped_matmul.api import grouped_matmul
+from .dispatch import dispatch
+from .routing import route
+
+__all__ = ["MoEFeedForward"]
+
+PLAIN = ("bf16",)
+
+
+class MoEFeedForward(nn.Module):
+    """A Mixture-of-Experts feed-forward block on block-scaled expert weights.
+
+    ``forward(hidden_states [..., H]) -> [..., H]`` (same dtype): route each token to ``top_k`` of
+    ``E`` experts, run ``down(silu(gate(x)) · up(x))`` of each expert on its tokens with two grouped
+    matmuls (SwiGLU fused into the first), and sum the experts' outputs weighted by the router.
+
+    Build it from float weights with :meth:`from_float`. Buffers: ``router_weight`` ``[E, H]``,
+    ``w_gate_up`` ``[E, 2I, H]`` (``[gate | up]`` rows) and ``w_down`` ``[E, H, I]``, quantized to
+    ``weight_format`` (or bf16), and activations quantized to ``activation_format`` before each
+    grouped matmul (``"bf16"``: none, weight-only quantization).
+    """
+
+    def __init__(self, router_weight: torch.Tensor, w_gate_up, w_down, top_k: int, *,
+                 activation_format: str = "bf16", scoring: str = "softmax", renormalize: bool = True,
+                 num_groups: int | None = None, topk_groups: int | None = None,
+                 correction_bias: torch.Tensor | None = None):
+        super().__init__()
+        if activation_format not in PLAIN + tuple(FORMATS):
+            raise ValueError(f"activation_format must be 'bf16' or one of {tuple(FORMATS)}, got {activation_format!r}")
+        num_experts, hidden = router_weight.shape
+        if tuple(w_gate_up.shape[:1]) != (num_experts,) or w_gate_up.shape[2] != hidden or w_gate_up.shape[1] % 2:
+            raise ValueError(f"w_gate_up must be [E={num_experts}, 2I, H={hidden}], got {tuple(w_gate_up.shape)}")
+        intermediate = w_gate_up.shape[1] // 2
+        if tuple(w_down.shape) != (num_experts, hidden, intermediate):
+            raise ValueError(f"w_down must be [E, H, I] = [{num_experts}, {hidden}, {intermediate}], got {tuple(w_down.shape)}")
+        self.register_buffer("router_weight", router_weight)
+        self.w_gate_up, self.w_down = w_gate_up, w_down
+        self.num_experts, self.hidden, self.intermediate, self.top_k = num_experts, hidden, intermediate, top_k
+        self.activation_format = activation_format
+        self.routing = dict(scoring=scoring, renormalize=renormalize, num_groups=num_groups, topk_groups=topk_groups,
+                            correction_bias=correction_bias)
+        self.register_buffer("expert_ids", torch.arange(num_experts, dtype=torch.int32, device=router_weight.device))
+
+    @classmethod
+    def from_float(cls, router_weight: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, top_k: int, *,
+                   weight_format: str = "mxfp8", activation_format: str | None = None, **routing) -> "MoEFeedForward":
+        """Quantizes float expert weights once.
+
+        Args:
+            router_weight: ``[E, H]``; w_gate_up: ``[E, 2I, H]`` (``[gate | up]``); w_down: ``[E, H, I]``.
+            weight_format: ``"mxfp8"``, ``"mxfp4"``, ``"nvfp4"`` or ``"bf16"``.
+            activation_format: default: mxfp8 activations for mxfp8 weights, nvfp4 for nvfp4, bf16
+                otherwise (mxfp4 weights run weight-only, as gpt-oss does on Hopper).
+            routing: keyword arguments of :func:`llmkernels.moe.route`.
+        """
+        if activation_format is None:
+            activation_format = weight_format if weight_format in ("mxfp8", "nvfp4") else "bf16"
+
+        def convert(w):
+            return w.to(torch.bfloat16) if weight_format == "bf16" else quantize(w.contiguous(), weight_format)
+        return cls(router_weight, convert(w_gate_up), convert(w_down), top_k,
+                   activation_format=activation_format, **routing)
+
+    def _activations(self, x: torch.Tensor):
+        return x if self.activation_format == "bf16" else quantize(x, self.activation_format)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        if hidden_states.shape[-1] != self.hidden:
+            raise ValueError(f"hidden_states must end in H = {self.hidden}, got {tuple(hidden_states.shape)}")
+        x = hidden_states.reshape(-1, self.hidden)
+        logits = x.float() @ self.router_weight.float().t()
+        weights, expert_ids = route(logits, self.top_k, **self.routing)
+        token_of_row, a_offsets, row_of_copy = dispatch(expert_ids, self.num_experts)
+        rows = x.to(torch.bfloat16)[token_of_row]
+        h = grouped_matmul(self._activations(rows), self.w_gate_up, a_offsets, self.expert_ids, epilogue="swiglu")
+        y = grouped_matmul(self._activations(h), self.w_down, a_offsets, self.expert_ids)
+        out = (y[row_of_copy].float() * weights[..., None]).sum(1)
+        return out.to(hidden_states.dtype).reshape(hidden_states.shape)

@@ -1,0 +1,56 @@
+"""Router: scores of every expert per token → the top-k experts and their weights, on the device."""
+from __future__ import annotations
+
+import torch
+
+__all__ = ["route", "SCORINGS"]
+
+SCORINGS = ("softmax", "sigmoid")
+
+
+def route(router_logits: torch.Tensor, top_k: int, *, scoring: str = "softmax", renormalize: bool = True,
+          num_groups: int | None = None, topk_groups: int | None = None,
+          correction_bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k routing.
+
+    Args:
+        router_logits: ``[T, E]`` router outputs (any float dtype; computed in float32).
+        top_k: experts per token, ``1 <= top_k <= E``.
+        scoring: ``"softmax"`` (Mixtral, Qwen3, gpt-oss) or ``"sigmoid"`` (DeepSeek-V3) of the logits.
+        renormalize: divide each token's k weights by their sum.
+        num_groups, topk_groups: DeepSeek-style grouped selection: experts in ``num_groups`` equal
+            groups, a group scored by the sum of its two best experts, experts picked only from the
+            ``topk_groups`` best groups.
+        correction_bias: optional float32 ``[E]`` added to the scores for the selection only
+            (DeepSeek-V3's load-balancing bias); the weights come from the unbiased scores.
+
+    Returns:
+        ``(weights, expert_ids)``: float32 ``[T, top_k]`` and int32 ``[T, top_k]``.
+
+    Raises:
+        ValueError / TypeError: bad shapes, top_k, scoring or groups.
+    """
+    if not isinstance(router_logits, torch.Tensor) or router_logits.dim() != 2 or not router_logits.is_floating_point():
+        raise TypeError(f"router_logits must be a floating [T, E] tensor, got {getattr(router_logits, 'shape', None)}")
+    num_experts = router_logits.shape[1]
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= num_experts:
+        raise ValueError(f"top_k must be an int in [1, {num_experts}], got {top_k!r}")
+    if scoring not in SCORINGS:
+        raise ValueError(f"scoring must be one of {SCORINGS}, got {scoring!r}")
+    logits = router_logits.float()
+    scores = logits.softmax(-1) if scoring == "softmax" else logits.sigmoid()
+    selection = scores if correction_bias is None else scores + correction_bias.float()
+    if num_groups is not None:
+        if num_experts % num_groups or topk_groups is None or not 1 <= topk_groups <= num_groups:
+            raise ValueError(f"num_groups ({num_groups}) must divide E ({num_experts}) and topk_groups "
+                             f"({topk_groups}) be in [1, num_groups]")
+        grouped = selection.view(-1, num_groups, num_experts // num_groups)
+        group_scores = grouped.topk(min(2, grouped.shape[-1]), dim=-1).values.sum(-1)
+        keep = torch.zeros_like(group_scores, dtype=torch.bool)
+        keep.scatter_(1, group_scores.topk(topk_groups, dim=-1).indices, True)
+        selection = grouped.masked_fill(~keep[..., None], float("-inf")).view(-1, num_experts)
+    expert_ids = selection.topk(top_k, dim=-1).indices
+    weights = scores.gather(1, expert_ids)
+    if renormalize:
+        weights = weights / weights.sum(-1, keepdim=True)
+    return weights, expert_ids.to(torch.int32)

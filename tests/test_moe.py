@@ -1,0 +1,113 @@
+"""The MoE block against a plain float32 PyTorch MoE with the same routing and the same (dequantized)
+weights; routing and dispatch on their own."""
+import pytest
+import torch
+
+import llmkernels as lk
+from llmkernels._testing import assert_close_relative
+from llmkernels.moe import MoEFeedForward, dispatch, route
+
+# bf16 rounding of the intermediate and the output; with quantized activations the reference
+# quantizes the same values, and a rounding flipped by a last-bit difference adds a little
+TOLERANCE = {"bf16": 1.5e-2, "mxfp8": 5e-2, "nvfp4": 0.12}  # measured: <= 7e-3, 2.5e-2, 6.9e-2
+
+
+def _weights(num_experts, hidden, intermediate, device):
+    router = torch.randn(num_experts, hidden, device=device)
+    w_gate_up = torch.randn(num_experts, 2 * intermediate, hidden, device=device) / hidden**0.5
+    w_down = torch.randn(num_experts, hidden, intermediate, device=device) / intermediate**0.5
+    return router, w_gate_up, w_down
+
+
+def _float(w):
+    return lk.dequantize(w) if isinstance(w, lk.ScaledTensor) else w.float()
+
+
+def _activations(v, block: MoEFeedForward):
+    """The block's activation rounding: bf16, then its activation format."""
+    v = v.to(torch.bfloat16)
+    return v.float() if block.activation_format == "bf16" else lk.dequantize(lk.quantize(v, block.activation_format))
+
+
+def _reference_moe(x, block: MoEFeedForward):
+    """Token by token, slot by slot, in float32 with the block's own (dequantized) weights and its
+    activation rounding."""
+    x = x.reshape(-1, block.hidden).float()
+    x_rounded = _activations(x, block)
+    probs = (x @ block.router_weight.float().t()).softmax(-1)
+    top = probs.topk(block.top_k, dim=-1)
+    weights = top.values / top.values.sum(-1, keepdim=True)
+    w_gate_up, w_down = _float(block.w_gate_up), _float(block.w_down)
+    hidden = torch.zeros(x.shape[0], block.top_k, block.intermediate, device=x.device)
+    for t in range(x.shape[0]):
+        for slot in range(block.top_k):
+            gate_up = w_gate_up[top.indices[t, slot]] @ x_rounded[t]
+            hidden[t, slot] = torch.nn.functional.silu(gate_up[:block.intermediate]) * gate_up[block.intermediate:]
+    # all copies rounded together, as the block quantizes them (nvfp4's global scale spans them all)
+    hidden = _activations(hidden.view(-1, block.intermediate), block).view_as(hidden)
+    out = torch.zeros_like(x)
+    for t in range(x.shape[0]):
+        for slot in range(block.top_k):
+            out[t] += weights[t, slot] * (w_down[top.indices[t, slot]] @ hidden[t, slot])
+    return out
+
+
+@pytest.mark.parametrize("top_k", [1, 2, 4, 8])
+@pytest.mark.parametrize("formats", [("bf16", "bf16"), ("mxfp8", "mxfp8"), ("bf16", "mxfp4"), ("nvfp4", "nvfp4")],
+                         ids="x".join)
+def test_moe_block_matches_float_moe(top_k, formats, device):
+    num_experts, hidden, intermediate = 8, 64, 32
+    router, w_gate_up, w_down = _weights(num_experts, hidden, intermediate, device)
+    block = MoEFeedForward.from_float(router, w_gate_up, w_down, top_k, weight_format=formats[1],
+                                      activation_format=formats[0])
+    x = torch.randn(3, 5, hidden, device=device, dtype=torch.bfloat16)
+    out = block(x)
+    assert out.shape == x.shape and out.dtype == x.dtype
+    assert_close_relative(out.float().reshape(-1, hidden), _reference_moe(x, block), TOLERANCE[formats[0]], "moe")
+
+
+@pytest.mark.parametrize("case", ["all_to_one", "single_token", "lonely_experts"])
+def test_moe_block_routing_edges(case, device):
+    num_experts, hidden, intermediate = 4, 64, 32
+    router, w_gate_up, w_down = _weights(num_experts, hidden, intermediate, device)
+    tokens = {"all_to_one": 9, "single_token": 1, "lonely_experts": 4}[case]
+    x = torch.randn(tokens, hidden, device=device, dtype=torch.bfloat16)
+    if case == "all_to_one":  # expert 2 wins every token
+        router = torch.zeros_like(router)
+        router[2] = x.float().sum(0) / x.float().norm() ** 2 * 1e3
+    if case == "lonely_experts":  # token t prefers expert t: every expert has exactly one token
+        router = x.float().clone() * 1e3
+    block = MoEFeedForward.from_float(router, w_gate_up, w_down, 1, weight_format="bf16")
+    weights, ids = route(x.float() @ router.float().t(), 1)
+    if case == "all_to_one":
+        assert (ids == 2).all()
+    if case == "lonely_experts":
+        assert torch.equal(ids.view(-1).sort().values, torch.arange(4, dtype=torch.int32, device=device))
+    assert_close_relative(block(x).float(), _reference_moe(x, block), TOLERANCE["bf16"], case)
+
+
+def test_dispatch_sorts_by_expert_and_inverts(device):
+    ids = torch.tensor([[3, 0], [0, 2], [3, 3], [1, 0]], dtype=torch.int32, device=device)
+    token_of_row, offsets, row_of_copy = dispatch(ids, 5)
+    assert offsets.tolist() == [0, 3, 4, 5, 8, 8]
+    sorted_ids = ids.view(-1)[torch.argsort(ids.view(-1).long(), stable=True)]
+    assert torch.equal(ids.view(-1)[row_of_copy.view(-1).argsort()], sorted_ids)
+    for t in range(4):
+        for slot in range(2):
+            row = row_of_copy[t, slot]
+            assert token_of_row[row] == t
+            assert offsets[ids[t, slot]] <= row < offsets[ids[t, slot] + 1]
+
+
+def test_route_sigmoid_grouped_with_bias(device):
+    logits = torch.randn(6, 16, device=device)
+    bias = torch.zeros(16, device=device)
+    bias[:4] = 10.0  # group 0 wins the selection; the weights ignore the bias
+    weights, ids = route(logits, 2, scoring="sigmoid", num_groups=4, topk_groups=1, correction_bias=bias)
+    assert (ids < 4).all()
+    expected = logits.sigmoid().gather(1, ids.long())
+    assert torch.allclose(weights, expected / expected.sum(-1, keepdim=True))
+    with pytest.raises(ValueError, match="top_k"):
+        route(logits, 17)
+    with pytest.raises(ValueError, match="num_groups"):
+        route(logits, 2, num_groups=5, topk_groups=1)
