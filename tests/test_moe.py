@@ -111,3 +111,11 @@ def test_route_sigmoid_grouped_with_bias(device):
         route(logits, 17)
     with pytest.raises(ValueError, match="num_groups"):
         route(logits, 2, num_groups=5, topk_groups=1)
+
+
+def test_moe_block_compiles_fullgraph(device):
+    router, w_gate_up, w_down = _weights(4, 64, 32, device)
+    block = MoEFeedForward.from_float(router, w_gate_up, w_down, 2, weight_format="mxfp8")
+    x = torch.randn(7, 64, device=device, dtype=torch.bfloat16)
+    compiled = torch.compile(block, fullgraph=True, backend="aot_eager")
+    assert torch.equal(compiled(x), block(x))
