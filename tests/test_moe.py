@@ -119,3 +119,18 @@ def test_moe_block_compiles_fullgraph(device):
     x = torch.randn(7, 64, device=device, dtype=torch.bfloat16)
     compiled = torch.compile(block, fullgraph=True, backend="aot_eager")
     assert torch.equal(compiled(x), block(x))
+
+
+@pytest.mark.parametrize("weight_format", ["bf16", "mxfp8", "nvfp4"])
+def test_moe_block_dtype_casts_leave_quantized_weights_alone(weight_format, device):
+    router, w_gate_up, w_down = _weights(4, 64, 32, device)
+    block = MoEFeedForward.from_float(router, w_gate_up, w_down, 2, weight_format=weight_format)
+    before = {name: (lk.dequantize(w) if isinstance(w, lk.ScaledTensor) else w.float())
+              for name, w in (("w_gate_up", block.w_gate_up), ("w_down", block.w_down))}
+    block.half()
+    block.to(device)
+    for name, expected in before.items():
+        w = getattr(block, name)
+        actual = lk.dequantize(w) if isinstance(w, lk.ScaledTensor) else w.float()
+        assert torch.equal(actual, expected), name
+    assert block.router_weight.dtype == torch.float16

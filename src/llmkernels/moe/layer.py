@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..formats import FORMATS, quantize
+from ..formats import FORMATS, ScaledTensor, quantize
 from ..grouped_matmul.api import grouped_matmul
 from .dispatch import dispatch
 from .routing import route
@@ -22,9 +22,10 @@ class MoEFeedForward(nn.Module):
     ``E`` experts, run ``down(silu(gate(x)) · up(x))`` of each expert on its tokens with two grouped
     matmuls (SwiGLU fused into the first), and sum the experts' outputs weighted by the router.
 
-    Build it from float weights with :meth:`from_float`. Buffers: ``router_weight`` ``[E, H]``,
+    Build it from float weights with :meth:`from_float`. Weights: ``router_weight`` ``[E, H]``,
     ``w_gate_up`` ``[E, 2I, H]`` (``[gate | up]`` rows) and ``w_down`` ``[E, H, I]``, quantized to
-    ``weight_format`` (or bf16), and activations quantized to ``activation_format`` before each
+    ``weight_format`` (or bf16) and kept as byte buffers (``.to(device)`` moves them; dtype casts of
+    the module leave them alone); activations are quantized to ``activation_format`` before each
     grouped matmul (``"bf16"``: none, weight-only quantization).
     """
 
@@ -33,6 +34,7 @@ class MoEFeedForward(nn.Module):
                  num_groups: int | None = None, topk_groups: int | None = None,
                  correction_bias: torch.Tensor | None = None):
         super().__init__()
+        self._weight_formats = {}
         if activation_format not in PLAIN + tuple(FORMATS):
             raise ValueError(f"activation_format must be 'bf16' or one of {tuple(FORMATS)}, got {activation_format!r}")
         num_experts, hidden = router_weight.shape
@@ -42,12 +44,50 @@ class MoEFeedForward(nn.Module):
         if tuple(w_down.shape) != (num_experts, hidden, intermediate):
             raise ValueError(f"w_down must be [E, H, I] = [{num_experts}, {hidden}, {intermediate}], got {tuple(w_down.shape)}")
         self.register_buffer("router_weight", router_weight)
-        self.w_gate_up, self.w_down = w_gate_up, w_down
+        self._register_weight("w_gate_up", w_gate_up)
+        self._register_weight("w_down", w_down)
         self.num_experts, self.hidden, self.intermediate, self.top_k = num_experts, hidden, intermediate, top_k
         self.activation_format = activation_format
         self.routing = dict(scoring=scoring, renormalize=renormalize, num_groups=num_groups, topk_groups=topk_groups,
                             correction_bias=correction_bias)
         self.register_buffer("expert_ids", torch.arange(num_experts, dtype=torch.int32, device=router_weight.device))
+
+    def _register_weight(self, name: str, weight) -> None:
+        """Buffers of the weight's bytes: ``.to(device)`` moves them, and ``.half()`` and friends
+        cannot cast quantized data (uint8 and int32 bit views are not floating point)."""
+        if isinstance(weight, ScaledTensor):
+            if weight.scale_layout != "row":
+                raise ValueError(f"{name} must have row-major scales")
+            parts = (weight.data.view(torch.uint8), weight.scales.view(torch.uint8),
+                     weight.global_scale.reshape(1).view(torch.int32) if weight.global_scale is not None else None)
+            self._weight_formats[name] = weight.format
+        else:
+            if weight.dtype != torch.bfloat16:
+                raise TypeError(f"{name} must be a ScaledTensor or a bf16 tensor, got {weight.dtype}")
+            parts = (weight.view(torch.int16), None, None)
+            self._weight_formats[name] = "bf16"
+        for suffix, part in zip(("data", "scales", "global_scale_bits"), parts):
+            self.register_buffer(f"{name}_{suffix}", part)
+
+    def weight(self, name: str):
+        """``"w_gate_up"`` or ``"w_down"`` as the grouped matmul takes it (a view of the buffers)."""
+        data = getattr(self, f"{name}_data")
+        format = self._weight_formats[name]
+        if format == "bf16":
+            return data.view(torch.bfloat16)
+        spec = FORMATS[format]
+        global_scale_bits = getattr(self, f"{name}_global_scale_bits")
+        global_scale = global_scale_bits.view(torch.float32).reshape(()) if global_scale_bits is not None else None
+        return ScaledTensor(data.view(spec.data_dtype), getattr(self, f"{name}_scales").view(spec.scale_dtype),
+                            format, global_scale)
+
+    @property
+    def w_gate_up(self):
+        return self.weight("w_gate_up")
+
+    @property
+    def w_down(self):
+        return self.weight("w_down")
 
     @classmethod
     def from_float(cls, router_weight: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, top_k: int, *,
