@@ -1,0 +1,122 @@
+"""The whole MoE feed-forward block on the GPU: llmkernels.moe.MoEFeedForward next to the same block
+written with torch._grouped_mm (bf16) and with a loop over experts, one run.
+
+    python benchmarks/bench_moe_layer.py [--out DIR] [--quick]
+
+DeepSeek-V3 (E=256, H=7168, I=2048, top-8 of sigmoid scores in 8 groups, 4 kept), Qwen3-30B-A3B
+(E=128, H=2048, I=768, top-8 softmax) and gpt-oss-120b (E=128, H=2880, I=2880, top-4 softmax) at
+1..8192 tokens. All three systems share the routing and dispatch code, so the table compares the
+expert computation and combine. Writes moe_layer.{csv,md} and moe_layer.png (tokens/s against tokens,
+one panel per model) to DIR (default benchmarks/results/<gpu>/).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+from common import default_out_dir, line_plots, measure_ceilings, time_ms, write_table  # noqa: E402
+
+from llmkernels._testing import relative_error  # noqa: E402
+from llmkernels.moe import MoEFeedForward, dispatch, route  # noqa: E402
+
+MODELS = {  # name: (experts, hidden, intermediate, top_k, routing)
+    "DeepSeek-V3": (256, 7168, 2048, 8, dict(scoring="sigmoid", num_groups=8, topk_groups=4)),
+    "Qwen3-30B-A3B": (128, 2048, 768, 8, dict(scoring="softmax")),
+    "gpt-oss-120b": (128, 2880, 2880, 4, dict(scoring="softmax")),
+}
+TOKENS = (1, 8, 64, 512, 2048, 8192)
+FORMATS = (("ours mxfp8", "mxfp8", None), ("ours bf16 x mxfp4", "mxfp4", "bf16"), ("ours bf16", "bf16", None))
+
+
+class GroupedMMBlock:
+    """The same block on torch._grouped_mm in bf16 (SwiGLU and combine as separate torch ops)."""
+
+    def __init__(self, router, w_gate_up, w_down, top_k, routing):
+        self.router, self.top_k, self.routing = router, top_k, routing
+        self.w_gate_up_t = w_gate_up.to(torch.bfloat16).transpose(-2, -1)
+        self.w_down_t = w_down.to(torch.bfloat16).transpose(-2, -1)
+        self.intermediate = w_down.shape[2]
+
+    def __call__(self, x):
+        weights, ids = route(x.float() @ self.router.float().t(), self.top_k, **self.routing)
+        token_of_row, offsets, row_of_copy = dispatch(ids, self.router.shape[0])
+        rows = x[token_of_row]
+        gate_up = torch._grouped_mm(rows, self.w_gate_up_t, offs=offsets[1:], out_dtype=torch.bfloat16)
+        h = torch.nn.functional.silu(gate_up[:, :self.intermediate]) * gate_up[:, self.intermediate:]
+        y = torch._grouped_mm(h, self.w_down_t, offs=offsets[1:], out_dtype=torch.bfloat16)
+        return (y[row_of_copy].float() * weights[..., None]).sum(1).to(x.dtype)
+
+
+class LoopBlock(GroupedMMBlock):
+    """One matmul pair per expert that has tokens (the counts are read on the host: a sync)."""
+
+    def __call__(self, x):
+        weights, ids = route(x.float() @ self.router.float().t(), self.top_k, **self.routing)
+        token_of_row, offsets, row_of_copy = dispatch(ids, self.router.shape[0])
+        rows = x[token_of_row]
+        y = torch.empty_like(rows)
+        bounds = offsets.tolist()
+        for expert in range(len(bounds) - 1):
+            start, end = bounds[expert], bounds[expert + 1]
+            if end > start:
+                gate_up = rows[start:end] @ self.w_gate_up_t[expert]
+                h = torch.nn.functional.silu(gate_up[:, :self.intermediate]) * gate_up[:, self.intermediate:]
+                y[start:end] = h @ self.w_down_t[expert]
+        return (y[row_of_copy].float() * weights[..., None]).sum(1).to(x.dtype)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=None)
+    parser.add_argument("--quick", action="store_true", help="Qwen3 only, three token counts")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("this benchmark needs a CUDA GPU")
+    torch.manual_seed(0)
+    ceilings = measure_ceilings()
+    models = {"Qwen3-30B-A3B": MODELS["Qwen3-30B-A3B"]} if args.quick else MODELS
+    rows, panels = [], {}
+    for model, (experts, hidden, intermediate, top_k, routing) in models.items():
+        router = torch.randn(experts, hidden, device="cuda", dtype=torch.bfloat16) * hidden**-0.5
+        w_gate_up = torch.randn(experts, 2 * intermediate, hidden, device="cuda", dtype=torch.bfloat16) * hidden**-0.5
+        w_down = torch.randn(experts, hidden, intermediate, device="cuda", dtype=torch.bfloat16) * intermediate**-0.5
+        systems = {"torch._grouped_mm bf16": GroupedMMBlock(router, w_gate_up, w_down, top_k, routing),
+                   "loop over experts bf16": LoopBlock(router, w_gate_up, w_down, top_k, routing)}
+        for label, weight_format, activation_format in FORMATS:
+            systems[label] = MoEFeedForward.from_float(router, w_gate_up, w_down, top_k, weight_format=weight_format,
+                                                       activation_format=activation_format, **routing)
+        for tokens in ((1, 64, 2048) if args.quick else TOKENS):
+            print(f"{model}: {tokens} tokens", flush=True)
+            x = torch.randn(tokens, hidden, device="cuda", dtype=torch.bfloat16)
+            reference = systems["torch._grouped_mm bf16"](x).float()
+            timings = {}
+            for name, block in systems.items():
+                try:
+                    error = relative_error(block(x).float(), reference)
+                    ms = time_ms(lambda: block(x)) if error < 0.2 else float("nan")
+                except Exception as exc:  # noqa: BLE001 - a failing system is a result too
+                    print(f"  {name} fails: {type(exc).__name__}: {str(exc)[:160]}")
+                    error, ms = float("nan"), float("nan")
+                timings[name] = (ms, error)
+            peer = timings["torch._grouped_mm bf16"][0]
+            for name, (ms, error) in timings.items():
+                rows.append({"model": model, "tokens": tokens, "system": name, "us": ms * 1e3,
+                             "tokens/s": tokens / ms * 1e3, "vs _grouped_mm": peer / ms,
+                             "rel err vs bf16 block": error})
+                panels.setdefault(model, {}).setdefault(name, []).append((tokens, tokens / ms * 1e3))
+        del systems, w_gate_up, w_down
+        torch.cuda.empty_cache()
+    out_dir = args.out or default_out_dir()
+    notes = (f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}; ceilings {ceilings}. Eager calls, "
+             "median times (do_bench); the same routing and dispatch in every system.")
+    print(write_table(rows, out_dir, "moe_layer", "MoE feed-forward block", notes))
+    line_plots(panels, "tokens", "tokens/s", os.path.join(out_dir, "moe_layer.png"),
+               f"MoE block, {torch.cuda.get_device_name()}")
+
+
+if __name__ == "__main__":
+    main()
