@@ -190,3 +190,19 @@ def test_kernel_decoders_match_the_reference_for_every_code(device):
     expected_e4m3 = codes.view(torch.float8_e4m3fn).float()
     finite = torch.isfinite(expected_e4m3)  # scales are never NaN (and the interpreter decodes 0x7F as 480)
     assert torch.equal(e4m3[finite], expected_e4m3[finite])
+
+
+@pytest.mark.parametrize("format", FORMAT_NAMES)
+def test_quantize_gathered_rows_match_quantize_of_the_gather(format, device):
+    x = _wide_range_input((9, 96), torch.bfloat16, device)
+    rows = torch.tensor([4, 0, 4, 8, 1, 7, 7, 2, 3, 5, 6, 0], device=device)  # repeated, out of order
+    gathered = lk.quantize(x, format, rows=rows, global_scale=lk.quantize(x, format).global_scale)
+    expected = lk.quantize(x[rows], format, global_scale=lk.quantize(x, format).global_scale)
+    assert torch.equal(_bits(gathered.data), _bits(expected.data))
+    assert torch.equal(_bits(gathered.scales), _bits(expected.scales))
+    if format == "nvfp4":  # the default global scale comes from all of x
+        assert torch.equal(lk.quantize(x, format, rows=rows[:3]).global_scale, lk.quantize(x, format).global_scale)
+    with pytest.raises(TypeError, match="rows"):
+        lk.quantize(x, format, rows=rows.float())
+    with pytest.raises(ValueError, match="rows"):
+        lk.quantize(x[None], format, rows=rows)

@@ -24,6 +24,7 @@ def quantize(
     global_scale: torch.Tensor | None = None,
     scale_layout: str = "row",
     group_offsets: torch.Tensor | None = None,
+    rows: torch.Tensor | None = None,
 ) -> ScaledTensor:
     """Quantizes ``x`` ``[..., K]`` to a block-scaled format with a Triton kernel.
 
@@ -36,6 +37,9 @@ def quantize(
         scale_layout: ``"row"`` (``[..., K / block]``, the default) or ``"128x4"`` (tensor-core tiles).
         group_offsets: int32 ``[G + 1]`` for a 2D x with ``scale_layout="128x4"``: pad the scale tiles
             per group, the layout of the seed's A operand.
+        rows: optional int32/int64 ``[R]`` row indices into a 2D x: quantizes ``x[rows]`` (``[R, K]``)
+            in the same pass, e.g. the token copies of an MoE dispatch. Indices are clamped to x's
+            rows; nvfp4's default global scale still comes from all of x.
 
     MX scales follow the OCP MX floor rule ``2^(floor(log2(amax)) - emax)``; elements round to
     nearest even and saturate. Same bits as :func:`llmkernels.formats.quantize_reference`.
@@ -54,8 +58,17 @@ def quantize(
             raise ValueError(f"global_scale is for nvfp4 only, not {format}")
         if not isinstance(global_scale, torch.Tensor) or global_scale.numel() != 1:
             raise ValueError("global_scale must be a tensor of one element")
-    check_device(x=x, global_scale=global_scale)
+    if rows is not None:
+        if not isinstance(rows, torch.Tensor) or rows.dtype not in (torch.int32, torch.int64) or rows.dim() != 1:
+            raise TypeError(f"rows must be an int32/int64 [R] tensor, got {getattr(rows, 'dtype', type(rows).__name__)}")
+        if x.dim() != 2 or (x.shape[0] == 0 and rows.shape[0] > 0):
+            raise ValueError(f"rows needs a 2D x with rows to pick from, got shape {tuple(x.shape)}")
+    check_device(x=x, global_scale=global_scale, rows=rows)
     if torch.compiler.is_compiling():
+        if rows is not None:  # the compiler sees a gather and the quantize op
+            if spec.has_global_scale and global_scale is None:
+                global_scale = nvfp4_global_scale(x)
+            x, rows = x[rows], None
         from ..ops import quantize_op  # an opaque node for the compiler
 
         data, scales, op_global_scale = quantize_op(x, format, global_scale)
@@ -69,20 +82,21 @@ def quantize(
     x2d = x.reshape(-1, num_cols)
     if x2d.stride(-1) != 1:
         x2d = x2d.contiguous()
-    num_rows = x2d.shape[0]
-    data = torch.empty((*x.shape[:-1], num_cols // 2 if spec.packed else num_cols), dtype=spec.data_dtype,
+    out_rows_shape = tuple(x.shape[:-1]) if rows is None else (rows.shape[0],)
+    num_rows = x2d.shape[0] if rows is None else rows.shape[0]
+    data = torch.empty((*out_rows_shape, num_cols // 2 if spec.packed else num_cols), dtype=spec.data_dtype,
                        device=x.device)
-    scales = torch.empty((*x.shape[:-1], num_cols // spec.block), dtype=torch.uint8, device=x.device)
+    scales = torch.empty((*out_rows_shape, num_cols // spec.block), dtype=torch.uint8, device=x.device)
     if spec.has_global_scale:
         global_scale = nvfp4_global_scale(x) if global_scale is None else global_scale.float().reshape(())
-    if x2d.numel() > 0:
+    if num_rows > 0 and num_cols > 0 and x2d.shape[0] > 0:
         block_rows, block_cols, num_warps = QUANTIZE_TILE
         grid = (triton.cdiv(num_rows, block_rows), triton.cdiv(num_cols, block_cols))
         kernel.quantize_kernel[grid](
-            x2d, data.view(torch.uint8), scales, global_scale,
-            x2d.stride(0), num_rows, num_cols,
+            x2d, data.view(torch.uint8), scales, global_scale, rows if rows is not None else scales,
+            x2d.stride(0), num_rows, x2d.shape[0], num_cols,
             ELEMENT=spec.element, SCALE=spec.scale, SCALE_BLOCK=spec.block, EMAX=spec.emax,
-            BLOCK_ROWS=block_rows, BLOCK_COLS=block_cols, num_warps=num_warps,
+            GATHER=rows is not None, BLOCK_ROWS=block_rows, BLOCK_COLS=block_cols, num_warps=num_warps,
         )
     result = ScaledTensor(data, scales.view(spec.scale_dtype), format, global_scale)
     if scale_layout != "row" or group_offsets is not None:

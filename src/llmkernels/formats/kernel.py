@@ -66,12 +66,14 @@ def _encode_e2m1(scaled):
 
 @triton.jit
 def quantize_kernel(
-    x_ptr, data_ptr, scales_ptr, global_scale_ptr,
-    stride_x_row, num_rows, num_cols,
+    x_ptr, data_ptr, scales_ptr, global_scale_ptr, source_rows_ptr,
+    stride_x_row, num_rows, num_x_rows, num_cols,
     ELEMENT: tl.constexpr, SCALE: tl.constexpr, SCALE_BLOCK: tl.constexpr, EMAX: tl.constexpr,
-    BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr,
+    GATHER: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr,
 ):
-    """Quantizes x ``[num_rows, num_cols]`` (row stride ``stride_x_row``, unit column stride).
+    """Quantizes ``num_rows`` rows of x ``[num_x_rows, num_cols]`` (row stride ``stride_x_row``, unit
+    column stride): row r of the output is x's row r, or with GATHER x's row ``source_rows[r]``
+    (int64 ``[num_rows]``, clamped to x), so that a permutation costs no extra pass over x.
 
     Writes ``data`` ``[num_rows, num_cols]`` e4m3 or ``[num_rows, num_cols / 2]`` packed e2m1, and
     row-major ``scales`` ``[num_rows, num_cols / SCALE_BLOCK]`` (uint8 bits). One program per
@@ -82,7 +84,11 @@ def quantize_kernel(
     cols = tl.program_id(1) * BLOCK_COLS + tl.arange(0, BLOCK_COLS)
     rows64 = rows.to(tl.int64)
     row_ok = rows < num_rows
-    x = tl.load(x_ptr + rows64[:, None] * stride_x_row + cols[None, :],
+    x_rows = rows64
+    if GATHER:
+        x_rows = tl.load(source_rows_ptr + rows64, mask=row_ok, other=0).to(tl.int64)
+        x_rows = tl.minimum(tl.maximum(x_rows, 0), num_x_rows - 1)
+    x = tl.load(x_ptr + x_rows[:, None] * stride_x_row + cols[None, :],
                 mask=row_ok[:, None] & (cols < num_cols)[None, :], other=0.0).to(tl.float32)
     blocks = tl.reshape(x, (BLOCK_ROWS, SCALES_PER_TILE, SCALE_BLOCK))
     amax = tl.max(tl.abs(blocks), axis=2)

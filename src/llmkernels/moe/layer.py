@@ -119,8 +119,12 @@ class MoEFeedForward(nn.Module):
         logits = x.float() @ self.router_weight.float().t()
         weights, expert_ids = route(logits, self.top_k, **self.routing)
         token_of_row, a_offsets, row_of_copy = dispatch(expert_ids, self.num_experts)
-        rows = x.to(torch.bfloat16)[token_of_row]
-        h = grouped_matmul(self._activations(rows), self.w_gate_up, a_offsets, self.expert_ids, epilogue="swiglu")
+        x = x.to(torch.bfloat16)
+        if self.activation_format == "bf16":
+            a = x[token_of_row]
+        else:  # gathered inside the quantize kernel: no [T·k, H] copy of x
+            a = quantize(x, self.activation_format, rows=token_of_row)
+        h = grouped_matmul(a, self.w_gate_up, a_offsets, self.expert_ids, epilogue="swiglu")
         y = grouped_matmul(self._activations(h), self.w_down, a_offsets, self.expert_ids)
         out = (y[row_of_copy].float() * weights[..., None]).sum(1)
         return out.to(hidden_states.dtype).reshape(hidden_states.shape)
