@@ -134,3 +134,15 @@ def test_moe_block_dtype_casts_leave_quantized_weights_alone(weight_format, devi
         actual = lk.dequantize(w) if isinstance(w, lk.ScaledTensor) else w.float()
         assert torch.equal(actual, expected), name
     assert block.router_weight.dtype == torch.float16
+
+
+@pytest.mark.parametrize("top_k", [1, 3])
+def test_combine_matches_weighted_gather(top_k, device):
+    from llmkernels.moe import combine
+    tokens, hidden = 5, 80  # hidden not a power of two: masked columns
+    y = torch.randn(tokens * top_k + 2, hidden, device=device, dtype=torch.bfloat16)
+    row_of_copy = torch.randperm(tokens * top_k, device=device).view(tokens, top_k)
+    weights = torch.rand(tokens, top_k, device=device)
+    expected = (y[row_of_copy].float() * weights[..., None]).sum(1)
+    out = combine(y, row_of_copy, weights, torch.float32)
+    assert_close_relative(out, expected, 1e-6, "combine")

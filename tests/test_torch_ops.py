@@ -104,3 +104,10 @@ def test_attention_compile_fullgraph_matches_eager(device):
     eager_out, eager_lse = _attention_block(q, k, v, sinks)
     out, lse = torch.compile(_attention_block, fullgraph=True, backend="aot_eager")(q, k, v, sinks)
     assert torch.equal(out, eager_out) and torch.equal(lse, eager_lse)
+
+
+def test_moe_combine_opcheck(device):
+    y = torch.randn(12, 48, device=device, dtype=torch.bfloat16)
+    row_of_copy = torch.randperm(12, device=device).view(4, 3)
+    weights = torch.rand(4, 3, device=device)
+    torch.library.opcheck(torch.ops.llmkernels.moe_combine.default, (y, row_of_copy, weights, torch.bfloat16))

@@ -1,7 +1,7 @@
 """The kernels as PyTorch custom operators (``torch.ops.llmkernels.*``), for ``torch.compile``.
 
 Under ``torch.compile`` the public functions (:func:`llmkernels.grouped_matmul`,
-:func:`llmkernels.quantize`, :func:`llmkernels.attention`) check their arguments while tracing and then call these operators, which
+:func:`llmkernels.quantize`, :func:`llmkernels.attention`, :func:`llmkernels.moe.combine`) check their arguments while tracing and then call these operators, which
 the compiler treats as opaque nodes with fake (meta) implementations: no graph break, and the
 compiled graph can be captured in a CUDA graph like the eager call. In eager mode the public functions
 launch directly (the dispatcher would add host time to every decode step).
@@ -18,7 +18,7 @@ import torch
 from .formats import ScaledTensor
 from .formats.spec import format_spec
 
-__all__ = ["attention_op", "grouped_matmul_op", "quantize_op", "scaled_tensor_parts"]
+__all__ = ["attention_op", "grouped_matmul_op", "moe_combine_op", "quantize_op", "scaled_tensor_parts"]
 
 PLAIN_FORMATS = ("bf16", "fp16")
 
@@ -130,3 +130,17 @@ def _attention_fake(q, k, v, has_window, window_left, window_right, chunk_size, 
     ragged = cu_seqlens_q is not None
     lse_shape = (q.shape[1], q.shape[0]) if ragged else (q.shape[0], q.shape[2], q.shape[1])
     return out, q.new_empty(lse_shape, dtype=torch.float32)
+
+
+@torch.library.custom_op("llmkernels::moe_combine", mutates_args=())
+def moe_combine_op(y: torch.Tensor, row_of_copy: torch.Tensor, weights: torch.Tensor,
+                   out_dtype: torch.dtype) -> torch.Tensor:
+    """:func:`llmkernels.moe.combine`: ``[T, H]`` router-weighted sums of the expert rows."""
+    from .moe.combine import combine
+
+    return combine(y, row_of_copy, weights, out_dtype)
+
+
+@moe_combine_op.register_fake
+def _moe_combine_fake(y, row_of_copy, weights, out_dtype):
+    return y.new_empty((row_of_copy.shape[0], y.shape[1]), dtype=out_dtype)

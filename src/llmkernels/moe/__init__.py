@@ -1,6 +1,7 @@
 """The Mixture-of-Experts feed-forward block around the grouped matmul."""
+from .combine import combine
 from .dispatch import dispatch
 from .layer import MoEFeedForward
 from .routing import SCORINGS, route
 
-__all__ = ["MoEFeedForward", "route", "dispatch", "SCORINGS"]
+__all__ = ["MoEFeedForward", "route", "dispatch", "combine", "SCORINGS"]

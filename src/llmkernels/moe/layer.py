@@ -7,6 +7,7 @@ from torch import nn
 
 from ..formats import FORMATS, ScaledTensor, quantize
 from ..grouped_matmul.api import grouped_matmul
+from .combine import combine
 from .dispatch import dispatch
 from .routing import route
 
@@ -126,5 +127,4 @@ class MoEFeedForward(nn.Module):
             a = quantize(x, self.activation_format, rows=token_of_row)
         h = grouped_matmul(a, self.w_gate_up, a_offsets, self.expert_ids, epilogue="swiglu")
         y = grouped_matmul(self._activations(h), self.w_down, a_offsets, self.expert_ids)
-        out = (y[row_of_copy].float() * weights[..., None]).sum(1)
-        return out.to(hidden_states.dtype).reshape(hidden_states.shape)
+        return combine(y, row_of_copy, weights, hidden_states.dtype).reshape(hidden_states.shape)
