@@ -34,9 +34,14 @@ def _reference_moe(x, block: MoEFeedForward):
     activation rounding."""
     x = x.reshape(-1, block.hidden).float()
     x_rounded = _activations(x, block)
-    probs = (x @ block.router_weight.float().t()).softmax(-1)
-    top = probs.topk(block.top_k, dim=-1)
-    weights = top.values / top.values.sum(-1, keepdim=True)
+    logits = x @ block.router_weight.float().t()
+    if block.routing["scoring"] == "softmax" and block.routing["num_groups"] is None and block.correction_bias is None:
+        probs = logits.softmax(-1)  # spelled out for the common case
+        top = probs.topk(block.top_k, dim=-1)
+        weights = top.values / top.values.sum(-1, keepdim=True)
+    else:  # other routings through route(), which test_route_* checks on its own
+        weights, ids = route(logits, block.top_k, correction_bias=block.correction_bias, **block.routing)
+        top = torch.return_types.topk((weights, ids.long()))
     w_gate_up, w_down = _float(block.w_gate_up), _float(block.w_down)
     hidden = torch.zeros(x.shape[0], block.top_k, block.intermediate, device=x.device)
     for t in range(x.shape[0]):
@@ -146,3 +151,14 @@ def test_combine_matches_weighted_gather(top_k, device):
     expected = (y[row_of_copy].float() * weights[..., None]).sum(1)
     out = combine(y, row_of_copy, weights, torch.float32)
     assert_close_relative(out, expected, 1e-6, "combine")
+
+
+def test_moe_block_deepseek_routing(device):
+    router, w_gate_up, w_down = _weights(16, 64, 32, device)
+    bias = torch.rand(16, device=device)
+    block = MoEFeedForward.from_float(router, w_gate_up, w_down, 4, weight_format="bf16", scoring="sigmoid",
+                                      num_groups=4, topk_groups=2, correction_bias=bias)
+    x = torch.randn(6, 64, device=device, dtype=torch.bfloat16)
+    assert_close_relative(block(x).float(), _reference_moe(x, block), TOLERANCE["bf16"], "deepseek routing")
+    with pytest.raises(ValueError, match="top_k"):
+        MoEFeedForward.from_float(router, w_gate_up, w_down, 17)

@@ -49,8 +49,10 @@ class MoEFeedForward(nn.Module):
         self._register_weight("w_down", w_down)
         self.num_experts, self.hidden, self.intermediate, self.top_k = num_experts, hidden, intermediate, top_k
         self.activation_format = activation_format
-        self.routing = dict(scoring=scoring, renormalize=renormalize, num_groups=num_groups, topk_groups=topk_groups,
-                            correction_bias=correction_bias)
+        if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= num_experts:
+            raise ValueError(f"top_k must be an int in [1, E={num_experts}], got {top_k!r}")
+        self.routing = dict(scoring=scoring, renormalize=renormalize, num_groups=num_groups, topk_groups=topk_groups)
+        self.register_buffer("correction_bias", correction_bias)
         self.register_buffer("expert_ids", torch.arange(num_experts, dtype=torch.int32, device=router_weight.device))
 
     def _register_weight(self, name: str, weight) -> None:
@@ -118,7 +120,7 @@ class MoEFeedForward(nn.Module):
             raise ValueError(f"hidden_states must end in H = {self.hidden}, got {tuple(hidden_states.shape)}")
         x = hidden_states.reshape(-1, self.hidden)
         logits = x.float() @ self.router_weight.float().t()
-        weights, expert_ids = route(logits, self.top_k, **self.routing)
+        weights, expert_ids = route(logits, self.top_k, correction_bias=self.correction_bias, **self.routing)
         token_of_row, a_offsets, row_of_copy = dispatch(expert_ids, self.num_experts)
         x = x.to(torch.bfloat16)
         if self.activation_format == "bf16":
