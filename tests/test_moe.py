@@ -36,24 +36,22 @@ def _reference_moe(x, block: MoEFeedForward):
     x_rounded = _activations(x, block)
     logits = x @ block.router_weight.float().t()
     if block.routing["scoring"] == "softmax" and block.routing["num_groups"] is None and block.correction_bias is None:
-        probs = logits.softmax(-1)  # spelled out for the common case
-        top = probs.topk(block.top_k, dim=-1)
-        weights = top.values / top.values.sum(-1, keepdim=True)
+        top = logits.softmax(-1).topk(block.top_k, dim=-1)  # spelled out for the common case
+        weights, experts = top.values / top.values.sum(-1, keepdim=True), top.indices
     else:  # other routings through route(), which test_route_* checks on its own
-        weights, ids = route(logits, block.top_k, correction_bias=block.correction_bias, **block.routing)
-        top = torch.return_types.topk((weights, ids.long()))
+        weights, experts = route(logits, block.top_k, correction_bias=block.correction_bias, **block.routing)
     w_gate_up, w_down = _float(block.w_gate_up), _float(block.w_down)
     hidden = torch.zeros(x.shape[0], block.top_k, block.intermediate, device=x.device)
     for t in range(x.shape[0]):
         for slot in range(block.top_k):
-            gate_up = w_gate_up[top.indices[t, slot]] @ x_rounded[t]
+            gate_up = w_gate_up[experts[t, slot]] @ x_rounded[t]
             hidden[t, slot] = torch.nn.functional.silu(gate_up[:block.intermediate]) * gate_up[block.intermediate:]
     # all copies rounded together, as the block quantizes them (nvfp4's global scale spans them all)
     hidden = _activations(hidden.view(-1, block.intermediate), block).view_as(hidden)
     out = torch.zeros_like(x)
     for t in range(x.shape[0]):
         for slot in range(block.top_k):
-            out[t] += weights[t, slot] * (w_down[top.indices[t, slot]] @ hidden[t, slot])
+            out[t] += weights[t, slot] * (w_down[experts[t, slot]] @ hidden[t, slot])
     return out
 
 

@@ -1,10 +1,11 @@
 """The kernels as PyTorch custom operators (``torch.ops.llmkernels.*``), for ``torch.compile``.
 
 Under ``torch.compile`` the public functions (:func:`llmkernels.grouped_matmul`,
-:func:`llmkernels.quantize`, :func:`llmkernels.attention`, :func:`llmkernels.moe.combine`) check their arguments while tracing and then call these operators, which
-the compiler treats as opaque nodes with fake (meta) implementations: no graph break, and the
-compiled graph can be captured in a CUDA graph like the eager call. In eager mode the public functions
-launch directly (the dispatcher would add host time to every decode step).
+:func:`llmkernels.quantize`, :func:`llmkernels.attention`, :func:`llmkernels.moe.combine`) check
+their arguments while tracing and then call these operators, which the compiler treats as opaque
+nodes with fake (meta) implementations: no graph break, and no host sync inside, so the compiled
+graph stays capturable in a CUDA graph. In eager mode the public functions launch directly (the
+dispatcher would add host time to every decode step).
 
 A ScaledTensor crosses the operator boundary as its parts (data, scales, global scale, format and
 layout strings), masks and score modifiers as numbers; Python callables do not, so calls with a
@@ -18,7 +19,8 @@ import torch
 from .formats import ScaledTensor
 from .formats.spec import format_spec
 
-__all__ = ["attention_op", "grouped_matmul_op", "moe_combine_op", "quantize_op", "scaled_tensor_parts"]
+__all__ = ["attention_op", "grouped_matmul_op", "moe_combine_op", "quantize_op", "scaled_tensor_from_parts",
+           "scaled_tensor_parts"]
 
 PLAIN_FORMATS = ("bf16", "fp16")
 
@@ -33,7 +35,9 @@ def scaled_tensor_parts(x) -> tuple:
     return x, None, None, "fp16" if x.dtype == torch.float16 else "bf16", "row", None, None
 
 
-def _from_parts(data, scales, global_scale, format, scale_layout, group_offsets, group_scale_offsets):
+def scaled_tensor_from_parts(data, scales, global_scale, format, scale_layout="row", group_offsets=None,
+                             group_scale_offsets=None):
+    """The inverse of :func:`scaled_tensor_parts` (data and scales may be any same-size view)."""
     if format in PLAIN_FORMATS:
         return data
     spec = format_spec(format)
@@ -52,8 +56,9 @@ def grouped_matmul_op(
     """:func:`llmkernels.grouped_matmul` on the parts of its operands; returns ``[T, N_out]``."""
     from .grouped_matmul.api import grouped_matmul
 
-    a = _from_parts(a_data, a_scales, a_global_scale, a_format, a_scale_layout, a_group_offsets, a_group_scale_offsets)
-    b = _from_parts(b_data, b_scales, b_global_scale, b_format, b_scale_layout, None, None)
+    a = scaled_tensor_from_parts(a_data, a_scales, a_global_scale, a_format, a_scale_layout, a_group_offsets,
+                                 a_group_scale_offsets)
+    b = scaled_tensor_from_parts(b_data, b_scales, b_global_scale, b_format, b_scale_layout)
     return grouped_matmul(a, b, a_offsets, expert_ids, expert_scales, epilogue=epilogue, out_dtype=out_dtype)
 
 

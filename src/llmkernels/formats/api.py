@@ -60,7 +60,8 @@ def quantize(
             raise ValueError("global_scale must be a tensor of one element")
     if rows is not None:
         if not isinstance(rows, torch.Tensor) or rows.dtype not in (torch.int32, torch.int64) or rows.dim() != 1:
-            raise TypeError(f"rows must be an int32/int64 [R] tensor, got {getattr(rows, 'dtype', type(rows).__name__)}")
+            raise TypeError(f"rows must be an int32/int64 [R] tensor, "
+                            f"got {getattr(rows, 'dtype', type(rows).__name__)}")
         if x.dim() != 2 or (x.shape[0] == 0 and rows.shape[0] > 0):
             raise ValueError(f"rows needs a 2D x with rows to pick from, got shape {tuple(x.shape)}")
     check_device(x=x, global_scale=global_scale, rows=rows)
@@ -89,7 +90,7 @@ def quantize(
     scales = torch.empty((*out_rows_shape, num_cols // spec.block), dtype=torch.uint8, device=x.device)
     if spec.has_global_scale:
         global_scale = nvfp4_global_scale(x) if global_scale is None else global_scale.float().reshape(())
-    if num_rows > 0 and num_cols > 0 and x2d.shape[0] > 0:
+    if num_rows > 0 and num_cols > 0:  # rows > 0 with an empty x was rejected above
         block_rows, block_cols, num_warps = QUANTIZE_TILE
         grid = (triton.cdiv(num_rows, block_rows), triton.cdiv(num_cols, block_cols))
         kernel.quantize_kernel[grid](

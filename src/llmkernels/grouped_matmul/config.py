@@ -15,7 +15,7 @@ MMA_PATHS = ("auto", "dot_scaled", "dequant")
 ALL_GROUP_SIZES = (-1, 2**31 - 1)  # (min exclusive, max inclusive) rows of the groups a launch takes
 # Size classes of the decode regime: each group gets a tile height that covers it, so its expert's
 # weights are read once (or a few times for the largest), whatever the routing's imbalance.
-_DECODE_CLASSES = ((-1, 16, 16), (16, 64, None), (64, 2**31 - 1, 4096))
+_DECODE_CLASSES = ((ALL_GROUP_SIZES[0], 16, 16), (16, 64, None), (64, ALL_GROUP_SIZES[1], 4096))
 _SPLIT_MIN_WEIGHT_BYTES = 1 << 30
 
 
@@ -50,7 +50,8 @@ class BlockScaledMatmulConfig:
     and scales to ``tl.dot_scaled`` (native block-scaled MMA on Blackwell; Triton emulates it on
     Hopper), ``"dequant"`` decodes each tile to bf16/fp16 in registers and uses ``tl.dot``, and
     ``"auto"`` takes ``dot_scaled`` for MX operands on compute capability ≥ 10 and for e2m1 MX
-    weights on Hopper (measured faster there), ``dequant`` elsewhere. NVFP4 always takes ``dequant`` (Triton 3.6 cannot compile e4m3-scaled ``dot_scaled``).
+    weights on Hopper (measured faster there), ``dequant`` elsewhere. NVFP4 always takes ``dequant``
+    (Triton 3.6 cannot compile e4m3-scaled ``dot_scaled``).
 
     Raises ``ValueError`` on construction when a field is out of range.
     """

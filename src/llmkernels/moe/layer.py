@@ -7,6 +7,7 @@ from torch import nn
 
 from ..formats import FORMATS, ScaledTensor, quantize
 from ..grouped_matmul.api import grouped_matmul
+from ..ops import scaled_tensor_from_parts
 from .combine import combine
 from .dispatch import dispatch
 from .routing import route
@@ -43,7 +44,8 @@ class MoEFeedForward(nn.Module):
             raise ValueError(f"w_gate_up must be [E={num_experts}, 2I, H={hidden}], got {tuple(w_gate_up.shape)}")
         intermediate = w_gate_up.shape[1] // 2
         if tuple(w_down.shape) != (num_experts, hidden, intermediate):
-            raise ValueError(f"w_down must be [E, H, I] = [{num_experts}, {hidden}, {intermediate}], got {tuple(w_down.shape)}")
+            raise ValueError(f"w_down must be [E, H, I] = [{num_experts}, {hidden}, {intermediate}], "
+                             f"got {tuple(w_down.shape)}")
         self.register_buffer("router_weight", router_weight)
         self._register_weight("w_gate_up", w_gate_up)
         self._register_weight("w_down", w_down)
@@ -78,11 +80,9 @@ class MoEFeedForward(nn.Module):
         format = self._weight_formats[name]
         if format == "bf16":
             return data.view(torch.bfloat16)
-        spec = FORMATS[format]
         global_scale_bits = getattr(self, f"{name}_global_scale_bits")
         global_scale = global_scale_bits.view(torch.float32).reshape(()) if global_scale_bits is not None else None
-        return ScaledTensor(data.view(spec.data_dtype), getattr(self, f"{name}_scales").view(spec.scale_dtype),
-                            format, global_scale)
+        return scaled_tensor_from_parts(data, getattr(self, f"{name}_scales"), global_scale, format)
 
     @property
     def w_gate_up(self):
@@ -112,8 +112,12 @@ class MoEFeedForward(nn.Module):
         return cls(router_weight, convert(w_gate_up), convert(w_down), top_k,
                    activation_format=activation_format, **routing)
 
-    def _activations(self, x: torch.Tensor):
-        return x if self.activation_format == "bf16" else quantize(x, self.activation_format)
+    def _activations(self, x: torch.Tensor, rows: torch.Tensor | None = None):
+        """``x`` (or ``x[rows]``) as the grouped matmul's A: bf16, or quantized with the gather
+        inside the quantize kernel (no ``[T·k, H]`` copy of x)."""
+        if self.activation_format == "bf16":
+            return x if rows is None else x[rows]
+        return quantize(x, self.activation_format, rows=rows)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         if hidden_states.shape[-1] != self.hidden:
@@ -122,11 +126,7 @@ class MoEFeedForward(nn.Module):
         logits = x.float() @ self.router_weight.float().t()
         weights, expert_ids = route(logits, self.top_k, correction_bias=self.correction_bias, **self.routing)
         token_of_row, a_offsets, row_of_copy = dispatch(expert_ids, self.num_experts)
-        x = x.to(torch.bfloat16)
-        if self.activation_format == "bf16":
-            a = x[token_of_row]
-        else:  # gathered inside the quantize kernel: no [T·k, H] copy of x
-            a = quantize(x, self.activation_format, rows=token_of_row)
+        a = self._activations(x.to(torch.bfloat16), token_of_row)
         h = grouped_matmul(a, self.w_gate_up, a_offsets, self.expert_ids, epilogue="swiglu")
         y = grouped_matmul(self._activations(h), self.w_down, a_offsets, self.expert_ids)
         return combine(y, row_of_copy, weights, hidden_states.dtype).reshape(hidden_states.shape)
