@@ -34,6 +34,22 @@ def time_ms(fn, warmup_ms: float = 25, rep_ms: float = 100) -> float:
     return triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median")
 
 
+def graph_time_ms(fn, warmup_ms: float = 25, rep_ms: float = 100) -> float:
+    """Median time of one CUDA-graph replay of ``fn()`` in milliseconds: the GPU time without the
+    host's launch overhead. ``fn`` must already have run once (compiled) and be capturable."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()  # allocator warm-up on the capture stream
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    ms = time_ms(graph.replay, warmup_ms, rep_ms)
+    del graph
+    return ms
+
+
 def measure_ceilings() -> dict:
     """Copy bandwidth (GB/s, read + write), bf16 and fp8 matmul rates (TFLOP/s), measured now."""
     ceilings = {}

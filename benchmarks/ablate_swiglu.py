@@ -1,0 +1,77 @@
+"""The fused SwiGLU epilogue against the plain gate_up matmul of the same shape, on the GPU.
+
+    python benchmarks/ablate_swiglu.py [--out DIR]
+
+SwiGLU configs take half the plain config's block_n (a SwiGLU tile loads the gate and the up rows of
+B, so it reads the same B bytes per stage as the plain tile; the full block_n overflows shared
+memory). This measures what that costs: the same [E·t, H] × [E, 2I, H] product with
+``epilogue=None`` (out [E·t, 2I]) and ``epilogue="swiglu"`` (out [E·t, I]), default configs, both
+checked against the reference first. Writes ablate_swiglu.{csv,md}.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+from common import default_out_dir, measure_ceilings, time_ms, write_table  # noqa: E402
+
+import llmkernels as lk  # noqa: E402
+from llmkernels._testing import relative_error  # noqa: E402
+from llmkernels.grouped_matmul import default_launches  # noqa: E402
+
+SHAPES = {"DeepSeek-V3": (256, 2048, 7168), "Qwen3-30B-A3B": (128, 768, 2048), "gpt-oss-120b": (128, 2880, 2880)}
+TOKENS_PER_EXPERT = (1, 16, 64, 512)
+PAIRS = {"bf16": ("bf16", "bf16"), "mxfp8": ("mxfp8", "mxfp8"), "bf16 x mxfp4": ("bf16", "mxfp4")}
+ELEMENT = {"bf16": "bf16", "mxfp8": "e4m3", "mxfp4": "e2m1"}
+
+
+def _operand(x, fmt):
+    return x.to(torch.bfloat16) if fmt == "bf16" else lk.quantize(x, fmt)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    ceilings = measure_ceilings()
+    rows = []
+    for model, (experts, intermediate, hidden) in SHAPES.items():
+        weight = torch.randn(experts, 2 * intermediate, hidden, device="cuda", dtype=torch.bfloat16) * hidden**-0.5
+        for pair, (a_fmt, b_fmt) in PAIRS.items():
+            b = _operand(weight, b_fmt)
+            for t in TOKENS_PER_EXPERT:
+                total = experts * t
+                a = _operand(torch.randn(total, hidden, device="cuda"), a_fmt)
+                offsets = torch.arange(0, total + 1, t, device="cuda", dtype=torch.int32)
+                ids = torch.arange(experts, device="cuda", dtype=torch.int32)
+                times = {}
+                for epilogue in (None, "swiglu"):
+                    run = lambda: lk.grouped_matmul(a, b, offsets, ids, epilogue=epilogue)  # noqa: E731
+                    error = relative_error(run(), lk.grouped_matmul_reference(a, b, offsets, ids, epilogue=epilogue))
+                    times[epilogue] = time_ms(run) if error < 2e-2 else float("nan")
+                    swiglu = epilogue == "swiglu"
+                    weight_bytes = (b.data if isinstance(b, lk.ScaledTensor) else b).nbytes
+                    config = default_launches(total, experts, intermediate if swiglu else 2 * intermediate, hidden,
+                                              a.device, ELEMENT[a_fmt], ELEMENT[b_fmt], weight_bytes, swiglu)[0][0]
+                    rows.append({"model": model, "formats": pair, "tokens/expert": t,
+                                 "epilogue": epilogue or "none", "us": times[epilogue] * 1e3,
+                                 "swiglu / plain": times[epilogue] / times[None],
+                                 "tile": f"{config.block_m}x{config.block_n}x{config.block_k} s{config.num_stages}",
+                                 "rel err": error})
+                print(model, pair, t, {k: round(v * 1e3, 1) for k, v in times.items()}, flush=True)
+        del weight
+        torch.cuda.empty_cache()
+    notes = (f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}; ceilings {ceilings}. Median times "
+             "(do_bench), default configs; balanced routing, t tokens per expert; out is [E·t, 2I] (plain) or "
+             "[E·t, I] (swiglu).")
+    print(write_table(rows, args.out or default_out_dir(), "ablate_swiglu", "SwiGLU epilogue vs plain gate_up",
+                      notes))
+
+
+if __name__ == "__main__":
+    main()
