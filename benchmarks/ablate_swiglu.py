@@ -6,7 +6,8 @@ SwiGLU configs take half the plain config's block_n (a SwiGLU tile loads the gat
 B, so it reads the same B bytes per stage as the plain tile; the full block_n overflows shared
 memory). This measures what that costs: the same [E·t, H] × [E, 2I, H] product with
 ``epilogue=None`` (out [E·t, 2I]) and ``epilogue="swiglu"`` (out [E·t, I]), default configs, both
-checked against the reference first. Writes ablate_swiglu.{csv,md}.
+checked against the reference first, then SwiGLU candidates with the full block_n where they fit
+shared memory (``tools/compile_defaults.py`` checks that offline). Writes ablate_swiglu.{csv,md}.
 """
 from __future__ import annotations
 
@@ -21,12 +22,24 @@ from common import default_out_dir, measure_ceilings, time_ms, write_table  # no
 
 import llmkernels as lk  # noqa: E402
 from llmkernels._testing import relative_error  # noqa: E402
-from llmkernels.grouped_matmul import default_launches  # noqa: E402
+from llmkernels.grouped_matmul import BlockScaledMatmulConfig, default_launches  # noqa: E402
+from llmkernels._runtime import num_programs_hint  # noqa: E402
 
 SHAPES = {"DeepSeek-V3": (256, 2048, 7168), "Qwen3-30B-A3B": (128, 768, 2048), "gpt-oss-120b": (128, 2880, 2880)}
-TOKENS_PER_EXPERT = (1, 16, 64, 512)
+TOKENS_PER_EXPERT = (16, 64, 512)
 PAIRS = {"bf16": ("bf16", "bf16"), "mxfp8": ("mxfp8", "mxfp8"), "bf16 x mxfp4": ("bf16", "mxfp4")}
 ELEMENT = {"bf16": "bf16", "mxfp8": "e4m3", "mxfp4": "e2m1"}
+C = BlockScaledMatmulConfig
+# SwiGLU candidates per (pair, regime): (block_m, block_n, block_k, stages, warps, two per SM, swap)
+CANDIDATES = {
+    ("bf16", "decode"): [(16, 128, 128, 2, 4, True, True), (16, 128, 128, 3, 4, False, True)],
+    ("mxfp8", "decode"): [(16, 128, 256, 2, 4, True, False), (16, 128, 128, 4, 4, True, False)],
+    ("bf16 x mxfp4", "decode"): [(16, 128, 128, 4, 4, True, True)],
+    ("bf16", "compute"): [(128, 256, 64, 2, 8, False, False), (128, 128, 64, 4, 8, False, False)],
+    ("mxfp8", "compute"): [(128, 128, 128, 3, 8, False, False), (128, 128, 64, 4, 8, False, False),
+                           (128, 128, 128, 2, 8, False, False)],
+    ("bf16 x mxfp4", "compute"): [(128, 128, 128, 3, 8, False, False), (128, 128, 64, 4, 8, False, False)],
+}
 
 
 def _operand(x, fmt):
@@ -50,25 +63,40 @@ def main():
                 offsets = torch.arange(0, total + 1, t, device="cuda", dtype=torch.int32)
                 ids = torch.arange(experts, device="cuda", dtype=torch.int32)
                 times = {}
-                for epilogue in (None, "swiglu"):
-                    run = lambda: lk.grouped_matmul(a, b, offsets, ids, epilogue=epilogue)  # noqa: E731
+                regime = "decode" if t <= 64 else "compute"
+                variants = [(None, None), ("swiglu", None)]
+                if t in (16, 512):
+                    for bm, bn, bk, stages, warps, two, swap in CANDIDATES.get((pair, regime), []):
+                        programs = 2 * num_programs_hint(a.device) if two else None
+                        mma = "dequant" if regime == "decode" else "auto"
+                        variants.append(("swiglu", C(bm, bn, bk, stages, warps, programs, mma, swap)))
+                for epilogue, config in variants:
+                    run = lambda: lk.grouped_matmul(a, b, offsets, ids, epilogue=epilogue, config=config)  # noqa: E731
                     error = relative_error(run(), lk.grouped_matmul_reference(a, b, offsets, ids, epilogue=epilogue))
-                    times[epilogue] = time_ms(run) if error < 2e-2 else float("nan")
+                    ms = time_ms(run) if error < 2e-2 else float("nan")
+                    times.setdefault(epilogue, ms)
                     swiglu = epilogue == "swiglu"
-                    weight_bytes = (b.data if isinstance(b, lk.ScaledTensor) else b).nbytes
-                    config = default_launches(total, experts, intermediate if swiglu else 2 * intermediate, hidden,
-                                              a.device, ELEMENT[a_fmt], ELEMENT[b_fmt], weight_bytes, swiglu)[0][0]
+                    if config is None:
+                        weight_bytes = (b.data if isinstance(b, lk.ScaledTensor) else b).nbytes
+                        config = default_launches(total, experts, intermediate if swiglu else 2 * intermediate,
+                                                  hidden, a.device, ELEMENT[a_fmt], ELEMENT[b_fmt], weight_bytes,
+                                                  swiglu)[0][0]
+                        label = "default"
+                    else:
+                        label = "candidate"
                     rows.append({"model": model, "formats": pair, "tokens/expert": t,
-                                 "epilogue": epilogue or "none", "us": times[epilogue] * 1e3,
-                                 "swiglu / plain": times[epilogue] / times[None],
-                                 "tile": f"{config.block_m}x{config.block_n}x{config.block_k} s{config.num_stages}",
+                                 "epilogue": epilogue or "none", "config": label, "us": ms * 1e3,
+                                 "vs plain": ms / times[None],
+                                 "tile": f"{config.block_m}x{config.block_n}x{config.block_k} s{config.num_stages} "
+                                         f"w{config.num_warps}{' 2/SM' if config.num_programs else ''}"
+                                         f"{' swap' if config.ab_swapped else ''}",
                                  "rel err": error})
-                print(model, pair, t, {k: round(v * 1e3, 1) for k, v in times.items()}, flush=True)
+                    print(rows[-1], flush=True)
         del weight
         torch.cuda.empty_cache()
     notes = (f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}; ceilings {ceilings}. Median times "
-             "(do_bench), default configs; balanced routing, t tokens per expert; out is [E·t, 2I] (plain) or "
-             "[E·t, I] (swiglu).")
+             "(do_bench); 'default' rows: default configs, 'candidate' rows: SwiGLU tiles tried; balanced "
+             "routing, t tokens per expert; out is [E·t, 2I] (plain) or [E·t, I] (swiglu).")
     print(write_table(rows, args.out or default_out_dir(), "ablate_swiglu", "SwiGLU epilogue vs plain gate_up",
                       notes))
 
