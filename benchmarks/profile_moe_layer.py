@@ -3,7 +3,8 @@ under CUDA-graph replay, on the GPU.
 
     python benchmarks/profile_moe_layer.py [--out DIR]
 
-Stages: router logits + top-k routing, dispatch (counts, stable argsort, inverse permutation),
+Stages: router logits + top-k routing, dispatch (Triton counting sort; the PyTorch version with a
+stable argsort next to it),
 activation quantize (with the row gather), gate/up grouped matmul with SwiGLU, quantize of the
 intermediate, down grouped matmul, combine. Writes profile_moe_layer.{csv,md}.
 """
@@ -20,7 +21,7 @@ from bench_moe_layer import MODELS  # noqa: E402
 from common import default_out_dir, graph_time_ms, write_table  # noqa: E402
 
 from llmkernels.grouped_matmul import grouped_matmul  # noqa: E402
-from llmkernels.moe import MoEFeedForward, combine, dispatch, route  # noqa: E402
+from llmkernels.moe import MoEFeedForward, combine, dispatch, dispatch_reference, route  # noqa: E402
 
 TOKENS = (1, 64, 8192)
 
@@ -38,6 +39,7 @@ def stages(block: MoEFeedForward, x: torch.Tensor) -> dict:
         "route": lambda: route(x.float() @ block.router_weight.float().t(), block.top_k,
                                correction_bias=block.correction_bias, **block.routing),
         "dispatch": lambda: dispatch(ids, block.num_experts),
+        "dispatch, torch.argsort version": lambda: dispatch_reference(ids, block.num_experts),
         "quantize x": lambda: block._activations(x, token_of_row),
         "gate_up + swiglu": lambda: grouped_matmul(a, block.w_gate_up, a_offsets, block.expert_ids, epilogue="swiglu"),
         "quantize h": lambda: block._activations(h),
@@ -73,7 +75,7 @@ def main():
         torch.cuda.empty_cache()
     notes = (f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}. Median CUDA-graph replay time of "
              "each stage on its own (do_bench); the stages' sum exceeds the whole block by the graph-launch "
-             "cost of each stage.")
+             "cost of each stage. 'dispatch, torch.argsort version' is not part of the block (the alternative).")
     print(write_table(rows, args.out or default_out_dir(), "profile_moe_layer", "MoE block stages", notes))
 
 

@@ -5,7 +5,7 @@ import torch
 
 import llmkernels as lk
 from llmkernels._testing import assert_close_relative
-from llmkernels.moe import MoEFeedForward, dispatch, route
+from llmkernels.moe import MoEFeedForward, combine, dispatch, dispatch_reference, route
 
 # bf16 rounding of the intermediate and the output; with quantized activations the reference
 # quantizes the same values, and a rounding flipped by a last-bit difference adds a little
@@ -100,6 +100,32 @@ def test_dispatch_sorts_by_expert_and_inverts(device):
             row = row_of_copy[t, slot]
             assert token_of_row[row] == t
             assert offsets[ids[t, slot]] <= row < offsets[ids[t, slot] + 1]
+
+
+@pytest.mark.parametrize("tokens,top_k,experts", [(0, 2, 4), (1, 1, 1), (5, 3, 7), (300, 8, 256), (1000, 4, 128),
+                                                   (77, 2, 384), (2048, 1, 3)])
+def test_dispatch_matches_reference(tokens, top_k, experts, device):
+    """The counting-sort kernels give exactly the stable argsort's layout (several blocks of copies
+    at the larger sizes, experts not a power of two, skewed routing)."""
+    ids = torch.randint(0, experts, (tokens, top_k), device=device, dtype=torch.int32)
+    if tokens > 100:  # most copies on a few experts, as a trained router does
+        ids[: tokens // 2] = torch.randint(0, min(experts, 3), (tokens // 2, top_k), device=device, dtype=torch.int32)
+    for got, want in zip(dispatch(ids, experts), dispatch_reference(ids, experts)):
+        assert got.dtype == want.dtype and torch.equal(got, want)
+
+
+def test_dispatch_ids_out_of_range_are_dropped(device):
+    ids = torch.tensor([[2, -1], [7, 0], [1, 2]], dtype=torch.int32, device=device)
+    token_of_row, offsets, row_of_copy = dispatch(ids, 3)
+    assert offsets.tolist() == [0, 1, 2, 4]
+    assert row_of_copy.tolist() == [[2, -1], [-1, 0], [1, 3]]
+    assert token_of_row[:4].tolist() == [1, 2, 0, 2]
+    # combine skips the dropped copies (row -1) rather than reading some other row
+    y = torch.randn(6, 8, device=device)
+    weights = torch.rand(3, 2, device=device)
+    out = combine(y, row_of_copy, weights)
+    expected = torch.stack([weights[0, 0] * y[2], weights[1, 1] * y[0], weights[2, 0] * y[1] + weights[2, 1] * y[3]])
+    torch.testing.assert_close(out, expected)
 
 
 def test_route_sigmoid_grouped_with_bias(device):

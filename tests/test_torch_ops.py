@@ -111,3 +111,8 @@ def test_moe_combine_opcheck(device):
     row_of_copy = torch.randperm(12, device=device).view(4, 3)
     weights = torch.rand(4, 3, device=device)
     torch.library.opcheck(torch.ops.llmkernels.moe_combine.default, (y, row_of_copy, weights, torch.bfloat16))
+
+
+def test_moe_dispatch_opcheck(device):
+    ids = torch.randint(0, 6, (9, 2), device=device, dtype=torch.int32)
+    torch.library.opcheck(torch.ops.llmkernels.moe_dispatch.default, (ids, 6))

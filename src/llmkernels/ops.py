@@ -1,7 +1,8 @@
 """The kernels as PyTorch custom operators (``torch.ops.llmkernels.*``), for ``torch.compile``.
 
 Under ``torch.compile`` the public functions (:func:`llmkernels.grouped_matmul`,
-:func:`llmkernels.quantize`, :func:`llmkernels.attention`, :func:`llmkernels.moe.combine`) check
+:func:`llmkernels.quantize`, :func:`llmkernels.attention`, :func:`llmkernels.moe.dispatch`,
+:func:`llmkernels.moe.combine`) check
 their arguments while tracing and then call these operators, which the compiler treats as opaque
 nodes with fake (meta) implementations: no graph break, and no host sync inside, so the compiled
 graph stays capturable in a CUDA graph. In eager mode the public functions launch directly (the
@@ -19,8 +20,8 @@ import torch
 from .formats import ScaledTensor
 from .formats.spec import format_spec
 
-__all__ = ["attention_op", "grouped_matmul_op", "moe_combine_op", "quantize_op", "scaled_tensor_from_parts",
-           "scaled_tensor_parts"]
+__all__ = ["attention_op", "grouped_matmul_op", "moe_combine_op", "moe_dispatch_op", "quantize_op",
+           "scaled_tensor_from_parts", "scaled_tensor_parts"]
 
 PLAIN_FORMATS = ("bf16", "fp16")
 
@@ -149,3 +150,19 @@ def moe_combine_op(y: torch.Tensor, row_of_copy: torch.Tensor, weights: torch.Te
 @moe_combine_op.register_fake
 def _moe_combine_fake(y, row_of_copy, weights, out_dtype):
     return y.new_empty((row_of_copy.shape[0], y.shape[1]), dtype=out_dtype)
+
+
+@torch.library.custom_op("llmkernels::moe_dispatch", mutates_args=())
+def moe_dispatch_op(expert_ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`llmkernels.moe.dispatch`: ``(token_of_row, a_offsets, row_of_copy)``."""
+    from .moe.dispatch import dispatch
+
+    return dispatch(expert_ids, num_experts)
+
+
+@moe_dispatch_op.register_fake
+def _moe_dispatch_fake(expert_ids, num_experts):
+    num_tokens, top_k = expert_ids.shape
+    return (expert_ids.new_empty(num_tokens * top_k, dtype=torch.int64),
+            expert_ids.new_empty(num_experts + 1, dtype=torch.int32),
+            expert_ids.new_empty((num_tokens, top_k), dtype=torch.int64))

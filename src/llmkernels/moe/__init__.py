@@ -1,7 +1,7 @@
 """The Mixture-of-Experts feed-forward block around the grouped matmul."""
 from .combine import combine
-from .dispatch import dispatch
+from .dispatch import dispatch, dispatch_reference
 from .layer import MoEFeedForward
 from .routing import SCORINGS, route
 
-__all__ = ["MoEFeedForward", "route", "dispatch", "combine", "SCORINGS"]
+__all__ = ["MoEFeedForward", "route", "dispatch", "dispatch_reference", "combine", "SCORINGS"]

@@ -15,16 +15,18 @@ __all__ = ["combine"]
 def combine_kernel(y_ptr, row_of_copy_ptr, weights_ptr, out_ptr, stride_y_row, stride_out_row, num_rows_y, hidden,
                    TOP_K: tl.constexpr, BLOCK_H: tl.constexpr):
     """out ``[T, H]``: ``out[t] = Σ_j weights[t, j] · y[row_of_copy[t, j]]`` in fp32; one program per
-    (token, BLOCK_H columns). Row indices are clamped to y."""
+    (token, BLOCK_H columns). A row index outside y (e.g. the -1 of a copy that dispatch could not
+    place) contributes nothing."""
     token = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     col_ok = cols < hidden
     acc = tl.zeros([BLOCK_H], dtype=tl.float32)
     for slot in tl.static_range(TOP_K):
         row = tl.load(row_of_copy_ptr + token * TOP_K + slot).to(tl.int64)
-        row = tl.minimum(tl.maximum(row, 0), num_rows_y - 1)
+        row_ok = (row >= 0) & (row < num_rows_y)
         weight = tl.load(weights_ptr + token * TOP_K + slot)
-        acc += weight * tl.load(y_ptr + row * stride_y_row + cols, mask=col_ok, other=0.0).to(tl.float32)
+        values = tl.load(y_ptr + tl.where(row_ok, row, 0) * stride_y_row + cols, mask=col_ok, other=0.0)
+        acc += tl.where(row_ok, weight * values.to(tl.float32), 0.0)
     tl.store(out_ptr + token * stride_out_row + cols, acc.to(out_ptr.dtype.element_ty), mask=col_ok)
 
 

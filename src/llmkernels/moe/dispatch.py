@@ -1,23 +1,125 @@
-"""Dispatch: token copies sorted by expert into the grouped matmul's 1D layout, and back."""
+"""Dispatch: token copies sorted by expert into the grouped matmul's 1D layout, and back.
+
+Three small Triton kernels replace a counting pass, a cumsum and a stable ``torch.argsort``: per
+block of copies, count the copies of each expert; scan those counts into group offsets and each
+block's first row per expert; place every copy at its block's row plus its rank among the block's
+earlier copies of the same expert (a stable counting sort, no host sync).
+"""
 from __future__ import annotations
 
 import torch
+import triton
+import triton.language as tl
 
-__all__ = ["dispatch"]
+from .._runtime import check_device, next_power_of_2
+
+__all__ = ["dispatch", "dispatch_reference"]
+
+# copies per block × padded experts per one-hot tile; 32k int32 elements keeps each program in registers
+ONE_HOT_ELEMENTS = 1 << 15
+
+
+@triton.jit
+def _count_kernel(ids_ptr, counts_ptr, num_copies, num_experts, BLOCK: tl.constexpr, EXPERTS: tl.constexpr):
+    """counts ``[num_blocks, EXPERTS]``: copies of each expert in block ``program_id``."""
+    block = tl.program_id(0)
+    copies = block * BLOCK + tl.arange(0, BLOCK)
+    ids = tl.load(ids_ptr + copies, mask=copies < num_copies, other=-1)
+    ids = tl.where((ids >= 0) & (ids < num_experts), ids, -1)  # ids outside [0, E) count nowhere
+    experts = tl.arange(0, EXPERTS)
+    counts = tl.sum((ids[:, None] == experts[None, :]).to(tl.int32), axis=0)
+    tl.store(counts_ptr + block * EXPERTS + experts, counts)
+
+
+@triton.jit
+def _scan_kernel(counts_ptr, offsets_ptr, num_blocks, num_experts, CHUNK: tl.constexpr, EXPERTS: tl.constexpr):
+    """One program. ``offsets[e]`` = copies of experts below e (``[E + 1]``); counts are overwritten
+    with each block's first row per expert: ``offsets[e] + Σ_{b' < b} counts[b', e]``."""
+    experts = tl.arange(0, EXPERTS)
+    totals = tl.zeros([EXPERTS], dtype=tl.int32)
+    for start in range(0, num_blocks, CHUNK):
+        blocks = start + tl.arange(0, CHUNK)
+        tile = tl.load(counts_ptr + blocks[:, None] * EXPERTS + experts[None, :], mask=blocks[:, None] < num_blocks,
+                       other=0)
+        totals += tl.sum(tile, axis=0)
+    group_start = tl.cumsum(totals, axis=0) - totals
+    tl.store(offsets_ptr + experts, group_start, mask=experts < num_experts)
+    tl.store(offsets_ptr + num_experts, tl.sum(totals, axis=0))
+    carry = group_start
+    for start in range(0, num_blocks, CHUNK):
+        blocks = start + tl.arange(0, CHUNK)
+        pointers = counts_ptr + blocks[:, None] * EXPERTS + experts[None, :]
+        in_range = blocks[:, None] < num_blocks
+        tile = tl.load(pointers, mask=in_range, other=0)
+        tl.store(pointers, carry[None, :] + tl.cumsum(tile, axis=0) - tile, mask=in_range)
+        carry += tl.sum(tile, axis=0)
+
+
+@triton.jit
+def _place_kernel(ids_ptr, block_start_ptr, token_of_row_ptr, row_of_copy_ptr, num_copies, num_experts,
+                  TOP_K: tl.constexpr, BLOCK: tl.constexpr, EXPERTS: tl.constexpr):
+    """Copy ``c`` of expert ``e`` goes to row ``block_start[block, e]`` + (copies of e before c in the block)."""
+    block = tl.program_id(0)
+    copies = block * BLOCK + tl.arange(0, BLOCK)
+    valid = copies < num_copies
+    ids = tl.load(ids_ptr + copies, mask=valid, other=-1)
+    placed = valid & (ids >= 0) & (ids < num_experts)
+    ids = tl.where(placed, ids, -1)
+    experts = tl.arange(0, EXPERTS)
+    one_hot = (ids[:, None] == experts[None, :]).to(tl.int32)
+    rank = tl.sum((tl.cumsum(one_hot, axis=0) - one_hot) * one_hot, axis=1)
+    rows = tl.load(block_start_ptr + block * EXPERTS + ids, mask=placed, other=0) + rank
+    tl.store(row_of_copy_ptr + copies, tl.where(placed, rows, -1).to(tl.int64), mask=valid)
+    tl.store(token_of_row_ptr + rows, (copies // TOP_K).to(tl.int64), mask=placed)
 
 
 def dispatch(expert_ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Sorts the ``T · k`` token copies by expert, on the device and without a host sync.
+    """Sorts the ``T · k`` token copies by expert (stably), on the device and without a host sync.
 
     Args:
-        expert_ids: int32 ``[T, k]``, values in ``[0, E)``.
+        expert_ids: int32 or int64 ``[T, k]``, values in ``[0, E)``.
         num_experts: E.
 
     Returns:
         ``(token_of_row, a_offsets, row_of_copy)``: int64 ``[T·k]`` source token of each row of the
-        expert-sorted layout; int32 ``[E + 1]`` group offsets (group e = expert e, empty groups
-        included); int64 ``[T, k]`` row of each (token, slot) copy in that layout (the inverse).
+        expert-sorted layout (copies of one expert in token order); int32 ``[E + 1]`` group offsets
+        (group e = expert e, empty groups included); int64 ``[T, k]`` row of each (token, slot) copy
+        in that layout (the inverse). A copy whose id lies outside ``[0, E)`` is not placed: its
+        ``row_of_copy`` is -1 and the rows past ``a_offsets[E]`` are left unwritten (nothing is
+        written out of bounds).
     """
+    if expert_ids.dim() != 2 or expert_ids.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"expert_ids must be an int32/int64 [T, k] tensor, got {expert_ids.dtype} "
+                         f"of shape {tuple(expert_ids.shape)}")
+    if isinstance(num_experts, bool) or not isinstance(num_experts, int) or num_experts < 1:
+        raise ValueError(f"num_experts must be a positive int, got {num_experts!r}")
+    device = check_device(expert_ids=expert_ids)
+    if torch.compiler.is_compiling():
+        from ..ops import moe_dispatch_op  # an opaque node for the compiler
+
+        return moe_dispatch_op(expert_ids, num_experts)
+    num_tokens, top_k = expert_ids.shape
+    num_copies = num_tokens * top_k
+    token_of_row = torch.empty(num_copies, dtype=torch.int64, device=device)
+    row_of_copy = torch.empty(num_tokens, top_k, dtype=torch.int64, device=device)
+    a_offsets = torch.empty(num_experts + 1, dtype=torch.int32, device=device)
+    experts = next_power_of_2(num_experts)
+    block = max(16, min(1024, ONE_HOT_ELEMENTS // experts, next_power_of_2(max(num_copies, 1))))
+    num_blocks = triton.cdiv(num_copies, block)
+    ids = expert_ids.contiguous().view(-1)
+    if num_blocks == 0:
+        return token_of_row, a_offsets.zero_(), row_of_copy
+    block_start = torch.empty(num_blocks, experts, dtype=torch.int32, device=device)
+    _count_kernel[(num_blocks,)](ids, block_start, num_copies, num_experts, BLOCK=block, EXPERTS=experts)
+    _scan_kernel[(1,)](block_start, a_offsets, num_blocks, num_experts,
+                       CHUNK=max(1, min(64, ONE_HOT_ELEMENTS // experts)), EXPERTS=experts)
+    _place_kernel[(num_blocks,)](ids, block_start, token_of_row, row_of_copy, num_copies, num_experts,
+                                 TOP_K=top_k, BLOCK=block, EXPERTS=experts)
+    return token_of_row, a_offsets, row_of_copy
+
+
+def dispatch_reference(expert_ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`dispatch` in PyTorch (counts, cumsum, stable argsort, inverse permutation)."""
     num_tokens, top_k = expert_ids.shape
     flat = expert_ids.reshape(-1).long()
     counts = torch.zeros(num_experts, dtype=torch.int64, device=flat.device)
