@@ -97,16 +97,14 @@ def default_config(num_tokens: int, num_groups: int, n_out: int, k: int, device:
     SwiGLU tiles load gate and up rows of B (``2 · block_n`` rows per K step). Measured on the H100
     (``benchmarks/results/nvidia-h100-80gb-hbm3/ablate_swiglu.md``): the 128×128×128 compute tile
     keeps its ``block_n`` (it fits shared memory with both B tiles and runs 0.87–1.11× the plain
-    product, where half the ``block_n`` ran 1.19–1.44×); the e4m3 decode tile 16×128×256 halves
-    ``block_k`` instead (same bytes per stage, 0.95–1.0× plain); the others halve ``block_n``, the
-    B bytes per stage the plain tiles were measured with (their full-width SwiGLU versions either
-    overflow shared memory or ran slower).
+    product, where half the ``block_n`` ran 1.19–1.44×); the others halve ``block_n``, the B bytes
+    per stage the plain tiles were measured with. Full-width decode tiles either overflow shared
+    memory, ran slower, or (e4m3, 16×128×128) matched at 16 tokens per expert but, with half the
+    tiles, ran 1.6× slower when a decode step activates only a few experts (DeepSeek-V3, 1 token).
     """
     config = _measured_config(num_tokens, num_groups, n_out, k, device, a_element, b_element)
     if not swiglu or (config.block_m, config.block_n, config.block_k) == (128, 128, 128):
         return config
-    if (config.block_m, config.block_k, b_element) == (16, 256, "e4m3"):
-        return dataclasses.replace(config, block_k=128, num_stages=4)
     return dataclasses.replace(config, block_n=max(16, config.block_n // 2))
 
 
