@@ -3,10 +3,10 @@ under CUDA-graph replay, on the GPU.
 
     python benchmarks/profile_moe_layer.py [--out DIR]
 
-Stages: router logits + top-k routing, dispatch (Triton counting sort; the PyTorch version with a
-stable argsort next to it),
-activation quantize (with the row gather), gate/up grouped matmul with SwiGLU, quantize of the
-intermediate, down grouped matmul, combine. Writes profile_moe_layer.{csv,md}.
+Stages: router logits + top-k routing, dispatch (the Triton counting sort, and the PyTorch version
+with a stable argsort next to it), activation quantize (with the row gather), gate/up grouped
+matmul with SwiGLU, quantize of the intermediate, down grouped matmul, combine. Writes
+profile_moe_layer.{csv,md}.
 """
 from __future__ import annotations
 
