@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The reliability checks that need a GPU, each under its own time limit, logs under $OUT:
+#   bash tools/gpu_reliability.sh huge        tests/test_huge.py: inputs past 2^31 elements
+#   bash tools/gpu_reliability.sh memcheck    compute-sanitizer memcheck over every small-shape test
+#   bash tools/gpu_reliability.sh racecheck   compute-sanitizer racecheck over a few tests per kernel family
+#   bash tools/gpu_reliability.sh properties  the hypothesis property tests, long profile (1000 examples each)
+# PyTorch's caching allocator is off under the sanitizer, so that every tensor is its own allocation
+# and a read or write past its end is reported rather than landing in a neighbour's block.
+set -u
+export PYTHONPATH=src
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+PYTEST="python3 -m pytest -p no:cacheprovider -rfE"
+for step in "$@"; do
+  case $step in
+    huge)
+      timeout 400 $PYTEST tests/test_huge.py -v > "$OUT/huge.log" 2>&1; tail -3 "$OUT/huge.log" ;;
+    memcheck)
+      PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 540 compute-sanitizer --tool memcheck --target-processes all \
+        --print-limit 50 $PYTEST tests -m "not gpu" -n 8 --ignore=tests/test_properties.py \
+        > "$OUT/memcheck.log" 2>&1
+      grep -E "ERROR SUMMARY|passed|failed" "$OUT/memcheck.log" | sort | uniq -c | tail -8 ;;
+    racecheck)
+      PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 540 compute-sanitizer --tool racecheck --target-processes all \
+        --print-limit 50 $PYTEST tests -m "not gpu" -n 8 --ignore=tests/test_properties.py \
+        -k "test_format_pairs or test_dense or test_paged_decode_every_num_splits or test_quantize_kernel_matches_reference_bits or test_dispatch_matches_reference or test_moe_block_routing_edges" \
+        > "$OUT/racecheck.log" 2>&1
+      grep -E "ERROR SUMMARY|RACECHECK SUMMARY|passed|failed" "$OUT/racecheck.log" | sort | uniq -c | tail -8 ;;
+    properties)
+      LLMK_HYPOTHESIS_PROFILE=gpu-long timeout 540 $PYTEST tests/test_properties*.py -n 8 --hypothesis-show-statistics \
+        > "$OUT/properties_gpu_long.log" 2>&1; tail -3 "$OUT/properties_gpu_long.log" ;;
+    *) echo "unknown step $step"; exit 2 ;;
+  esac
+done
