@@ -69,6 +69,18 @@ def test_mxfp4_known_values_round_to_nearest_even(device):
         assert _bits(q.data)[0, 0].item() == 0x07 | (0x00 << 4)  # 6.0 low nibble, 0.0 high nibble
 
 
+def test_negative_values_rounding_to_zero_keep_their_sign(device):
+    """-tiny in a block with a large amax rounds to -0 (code 0x80 in e4m3, 0x8 in e2m1), as a cast
+    does; found by the > 2^31-element GPU test, where random data hits it (about 1 in 250k)."""
+    x = torch.zeros(2, 64, device=device)
+    x[:, 0] = 100.0
+    x[:, 1:5] = torch.tensor([-1e-6, 1e-6, -0.0, 0.0])
+    for format in ("mxfp8", "mxfp4", "nvfp4"):
+        q, ref = lk.quantize(x, format), lk.quantize_reference(x, format)
+        assert torch.equal(q.data.view(torch.uint8), ref.data.view(torch.uint8)), format
+    assert lk.quantize(x, "mxfp8").data.view(torch.uint8)[0, 1:5].tolist() == [0x80, 0x00, 0x80, 0x00]
+
+
 def test_mxfp8_known_scale_and_saturation(device):
     x = torch.full((1, 32), 0.5, device=device)
     x[0, 0] = 1.0 * 1.99  # floor(log2) = 0 -> scale 2^(0 - 8); 1.99 / 2^-8 = 509 saturates to 448

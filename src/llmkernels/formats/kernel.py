@@ -42,12 +42,15 @@ def _round_to_e4m3(value):
     Adding ``M = 1.5 · 2^23 · ulp`` moves ``value`` into a binade whose float32 spacing is the e4m3
     ulp, so the hardware's round-to-nearest-even addition does the rounding; subtracting M is exact.
     (The cast to fp8 then only sees representable values: Triton's interpreter does not round fp8
-    casts to nearest even.)
+    casts to nearest even.) The rounding runs on the magnitude and the sign bit is put back, so that
+    a negative value that rounds to zero gives -0, as the cast does.
     """
     exponent = ((value.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
     exponent = tl.maximum(exponent, -6)  # e4m3 subnormals share the ulp of the lowest binade
     magic = (((exponent + 20 + 127) << 23) | 0x400000).to(tl.float32, bitcast=True)
-    return (value + magic) - magic
+    rounded = (tl.abs(value) + magic) - magic
+    sign = value.to(tl.uint32, bitcast=True) & 0x80000000
+    return (rounded.to(tl.uint32, bitcast=True) | sign).to(tl.float32, bitcast=True)
 
 
 @triton.jit
