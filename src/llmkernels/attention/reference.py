@@ -121,9 +121,9 @@ def attention_reference(q, k, v, *, causal=False, mask=None, score_mod=None, sin
         if sinks is not None:
             logits = torch.cat([scores, sinks.float().view(-1, 1, 1).expand(-1, seqlen_q, 1)], dim=-1)
         row_lse = torch.logsumexp(logits, dim=-1)                          # [Hq, Sq]
-        finite = torch.isfinite(row_lse)
-        probs = torch.exp(scores - torch.where(finite, row_lse, 0.0).unsqueeze(-1))
-        probs = torch.where(finite.unsqueeze(-1), probs, 0.0)
+        empty = torch.isneginf(row_lse)  # fully masked rows: output 0; NaN scores propagate
+        probs = torch.exp(scores - torch.where(empty, 0.0, row_lse).unsqueeze(-1))
+        probs = torch.where(empty.unsqueeze(-1), 0.0, probs)
         ob = torch.matmul(probs, vf).transpose(0, 1)                       # [Sq, Hq, D]
         if ragged:
             out[starts_q[b]:starts_q[b + 1]] = ob

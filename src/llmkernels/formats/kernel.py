@@ -63,7 +63,7 @@ def _encode_e2m1(scaled):
     code += (magnitude > 1.25).to(tl.int32) + (magnitude >= 1.75).to(tl.int32)
     code += (magnitude > 2.5).to(tl.int32) + (magnitude >= 3.5).to(tl.int32)
     code += (magnitude > 5.0).to(tl.int32)
-    sign = (scaled.to(tl.int32, bitcast=True) >> 31) & 1
+    sign = (scaled.to(tl.int32, bitcast=True) >> 31) & (scaled == scaled).to(tl.int32)  # NaN: code 0
     return code | (sign << 3)
 
 
@@ -94,7 +94,9 @@ def quantize_kernel(
     x = tl.load(x_ptr + x_rows[:, None] * stride_x_row + cols[None, :],
                 mask=row_ok[:, None] & (cols < num_cols)[None, :], other=0.0).to(tl.float32)
     blocks = tl.reshape(x, (BLOCK_ROWS, SCALES_PER_TILE, SCALE_BLOCK))
-    amax = tl.max(tl.abs(blocks), axis=2)
+    # max over the magnitudes' bits: for non-negative floats integer order is float order, and a NaN
+    # (bits above inf) wins, where a float max would skip it (the block's scale must become NaN).
+    amax = tl.max(tl.abs(blocks).to(tl.int32, bitcast=True), axis=2).to(tl.float32, bitcast=True)
 
     if SCALE == "e8m0":
         # OCP MX: scale = 2^(floor(log2(amax)) - emax), read off amax's exponent bits.
@@ -103,24 +105,28 @@ def quantize_kernel(
         scale_bits = tl.where(amax != amax, 255, scale_bits)
         # 1 / scale, exact; finite inputs keep scale_bits <= 253 so this stays a normal float.
         inverse_scale = ((254 - scale_bits) << 23).to(tl.float32, bitcast=True)
+        inverse_scale = tl.where(scale_bits == 255, float("nan"), inverse_scale)  # a NaN block stays NaN
         scaled = blocks * inverse_scale[:, :, None]
     else:
         # NVFP4: e4m3 block scale of (amax / 6) relative to the per-tensor decode scale.
         global_scale = tl.load(global_scale_ptr)
         block_scale = tl.math.div_rn(tl.math.div_rn(amax, 6.0), global_scale)
-        block_scale = _round_to_e4m3(tl.minimum(tl.maximum(block_scale, 0.015625), 448.0)).to(tl.float8e4nv)
-        scale_bits = block_scale.to(tl.uint8, bitcast=True)
-        scale = block_scale.to(tl.float32) * global_scale
+        block_scale = tl.clamp(block_scale, 0.015625, 448.0, propagate_nan=tl.PropagateNan.ALL)
+        scale_bits = _round_to_e4m3(block_scale).to(tl.float8e4nv).to(tl.uint8, bitcast=True)
+        scale_bits = tl.where(block_scale == block_scale, scale_bits, 0x7F)  # NaN as the cast writes it
+        block_scale = scale_bits.to(tl.float8e4nv, bitcast=True)  # (the interpreter's fp8 casts miss NaN)
+        scale = tl.where(scale_bits == 0x7F, float("nan"), block_scale.to(tl.float32) * global_scale)
         scaled = tl.math.div_rn(blocks, scale[:, :, None])
 
     if ELEMENT == "e4m3":
-        scaled = tl.minimum(tl.maximum(scaled, -448.0), 448.0)
-        values = _round_to_e4m3(tl.reshape(scaled, (BLOCK_ROWS, BLOCK_COLS))).to(tl.float8e4nv)
-        values = values.to(tl.uint8, bitcast=True)
+        scaled = tl.clamp(scaled, -448.0, 448.0, propagate_nan=tl.PropagateNan.ALL)
+        scaled = tl.reshape(scaled, (BLOCK_ROWS, BLOCK_COLS))
+        values = _round_to_e4m3(scaled).to(tl.float8e4nv).to(tl.uint8, bitcast=True)
+        values = tl.where(scaled == scaled, values, 0x7F)  # NaN as the cast writes it (not every backend does)
         tl.store(data_ptr + rows64[:, None] * num_cols + cols[None, :], values,
                  mask=row_ok[:, None] & (cols < num_cols)[None, :])
     else:
-        scaled = tl.minimum(tl.maximum(scaled, -6.0), 6.0)
+        scaled = tl.clamp(scaled, -6.0, 6.0, propagate_nan=tl.PropagateNan.ALL)
         codes = tl.reshape(_encode_e2m1(scaled), (BLOCK_ROWS, BLOCK_COLS // 2, 2))
         even, odd = tl.split(codes)
         packed = (even | (odd << 4)).to(tl.uint8)

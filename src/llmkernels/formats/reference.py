@@ -99,6 +99,7 @@ def _mx_scales(amax: torch.Tensor, spec: FormatSpec):
     # floor(log2(amax)) exactly (a float32 log2 rounds up just below a power of two); subnormal
     # and zero amax fall below e8m0's range and clamp to its bottom, as the bit-level rule does.
     exponent = torch.where(amax > 0, torch.frexp(amax).exponent - 1, -127)
+    exponent = torch.where(torch.isinf(amax), 128, exponent)  # inf's exponent field, as the bit rule reads it
     unbiased = (exponent.clamp(min=-127) - spec.emax).clamp(-127, 127)
     bits = torch.where(torch.isnan(amax), 255, unbiased + 127).to(torch.uint8)
     return bits, decode_e8m0(bits)
