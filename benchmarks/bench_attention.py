@@ -25,7 +25,7 @@ if not torch.cuda.is_available():
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import bar_plot, default_out_dir, time_ms  # noqa: E402
+from common import bar_plot, default_out_dir, graph_time_ms, time_ms  # noqa: E402
 from common import measure_ceilings as measure_gpu_ceilings  # noqa: E402
 
 from llmkernels.attention.api import attention  # noqa: E402
@@ -55,6 +55,16 @@ def bench(fn) -> float:
         fn()
         return (time.perf_counter() - t0) * 1e3
     return time_ms(fn)
+
+
+def bench_graph(fn) -> float | None:
+    """Median milliseconds of a CUDA-graph replay of ``fn`` (no launch overhead), or None."""
+    if not ON_GPU:
+        return None
+    try:
+        return graph_time_ms(fn)
+    except Exception:  # noqa: BLE001 - a peer that cannot be captured just has no graph time
+        return None
 
 
 def over_budget() -> bool:
@@ -120,6 +130,13 @@ def run_peer(name, q_bhsd, k_bhsd, v_bhsd, causal, expected):
         return bench(fn), ""
     except Exception as exc:  # a peer that cannot run this problem is reported, not fatal
         return None, f"fails ({type(exc).__name__})"
+
+
+def run_peer_graph(name, q_bhsd, k_bhsd, v_bhsd, causal):
+    """CUDA-graph replay time of a peer that ran (decode rows), or None."""
+    if not ON_GPU or name == "flex":
+        return None
+    return bench_graph(PEERS[name](q_bhsd, k_bhsd, v_bhsd, causal))
 
 
 def prefill_rows(shapes, ablation: bool):
@@ -193,10 +210,11 @@ def decode_rows(problems, heads=DECODE_HEADS, kv_heads=DECODE_KV_HEADS, head_dim
             fn = lambda: attention(q, None, None, kv_cache=cache)  # noqa: E731
             error = (fn().float().transpose(1, 2) - expected).norm() / expected.norm()
             ms, note = bench(fn), ("" if error < 5e-2 else f"WRONG (rel. error {error:.2e})")
+            graph_ms = bench_graph(fn)
         except Exception as exc:
-            ms, note = None, f"fails ({type(exc).__name__}: {str(exc)[:80]})"
+            ms, graph_ms, note = None, None, f"fails ({type(exc).__name__}: {str(exc)[:80]})"
         rows.append(dict(section="decode", problem=problem, impl="llmkernels", ms=ms, flops=flops, bytes=io_bytes,
-                         note=note))
+                         note=note, graph_ms=graph_ms))
         for peer in PEERS:
             if peer == "flex" and context != 8192 and ON_GPU:
                 # each new shape costs torch.compile ~10-20 s: compare at the baseline's 8k context only
@@ -204,8 +222,9 @@ def decode_rows(problems, heads=DECODE_HEADS, kv_heads=DECODE_KV_HEADS, head_dim
                                  note="skipped (compile time; see ctx=8192)"))
                 continue
             ms, note = run_peer(peer, q_t, k_dense, v_dense, False, expected)
+            graph_ms = run_peer_graph(peer, q_t, k_dense, v_dense, False) if ms is not None else None
             rows.append(dict(section="decode", problem=problem, impl=peer, ms=ms, flops=flops, bytes=io_bytes,
-                             note=note + (" (dense KV)" if ms is not None else "")))
+                             note=note + (" (dense KV)" if ms is not None else ""), graph_ms=graph_ms))
         del k_pages, v_pages, k_dense, v_dense, cache
         if ON_GPU:
             torch.cuda.empty_cache()
@@ -214,7 +233,11 @@ def decode_rows(problems, heads=DECODE_HEADS, kv_heads=DECODE_KV_HEADS, head_dim
 
 def add_metrics(rows, ceilings):
     ours = {(r["problem"]): r["ms"] for r in rows if r["impl"] == "llmkernels"}
+    ours_graph = {(r["problem"]): r.get("graph_ms") for r in rows if r["impl"] == "llmkernels"}
     for r in rows:
+        graph_ms, our_graph_ms = r.setdefault("graph_ms", None), ours_graph.get(r["problem"])
+        r["graph_speedup"] = (graph_ms / our_graph_ms if graph_ms and our_graph_ms and r["impl"] != "llmkernels"
+                              else None)
         ms = r["ms"]
         r["tflops"] = r["flops"] / ms / 1e9 if ms else None
         r["gbps"] = r["bytes"] / ms / 1e6 if ms else None
@@ -236,13 +259,15 @@ def markdown(rows, ceilings, device_name) -> str:
     lines = [f"# Attention benchmark on {device_name}", "",
              f"Ceilings measured in this run: copy {ceilings['copy_gbps']:.0f} GB/s, bf16 matmul "
              f"{ceilings['matmul_tflops']:.0f} TFLOP/s. `% ceiling`: TFLOP/s of the matmul (prefill) or GB/s of "
-             "the copy (decode). `llmk speedup`: peer time / llmkernels time (> 1: llmkernels faster).", "",
-             "| problem | impl | ms | TFLOP/s | GB/s | % ceiling | llmk speedup | note |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "the copy (decode). `llmk speedup`: peer time / llmkernels time (> 1: llmkernels faster). Decode "
+             "rows also give the CUDA-graph replay time (`graph ms`, no launch overhead) and the speedup "
+             "measured that way.", "",
+             "| problem | impl | ms | TFLOP/s | GB/s | % ceiling | llmk speedup | graph ms | llmk speedup (graph) | note |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         lines.append(f"| {r['problem']} | {r['impl']} | {fmt(r['ms'], '.3f')} | {fmt(r['tflops'], '.0f')} | "
                      f"{fmt(r['gbps'], '.0f')} | {fmt(r['pct_ceiling'], '.0f')} | {fmt(r['ours_speedup'], '.2f')} | "
-                     f"{r['note']} |")
+                     f"{fmt(r['graph_ms'], '.4f')} | {fmt(r['graph_speedup'], '.2f')} | {r['note']} |")
     return "\n".join(lines) + "\n"
 
 
@@ -282,7 +307,8 @@ def main(argv=None):
     print(table)
     with open(os.path.join(out_dir, "attention.md"), "w") as f:
         f.write(table)
-    fields = ["section", "problem", "impl", "ms", "tflops", "gbps", "pct_ceiling", "ours_speedup", "note"]
+    fields = ["section", "problem", "impl", "ms", "tflops", "gbps", "pct_ceiling", "ours_speedup", "graph_ms",
+              "graph_speedup", "note"]
     with open(os.path.join(out_dir, "attention.csv"), "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
         writer.writeheader()
