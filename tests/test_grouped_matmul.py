@@ -199,12 +199,14 @@ def test_bad_offsets_never_write_outside_out(device):
     # Read as [0, 12, 12, 20, 20]: group 0 intact, group 2 (rows 12..19) has an invalid expert.
     assert_close_relative(out[:12], expected[:12], TOLERANCE[torch.float32])
     assert (out[12:20] == 0).all() and (expected[12:20] == 0).all()
-    with pytest.raises(ValueError, match="non-decreasing"):
+    with pytest.raises(ValueError, match=r"non-decreasing: a_offsets\[2\] = 7 < a_offsets\[1\] = 12"):
         lk.grouped_matmul(a, b, offsets, ids, validate=True)
-    with pytest.raises(ValueError, match="exceeds"):
+    with pytest.raises(ValueError, match=r"a_offsets\[2\] = 30 exceeds the 20 rows"):
         lk.grouped_matmul(a, b, torch.tensor([0, 12, 30], dtype=torch.int32, device=device),
                           ids[:2], validate=True)
-    with pytest.raises(ValueError, match="expert_ids must lie"):
+    with pytest.raises(ValueError, match=r"a_offsets\[0\] must be 0"):
+        lk.grouped_matmul(a, b, torch.tensor([2, 12, 20], dtype=torch.int32, device=device), ids[:2], validate=True)
+    with pytest.raises(ValueError, match=r"expert_ids\[1\] = 3"):
         lk.grouped_matmul(a, b, torch.tensor([0, 12, 20], dtype=torch.int32, device=device),
                           torch.tensor([0, 3], dtype=torch.int32, device=device), validate=True)
 

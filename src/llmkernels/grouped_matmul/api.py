@@ -118,13 +118,20 @@ def _validate_metadata_on_host(a_offsets, expert_ids, num_tokens: int, num_exper
     offsets = a_offsets.to(torch.int64).cpu()
     if offsets[0] != 0:
         raise ValueError(f"a_offsets[0] must be 0, got {int(offsets[0])}")
-    if (offsets[1:] < offsets[:-1]).any():
-        raise ValueError("a_offsets must be non-decreasing")
-    if offsets[-1] > num_tokens:
-        raise ValueError(f"a_offsets[-1] = {int(offsets[-1])} exceeds the {num_tokens} rows of a")
+    decreasing = (offsets[1:] < offsets[:-1]).nonzero()
+    if len(decreasing):
+        i = int(decreasing[0]) + 1
+        raise ValueError(f"a_offsets must be non-decreasing: a_offsets[{i}] = {int(offsets[i])} < "
+                         f"a_offsets[{i - 1}] = {int(offsets[i - 1])}")
+    past_end = (offsets > num_tokens).nonzero()
+    if len(past_end):
+        i = int(past_end[0])
+        raise ValueError(f"a_offsets[{i}] = {int(offsets[i])} exceeds the {num_tokens} rows of a")
     ids = expert_ids.cpu()
-    if ((ids < -1) | (ids >= num_experts)).any():
-        raise ValueError(f"expert_ids must lie in [-1, {num_experts}), got {ids.tolist()}")
+    bad_ids = ((ids < -1) | (ids >= num_experts)).nonzero()
+    if len(bad_ids):
+        i = int(bad_ids[0])
+        raise ValueError(f"expert_ids must lie in [-1, {num_experts}): expert_ids[{i}] = {int(ids[i])}")
     if a is not None and a.group_offsets is not None and not torch.equal(a.group_offsets.to(torch.int64).cpu(), offsets):
         raise ValueError("a's scales were laid out for other group offsets than a_offsets")
 
