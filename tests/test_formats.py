@@ -69,6 +69,18 @@ def test_mxfp4_known_values_round_to_nearest_even(device):
         assert _bits(q.data)[0, 0].item() == 0x07 | (0x00 << 4)  # 6.0 low nibble, 0.0 high nibble
 
 
+def test_e2m1_encode_every_tie(device):
+    """Every multiple of 1/64 in [-6, 6] (all of e2m1's ties among them) in blocks whose scale is 1:
+    the kernel's e2m1 rounding gives the reference's codes."""
+    grid = torch.arange(-6 * 64, 6 * 64 + 1, device=device, dtype=torch.float32) / 64
+    blocks = torch.nn.functional.pad(grid, (0, (-grid.numel()) % 31)).view(-1, 31)
+    x = torch.cat([torch.full((blocks.shape[0], 1), 6.0, device=device), blocks], 1)  # amax 6: scale 2^0
+    for format, global_scale in (("mxfp4", None), ("nvfp4", torch.tensor(1.0, device=device))):
+        q = lk.quantize(x, format, global_scale=global_scale)
+        ref = lk.quantize_reference(x, format, global_scale=global_scale)
+        assert torch.equal(q.data, ref.data), format
+
+
 def test_negative_values_rounding_to_zero_keep_their_sign(device):
     """-tiny in a block with a large amax rounds to -0 (code 0x80 in e4m3, 0x8 in e2m1), as a cast
     does; found by the > 2^31-element GPU test, where random data hits it (about 1 in 250k)."""

@@ -55,15 +55,20 @@ def _round_to_e4m3(value):
 
 @triton.jit
 def _encode_e2m1(scaled):
-    """float32 already clamped to ±6 → e2m1 codes (int32), round to nearest even."""
+    """float32 already clamped to ±6 → e2m1 codes (int32), round to nearest even.
+
+    The magnitude is rounded onto e2m1's grid the way :func:`_round_to_e4m3` does it (adding
+    ``1.5 · 2^23 · ulp`` lets the float adder round to nearest even; ulp 0.5 below 2, then 1, then 2),
+    and the code read off the rounded value's bits: ``(exponent field << 1 | top mantissa bit) − 252``
+    from 1.0 up (1.0 → 2 … 6.0 → 7), 0 or 1 below (0 → 0, 0.5 → 1). A NaN gives code 0.
+    """
     magnitude = tl.abs(scaled)
-    # Each threshold is a midpoint between neighbours; ">" where the lower neighbour is even
-    # (ties go down), ">=" where the upper one is.
-    code = (magnitude > 0.25).to(tl.int32) + (magnitude >= 0.75).to(tl.int32)
-    code += (magnitude > 1.25).to(tl.int32) + (magnitude >= 1.75).to(tl.int32)
-    code += (magnitude > 2.5).to(tl.int32) + (magnitude >= 3.5).to(tl.int32)
-    code += (magnitude > 5.0).to(tl.int32)
-    sign = (scaled.to(tl.int32, bitcast=True) >> 31) & (scaled == scaled).to(tl.int32)  # NaN: code 0
+    exponent = tl.maximum(((magnitude.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127, 0)
+    magic = (((exponent + 22 + 127) << 23) | 0x400000).to(tl.float32, bitcast=True)
+    rounded = (magnitude + magic) - magic
+    bits = rounded.to(tl.int32, bitcast=True)
+    code = tl.where(rounded >= 1.0, (bits >> 22) - 252, (rounded > 0.0).to(tl.int32))
+    sign = (scaled.to(tl.int32, bitcast=True) >> 31) & (scaled == scaled).to(tl.int32)
     return code | (sign << 3)
 
 
