@@ -2,6 +2,9 @@
 # The reliability checks that need a GPU, each under its own time limit, logs under $OUT:
 #   bash tools/gpu_reliability.sh huge        tests/test_huge.py: inputs past 2^31 elements
 #   bash tools/gpu_reliability.sh memcheck    compute-sanitizer memcheck over every small-shape test
+#                                             (MEMCHECK_TESTS="tests/a.py tests/b.py" narrows it)
+#   bash tools/gpu_reliability.sh canary      the same command on a deliberate out-of-bounds store:
+#                                             must report errors (the sanitizer sees xdist workers)
 #   bash tools/gpu_reliability.sh racecheck   compute-sanitizer racecheck over a few tests per kernel family
 #   bash tools/gpu_reliability.sh properties  the hypothesis property tests, long profile (1000 examples each)
 # PyTorch's caching allocator is off under the sanitizer, so that every tensor is its own allocation
@@ -17,12 +20,16 @@ for step in "$@"; do
       timeout 400 $PYTEST tests/test_huge.py -v > "$OUT/huge.log" 2>&1; tail -3 "$OUT/huge.log" ;;
     memcheck)
       PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 540 compute-sanitizer --tool memcheck --target-processes all \
-        --print-limit 50 $PYTEST tests -m "not gpu" -n 8 --ignore=tests/test_properties.py \
+        --print-limit 50 $PYTEST ${MEMCHECK_TESTS:-tests} -m "not gpu" -n 8 \
         > "$OUT/memcheck.log" 2>&1
       grep -E "ERROR SUMMARY|passed|failed" "$OUT/memcheck.log" | sort | uniq -c | tail -8 ;;
+    canary)
+      PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 120 compute-sanitizer --tool memcheck --target-processes all \
+        --print-limit 5 $PYTEST tools/sanitizer_canary.py -n 2 > "$OUT/canary.log" 2>&1
+      grep -E "ERROR SUMMARY|Invalid __global__ write|passed|failed" "$OUT/canary.log" | sort | uniq -c | tail -5 ;;
     racecheck)
-      PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 540 compute-sanitizer --tool racecheck --target-processes all \
-        --print-limit 50 $PYTEST tests -m "not gpu" -n 8 --ignore=tests/test_properties.py \
+      PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout ${RACECHECK_TIMEOUT:-540} compute-sanitizer --tool racecheck --target-processes all \
+        --print-limit 50 $PYTEST tests -m "not gpu" -n 8 \
         -k "test_format_pairs or test_dense or test_paged_decode_every_num_splits or test_quantize_kernel_matches_reference_bits or test_dispatch_matches_reference or test_moe_block_routing_edges" \
         > "$OUT/racecheck.log" 2>&1
       grep -E "ERROR SUMMARY|RACECHECK SUMMARY|passed|failed" "$OUT/racecheck.log" | sort | uniq -c | tail -8 ;;
