@@ -30,7 +30,7 @@ for step in "$@"; do
     racecheck)
       PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout ${RACECHECK_TIMEOUT:-540} compute-sanitizer --tool racecheck --target-processes all \
         --print-limit 50 $PYTEST tests -m "not gpu" -n 8 \
-        -k "test_format_pairs or test_dense or test_paged_decode_every_num_splits or test_quantize_kernel_matches_reference_bits or test_dispatch_matches_reference or test_moe_block_routing_edges" \
+        -k "${RACECHECK_TESTS:-test_format_pairs or test_dense or test_paged_decode_every_num_splits or test_quantize_kernel_matches_reference_bits or test_dispatch_matches_reference or test_moe_block_routing_edges}" \
         > "$OUT/racecheck.log" 2>&1
       grep -E "ERROR SUMMARY|RACECHECK SUMMARY|passed|failed" "$OUT/racecheck.log" | sort | uniq -c | tail -8 ;;
     properties)
