@@ -92,6 +92,23 @@ def attention(
           ``max_seqlen_k`` is optional (bound: ``block_table.shape[1] * page_size``).
         D: any multiple of 16 up to 256 (64, 128, 256 are the tuned ones); the same for q, k and v.
 
+    Bad metadata (read on the device, never trusted with an address):
+        * ``cu_seqlens_q`` / ``cu_seqlens_k`` are read as ``clamp(cummax(cu_seqlens), 0, total)`` (total =
+          q's / k's rows): valid prefix sums are unchanged, a sequence never reaches past the tensor, a
+          decreasing entry makes a sequence empty, and no q row belongs to two sequences, so a bad entry
+          cannot overwrite another sequence's rows or change its result. Rows of q outside every sequence
+          are not written (their out / LSE values are unspecified).
+        * ``max_seqlen_q`` below a real query count: only the first ``max_seqlen_q`` queries of each
+          sequence (rounded up to the q tile) are computed, with the sequence's real lengths (so the
+          causal alignment is kept); its remaining rows are not written (unspecified values). With
+          ``max_seqlen_q = 0`` nothing is written. ``max_seqlen_k`` below a real key count changes only the
+          number of splits: every key is still attended.
+        * ``kv_cache.seqlens[b]`` is clamped to ``[0, max_pages * page_size]``: a negative count is an empty
+          sequence (output 0, LSE -inf); ``kv_cache.block_table`` entries are clamped to ``[0, num_pages - 1]``
+          (a bad entry reads some page of the cache, never memory outside it). A cache with no pages holds
+          no keys. No load or store leaves q, k, v, the pages, out or lse, and other sequences' results
+          are unchanged.
+
     Args:
         causal: bottom-right aligned: query i of Sq sees keys ``j <= i + Skv - Sq``.
         mask: None, :class:`SlidingWindow`, :class:`Chunked`, a ``@triton.jit`` ``mask_mod(b, h, q_idx,
@@ -290,7 +307,8 @@ def attention(
         if block_table.stride(1) != 1:
             block_table = block_table.contiguous()
         seqlens_k, stride_block_table, seqlen_k_dense = kv_cache.seqlens, block_table.stride(0), 0
-        page_size = kv_cache.page_size
+        page_size, num_pages = kv_cache.page_size, kv_cache.num_pages
+        paged_seqlen_bound = kv_cache.max_seqlen_bound if num_pages > 0 else 0  # no pages: no keys
     else:
         k_arg, v_arg = k, v
         if ragged:
@@ -300,6 +318,7 @@ def attention(
             stride_k, stride_v = (k.stride(0), k.stride(1), k.stride(2)), (v.stride(0), v.stride(1), v.stride(2))
             seqlen_k_dense = k.shape[1]
         block_table, seqlens_k, stride_block_table, page_size = _dummy(device, torch.int32), None, 0, 16
+        num_pages = paged_seqlen_bound = 0
     int_dummy = _dummy(device, torch.int32)
     float_dummy = _dummy(device, torch.float32)
     # out / lse strides as (b, token, head) and (b, head, token); ragged has no batch stride
@@ -344,7 +363,8 @@ def attention(
         *stride_target_o, stride_o_split,
         *stride_target_lse, stride_lse_split,
         stride_block_table,
-        seqlen_q_dense, seqlen_k_dense, num_kv_heads, group, num_splits, num_head_programs,
+        seqlen_q_dense, seqlen_k_dense, q.shape[0], k_arg.shape[0], num_pages, paged_seqlen_bound,
+        num_kv_heads, group, num_splits, num_head_programs,
         float(softmax_scale), mask_spec.window_left, mask_spec.window_right, mask_spec.chunk_size,
         float(mod_spec.cap),
         HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, BLOCK_Q=block_q, HEADS_PER_TILE=heads_per_tile,
