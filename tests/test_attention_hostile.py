@@ -133,6 +133,7 @@ RAGGED_CASES = {
                                   clean_cu_q=[0, 7, 9, 12]),
     "cu_q_past_total": RaggedCase([0, 5, 9, 40], [0, 20, 30, 45], r"cu_seqlens_q\[3\] = 40 > total queries 12",
                                   untouched=[0, 1], clean_cu_q=[0, 5, 9, 12]),
+    "cu_q_huge_early": RaggedCase([0, 1000, 5, 12], [0, 20, 30, 45], r"cu_seqlens_q\[1\] = 1000 > total queries 12"),
     "cu_q_first_not_zero": RaggedCase([2, 5, 9, 12], [0, 20, 30, 45], r"cu_seqlens_q\[0\] = 2 != 0",
                                       untouched=[1, 2], clean_cu_q=[0, 5, 9, 12]),
     "max_seqlen_k_too_small": RaggedCase([0, 5, 9, 12], [0, 20, 30, 45], r"cu_seqlens_k\[1\] - cu_seqlens_k\[0\] "

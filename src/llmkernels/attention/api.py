@@ -168,9 +168,11 @@ def attention(
     Bad metadata (read on the device, never trusted with an address; ``validate=True`` reports it instead):
         * ``cu_seqlens_q`` / ``cu_seqlens_k`` are read as ``clamp(cummax(cu_seqlens), 0, total)`` (total =
           q's / k's rows): valid prefix sums are unchanged, a sequence never reaches past the tensor, a
-          decreasing entry makes a sequence empty, and no q row belongs to two sequences, so a bad entry
-          cannot overwrite another sequence's rows or change its result. Rows of q outside every sequence
-          are not written (their out / LSE values are unspecified).
+          decreasing entry makes a sequence empty, and no q row belongs to two sequences (the earlier one
+          keeps it), so no program writes another sequence's rows. Sequence b keeps its rows and its
+          result when its own entries are sound (``cu[b] <= cu[b + 1] <= total``, ``cu[b]`` not below any
+          earlier entry); an entry too large empties the later sequences it overlaps. Rows of q outside
+          every sequence are not written (their out / LSE values are unspecified).
         * ``max_seqlen_q`` below a real query count: only the first ``max_seqlen_q`` queries of each
           sequence (rounded up to the q tile) are computed, with the sequence's real lengths (so the
           causal alignment is kept); its remaining rows are not written (unspecified values). With
@@ -178,9 +180,9 @@ def attention(
           number of splits: every key is still attended.
         * ``kv_cache.seqlens[b]`` is clamped to ``[0, max_pages * page_size]``: a negative count is an empty
           sequence (output 0, LSE -inf); ``kv_cache.block_table`` entries are clamped to ``[0, num_pages - 1]``
-          (a bad entry reads some page of the cache, never memory outside it). A cache with no pages holds
-          no keys. No load or store leaves q, k, v, the pages, out or lse, and other sequences' results
-          are unchanged.
+          (a bad entry reads some page of the cache, never memory outside it). A bad ``seqlens[b]`` or
+          ``block_table[b]`` changes only sequence b's result. A cache with no pages holds no keys.
+        * In every layout no load or store leaves q, k, v, the pages, out or lse.
 
     Args:
         causal: bottom-right aligned: query i of Sq sees keys ``j <= i + Skv - Sq``.
