@@ -42,6 +42,78 @@ def _check_cu_seqlens(name: str, cu_seqlens, expected_len: int | None = None) ->
         raise ValueError(f"{name} must have {expected_len} entries (B + 1), got {cu_seqlens.shape[0]}")
 
 
+def _to_host(*tensors: torch.Tensor | None) -> list[torch.Tensor | None]:
+    """int64 CPU copies of the given integer tensors (None stays None), with one device sync."""
+    present = [t for t in tensors if t is not None]
+    if not present:
+        return list(tensors)
+    flat = torch.cat([t.reshape(-1).to(torch.int64) for t in present]).cpu()
+    parts = iter(flat.split([t.numel() for t in present]))
+    return [None if t is None else next(parts).view(t.shape) for t in tensors]
+
+
+def _first(bad: torch.Tensor) -> tuple[int, ...] | None:
+    """Index of the first True of a bool tensor (row-major), or None."""
+    hits = bad.nonzero()
+    return None if hits.shape[0] == 0 else tuple(hits[0].tolist())
+
+
+def _check_cu_seqlens_values(name: str, cu_seqlens: torch.Tensor, total: int, rows: str,
+                             max_seqlen: int | None, max_name: str) -> None:
+    """Prefix sums on the host: ``[0] == 0``, non-decreasing, ``<= total``, lengths ``<= max_seqlen``;
+    raises on the first bad entry."""
+    steps = cu_seqlens[1:] - cu_seqlens[:-1]
+    too_long = steps > max_seqlen if max_seqlen is not None else torch.zeros_like(steps, dtype=torch.bool)
+    bad = torch.cat([cu_seqlens[:1] != 0, (steps < 0) | (cu_seqlens[1:] > total) | too_long])
+    first = _first(bad)
+    if first is None:
+        return
+    i = first[0]
+    value = int(cu_seqlens[i])
+    if i == 0:
+        raise ValueError(f"{name}[0] = {value} != 0")
+    if value > total:
+        raise ValueError(f"{name}[{i}] = {value} > total {rows} {total}")
+    previous = int(cu_seqlens[i - 1])
+    if value < previous:
+        raise ValueError(f"{name} must be non-decreasing: {name}[{i}] = {value} < {name}[{i - 1}] = {previous}")
+    raise ValueError(f"{name}[{i}] - {name}[{i - 1}] = {value - previous} > {max_name} = {max_seqlen}")
+
+
+def _check_paged_values(seqlens: torch.Tensor, block_table: torch.Tensor, num_pages: int, page_size: int,
+                        max_seqlen_k: int | None) -> None:
+    """Key counts in ``[0, max_pages * page_size]`` (and ``<= max_seqlen_k``); the pages each sequence
+    uses (the first ``ceil(seqlens[b] / page_size)`` of its row) in ``[0, num_pages)``."""
+    bound = block_table.shape[1] * page_size
+    limit = bound if max_seqlen_k is None else min(bound, max_seqlen_k)
+    first = _first((seqlens < 0) | (seqlens > limit))
+    if first is not None:
+        b = first[0]
+        value = int(seqlens[b])
+        what = "< 0" if value < 0 else f"> max_pages * page_size = {bound}" if value > bound else (
+            f"> max_seqlen_k = {max_seqlen_k}")
+        raise ValueError(f"kv_cache.seqlens[{b}] = {value} {what}")
+    pages_used = (seqlens + page_size - 1) // page_size
+    used = torch.arange(block_table.shape[1])[None, :] < pages_used[:, None]
+    first = _first(used & ((block_table < 0) | (block_table >= num_pages)))
+    if first is not None:
+        b, i = first
+        raise ValueError(f"kv_cache.block_table[{b}, {i}] = {int(block_table[b, i])} not in [0, num_pages={num_pages})")
+
+
+def _validate_metadata_on_host(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, kv_cache) -> None:
+    """The checks that need the metadata's values (one device sync); only with ``validate=True``."""
+    paged = kv_cache is not None
+    cu_q, cu_k, seqlens, block_table = _to_host(
+        cu_seqlens_q, cu_seqlens_k, kv_cache.seqlens if paged else None, kv_cache.block_table if paged else None)
+    if cu_q is not None:
+        _check_cu_seqlens_values("cu_seqlens_q", cu_q, q.shape[0], "queries", max_seqlen_q, "max_seqlen_q")
+    if cu_k is not None:
+        _check_cu_seqlens_values("cu_seqlens_k", cu_k, k.shape[0], "keys", max_seqlen_k, "max_seqlen_k")
+    if paged:
+        _check_paged_values(seqlens, block_table, kv_cache.num_pages, kv_cache.page_size, max_seqlen_k)
+
+
 def _empty(shape, dtype, device) -> torch.Tensor:
     """Every buffer the kernels write (outputs and split partials); tests replace it to poison them."""
     return torch.empty(shape, dtype=dtype, device=device)
@@ -76,6 +148,7 @@ def attention(
     num_splits: int | None = None,
     return_lse: bool = False,
     config: FA4Config | None = None,
+    validate: bool = False,
 ):
     """FA4-style attention forward, flash-attn conventions.
 
@@ -92,6 +165,25 @@ def attention(
           ``max_seqlen_k`` is optional (bound: ``block_table.shape[1] * page_size``).
         D: any multiple of 16 up to 256 (64, 128, 256 are the tuned ones); the same for q, k and v.
 
+    Bad metadata (read on the device, never trusted with an address; ``validate=True`` reports it instead):
+        * ``cu_seqlens_q`` / ``cu_seqlens_k`` are read as ``clamp(cummax(cu_seqlens), 0, total)`` (total =
+          q's / k's rows): valid prefix sums are unchanged, a sequence never reaches past the tensor, a
+          decreasing entry makes a sequence empty, and no q row belongs to two sequences (the earlier one
+          keeps it), so no program writes another sequence's rows. Sequence b keeps its rows and its
+          result when its own entries are sound (``cu[b] <= cu[b + 1] <= total``, ``cu[b]`` not below any
+          earlier entry); an entry too large empties the later sequences it overlaps. Rows of q outside
+          every sequence are not written (their out / LSE values are unspecified).
+        * ``max_seqlen_q`` below a real query count: only the first ``max_seqlen_q`` queries of each
+          sequence (rounded up to the q tile) are computed, with the sequence's real lengths (so the
+          causal alignment is kept); its remaining rows are not written (unspecified values). With
+          ``max_seqlen_q = 0`` nothing is written. ``max_seqlen_k`` below a real key count changes only the
+          number of splits: every key is still attended.
+        * ``kv_cache.seqlens[b]`` is clamped to ``[0, max_pages * page_size]``: a negative count is an empty
+          sequence (output 0, LSE -inf); ``kv_cache.block_table`` entries are clamped to ``[0, num_pages - 1]``
+          (a bad entry reads some page of the cache, never memory outside it). A bad ``seqlens[b]`` or
+          ``block_table[b]`` changes only sequence b's result. A cache with no pages holds no keys.
+        * In every layout no load or store leaves q, k, v, the pages, out or lse.
+
     Args:
         causal: bottom-right aligned: query i of Sq sees keys ``j <= i + Skv - Sq``.
         mask: None, :class:`SlidingWindow`, :class:`Chunked`, a ``@triton.jit`` ``mask_mod(b, h, q_idx,
@@ -107,6 +199,12 @@ def attention(
         return_lse: also return the float32 natural-log LSE ``[B, Hq, Sq]`` (ragged: ``[Hq, total_q]``);
             it includes the sinks. Rows that see no key (and no sink) get output 0 and LSE -inf.
         config: an :class:`FA4Config`; default :func:`default_config` for (D, dtype, GPU).
+        validate: first read the metadata on the host (one device sync) and raise ``ValueError`` on the first
+            bad entry: ``cu_seqlens_*[0] != 0``, a decreasing entry, an entry past q's / k's rows, a length
+            above ``max_seqlen_q`` / ``max_seqlen_k``, ``kv_cache.seqlens`` negative or above ``max_pages *
+            page_size`` (or ``max_seqlen_k``), a used ``kv_cache.block_table`` entry (the first
+            ``ceil(seqlens[b] / page_size)`` of row b) outside ``[0, num_pages)``. Not capturable in a CUDA
+            graph; under ``torch.compile`` the call stays on the Python path (no custom op).
 
     Returns:
         out in q's layout and dtype (contiguous), or ``(out, lse)``.
@@ -116,7 +214,10 @@ def attention(
             int32, sinks/alibi slopes not float32) or wrong argument types.
         ValueError: shape mismatches, Hq not a multiple of Hkv, unsupported head dim, cu_seqlens of the wrong
             length, block_table too small for max_seqlen_k, k/v given with kv_cache, config disagreeing with
-            the inputs, tensors on different devices or on the CPU outside the Triton interpreter.
+            the inputs, tensors on different devices or on the CPU outside the Triton interpreter; with
+            ``validate=True`` bad metadata, the message naming the argument and its first bad index, e.g.
+            ``"cu_seqlens_k[3] = 90 > total keys 64"`` or ``"kv_cache.block_table[0, 2] = 17 not in [0,
+            num_pages=16)"``.
     """
     # ---------------------------------------------------------------- validation (no device sync)
     if not isinstance(q, torch.Tensor) or q.dtype not in _DTYPES:
@@ -189,6 +290,8 @@ def attention(
     _check_optional_int("num_splits", num_splits, 1)
     if not isinstance(return_lse, bool):
         raise TypeError(f"return_lse must be a bool, got {type(return_lse).__name__}")
+    if not isinstance(validate, bool):
+        raise TypeError(f"validate must be a bool, got {type(validate).__name__}")
     mask_spec = resolve_mask(causal, mask)
     mod_spec = resolve_score_mod(score_mod)
     if mod_spec.kind == SCORE_MOD_ALIBI and mod_spec.slopes.shape[0] != num_q_heads:
@@ -218,7 +321,12 @@ def attention(
         block_table=kv_cache.block_table if paged else None,
         seqlens=kv_cache.seqlens if paged else None)
 
-    if torch.compiler.is_compiling() and config is None and mask_spec.mask_mod is None and mod_spec.fn is None:
+    if validate:
+        _validate_metadata_on_host(q, k, cu_seqlens_q, cu_seqlens_k if not paged else None,
+                                   max_seqlen_q if ragged else None, max_seqlen_k, kv_cache)
+
+    if (torch.compiler.is_compiling() and config is None and not validate and mask_spec.mask_mod is None
+            and mod_spec.fn is None):
         from ..ops import attention_op  # an opaque node for the compiler
 
         def side(bound):  # the op's window convention: -1 = unbounded
@@ -290,7 +398,8 @@ def attention(
         if block_table.stride(1) != 1:
             block_table = block_table.contiguous()
         seqlens_k, stride_block_table, seqlen_k_dense = kv_cache.seqlens, block_table.stride(0), 0
-        page_size = kv_cache.page_size
+        page_size, num_pages = kv_cache.page_size, kv_cache.num_pages
+        paged_seqlen_bound = kv_cache.max_seqlen_bound if num_pages > 0 else 0  # no pages: no keys
     else:
         k_arg, v_arg = k, v
         if ragged:
@@ -300,6 +409,7 @@ def attention(
             stride_k, stride_v = (k.stride(0), k.stride(1), k.stride(2)), (v.stride(0), v.stride(1), v.stride(2))
             seqlen_k_dense = k.shape[1]
         block_table, seqlens_k, stride_block_table, page_size = _dummy(device, torch.int32), None, 0, 16
+        num_pages = paged_seqlen_bound = 0
     int_dummy = _dummy(device, torch.int32)
     float_dummy = _dummy(device, torch.float32)
     # out / lse strides as (b, token, head) and (b, head, token); ragged has no batch stride
@@ -344,7 +454,8 @@ def attention(
         *stride_target_o, stride_o_split,
         *stride_target_lse, stride_lse_split,
         stride_block_table,
-        seqlen_q_dense, seqlen_k_dense, num_kv_heads, group, num_splits, num_head_programs,
+        seqlen_q_dense, seqlen_k_dense, q.shape[0], k_arg.shape[0], num_pages, paged_seqlen_bound,
+        num_kv_heads, group, num_splits, num_head_programs,
         float(softmax_scale), mask_spec.window_left, mask_spec.window_right, mask_spec.chunk_size,
         float(mod_spec.cap),
         HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, BLOCK_Q=block_q, HEADS_PER_TILE=heads_per_tile,

@@ -39,7 +39,7 @@ def combine_splits_kernel(
     enumerates ``B * rows_per_batch`` rows (ragged: B = 1, rows = total_q), axis 1 the q heads.
     """
     row = tl.program_id(0)
-    head = tl.program_id(1)
+    head = tl.program_id(1).to(tl.int64)  # head * lse head stride (Hq x total_q) may pass 2**31
     batch = (row // rows_per_batch).to(tl.int64)
     token = (row % rows_per_batch).to(tl.int64)
     splits = tl.arange(0, BLOCK_SPLITS)

@@ -24,6 +24,7 @@ from .masks import apply_score_mod, visible_mask
 
 LOG2E = tl.constexpr(1.4426950408889634)
 LN2 = tl.constexpr(0.6931471805599453)
+BLOCK_BATCH = tl.constexpr(256)  # cu_seqlens entries per load in ragged_bounds
 
 
 @triton.jit
@@ -115,16 +116,20 @@ def online_softmax_update(acc, row_sum, row_max, scores, v,
 
 @triton.jit
 def load_kv_tile(base_ptr, batch_offset, kv_start, kv_raw, seqlen_k, head_offset, stride_page, stride_row,
-                 block_table_row, dims,
+                 block_table_row, num_pages, dims,
                  HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr,
                  MASKED: tl.constexpr):
-    """K or V rows ``kv_raw`` ``[N]`` of one KV head -> ``[N, HEAD_DIM_PAD]`` (zeros past seqlen_k / HEAD_DIM)."""
+    """K or V rows ``kv_raw`` ``[N]`` of one KV head -> ``[N, HEAD_DIM_PAD]`` (zeros past seqlen_k / HEAD_DIM).
+
+    ``PAGED``: block-table entries are clamped to ``[0, num_pages - 1]`` (``seqlen_k`` is already clamped
+    to the table's width), so no table content can make the load leave the pages."""
     in_range = kv_raw < seqlen_k
     if PAGED:
         page = tl.load(block_table_row + kv_raw // PAGE_SIZE, mask=in_range, other=0)
+        page = tl.minimum(tl.maximum(page, 0), num_pages - 1)
         rows = page.to(tl.int64) * stride_page + (kv_raw % PAGE_SIZE) * stride_row
     else:
-        rows = batch_offset + (kv_start + kv_raw).to(tl.int64) * stride_row
+        rows = batch_offset + (kv_start.to(tl.int64) + kv_raw) * stride_row
     ptrs = base_ptr + rows[:, None] + head_offset + dims[None, :]
     if MASKED:
         tile = tl.load(ptrs, mask=in_range[:, None] & (dims < HEAD_DIM)[None, :], other=0.0)
@@ -165,7 +170,7 @@ def update_q_tile(acc, row_sum, row_max, q, k, v, batch, heads, q_idx_mod, q_pos
 def attend_kv_range(acc_a, sum_a, max_a, acc_b, sum_b, max_b, q_a, q_b,
                     q_idx_mod_a, q_idx_mod_b, q_pos_a, q_pos_b, heads, alibi_slopes,
                     k_ptr, v_ptr, k_batch_offset, v_batch_offset, k_head_offset, v_head_offset,
-                    stride_kb, stride_ks, stride_vb, stride_vs, block_table_row,
+                    stride_kb, stride_ks, stride_vb, stride_vs, block_table_row, num_pages,
                     kv_start, seqlen_k, batch, kv_lo, kv_hi,
                     softmax_scale, qk_scale_log2, window_left, window_right, chunk_size, softcap_value,
                     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -180,9 +185,9 @@ def attend_kv_range(acc_a, sum_a, max_a, acc_b, sum_b, max_b, q_a, q_b,
     for start_n in tl.range(kv_lo, kv_hi, BLOCK_N):
         kv_raw = start_n + tl.arange(0, BLOCK_N)
         k = load_kv_tile(k_ptr, k_batch_offset, kv_start, kv_raw, seqlen_k, k_head_offset, stride_kb, stride_ks,
-                         block_table_row, dims, HEAD_DIM, HEAD_DIM_PAD, PAGED, PAGE_SIZE, MASKED)
+                         block_table_row, num_pages, dims, HEAD_DIM, HEAD_DIM_PAD, PAGED, PAGE_SIZE, MASKED)
         v = load_kv_tile(v_ptr, v_batch_offset, kv_start, kv_raw, seqlen_k, v_head_offset, stride_vb, stride_vs,
-                         block_table_row, dims, HEAD_DIM, HEAD_DIM_PAD, PAGED, PAGE_SIZE, MASKED)
+                         block_table_row, num_pages, dims, HEAD_DIM, HEAD_DIM_PAD, PAGED, PAGE_SIZE, MASKED)
         if CLAMP_KV:
             kv_mod = tl.minimum(kv_raw, tl.maximum(seqlen_k - 1, 0))
         else:
@@ -204,7 +209,7 @@ def attend_kv_range(acc_a, sum_a, max_a, acc_b, sum_b, max_b, q_a, q_b,
 @triton.jit
 def load_q_tile(q_ptr, batch_offset, q_start, q_idx, heads, row_valid, dims, stride_qs, stride_qh,
                 HEAD_DIM: tl.constexpr):
-    rows = (q_start + q_idx).to(tl.int64) * stride_qs + heads * stride_qh
+    rows = (q_start.to(tl.int64) + q_idx) * stride_qs + heads * stride_qh
     ptrs = q_ptr + batch_offset + rows[:, None] + dims[None, :]
     return tl.load(ptrs, mask=row_valid[:, None] & (dims < HEAD_DIM)[None, :], other=0.0)
 
@@ -230,10 +235,10 @@ def store_q_tile(acc, row_sum, row_max, out_ptr, lse_ptr, sinks_ptr, batch, spli
     inverse = tl.where(nonempty, inverse, 0.0)
     out = acc * inverse[:, None]
     lse_log2 = tl.where(nonempty, row_max + tl.log2(tl.where(nonempty, row_sum, 1.0)), float("-inf"))
-    tokens = (q_start + q_idx).to(tl.int64)
+    tokens = q_start.to(tl.int64) + q_idx
     batch64 = batch.to(tl.int64)
     o_ptrs = out_ptr + batch64 * stride_ob + tokens[:, None] * stride_os + (heads * stride_oh)[:, None] + dims[None, :]
-    lse_ptrs = lse_ptr + batch64 * stride_lse_b + heads * stride_lse_h + tokens * stride_lse_s
+    lse_ptrs = lse_ptr + batch64 * stride_lse_b + heads.to(tl.int64) * stride_lse_h + tokens * stride_lse_s
     o_mask = row_valid[:, None] & (dims < HEAD_DIM)[None, :]
     if SPLIT:
         o_ptrs += split.to(tl.int64) * stride_o_split
@@ -246,6 +251,23 @@ def store_q_tile(acc, row_sum, row_max, out_ptr, lse_ptr, sinks_ptr, batch, spli
 
 
 @triton.jit
+def ragged_bounds(cu_seqlens_ptr, batch, total, BLOCK_BATCH: tl.constexpr):
+    """``(start, length)`` of sequence ``batch`` of a ragged tensor with ``total`` rows, read as if
+    ``cu_seqlens`` were ``clamp(cummax(cu_seqlens), 0, total)``: valid prefix sums are unchanged; for bad
+    ones the rows stay inside the tensor, a decreasing entry gives length 0 and no row belongs to two
+    sequences (no two programs of different sequences write one row). Costs one pass over
+    ``cu_seqlens[0 : batch + 1]`` (``BLOCK_BATCH`` entries per load)."""
+    prefix_max = batch * 0  # the 0 that the clamp adds anyway
+    for first in tl.range(0, batch + 1, BLOCK_BATCH):
+        entries = first + tl.arange(0, BLOCK_BATCH)
+        values = tl.load(cu_seqlens_ptr + entries, mask=entries <= batch, other=0)
+        prefix_max = tl.maximum(prefix_max, tl.max(values, 0))
+    start = tl.minimum(prefix_max, total)
+    end = tl.minimum(tl.maximum(tl.load(cu_seqlens_ptr + batch + 1), start), total)
+    return start, end - start
+
+
+@triton.jit
 def attention_fwd_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr,
     cu_seqlens_q_ptr, cu_seqlens_k_ptr, seqlens_k_ptr, block_table_ptr, sinks_ptr, alibi_slopes_ptr,
@@ -255,7 +277,8 @@ def attention_fwd_kernel(
     stride_ob, stride_os, stride_oh, stride_o_split,
     stride_lse_b, stride_lse_h, stride_lse_s, stride_lse_split,
     stride_block_table,
-    seqlen_q_dense, seqlen_k_dense, num_kv_heads, group, num_splits, num_head_programs,
+    seqlen_q_dense, seqlen_k_dense, total_q, total_k, num_pages, paged_seqlen_bound,
+    num_kv_heads, group, num_splits, num_head_programs,
     softmax_scale, window_left, window_right, chunk_size, softcap_value,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, HEADS_PER_TILE: tl.constexpr,
     BLOCK_N: tl.constexpr, NUM_Q_TILES: tl.constexpr,
@@ -273,6 +296,10 @@ def attention_fwd_kernel(
       ``block_table`` int32 ``[B, max_pages]`` and ``seqlens_k`` int32 ``[B]``;
       out like q (``SPLIT``: float32 with a leading split dim, ``stride_o_split``);
       lse ``[B, Hq, Sq]`` / ``[Hq, total_q]`` (``SPLIT``: float32 base-2 with a leading split dim).
+
+    Metadata is never trusted with an address: ragged bounds come from :func:`ragged_bounds` (rows
+    ``total_q`` / ``total_k``), ``seqlens_k[b]`` is clamped to ``[0, paged_seqlen_bound]`` (the block
+    table's width in keys, 0 without pages) and page ids to ``[0, num_pages - 1]``.
     """
     BLOCK_M: tl.constexpr = BLOCK_Q * HEADS_PER_TILE
     # axis 0 = (q block, batch x KV head x head tile) with the q block slowest, axis 1 = split
@@ -288,19 +315,17 @@ def attention_fwd_kernel(
     split = tl.program_id(1)
 
     if RAGGED_Q:
-        q_start = tl.load(cu_seqlens_q_ptr + batch)
-        seqlen_q = tl.load(cu_seqlens_q_ptr + batch + 1) - q_start
+        q_start, seqlen_q = ragged_bounds(cu_seqlens_q_ptr, batch, total_q, BLOCK_BATCH)
     else:
-        q_start = 0
+        q_start = batch * 0
         seqlen_q = seqlen_q_dense
     if PAGED:
-        kv_start = 0
-        seqlen_k = tl.load(seqlens_k_ptr + batch)
+        kv_start = batch * 0
+        seqlen_k = tl.minimum(tl.maximum(tl.load(seqlens_k_ptr + batch), 0), paged_seqlen_bound)
     elif RAGGED_K:
-        kv_start = tl.load(cu_seqlens_k_ptr + batch)
-        seqlen_k = tl.load(cu_seqlens_k_ptr + batch + 1) - kv_start
+        kv_start, seqlen_k = ragged_bounds(cu_seqlens_k_ptr, batch, total_k, BLOCK_BATCH)
     else:
-        kv_start = 0
+        kv_start = batch * 0
         seqlen_k = seqlen_k_dense
     shift = seqlen_k - seqlen_q  # bottom-right alignment: pos = q_idx + shift
 
@@ -396,7 +421,7 @@ def attention_fwd_kernel(
             acc_a, sum_a, max_a, acc_b, sum_b, max_b, q_a, q_b, q_idx_mod_a, q_idx_mod_b,
             q_idx_a + shift, q_idx_b + shift, heads, alibi_slopes,
             k_ptr, v_ptr, k_batch_offset, v_batch_offset, k_head_offset, v_head_offset,
-            stride_kb, stride_ks, stride_vb, stride_vs, block_table_row, kv_start, seqlen_k, batch,
+            stride_kb, stride_ks, stride_vb, stride_vs, block_table_row, num_pages, kv_start, seqlen_k, batch,
             lo, hi, softmax_scale, qk_scale_log2, window_left, window_right, chunk_size, softcap_value,
             HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, BLOCK_N, NUM_Q_TILES, PAGED, PAGE_SIZE, phase != 1,
             HAS_WINDOW, HAS_CHUNK, HAS_MASK_MOD, MASK_MOD, SCORE_MOD_KIND, SCORE_MOD,

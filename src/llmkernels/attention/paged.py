@@ -23,7 +23,11 @@ class PagedKVCache:
         seqlens: int32 ``[B]``: keys of sequence b in the cache, the new tokens included.
 
     The tensors are checked for shape, dtype and device here; their contents (page indices in range,
-    ``seqlens[b] <= max_pages * page_size``) are the caller's contract and are not read on the host.
+    ``0 <= seqlens[b] <= max_pages * page_size``) are the caller's contract and are not read on the host
+    (``attention(..., validate=True)`` checks them, with one sync). The kernels never trust them with an
+    address: ``seqlens[b]`` is read clamped to ``[0, max_pages * page_size]`` (negative: no keys, a fully
+    masked row with output 0 and LSE -inf) and a block-table entry clamped to ``[0, num_pages - 1]``, so a
+    bad entry reads the wrong page of this cache but never memory outside ``k_pages`` / ``v_pages``.
 
     Raises:
         TypeError: a field is not a tensor, or has the wrong dtype.
@@ -76,6 +80,10 @@ class PagedKVCache:
     @property
     def head_dim(self) -> int:
         return self.k_pages.shape[3]
+
+    @property
+    def num_pages(self) -> int:
+        return self.k_pages.shape[0]
 
     @property
     def batch_size(self) -> int:
