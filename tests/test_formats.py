@@ -230,3 +230,29 @@ def test_quantize_gathered_rows_match_quantize_of_the_gather(format, device):
         lk.quantize(x, format, rows=rows.float())
     with pytest.raises(ValueError, match="rows"):
         lk.quantize(x[None], format, rows=rows)
+
+
+# --- regressions found by the property tests (tests/test_properties.py) ----------------------------
+
+def test_mxfp8_keeps_the_sign_of_zero(device):
+    """-0.0, and negatives that round to zero, code as e4m3 -0 (0x80): the bits of the reference's
+    PyTorch cast (the kernel's round-by-addition gave +0)."""
+    x = torch.full((2, 32), 0.5, device=device)
+    x[0, :4] = torch.tensor([-0.0, 0.0, -1e-6, 1e-6])  # 1e-6 / 2^-9 is below half the smallest subnormal
+    x[1] = -0.0  # an all-(-0) block
+    q = lk.quantize(x, "mxfp8")
+    assert _bits(q.data)[0, :4].tolist() == [0x80, 0x00, 0x80, 0x00]
+    assert (_bits(q.data)[1] == 0x80).all()
+    assert torch.equal(_bits(q.data), _bits(lk.quantize_reference(x, "mxfp8").data))
+
+
+@pytest.mark.parametrize("format", FORMAT_NAMES)
+@pytest.mark.parametrize("shape", [(0, 64), (3, 0, 64)])
+def test_quantize_empty_input(format, shape, device):
+    """No rows: empty data and scales (nvfp4's default global scale used to fail in aminmax)."""
+    x = torch.empty(shape, device=device)
+    for quantize in (lk.quantize, lk.quantize_reference):
+        q = quantize(x, format)
+        assert q.shape == x.shape and lk.dequantize(q).shape == x.shape
+        if format == "nvfp4":
+            assert q.global_scale.item() == 1.0

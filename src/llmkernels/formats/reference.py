@@ -62,7 +62,10 @@ def _divide(x: torch.Tensor, divisor: float) -> torch.Tensor:
 
 
 def nvfp4_global_scale(x: torch.Tensor) -> torch.Tensor:
-    """The nvfp4 decode scale ``amax / (448 · 6)`` as a float32 scalar tensor (1.0 for an all-zero x)."""
+    """The nvfp4 decode scale ``amax / (448 · 6)`` as a float32 scalar tensor (1.0 for an all-zero or
+    empty x)."""
+    if x.numel() == 0:  # host-known: no sync; aminmax has no identity
+        return torch.ones((), dtype=torch.float32, device=x.device)
     low, high = torch.aminmax(x)  # one pass, no |x| temporary
     amax = torch.maximum(-low, high).float()
     return torch.where(amax > 0, _divide(amax, E4M3_MAX * E2M1_MAX), torch.ones_like(amax))
