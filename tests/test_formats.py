@@ -256,3 +256,20 @@ def test_quantize_empty_input(format, shape, device):
         assert q.shape == x.shape and lk.dequantize(q).shape == x.shape
         if format == "nvfp4":
             assert q.global_scale.item() == 1.0
+
+
+@pytest.mark.parametrize("format", FORMAT_NAMES)
+def test_grouped_blocked_layout_with_no_groups(format, device):
+    """group_offsets = [0] (G = 0, which grouped_matmul accepts): every row is outside the groups
+    (to_grouped_blocked_scales used to index an empty tensor)."""
+    x = torch.randn(5, 64, device=device)
+    offsets = torch.zeros(1, dtype=torch.int32, device=device)
+    q = lk.quantize(x, format, scale_layout="128x4", group_offsets=offsets)
+    assert q.group_scale_offsets.shape == (0,) and q.scales.shape == (1, 1, 32, 16)
+    one = lk.FORMATS[format].scale_one_bits
+    assert (_bits(q.to_layout("row").scales) == one).all()  # rows outside every group read as 1.0
+    w = lk.quantize(torch.randn(2, 32, 64, device=device), "nvfp4" if format == "nvfp4" else "mxfp8")
+    out = poison(torch.empty(5, 32, device=device))
+    lk.grouped_matmul(q, w, offsets, torch.zeros(0, dtype=torch.int32, device=device), out=out,
+                      out_dtype=torch.float32)
+    assert out.isnan().all()

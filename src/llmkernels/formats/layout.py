@@ -67,6 +67,8 @@ def _group_tile_rows(group_offsets: torch.Tensor, num_rows: int):
     first_tile = torch.cumsum(tiles, 0) - tiles
     group_scale_offsets = first_tile - offsets[:-1] // TILE_ROWS
     rows = torch.arange(num_rows, device=group_offsets.device)
+    if sizes.numel() == 0:  # no groups (a_offsets = [0]): every row is outside
+        return torch.full_like(rows, -1), torch.zeros_like(rows), group_scale_offsets.to(torch.int32)
     group = torch.searchsorted(offsets[1:], rows, right=True).clamp(max=max(len(sizes) - 1, 0))
     start = offsets[group]
     local = rows - start
