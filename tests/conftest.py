@@ -11,6 +11,23 @@ if not torch.cuda.is_available():
 from llmkernels._testing import default_device  # noqa: E402
 
 
+# Hypothesis profiles of the property tests (tests/test_properties.py), picked by
+# LLMK_HYPOTHESIS_PROFILE: "ci" (default) is derandomized and small enough for the CPU interpreter
+# (each test sets its own example count for it); "gpu-long" draws 1000 fresh examples per test.
+try:
+    from hypothesis import HealthCheck, settings
+except ImportError:  # hypothesis is in the [test] extra; without it the property tests skip
+    HYPOTHESIS_PROFILE = None
+else:
+    _SLOW_OK = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
+    settings.register_profile("ci", derandomize=True, deadline=None, database=None, print_blob=True,
+                              max_examples=10, suppress_health_check=_SLOW_OK)
+    settings.register_profile("gpu-long", derandomize=False, deadline=None, print_blob=True,
+                              max_examples=1000, suppress_health_check=_SLOW_OK)
+    HYPOTHESIS_PROFILE = os.environ.get("LLMK_HYPOTHESIS_PROFILE", "ci")
+    settings.load_profile(HYPOTHESIS_PROFILE)
+
+
 @pytest.fixture
 def device():
     return default_device()
