@@ -6,7 +6,7 @@ attention layout and dtype), so that every one of them is exercised in every run
 rest. Profiles (registered in ``conftest.py``, picked by ``LLMK_HYPOTHESIS_PROFILE``):
 
 * ``ci`` (default): derandomized (the same examples in every run), no deadline, ``CI_EXAMPLES``
-  examples per parametrized case: about 2 1/4 minutes for the module on a 2-core CPU through Triton's
+  examples per parametrized case: 2 to 2 1/2 minutes for the module on a 2-core CPU through Triton's
   interpreter.
 * ``gpu-long``: 1000 fresh examples per test function (spread over its parametrized cases), for a
   CUDA GPU with the interpreter off::
@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-hypothesis = pytest.importorskip("hypothesis")
+pytest.importorskip("hypothesis")
 from hypothesis import assume, event, given, note, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
@@ -60,7 +60,7 @@ CI_EXAMPLES = {
     "quantize_bits": 100,
     "round_trip": 100,
     "grouped_matmul": 14,
-    "attention": 16,
+    "attention": 15,
 }
 
 
@@ -315,7 +315,8 @@ def _first_difference(actual, expected, what):
     if where.numel() == 0:
         return f"{what}: equal"
     index = int(where[0])
-    return f"{what}: {where.numel()} bytes differ, first at flat index {index}: {int(a[index]):#x} != {int(e[index]):#x}"
+    return (f"{what}: {where.numel()} bytes differ, first at flat index {index}: "
+            f"{int(a[index]):#x} != {int(e[index]):#x} (expected)")
 
 
 def _half_ulp_and_saturation(y_abs: torch.Tensor, spec) -> torch.Tensor:
@@ -410,6 +411,7 @@ _GLOBAL_SCALE_UNDERFLOW = pytest.mark.xfail(strict=True, reason="nvfp4's decode 
                    "scale), not a local fix.")
 
 
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the interpreter divides by a zero scale
 @pytest.mark.parametrize("amax_binade", [pytest.param(-149, marks=_GLOBAL_SCALE_UNDERFLOW), -137])
 def test_nvfp4_global_scale_underflow(amax_binade):
     """Minimal examples found by the properties above: nvfp4 of float32 subnormals, a block of
