@@ -67,3 +67,20 @@ def cdiv(a: int, b: int) -> int:
 
 def next_power_of_2(n: int) -> int:
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+def first_true(bad: torch.Tensor) -> tuple[int, ...] | None:
+    """Index of the first True of a bool tensor (row-major), or None."""
+    hits = bad.nonzero()
+    return None if hits.shape[0] == 0 else tuple(hits[0].tolist())
+
+
+def first_bad_prefix_sum(values: torch.Tensor, total: int, max_step: int | None = None) -> int | None:
+    """First index where host-side prefix sums ``[G + 1]`` break their contract (``values[0] == 0``,
+    non-decreasing, ``<= total``, steps ``<= max_step``), or None; the caller words the error."""
+    steps = values[1:] - values[:-1]
+    bad_step = (steps < 0) | (values[1:] > total)
+    if max_step is not None:
+        bad_step |= steps > max_step
+    first = first_true(torch.cat([values[:1] != 0, bad_step]))
+    return None if first is None else first[0]

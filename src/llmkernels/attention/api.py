@@ -6,7 +6,8 @@ import math
 
 import torch
 
-from .._runtime import cdiv, check_device, interpreting, next_power_of_2, num_programs_hint
+from .._runtime import (cdiv, check_device, first_bad_prefix_sum, first_true, interpreting, next_power_of_2,
+                        num_programs_hint)
 from . import decode as decode_mod
 from .config import SUPPORTED_HEAD_DIMS, FA4Config, default_config
 from .kernel import attention_fwd_kernel
@@ -52,23 +53,13 @@ def _to_host(*tensors: torch.Tensor | None) -> list[torch.Tensor | None]:
     return [None if t is None else next(parts).view(t.shape) for t in tensors]
 
 
-def _first(bad: torch.Tensor) -> tuple[int, ...] | None:
-    """Index of the first True of a bool tensor (row-major), or None."""
-    hits = bad.nonzero()
-    return None if hits.shape[0] == 0 else tuple(hits[0].tolist())
-
-
 def _check_cu_seqlens_values(name: str, cu_seqlens: torch.Tensor, total: int, rows: str,
                              max_seqlen: int | None, max_name: str) -> None:
     """Prefix sums on the host: ``[0] == 0``, non-decreasing, ``<= total``, lengths ``<= max_seqlen``;
     raises on the first bad entry."""
-    steps = cu_seqlens[1:] - cu_seqlens[:-1]
-    too_long = steps > max_seqlen if max_seqlen is not None else torch.zeros_like(steps, dtype=torch.bool)
-    bad = torch.cat([cu_seqlens[:1] != 0, (steps < 0) | (cu_seqlens[1:] > total) | too_long])
-    first = _first(bad)
-    if first is None:
+    i = first_bad_prefix_sum(cu_seqlens, total, max_seqlen)
+    if i is None:
         return
-    i = first[0]
     value = int(cu_seqlens[i])
     if i == 0:
         raise ValueError(f"{name}[0] = {value} != 0")
@@ -86,7 +77,7 @@ def _check_paged_values(seqlens: torch.Tensor, block_table: torch.Tensor, num_pa
     uses (the first ``ceil(seqlens[b] / page_size)`` of its row) in ``[0, num_pages)``."""
     bound = block_table.shape[1] * page_size
     limit = bound if max_seqlen_k is None else min(bound, max_seqlen_k)
-    first = _first((seqlens < 0) | (seqlens > limit))
+    first = first_true((seqlens < 0) | (seqlens > limit))
     if first is not None:
         b = first[0]
         value = int(seqlens[b])
@@ -95,7 +86,7 @@ def _check_paged_values(seqlens: torch.Tensor, block_table: torch.Tensor, num_pa
         raise ValueError(f"kv_cache.seqlens[{b}] = {value} {what}")
     pages_used = (seqlens + page_size - 1) // page_size
     used = torch.arange(block_table.shape[1])[None, :] < pages_used[:, None]
-    first = _first(used & ((block_table < 0) | (block_table >= num_pages)))
+    first = first_true(used & ((block_table < 0) | (block_table >= num_pages)))
     if first is not None:
         b, i = first
         raise ValueError(f"kv_cache.block_table[{b}, {i}] = {int(block_table[b, i])} not in [0, num_pages={num_pages})")

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import torch
 import triton.language as tl
 
-from .._runtime import check_device, interpreting, next_power_of_2, num_programs_hint
+from .._runtime import check_device, first_bad_prefix_sum, first_true, interpreting, next_power_of_2, num_programs_hint
 from ..formats import ScaledTensor
 from . import kernel
 from .config import ALL_GROUP_SIZES, BlockScaledMatmulConfig, default_launches
@@ -116,21 +116,18 @@ def _epilogue_kind(epilogue) -> tuple[str, object]:
 def _validate_metadata_on_host(a_offsets, expert_ids, num_tokens: int, num_experts: int, a: ScaledTensor | None):
     """The checks that need the offsets' values (one sync); only with ``validate=True``."""
     offsets = a_offsets.to(torch.int64).cpu()
-    if offsets[0] != 0:
+    i = first_bad_prefix_sum(offsets, num_tokens)
+    if i == 0:
         raise ValueError(f"a_offsets[0] must be 0, got {int(offsets[0])}")
-    decreasing = (offsets[1:] < offsets[:-1]).nonzero()
-    if len(decreasing):
-        i = int(decreasing[0]) + 1
+    if i is not None and offsets[i] > num_tokens:
+        raise ValueError(f"a_offsets[{i}] = {int(offsets[i])} exceeds the {num_tokens} rows of a")
+    if i is not None:
         raise ValueError(f"a_offsets must be non-decreasing: a_offsets[{i}] = {int(offsets[i])} < "
                          f"a_offsets[{i - 1}] = {int(offsets[i - 1])}")
-    past_end = (offsets > num_tokens).nonzero()
-    if len(past_end):
-        i = int(past_end[0])
-        raise ValueError(f"a_offsets[{i}] = {int(offsets[i])} exceeds the {num_tokens} rows of a")
     ids = expert_ids.cpu()
-    bad_ids = ((ids < -1) | (ids >= num_experts)).nonzero()
-    if len(bad_ids):
-        i = int(bad_ids[0])
+    bad_id = first_true((ids < -1) | (ids >= num_experts))
+    if bad_id is not None:
+        i = bad_id[0]
         raise ValueError(f"expert_ids must lie in [-1, {num_experts}): expert_ids[{i}] = {int(ids[i])}")
     if a is not None and a.group_offsets is not None and not torch.equal(a.group_offsets.to(torch.int64).cpu(), offsets):
         raise ValueError("a's scales were laid out for other group offsets than a_offsets")
