@@ -33,7 +33,7 @@ def quantize(
         format: ``"mxfp8"`` (e4m3 data, e8m0 scale per 32), ``"mxfp4"`` (packed e2m1, e8m0 per 32)
             or ``"nvfp4"`` (packed e2m1, e4m3 scale per 16, float32 per-tensor decode scale).
         global_scale: nvfp4 only: float32 scalar decode scale; default ``amax(|x|) / (448 · 6)``,
-            computed on the device.
+            floored at 2^-126, computed on the device (:func:`nvfp4_global_scale`).
         scale_layout: ``"row"`` (``[..., K / block]``, the default) or ``"128x4"`` (tensor-core tiles).
         group_offsets: int32 ``[G + 1]`` for a 2D x with ``scale_layout="128x4"``: pad the scale tiles
             per group, the layout of the seed's A operand.

@@ -61,14 +61,25 @@ def _divide(x: torch.Tensor, divisor: float) -> torch.Tensor:
     return x / torch.full_like(x, divisor)
 
 
+# The smallest global scale: float32's smallest normal. Below it, block_scale · global_scale would
+# be subnormal or 0, and x / 0 has no agreed code.
+NVFP4_MIN_GLOBAL_SCALE = 2.0**-126
+
+
 def nvfp4_global_scale(x: torch.Tensor) -> torch.Tensor:
-    """The nvfp4 decode scale ``amax / (448 · 6)`` as a float32 scalar tensor (1.0 for an all-zero or
-    empty x)."""
+    """The nvfp4 decode scale ``max(amax / (448 · 6), 2^-126)`` as a float32 scalar tensor (1.0 for an
+    all-zero or empty x).
+
+    The floor only acts on tensors whose amax is below ``2^-126 · 2688`` (about 3.2e-35, float32's
+    subnormal range after the division): their elements below about ``2^-136`` decode to 0, and
+    nothing decodes to NaN or inf.
+    """
     if x.numel() == 0:  # host-known: no sync; aminmax has no identity
         return torch.ones((), dtype=torch.float32, device=x.device)
     low, high = torch.aminmax(x)  # one pass, no |x| temporary
     amax = torch.maximum(-low, high).float()
-    return torch.where(amax > 0, _divide(amax, E4M3_MAX * E2M1_MAX), torch.ones_like(amax))
+    scale = _divide(amax, E4M3_MAX * E2M1_MAX).clamp_min(NVFP4_MIN_GLOBAL_SCALE)
+    return torch.where(amax > 0, scale, torch.ones_like(amax))
 
 
 def quantize_reference(x: torch.Tensor, format: str, global_scale: torch.Tensor | None = None) -> ScaledTensor:
