@@ -298,6 +298,69 @@ def test_hidden_tiles_are_skipped(device):
     assert_close_relative(out, ref, TOLERANCE[torch.float16], "chunked skip")
 
 
+def test_tma_descriptors_only_for_token_row_layouts(device):
+    """K/V descriptors ([tokens, Hkv * D] views) exist for contiguous dense and ragged K/V and for
+    q/k/v split from one packed qkv projection; not for a head-major layout (heads not contiguous in
+    a token row) or misaligned rows."""
+    describe = attention_api._kv_token_descriptors
+    _, k, v = _qkv(2, 1, 40, 2, 2, 32, torch.float16, device)
+    k_desc, v_desc = describe(k, v, False, 16)
+    assert k_desc.shape == [80, 64] and k_desc.strides == [64, 1] and k_desc.block_shape == [16, 32]
+    qkv = torch.randn(2, 40, 3, 2, 32, dtype=torch.float16, device=device)  # packed projection
+    k_desc, _ = describe(qkv[:, :, 1], qkv[:, :, 2], False, 16)
+    assert k_desc.shape == [80, 64] and k_desc.strides == [192, 1]
+    assert describe(k[0], v[0], True, 16) is not None  # ragged [total_k, Hkv, D]
+    head_major = torch.randn(2, 2, 40, 32, dtype=torch.float16, device=device).transpose(1, 2)
+    assert describe(head_major, head_major, False, 16) is None
+    odd_rows = torch.randn(2, 40, 2, 36, dtype=torch.float16, device=device)[..., :32]  # 72-byte rows
+    assert describe(odd_rows, odd_rows, False, 16) is None
+
+
+@pytest.mark.parametrize("layout", ["dense", "ragged", "packed_qkv"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_tma_kv_loads_match_pointer_loads(device, layout, causal, monkeypatch):
+    """The fully visible band loaded through tensor descriptors gives the same bits as pointer loads,
+    and matches the reference; the sequences' lengths are not multiples of BN, and the next batch's
+    / sequence's keys are NaN past each end (a descriptor tile reaching past the sequence would read
+    them and poison P @ V)."""
+    made = []
+    describe = attention_api._kv_token_descriptors
+    monkeypatch.setattr(attention_api, "_kv_token_descriptors", lambda *args: made.append(describe(*args)) or made[-1])
+    if layout == "ragged":
+        cu = torch.tensor([0, 45, 115, 148], dtype=torch.int32, device=device)
+        q = torch.randn(148, 4, 32, dtype=torch.float16, device=device)
+        k = torch.randn(148, 2, 32, dtype=torch.float16, device=device)
+        v = torch.randn(148, 2, 32, dtype=torch.float16, device=device)
+        kwargs = dict(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=70, max_seqlen_k=70)
+        outs = [attention(q, k, v, causal=causal, config=CPU_CONFIG.replace(tma_kv=tma), **kwargs)
+                for tma in (True, False)]
+        refs = [attention_reference(q[a:b][None], k[a:b][None], v[a:b][None], causal=causal)[0]
+                for a, b in zip(cu[:-1].tolist(), cu[1:].tolist())]
+        ref = torch.cat(refs)
+    else:
+        if layout == "packed_qkv":
+            qkv = torch.randn(3, 70, 3, 2, 32, dtype=torch.float16, device=device)
+            q, k, v = qkv[:, :, 0].repeat_interleave(2, dim=2), qkv[:, :, 1], qkv[:, :, 2]
+        else:
+            q, k, v = _qkv(3, 70, 70, 4, 2, 32, torch.float16, device)
+        outs = [attention(q, k, v, causal=causal, config=CPU_CONFIG.replace(tma_kv=tma)) for tma in (True, False)]
+        ref = attention_reference(q, k, v, causal=causal)
+    assert len(made) == 1 and made[0] is not None, "the tma_kv=True call did not get descriptors"
+    assert torch.equal(outs[0], outs[1])
+    assert_close_relative(outs[0], ref, TOLERANCE[torch.float16], f"tma {layout}")
+
+
+def test_tma_band_never_reads_past_a_sequence(device):
+    """Dense K/V with Skv = 45 (not a multiple of BN = 16): batch 0's last partial tile would, through a
+    [B * Skv]-row descriptor, read batch 1's first keys. Those are NaN here; batch 0 stays finite and
+    equal to the reference."""
+    q, k, v = _qkv(2, 45, 45, 2, 2, 32, torch.float16, device)
+    k[1], v[1] = float("nan"), float("nan")
+    out = attention(q, k, v, config=CPU_CONFIG.replace(tma_kv=True))
+    ref = attention_reference(q[:1], k[:1], v[:1])
+    assert_close_relative(out[:1], ref, TOLERANCE[torch.float16], "batch 0 next to a NaN batch")
+
+
 # --------------------------------------------------------------------------- sinks, fully masked rows
 
 @pytest.mark.parametrize("num_splits", [None, 1, 4])

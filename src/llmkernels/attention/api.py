@@ -2,9 +2,11 @@
 and launches the Triton kernels. The only module that launches."""
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .._runtime import (cdiv, check_device, first_bad_prefix_sum, first_true, interpreting, next_power_of_2,
                         num_programs_hint)
@@ -119,6 +121,33 @@ def _dummy(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     if key not in _DUMMIES:
         _DUMMIES[key] = torch.zeros(1, dtype=dtype, device=device)
     return _DUMMIES[key]
+
+
+def _tma_capable(device: torch.device) -> bool:
+    """Tensor descriptors run as TMA on sm90+; the interpreter emulates them (so CPU tests cover the path)."""
+    return interpreting() or (device.type == "cuda" and _capability_major(device.index) >= 9)
+
+
+@functools.lru_cache(maxsize=None)
+def _capability_major(index: int | None) -> int:
+    return torch.cuda.get_device_capability(index)[0]
+
+
+def _kv_token_descriptors(k: torch.Tensor, v: torch.Tensor, ragged: bool, block_n: int):
+    """Tensor descriptors over K and V seen as ``[tokens, Hkv * D]`` (``[B * Skv]`` dense or ``[total_k]``
+    ragged rows), blocks ``[block_n, D]``; None when a layout does not allow it (heads not contiguous in
+    a token row, batches not evenly spaced, rows or base not 16-byte aligned, no rows)."""
+    descriptors = []
+    for t in (k, v):
+        *lead, num_heads, head_dim = t.shape
+        row_stride = t.stride(-3)
+        rows = t.shape[0] if ragged else t.shape[0] * t.shape[1]
+        evenly_spaced = ragged or t.shape[0] == 1 or t.stride(0) == t.shape[1] * row_stride
+        if (rows == 0 or t.stride(-1) != 1 or t.stride(-2) != head_dim or not evenly_spaced
+                or (row_stride * t.element_size()) % 16 or t.data_ptr() % 16):
+            return None
+        descriptors.append(TensorDescriptor(t, [rows, num_heads * head_dim], [row_stride, 1], [block_n, head_dim]))
+    return tuple(descriptors)
 
 
 def attention(
@@ -403,6 +432,9 @@ def attention(
         num_pages = paged_seqlen_bound = 0
     int_dummy = _dummy(device, torch.int32)
     float_dummy = _dummy(device, torch.float32)
+    kv_descriptors = None
+    if config.tma_kv and not paged and head_dim == head_dim_pad and _tma_capable(device):
+        kv_descriptors = _kv_token_descriptors(k, v, ragged, block_n)
     # out / lse strides as (b, token, head) and (b, head, token); ragged has no batch stride
     if ragged:
         stride_o = (0, out.stride(0), out.stride(1))
@@ -440,6 +472,7 @@ def attention(
         block_table,
         sinks if sinks is not None else float_dummy,
         mod_spec.slopes if mod_spec.slopes is not None else float_dummy,
+        *(kv_descriptors or (k_arg, v_arg)),
         stride_qb, stride_qs, stride_qh,
         *stride_k, *stride_v,
         *stride_target_o, stride_o_split,
@@ -459,6 +492,7 @@ def attention(
         RETURN_LSE=return_lse and not split_path,
         REVERSE_Q_BLOCKS=mask_spec.has_window and not split_path,
         RESCALE_THRESHOLD=config.rescale_threshold, POLY_EXP2_FRACTION=config.poly_exp2_fraction,
+        TMA_KV=kv_descriptors is not None, WARP_SPECIALIZE=config.warp_specialize and not interpreting(),
         UPCAST=interpreting(),
         num_warps=config.num_warps, num_stages=config.num_kv_stages,
     )

@@ -26,6 +26,13 @@ FA4 switches
                        overflow).
 ``poly_exp2_fraction`` fraction of the score columns whose ``exp2`` is a Cody-Waite polynomial on the
                        FMA units instead of the MUFU ``ex2`` instruction: 0, 0.25, 0.5, 0.75 or 1.
+``tma_kv``             load the K/V tiles of the fully visible band through tensor descriptors (TMA on
+                       sm90+; the seed's TMA producer) where the layout allows it: dense or ragged K/V
+                       (not paged), D a power of two, heads contiguous in a token row, 16-byte aligned
+                       rows. Masked edge tiles keep pointer loads (they may reach past the sequence).
+``warp_specialize``    Triton's automatic warp specialization of the K/V loop (producer warps for
+                       the loads, consumer warps for MMA and softmax: the seed's warp roles, chosen by
+                       the compiler).
 ``pack_gqa_heads``     split-KV/decode only: q heads of one KV head packed into one tile (rows are
                        (query, head) pairs) so that K/V is read once per KV head. 0 = automatic.
 
@@ -34,7 +41,8 @@ Seed fields fixed by the Triton compiler
 ``BK0`` (K-chunk of QK^T: the whole ``padded_depth``; the compiler splits it into MMA instructions),
 ``BK1`` (= ``BN`` for PV), ``num_qk_stages`` / ``num_pv_stages`` (MMA pipelining inside one tile),
 ``swizzle_mode`` (shared-memory layouts are chosen by the compiler), and the warp roles (load / MMA /
-softmax / correction warpgroups): Triton schedules one program's warps itself. These are exposed as
+softmax / correction warpgroups): Triton schedules one program's warps itself (``warp_specialize``
+asks it to split them into roles). These are exposed as
 read-only properties with the values Triton effectively uses.
 """
 from __future__ import annotations
@@ -77,6 +85,8 @@ class FA4Config:
     rescale_threshold: float = 8.0
     poly_exp2_fraction: float = 0.0
     pack_gqa_heads: int = 0
+    tma_kv: bool = True
+    warp_specialize: bool = False
     page_size: int | None = None
 
     def __post_init__(self):
@@ -115,6 +125,9 @@ class FA4Config:
         object.__setattr__(self, "poly_exp2_fraction", float(self.poly_exp2_fraction))
         if self.pack_gqa_heads != 0 and (not _is_power_of_2(self.pack_gqa_heads) or self.pack_gqa_heads > 128):
             raise ValueError(f"pack_gqa_heads must be 0 (auto) or a power of two <= 128, got {self.pack_gqa_heads!r}")
+        for field in ("tma_kv", "warp_specialize"):
+            if not isinstance(getattr(self, field), bool):
+                raise ValueError(f"{field} must be a bool, got {getattr(self, field)!r}")
         if self.page_size is not None and (not _is_power_of_2(self.page_size) or not 16 <= self.page_size <= 256):
             raise ValueError(f"page_size must be a power of two in [16, 256], got {self.page_size!r}")
 
@@ -157,7 +170,8 @@ def default_config(depth: int, dtype: torch.dtype, device: torch.device, *, deco
 
     CPU (Triton interpreter): small tiles, both FA4 tiles on, so the default exercises the FA4 paths.
     Hopper (sm90): one Q tile of 128 rows (a warpgroup per 64 rows already gives the 2Q overlap),
-    MUFU exp2 only. Blackwell (sm100+): the seed's 2 x 128 rows and a quarter of exp2 on FMA units.
+    MUFU exp2 only, classic rescaling (all three measured faster there). Blackwell (sm100+): the seed's
+    2 x 128 rows and a quarter of exp2 on FMA units.
     """
     common = dict(depth=depth, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads)
     capability = _capability(device)
@@ -178,14 +192,17 @@ def default_config(depth: int, dtype: torch.dtype, device: torch.device, *, deco
         return FA4Config(BM=128, BN=64, num_q_tiles=2, num_kv_stages=2, num_warps=8,
                          rescale_threshold=8.0, poly_exp2_fraction=0.25, **common)
     if major == 9:
+        # Measured on the H100 (benchmarks/results/nvidia-h100-80gb-hbm3/ablate_attention_prefill.md):
+        # the conditional rescale's block-uniform branch costs 4-7% here (it splits the MMA pipeline),
+        # so the threshold is 0; three K/V stages beat two by 24% at D=128.
         if depth <= 64:
             return FA4Config(BM=128, BN=128, num_q_tiles=1, num_kv_stages=3, num_warps=8,
-                             rescale_threshold=8.0, **common)
+                             rescale_threshold=0.0, **common)
         if depth <= 128:
-            return FA4Config(BM=128, BN=128, num_q_tiles=1, num_kv_stages=2, num_warps=8,
-                             rescale_threshold=8.0, **common)
+            return FA4Config(BM=128, BN=128, num_q_tiles=1, num_kv_stages=3, num_warps=8,
+                             rescale_threshold=0.0, **common)
         return FA4Config(BM=128, BN=64, num_q_tiles=1, num_kv_stages=2, num_warps=8,
-                         rescale_threshold=8.0, **common)
+                         rescale_threshold=0.0, **common)
     # Ampere / Ada and anything else: smaller tiles, fewer registers.
     if depth <= 128:
         return FA4Config(BM=128, BN=64, num_q_tiles=1, num_kv_stages=2, num_warps=4, rescale_threshold=8.0, **common)

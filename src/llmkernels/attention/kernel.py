@@ -169,25 +169,33 @@ def update_q_tile(acc, row_sum, row_max, q, k, v, batch, heads, q_idx_mod, q_pos
 @triton.jit
 def attend_kv_range(acc_a, sum_a, max_a, acc_b, sum_b, max_b, q_a, q_b,
                     q_idx_mod_a, q_idx_mod_b, q_pos_a, q_pos_b, heads, alibi_slopes,
-                    k_ptr, v_ptr, k_batch_offset, v_batch_offset, k_head_offset, v_head_offset,
+                    k_ptr, v_ptr, k_desc, v_desc, k_batch_offset, v_batch_offset, k_head_offset, v_head_offset,
                     stride_kb, stride_ks, stride_vb, stride_vs, block_table_row, num_pages,
-                    kv_start, seqlen_k, batch, kv_lo, kv_hi,
+                    kv_start, kv_row_base, kv_col, seqlen_k, batch, kv_lo, kv_hi,
                     softmax_scale, qk_scale_log2, window_left, window_right, chunk_size, softcap_value,
                     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
                     BLOCK_N: tl.constexpr, NUM_Q_TILES: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr,
                     MASKED: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_CHUNK: tl.constexpr,
                     HAS_MASK_MOD: tl.constexpr, MASK_MOD: tl.constexpr, SCORE_MOD_KIND: tl.constexpr,
                     SCORE_MOD: tl.constexpr, RESCALE_THRESHOLD: tl.constexpr, POLY_EXP2_FRACTION: tl.constexpr,
-                    UPCAST: tl.constexpr):
-    """Keys ``[kv_lo, kv_hi)`` (kv_lo a multiple of BLOCK_N): each K/V tile is loaded once for both Q tiles."""
+                    TMA_KV: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, UPCAST: tl.constexpr):
+    """Keys ``[kv_lo, kv_hi)`` (kv_lo a multiple of BLOCK_N): each K/V tile is loaded once for both Q tiles.
+
+    ``TMA_KV`` and not ``MASKED`` (the fully visible band, whose tiles lie inside the sequence): K/V
+    tiles come through the tensor descriptors ``k_desc`` / ``v_desc`` over ``[tokens, Hkv * D]``, at row
+    ``kv_row_base + key`` and column ``kv_col``."""
     dims = tl.arange(0, HEAD_DIM_PAD)
     CLAMP_KV: tl.constexpr = HAS_MASK_MOD or SCORE_MOD_KIND == 3
-    for start_n in tl.range(kv_lo, kv_hi, BLOCK_N):
+    for start_n in tl.range(kv_lo, kv_hi, BLOCK_N, warp_specialize=WARP_SPECIALIZE):
         kv_raw = start_n + tl.arange(0, BLOCK_N)
-        k = load_kv_tile(k_ptr, k_batch_offset, kv_start, kv_raw, seqlen_k, k_head_offset, stride_kb, stride_ks,
-                         block_table_row, num_pages, dims, HEAD_DIM, HEAD_DIM_PAD, PAGED, PAGE_SIZE, MASKED)
-        v = load_kv_tile(v_ptr, v_batch_offset, kv_start, kv_raw, seqlen_k, v_head_offset, stride_vb, stride_vs,
-                         block_table_row, num_pages, dims, HEAD_DIM, HEAD_DIM_PAD, PAGED, PAGE_SIZE, MASKED)
+        if TMA_KV and not MASKED:
+            k = k_desc.load([kv_row_base + start_n, kv_col])
+            v = v_desc.load([kv_row_base + start_n, kv_col])
+        else:
+            k = load_kv_tile(k_ptr, k_batch_offset, kv_start, kv_raw, seqlen_k, k_head_offset, stride_kb, stride_ks,
+                             block_table_row, num_pages, dims, HEAD_DIM, HEAD_DIM_PAD, PAGED, PAGE_SIZE, MASKED)
+            v = load_kv_tile(v_ptr, v_batch_offset, kv_start, kv_raw, seqlen_k, v_head_offset, stride_vb, stride_vs,
+                             block_table_row, num_pages, dims, HEAD_DIM, HEAD_DIM_PAD, PAGED, PAGE_SIZE, MASKED)
         if CLAMP_KV:
             kv_mod = tl.minimum(kv_raw, tl.maximum(seqlen_k - 1, 0))
         else:
@@ -271,6 +279,7 @@ def ragged_bounds(cu_seqlens_ptr, batch, total, BLOCK_BATCH: tl.constexpr):
 def attention_fwd_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr,
     cu_seqlens_q_ptr, cu_seqlens_k_ptr, seqlens_k_ptr, block_table_ptr, sinks_ptr, alibi_slopes_ptr,
+    k_desc, v_desc,
     stride_qb, stride_qs, stride_qh,
     stride_kb, stride_ks, stride_kh,
     stride_vb, stride_vs, stride_vh,
@@ -286,7 +295,8 @@ def attention_fwd_kernel(
     HAS_WINDOW: tl.constexpr, HAS_CHUNK: tl.constexpr, HAS_MASK_MOD: tl.constexpr, MASK_MOD: tl.constexpr,
     SCORE_MOD_KIND: tl.constexpr, SCORE_MOD: tl.constexpr, HAS_SINKS: tl.constexpr,
     SPLIT: tl.constexpr, RETURN_LSE: tl.constexpr, REVERSE_Q_BLOCKS: tl.constexpr,
-    RESCALE_THRESHOLD: tl.constexpr, POLY_EXP2_FRACTION: tl.constexpr, UPCAST: tl.constexpr,
+    RESCALE_THRESHOLD: tl.constexpr, POLY_EXP2_FRACTION: tl.constexpr, TMA_KV: tl.constexpr,
+    WARP_SPECIALIZE: tl.constexpr, UPCAST: tl.constexpr,
 ):
     """Attention forward for one (Q block, batch x KV head x head tile) pair and one split.
 
@@ -296,6 +306,9 @@ def attention_fwd_kernel(
       ``block_table`` int32 ``[B, max_pages]`` and ``seqlens_k`` int32 ``[B]``;
       out like q (``SPLIT``: float32 with a leading split dim, ``stride_o_split``);
       lse ``[B, Hq, Sq]`` / ``[Hq, total_q]`` (``SPLIT``: float32 base-2 with a leading split dim).
+      ``TMA_KV`` (dense or ragged K/V, not paged, ``HEAD_DIM == HEAD_DIM_PAD``): ``k_desc`` / ``v_desc`` are
+      tensor descriptors over K / V seen as ``[B * Skv or total_k, Hkv * D]`` with ``[BLOCK_N, D]`` blocks;
+      otherwise unused.
 
     Metadata is never trusted with an address: ragged bounds come from :func:`ragged_bounds` (rows
     ``total_q`` / ``total_k``), ``seqlens_k[b]`` is clamped to ``[0, paged_seqlen_bound]`` (the block
@@ -395,6 +408,8 @@ def attention_fwd_kernel(
     block_table_row = block_table_ptr + batch.to(tl.int64) * stride_block_table
     k_head_offset = kv_head * stride_kh
     v_head_offset = kv_head * stride_vh
+    kv_row_base = kv_start if RAGGED_K else batch * seqlen_k_dense  # descriptor row of key 0
+    kv_col = kv_head * HEAD_DIM
     qk_scale_log2 = softmax_scale * LOG2E
 
     acc_a = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
@@ -420,12 +435,12 @@ def attention_fwd_kernel(
         acc_a, sum_a, max_a, acc_b, sum_b, max_b = attend_kv_range(
             acc_a, sum_a, max_a, acc_b, sum_b, max_b, q_a, q_b, q_idx_mod_a, q_idx_mod_b,
             q_idx_a + shift, q_idx_b + shift, heads, alibi_slopes,
-            k_ptr, v_ptr, k_batch_offset, v_batch_offset, k_head_offset, v_head_offset,
-            stride_kb, stride_ks, stride_vb, stride_vs, block_table_row, num_pages, kv_start, seqlen_k, batch,
-            lo, hi, softmax_scale, qk_scale_log2, window_left, window_right, chunk_size, softcap_value,
+            k_ptr, v_ptr, k_desc, v_desc, k_batch_offset, v_batch_offset, k_head_offset, v_head_offset,
+            stride_kb, stride_ks, stride_vb, stride_vs, block_table_row, num_pages, kv_start, kv_row_base, kv_col,
+            seqlen_k, batch, lo, hi, softmax_scale, qk_scale_log2, window_left, window_right, chunk_size, softcap_value,
             HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, BLOCK_N, NUM_Q_TILES, PAGED, PAGE_SIZE, phase != 1,
             HAS_WINDOW, HAS_CHUNK, HAS_MASK_MOD, MASK_MOD, SCORE_MOD_KIND, SCORE_MOD,
-            RESCALE_THRESHOLD, POLY_EXP2_FRACTION, UPCAST)
+            RESCALE_THRESHOLD, POLY_EXP2_FRACTION, TMA_KV, WARP_SPECIALIZE, UPCAST)
 
     store_q_tile(acc_a, sum_a, max_a, out_ptr, lse_ptr, sinks_ptr, batch, split, q_start, q_idx_a, heads, valid_a,
                  dims, stride_ob, stride_os, stride_oh, stride_o_split,
