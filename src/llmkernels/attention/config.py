@@ -183,8 +183,10 @@ def default_config(depth: int, dtype: torch.dtype, device: torch.device, *, deco
                          rescale_threshold=8.0, poly_exp2_fraction=0.0, **common)
     major = capability[0]
     if decode:
-        return FA4Config(BM=16, BN=64 if depth <= 128 else 32, num_q_tiles=1, num_kv_stages=3, num_warps=4,
-                         rescale_threshold=8.0, **common)
+        # Two warps per program at D <= 128: as fast as four at batch 1-8, 1.2x faster at batch 64 (more
+        # programs resident per SM; ablate_attention_decode.md on the H100).
+        return FA4Config(BM=16, BN=64 if depth <= 128 else 32, num_q_tiles=1, num_kv_stages=3,
+                         num_warps=2 if depth <= 128 else 4, rescale_threshold=8.0, **common)
     if major >= 10:
         if depth <= 128:
             return FA4Config(BM=256, BN=128, num_q_tiles=2, num_kv_stages=2, num_warps=8,
@@ -192,17 +194,17 @@ def default_config(depth: int, dtype: torch.dtype, device: torch.device, *, deco
         return FA4Config(BM=128, BN=64, num_q_tiles=2, num_kv_stages=2, num_warps=8,
                          rescale_threshold=8.0, poly_exp2_fraction=0.25, **common)
     if major == 9:
-        # Measured on the H100 (benchmarks/results/nvidia-h100-80gb-hbm3/ablate_attention_prefill.md):
-        # the conditional rescale's block-uniform branch costs 4-7% here (it splits the MMA pipeline),
-        # so the threshold is 0; three K/V stages beat two by 24% at D=128.
+        # The best tiles of the H100 sweep (benchmarks/results/nvidia-h100-80gb-hbm3/ablate_attention_prefill.md).
+        # The conditional rescale's block-uniform branch costs up to 16% here (it splits the MMA
+        # pipeline), so the threshold is 0; TMA loads cost 12% at D=256 (512-byte rows), so they are off.
         if depth <= 64:
-            return FA4Config(BM=128, BN=128, num_q_tiles=1, num_kv_stages=3, num_warps=8,
+            return FA4Config(BM=128, BN=64, num_q_tiles=1, num_kv_stages=3, num_warps=4,
                              rescale_threshold=0.0, **common)
         if depth <= 128:
             return FA4Config(BM=128, BN=128, num_q_tiles=1, num_kv_stages=3, num_warps=8,
                              rescale_threshold=0.0, **common)
         return FA4Config(BM=128, BN=64, num_q_tiles=1, num_kv_stages=2, num_warps=8,
-                         rescale_threshold=0.0, **common)
+                         rescale_threshold=0.0, tma_kv=False, **common)
     # Ampere / Ada and anything else: smaller tiles, fewer registers.
     if depth <= 128:
         return FA4Config(BM=128, BN=64, num_q_tiles=1, num_kv_stages=2, num_warps=4, rescale_threshold=8.0, **common)
