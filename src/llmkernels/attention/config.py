@@ -48,6 +48,7 @@ read-only properties with the values Triton effectively uses.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -164,6 +165,7 @@ def _capability(device: torch.device) -> tuple[int, int] | None:
     return torch.cuda.get_device_capability(device)
 
 
+@functools.lru_cache(maxsize=256)  # a pure function of hashable arguments; configs are frozen
 def default_config(depth: int, dtype: torch.dtype, device: torch.device, *, decode: bool = False,
                    num_q_heads: int | None = None, num_kv_heads: int | None = None) -> FA4Config:
     """The default FA4Config for a head dim, dtype and device (``decode`` = the split-KV path).
