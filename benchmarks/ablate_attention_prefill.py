@@ -5,7 +5,7 @@
 For each prefill shape (bf16, B x H x S x D, causal and not): a sweep of (BM, BN, num_kv_stages,
 num_warps) with and without TMA loads of the fully visible band (``tma_kv``) and Triton's warp
 specialization, then the FA4 switches on the best tile (rescale threshold 8 vs 0, polynomial exp2,
-two Q tiles), and the peers. Each variant
+two Q tiles, the next tile's Q K^T issued before the softmax), and the peers. Each variant
 is checked against SDPA's flash output first (rel. error < 2e-2) and timed with do_bench (median).
 Writes ``ablate_attention_prefill.{csv,md}``; the table's ``vs cuDNN`` column is cuDNN time / ours.
 """
@@ -38,9 +38,14 @@ TILES = {  # warp-specialized variants last: a compiler crash there loses only t
           (128, 64, 2, 8, True, True)],
 }
 # FA4 switches measured on the best tile of each problem (head dim 128 only: the others' cost is alike)
+PIPELINE = {"pipeline_qk": dict(pipeline_qk=True), "pipeline_qk BN64": dict(pipeline_qk=True, BN=64),
+            "pipeline_qk BN64 w4": dict(pipeline_qk=True, BN=64, num_warps=4)}
 SWITCHES = {128: {"threshold=8": dict(rescale_threshold=8.0), "poly_exp2=0.25": dict(poly_exp2_fraction=0.25),
-                  "poly_exp2=0.5": dict(poly_exp2_fraction=0.5), "two_q_tiles BM=256": dict(BM=256, num_q_tiles=2)},
-            64: {"threshold=8": dict(rescale_threshold=8.0)}, 256: {"threshold=8": dict(rescale_threshold=8.0)}}
+                  "poly_exp2=0.5": dict(poly_exp2_fraction=0.5), "two_q_tiles BM=256": dict(BM=256, num_q_tiles=2),
+                  **PIPELINE},
+            64: {"threshold=8": dict(rescale_threshold=8.0), **PIPELINE},
+            256: {"threshold=8": dict(rescale_threshold=8.0), "pipeline_qk": dict(pipeline_qk=True),
+                  "pipeline_qk BN32": dict(pipeline_qk=True, BN=32)}}
 PEERS = {"sdpa_cudnn": torch.nn.attention.SDPBackend.CUDNN_ATTENTION,
          "sdpa_flash": torch.nn.attention.SDPBackend.FLASH_ATTENTION}
 

@@ -152,11 +152,14 @@ FA4_CONFIGS = [
     FA4Config(BM=16, BN=16, num_q_tiles=1, rescale_threshold=4.0, poly_exp2_fraction=0.25),
     FA4Config(BM=32, BN=16, num_q_tiles=2, rescale_threshold=8.0, poly_exp2_fraction=0.75),
     FA4Config(BM=64, BN=32, num_q_tiles=2, rescale_threshold=2.0, poly_exp2_fraction=1.0),
+    FA4Config(BM=16, BN=16, num_q_tiles=1, rescale_threshold=0.0, pipeline_qk=True),
+    FA4Config(BM=16, BN=16, num_q_tiles=1, rescale_threshold=8.0, pipeline_qk=True, tma_kv=False),
 ]
 
 
 @pytest.mark.parametrize("config", FA4_CONFIGS, ids=lambda c: f"BM{c.BM}BN{c.BN}x{c.num_q_tiles}"
-                         f"-t{c.rescale_threshold:g}-p{c.poly_exp2_fraction:g}")
+                         f"-t{c.rescale_threshold:g}-p{c.poly_exp2_fraction:g}{'-pipe' if c.pipeline_qk else ''}"
+                         f"{'' if c.tma_kv else '-notma'}")
 def test_fa4_switches(device, config):
     q, k, v = _qkv(1, 50, 61, 4, 2, 32, torch.float16, device)
     _check(q, k, v, causal=True, sinks=torch.randn(4, device=device), config=config, what="fa4")
@@ -348,6 +351,28 @@ def test_tma_kv_loads_match_pointer_loads(device, layout, causal, monkeypatch):
     assert len(made) == 1 and made[0] is not None, "the tma_kv=True call did not get descriptors"
     assert torch.equal(outs[0], outs[1])
     assert_close_relative(outs[0], ref, TOLERANCE[torch.float16], f"tma {layout}")
+
+
+@pytest.mark.parametrize("score_mod", [None, "softcap", "alibi"])
+@pytest.mark.parametrize("layout", ["dense", "ragged"])
+def test_pipelined_band(device, score_mod, layout):
+    """pipeline_qk (Q K^T of the next tile issued before this tile's softmax) against the reference,
+    with score mods (which read the tile's key indices) and bands of 1 and several tiles."""
+    mod = {None: None, "softcap": softcap(5.0), "alibi": alibi(torch.rand(4, device=device))}[score_mod]
+    config = FA4Config(BM=16, BN=16, num_q_tiles=1, rescale_threshold=0.0, pipeline_qk=True)
+    if layout == "ragged":
+        cu = torch.tensor([0, 20, 90, 107], dtype=torch.int32, device=device)  # bands of 1, 4 and 1 tiles
+        q = torch.randn(107, 4, 32, dtype=torch.float16, device=device)
+        k, v = (torch.randn(107, 2, 32, dtype=torch.float16, device=device) for _ in range(2))
+        out = attention(q, k, v, score_mod=mod, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=70, max_seqlen_k=70,
+                        config=config)
+        ref = torch.cat([attention_reference(q[a:b][None], k[a:b][None], v[a:b][None], score_mod=mod)[0]
+                         for a, b in zip(cu[:-1].tolist(), cu[1:].tolist())])
+    else:
+        q, k, v = _qkv(2, 40, 70, 4, 2, 32, torch.float16, device)
+        out = attention(q, k, v, score_mod=mod, config=config)
+        ref = attention_reference(q, k, v, score_mod=mod)
+    assert_close_relative(out, ref, TOLERANCE[torch.float16], f"pipelined {layout} {score_mod}")
 
 
 def test_tma_band_never_reads_past_a_sequence(device):

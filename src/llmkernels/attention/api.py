@@ -493,6 +493,7 @@ def attention(
         REVERSE_Q_BLOCKS=mask_spec.has_window and not split_path,
         RESCALE_THRESHOLD=config.rescale_threshold, POLY_EXP2_FRACTION=config.poly_exp2_fraction,
         TMA_KV=kv_descriptors is not None, WARP_SPECIALIZE=config.warp_specialize and not interpreting(),
+        PIPELINE_QK=config.pipeline_qk,
         UPCAST=interpreting(),
         num_warps=config.num_warps, num_stages=config.num_kv_stages,
     )

@@ -33,6 +33,9 @@ FA4 switches
 ``warp_specialize``    Triton's automatic warp specialization of the K/V loop (producer warps for
                        the loads, consumer warps for MMA and softmax: the seed's warp roles, chosen by
                        the compiler).
+``pipeline_qk``        in the fully visible band, issue ``Q K^T`` of the next K/V tile before the
+                       softmax of this one (FA3's intra-warpgroup overlap of MMA and softmax; one
+                       Q tile per program only).
 ``pack_gqa_heads``     split-KV/decode only: q heads of one KV head packed into one tile (rows are
                        (query, head) pairs) so that K/V is read once per KV head. 0 = automatic.
 
@@ -88,6 +91,7 @@ class FA4Config:
     pack_gqa_heads: int = 0
     tma_kv: bool = True
     warp_specialize: bool = False
+    pipeline_qk: bool = False
     page_size: int | None = None
 
     def __post_init__(self):
@@ -126,7 +130,7 @@ class FA4Config:
         object.__setattr__(self, "poly_exp2_fraction", float(self.poly_exp2_fraction))
         if self.pack_gqa_heads != 0 and (not _is_power_of_2(self.pack_gqa_heads) or self.pack_gqa_heads > 128):
             raise ValueError(f"pack_gqa_heads must be 0 (auto) or a power of two <= 128, got {self.pack_gqa_heads!r}")
-        for field in ("tma_kv", "warp_specialize"):
+        for field in ("tma_kv", "warp_specialize", "pipeline_qk"):
             if not isinstance(getattr(self, field), bool):
                 raise ValueError(f"{field} must be a bool, got {getattr(self, field)!r}")
         if self.page_size is not None and (not _is_power_of_2(self.page_size) or not 16 <= self.page_size <= 256):

@@ -141,6 +141,19 @@ def load_kv_tile(base_ptr, batch_offset, kv_start, kv_raw, seqlen_k, head_offset
 
 
 @triton.jit
+def log2_scores(qk, batch, heads, q_idx_mod, q_pos, alibi_slopes, kv_mod, softmax_scale, qk_scale_log2,
+                softcap_value, SCORE_MOD_KIND: tl.constexpr, SCORE_MOD: tl.constexpr):
+    """Raw ``Q K^T`` ``[M, N]`` -> ``log2(e) * score_mod(softmax_scale * QK^T)``."""
+    if SCORE_MOD_KIND == 0:
+        return qk * qk_scale_log2
+    else:
+        scores = apply_score_mod(qk * softmax_scale, batch, heads[:, None], q_idx_mod[:, None],
+                                 kv_mod[None, :], q_pos[:, None], softcap_value, alibi_slopes[:, None],
+                                 SCORE_MOD_KIND, SCORE_MOD)
+        return scores * LOG2E
+
+
+@triton.jit
 def update_q_tile(acc, row_sum, row_max, q, k, v, batch, heads, q_idx_mod, q_pos, alibi_slopes,
                   kv_raw, kv_mod, seqlen_k, softmax_scale, qk_scale_log2,
                   window_left, window_right, chunk_size, softcap_value,
@@ -149,14 +162,8 @@ def update_q_tile(acc, row_sum, row_max, q, k, v, batch, heads, q_idx_mod, q_pos
                   MASK_MOD: tl.constexpr, SCORE_MOD_KIND: tl.constexpr, SCORE_MOD: tl.constexpr,
                   RESCALE_THRESHOLD: tl.constexpr, POLY_EXP2_FRACTION: tl.constexpr, UPCAST: tl.constexpr):
     """QK^T, score mod, mask, online softmax and PV of one Q tile against one K/V tile."""
-    scores = mma(q, tl.trans(k), None, UPCAST)
-    if SCORE_MOD_KIND == 0:
-        scores = scores * qk_scale_log2
-    else:
-        scores = apply_score_mod(scores * softmax_scale, batch, heads[:, None], q_idx_mod[:, None],
-                                 kv_mod[None, :], q_pos[:, None], softcap_value, alibi_slopes[:, None],
-                                 SCORE_MOD_KIND, SCORE_MOD)
-        scores = scores * LOG2E
+    scores = log2_scores(mma(q, tl.trans(k), None, UPCAST), batch, heads, q_idx_mod, q_pos, alibi_slopes, kv_mod,
+                         softmax_scale, qk_scale_log2, softcap_value, SCORE_MOD_KIND, SCORE_MOD)
     if MASKED:
         visible = visible_mask(batch, heads[:, None], q_idx_mod[:, None], kv_mod[None, :], q_pos[:, None],
                                kv_raw[None, :], seqlen_k, window_left, window_right, chunk_size,
@@ -164,6 +171,58 @@ def update_q_tile(acc, row_sum, row_max, q, k, v, batch, heads, q_idx_mod, q_pos
         scores = tl.where(visible, scores, float("-inf"))
     return online_softmax_update(acc, row_sum, row_max, scores, v, BLOCK_M, BLOCK_N,
                                  RESCALE_THRESHOLD, POLY_EXP2_FRACTION, UPCAST)
+
+
+@triton.jit
+def load_band_tile(base_ptr, desc, batch_offset, kv_start, kv_row_base, kv_col, start_n, seqlen_k, head_offset,
+                   stride_page, stride_row, block_table_row, num_pages, dims,
+                   HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_N: tl.constexpr, PAGED: tl.constexpr,
+                   PAGE_SIZE: tl.constexpr, TMA_KV: tl.constexpr):
+    """One K or V tile of the fully visible band (every key in the sequence): descriptor or pointer load."""
+    if TMA_KV:
+        return desc.load([kv_row_base + start_n, kv_col])
+    else:
+        return load_kv_tile(base_ptr, batch_offset, kv_start, start_n + tl.arange(0, BLOCK_N), seqlen_k, head_offset,
+                            stride_page, stride_row, block_table_row, num_pages, dims,
+                            HEAD_DIM, HEAD_DIM_PAD, PAGED, PAGE_SIZE, False)
+
+
+@triton.jit
+def attend_band_pipelined(acc, row_sum, row_max, q, q_idx_mod, q_pos, heads, alibi_slopes,
+                          k_ptr, v_ptr, k_desc, v_desc, k_batch_offset, v_batch_offset, k_head_offset, v_head_offset,
+                          stride_kb, stride_ks, stride_vb, stride_vs, block_table_row, num_pages,
+                          kv_start, kv_row_base, kv_col, seqlen_k, batch, kv_lo, kv_hi,
+                          softmax_scale, qk_scale_log2, softcap_value,
+                          HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
+                          BLOCK_N: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr,
+                          SCORE_MOD_KIND: tl.constexpr, SCORE_MOD: tl.constexpr, RESCALE_THRESHOLD: tl.constexpr,
+                          POLY_EXP2_FRACTION: tl.constexpr, TMA_KV: tl.constexpr, UPCAST: tl.constexpr):
+    """The fully visible band ``[kv_lo, kv_hi)`` (non-empty, whole tiles) of one Q tile, with ``Q K^T`` of
+    tile j + 1 issued before the softmax of tile j (FA3's intra-warpgroup overlap): the next scores are
+    loop-carried, so the tensor cores compute them while the CUDA cores run the softmax. The last
+    iteration recomputes its own tile's scores instead of reading past the band (one wasted QK^T)."""
+    dims = tl.arange(0, HEAD_DIM_PAD)
+    k = load_band_tile(k_ptr, k_desc, k_batch_offset, kv_start, kv_row_base, kv_col, kv_lo, seqlen_k, k_head_offset,
+                       stride_kb, stride_ks, block_table_row, num_pages, dims,
+                       HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, PAGED, PAGE_SIZE, TMA_KV)
+    qk = mma(q, tl.trans(k), None, UPCAST)
+    last = kv_hi - BLOCK_N
+    for start_n in tl.range(kv_lo, kv_hi, BLOCK_N):
+        next_n = tl.minimum(start_n + BLOCK_N, last)
+        k_next = load_band_tile(k_ptr, k_desc, k_batch_offset, kv_start, kv_row_base, kv_col, next_n, seqlen_k,
+                                k_head_offset, stride_kb, stride_ks, block_table_row, num_pages, dims,
+                                HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, PAGED, PAGE_SIZE, TMA_KV)
+        qk_next = mma(q, tl.trans(k_next), None, UPCAST)
+        v = load_band_tile(v_ptr, v_desc, v_batch_offset, kv_start, kv_row_base, kv_col, start_n, seqlen_k,
+                           v_head_offset, stride_vb, stride_vs, block_table_row, num_pages, dims,
+                           HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, PAGED, PAGE_SIZE, TMA_KV)
+        kv_raw = start_n + tl.arange(0, BLOCK_N)
+        scores = log2_scores(qk, batch, heads, q_idx_mod, q_pos, alibi_slopes, kv_raw, softmax_scale, qk_scale_log2,
+                             softcap_value, SCORE_MOD_KIND, SCORE_MOD)
+        acc, row_sum, row_max = online_softmax_update(acc, row_sum, row_max, scores, v, BLOCK_M, BLOCK_N,
+                                                      RESCALE_THRESHOLD, POLY_EXP2_FRACTION, UPCAST)
+        qk = qk_next
+    return acc, row_sum, row_max
 
 
 @triton.jit
@@ -178,7 +237,8 @@ def attend_kv_range(acc_a, sum_a, max_a, acc_b, sum_b, max_b, q_a, q_b,
                     MASKED: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_CHUNK: tl.constexpr,
                     HAS_MASK_MOD: tl.constexpr, MASK_MOD: tl.constexpr, SCORE_MOD_KIND: tl.constexpr,
                     SCORE_MOD: tl.constexpr, RESCALE_THRESHOLD: tl.constexpr, POLY_EXP2_FRACTION: tl.constexpr,
-                    TMA_KV: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, UPCAST: tl.constexpr):
+                    TMA_KV: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, PIPELINE_QK: tl.constexpr,
+                    UPCAST: tl.constexpr):
     """Keys ``[kv_lo, kv_hi)`` (kv_lo a multiple of BLOCK_N): each K/V tile is loaded once for both Q tiles.
 
     ``TMA_KV`` and not ``MASKED`` (the fully visible band, whose tiles lie inside the sequence): K/V
@@ -186,31 +246,42 @@ def attend_kv_range(acc_a, sum_a, max_a, acc_b, sum_b, max_b, q_a, q_b,
     ``kv_row_base + key`` and column ``kv_col``."""
     dims = tl.arange(0, HEAD_DIM_PAD)
     CLAMP_KV: tl.constexpr = HAS_MASK_MOD or SCORE_MOD_KIND == 3
-    for start_n in tl.range(kv_lo, kv_hi, BLOCK_N, warp_specialize=WARP_SPECIALIZE):
-        kv_raw = start_n + tl.arange(0, BLOCK_N)
-        if TMA_KV and not MASKED:
-            k = k_desc.load([kv_row_base + start_n, kv_col])
-            v = v_desc.load([kv_row_base + start_n, kv_col])
-        else:
-            k = load_kv_tile(k_ptr, k_batch_offset, kv_start, kv_raw, seqlen_k, k_head_offset, stride_kb, stride_ks,
-                             block_table_row, num_pages, dims, HEAD_DIM, HEAD_DIM_PAD, PAGED, PAGE_SIZE, MASKED)
-            v = load_kv_tile(v_ptr, v_batch_offset, kv_start, kv_raw, seqlen_k, v_head_offset, stride_vb, stride_vs,
-                             block_table_row, num_pages, dims, HEAD_DIM, HEAD_DIM_PAD, PAGED, PAGE_SIZE, MASKED)
-        if CLAMP_KV:
-            kv_mod = tl.minimum(kv_raw, tl.maximum(seqlen_k - 1, 0))
-        else:
-            kv_mod = kv_raw
-        acc_a, sum_a, max_a = update_q_tile(
-            acc_a, sum_a, max_a, q_a, k, v, batch, heads, q_idx_mod_a, q_pos_a, alibi_slopes,
-            kv_raw, kv_mod, seqlen_k, softmax_scale, qk_scale_log2, window_left, window_right, chunk_size,
-            softcap_value, BLOCK_M, BLOCK_N, MASKED, HAS_WINDOW, HAS_CHUNK, HAS_MASK_MOD, MASK_MOD,
-            SCORE_MOD_KIND, SCORE_MOD, RESCALE_THRESHOLD, POLY_EXP2_FRACTION, UPCAST)
-        if NUM_Q_TILES == 2:
-            acc_b, sum_b, max_b = update_q_tile(
-                acc_b, sum_b, max_b, q_b, k, v, batch, heads, q_idx_mod_b, q_pos_b, alibi_slopes,
+    if PIPELINE_QK and not MASKED and NUM_Q_TILES == 1:
+        if kv_lo < kv_hi:
+            acc_a, sum_a, max_a = attend_band_pipelined(
+                acc_a, sum_a, max_a, q_a, q_idx_mod_a, q_pos_a, heads, alibi_slopes,
+                k_ptr, v_ptr, k_desc, v_desc, k_batch_offset, v_batch_offset, k_head_offset, v_head_offset,
+                stride_kb, stride_ks, stride_vb, stride_vs, block_table_row, num_pages,
+                kv_start, kv_row_base, kv_col, seqlen_k, batch, kv_lo, kv_hi,
+                softmax_scale, qk_scale_log2, softcap_value,
+                HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, BLOCK_N, PAGED, PAGE_SIZE, SCORE_MOD_KIND, SCORE_MOD,
+                RESCALE_THRESHOLD, POLY_EXP2_FRACTION, TMA_KV, UPCAST)
+    else:
+        for start_n in tl.range(kv_lo, kv_hi, BLOCK_N, warp_specialize=WARP_SPECIALIZE):
+            kv_raw = start_n + tl.arange(0, BLOCK_N)
+            if TMA_KV and not MASKED:
+                k = k_desc.load([kv_row_base + start_n, kv_col])
+                v = v_desc.load([kv_row_base + start_n, kv_col])
+            else:
+                k = load_kv_tile(k_ptr, k_batch_offset, kv_start, kv_raw, seqlen_k, k_head_offset, stride_kb, stride_ks,
+                                 block_table_row, num_pages, dims, HEAD_DIM, HEAD_DIM_PAD, PAGED, PAGE_SIZE, MASKED)
+                v = load_kv_tile(v_ptr, v_batch_offset, kv_start, kv_raw, seqlen_k, v_head_offset, stride_vb, stride_vs,
+                                 block_table_row, num_pages, dims, HEAD_DIM, HEAD_DIM_PAD, PAGED, PAGE_SIZE, MASKED)
+            if CLAMP_KV:
+                kv_mod = tl.minimum(kv_raw, tl.maximum(seqlen_k - 1, 0))
+            else:
+                kv_mod = kv_raw
+            acc_a, sum_a, max_a = update_q_tile(
+                acc_a, sum_a, max_a, q_a, k, v, batch, heads, q_idx_mod_a, q_pos_a, alibi_slopes,
                 kv_raw, kv_mod, seqlen_k, softmax_scale, qk_scale_log2, window_left, window_right, chunk_size,
                 softcap_value, BLOCK_M, BLOCK_N, MASKED, HAS_WINDOW, HAS_CHUNK, HAS_MASK_MOD, MASK_MOD,
                 SCORE_MOD_KIND, SCORE_MOD, RESCALE_THRESHOLD, POLY_EXP2_FRACTION, UPCAST)
+            if NUM_Q_TILES == 2:
+                acc_b, sum_b, max_b = update_q_tile(
+                    acc_b, sum_b, max_b, q_b, k, v, batch, heads, q_idx_mod_b, q_pos_b, alibi_slopes,
+                    kv_raw, kv_mod, seqlen_k, softmax_scale, qk_scale_log2, window_left, window_right, chunk_size,
+                    softcap_value, BLOCK_M, BLOCK_N, MASKED, HAS_WINDOW, HAS_CHUNK, HAS_MASK_MOD, MASK_MOD,
+                    SCORE_MOD_KIND, SCORE_MOD, RESCALE_THRESHOLD, POLY_EXP2_FRACTION, UPCAST)
     return acc_a, sum_a, max_a, acc_b, sum_b, max_b
 
 
@@ -296,7 +367,7 @@ def attention_fwd_kernel(
     SCORE_MOD_KIND: tl.constexpr, SCORE_MOD: tl.constexpr, HAS_SINKS: tl.constexpr,
     SPLIT: tl.constexpr, RETURN_LSE: tl.constexpr, REVERSE_Q_BLOCKS: tl.constexpr,
     RESCALE_THRESHOLD: tl.constexpr, POLY_EXP2_FRACTION: tl.constexpr, TMA_KV: tl.constexpr,
-    WARP_SPECIALIZE: tl.constexpr, UPCAST: tl.constexpr,
+    WARP_SPECIALIZE: tl.constexpr, PIPELINE_QK: tl.constexpr, UPCAST: tl.constexpr,
 ):
     """Attention forward for one (Q block, batch x KV head x head tile) pair and one split.
 
@@ -440,7 +511,7 @@ def attention_fwd_kernel(
             seqlen_k, batch, lo, hi, softmax_scale, qk_scale_log2, window_left, window_right, chunk_size, softcap_value,
             HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, BLOCK_N, NUM_Q_TILES, PAGED, PAGE_SIZE, phase != 1,
             HAS_WINDOW, HAS_CHUNK, HAS_MASK_MOD, MASK_MOD, SCORE_MOD_KIND, SCORE_MOD,
-            RESCALE_THRESHOLD, POLY_EXP2_FRACTION, TMA_KV, WARP_SPECIALIZE, UPCAST)
+            RESCALE_THRESHOLD, POLY_EXP2_FRACTION, TMA_KV, WARP_SPECIALIZE, PIPELINE_QK, UPCAST)
 
     store_q_tile(acc_a, sum_a, max_a, out_ptr, lse_ptr, sinks_ptr, batch, split, q_start, q_idx_a, heads, valid_a,
                  dims, stride_ob, stride_os, stride_oh, stride_o_split,
