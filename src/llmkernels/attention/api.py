@@ -139,7 +139,7 @@ def _kv_token_descriptors(k: torch.Tensor, v: torch.Tensor, ragged: bool, block_
     a token row, batches not evenly spaced, rows or base not 16-byte aligned, no rows)."""
     descriptors = []
     for t in (k, v):
-        *lead, num_heads, head_dim = t.shape
+        num_heads, head_dim = t.shape[-2:]
         row_stride = t.stride(-3)
         rows = t.shape[0] if ragged else t.shape[0] * t.shape[1]
         evenly_spaced = ragged or t.shape[0] == 1 or t.stride(0) == t.shape[1] * row_stride
