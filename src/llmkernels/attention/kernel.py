@@ -259,14 +259,18 @@ def attend_kv_range(acc_a, sum_a, max_a, acc_b, sum_b, max_b, q_a, q_b,
     else:
         for start_n in tl.range(kv_lo, kv_hi, BLOCK_N, warp_specialize=WARP_SPECIALIZE):
             kv_raw = start_n + tl.arange(0, BLOCK_N)
-            if TMA_KV and not MASKED:
-                k = k_desc.load([kv_row_base + start_n, kv_col])
-                v = v_desc.load([kv_row_base + start_n, kv_col])
-            else:
+            if MASKED:
                 k = load_kv_tile(k_ptr, k_batch_offset, kv_start, kv_raw, seqlen_k, k_head_offset, stride_kb, stride_ks,
-                                 block_table_row, num_pages, dims, HEAD_DIM, HEAD_DIM_PAD, PAGED, PAGE_SIZE, MASKED)
+                                 block_table_row, num_pages, dims, HEAD_DIM, HEAD_DIM_PAD, PAGED, PAGE_SIZE, True)
                 v = load_kv_tile(v_ptr, v_batch_offset, kv_start, kv_raw, seqlen_k, v_head_offset, stride_vb, stride_vs,
-                                 block_table_row, num_pages, dims, HEAD_DIM, HEAD_DIM_PAD, PAGED, PAGE_SIZE, MASKED)
+                                 block_table_row, num_pages, dims, HEAD_DIM, HEAD_DIM_PAD, PAGED, PAGE_SIZE, True)
+            else:
+                k = load_band_tile(k_ptr, k_desc, k_batch_offset, kv_start, kv_row_base, kv_col, start_n, seqlen_k,
+                                   k_head_offset, stride_kb, stride_ks, block_table_row, num_pages, dims,
+                                   HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, PAGED, PAGE_SIZE, TMA_KV)
+                v = load_band_tile(v_ptr, v_desc, v_batch_offset, kv_start, kv_row_base, kv_col, start_n, seqlen_k,
+                                   v_head_offset, stride_vb, stride_vs, block_table_row, num_pages, dims,
+                                   HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, PAGED, PAGE_SIZE, TMA_KV)
             if CLAMP_KV:
                 kv_mod = tl.minimum(kv_raw, tl.maximum(seqlen_k - 1, 0))
             else:
