@@ -50,6 +50,18 @@ def check_device(**tensors: torch.Tensor | None) -> torch.device:
 
 
 @functools.lru_cache(maxsize=None)
+def _capability_of(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
+
+
+def cuda_capability(device: torch.device) -> tuple[int, int] | None:
+    """``(major, minor)`` of a CUDA device (cached per device), None for any other device."""
+    if device.type != "cuda":
+        return None
+    return _capability_of(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.lru_cache(maxsize=None)
 def _multiprocessor_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 

@@ -2,14 +2,13 @@
 and launches the Triton kernels. The only module that launches."""
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from .._runtime import (cdiv, check_device, first_bad_prefix_sum, first_true, interpreting, next_power_of_2,
-                        num_programs_hint)
+from .._runtime import (cdiv, check_device, cuda_capability, first_bad_prefix_sum, first_true, interpreting,
+                        next_power_of_2, num_programs_hint)
 from . import decode as decode_mod
 from .config import SUPPORTED_HEAD_DIMS, FA4Config, default_config
 from .kernel import attention_fwd_kernel
@@ -125,12 +124,8 @@ def _dummy(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
 
 def _tma_capable(device: torch.device) -> bool:
     """Tensor descriptors run as TMA on sm90+; the interpreter emulates them (so CPU tests cover the path)."""
-    return interpreting() or (device.type == "cuda" and _capability_major(device.index) >= 9)
-
-
-@functools.lru_cache(maxsize=None)
-def _capability_major(index: int | None) -> int:
-    return torch.cuda.get_device_capability(index)[0]
+    capability = cuda_capability(device)
+    return interpreting() or (capability is not None and capability[0] >= 9)
 
 
 def _kv_token_descriptors(k: torch.Tensor, v: torch.Tensor, ragged: bool, block_n: int):

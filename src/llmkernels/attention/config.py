@@ -56,7 +56,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .._runtime import next_power_of_2
+from .._runtime import cuda_capability, next_power_of_2
 
 __all__ = ["FA4Config", "default_config", "SUPPORTED_HEAD_DIMS"]
 
@@ -163,12 +163,6 @@ class FA4Config:
         return dataclasses.replace(self, **changes)
 
 
-def _capability(device: torch.device) -> tuple[int, int] | None:
-    if device.type != "cuda":
-        return None
-    return torch.cuda.get_device_capability(device)
-
-
 @functools.lru_cache(maxsize=256)  # a pure function of hashable arguments; configs are frozen
 def default_config(depth: int, dtype: torch.dtype, device: torch.device, *, decode: bool = False,
                    num_q_heads: int | None = None, num_kv_heads: int | None = None) -> FA4Config:
@@ -180,7 +174,7 @@ def default_config(depth: int, dtype: torch.dtype, device: torch.device, *, deco
     2 x 128 rows and a quarter of exp2 on FMA units.
     """
     common = dict(depth=depth, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads)
-    capability = _capability(device)
+    capability = cuda_capability(device)
     if capability is None:
         if decode:
             return FA4Config(BM=16, BN=16, num_q_tiles=1, num_kv_stages=1, num_warps=4,

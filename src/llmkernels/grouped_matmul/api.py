@@ -6,7 +6,8 @@ from dataclasses import dataclass
 import torch
 import triton.language as tl
 
-from .._runtime import check_device, first_bad_prefix_sum, first_true, interpreting, next_power_of_2, num_programs_hint
+from .._runtime import (check_device, cuda_capability, first_bad_prefix_sum, first_true, interpreting, next_power_of_2,
+                        num_programs_hint)
 from ..formats import ScaledTensor
 from . import kernel
 from .config import ALL_GROUP_SIZES, BlockScaledMatmulConfig, default_launches
@@ -144,7 +145,7 @@ def _resolve_mma(config: BlockScaledMatmulConfig, a: _Operand, b: _Operand, devi
         return True
     if not mx_operands or interpreting() or device.type != "cuda":
         return False
-    return torch.cuda.get_device_capability(device)[0] >= 10 or b.element == "e2m1"
+    return cuda_capability(device)[0] >= 10 or b.element == "e2m1"
 
 
 def grouped_matmul(

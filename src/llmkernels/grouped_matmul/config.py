@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .._runtime import interpreting, num_programs_hint
+from .._runtime import cuda_capability, interpreting, num_programs_hint
 
 __all__ = ["BlockScaledMatmulConfig", "MMA_PATHS", "ALL_GROUP_SIZES", "default_config", "default_launches"]
 
@@ -129,7 +129,7 @@ def _measured_config(num_tokens: int, num_groups: int, n_out: int, k: int, devic
         two_per_sm = 2 * num_programs_hint(device)
         swap = b_element != "e4m3"
         # Blackwell's block-scaled MMA needs no decode at all: keep "auto" (dot_scaled) there.
-        mma = "dequant" if torch.cuda.get_device_capability(device)[0] < 10 else "auto"
+        mma = "dequant" if cuda_capability(device)[0] < 10 else "auto"
         if tokens_per_group <= 16:
             if b_element == "e4m3":
                 return BlockScaledMatmulConfig(16, 128, 256, num_stages=3, num_warps=4, num_programs=two_per_sm,
