@@ -50,6 +50,17 @@ PEERS = {"sdpa_cudnn": torch.nn.attention.SDPBackend.CUDNN_ATTENTION,
          "sdpa_flash": torch.nn.attention.SDPBackend.FLASH_ATTENTION}
 
 
+def checked_time(fn, expected) -> tuple[float, str]:
+    """Median ms of ``fn`` if its output is within 2e-2 of ``expected`` (NaN and a note otherwise)."""
+    try:
+        error = ((fn().float() - expected).norm() / expected.norm()).item()
+        if error >= 2e-2:
+            return float("nan"), f"WRONG {error:.1e}"
+        return time_ms(fn), ""
+    except Exception as exc:  # noqa: BLE001 - a config that fails to compile is a result
+        return float("nan"), f"fails: {type(exc).__name__} {str(exc)[:60]}"
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=None)
@@ -75,6 +86,12 @@ def main():
             with torch.nn.attention.sdpa_kernel(PEERS["sdpa_flash"]):
                 expected = torch.nn.functional.scaled_dot_product_attention(
                     q_t, k_t, v_t, is_causal=causal).transpose(1, 2).float()
+
+            def add_row(variant, ms, note=""):
+                rows.append(dict(problem=problem, variant=variant, ms=ms, tflops=flops / ms / 1e9,
+                                 vs_cudnn=peer_ms["sdpa_cudnn"] / ms, vs_flash=peer_ms["sdpa_flash"] / ms, note=note))
+                print(rows[-1], flush=True)
+
             variants = [("default", default)]
             for bm, bn, stages, warps, tma, ws in TILES[head_dim]:
                 variants.append((f"BM{bm} BN{bn} s{stages} w{warps}{' tma' if tma else ''}{' ws' if ws else ''}",
@@ -83,33 +100,16 @@ def main():
             for name, config in variants:
                 if time.perf_counter() - start > args.budget:
                     break
-                try:
-                    fn = lambda config=config: attention(q, k, v, causal=causal, config=config)  # noqa: E731
-                    error = ((fn().float() - expected).norm() / expected.norm()).item()
-                    ms = time_ms(fn) if error < 2e-2 else float("nan")
-                    note = "" if error < 2e-2 else f"WRONG {error:.1e}"
-                except Exception as exc:  # noqa: BLE001 - a config that fails to compile is a result
-                    ms, note = float("nan"), f"fails: {type(exc).__name__} {str(exc)[:60]}"
-                rows.append(dict(problem=problem, variant=name, ms=ms, tflops=flops / ms / 1e9,
-                                 vs_cudnn=peer_ms["sdpa_cudnn"] / ms, vs_flash=peer_ms["sdpa_flash"] / ms, note=note))
-                print(rows[-1], flush=True)
+                add_row(name, *checked_time(lambda: attention(q, k, v, causal=causal, config=config), expected))
             best = min((r for r in rows if r["problem"] == problem and r["ms"] == r["ms"] and r["variant"] != "default"),
                        key=lambda r: r["ms"], default=None)
             if best is not None and time.perf_counter() - start < args.budget:
                 config = next(c for n, c in variants if n == best["variant"])
                 for switch, changes in SWITCHES[head_dim].items():
-                    try:
-                        fn = lambda: attention(q, k, v, causal=causal, config=config.replace(**changes))  # noqa: E731
-                        error = ((fn().float() - expected).norm() / expected.norm()).item()
-                        ms, note = (time_ms(fn), "") if error < 2e-2 else (float("nan"), f"WRONG {error:.1e}")
-                    except Exception as exc:  # noqa: BLE001
-                        ms, note = float("nan"), f"fails: {type(exc).__name__} {str(exc)[:60]}"
-                    rows.append(dict(problem=problem, variant=f"{best['variant']} {switch}", ms=ms,
-                                     tflops=flops / ms / 1e9, vs_cudnn=peer_ms["sdpa_cudnn"] / ms,
-                                     vs_flash=peer_ms["sdpa_flash"] / ms, note=note))
+                    add_row(f"{best['variant']} {switch}", *checked_time(
+                        lambda: attention(q, k, v, causal=causal, config=config.replace(**changes)), expected))
             for name, ms in peer_ms.items():
-                rows.append(dict(problem=problem, variant=name, ms=ms, tflops=flops / ms / 1e9,
-                                 vs_cudnn=peer_ms["sdpa_cudnn"] / ms, vs_flash=peer_ms["sdpa_flash"] / ms, note=""))
+                add_row(name, ms)
         del q, k, v, q_t, k_t, v_t
     table = write_table(rows, args.out or default_out_dir(), "ablate_attention_prefill",
                         f"Attention prefill configs on {torch.cuda.get_device_name()}",
