@@ -7,7 +7,7 @@ bf16 prefill 2 x 16 x 8192 x 128 (causal), with ``SlidingWindow(w, 0)`` for w fr
 exactly; a kernel that skips invisible tiles runs in time proportional to it, plus the diagonal tiles
 that it masks per element. ``time / area`` (ns per million visible pairs) should stay about constant;
 FlexAttention with the same block mask is the peer (it skips whole invisible blocks too). Writes
-``attention_window.{csv,md}``. Without a GPU, a tiny shape runs through the interpreter (a smoke test).
+``attention_window.{csv,md,png}``. Without a GPU, a tiny shape runs through the interpreter (a smoke test).
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ if not torch.cuda.is_available():
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import default_out_dir, time_ms, write_table  # noqa: E402
+from common import default_out_dir, line_plots, time_ms, write_table  # noqa: E402
 
 from llmkernels.attention.api import attention  # noqa: E402
 from llmkernels.attention.masks import Chunked, SlidingWindow  # noqa: E402
@@ -110,7 +110,21 @@ def main():
                         f"bf16 causal prefill {batch}x{heads}x{seqlen}x{dim}; `ns_per_m_pairs`: time per million "
                         "visible query-key pairs (flat = time proportional to the visible area); `tflops` counts "
                         "visible pairs only; `flex_ms`: FlexAttention with the same block mask.")
+    write_png(rows, args.out or default_out_dir())
     print(table)
+
+
+def write_png(rows, out_dir):
+    """Milliseconds against visible pairs, one panel per mask family, llmkernels and FlexAttention."""
+    panels = {}
+    for row in rows:
+        family = row["mask"].split()[0]
+        for impl, key in (("llmkernels", "ms"), ("flex", "flex_ms")):
+            if isinstance(row[key], float):
+                panels.setdefault(f"{family} (causal)", {}).setdefault(impl, []).append(
+                    (row["visible_pairs_m"], row[key]))
+    line_plots(panels, "visible query-key pairs (millions)", "ms", os.path.join(out_dir, "attention_window.png"),
+               "time against the visible area")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,208 @@
+"""Decode attention over the whole grid of issue 8: batch 1..128, context 1k..128k, page 16 and 64,
+1 query token and 2..16 (speculative decoding), and a KV cache past 2^31 elements.
+
+    PYTHONPATH=src python benchmarks/bench_attention_decode.py [--out DIR] [--budget S]
+
+bf16, D=128, Hq=32, Hkv=8; llmkernels reads a paged cache (pages in random order), the peers (SDPA
+cuDNN and flash, FlexAttention at batch <= 8) the same keys as dense ``[B, H, S, D]`` tensors. With
+more than one query token, llmkernels runs the bottom-right causal mask that speculative decoding
+needs; the SDPA peers run it as ``causal_lower_right`` and, for the bare-bandwidth comparison,
+without a mask (``sdpa_cudnn nomask``: the same KV bytes, nothing masked). Eager times (do_bench
+median) and CUDA-graph replay times. Writes ``attention_decode_grid.{csv,md,png}``. Without a GPU,
+two tiny problems run through the interpreter (a smoke test of the script, not a measurement).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from common import default_out_dir, graph_time_ms, line_plots, measure_ceilings, time_ms, write_table  # noqa: E402
+
+from llmkernels.attention.api import attention  # noqa: E402
+from llmkernels.attention.paged import PagedKVCache  # noqa: E402
+from llmkernels.attention.reference import attention_reference  # noqa: E402
+
+ON_GPU = torch.cuda.is_available()
+DEVICE = torch.device("cuda" if ON_GPU else "cpu")
+HEADS, KV_HEADS, DIM = 32, 8, 128
+K = 1024
+
+# (batch, context, query tokens, page size)
+GRID = (
+    [(b, c, 1, 16) for b, c in [(1, 1 * K), (1, 8 * K), (1, 32 * K), (1, 128 * K), (8, 8 * K), (8, 32 * K),
+                                (8, 128 * K), (32, 8 * K), (32, 32 * K), (64, 8 * K), (64, 32 * K),
+                                (128, 1 * K), (128, 8 * K), (128, 16 * K)]]
+    + [(b, c, 1, 64) for b, c in [(1, 8 * K), (1, 128 * K), (8, 32 * K), (64, 8 * K), (128, 8 * K)]]
+    + [(b, c, q, 16) for q in (2, 4, 16) for b, c in [(1, 8 * K), (8, 8 * K), (32, 8 * K), (8, 32 * K)]]
+    + [(32, 128 * K, 1, 16)]  # 32 x 128k x 8 x 128 = 4.3e9 elements per K and per V: 64-bit offsets
+)
+CPU_GRID = [(2, 64, 1, 16), (2, 64, 4, 16)]
+FLEX_BATCH_LIMIT = 8
+
+
+def lower_right_mask(q_len: int, context: int) -> torch.Tensor:
+    """bool ``[q_len, context]``: query i sees keys ``j <= i + context - q_len``."""
+    rows = torch.arange(q_len, device=DEVICE)[:, None]
+    return torch.arange(context, device=DEVICE)[None, :] <= rows + context - q_len
+
+
+def sdpa(backend, q_t, k_t, v_t, mask):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    chosen = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}[backend]
+
+    def run():
+        with sdpa_kernel(chosen):
+            return torch.nn.functional.scaled_dot_product_attention(q_t, k_t, v_t, attn_mask=mask, enable_gqa=True)
+    return run
+
+
+_FLEX = {}
+
+
+def flex(q_t, k_t, v_t, q_len):
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    if "fn" not in _FLEX:
+        torch._dynamo.config.recompile_limit = 64
+        _FLEX["fn"] = torch.compile(flex_attention, dynamic=False)
+    context = k_t.shape[2]
+    block_mask = None
+    if q_len > 1:
+        block_mask = create_block_mask(lambda b, h, qi, ki: ki <= qi + context - q_len, None, None, q_len, context,
+                                       device=q_t.device)
+    return lambda: _FLEX["fn"](q_t, k_t, v_t, block_mask=block_mask, enable_gqa=True)
+
+
+def timed(fn, expected, graph: bool):
+    """(eager ms, graph ms, note) of a runner checked against ``expected`` first."""
+    try:
+        out = fn()
+        error = ((out.float() - expected).norm() / expected.norm()).item()
+        if not error < 5e-2:
+            return None, None, f"WRONG (rel. error {error:.2e})"
+        if not ON_GPU:
+            started = time.perf_counter()
+            fn()
+            return (time.perf_counter() - started) * 1e3, None, ""
+        graph_ms = None
+        if graph:
+            try:
+                graph_ms = graph_time_ms(fn)
+            except Exception:  # noqa: BLE001 - not capturable: eager time only
+                graph_ms = None
+        return time_ms(fn), graph_ms, ""
+    except Exception as exc:  # noqa: BLE001 - a system that cannot run a problem is reported, not fatal
+        return None, None, f"fails ({type(exc).__name__}: {str(exc)[:60]})"
+
+
+def problem_rows(batch, context, q_len, page_size, heads, kv_heads, dim, copy_gbps):
+    pages_per_seq = context // page_size
+    num_pages = batch * pages_per_seq
+    dtype = torch.bfloat16
+    k_pages = torch.randn(num_pages, page_size, kv_heads, dim, dtype=dtype, device=DEVICE)
+    v_pages = torch.randn_like(k_pages)
+    block_table = torch.randperm(num_pages, device=DEVICE).to(torch.int32).view(batch, pages_per_seq)
+    cache = PagedKVCache(k_pages, v_pages, block_table, torch.full((batch,), context, dtype=torch.int32,
+                                                                   device=DEVICE))
+    q = torch.randn(batch, q_len, heads, dim, dtype=dtype, device=DEVICE)
+    q_t = q.transpose(1, 2)
+    pages = block_table.long()
+    k_dense = k_pages[pages].reshape(batch, context, kv_heads, dim).transpose(1, 2).contiguous()
+    v_dense = v_pages[pages].reshape(batch, context, kv_heads, dim).transpose(1, 2).contiguous()
+    mask = lower_right_mask(q_len, context) if q_len > 1 else None
+    if ON_GPU:  # bf16 SDPA (default backend) as the sanity check; tests/ hold the exact float64 ones
+        expected = torch.nn.functional.scaled_dot_product_attention(q_t, k_dense, v_dense, attn_mask=mask,
+                                                                    enable_gqa=True).float()
+        expected_nomask = expected if mask is None else torch.nn.functional.scaled_dot_product_attention(
+            q_t, k_dense, v_dense, enable_gqa=True).float()
+    else:
+        expected = attention_reference(q, None, None, kv_cache=cache, causal=True).transpose(1, 2).float()
+        expected_nomask = expected
+    kv_bytes = 2 * k_dense.numel() * k_dense.element_size()
+    flops = 4 * batch * heads * q_len * context * dim
+    runners = {"llmkernels": (lambda: attention(q, None, None, kv_cache=cache, causal=True).transpose(1, 2),
+                              expected)}
+    if ON_GPU:
+        runners["sdpa_cudnn"] = (sdpa("cudnn", q_t, k_dense, v_dense, mask), expected)
+        runners["sdpa_flash"] = (sdpa("flash", q_t, k_dense, v_dense, mask), expected)
+        if q_len > 1:
+            runners["sdpa_cudnn nomask"] = (sdpa("cudnn", q_t, k_dense, v_dense, None), expected_nomask)
+        if batch <= FLEX_BATCH_LIMIT and page_size == 16 and context <= 32 * K:
+            runners["flex"] = (flex(q_t, k_dense, v_dense, q_len), expected)
+    problem = f"B={batch} ctx={context} q={q_len} page={page_size}"
+    rows, ours = [], {}
+    for name, (fn, want) in runners.items():
+        ms, graph_ms, note = timed(fn, want, graph=name != "flex")
+        if name == "llmkernels":
+            ours = {"ms": ms, "graph_ms": graph_ms}
+        best = graph_ms or ms
+        rows.append(dict(problem=problem, batch=batch, context=context, q_len=q_len, page=page_size, impl=name,
+                         ms=ms, graph_ms=graph_ms,
+                         gbps=kv_bytes / best / 1e6 if best else None,
+                         pct_copy=100 * kv_bytes / best / 1e6 / copy_gbps if best and copy_gbps else None,
+                         tflops=flops / best / 1e9 if best else None,
+                         llmk_speedup=(ms / ours["ms"]) if ms and ours.get("ms") and name != "llmkernels" else None,
+                         llmk_speedup_graph=(graph_ms / ours["graph_ms"])
+                         if graph_ms and ours.get("graph_ms") and name != "llmkernels" else None,
+                         note=note))
+        print({k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in rows[-1].items()}, flush=True)
+    del k_pages, v_pages, k_dense, v_dense, cache
+    if ON_GPU:
+        torch.cuda.empty_cache()
+    return rows
+
+
+def write_png(rows, out_dir):
+    """GB/s of the KV read against context, one panel per (batch, query tokens, page), one line per system."""
+    panels = {}
+    for r in rows:
+        if r["gbps"] is None:
+            continue
+        panel = f"batch {r['batch']}, {r['q_len']} query token(s), page {r['page']}"
+        panels.setdefault(panel, {}).setdefault(r["impl"], []).append((r["context"], r["gbps"]))
+    panels = {name: series for name, series in panels.items() if max(len(p) for p in series.values()) > 1}
+    line_plots(panels, "context (tokens)", "KV GB/s (graph replay where capturable)",
+               os.path.join(out_dir, "attention_decode_grid.png"), "paged decode, bf16, Hq=32, Hkv=8, D=128")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=None)
+    parser.add_argument("--budget", type=float, default=480.0, help="seconds; no new problem after this")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    started = time.perf_counter()
+    out_dir = args.out or default_out_dir()
+    if ON_GPU:
+        grid, shape = GRID, (HEADS, KV_HEADS, DIM)
+        copy_gbps = measure_ceilings()["copy_gbps"]
+    else:
+        grid, shape, copy_gbps = CPU_GRID, (4, 2, 32), None
+    rows = []
+    for problem in grid:
+        if time.perf_counter() - started > args.budget:
+            print(f"time budget reached: {problem} and later not run", flush=True)
+            break
+        rows += problem_rows(*problem, *shape, copy_gbps)
+    device_name = torch.cuda.get_device_name() if ON_GPU else "cpu-interpreter"
+    copy_note = f"copy {copy_gbps:.0f} GB/s (measured in this run)" if copy_gbps else "no GPU"
+    table = write_table(rows, out_dir, "attention_decode_grid", f"Paged decode grid on {device_name}",
+                        f"bf16, Hq={shape[0]}, Hkv={shape[1]}, D={shape[2]}; {copy_note}. `gbps`, `pct_copy`, "
+                        "`tflops` from the graph-replay time where there is one, else eager. `llmk_speedup`: peer "
+                        "time / llmkernels time (> 1: llmkernels faster), eager and graph. With q > 1, llmkernels "
+                        "and `sdpa_*` run the bottom-right causal mask; `sdpa_cudnn nomask` reads the same KV "
+                        "without a mask.")
+    write_png(rows, out_dir)
+    print(table)
+
+
+if __name__ == "__main__":
+    main()
