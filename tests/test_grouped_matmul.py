@@ -95,6 +95,17 @@ def test_swapped_ab(formats, device):
            epilogue="swiglu")
 
 
+@pytest.mark.parametrize("formats", [("mxfp8", "mxfp8"), ("nvfp4", "nvfp4"), ("bf16", "mxfp4")], ids="x".join)
+def test_scales_loaded_in_their_own_step(formats, device):
+    """prefetch_scales=False (the ablation's baseline) loads each step's scales in that step; both
+    orders must give the same products, over three K steps and with SwiGLU's second B tile."""
+    x, w, offsets, ids, scales, rows = _problem("ragged", k=192, n=48, device=device)
+    config = lk.BlockScaledMatmulConfig(block_m=16, block_n=32, block_k=64, num_stages=1, num_warps=4,
+                                        prefetch_scales=False)
+    _check(_make_operand(x, formats[0]), _make_operand(w, formats[1]), offsets, ids, scales, rows, config=config,
+           epilogue="swiglu")
+
+
 @pytest.mark.skipif(interpreting() and tuple(map(int, triton.__version__.split(".")[:2])) < (3, 9),
                     reason="Triton's interpreter runs tl.dot_scaled from 3.9 on")
 @pytest.mark.parametrize("formats", DOT_SCALED_PAIRS, ids="x".join)
@@ -265,7 +276,7 @@ def test_mixed_devices_raise():
 
 @pytest.mark.parametrize("field, value", [("block_m", 24), ("block_n", 512), ("block_k", 16), ("num_stages", 0),
                                           ("num_warps", 3), ("num_programs", 0), ("mma", "wgmma"),
-                                          ("ab_swapped", 1)])
+                                          ("ab_swapped", 1), ("prefetch_scales", 1)])
 def test_config_validation(field, value):
     with pytest.raises(ValueError, match=field):
         lk.BlockScaledMatmulConfig(**{field: value})

@@ -47,7 +47,8 @@ def compile_one(pair, config, swiglu, arch, capability):
         A_ELEMENT=a_el, A_SCALE=a_sc, A_SCALE_BLOCK=a_blk, A_SCALE_LAYOUT="row",
         B_ELEMENT=b_el, B_SCALE=b_sc, B_SCALE_BLOCK=b_blk, B_SCALE_LAYOUT="row",
         HAS_EXPERT_SCALES=True, EPILOGUE="swiglu" if swiglu else "none", EPILOGUE_FN=None,
-        USE_DOT_SCALED=dot_scaled, SWAP_AB=config.ab_swapped, COMPUTE_DTYPE=tl.bfloat16,
+        USE_DOT_SCALED=dot_scaled, SWAP_AB=config.ab_swapped, PREFETCH_SCALES=config.prefetch_scales,
+        COMPUTE_DTYPE=tl.bfloat16,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, BLOCK_GROUPS=16)
     signature = {}
     for name in fn.arg_names:

@@ -64,6 +64,7 @@ class BlockScaledMatmulConfig:
     num_programs: int | None = None
     mma: str = "auto"
     ab_swapped: bool = False
+    prefetch_scales: bool = True
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n"):
@@ -78,8 +79,9 @@ class BlockScaledMatmulConfig:
             raise ValueError(f"num_warps must be one of 1, 2, 4, 8, 16, got {self.num_warps!r}")
         if self.num_programs is not None and (not isinstance(self.num_programs, int) or self.num_programs < 1):
             raise ValueError(f"num_programs must be None or a positive int, got {self.num_programs!r}")
-        if not isinstance(self.ab_swapped, bool):
-            raise ValueError(f"ab_swapped must be a bool, got {self.ab_swapped!r}")
+        for name in ("ab_swapped", "prefetch_scales"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if self.mma not in MMA_PATHS:
             raise ValueError(f"mma must be one of {MMA_PATHS}, got {self.mma!r}")
 

@@ -69,6 +69,18 @@ def _load_scales(scales_ptr, scale_row_base, row_mask, k_start, K,
 
 
 @triton.jit
+def _load_scales_if(scales_ptr, scale_row_base, row_mask, k_start, K,
+                    SCALE: tl.constexpr, SCALE_BLOCK: tl.constexpr, SCALE_LAYOUT: tl.constexpr,
+                    BLOCK_K: tl.constexpr):
+    """:func:`_load_scales`, or 0 (never read) for an operand without scales."""
+    if SCALE == "none":
+        return 0
+    else:
+        return _load_scales(scales_ptr, scale_row_base, row_mask, k_start, K, SCALE, SCALE_BLOCK, SCALE_LAYOUT,
+                            BLOCK_K)
+
+
+@triton.jit
 def _dequantize(data, scale_bits, ELEMENT: tl.constexpr, SCALE: tl.constexpr, SCALE_BLOCK: tl.constexpr,
                 ROWS: tl.constexpr, BLOCK_K: tl.constexpr, COMPUTE_DTYPE: tl.constexpr):
     """Raw tile → ``[ROWS, BLOCK_K]`` in COMPUTE_DTYPE. Exact: an e2m1 or e4m3 value times an e8m0 or
@@ -132,8 +144,8 @@ def grouped_matmul_kernel(
     A_ELEMENT: tl.constexpr, A_SCALE: tl.constexpr, A_SCALE_BLOCK: tl.constexpr, A_SCALE_LAYOUT: tl.constexpr,
     B_ELEMENT: tl.constexpr, B_SCALE: tl.constexpr, B_SCALE_BLOCK: tl.constexpr, B_SCALE_LAYOUT: tl.constexpr,
     HAS_EXPERT_SCALES: tl.constexpr, EPILOGUE: tl.constexpr, EPILOGUE_FN: tl.constexpr,
-    USE_DOT_SCALED: tl.constexpr, SWAP_AB: tl.constexpr, COMPUTE_DTYPE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_GROUPS: tl.constexpr,
+    USE_DOT_SCALED: tl.constexpr, SWAP_AB: tl.constexpr, PREFETCH_SCALES: tl.constexpr,
+    COMPUTE_DTYPE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_GROUPS: tl.constexpr,
 ):
     """Persistent grouped matmul.
 
@@ -224,27 +236,42 @@ def grouped_matmul_kernel(
         else:
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         up_acc = acc
+        # Scales are byte-wide loads that Triton 3.6 does not software-pipeline: with PREFETCH_SCALES
+        # each K step's scales are loaded one step ahead, into registers, so that their latency hides
+        # behind a whole step of decode and MMA (the last step's prefetch is masked off: no access).
+        # Without it (the ablation's baseline) each step loads its own scales, as before.
+        a_scale_next = _load_scales_if(a_scales_ptr, a_scale_rows, row_mask, 0, K,
+                                       A_SCALE, A_SCALE_BLOCK, A_SCALE_LAYOUT, BLOCK_K)
+        b_scale_next = _load_scales_if(b_scales_ptr, b_scale_rows, col_mask, 0, K,
+                                       B_SCALE, B_SCALE_BLOCK, B_SCALE_LAYOUT, BLOCK_K)
+        up_scale_next = b_scale_next
+        if EPILOGUE == "swiglu":
+            up_scale_next = _load_scales_if(b_scales_ptr, up_scale_rows, col_mask, 0, K,
+                                            B_SCALE, B_SCALE_BLOCK, B_SCALE_LAYOUT, BLOCK_K)
         for k_tile in range(0, tl.where(expert_ok, num_k_tiles, 0)):
             k_start = k_tile * BLOCK_K
+            scale_start = k_start + BLOCK_K if PREFETCH_SCALES else k_start
+            a_scale_bits = a_scale_next
+            b_scale_bits = b_scale_next
+            up_scale_bits = up_scale_next
+            a_scale_next = _load_scales_if(a_scales_ptr, a_scale_rows, row_mask, scale_start, K,
+                                           A_SCALE, A_SCALE_BLOCK, A_SCALE_LAYOUT, BLOCK_K)
+            b_scale_next = _load_scales_if(b_scales_ptr, b_scale_rows, col_mask, scale_start, K,
+                                           B_SCALE, B_SCALE_BLOCK, B_SCALE_LAYOUT, BLOCK_K)
+            if EPILOGUE == "swiglu":
+                up_scale_next = _load_scales_if(b_scales_ptr, up_scale_rows, col_mask, scale_start, K,
+                                                B_SCALE, B_SCALE_BLOCK, B_SCALE_LAYOUT, BLOCK_K)
+            if not PREFETCH_SCALES:  # this step's own scales, just loaded
+                a_scale_bits = a_scale_next
+                b_scale_bits = b_scale_next
+                up_scale_bits = up_scale_next
             a_data = _load_data(a_ptr, a_row_offsets, row_mask, k_start, K, A_ELEMENT, BLOCK_K)
-            a_scale_bits = a_data  # stands in for the scales of an unscaled A; never read
-            if A_SCALE != "none":
-                a_scale_bits = _load_scales(a_scales_ptr, a_scale_rows, row_mask, k_start, K,
-                                            A_SCALE, A_SCALE_BLOCK, A_SCALE_LAYOUT, BLOCK_K)
             b_data = _load_data(b_ptr, b_row_offsets, col_mask, k_start, K, B_ELEMENT, BLOCK_K)
-            b_scale_bits = b_data  # likewise for B
-            if B_SCALE != "none":
-                b_scale_bits = _load_scales(b_scales_ptr, b_scale_rows, col_mask, k_start, K,
-                                            B_SCALE, B_SCALE_BLOCK, B_SCALE_LAYOUT, BLOCK_K)
             acc = _mma_step(acc, a_data, a_scale_bits, b_data, b_scale_bits,
                             A_ELEMENT, A_SCALE, A_SCALE_BLOCK, B_ELEMENT, B_SCALE, B_SCALE_BLOCK,
                             USE_DOT_SCALED, SWAP_AB, BLOCK_M, BLOCK_N, BLOCK_K, COMPUTE_DTYPE)
             if EPILOGUE == "swiglu":
                 up_data = _load_data(b_ptr, up_row_offsets, col_mask, k_start, K, B_ELEMENT, BLOCK_K)
-                up_scale_bits = up_data
-                if B_SCALE != "none":
-                    up_scale_bits = _load_scales(b_scales_ptr, up_scale_rows, col_mask, k_start, K,
-                                                 B_SCALE, B_SCALE_BLOCK, B_SCALE_LAYOUT, BLOCK_K)
                 up_acc = _mma_step(up_acc, a_data, a_scale_bits, up_data, up_scale_bits,
                                    A_ELEMENT, A_SCALE, A_SCALE_BLOCK, B_ELEMENT, B_SCALE, B_SCALE_BLOCK,
                                    USE_DOT_SCALED, SWAP_AB, BLOCK_M, BLOCK_N, BLOCK_K, COMPUTE_DTYPE)
