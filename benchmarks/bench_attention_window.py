@@ -26,6 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import default_out_dir, line_plots, time_ms, write_table  # noqa: E402
 
 from llmkernels.attention.api import attention  # noqa: E402
+from llmkernels.attention.config import default_config  # noqa: E402
 from llmkernels.attention.masks import Chunked, SlidingWindow  # noqa: E402
 from llmkernels.attention.reference import attention_reference  # noqa: E402
 
@@ -65,6 +66,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=None)
     parser.add_argument("--no-flex", action="store_true")
+    parser.add_argument("--tiles", action="store_true",
+                        help="also time smaller K/V tiles (BM128 BN64, BM64 BN64): fewer masked columns per edge")
     args = parser.parse_args()
     torch.manual_seed(0)
     if ON_GPU:
@@ -95,6 +98,17 @@ def main():
             ms = (time.perf_counter() - started) * 1e3
         row = dict(mask=name, visible_pairs_m=pairs / 1e6, ms=ms, ns_per_m_pairs=ms * 1e6 / (pairs / 1e6),
                    tflops=4 * pairs * dim / ms / 1e9, flex_ms="not run")
+        if args.tiles and ON_GPU:
+            base = default_config(dim, q.dtype, q.device)
+            for label, config in (("ms_bm128_bn64", base.replace(BN=64)),
+                                  ("ms_bm64_bn64", base.replace(BM=64, BN=64, num_warps=4))):
+                try:
+                    tiled = lambda mask=mask, config=config: attention(q, k, v, causal=True, mask=mask,  # noqa: E731
+                                                                       config=config)
+                    error = ((tiled().float() - out.float()).norm() / out.float().norm()).item()
+                    row[label] = time_ms(tiled) if error < 2e-2 else f"WRONG ({error:.1e})"
+                except Exception as exc:  # noqa: BLE001 - a config that does not compile is a result too
+                    row[label] = f"fails ({type(exc).__name__})"
         if ON_GPU and not args.no_flex:
             try:
                 flex = flex_runner(q_t, k_t, v_t, window, chunk)
