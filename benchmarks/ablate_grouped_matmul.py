@@ -1,7 +1,7 @@
 """Ablations for the grouped matmul on the GPU: MMA path and tile configs per format and regime.
 
     python benchmarks/ablate_grouped_matmul.py [--out DIR] [--formats mxfp8,mxfp4] [--budget-s 240]
-        [--tiles list|default] [--mma ...] [--swap 0,1] [--prefetch 0,1]
+        [--tiles list|default] [--mma ...] [--swap 0,1] [--prefetch 0,1] [--upcast 0,1]
 
 Every variant is checked against the reference (relative error printed) before it is timed; each
 regime also times ``torch._grouped_mm`` in bf16 on the same problem (the `vs _grouped_mm` column).
@@ -26,16 +26,20 @@ from llmkernels.grouped_matmul import default_config  # noqa: E402
 
 REGIMES = {  # (experts, tokens per expert, N, K)
     "compute": (8, 2048, 4096, 7168),
+    "compute_256": (8, 2048, 4096, 7168),  # the same problem, the 256-row tile family
     "decode": (128, 16, 4096, 7168),
     "decode64": (128, 64, 4096, 7168),
     "decode_zipf": (128, 16, 4096, 7168),  # Zipf-routed, same token count as "decode"
 }
 PAIRS = {"bf16": ("bf16", "bf16"), "mxfp8": ("mxfp8", "mxfp8"), "mxfp4": ("mxfp4", "mxfp4"),
-         "nvfp4": ("nvfp4", "nvfp4"), "w4a16": ("bf16", "mxfp4"), "w8a16": ("bf16", "mxfp8")}
+         "nvfp4": ("nvfp4", "nvfp4"), "w4a16": ("bf16", "mxfp4"), "w8a16": ("bf16", "mxfp8"),
+         "w4a16nv": ("bf16", "nvfp4")}
 # (block_m, block_n, block_k, stages, warps, programs per SM); swap-AB and the MMA path follow
 # default_config and mma="auto" unless --mma/--swap say otherwise.
 TILES = {
     "compute": [(128, 128, 128, 3, 8, 1), (128, 256, 64, 3, 8, 1), (256, 128, 64, 3, 8, 1), (128, 128, 64, 4, 8, 1)],
+    "compute_256": [(256, 128, 64, 3, 8, 1), (256, 128, 64, 4, 8, 1), (256, 128, 128, 2, 8, 1), (256, 64, 128, 3, 8, 1),
+                    (128, 256, 64, 3, 8, 1)],
     "decode": [(16, 128, 128, 4, 4, 1), (16, 128, 128, 4, 4, 2), (16, 128, 128, 4, 4, 3),
                (16, 128, 128, 4, 8, 1), (16, 128, 128, 4, 8, 2), (16, 64, 128, 4, 4, 2), (16, 128, 256, 3, 4, 2),
                (64, 128, 128, 4, 4, 2), (64, 128, 128, 3, 8, 2)],
@@ -61,6 +65,7 @@ def main():
     parser.add_argument("--swap", default="default", help="default, or comma-separated 0/1")
     parser.add_argument("--tiles", default="list", help="list (the TILES of the regime) or default (default_config's)")
     parser.add_argument("--prefetch", default="1", help="comma-separated 0/1: BlockScaledMatmulConfig.prefetch_scales")
+    parser.add_argument("--upcast", default="default", help="default, or comma-separated 0/1: config.upcast_a")
     args = parser.parse_args()
     started = time.time()
     ceilings = measure_ceilings()
@@ -79,7 +84,7 @@ def main():
         x_bf16, w_t = x.to(torch.bfloat16), w.transpose(-2, -1)
         peer_ms = time_ms(lambda: torch._grouped_mm(x_bf16, w_t, offs=offsets[1:], out_dtype=torch.bfloat16))
         rows.append({"regime": regime, "pair": "torch._grouped_mm bf16", "mma": "", "tile": "", "swap": "",
-                     "prefetch": "", "stages": "", "warps": "", "programs/SM": "", "us": peer_ms * 1e3,
+                     "prefetch": "", "upcast": "", "stages": "", "warps": "", "programs/SM": "", "us": peer_ms * 1e3,
                      "TFLOP/s": 2.0 * tokens * n * k / peer_ms / 1e9,
                      "weight GB/s": num_experts * n * k * 2 / peer_ms / 1e6,
                      "% copy": 100 * num_experts * n * k * 2 / peer_ms / 1e6 / ceilings["copy_gbps"],
@@ -93,17 +98,21 @@ def main():
             swaps = [base.ab_swapped] if args.swap == "default" else [bool(int(v)) for v in args.swap.split(",")]
             mmas = [base.mma] if args.mma == "default" else args.mma.split(",")
             prefetches = [bool(int(v)) for v in args.prefetch.split(",")]
+            upcasts = [base.upcast_a] if args.upcast == "default" else [bool(int(v)) for v in args.upcast.split(",")]
             tiles = TILES[regime] if args.tiles == "list" else [
                 (base.block_m, base.block_n, base.block_k, base.num_stages, base.num_warps,
                  (base.num_programs or sm_count) // sm_count)]
-            variants = itertools.product(tiles, mmas, swaps, prefetches)
-            for (bm, bn, bk, stages, warps, per_sm), mma, swapped, prefetch in variants:
+            variants = itertools.product(tiles, mmas, swaps, prefetches, upcasts)
+            for (bm, bn, bk, stages, warps, per_sm), mma, swapped, prefetch, upcast in variants:
+                if upcast and fa == "bf16":
+                    continue
                 if time.time() - started > args.budget_s:
                     break
                 if mma == "dot_scaled" and not (fb in ("mxfp8", "mxfp4") and fa in ("bf16", "mxfp8", "mxfp4")):
                     continue
                 config = lk.BlockScaledMatmulConfig(bm, bn, bk, stages, warps, num_programs=per_sm * sm_count,
-                                                    mma=mma, ab_swapped=swapped, prefetch_scales=prefetch)
+                                                    mma=mma, ab_swapped=swapped, prefetch_scales=prefetch,
+                                                    upcast_a=upcast)
                 try:
                     out = lk.grouped_matmul(a, b, offsets, ids, config=config)
                     error = relative_error(out.float(), expected)
@@ -114,7 +123,7 @@ def main():
                 tflops = 2.0 * tokens * n * k / ms / 1e9
                 weight_gbps = num_experts * n * k * weight_bytes[fb] / ms / 1e6
                 rows.append({"regime": regime, "pair": name, "mma": mma, "tile": f"{bm}x{bn}x{bk}", "swap": swapped,
-                             "prefetch": prefetch, "stages": stages, "warps": warps, "programs/SM": per_sm,
+                             "prefetch": prefetch, "upcast": upcast, "stages": stages, "warps": warps, "programs/SM": per_sm,
                              "us": ms * 1e3, "TFLOP/s": tflops,
                              "weight GB/s": weight_gbps, "% copy": 100 * weight_gbps / ceilings["copy_gbps"],
                              "vs _grouped_mm": peer_ms / ms, "rel err": error})

@@ -166,7 +166,8 @@ def test_user_epilogue(format, device):
 @pytest.mark.parametrize("format", ["mxfp8", "mxfp4", "nvfp4"])
 @pytest.mark.parametrize("a_layout", ["row", "128x4", "128x4_grouped"])
 @pytest.mark.parametrize("b_layout", ["row", "128x4"])
-def test_scale_layouts(format, a_layout, b_layout, device):
+@pytest.mark.parametrize("upcast_a", [False, True], ids=["fused", "upcast"])
+def test_scale_layouts(format, a_layout, b_layout, upcast_a, device):
     # 140 rows: the grouped layout pads group 1 (rows 5..139) into a fresh tile; N = 150 spans two
     # 128-row B tiles with padding.
     sizes = [5, 135]
@@ -177,7 +178,23 @@ def test_scale_layouts(format, a_layout, b_layout, device):
     if a_layout != "row":
         a = a.to_layout("128x4", group_offsets=offsets if a_layout == "128x4_grouped" else None)
     b = b.to_layout(b_layout)
-    _check(a, b, offsets, ids, None, sum(sizes), config=lk.BlockScaledMatmulConfig(32, 32, 64, 1, 4))
+    _check(a, b, offsets, ids, None, sum(sizes), config=lk.BlockScaledMatmulConfig(32, 32, 64, 1, 4, upcast_a=upcast_a))
+
+
+@pytest.mark.parametrize("formats", [("mxfp8", "mxfp8"), ("mxfp4", "mxfp4"), ("nvfp4", "nvfp4"), ("mxfp8", "mxfp4")],
+                         ids="x".join)
+@pytest.mark.parametrize("mma", ["dequant", "dot_scaled"])
+def test_a_decoded_ahead(formats, mma, device):
+    """upcast_a: A decoded to bf16 by the pre-pass, then bf16 × B (nvfp4's global scale of A still
+    applied by the matmul), with SwiGLU and the -1 ids; dot_scaled takes the decoded A as bf16."""
+    if mma == "dot_scaled" and (formats[1] == "nvfp4" or (
+            interpreting() and tuple(map(int, triton.__version__.split(".")[:2])) < (3, 9))):
+        pytest.skip("dot_scaled: MX weights only, and Triton's interpreter runs it from 3.9 on")
+    x, w, offsets, ids, scales, rows = _problem("minus_one", k=192, n=48, device=device)
+    a = _make_operand(x * 3.0, formats[0])  # a global scale of A away from 1
+    config = lk.BlockScaledMatmulConfig(block_m=16, block_n=32, block_k=64, num_stages=1, num_warps=4,
+                                        mma=mma, upcast_a=True)
+    _check(a, _make_operand(w, formats[1]), offsets, ids, scales, rows, config=config, epilogue="swiglu")
 
 
 def test_uint32_offsets_and_no_expert_scales(device):
@@ -276,7 +293,8 @@ def test_mixed_devices_raise():
 
 @pytest.mark.parametrize("field, value", [("block_m", 24), ("block_n", 512), ("block_k", 16), ("num_stages", 0),
                                           ("num_warps", 3), ("num_programs", 0), ("mma", "wgmma"),
-                                          ("ab_swapped", 1), ("prefetch_scales", 1)])
+                                          ("ab_swapped", 1), ("prefetch_scales", 1),
+                                          ("upcast_a", "yes")])
 def test_config_validation(field, value):
     with pytest.raises(ValueError, match=field):
         lk.BlockScaledMatmulConfig(**{field: value})

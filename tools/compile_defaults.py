@@ -40,12 +40,16 @@ POINTER = {"bf16": "*bf16", "e4m3": "*u8", "e2m1": "*u8"}  # the API passes MX d
 
 def compile_one(pair, config, swiglu, arch, capability):
     a_el, a_sc, a_blk, b_el, b_sc, b_blk = PAIRS[pair]
+    a_global = a_sc == "e4m3"
+    if config.upcast_a and a_sc != "none":  # the kernel then reads A decoded ahead, in bf16
+        a_el, a_sc, a_blk = "bf16", "none", 1
     mx = b_sc == "e8m0" and (a_sc == "e8m0" or a_el == "bf16")
     dot_scaled = config.mma == "dot_scaled" or (config.mma == "auto" and mx and (capability >= 10 or b_el == "e2m1"))
     fn = kernel.grouped_matmul_kernel
     constexprs = dict(
         A_ELEMENT=a_el, A_SCALE=a_sc, A_SCALE_BLOCK=a_blk, A_SCALE_LAYOUT="row",
         B_ELEMENT=b_el, B_SCALE=b_sc, B_SCALE_BLOCK=b_blk, B_SCALE_LAYOUT="row",
+        A_GLOBAL_SCALE=a_global, B_GLOBAL_SCALE=b_sc == "e4m3",
         HAS_EXPERT_SCALES=True, EPILOGUE="swiglu" if swiglu else "none", EPILOGUE_FN=None,
         USE_DOT_SCALED=dot_scaled, SWAP_AB=config.ab_swapped, PREFETCH_SCALES=config.prefetch_scales,
         COMPUTE_DTYPE=tl.bfloat16,

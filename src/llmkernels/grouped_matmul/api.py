@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import triton
 import triton.language as tl
 
 from .._runtime import (check_device, cuda_capability, first_bad_prefix_sum, first_true, interpreting, next_power_of_2,
@@ -238,7 +239,10 @@ def grouped_matmul(
         weight_bytes = b_op.data.numel() * b_op.data.element_size()
         launches = default_launches(num_tokens, num_groups, n_out, k, device, a_op.element, b_op.element,
                                     weight_bytes, epilogue_kind == "swiglu")
-    mma_paths = [_resolve_mma(launch_config, a_op, b_op, device) for launch_config, _, _ in launches]
+    # Per launch: does it read A decoded ahead, and which MMA path (checked before anything launches).
+    upcasts = [_takes_upcast(launch_config, a_op) for launch_config, _, _ in launches]
+    mma_paths = [_resolve_mma(launch_config, _upcast_view(a_op) if upcast else a_op, b_op, device)
+                 for (launch_config, _, _), upcast in zip(launches, upcasts)]
     if num_tokens == 0 or num_groups == 0 or n_out == 0:
         return out
 
@@ -247,11 +251,49 @@ def grouped_matmul(
         # Triton's interpreter multiplies bf16 tiles as raw uint16 bits; decoded tiles are exact in
         # bf16/fp16, so an fp32 dot gives the same products there.
         compute_dtype = tl.float32
-    for (launch_config, min_group_rows, max_group_rows), use_dot_scaled in zip(launches, mma_paths):
-        _launch(a_op, b_op, out, a_offsets, a_scale_offsets, expert_ids, expert_scales, num_experts, n, k,
+    decoded_a = {}  # A decoded ahead, per dtype, shared by the launches that read it
+    for (launch_config, min_group_rows, max_group_rows), upcast, use_dot_scaled in zip(launches, upcasts, mma_paths):
+        launch_a = a_op
+        if upcast:
+            # tl.dot_scaled takes a bf16 operand; tl.dot the compute dtype (both hold A's values exactly)
+            dtype = tl.bfloat16 if use_dot_scaled else compute_dtype
+            if dtype not in decoded_a:
+                decoded_a[dtype] = _upcast_rows(a_op, num_tokens, k, dtype, device)
+            launch_a = decoded_a[dtype]
+        _launch(launch_a, b_op, out, a_offsets, a_scale_offsets, expert_ids, expert_scales, num_experts, n, k,
                 min_group_rows, max_group_rows, launch_config, use_dot_scaled, epilogue_kind, epilogue_fn,
                 compute_dtype, device)
     return out
+
+
+_UPCAST_TILE = (16, 256, 4)  # rows, K columns, warps of one upcast program (memory bound)
+
+
+def _takes_upcast(config: BlockScaledMatmulConfig, a: _Operand) -> bool:
+    """Whether a launch reads A decoded ahead (``config.upcast_a``); A scales padded per group
+    (``128x4_grouped``) keep the fused decode."""
+    return config.upcast_a and a.quantized and a.scale_layout != "128x4_grouped"
+
+
+def _upcast_view(a: _Operand) -> _Operand:
+    """What the kernel sees of A decoded ahead (data not yet made): plain bf16 with A's global scale."""
+    return _Operand(None, None, a.global_scale, "bf16", "none", 1, "row", "bf16")
+
+
+def _upcast_rows(a: _Operand, num_tokens: int, k: int, compute_dtype, device) -> _Operand:
+    """A's elements times their block scales, ``[T, K]`` in the compute dtype (float32 in the
+    interpreter), as a plain operand that keeps A's global scale for the epilogue."""
+    torch_dtype = {tl.bfloat16: torch.bfloat16, tl.float16: torch.float16, tl.float32: torch.float32}[compute_dtype]
+    values = torch.empty((num_tokens, k), dtype=torch_dtype, device=device)
+    block_rows, block_k, num_warps = _UPCAST_TILE
+    kernel.upcast_rows_kernel[(triton.cdiv(num_tokens, block_rows), triton.cdiv(k, block_k))](
+        a.data, a.scales, values, a.data.stride(0), a.scales.stride(0) if a.scale_layout == "row" else 0,
+        values.stride(0), num_tokens, k,
+        ELEMENT=a.element, SCALE=a.scale, SCALE_BLOCK=a.scale_block, SCALE_LAYOUT=a.scale_layout,
+        BLOCK_ROWS=block_rows, BLOCK_K=block_k, num_warps=num_warps,
+    )
+    element = "fp16" if torch_dtype == torch.float16 else "bf16"  # the kernel loads A by its pointer's dtype
+    return _Operand(values, None, a.global_scale, element, "none", 1, "row", element)
 
 
 def _launch(a_op, b_op, out, a_offsets, a_scale_offsets, expert_ids, expert_scales, num_experts, n, k,
@@ -276,6 +318,7 @@ def _launch(a_op, b_op, out, a_offsets, a_scale_offsets, expert_ids, expert_scal
         num_tokens, num_groups, num_experts, n, k, min_group_rows, max_group_rows,
         A_ELEMENT=a_op.element, A_SCALE=a_op.scale, A_SCALE_BLOCK=a_op.scale_block, A_SCALE_LAYOUT=a_op.scale_layout,
         B_ELEMENT=b_op.element, B_SCALE=b_op.scale, B_SCALE_BLOCK=b_op.scale_block, B_SCALE_LAYOUT=b_op.scale_layout,
+        A_GLOBAL_SCALE=a_op.global_scale is not None, B_GLOBAL_SCALE=b_op.global_scale is not None,
         HAS_EXPERT_SCALES=expert_scales is not None, EPILOGUE=epilogue_kind, EPILOGUE_FN=epilogue_fn,
         USE_DOT_SCALED=use_dot_scaled, SWAP_AB=config.ab_swapped, PREFETCH_SCALES=config.prefetch_scales,
         COMPUTE_DTYPE=compute_dtype,

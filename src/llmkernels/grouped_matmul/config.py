@@ -65,6 +65,7 @@ class BlockScaledMatmulConfig:
     mma: str = "auto"
     ab_swapped: bool = False
     prefetch_scales: bool = True
+    upcast_a: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n"):
@@ -79,7 +80,7 @@ class BlockScaledMatmulConfig:
             raise ValueError(f"num_warps must be one of 1, 2, 4, 8, 16, got {self.num_warps!r}")
         if self.num_programs is not None and (not isinstance(self.num_programs, int) or self.num_programs < 1):
             raise ValueError(f"num_programs must be None or a positive int, got {self.num_programs!r}")
-        for name in ("ab_swapped", "prefetch_scales"):
+        for name in ("ab_swapped", "prefetch_scales", "upcast_a"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if self.mma not in MMA_PATHS:
@@ -99,12 +100,16 @@ def default_config(num_tokens: int, num_groups: int, n_out: int, k: int, device:
     SwiGLU tiles load gate and up rows of B (``2 · block_n`` rows per K step). Measured on the H100
     (``benchmarks/results/nvidia-h100-80gb-hbm3/ablate_swiglu.md``): the 128×128×128 compute tile
     keeps its ``block_n`` (it fits shared memory with both B tiles and runs 0.87–1.11× the plain
-    product, where half the ``block_n`` ran 1.19–1.44×); the others halve ``block_n``, the B bytes
+    product, where half the ``block_n`` ran 1.19–1.44×), and SwiGLU with quantized weights keeps that
+    tile in the compute regime (256×128 would hold two 256×128 fp32 accumulators: 256 registers per
+    thread); the others halve ``block_n``, the B bytes
     per stage the plain tiles were measured with. Full-width decode tiles either overflow shared
     memory, ran slower, or (e4m3, 16×128×128) matched at 16 tokens per expert but, with half the
     tiles, ran 1.6× slower when a decode step activates only a few experts (DeepSeek-V3, 1 token).
     """
     config = _measured_config(num_tokens, num_groups, n_out, k, device, a_element, b_element)
+    if swiglu and config.block_m == 256:
+        return dataclasses.replace(config, block_m=128, block_k=128)
     if not swiglu or (config.block_m, config.block_n, config.block_k) == (128, 128, 128):
         return config
     return dataclasses.replace(config, block_n=max(16, config.block_n // 2))
@@ -121,8 +126,11 @@ def _measured_config(num_tokens: int, num_groups: int, n_out: int, k: int, devic
       so each weight byte is read once (16, 32 or 64 rows), swap-AB for plain and e2m1 weights, two
       programs per SM, whose loads overlap each other's decoding, and ``mma="dequant"`` (on Hopper
       our register decode beats ``tl.dot_scaled``'s upcast by 1.2–2.4× there);
-    * more tokens (compute bound): 128×256×64 tiles for plain and e2m1×e2m1 operands, 128×128×128
-      otherwise, one 8-warp program per SM.
+    * more tokens (compute bound): plain operands 128×256×64; quantized weights 256×128×64 (on the
+      H100 1.3× faster than 128×128×128 for bf16 × mxfp8, 1.5× for bf16 × mxfp4:
+      ``ablate_grouped_matmul_compute_tiles.md``), with a quantized A decoded ahead on Hopper
+      (``upcast_a``: in the fused path 256×128 tiles gain nothing, the A decode being as large as
+      the B decode); one 8-warp program per SM.
     """
     if device.type != "cuda" or interpreting():
         return BlockScaledMatmulConfig(block_m=16, block_n=32, block_k=64, num_stages=1, num_warps=4)
@@ -145,9 +153,10 @@ def _measured_config(num_tokens: int, num_groups: int, n_out: int, k: int, devic
                                            mma=mma, ab_swapped=swap)
         return BlockScaledMatmulConfig(block_m, 128, 128, num_stages=3, num_warps=8, num_programs=two_per_sm,
                                        mma=mma, ab_swapped=swap)
-    if b_element in ("bf16", "fp16") or (b_element == "e2m1" and a_element == "e2m1"):
+    if b_element in ("bf16", "fp16"):
         return BlockScaledMatmulConfig(block_m=128, block_n=256, block_k=64, num_stages=3, num_warps=8)
-    return BlockScaledMatmulConfig(block_m=128, block_n=128, block_k=128, num_stages=3, num_warps=8)
+    upcast = a_element in ("e4m3", "e2m1") and cuda_capability(device)[0] < 10
+    return BlockScaledMatmulConfig(block_m=256, block_n=128, block_k=64, num_stages=3, num_warps=8, upcast_a=upcast)
 
 
 @functools.lru_cache(maxsize=1024)

@@ -143,6 +143,7 @@ def grouped_matmul_kernel(
     num_tokens, num_groups, num_experts, N, K, min_group_rows, max_group_rows,
     A_ELEMENT: tl.constexpr, A_SCALE: tl.constexpr, A_SCALE_BLOCK: tl.constexpr, A_SCALE_LAYOUT: tl.constexpr,
     B_ELEMENT: tl.constexpr, B_SCALE: tl.constexpr, B_SCALE_BLOCK: tl.constexpr, B_SCALE_LAYOUT: tl.constexpr,
+    A_GLOBAL_SCALE: tl.constexpr, B_GLOBAL_SCALE: tl.constexpr,
     HAS_EXPERT_SCALES: tl.constexpr, EPILOGUE: tl.constexpr, EPILOGUE_FN: tl.constexpr,
     USE_DOT_SCALED: tl.constexpr, SWAP_AB: tl.constexpr, PREFETCH_SCALES: tl.constexpr,
     COMPUTE_DTYPE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_GROUPS: tl.constexpr,
@@ -153,7 +154,9 @@ def grouped_matmul_kernel(
     out: ``[num_tokens, N_out]`` with ``N_out = N / 2`` for SwiGLU, else N. a_offsets: ``[G + 1]``,
     expert_ids: int32 ``[G]``, a_scale_offsets: int32 ``[G]`` (grouped 128x4 A scales only).
     Element types: ``"bf16" | "fp16" | "e4m3" | "e2m1"``; scales ``"none" | "e8m0" | "e4m3"``;
-    A scale layouts ``"row" | "128x4" | "128x4_grouped"``, B ``"row" | "128x4"``.
+    A scale layouts ``"row" | "128x4" | "128x4_grouped"``, B ``"row" | "128x4"``. ``*_GLOBAL_SCALE``:
+    a float32 per-tensor scale (NVFP4) multiplies the accumulator; it stays here when A was decoded
+    ahead by :func:`upcast_rows_kernel` (which applies only the block scales).
 
     Tiles are numbered group after group, M-tiles fastest inside a group; program p takes tiles
     p, p + num_programs, ... Only groups of ``min_group_rows < rows <= max_group_rows`` are this
@@ -182,10 +185,10 @@ def grouped_matmul_kernel(
     total_tiles = tl.sum(tiles)
 
     a_global_scale = 1.0
-    if A_SCALE == "e4m3":
+    if A_GLOBAL_SCALE:
         a_global_scale = tl.load(a_global_scale_ptr)
     b_global_scale = 1.0
-    if B_SCALE == "e4m3":
+    if B_GLOBAL_SCALE:
         b_global_scale = tl.load(b_global_scale_ptr)
     num_k_tiles = tl.cdiv(K, BLOCK_K)
 
@@ -296,3 +299,28 @@ def grouped_matmul_kernel(
         out_offsets = rows[:, None] * stride_out_row + cols[None, :]
         tl.store(out_ptr + out_offsets, acc.to(out_ptr.dtype.element_ty),
                  mask=row_mask[:, None] & col_mask[None, :])
+
+
+@triton.jit
+def upcast_rows_kernel(
+    data_ptr, scales_ptr, out_ptr, stride_data_row, stride_scale_row, stride_out_row, num_rows, K,
+    ELEMENT: tl.constexpr, SCALE: tl.constexpr, SCALE_BLOCK: tl.constexpr, SCALE_LAYOUT: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """The grouped matmul's A pre-pass: quantized A ``[num_rows, K]`` (e4m3 data, or packed e2m1 bytes
+    ``[num_rows, K / 2]``; ``"row"`` or ``"128x4"`` scales) → out ``[num_rows, K]`` in out's dtype,
+    each element times its block scale (not the global scale: the matmul applies that). Exact in
+    bf16/fp16 (the same decode as the fused path). One program per ``BLOCK_ROWS × BLOCK_K`` tile.
+    """
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+    row_mask = rows < num_rows
+    k_start = tl.program_id(1) * BLOCK_K
+    scale_rows = rows * stride_scale_row
+    if SCALE_LAYOUT == "128x4":
+        scale_rows = _tile_scale_row_base(rows // 128, rows % 128, K // SCALE_BLOCK)
+    data = _load_data(data_ptr, rows * stride_data_row, row_mask, k_start, K, ELEMENT, BLOCK_K)
+    scale_bits = _load_scales(scales_ptr, scale_rows, row_mask, k_start, K, SCALE, SCALE_BLOCK, SCALE_LAYOUT, BLOCK_K)
+    values = _dequantize(data, scale_bits, ELEMENT, SCALE, SCALE_BLOCK, BLOCK_ROWS, BLOCK_K, out_ptr.dtype.element_ty)
+    cols = k_start + tl.arange(0, BLOCK_K)
+    tl.store(out_ptr + rows[:, None] * stride_out_row + cols[None, :], values,
+             mask=row_mask[:, None] & (cols < K)[None, :])
