@@ -30,15 +30,16 @@ TOKENS_PER_EXPERT = (16, 64, 512)
 PAIRS = {"bf16": ("bf16", "bf16"), "mxfp8": ("mxfp8", "mxfp8"), "bf16 x mxfp4": ("bf16", "mxfp4")}
 ELEMENT = {"bf16": "bf16", "mxfp8": "e4m3", "mxfp4": "e2m1"}
 C = BlockScaledMatmulConfig
-# SwiGLU candidates per (pair, regime): (block_m, block_n, block_k, stages, warps, two per SM, swap)
+# SwiGLU candidates per (pair, regime): (block_m, block_n, block_k, stages, warps, two per SM, swap[, upcast_a])
 CANDIDATES = {
     ("bf16", "decode"): [(16, 128, 128, 2, 4, True, True), (16, 128, 128, 3, 4, False, True)],
     ("mxfp8", "decode"): [(16, 128, 256, 2, 4, True, False), (16, 128, 128, 4, 4, True, False)],
     ("bf16 x mxfp4", "decode"): [(16, 128, 128, 4, 4, True, True)],
     ("bf16", "compute"): [(128, 256, 64, 2, 8, False, False), (128, 128, 64, 4, 8, False, False)],
-    ("mxfp8", "compute"): [(128, 128, 128, 3, 8, False, False), (128, 128, 64, 4, 8, False, False),
-                           (128, 128, 128, 2, 8, False, False)],
-    ("bf16 x mxfp4", "compute"): [(128, 128, 128, 3, 8, False, False), (128, 128, 64, 4, 8, False, False)],
+    ("mxfp8", "compute"): [(128, 128, 128, 3, 8, False, False, True), (256, 64, 64, 3, 8, False, False, True),
+                           (128, 128, 64, 4, 8, False, False, True), (256, 64, 128, 2, 8, False, False, True)],
+    ("bf16 x mxfp4", "compute"): [(128, 128, 128, 3, 8, False, False), (256, 64, 64, 3, 8, False, False),
+                                  (128, 128, 64, 4, 8, False, False)],
 }
 
 
@@ -49,15 +50,19 @@ def _operand(x, fmt):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=None)
+    parser.add_argument("--tokens", default=",".join(map(str, TOKENS_PER_EXPERT)), help="tokens per expert to run")
+    parser.add_argument("--pairs", default=",".join(PAIRS), help="format pairs to run")
     args = parser.parse_args()
+    tokens_per_expert = [int(t) for t in args.tokens.split(",")]
     torch.manual_seed(0)
     ceilings = measure_ceilings()
     rows = []
     for model, (experts, intermediate, hidden) in SHAPES.items():
         weight = torch.randn(experts, 2 * intermediate, hidden, device="cuda", dtype=torch.bfloat16) * hidden**-0.5
-        for pair, (a_fmt, b_fmt) in PAIRS.items():
+        for pair in args.pairs.split(","):
+            a_fmt, b_fmt = PAIRS[pair]
             b = _operand(weight, b_fmt)
-            for t in TOKENS_PER_EXPERT:
+            for t in tokens_per_expert:
                 total = experts * t
                 a = _operand(torch.randn(total, hidden, device="cuda"), a_fmt)
                 offsets = torch.arange(0, total + 1, t, device="cuda", dtype=torch.int32)
@@ -66,10 +71,11 @@ def main():
                 regime = "decode" if t <= 64 else "compute"
                 variants = [(None, None), ("swiglu", None)]
                 if t in (16, 512):
-                    for bm, bn, bk, stages, warps, two, swap in CANDIDATES.get((pair, regime), []):
+                    for bm, bn, bk, stages, warps, two, swap, *upcast in CANDIDATES.get((pair, regime), []):
                         programs = 2 * num_programs_hint(a.device) if two else None
                         mma = "dequant" if regime == "decode" else "auto"
-                        variants.append(("swiglu", C(bm, bn, bk, stages, warps, programs, mma, swap)))
+                        variants.append(("swiglu", C(bm, bn, bk, stages, warps, programs, mma, swap,
+                                                     upcast_a=bool(upcast and upcast[0]))))
                 for epilogue, config in variants:
                     run = lambda: lk.grouped_matmul(a, b, offsets, ids, epilogue=epilogue, config=config)  # noqa: E731
                     error = relative_error(run(), lk.grouped_matmul_reference(a, b, offsets, ids, epilogue=epilogue))
@@ -89,7 +95,8 @@ def main():
                                  "vs plain": ms / times[None],
                                  "tile": f"{config.block_m}x{config.block_n}x{config.block_k} s{config.num_stages} "
                                          f"w{config.num_warps}{' 2/SM' if config.num_programs else ''}"
-                                         f"{' swap' if config.ab_swapped else ''}",
+                                         f"{' swap' if config.ab_swapped else ''}"
+                                         f"{' upcast' if config.upcast_a else ''}",
                                  "rel err": error})
                     print(rows[-1], flush=True)
         del weight
