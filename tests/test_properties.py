@@ -475,13 +475,15 @@ def _special_group_sizes() -> list[int]:
 SPECIAL_GROUP_SIZES = _special_group_sizes()
 GM_LIMITS = (dict(max_experts=16, max_groups=24, max_random_size=600, max_n=640, max_k=2048) if GPU else
              dict(max_experts=5, max_groups=6, max_random_size=40, max_n=80, max_k=192))
-# Explicit configs besides the default: small tiles, swap-AB, tl.dot_scaled (MX weights only).
+# Explicit configs besides the default: small tiles, swap-AB, tl.dot_scaled (MX weights only), A
+# decoded ahead (quantized A only).
 SMALL_TILES = dict(block_m=16, block_n=32, block_k=64, num_stages=1, num_warps=4)
 GM_CONFIGS = {
     "default": None,
     "swapped": lk.BlockScaledMatmulConfig(**SMALL_TILES, ab_swapped=True),
     "dot_scaled": lk.BlockScaledMatmulConfig(**SMALL_TILES, mma="dot_scaled"),
     "dot_scaled_swapped": lk.BlockScaledMatmulConfig(**SMALL_TILES, mma="dot_scaled", ab_swapped=True),
+    "upcast": lk.BlockScaledMatmulConfig(**SMALL_TILES, upcast_a=True),
 }
 
 
@@ -497,7 +499,8 @@ def _gm_variant(choose, formats) -> dict:
     b_layout = choose("b_scale_layout", ("row", "128x4") if b_format in FORMATS else ("row",))
     dot_scaled_ok = FORMATS.get(b_format) is not None and FORMATS[b_format].scale == "e8m0" and (
         a_format == "bf16" or (a_format in FORMATS and FORMATS[a_format].scale == "e8m0"))
-    configs = ("default", "swapped") + (("dot_scaled", "dot_scaled_swapped") if dot_scaled_ok else ())
+    configs = ("default", "swapped") + (("dot_scaled", "dot_scaled_swapped") if dot_scaled_ok else ()) + (
+        ("upcast",) if a_format in FORMATS else ())
     config = choose("config", configs)
     expert_scales = choose("expert_scales", (False, True))
     out_dtype = choose("out_dtype", GM_OUT_DTYPES)
