@@ -94,12 +94,12 @@ def main():
     failures = 0
     n, k, groups = 4096, 7168, 64
     for pair in args.pairs.split(","):
-        a_el, _, _, b_el, _, _ = PAIRS[pair]
+        a_el, _, _, b_el, _, b_blk = PAIRS[pair]
         seen = set()
         for tokens_per_group in (8, 48, 2048):
             for swiglu in (False, True):
                 launches = gm_config.default_launches(tokens_per_group * groups, groups, n // 2 if swiglu else n, k,
-                                                      device, a_el, b_el, 1 << 40, swiglu)
+                                                      device, a_el, b_el, 1 << 40, swiglu, b_blk)
                 for config, _, _ in launches:
                     if (config, swiglu) in seen:
                         continue

@@ -238,7 +238,7 @@ def grouped_matmul(
     else:
         weight_bytes = b_op.data.numel() * b_op.data.element_size()
         launches = default_launches(num_tokens, num_groups, n_out, k, device, a_op.element, b_op.element,
-                                    weight_bytes, epilogue_kind == "swiglu")
+                                    weight_bytes, epilogue_kind == "swiglu", b_op.scale_block)
     # Per launch: does it read A decoded ahead, and which MMA path (checked before anything launches).
     upcasts = [_takes_upcast(launch_config, a_op) for launch_config, _, _ in launches]
     mma_paths = [_resolve_mma(launch_config, _upcast_view(a_op) if upcast else a_op, b_op, device)

@@ -93,30 +93,33 @@ class BlockScaledMatmulConfig:
 
 
 def default_config(num_tokens: int, num_groups: int, n_out: int, k: int, device: torch.device,
-                   a_element: str = "bf16", b_element: str = "bf16", swiglu: bool = False) -> BlockScaledMatmulConfig:
+                   a_element: str = "bf16", b_element: str = "bf16", swiglu: bool = False,
+                   b_scale_block: int = 32) -> BlockScaledMatmulConfig:
     """A config from what the host knows without a sync: shapes, the operands' element types
-    (``"bf16" | "fp16" | "e4m3" | "e2m1"``) and whether the epilogue is SwiGLU.
+    (``"bf16" | "fp16" | "e4m3" | "e2m1"``), whether the epilogue is SwiGLU, and B's scale block
+    (32 for MX, 16 for NVFP4).
 
     SwiGLU tiles load gate and up rows of B (``2 · block_n`` rows per K step). Measured on the H100
     (``benchmarks/results/nvidia-h100-80gb-hbm3/ablate_swiglu.md``): the 128×128×128 compute tile
     keeps its ``block_n`` (it fits shared memory with both B tiles and runs 0.87–1.11× the plain
-    product, where half the ``block_n`` ran 1.19–1.44×), and SwiGLU with quantized weights keeps that
-    tile in the compute regime (256×128 would hold two 256×128 fp32 accumulators: 256 registers per
-    thread); the others halve ``block_n``, the B bytes
-    per stage the plain tiles were measured with. Full-width decode tiles either overflow shared
+    product, where half the ``block_n`` ran 1.19–1.44×); the 256-row compute tiles of quantized
+    weights become 256×64×64 (two 256×128 fp32 accumulators would need 256 registers per thread;
+    measured 1.06–1.10× the plain product for mxfp8 with A decoded ahead, where 128×128×128 ran
+    1.16–1.27×, and 1.43–1.67× for bf16 × mxfp4, ``ablate_swiglu_upcast.md``); the others halve ``block_n``,
+    the B bytes per stage the plain tiles were measured with. Full-width decode tiles either overflow shared
     memory, ran slower, or (e4m3, 16×128×128) matched at 16 tokens per expert but, with half the
     tiles, ran 1.6× slower when a decode step activates only a few experts (DeepSeek-V3, 1 token).
     """
-    config = _measured_config(num_tokens, num_groups, n_out, k, device, a_element, b_element)
+    config = _measured_config(num_tokens, num_groups, n_out, k, device, a_element, b_element, b_scale_block)
     if swiglu and config.block_m == 256:
-        return dataclasses.replace(config, block_m=128, block_k=128)
+        return dataclasses.replace(config, block_n=64, block_k=64, num_stages=3)
     if not swiglu or (config.block_m, config.block_n, config.block_k) == (128, 128, 128):
         return config
     return dataclasses.replace(config, block_n=max(16, config.block_n // 2))
 
 
 def _measured_config(num_tokens: int, num_groups: int, n_out: int, k: int, device: torch.device,
-                     a_element: str, b_element: str) -> BlockScaledMatmulConfig:
+                     a_element: str, b_element: str, b_scale_block: int = 32) -> BlockScaledMatmulConfig:
     """The tiles of :func:`default_config` before the SwiGLU adjustment.
 
     Small tiles in the interpreter (each program runs as numpy on the CPU). On the GPU, the choices
@@ -126,11 +129,11 @@ def _measured_config(num_tokens: int, num_groups: int, n_out: int, k: int, devic
       so each weight byte is read once (16, 32 or 64 rows), swap-AB for plain and e2m1 weights, two
       programs per SM, whose loads overlap each other's decoding, and ``mma="dequant"`` (on Hopper
       our register decode beats ``tl.dot_scaled``'s upcast by 1.2–2.4× there);
-    * more tokens (compute bound): plain operands 128×256×64; quantized weights 256×128×64 (on the
-      H100 1.3× faster than 128×128×128 for bf16 × mxfp8, 1.5× for bf16 × mxfp4:
-      ``ablate_grouped_matmul_compute_tiles.md``), with a quantized A decoded ahead on Hopper
-      (``upcast_a``: in the fused path 256×128 tiles gain nothing, the A decode being as large as
-      the B decode); one 8-warp program per SM.
+    * more tokens (compute bound): plain operands 128×256×64; quantized weights 256-row tiles
+      (e4m3 256×128×64 in 4 stages, MX e2m1 256×128×64 in 3, NVFP4 256×64×128 in 3; on the H100
+      1.3–1.9× faster than 128-row tiles: ``ablate_grouped_matmul_compute_{tiles,256}.md``), with a
+      quantized A decoded ahead on Hopper (``upcast_a``: in the fused path 256×128 tiles gain
+      nothing, A being decoded again for every N tile); one 8-warp program per SM.
     """
     if device.type != "cuda" or interpreting():
         return BlockScaledMatmulConfig(block_m=16, block_n=32, block_k=64, num_stages=1, num_warps=4)
@@ -156,13 +159,17 @@ def _measured_config(num_tokens: int, num_groups: int, n_out: int, k: int, devic
     if b_element in ("bf16", "fp16"):
         return BlockScaledMatmulConfig(block_m=128, block_n=256, block_k=64, num_stages=3, num_warps=8)
     upcast = a_element in ("e4m3", "e2m1") and cuda_capability(device)[0] < 10
-    return BlockScaledMatmulConfig(block_m=256, block_n=128, block_k=64, num_stages=3, num_warps=8, upcast_a=upcast)
+    if b_element == "e4m3":
+        return BlockScaledMatmulConfig(256, 128, 64, num_stages=4, num_warps=8, upcast_a=upcast)
+    if b_scale_block == 16:  # NVFP4 weights (e4m3 scales per 16): narrower, deeper tiles measured best
+        return BlockScaledMatmulConfig(256, 64, 128, num_stages=3, num_warps=8, upcast_a=upcast)
+    return BlockScaledMatmulConfig(256, 128, 64, num_stages=3, num_warps=8, upcast_a=upcast)
 
 
 @functools.lru_cache(maxsize=1024)
 def default_launches(num_tokens: int, num_groups: int, n_out: int, k: int, device: torch.device,
                      a_element: str = "bf16", b_element: str = "bf16", weight_bytes: int = 0,
-                     swiglu: bool = False) -> tuple:
+                     swiglu: bool = False, b_scale_block: int = 32) -> tuple:
     """``((config, min_group_rows, max_group_rows), ...)``: the launches of one call by default.
 
     When the average group is small (decode, ≤ 64 tokens), the routing may still give a few experts
@@ -177,13 +184,14 @@ def default_launches(num_tokens: int, num_groups: int, n_out: int, k: int, devic
     tokens_per_group = num_tokens / max(num_groups, 1)
     split = interpreting() or device.type != "cuda" or weight_bytes >= _SPLIT_MIN_WEIGHT_BYTES
     if tokens_per_group > 64 or not split:
-        return ((default_config(num_tokens, num_groups, n_out, k, device, a_element, b_element, swiglu),
+        return ((default_config(num_tokens, num_groups, n_out, k, device, a_element, b_element, swiglu,
+                                b_scale_block),
                  *ALL_GROUP_SIZES),)
     launches = []
     for min_rows, max_rows, class_tokens in _DECODE_CLASSES:
         # the middle class takes the average's tile height when the average falls in it
         class_tokens = class_tokens or max(tokens_per_group, 17)
         config = default_config(round(class_tokens * max(num_groups, 1)), max(num_groups, 1), n_out, k, device,
-                                a_element, b_element, swiglu)
+                                a_element, b_element, swiglu, b_scale_block)
         launches.append((config, min_rows, max_rows))
     return tuple(launches)
