@@ -1,7 +1,7 @@
 """Ablations for the grouped matmul on the GPU: MMA path and tile configs per format and regime.
 
     python benchmarks/ablate_grouped_matmul.py [--out DIR] [--formats mxfp8,mxfp4] [--budget-s 240]
-        [--tiles list|default] [--mma ...] [--swap 0,1] [--prefetch 0,1] [--upcast 0,1]
+        [--tiles list|default] [--mma ...] [--swap 0,1] [--prefetch 0,1] [--words 0,1] [--upcast 0,1] [--packed 0,1]
 
 Every variant is checked against the reference (relative error printed) before it is timed; each
 regime also times ``torch._grouped_mm`` in bf16 on the same problem (the `vs _grouped_mm` column).
@@ -30,6 +30,11 @@ REGIMES = {  # (experts, tokens per expert, N, K)
     "decode": (128, 16, 4096, 7168),
     "decode64": (128, 64, 4096, 7168),
     "decode_zipf": (128, 16, 4096, 7168),  # Zipf-routed, same token count as "decode"
+    "decode_e2m1": (128, 16, 4096, 7168),  # the decode problem, deeper and wider tiles for 4-bit weights
+    "compute_e2m1": (8, 2048, 4096, 7168),
+    "decode_occupancy": (128, 16, 4096, 7168),  # smaller B tiles, more programs per SM
+    "decode_e4m3": (128, 16, 4096, 7168),
+    "decode64_e4m3": (128, 64, 4096, 7168),
 }
 PAIRS = {"bf16": ("bf16", "bf16"), "mxfp8": ("mxfp8", "mxfp8"), "mxfp4": ("mxfp4", "mxfp4"),
          "nvfp4": ("nvfp4", "nvfp4"), "w4a16": ("bf16", "mxfp4"), "w8a16": ("bf16", "mxfp8"),
@@ -45,6 +50,18 @@ TILES = {
                (64, 128, 128, 4, 4, 2), (64, 128, 128, 3, 8, 2)],
     "decode_zipf": [(16, 128, 128, 4, 4, 2), (16, 128, 256, 3, 4, 2), (32, 128, 128, 4, 4, 2),
                     (64, 128, 128, 4, 4, 2), (64, 128, 128, 3, 8, 2)],
+    # 4-bit B tiles hold a quarter of a bf16 tile's bytes: more of them must be in flight per SM
+    "decode_e2m1": [(16, 128, 128, 4, 4, 2), (16, 128, 128, 8, 4, 2), (16, 128, 256, 4, 4, 2), (16, 128, 256, 6, 4, 2),
+                    (16, 128, 512, 3, 4, 2), (16, 128, 512, 4, 4, 2), (16, 128, 128, 4, 4, 3), (16, 128, 256, 4, 4, 3),
+                    (16, 64, 256, 6, 4, 3), (16, 256, 256, 3, 4, 2), (16, 128, 256, 4, 8, 2)],
+    "decode_occupancy": [(16, 128, 128, 4, 4, 2), (16, 128, 64, 4, 4, 3), (16, 128, 64, 6, 4, 4), (16, 64, 128, 4, 4, 3),
+                         (16, 64, 128, 4, 4, 4), (16, 64, 256, 4, 4, 3), (16, 64, 64, 6, 4, 4), (16, 128, 128, 4, 2, 4)],
+    "decode_e4m3": [(16, 128, 256, 3, 4, 2), (16, 64, 128, 4, 4, 3), (16, 64, 128, 5, 4, 3), (16, 64, 256, 3, 4, 3),
+                    (16, 64, 128, 4, 4, 4), (16, 128, 128, 4, 4, 3)],
+    "decode64_e4m3": [(64, 128, 128, 4, 4, 2), (64, 128, 128, 3, 8, 2), (64, 64, 128, 4, 4, 3), (64, 64, 128, 4, 4, 4),
+                      (64, 64, 256, 3, 4, 3)],
+    "compute_e2m1": [(256, 128, 64, 3, 8, 1), (256, 128, 64, 4, 8, 1), (256, 128, 128, 3, 8, 1), (256, 64, 128, 3, 8, 1),
+                     (128, 256, 64, 3, 8, 1)],
     "decode64": [(16, 128, 128, 4, 4, 1), (64, 128, 128, 4, 4, 1), (64, 128, 128, 4, 4, 2),
                  (64, 128, 128, 3, 8, 1), (64, 128, 128, 3, 8, 2), (32, 128, 128, 4, 4, 2)],
 }
@@ -65,7 +82,9 @@ def main():
     parser.add_argument("--swap", default="default", help="default, or comma-separated 0/1")
     parser.add_argument("--tiles", default="list", help="list (the TILES of the regime) or default (default_config's)")
     parser.add_argument("--prefetch", default="1", help="comma-separated 0/1: BlockScaledMatmulConfig.prefetch_scales")
+    parser.add_argument("--words", default="1", help="comma-separated 0/1: BlockScaledMatmulConfig.scale_words")
     parser.add_argument("--upcast", default="default", help="default, or comma-separated 0/1: config.upcast_a")
+    parser.add_argument("--packed", default="1", help="comma-separated 0/1: config.packed_decode (e2m1 weights)")
     args = parser.parse_args()
     started = time.time()
     ceilings = measure_ceilings()
@@ -84,7 +103,7 @@ def main():
         x_bf16, w_t = x.to(torch.bfloat16), w.transpose(-2, -1)
         peer_ms = time_ms(lambda: torch._grouped_mm(x_bf16, w_t, offs=offsets[1:], out_dtype=torch.bfloat16))
         rows.append({"regime": regime, "pair": "torch._grouped_mm bf16", "mma": "", "tile": "", "swap": "",
-                     "prefetch": "", "upcast": "", "stages": "", "warps": "", "programs/SM": "", "us": peer_ms * 1e3,
+                     "prefetch": "", "words": "", "upcast": "", "packed": "", "stages": "", "warps": "", "programs/SM": "", "us": peer_ms * 1e3,
                      "TFLOP/s": 2.0 * tokens * n * k / peer_ms / 1e9,
                      "weight GB/s": num_experts * n * k * 2 / peer_ms / 1e6,
                      "% copy": 100 * num_experts * n * k * 2 / peer_ms / 1e6 / ceilings["copy_gbps"],
@@ -98,12 +117,16 @@ def main():
             swaps = [base.ab_swapped] if args.swap == "default" else [bool(int(v)) for v in args.swap.split(",")]
             mmas = [base.mma] if args.mma == "default" else args.mma.split(",")
             prefetches = [bool(int(v)) for v in args.prefetch.split(",")]
+            words = [bool(int(v)) for v in args.words.split(",")]
             upcasts = [base.upcast_a] if args.upcast == "default" else [bool(int(v)) for v in args.upcast.split(",")]
             tiles = TILES[regime] if args.tiles == "list" else [
                 (base.block_m, base.block_n, base.block_k, base.num_stages, base.num_warps,
                  (base.num_programs or sm_count) // sm_count)]
-            variants = itertools.product(tiles, mmas, swaps, prefetches, upcasts)
-            for (bm, bn, bk, stages, warps, per_sm), mma, swapped, prefetch, upcast in variants:
+            packs = [bool(int(v)) for v in args.packed.split(",")]
+            variants = itertools.product(tiles, mmas, swaps, prefetches, upcasts, packs, words)
+            for (bm, bn, bk, stages, warps, per_sm), mma, swapped, prefetch, upcast, packed, word in variants:
+                if not packed and (fb not in ("mxfp4", "nvfp4") and fa not in ("mxfp4", "nvfp4")):
+                    continue  # the switch changes nothing without e2m1 operands
                 if upcast and fa == "bf16":
                     continue
                 if time.time() - started > args.budget_s:
@@ -112,7 +135,7 @@ def main():
                     continue
                 config = lk.BlockScaledMatmulConfig(bm, bn, bk, stages, warps, num_programs=per_sm * sm_count,
                                                     mma=mma, ab_swapped=swapped, prefetch_scales=prefetch,
-                                                    upcast_a=upcast)
+                                                    upcast_a=upcast, packed_decode=packed, scale_words=word)
                 try:
                     out = lk.grouped_matmul(a, b, offsets, ids, config=config)
                     error = relative_error(out.float(), expected)
@@ -123,7 +146,7 @@ def main():
                 tflops = 2.0 * tokens * n * k / ms / 1e9
                 weight_gbps = num_experts * n * k * weight_bytes[fb] / ms / 1e6
                 rows.append({"regime": regime, "pair": name, "mma": mma, "tile": f"{bm}x{bn}x{bk}", "swap": swapped,
-                             "prefetch": prefetch, "upcast": upcast, "stages": stages, "warps": warps, "programs/SM": per_sm,
+                             "prefetch": prefetch, "words": word, "upcast": upcast, "packed": packed, "stages": stages, "warps": warps, "programs/SM": per_sm,
                              "us": ms * 1e3, "TFLOP/s": tflops,
                              "weight GB/s": weight_gbps, "% copy": 100 * weight_gbps / ceilings["copy_gbps"],
                              "vs _grouped_mm": peer_ms / ms, "rel err": error})

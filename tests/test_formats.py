@@ -8,7 +8,7 @@ import triton.language as tl
 import llmkernels as lk
 from llmkernels._testing import poison, relative_error
 from llmkernels.formats import reference
-from llmkernels.formats.kernel import decode_e2m1, decode_scale
+from llmkernels.formats.kernel import decode_e2m1, decode_e2m1_pairs_bf16, decode_scale
 from llmkernels.formats import (
     ScaledTensor, from_blocked_scales, from_grouped_blocked_scales, to_blocked_scales, to_grouped_blocked_scales,
 )
@@ -214,6 +214,37 @@ def test_kernel_decoders_match_the_reference_for_every_code(device):
     expected_e4m3 = codes.view(torch.float8_e4m3fn).float()
     finite = torch.isfinite(expected_e4m3)  # scales are never NaN (and the interpreter decodes 0x7F as 480)
     assert torch.equal(e4m3[finite], expected_e4m3[finite])
+
+
+@triton.jit
+def _decode_pairs_kernel(packed_ptr, scale_ptr, even_ptr, odd_ptr, SIZE: tl.constexpr):
+    offsets = tl.arange(0, SIZE)
+    even, odd = decode_e2m1_pairs_bf16(tl.load(packed_ptr + offsets), tl.load(scale_ptr + offsets))
+    tl.store(even_ptr + offsets, even)
+    tl.store(odd_ptr + offsets, odd)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="PTX decoder: NVIDIA GPUs only (the interpreter decodes in float32)")
+def test_packed_e2m1_decoder_matches_the_reference_for_every_byte_and_scale():
+    """Every byte (two codes, both signs, ±0) times every e8m0 scale (subnormal 2^-127 and NaN included)
+    and every finite e4m3 scale, against the float32 reference rounded to bf16: bit for bit."""
+    device = torch.device("cuda")
+    e8m0 = reference.decode_e8m0(torch.arange(256, device=device).to(torch.uint8))
+    e4m3 = torch.arange(256, device=device).to(torch.uint8).view(torch.float8_e4m3fn).float()
+    scales = torch.cat([e8m0, e4m3[torch.isfinite(e4m3)]])
+    packed = torch.arange(256, device=device).to(torch.uint8).repeat(scales.numel())
+    scale = scales.repeat_interleave(256).to(torch.bfloat16)
+    size = triton.next_power_of_2(packed.numel())
+    packed = torch.cat([packed, torch.zeros(size - packed.numel(), dtype=torch.uint8, device=device)])
+    scale = torch.cat([scale, torch.ones(size - scale.numel(), dtype=torch.bfloat16, device=device)])
+    even, odd = (poison(torch.empty(size, dtype=torch.bfloat16, device=device)) for _ in range(2))
+    _decode_pairs_kernel[(1,)](packed, scale, even, odd, SIZE=size, num_warps=8)
+    expected_even = (reference.decode_e2m1(packed & 0xF) * scale.float()).to(torch.bfloat16)
+    expected_odd = (reference.decode_e2m1(packed >> 4) * scale.float()).to(torch.bfloat16)
+    for got, expected in ((even, expected_even), (odd, expected_odd)):
+        nan = expected.isnan()
+        assert torch.equal(got.isnan(), nan)
+        assert torch.equal(got[~nan].view(torch.int16), expected[~nan].view(torch.int16))
 
 
 @pytest.mark.parametrize("format", FORMAT_NAMES)

@@ -96,14 +96,38 @@ def test_swapped_ab(formats, device):
 
 
 @pytest.mark.parametrize("formats", [("mxfp8", "mxfp8"), ("nvfp4", "nvfp4"), ("bf16", "mxfp4")], ids="x".join)
-def test_scales_loaded_in_their_own_step(formats, device):
-    """prefetch_scales=False (the ablation's baseline) loads each step's scales in that step; both
-    orders must give the same products, over three K steps and with SwiGLU's second B tile."""
+@pytest.mark.parametrize("prefetch, words", [(False, False), (True, True), (False, True)])
+def test_scale_loading_orders(formats, prefetch, words, device):
+    """prefetch_scales=False (the ablation's baseline) loads each step's scales in that step, True one
+    step ahead; scale_words reads them as int32 words of four columns. Every way must give the same
+    products, over K steps whose words straddle nothing and past K (the last prefetch), with SwiGLU's
+    second B tile and both scale layouts of B."""
+    x, w, offsets, ids, scales, rows = _problem("ragged", k=384, n=48, device=device)
+    config = lk.BlockScaledMatmulConfig(block_m=16, block_n=32, block_k=128, num_stages=1, num_warps=4,
+                                        prefetch_scales=prefetch, scale_words=words)
+    a, b = _make_operand(x, formats[0]), _make_operand(w, formats[1])
+    _check(a, b, offsets, ids, scales, rows, config=config, epilogue="swiglu")
+    _check(a, b.to_layout("128x4"), offsets, ids, scales, rows, config=config, epilogue="swiglu")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the packed decode is PTX: NVIDIA GPUs only")
+@pytest.mark.parametrize("formats", [("mxfp4", "mxfp4"), ("bf16", "mxfp4"), ("nvfp4", "nvfp4"), ("mxfp8", "mxfp4")],
+                         ids="x".join)
+@pytest.mark.parametrize("swap", [False, True])
+def test_packed_e2m1_decode_equals_the_float32_decode(formats, swap):
+    """packed_decode (bf16 pairs through PTX) and the float32 decode give the same tiles, so the same
+    products bit for bit, in both operand orders and with A decoded ahead; both also match the reference."""
+    device = torch.device("cuda")
     x, w, offsets, ids, scales, rows = _problem("ragged", k=192, n=48, device=device)
-    config = lk.BlockScaledMatmulConfig(block_m=16, block_n=32, block_k=64, num_stages=1, num_warps=4,
-                                        prefetch_scales=False)
-    _check(_make_operand(x, formats[0]), _make_operand(w, formats[1]), offsets, ids, scales, rows, config=config,
-           epilogue="swiglu")
+    a, b = _make_operand(x, formats[0]), _make_operand(w, formats[1])
+    outputs = []
+    for packed in (True, False):
+        config = lk.BlockScaledMatmulConfig(block_m=16, block_n=32, block_k=64, num_stages=2, num_warps=4,
+                                            mma="dequant", ab_swapped=swap, packed_decode=packed,
+                                            upcast_a=formats[0] != "bf16" and not swap)
+        _check(a, b, offsets, ids, scales, rows, config=config, epilogue="swiglu")
+        outputs.append(lk.grouped_matmul(a, b, offsets, ids, scales, config=config, out_dtype=torch.float32))
+    assert torch.equal(outputs[0][:rows], outputs[1][:rows])
 
 
 @pytest.mark.skipif(interpreting() and tuple(map(int, triton.__version__.split(".")[:2])) < (3, 9),
@@ -294,7 +318,7 @@ def test_mixed_devices_raise():
 @pytest.mark.parametrize("field, value", [("block_m", 24), ("block_n", 512), ("block_k", 16), ("num_stages", 0),
                                           ("num_warps", 3), ("num_programs", 0), ("mma", "wgmma"),
                                           ("ab_swapped", 1), ("prefetch_scales", 1),
-                                          ("upcast_a", "yes")])
+                                          ("scale_words", 0), ("upcast_a", "yes"), ("packed_decode", 1)])
 def test_config_validation(field, value):
     with pytest.raises(ValueError, match=field):
         lk.BlockScaledMatmulConfig(**{field: value})

@@ -17,6 +17,62 @@ def decode_e2m1(codes):
     return bits.to(tl.float32, bitcast=True) * 8.507059173023462e37  # 2^126
 
 
+# bf16 bits of the e2m1 magnitudes 0, 0.5, 1, 1.5 (word 0) and 2, 3, 4, 6 (word 1): high bytes in the
+# "hi" pair, low bytes in the "lo" pair, byte c of a pair being code c (prmt's 8-byte lookup table).
+_E2M1_TO_BF16X2_PTX = tl.constexpr("""
+{
+.reg .b32 th0, th1, tl0, tl1, minus_zero, mag, mag_hi, hi0, lo0, hi1, lo1, e01, e23, o01, o23, s01, s23, t01, t23;
+.reg .b32 r0, r1, r2, r3;
+mov.b32 th0, 0x3F3F3F00;
+mov.b32 th1, 0x40404040;
+mov.b32 tl0, 0xC0800000;
+mov.b32 tl1, 0xC0804000;
+mov.b32 minus_zero, 0x80008000;
+and.b32 mag, $4, 0x77777777;
+shr.u32 mag_hi, mag, 16;
+prmt.b32 hi0, th0, th1, mag;
+prmt.b32 lo0, tl0, tl1, mag;
+prmt.b32 hi1, th0, th1, mag_hi;
+prmt.b32 lo1, tl0, tl1, mag_hi;
+prmt.b32 e01, lo0, hi0, 0x6240;
+prmt.b32 o01, lo0, hi0, 0x7351;
+prmt.b32 e23, lo1, hi1, 0x6240;
+prmt.b32 o23, lo1, hi1, 0x7351;
+prmt.b32 s01, $4, $4, 0x1100;
+prmt.b32 s23, $4, $4, 0x3322;
+shl.b32 t01, s01, 4;
+shl.b32 t23, s23, 4;
+lop3.b32 e01, e01, t01, 0x80008000, 0xF8;
+lop3.b32 e23, e23, t23, 0x80008000, 0xF8;
+lop3.b32 o01, o01, s01, 0x80008000, 0xF8;
+lop3.b32 o23, o23, s23, 0x80008000, 0xF8;
+fma.rn.bf16x2 r0, e01, $5, minus_zero;
+fma.rn.bf16x2 r1, e23, $6, minus_zero;
+fma.rn.bf16x2 r2, o01, $5, minus_zero;
+fma.rn.bf16x2 r3, o23, $6, minus_zero;
+mov.b32 $0, r0;
+mov.b32 $1, r1;
+mov.b32 $2, r2;
+mov.b32 $3, r3;
+}
+""")
+
+
+@triton.jit
+def decode_e2m1_pairs_bf16(packed, scale):
+    """Packed e2m1 bytes (uint8, low nibble = even element) times ``scale`` (bf16, one per byte) →
+    ``(even, odd)`` bf16 tensors of packed's shape, on NVIDIA GPUs (PTX, sm_80+; not in the interpreter).
+
+    Works on four bytes at once in 32-bit registers: ``prmt`` looks the magnitude codes up in an 8-byte
+    table of bf16 high bytes and one of low bytes and interleaves them into bf16 pairs, ``lop3`` puts the
+    signs back, and one packed ``fma`` per pair applies the scales: about 3 instructions per element,
+    where the float32 decode takes about 10. Exact: an e2m1 value times a power of two or an e4m3 scale
+    has at most 5 significant bits, and ``x·s + (−0)`` keeps the sign of a zero.
+    """
+    return tl.inline_asm_elementwise(_E2M1_TO_BF16X2_PTX, "=r,=r,=r,=r,r,r,r", [packed, scale],
+                                     dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
+
+
 @triton.jit
 def decode_e8m0(bits):
     """uint8 biased exponents → float32 ``2^(bits - 127)``; 0 is the subnormal 2^-127, 255 NaN."""

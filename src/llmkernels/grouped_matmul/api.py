@@ -258,7 +258,8 @@ def grouped_matmul(
             # tl.dot_scaled takes a bf16 operand; tl.dot the compute dtype (both hold A's values exactly)
             dtype = tl.bfloat16 if use_dot_scaled else compute_dtype
             if dtype not in decoded_a:
-                decoded_a[dtype] = _upcast_rows(a_op, num_tokens, k, dtype, device)
+                decoded_a[dtype] = _upcast_rows(a_op, num_tokens, k, dtype, device,
+                                                _packed_decode(launch_config, dtype, device))
             launch_a = decoded_a[dtype]
         _launch(launch_a, b_op, out, a_offsets, a_scale_offsets, expert_ids, expert_scales, num_experts, n, k,
                 min_group_rows, max_group_rows, launch_config, use_dot_scaled, epilogue_kind, epilogue_fn,
@@ -280,7 +281,13 @@ def _upcast_view(a: _Operand) -> _Operand:
     return _Operand(None, None, a.global_scale, "bf16", "none", 1, "row", "bf16")
 
 
-def _upcast_rows(a: _Operand, num_tokens: int, k: int, compute_dtype, device) -> _Operand:
+def _packed_decode(config: BlockScaledMatmulConfig, compute_dtype, device: torch.device) -> bool:
+    """Whether e2m1 tiles take the packed PTX decode: asked for, bf16, and compiled for an NVIDIA GPU."""
+    return (config.packed_decode and compute_dtype == tl.bfloat16 and device.type == "cuda"
+            and torch.version.hip is None and not interpreting())
+
+
+def _upcast_rows(a: _Operand, num_tokens: int, k: int, compute_dtype, device, packed_decode: bool) -> _Operand:
     """A's elements times their block scales, ``[T, K]`` in the compute dtype (float32 in the
     interpreter), as a plain operand that keeps A's global scale for the epilogue."""
     torch_dtype = {tl.bfloat16: torch.bfloat16, tl.float16: torch.float16, tl.float32: torch.float32}[compute_dtype]
@@ -290,10 +297,21 @@ def _upcast_rows(a: _Operand, num_tokens: int, k: int, compute_dtype, device) ->
         a.data, a.scales, values, a.data.stride(0), a.scales.stride(0) if a.scale_layout == "row" else 0,
         values.stride(0), num_tokens, k,
         ELEMENT=a.element, SCALE=a.scale, SCALE_BLOCK=a.scale_block, SCALE_LAYOUT=a.scale_layout,
-        BLOCK_ROWS=block_rows, BLOCK_K=block_k, num_warps=num_warps,
+        PACKED_DECODE=packed_decode, BLOCK_ROWS=block_rows, BLOCK_K=block_k, num_warps=num_warps,
     )
     element = "fp16" if torch_dtype == torch.float16 else "bf16"  # the kernel loads A by its pointer's dtype
     return _Operand(values, None, a.global_scale, element, "none", 1, "row", element)
+
+
+def _scale_words(op: _Operand, block_k: int, k: int) -> bool:
+    """Whether the kernel may read op's scales as int32 words of four scale columns (``SCALE_WORDS``):
+    every word must start 4-byte aligned and hold four columns of this row inside K."""
+    if not op.quantized:
+        return True
+    columns_per_step, columns = block_k // op.scale_block, k // op.scale_block
+    aligned = op.scales.data_ptr() % 4 == 0 and (
+        op.scale_layout != "row" or all(stride % 4 == 0 for stride in op.scales.stride()[:-1]))
+    return columns_per_step % 4 == 0 and columns % 4 == 0 and aligned
 
 
 def _launch(a_op, b_op, out, a_offsets, a_scale_offsets, expert_ids, expert_scales, num_experts, n, k,
@@ -321,7 +339,8 @@ def _launch(a_op, b_op, out, a_offsets, a_scale_offsets, expert_ids, expert_scal
         A_GLOBAL_SCALE=a_op.global_scale is not None, B_GLOBAL_SCALE=b_op.global_scale is not None,
         HAS_EXPERT_SCALES=expert_scales is not None, EPILOGUE=epilogue_kind, EPILOGUE_FN=epilogue_fn,
         USE_DOT_SCALED=use_dot_scaled, SWAP_AB=config.ab_swapped, PREFETCH_SCALES=config.prefetch_scales,
-        COMPUTE_DTYPE=compute_dtype,
+        SCALE_WORDS=config.scale_words and _scale_words(a_op, config.block_k, k) and _scale_words(b_op, config.block_k, k),
+        PACKED_DECODE=_packed_decode(config, compute_dtype, device), COMPUTE_DTYPE=compute_dtype,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         BLOCK_GROUPS=max(16, next_power_of_2(num_groups)),
         num_warps=config.num_warps, num_stages=config.num_stages,

@@ -53,6 +53,12 @@ class BlockScaledMatmulConfig:
     weights on Hopper (measured faster there), ``dequant`` elsewhere. NVFP4 always takes ``dequant``
     (Triton 3.6 cannot compile e4m3-scaled ``dot_scaled``).
 
+    Switches of the ``dequant`` path: ``prefetch_scales`` loads each K step's block scales one step
+    ahead; ``scale_words`` reads them as int32 words of four scale columns where alignment allows
+    (``K`` and ``block_k`` multiples of four scale blocks), which Triton pipelines with the data; ``upcast_a`` decodes a quantized A once, in a pre-pass, and multiplies bf16 × B;
+    ``packed_decode`` decodes e2m1 bytes to bf16 pairs with packed PTX (``prmt`` lookups and bf16x2
+    ``fma``) on NVIDIA GPUs, where ``False`` takes the float32 decode (the interpreter always does).
+
     Raises ``ValueError`` on construction when a field is out of range.
     """
 
@@ -65,7 +71,9 @@ class BlockScaledMatmulConfig:
     mma: str = "auto"
     ab_swapped: bool = False
     prefetch_scales: bool = True
+    scale_words: bool = False
     upcast_a: bool = False
+    packed_decode: bool = True
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n"):
@@ -80,7 +88,7 @@ class BlockScaledMatmulConfig:
             raise ValueError(f"num_warps must be one of 1, 2, 4, 8, 16, got {self.num_warps!r}")
         if self.num_programs is not None and (not isinstance(self.num_programs, int) or self.num_programs < 1):
             raise ValueError(f"num_programs must be None or a positive int, got {self.num_programs!r}")
-        for name in ("ab_swapped", "prefetch_scales", "upcast_a"):
+        for name in ("ab_swapped", "prefetch_scales", "scale_words", "upcast_a", "packed_decode"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if self.mma not in MMA_PATHS:
@@ -128,10 +136,13 @@ def _measured_config(num_tokens: int, num_groups: int, n_out: int, k: int, devic
     * up to 64 tokens per group (decode, weight-bandwidth bound): one M tile covers a whole group,
       so each weight byte is read once (16, 32 or 64 rows), swap-AB for plain and e2m1 weights, two
       programs per SM, whose loads overlap each other's decoding, and ``mma="dequant"`` (on Hopper
-      our register decode beats ``tl.dot_scaled``'s upcast by 1.2–2.4× there);
+      our register decode beats ``tl.dot_scaled``'s upcast by 1.2–2.4× there); at ≤ 16 rows e4m3
+      weights take 16×64×128 tiles, three programs per SM (1.06–1.07× the 16×128×256 tiles), and MX
+      e2m1 weights load each step's scales in that step, as words under bf16 activations (1.05–1.15×
+      the prefetched bytes; ``ablate_grouped_matmul_{decode_e4m3,scale_words_decode}.md``);
     * more tokens (compute bound): plain operands 128×256×64; quantized weights 256-row tiles
-      (e4m3 256×128×64 in 4 stages, MX e2m1 256×128×64 in 3, NVFP4 256×64×128 in 3; on the H100
-      1.3–1.9× faster than 128-row tiles: ``ablate_grouped_matmul_compute_{tiles,256}.md``), with a
+      (e4m3 256×128×64 in 4 stages, e2m1 256×128×64 in 3, NVFP4 with its scales read as words; on
+      the H100 1.3–1.9× faster than 128-row tiles: ``ablate_grouped_matmul_compute_{tiles,256}.md``), with a
       quantized A decoded ahead on Hopper (``upcast_a``: in the fused path 256×128 tiles gain
       nothing, A being decoded again for every N tile); one 8-warp program per SM.
     """
@@ -144,9 +155,13 @@ def _measured_config(num_tokens: int, num_groups: int, n_out: int, k: int, devic
         # Blackwell's block-scaled MMA needs no decode at all: keep "auto" (dot_scaled) there.
         mma = "dequant" if cuda_capability(device)[0] < 10 else "auto"
         if tokens_per_group <= 16:
-            if b_element == "e4m3":
-                return BlockScaledMatmulConfig(16, 128, 256, num_stages=3, num_warps=4, num_programs=two_per_sm,
-                                               mma=mma)
+            if b_element == "e4m3":  # narrow tiles, three programs per SM: more loads in flight per SM
+                return BlockScaledMatmulConfig(16, 64, 128, num_stages=4, num_warps=4,
+                                               num_programs=3 * num_programs_hint(device), mma=mma)
+            if b_element == "e2m1" and b_scale_block == 32:  # MX e2m1 weights: scales loaded in their step
+                return BlockScaledMatmulConfig(16, 128, 128, num_stages=4, num_warps=4, num_programs=two_per_sm,
+                                               mma=mma, ab_swapped=swap, prefetch_scales=False,
+                                               scale_words=a_element in ("bf16", "fp16"))
             return BlockScaledMatmulConfig(16, 128, 128, num_stages=4, num_warps=4, num_programs=two_per_sm,
                                            mma=mma, ab_swapped=swap)
         block_m = 32 if tokens_per_group <= 32 else 64
@@ -161,8 +176,8 @@ def _measured_config(num_tokens: int, num_groups: int, n_out: int, k: int, devic
     upcast = a_element in ("e4m3", "e2m1") and cuda_capability(device)[0] < 10
     if b_element == "e4m3":
         return BlockScaledMatmulConfig(256, 128, 64, num_stages=4, num_warps=8, upcast_a=upcast)
-    if b_scale_block == 16:  # NVFP4 weights (e4m3 scales per 16): narrower, deeper tiles measured best
-        return BlockScaledMatmulConfig(256, 64, 128, num_stages=3, num_warps=8, upcast_a=upcast)
+    if b_scale_block == 16:  # NVFP4 weights (e4m3 scales per 16): scales read as words, staged with the data
+        return BlockScaledMatmulConfig(256, 128, 64, num_stages=3, num_warps=8, upcast_a=upcast, scale_words=True)
     return BlockScaledMatmulConfig(256, 128, 64, num_stages=3, num_warps=8, upcast_a=upcast)
 
 

@@ -8,7 +8,7 @@ a float32 global scale). Scales sit in the row-major layout or in 128x4 tensor-c
 import triton
 import triton.language as tl
 
-from ..formats.kernel import decode_e2m1, decode_scale
+from ..formats.kernel import decode_e2m1, decode_e2m1_pairs_bf16, decode_scale
 
 TILE_BYTES = tl.constexpr(512)  # one 128-row × 4-column tile of scales
 
@@ -56,37 +56,79 @@ def _load_data(data_ptr, row_offsets, row_mask, k_start, K, ELEMENT: tl.constexp
 @triton.jit
 def _load_scales(scales_ptr, scale_row_base, row_mask, k_start, K,
                  SCALE: tl.constexpr, SCALE_BLOCK: tl.constexpr, SCALE_LAYOUT: tl.constexpr,
-                 BLOCK_K: tl.constexpr):
-    """Scale bits ``[rows, BLOCK_K / SCALE_BLOCK]`` (uint8); 1.0 where masked."""
+                 SCALE_WORDS: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Scale bits ``[rows, BLOCK_K / SCALE_BLOCK]`` (uint8); 1.0 where masked.
+
+    With SCALE_WORDS (the host checked that every group of four scale columns starts 4-byte aligned:
+    ``K / SCALE_BLOCK`` and ``BLOCK_K / SCALE_BLOCK`` multiples of 4, aligned base) each row's scales are
+    read as int32 words, four scale columns each, and split into bytes in registers: 32-bit loads,
+    which Triton's pipeliner turns into asynchronous copies staged with the data, where byte loads
+    stay synchronous loads inside the K loop.
+    """
     if SCALE == "e8m0":
         one_bits = 127
     else:
         one_bits = 0x38
-    scale_cols = k_start // SCALE_BLOCK + tl.arange(0, BLOCK_K // SCALE_BLOCK)
-    offsets = scale_row_base[:, None] + _scale_col_offsets(scale_cols, SCALE_LAYOUT)[None, :]
-    mask = row_mask[:, None] & (scale_cols < K // SCALE_BLOCK)[None, :]
-    return tl.load(scales_ptr + offsets, mask=mask, other=one_bits)
+    if SCALE_WORDS:
+        NUM_WORDS: tl.constexpr = BLOCK_K // SCALE_BLOCK // 4
+        first_cols = k_start // SCALE_BLOCK + 4 * tl.arange(0, NUM_WORDS)  # first scale column of each word
+        offsets = scale_row_base[:, None] + _scale_col_offsets(first_cols, SCALE_LAYOUT)[None, :]
+        mask = row_mask[:, None] & (first_cols < K // SCALE_BLOCK)[None, :]
+        words = tl.load((scales_ptr + offsets).to(tl.pointer_type(tl.int32)), mask=mask, other=one_bits * 0x01010101)
+        shifts = 8 * tl.arange(0, 4)
+        scale_bytes = (words[:, :, None] >> shifts[None, None, :]) & 0xFF  # little-endian: byte c is column c
+        return tl.reshape(scale_bytes, (scale_row_base.shape[0], BLOCK_K // SCALE_BLOCK)).to(tl.uint8)
+    else:
+        scale_cols = k_start // SCALE_BLOCK + tl.arange(0, BLOCK_K // SCALE_BLOCK)
+        offsets = scale_row_base[:, None] + _scale_col_offsets(scale_cols, SCALE_LAYOUT)[None, :]
+        mask = row_mask[:, None] & (scale_cols < K // SCALE_BLOCK)[None, :]
+        return tl.load(scales_ptr + offsets, mask=mask, other=one_bits)
 
 
 @triton.jit
 def _load_scales_if(scales_ptr, scale_row_base, row_mask, k_start, K,
                     SCALE: tl.constexpr, SCALE_BLOCK: tl.constexpr, SCALE_LAYOUT: tl.constexpr,
-                    BLOCK_K: tl.constexpr):
+                    SCALE_WORDS: tl.constexpr, BLOCK_K: tl.constexpr):
     """:func:`_load_scales`, or 0 (never read) for an operand without scales."""
     if SCALE == "none":
         return 0
     else:
         return _load_scales(scales_ptr, scale_row_base, row_mask, k_start, K, SCALE, SCALE_BLOCK, SCALE_LAYOUT,
-                            BLOCK_K)
+                            SCALE_WORDS, BLOCK_K)
+
+
+@triton.jit
+def _step_scales(a_scales_ptr, a_scale_rows, row_mask, b_scales_ptr, b_scale_rows, up_scale_rows, col_mask, k_start, K,
+                 A_SCALE: tl.constexpr, A_SCALE_BLOCK: tl.constexpr, A_SCALE_LAYOUT: tl.constexpr,
+                 B_SCALE: tl.constexpr, B_SCALE_BLOCK: tl.constexpr, B_SCALE_LAYOUT: tl.constexpr,
+                 EPILOGUE: tl.constexpr, SCALE_WORDS: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The scale bits of one K step: A's, B's and (SwiGLU) the up rows' of B; 0 for unscaled operands."""
+    a = _load_scales_if(a_scales_ptr, a_scale_rows, row_mask, k_start, K, A_SCALE, A_SCALE_BLOCK, A_SCALE_LAYOUT,
+                        SCALE_WORDS, BLOCK_K)
+    b = _load_scales_if(b_scales_ptr, b_scale_rows, col_mask, k_start, K, B_SCALE, B_SCALE_BLOCK, B_SCALE_LAYOUT,
+                        SCALE_WORDS, BLOCK_K)
+    up = b
+    if EPILOGUE == "swiglu":
+        up = _load_scales_if(b_scales_ptr, up_scale_rows, col_mask, k_start, K, B_SCALE, B_SCALE_BLOCK,
+                             B_SCALE_LAYOUT, SCALE_WORDS, BLOCK_K)
+    return a, b, up
 
 
 @triton.jit
 def _dequantize(data, scale_bits, ELEMENT: tl.constexpr, SCALE: tl.constexpr, SCALE_BLOCK: tl.constexpr,
-                ROWS: tl.constexpr, BLOCK_K: tl.constexpr, COMPUTE_DTYPE: tl.constexpr):
+                ROWS: tl.constexpr, BLOCK_K: tl.constexpr, COMPUTE_DTYPE: tl.constexpr, PACKED_DECODE: tl.constexpr):
     """Raw tile → ``[ROWS, BLOCK_K]`` in COMPUTE_DTYPE. Exact: an e2m1 or e4m3 value times an e8m0 or
-    e4m3 scale has at most 6 significant bits, which bf16 and fp16 hold."""
+    e4m3 scale has at most 6 significant bits, which bf16 and fp16 hold. With PACKED_DECODE (bf16 on an
+    NVIDIA GPU) e2m1 bytes are decoded and scaled in bf16 pairs by :func:`decode_e2m1_pairs_bf16`."""
     if SCALE == "none":
         values = data
+    elif ELEMENT == "e2m1" and PACKED_DECODE:
+        # the bytes of each scale block along a row, each with its block's scale
+        data = tl.reshape(data, (ROWS, BLOCK_K // SCALE_BLOCK, SCALE_BLOCK // 2))
+        scale = decode_scale(scale_bits, SCALE).to(tl.bfloat16)
+        scale = tl.broadcast_to(scale[:, :, None], (ROWS, BLOCK_K // SCALE_BLOCK, SCALE_BLOCK // 2))
+        even, odd = decode_e2m1_pairs_bf16(data, scale)
+        values = tl.reshape(tl.join(even, odd), (ROWS, BLOCK_K))
     else:
         if ELEMENT == "e4m3":
             # Decoding through fp32 measured 1.4x faster on H200 than fp8 -> bf16 with a bf16 multiply.
@@ -106,7 +148,8 @@ def _mma_step(acc, a_data, a_scale_bits, b_data, b_scale_bits,
               A_ELEMENT: tl.constexpr, A_SCALE: tl.constexpr, A_SCALE_BLOCK: tl.constexpr,
               B_ELEMENT: tl.constexpr, B_SCALE: tl.constexpr, B_SCALE_BLOCK: tl.constexpr,
               USE_DOT_SCALED: tl.constexpr, SWAP_AB: tl.constexpr, BLOCK_M: tl.constexpr,
-              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, COMPUTE_DTYPE: tl.constexpr):
+              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, COMPUTE_DTYPE: tl.constexpr,
+              PACKED_DECODE: tl.constexpr):
     """One K step: acc ``[BLOCK_M, BLOCK_N]`` += A tile ``[BLOCK_M, BLOCK_K]`` @ B tile ``[BLOCK_N, BLOCK_K]``ᵀ,
     or with SWAP_AB acc ``[BLOCK_N, BLOCK_M]`` += B tile @ A tileᵀ (the weights are then the MMA's
     left operand, which Hopper's wgmma can read from registers right after decoding)."""
@@ -124,8 +167,10 @@ def _mma_step(acc, a_data, a_scale_bits, b_data, b_scale_bits,
                 return tl.dot_scaled(a_data, a_scale_bits, A_ELEMENT, tl.trans(b_data), b_scale_bits, B_ELEMENT,
                                      acc)
     else:
-        a = _dequantize(a_data, a_scale_bits, A_ELEMENT, A_SCALE, A_SCALE_BLOCK, BLOCK_M, BLOCK_K, COMPUTE_DTYPE)
-        b = _dequantize(b_data, b_scale_bits, B_ELEMENT, B_SCALE, B_SCALE_BLOCK, BLOCK_N, BLOCK_K, COMPUTE_DTYPE)
+        a = _dequantize(a_data, a_scale_bits, A_ELEMENT, A_SCALE, A_SCALE_BLOCK, BLOCK_M, BLOCK_K, COMPUTE_DTYPE,
+                        PACKED_DECODE)
+        b = _dequantize(b_data, b_scale_bits, B_ELEMENT, B_SCALE, B_SCALE_BLOCK, BLOCK_N, BLOCK_K, COMPUTE_DTYPE,
+                        PACKED_DECODE)
         if SWAP_AB:
             return tl.dot(b, tl.trans(a), acc)
         else:
@@ -145,7 +190,8 @@ def grouped_matmul_kernel(
     B_ELEMENT: tl.constexpr, B_SCALE: tl.constexpr, B_SCALE_BLOCK: tl.constexpr, B_SCALE_LAYOUT: tl.constexpr,
     A_GLOBAL_SCALE: tl.constexpr, B_GLOBAL_SCALE: tl.constexpr,
     HAS_EXPERT_SCALES: tl.constexpr, EPILOGUE: tl.constexpr, EPILOGUE_FN: tl.constexpr,
-    USE_DOT_SCALED: tl.constexpr, SWAP_AB: tl.constexpr, PREFETCH_SCALES: tl.constexpr,
+    USE_DOT_SCALED: tl.constexpr, SWAP_AB: tl.constexpr, PREFETCH_SCALES: tl.constexpr, SCALE_WORDS: tl.constexpr,
+    PACKED_DECODE: tl.constexpr,
     COMPUTE_DTYPE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_GROUPS: tl.constexpr,
 ):
     """Persistent grouped matmul.
@@ -226,6 +272,7 @@ def grouped_matmul_kernel(
         if B_SCALE_LAYOUT == "128x4":
             b_scale_rows = _tile_scale_row_base(expert * tl.cdiv(N, 128) + b_rows // 128, b_rows % 128,
                                                 K // B_SCALE_BLOCK)
+        up_scale_rows = b_scale_rows
         if EPILOGUE == "swiglu":  # B's rows are [gate | up]: the up rows sit n_out further
             up_rows = cols + n_out
             up_row_offsets = expert * stride_b_expert + up_rows * stride_b_row
@@ -239,45 +286,37 @@ def grouped_matmul_kernel(
         else:
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         up_acc = acc
-        # Scales are byte-wide loads that Triton 3.6 does not software-pipeline: with PREFETCH_SCALES
-        # each K step's scales are loaded one step ahead, into registers, so that their latency hides
-        # behind a whole step of decode and MMA (the last step's prefetch is masked off: no access).
-        # Without it (the ablation's baseline) each step loads its own scales, as before.
-        a_scale_next = _load_scales_if(a_scales_ptr, a_scale_rows, row_mask, 0, K,
-                                       A_SCALE, A_SCALE_BLOCK, A_SCALE_LAYOUT, BLOCK_K)
-        b_scale_next = _load_scales_if(b_scales_ptr, b_scale_rows, col_mask, 0, K,
-                                       B_SCALE, B_SCALE_BLOCK, B_SCALE_LAYOUT, BLOCK_K)
-        up_scale_next = b_scale_next
-        if EPILOGUE == "swiglu":
-            up_scale_next = _load_scales_if(b_scales_ptr, up_scale_rows, col_mask, 0, K,
-                                            B_SCALE, B_SCALE_BLOCK, B_SCALE_LAYOUT, BLOCK_K)
+        # Byte-wide scale loads are not software-pipelined by Triton 3.6 (word loads are, SCALE_WORDS):
+        # with PREFETCH_SCALES each K step's scales are loaded one step ahead, into registers, so that
+        # their latency hides behind a step of decode and MMA (the prefetch past K is masked off).
+        # Without it (the ablation's baseline) each step loads its own scales.
+        if PREFETCH_SCALES:
+            a_scale_next, b_scale_next, up_scale_next = _step_scales(
+                a_scales_ptr, a_scale_rows, row_mask, b_scales_ptr, b_scale_rows, up_scale_rows, col_mask, 0, K,
+                A_SCALE, A_SCALE_BLOCK, A_SCALE_LAYOUT, B_SCALE, B_SCALE_BLOCK, B_SCALE_LAYOUT, EPILOGUE,
+                SCALE_WORDS, BLOCK_K)
         for k_tile in range(0, tl.where(expert_ok, num_k_tiles, 0)):
             k_start = k_tile * BLOCK_K
-            scale_start = k_start + BLOCK_K if PREFETCH_SCALES else k_start
-            a_scale_bits = a_scale_next
-            b_scale_bits = b_scale_next
-            up_scale_bits = up_scale_next
-            a_scale_next = _load_scales_if(a_scales_ptr, a_scale_rows, row_mask, scale_start, K,
-                                           A_SCALE, A_SCALE_BLOCK, A_SCALE_LAYOUT, BLOCK_K)
-            b_scale_next = _load_scales_if(b_scales_ptr, b_scale_rows, col_mask, scale_start, K,
-                                           B_SCALE, B_SCALE_BLOCK, B_SCALE_LAYOUT, BLOCK_K)
-            if EPILOGUE == "swiglu":
-                up_scale_next = _load_scales_if(b_scales_ptr, up_scale_rows, col_mask, scale_start, K,
-                                                B_SCALE, B_SCALE_BLOCK, B_SCALE_LAYOUT, BLOCK_K)
-            if not PREFETCH_SCALES:  # this step's own scales, just loaded
-                a_scale_bits = a_scale_next
-                b_scale_bits = b_scale_next
-                up_scale_bits = up_scale_next
+            loaded = _step_scales(
+                a_scales_ptr, a_scale_rows, row_mask, b_scales_ptr, b_scale_rows, up_scale_rows, col_mask,
+                k_start + BLOCK_K if PREFETCH_SCALES else k_start, K,
+                A_SCALE, A_SCALE_BLOCK, A_SCALE_LAYOUT, B_SCALE, B_SCALE_BLOCK, B_SCALE_LAYOUT, EPILOGUE,
+                SCALE_WORDS, BLOCK_K)
+            if PREFETCH_SCALES:
+                a_scale_bits, b_scale_bits, up_scale_bits = a_scale_next, b_scale_next, up_scale_next
+                a_scale_next, b_scale_next, up_scale_next = loaded
+            else:  # this step's own scales, just loaded
+                a_scale_bits, b_scale_bits, up_scale_bits = loaded
             a_data = _load_data(a_ptr, a_row_offsets, row_mask, k_start, K, A_ELEMENT, BLOCK_K)
             b_data = _load_data(b_ptr, b_row_offsets, col_mask, k_start, K, B_ELEMENT, BLOCK_K)
             acc = _mma_step(acc, a_data, a_scale_bits, b_data, b_scale_bits,
                             A_ELEMENT, A_SCALE, A_SCALE_BLOCK, B_ELEMENT, B_SCALE, B_SCALE_BLOCK,
-                            USE_DOT_SCALED, SWAP_AB, BLOCK_M, BLOCK_N, BLOCK_K, COMPUTE_DTYPE)
+                            USE_DOT_SCALED, SWAP_AB, BLOCK_M, BLOCK_N, BLOCK_K, COMPUTE_DTYPE, PACKED_DECODE)
             if EPILOGUE == "swiglu":
                 up_data = _load_data(b_ptr, up_row_offsets, col_mask, k_start, K, B_ELEMENT, BLOCK_K)
                 up_acc = _mma_step(up_acc, a_data, a_scale_bits, up_data, up_scale_bits,
                                    A_ELEMENT, A_SCALE, A_SCALE_BLOCK, B_ELEMENT, B_SCALE, B_SCALE_BLOCK,
-                                   USE_DOT_SCALED, SWAP_AB, BLOCK_M, BLOCK_N, BLOCK_K, COMPUTE_DTYPE)
+                                   USE_DOT_SCALED, SWAP_AB, BLOCK_M, BLOCK_N, BLOCK_K, COMPUTE_DTYPE, PACKED_DECODE)
 
         if SWAP_AB:
             acc = tl.trans(acc)
@@ -305,7 +344,7 @@ def grouped_matmul_kernel(
 def upcast_rows_kernel(
     data_ptr, scales_ptr, out_ptr, stride_data_row, stride_scale_row, stride_out_row, num_rows, K,
     ELEMENT: tl.constexpr, SCALE: tl.constexpr, SCALE_BLOCK: tl.constexpr, SCALE_LAYOUT: tl.constexpr,
-    BLOCK_ROWS: tl.constexpr, BLOCK_K: tl.constexpr,
+    PACKED_DECODE: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     """The grouped matmul's A pre-pass: quantized A ``[num_rows, K]`` (e4m3 data, or packed e2m1 bytes
     ``[num_rows, K / 2]``; ``"row"`` or ``"128x4"`` scales) → out ``[num_rows, K]`` in out's dtype,
@@ -319,8 +358,10 @@ def upcast_rows_kernel(
     if SCALE_LAYOUT == "128x4":
         scale_rows = _tile_scale_row_base(rows // 128, rows % 128, K // SCALE_BLOCK)
     data = _load_data(data_ptr, rows * stride_data_row, row_mask, k_start, K, ELEMENT, BLOCK_K)
-    scale_bits = _load_scales(scales_ptr, scale_rows, row_mask, k_start, K, SCALE, SCALE_BLOCK, SCALE_LAYOUT, BLOCK_K)
-    values = _dequantize(data, scale_bits, ELEMENT, SCALE, SCALE_BLOCK, BLOCK_ROWS, BLOCK_K, out_ptr.dtype.element_ty)
+    scale_bits = _load_scales(scales_ptr, scale_rows, row_mask, k_start, K, SCALE, SCALE_BLOCK, SCALE_LAYOUT, False,
+                              BLOCK_K)
+    values = _dequantize(data, scale_bits, ELEMENT, SCALE, SCALE_BLOCK, BLOCK_ROWS, BLOCK_K, out_ptr.dtype.element_ty,
+                         PACKED_DECODE)
     cols = k_start + tl.arange(0, BLOCK_K)
     tl.store(out_ptr + rows[:, None] * stride_out_row + cols[None, :], values,
              mask=row_mask[:, None] & (cols < K)[None, :])
