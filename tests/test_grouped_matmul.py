@@ -110,6 +110,16 @@ def test_scale_loading_orders(formats, prefetch, words, device):
     _check(a, b.to_layout("128x4"), offsets, ids, scales, rows, config=config, epilogue="swiglu")
 
 
+@pytest.mark.parametrize("formats", [("mxfp8", "mxfp8"), ("bf16", "mxfp4"), ("nvfp4", "nvfp4")], ids="x".join)
+def test_register_cap(formats, device):
+    """max_registers (ptxas .maxnreg) may make the compiler spill; the products stay the same."""
+    x, w, offsets, ids, scales, rows = _problem("ragged", k=128, n=48, device=device)
+    config = lk.BlockScaledMatmulConfig(block_m=16, block_n=32, block_k=64, num_stages=2, num_warps=4,
+                                        max_registers=64)
+    _check(_make_operand(x, formats[0]), _make_operand(w, formats[1]), offsets, ids, scales, rows, config=config,
+           epilogue="swiglu")
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the packed decode is PTX: NVIDIA GPUs only")
 @pytest.mark.parametrize("formats", [("mxfp4", "mxfp4"), ("bf16", "mxfp4"), ("nvfp4", "nvfp4"), ("mxfp8", "mxfp4")],
                          ids="x".join)
@@ -318,7 +328,8 @@ def test_mixed_devices_raise():
 @pytest.mark.parametrize("field, value", [("block_m", 24), ("block_n", 512), ("block_k", 16), ("num_stages", 0),
                                           ("num_warps", 3), ("num_programs", 0), ("mma", "wgmma"),
                                           ("ab_swapped", 1), ("prefetch_scales", 1),
-                                          ("scale_words", 0), ("upcast_a", "yes"), ("packed_decode", 1)])
+                                          ("scale_words", 0), ("upcast_a", "yes"), ("packed_decode", 1),
+                                          ("max_registers", 300), ("max_registers", 64.0)])
 def test_config_validation(field, value):
     with pytest.raises(ValueError, match=field):
         lk.BlockScaledMatmulConfig(**{field: value})

@@ -1,5 +1,5 @@
 """Compile every default grouped-matmul config for a GPU architecture, without a GPU, and report
-shared memory and register spills against that GPU's limits.
+shared memory against that GPU's limits, with registers and stack (spill) bytes per thread.
 
     TRITON_INTERPRET=0 python tools/compile_defaults.py [--arch 90] [--smem-limit 232448]
 
@@ -79,7 +79,23 @@ def compile_one(pair, config, swiglu, arch, capability):
                        attrs=aligned)
     compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32),
                               options=dict(num_warps=config.num_warps, num_stages=config.num_stages))
-    return compiled.metadata.shared, compiled.asm["ptx"].count("st.local")
+    return compiled.metadata.shared, _registers_and_stack(compiled.asm["cubin"])
+
+
+def _registers_and_stack(cubin: bytes) -> tuple[int, int]:
+    """Registers per thread and stack bytes per thread (ptxas spills land on the stack) of a cubin,
+    read with cuobjdump; PTX shows no ptxas spills."""
+    import re
+    import subprocess
+    import tempfile
+
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as file:
+        file.write(cubin)
+        file.flush()
+        usage = subprocess.run([tool, "-res-usage", file.name], capture_output=True, text=True, check=True).stdout
+    match = re.search(r"REG:(\d+) STACK:(\d+)", usage)
+    return int(match.group(1)), int(match.group(2))
 
 
 def main():
@@ -105,12 +121,12 @@ def main():
                     if (config, swiglu) in seen:
                         continue
                     seen.add((config, swiglu))
-                    shared, spills = compile_one(pair, config, swiglu, args.arch, args.arch // 10)
+                    shared, (registers, stack) = compile_one(pair, config, swiglu, args.arch, args.arch // 10)
                     fits = shared <= args.smem_limit
                     failures += not fits
                     print(f"{pair:12s} swiglu {swiglu!s:5s} {config.block_m}x{config.block_n}x{config.block_k} "
                           f"s{config.num_stages} w{config.num_warps} mma={config.mma:8s} swap={config.ab_swapped!s:5s} "
-                          f"shared {shared:6d} spill-stores {spills:3d} {'ok' if fits else 'DOES NOT FIT'}",
+                          f"shared {shared:6d} registers {registers:3d} stack {stack:4d} {'ok' if fits else 'DOES NOT FIT'}",
                           flush=True)
     sys.exit(1 if failures else 0)
 

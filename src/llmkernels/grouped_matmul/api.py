@@ -344,4 +344,5 @@ def _launch(a_op, b_op, out, a_offsets, a_scale_offsets, expert_ids, expert_scal
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         BLOCK_GROUPS=max(16, next_power_of_2(num_groups)),
         num_warps=config.num_warps, num_stages=config.num_stages,
+        **({} if config.max_registers is None else {"maxnreg": config.max_registers}),
     )

@@ -55,9 +55,12 @@ class BlockScaledMatmulConfig:
 
     Switches of the ``dequant`` path: ``prefetch_scales`` loads each K step's block scales one step
     ahead; ``scale_words`` reads them as int32 words of four scale columns where alignment allows
-    (``K`` and ``block_k`` multiples of four scale blocks), which Triton pipelines with the data; ``upcast_a`` decodes a quantized A once, in a pre-pass, and multiplies bf16 × B;
+    (``K`` and ``block_k`` multiples of four scale blocks), which Triton pipelines with the data;
+    ``upcast_a`` decodes a quantized A once, in a pre-pass, and multiplies bf16 × B;
     ``packed_decode`` decodes e2m1 bytes to bf16 pairs with packed PTX (``prmt`` lookups and bf16x2
     ``fma``) on NVIDIA GPUs, where ``False`` takes the float32 decode (the interpreter always does).
+    ``max_registers`` caps the registers per thread (ptxas ``.maxnreg``) so that more programs fit
+    on an SM, at the price of spills; ``None`` leaves it to the compiler.
 
     Raises ``ValueError`` on construction when a field is out of range.
     """
@@ -74,6 +77,7 @@ class BlockScaledMatmulConfig:
     scale_words: bool = False
     upcast_a: bool = False
     packed_decode: bool = True
+    max_registers: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n"):
@@ -91,6 +95,9 @@ class BlockScaledMatmulConfig:
         for name in ("ab_swapped", "prefetch_scales", "scale_words", "upcast_a", "packed_decode"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        if self.max_registers is not None and (not isinstance(self.max_registers, int)
+                                               or not 24 <= self.max_registers <= 255):
+            raise ValueError(f"max_registers must be None or an int in [24, 255], got {self.max_registers!r}")
         if self.mma not in MMA_PATHS:
             raise ValueError(f"mma must be one of {MMA_PATHS}, got {self.mma!r}")
 
