@@ -12,7 +12,8 @@ from llmkernels.attention import api as attention_api
 from llmkernels.attention.api import attention
 from llmkernels.attention.config import FA4Config
 from llmkernels.attention.kernel import exp2_poly
-from llmkernels.attention.masks import Chunked, SlidingWindow, alibi, softcap
+from llmkernels.attention import config as attention_config
+from llmkernels.attention.masks import Chunked, SlidingWindow, alibi, resolve_mask, softcap
 from llmkernels.attention.paged import PagedKVCache
 from llmkernels.attention.reference import _paged_to_dense, attention_reference
 
@@ -123,6 +124,29 @@ def test_short_and_empty_sequences(device, seqlens):
 def test_default_config_and_scale(device):
     q, k, v = _qkv(1, 24, 24, 4, 2, 32, torch.bfloat16, device)
     _check(q, k, v, causal=True, softmax_scale=0.3, what="default config")
+
+
+@pytest.mark.parametrize("causal, mask, band", [
+    (False, None, None), (True, None, None), (False, SlidingWindow(100, 27), 128), (True, SlidingWindow(63, -1), 64),
+    (False, SlidingWindow(-1, 5), None), (True, Chunked(256), 256), (False, (SlidingWindow(500, 500), Chunked(64)), 64)])
+def test_visible_band_of_masks(causal, mask, band):
+    assert resolve_mask(causal, mask).visible_band == band
+
+
+def test_hopper_defaults_narrow_tiles_for_short_windows(monkeypatch):
+    """On sm90 a D=128 prefill whose queries see at most 4096 keys takes 64 x 64 tiles; wider bands, other
+    head dims and decode keep their tiles."""
+    monkeypatch.setattr(attention_config, "cuda_capability", lambda device: (9, 0))
+    default = attention_config.default_config.__wrapped__
+    device = torch.device("cuda", 0)
+    wide = default(128, torch.bfloat16, device)
+    assert (wide.BM, wide.BN) == (128, 128)
+    assert default(128, torch.bfloat16, device, visible_band=8193) == wide
+    narrow = default(128, torch.bfloat16, device, visible_band=4096)
+    assert (narrow.BM, narrow.BN, narrow.num_warps) == (64, 64, 4)
+    assert default(64, torch.bfloat16, device, visible_band=128) == default(64, torch.bfloat16, device)
+    assert default(128, torch.bfloat16, device, decode=True, visible_band=128) == default(
+        128, torch.bfloat16, device, decode=True)
 
 
 def test_strided_inputs(device):

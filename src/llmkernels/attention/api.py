@@ -381,7 +381,8 @@ def attention(
         num_splits is None and q_bound <= decode_mod.MAX_DECODE_QUERIES)
     if config is None:
         config = default_config(head_dim, q.dtype, device, decode=split_path,
-                                num_q_heads=num_q_heads, num_kv_heads=num_kv_heads)
+                                num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
+                                visible_band=mask_spec.visible_band)
     head_dim_pad = next_power_of_2(head_dim)
     block_n = config.BN
     if split_path:

@@ -136,6 +136,16 @@ class MaskSpec:
     chunk_size: int = 1
     mask_mod: object = None
 
+    @property
+    def visible_band(self) -> int | None:
+        """The most keys one query can see under the window and chunk (None: not bounded by them)."""
+        band = None
+        if self.has_window and max(self.window_left, self.window_right) < UNBOUNDED:
+            band = self.window_left + self.window_right + 1
+        if self.has_chunk:
+            band = self.chunk_size if band is None else min(band, self.chunk_size)
+        return band
+
 
 @dataclass(frozen=True)
 class ScoreModSpec:
