@@ -30,7 +30,7 @@ TOKENS_PER_EXPERT = (16, 64, 512)
 PAIRS = {"bf16": ("bf16", "bf16"), "mxfp8": ("mxfp8", "mxfp8"), "bf16 x mxfp4": ("bf16", "mxfp4")}
 ELEMENT = {"bf16": "bf16", "mxfp8": "e4m3", "mxfp4": "e2m1"}
 C = BlockScaledMatmulConfig
-# SwiGLU candidates per (pair, regime): (block_m, block_n, block_k, stages, warps, two per SM, swap[, upcast_a])
+# SwiGLU candidates per (pair, regime): (block_m, block_n, block_k, stages, warps, two per SM, swap[, upcast_a[, mma]])
 CANDIDATES = {
     ("bf16", "decode"): [(16, 128, 128, 2, 4, True, True), (16, 128, 128, 3, 4, False, True)],
     ("mxfp8", "decode"): [(16, 128, 256, 2, 4, True, False), (16, 128, 128, 4, 4, True, False)],
@@ -39,7 +39,10 @@ CANDIDATES = {
     ("mxfp8", "compute"): [(128, 128, 128, 3, 8, False, False, True), (256, 64, 64, 3, 8, False, False, True),
                            (128, 128, 64, 4, 8, False, False, True), (256, 64, 128, 2, 8, False, False, True)],
     ("bf16 x mxfp4", "compute"): [(128, 128, 128, 3, 8, False, False), (256, 64, 64, 3, 8, False, False),
-                                  (128, 128, 64, 4, 8, False, False)],
+                                  (128, 128, 64, 4, 8, False, False),
+                                  (256, 64, 64, 3, 8, False, False, False, "dequant"),
+                                  (128, 128, 128, 3, 8, False, False, False, "dequant"),
+                                  (128, 128, 64, 4, 8, False, False, False, "dequant")],
 }
 
 
@@ -70,12 +73,12 @@ def main():
                 times = {}
                 regime = "decode" if t <= 64 else "compute"
                 variants = [(None, None), ("swiglu", None)]
-                if t in (16, 512):
-                    for bm, bn, bk, stages, warps, two, swap, *upcast in CANDIDATES.get((pair, regime), []):
+                if t <= 16 or t > 64:
+                    for bm, bn, bk, stages, warps, two, swap, *extra in CANDIDATES.get((pair, regime), []):
                         programs = 2 * num_programs_hint(a.device) if two else None
-                        mma = "dequant" if regime == "decode" else "auto"
+                        mma = extra[1] if len(extra) > 1 else "dequant" if regime == "decode" else "auto"
                         variants.append(("swiglu", C(bm, bn, bk, stages, warps, programs, mma, swap,
-                                                     upcast_a=bool(upcast and upcast[0]))))
+                                                     upcast_a=bool(extra and extra[0]))))
                 for epilogue, config in variants:
                     run = lambda: lk.grouped_matmul(a, b, offsets, ids, epilogue=epilogue, config=config)  # noqa: E731
                     error = relative_error(run(), lk.grouped_matmul_reference(a, b, offsets, ids, epilogue=epilogue))
@@ -96,7 +99,7 @@ def main():
                                  "tile": f"{config.block_m}x{config.block_n}x{config.block_k} s{config.num_stages} "
                                          f"w{config.num_warps}{' 2/SM' if config.num_programs else ''}"
                                          f"{' swap' if config.ab_swapped else ''}"
-                                         f"{' upcast' if config.upcast_a else ''}",
+                                         f"{' upcast' if config.upcast_a else ''} {config.mma}",
                                  "rel err": error})
                     print(rows[-1], flush=True)
         del weight

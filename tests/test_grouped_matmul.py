@@ -325,6 +325,23 @@ def test_mixed_devices_raise():
         lk.grouped_matmul(x, w, torch.tensor([0, 4], dtype=torch.int32), torch.tensor([0], dtype=torch.int32))
 
 
+def test_hopper_compute_defaults(monkeypatch):
+    """The measured Hopper choices that the host makes: SwiGLU over e2m1 weights decodes in registers,
+    the plain e2m1 product keeps dot_scaled, NVFP4 reads its scales as words, e4m3 decode tiles run
+    three programs per SM."""
+    monkeypatch.setattr(gm_config, "cuda_capability", lambda device: (9, 0))
+    monkeypatch.setattr(gm_config, "interpreting", lambda: False)
+    monkeypatch.setattr(gm_config, "num_programs_hint", lambda device: 132)
+    device = torch.device("cuda", 0)
+    compute = dict(num_tokens=8 * 2048, num_groups=8, n_out=4096, k=7168, device=device)
+    plain = gm_config.default_config(**compute, a_element="bf16", b_element="e2m1")
+    swiglu = gm_config.default_config(**compute, a_element="bf16", b_element="e2m1", swiglu=True)
+    assert (plain.block_m, plain.mma) == (256, "auto") and (swiglu.block_n, swiglu.mma) == (64, "dequant")
+    assert gm_config.default_config(**compute, a_element="e2m1", b_element="e2m1", b_scale_block=16).scale_words
+    decode = gm_config.default_config(128 * 16, 128, 4096, 7168, device, "e4m3", "e4m3")
+    assert (decode.block_n, decode.num_programs, decode.mma) == (64, 3 * 132, "dequant")
+
+
 @pytest.mark.parametrize("field, value", [("block_m", 24), ("block_n", 512), ("block_k", 16), ("num_stages", 0),
                                           ("num_warps", 3), ("num_programs", 0), ("mma", "wgmma"),
                                           ("ab_swapped", 1), ("prefetch_scales", 1),
