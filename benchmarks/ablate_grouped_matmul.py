@@ -2,6 +2,10 @@
 
     python benchmarks/ablate_grouped_matmul.py [--out DIR] [--formats mxfp8,mxfp4] [--budget-s 240]
         [--tiles list|default] [--mma ...] [--swap 0,1] [--prefetch 0,1] [--words 0,1] [--upcast 0,1] [--packed 0,1]
+        [--maxnreg 0,168] [--per-sm 2,3]
+
+Switches left out take default_config's value for the problem (``--prefetch``, ``--words``, ``--upcast``,
+``--mma``, ``--swap``); ``--tiles default`` with ``--per-sm`` varies only the programs per SM.
 
 Every variant is checked against the reference (relative error printed) before it is timed; each
 regime also times ``torch._grouped_mm`` in bf16 on the same problem (the `vs _grouped_mm` column).

@@ -17,8 +17,15 @@ def decode_e2m1(codes):
     return bits.to(tl.float32, bitcast=True) * 8.507059173023462e37  # 2^126
 
 
-# bf16 bits of the e2m1 magnitudes 0, 0.5, 1, 1.5 (word 0) and 2, 3, 4, 6 (word 1): high bytes in the
-# "hi" pair, low bytes in the "lo" pair, byte c of a pair being code c (prmt's 8-byte lookup table).
+# Operands: $4 holds four packed bytes (eight e2m1 codes, low nibble first), $5 / $6 the bf16 scales of
+# bytes 0-1 / 2-3; outputs $0 / $1 are the even elements of bytes 0-1 / 2-3 as bf16 pairs, $2 / $3 the
+# odd ones. th* / tl* are prmt's 8-byte lookup tables: byte c holds the high (th) or low (tl) byte of the
+# bf16 value of magnitude code c (0, 0.5, 1, 1.5 in word 0; 2, 3, 4, 6 in word 1). The lookups use the
+# sign-cleared nibbles as selectors; selectors 0x6240 / 0x7351 pair low and high bytes into the even /
+# odd bf16 lanes; 0x1100 / 0x3322 copy bytes 0-1 / 2-3 so that a nibble's sign bit lands on bit 15 or 31
+# (the odd one directly, the even one after a shift by 4), and lop3 (a | b & c, 0xF8) ORs it in. The
+# results go through temporaries: an output register may be one of the inputs, so none is written
+# before every input has been read.
 _E2M1_TO_BF16X2_PTX = tl.constexpr("""
 {
 .reg .b32 th0, th1, tl0, tl1, minus_zero, mag, mag_hi, hi0, lo0, hi1, lo1, e01, e23, o01, o23, s01, s23, t01, t23;
