@@ -50,15 +50,15 @@ def problem_rows(seqlen: int, heads: int, kv_heads: int, head_dim: int, flex: bo
                 times[peer] = (None, "not run")
                 continue
             times[peer] = run_peer(peer, q_t, k_t, v_t, causal, expected)
+        ours_ms = times["llmkernels"][0]
+        peer_ms = {name: times[name][0] for name in ("sdpa_cudnn", "sdpa_flash", "flex")}
         for system, (ms, note) in times.items():
             tflops = flops / ms / 1e9 if ms else float("nan")
-            peer_ms = {name: times[name][0] for name in ("sdpa_cudnn", "sdpa_flash", "flex")}
             rows.append({
                 "seqlen": seqlen, "batch": batch, "heads": f"{heads}/{kv_heads}", "head_dim": head_dim,
                 "causal": causal, "system": system, "ms": ms if ms else float("nan"), "TFLOP/s": tflops,
                 "% bf16 peak": 100 * tflops / bf16_tflops,
-                **{f"llmk vs {name}": (peer / times["llmkernels"][0]
-                                       if system == "llmkernels" and peer and times["llmkernels"][0] else "")
+                **{f"llmk vs {name}": peer / ours_ms if system == "llmkernels" and peer and ours_ms else ""
                    for name, peer in peer_ms.items()},
                 "note": note,
             })

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
+import subprocess
 import sys
+import tempfile
 
 os.environ["TRITON_INTERPRET"] = "0"
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
@@ -51,8 +54,8 @@ def compile_one(pair, config, swiglu, arch, capability):
         B_ELEMENT=b_el, B_SCALE=b_sc, B_SCALE_BLOCK=b_blk, B_SCALE_LAYOUT="row",
         A_GLOBAL_SCALE=a_global, B_GLOBAL_SCALE=b_sc == "e4m3",
         HAS_EXPERT_SCALES=True, EPILOGUE="swiglu" if swiglu else "none", EPILOGUE_FN=None,
-        USE_DOT_SCALED=dot_scaled, SWAP_AB=config.ab_swapped, PREFETCH_SCALES=config.prefetch_scales, SCALE_WORDS=config.scale_words,
-        PACKED_DECODE=config.packed_decode,
+        USE_DOT_SCALED=dot_scaled, SWAP_AB=config.ab_swapped, PREFETCH_SCALES=config.prefetch_scales,
+        SCALE_WORDS=config.scale_words, PACKED_DECODE=config.packed_decode,
         COMPUTE_DTYPE=tl.bfloat16,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, BLOCK_GROUPS=16)
     signature = {}
@@ -85,10 +88,6 @@ def compile_one(pair, config, swiglu, arch, capability):
 def _registers_and_stack(cubin: bytes) -> tuple[int, int]:
     """Registers per thread and stack bytes per thread (ptxas spills land on the stack) of a cubin,
     read with cuobjdump; PTX shows no ptxas spills."""
-    import re
-    import subprocess
-    import tempfile
-
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as file:
         file.write(cubin)
