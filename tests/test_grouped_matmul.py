@@ -296,7 +296,7 @@ def _bad_input_cases(device):
         (ValueError, "expert_scales must have shape", dict(ok, expert_scales=torch.ones(3, device=device))),
         (TypeError, "expert_scales must be", dict(ok, expert_scales=torch.ones(2, device=device, dtype=torch.float16))),
         (ValueError, "epilogue must be", dict(ok, epilogue="relu")),
-        (ValueError, "out must be", dict(ok, out=torch.empty(8, 31, device=device, dtype=torch.bfloat16))),
+        (ValueError, "out must have shape", dict(ok, out=torch.empty(8, 31, device=device, dtype=torch.bfloat16))),
         (TypeError, "out_dtype", dict(ok, out_dtype=torch.int32)),
         (ValueError, "even N", dict(ok, b=lk.quantize(torch.randn(2, 33, 64, device=device), "mxfp8"),
                                     epilogue="swiglu")),

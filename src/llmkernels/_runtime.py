@@ -6,7 +6,8 @@ import os
 
 import torch
 
-__all__ = ["interpreting", "check_device", "num_programs_hint", "cdiv", "next_power_of_2"]
+__all__ = ["interpreting", "check_device", "forward_only", "check_out", "new_buffer", "num_programs_hint", "cdiv",
+           "next_power_of_2"]
 
 
 @torch.compiler.assume_constant_result  # a process-wide setting: a constant to torch.compile
@@ -47,6 +48,79 @@ def check_device(**tensors: torch.Tensor | None) -> torch.device:
             "interpreter (set TRITON_INTERPRET=1 before importing llmkernels)"
         )
     return device
+
+
+def forward_only(function: str, **tensors: torch.Tensor | None) -> None:
+    """Raises ``ValueError`` naming the first input that requires grad while grad mode is on.
+
+    The kernels have no backward: returning an output that silently drops the gradient would make a
+    training step learn nothing without a word. Under ``torch.no_grad()`` / ``torch.inference_mode()``
+    (or with ``.detach()``-ed inputs) the call runs.
+    """
+    if not torch.is_grad_enabled():
+        return
+    for name, tensor in tensors.items():
+        if isinstance(tensor, torch.Tensor) and tensor.requires_grad:
+            raise ValueError(
+                f"{name} requires grad, but {function} is forward-only (no autograd): call it under "
+                f"torch.no_grad() / torch.inference_mode(), or pass {name}.detach()")
+
+
+def has_internal_overlap(tensor: torch.Tensor) -> bool:
+    """True when two elements of ``tensor`` share memory (a zero stride, or strides that interleave).
+
+    Sorted by stride, each dimension must step past everything the smaller ones span; that is exact
+    for the layouts PyTorch's views make and conservative for exotic ``as_strided`` ones.
+    """
+    extent = 1  # elements spanned by the dimensions seen so far
+    for stride, size in sorted((s, n) for n, s in zip(tensor.shape, tensor.stride()) if n > 1):
+        if stride < extent:
+            return True
+        extent += stride * (size - 1)
+    return False
+
+
+def _byte_range(tensor: torch.Tensor) -> tuple[int, int]:
+    start = tensor.storage_offset() * tensor.element_size()
+    span = sum((n - 1) * s for n, s in zip(tensor.shape, tensor.stride())) + 1
+    return start, start + span * tensor.element_size()
+
+
+def shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """True when the storage bytes spanned by ``a`` and ``b`` intersect (conservative for interleaved views)."""
+    if a.numel() == 0 or b.numel() == 0 or a.device != b.device:
+        return False
+    if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
+        return False
+    (a_start, a_end), (b_start, b_end) = _byte_range(a), _byte_range(b)
+    return a_start < b_end and b_start < a_end
+
+
+def check_out(out, shape: tuple, dtype: torch.dtype, **inputs: torch.Tensor | None) -> None:
+    """Checks an ``out=`` argument: a tensor of ``shape`` and ``dtype`` (any strides) whose elements do not
+    overlap each other (no zero strides) nor any of ``inputs``.
+
+    Raises:
+        TypeError: out is not a tensor, or has another dtype.
+        ValueError: another shape, overlapping elements, or memory shared with an input (named).
+    """
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"out must be a torch.Tensor or None, got {type(out).__name__}")
+    if out.dtype != dtype:
+        raise TypeError(f"out must be {dtype}, got {out.dtype}")
+    if tuple(out.shape) != tuple(shape):
+        raise ValueError(f"out must have shape {tuple(shape)}, got {tuple(out.shape)}")
+    if has_internal_overlap(out):
+        raise ValueError(f"out has elements that share memory (strides {out.stride()}, e.g. an expanded view): "
+                         "its rows would race")
+    for name, tensor in inputs.items():
+        if isinstance(tensor, torch.Tensor) and shares_memory(out, tensor):
+            raise ValueError(f"out shares memory with {name}: the kernel would read what it overwrites")
+
+
+def new_buffer(shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Every buffer a kernel writes is allocated here (tests replace it with guarded, poisoned buffers)."""
+    return torch.empty(shape, dtype=dtype, device=device)
 
 
 @functools.lru_cache(maxsize=None)

@@ -7,8 +7,9 @@ import math
 import torch
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from .._runtime import (cdiv, check_device, cuda_capability, first_bad_prefix_sum, first_true, interpreting,
-                        next_power_of_2, num_programs_hint)
+from .. import _runtime
+from .._runtime import (cdiv, check_device, cuda_capability, first_bad_prefix_sum, first_true, forward_only,
+                        interpreting, next_power_of_2, num_programs_hint)
 from . import decode as decode_mod
 from .config import SUPPORTED_HEAD_DIMS, FA4Config, default_config
 from .kernel import attention_fwd_kernel
@@ -108,7 +109,7 @@ def _validate_metadata_on_host(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, m
 
 def _empty(shape, dtype, device) -> torch.Tensor:
     """Every buffer the kernels write (outputs and split partials); tests replace it to poison them."""
-    return torch.empty(shape, dtype=dtype, device=device)
+    return _runtime.new_buffer(shape, dtype, device)
 
 
 _DUMMIES: dict = {}
@@ -120,6 +121,11 @@ def _dummy(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     if key not in _DUMMIES:
         _DUMMIES[key] = torch.zeros(1, dtype=dtype, device=device)
     return _DUMMIES[key]
+
+
+def _unit_last_stride(x: torch.Tensor) -> torch.Tensor:
+    """x itself when its last dim is unit-stride (the kernels take every other stride), else a contiguous copy."""
+    return x if x.stride(-1) == 1 or x.shape[-1] <= 1 else x.contiguous()
 
 
 def _tma_capable(device: torch.device) -> bool:
@@ -335,6 +341,8 @@ def attention(
         k_pages=kv_cache.k_pages if paged else None,
         block_table=kv_cache.block_table if paged else None,
         seqlens=kv_cache.seqlens if paged else None)
+    forward_only("attention", q=q, k=k, v=v, sinks=sinks, alibi_slopes=mod_spec.slopes,
+                 k_pages=kv_cache.k_pages if paged else None, v_pages=kv_cache.v_pages if paged else None)
 
     if validate:
         _validate_metadata_on_host(q, k, cu_seqlens_q, cu_seqlens_k if not paged else None,
@@ -356,12 +364,28 @@ def attention(
             kv_cache.block_table if paged else None, kv_cache.seqlens if paged else None, num_splits, return_lse)
         return result if return_lse else result[0]
 
+    # ---------------------------------------------------------------- any strides
+    # Token / head / batch strides of q, k, v and the pages go to the kernel (zero ones included); a
+    # head dim that is not unit-stride is copied. The kernel reads metadata vectors as dense: views of
+    # other strides are copied (a few bytes, no sync).
+    q = _unit_last_stride(q)
+    if paged:
+        k_pages, v_pages = _unit_last_stride(kv_cache.k_pages), _unit_last_stride(kv_cache.v_pages)
+        block_table = kv_cache.block_table
+        if block_table.stride(1) != 1:
+            block_table = block_table.contiguous()
+        parts = (k_pages, v_pages, block_table, kv_cache.seqlens.contiguous())
+        if any(new is not old for new, old in zip(parts, (kv_cache.k_pages, kv_cache.v_pages, kv_cache.block_table,
+                                                          kv_cache.seqlens))):
+            kv_cache = PagedKVCache(*parts)
+    else:
+        k, v = _unit_last_stride(k), _unit_last_stride(v)
+    cu_seqlens_q = cu_seqlens_q.contiguous() if cu_seqlens_q is not None else None
+    cu_seqlens_k = cu_seqlens_k.contiguous() if cu_seqlens_k is not None else None
+    sinks = sinks.contiguous() if sinks is not None else None
+    alibi_slopes = mod_spec.slopes.contiguous() if mod_spec.slopes is not None else None
+
     # ---------------------------------------------------------------- shapes and outputs
-    if q.stride(-1) != 1:
-        q = q.contiguous()
-    if not paged:
-        k = k if k.stride(-1) == 1 else k.contiguous()
-        v = v if v.stride(-1) == 1 else v.contiguous()
     if ragged:
         total_q = q.shape[0]
         q_bound = total_q if max_seqlen_q is None else min(max_seqlen_q, total_q)
@@ -411,8 +435,6 @@ def attention(
         stride_k = (k_arg.stride(0), k_arg.stride(1), k_arg.stride(2))
         stride_v = (v_arg.stride(0), v_arg.stride(1), v_arg.stride(2))
         block_table = kv_cache.block_table
-        if block_table.stride(1) != 1:
-            block_table = block_table.contiguous()
         seqlens_k, stride_block_table, seqlen_k_dense = kv_cache.seqlens, block_table.stride(0), 0
         page_size, num_pages = kv_cache.page_size, kv_cache.num_pages
         paged_seqlen_bound = kv_cache.max_seqlen_bound if num_pages > 0 else 0  # no pages: no keys
@@ -467,7 +489,7 @@ def attention(
         seqlens_k if paged else int_dummy,
         block_table,
         sinks if sinks is not None else float_dummy,
-        mod_spec.slopes if mod_spec.slopes is not None else float_dummy,
+        alibi_slopes if alibi_slopes is not None else float_dummy,
         *(kv_descriptors or (k_arg, v_arg)),
         stride_qb, stride_qs, stride_qh,
         *stride_k, *stride_v,

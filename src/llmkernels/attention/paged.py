@@ -22,7 +22,8 @@ class PagedKVCache:
             Entries past a sequence's last page are never read.
         seqlens: int32 ``[B]``: keys of sequence b in the cache, the new tokens included.
 
-    The tensors are checked for shape, dtype and device here; their contents (page indices in range,
+    Every tensor may be any view (strided, expanded, offset; pages whose head dim is not unit-stride are
+    copied by :func:`attention`). The tensors are checked for shape, dtype and device here; their contents (page indices in range,
     ``0 <= seqlens[b] <= max_pages * page_size``) are the caller's contract and are not read on the host
     (``attention(..., validate=True)`` checks them, with one sync). The kernels never trust them with an
     address: ``seqlens[b]`` is read clamped to ``[0, max_pages * page_size]`` (negative: no keys, a fully
@@ -55,8 +56,6 @@ class PagedKVCache:
         if k_pages.shape[1] not in SUPPORTED_PAGE_SIZES:
             raise ValueError(f"PagedKVCache page_size (k_pages.shape[1]) must be one of {SUPPORTED_PAGE_SIZES}, "
                              f"got {k_pages.shape[1]}")
-        if k_pages.stride(-1) != 1 or v_pages.stride(-1) != 1:
-            raise ValueError("PagedKVCache.k_pages / v_pages must have a contiguous last dim")
         if self.block_table.dtype != torch.int32 or self.block_table.dim() != 2:
             raise TypeError(f"PagedKVCache.block_table must be int32 [B, max_pages], got {self.block_table.dtype} "
                             f"{tuple(self.block_table.shape)}")

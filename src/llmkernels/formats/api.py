@@ -1,13 +1,16 @@
 """quantize(): checks its input and launches the Triton quantize kernel."""
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
 
-from .._runtime import check_device
+from .. import _runtime
+from .._runtime import check_device, forward_only
 from . import kernel
 from .reference import nvfp4_global_scale
-from .scaled_tensor import ScaledTensor
+from .scaled_tensor import SCALE_LAYOUTS, ScaledTensor
 from .spec import format_spec
 
 __all__ = ["quantize"]
@@ -44,15 +47,34 @@ def quantize(
     MX scales follow the OCP MX floor rule ``2^(floor(log2(amax)) - emax)``; elements round to
     nearest even and saturate. Same bits as :func:`llmkernels.formats.quantize_reference`.
 
+    Every tensor argument may be any view (strided, expanded, offset): the result equals that of its
+    contiguous copy. The nvfp4 ``global_scale`` is a device value and is not checked: it must be
+    positive and finite (0 or a negative scale gives NaN or sign-flipped codes).
+
     Raises:
-        TypeError: x is not a floating tensor of a supported dtype.
-        ValueError: unknown format, K not a multiple of the block, bad global_scale, device.
+        TypeError: x is not a floating tensor of a supported dtype; rows or group_offsets of another dtype.
+        ValueError: unknown format or scale_layout, K not a multiple of the block, bad global_scale,
+            group_offsets without ``scale_layout="128x4"`` or with x not 2D, tensors on different devices,
+            x or global_scale requiring grad (quantize is forward-only).
     """
     spec = format_spec(format)
     if not isinstance(x, torch.Tensor) or x.dtype not in _INPUT_DTYPES:
         raise TypeError(f"x must be a bf16, fp16 or fp32 tensor, got {getattr(x, 'dtype', type(x).__name__)}")
     if x.dim() < 1 or x.shape[-1] % spec.block:
         raise ValueError(f"x's last dim must be a multiple of {spec.block} for {format}, got shape {tuple(x.shape)}")
+    if scale_layout not in SCALE_LAYOUTS:
+        raise ValueError(f"scale_layout must be one of {SCALE_LAYOUTS}, got {scale_layout!r}")
+    if group_offsets is not None:
+        if scale_layout != "128x4":
+            raise ValueError("group_offsets pads 128x4 scales per group: it needs scale_layout='128x4'")
+        if (not isinstance(group_offsets, torch.Tensor) or group_offsets.dtype not in (torch.int32, torch.int64)
+                or group_offsets.dim() != 1 or group_offsets.numel() < 1):
+            raise TypeError(f"group_offsets must be an int32/int64 [G + 1] tensor, "
+                            f"got {getattr(group_offsets, 'dtype', type(group_offsets).__name__)}")
+        if (x.dim() if rows is None else 2) != 2:
+            raise ValueError(f"group_offsets needs a 2D x, got shape {tuple(x.shape)}")
+    elif scale_layout == "128x4" and x.dim() < 2:
+        raise ValueError(f"128x4 scales need an x of at least 2 dims, got shape {tuple(x.shape)}")
     if global_scale is not None:
         if not spec.has_global_scale:
             raise ValueError(f"global_scale is for nvfp4 only, not {format}")
@@ -64,7 +86,8 @@ def quantize(
                             f"got {getattr(rows, 'dtype', type(rows).__name__)}")
         if x.dim() != 2 or (x.shape[0] == 0 and rows.shape[0] > 0):
             raise ValueError(f"rows needs a 2D x with rows to pick from, got shape {tuple(x.shape)}")
-    check_device(x=x, global_scale=global_scale, rows=rows)
+    check_device(x=x, global_scale=global_scale, rows=rows, group_offsets=group_offsets)
+    forward_only("quantize", x=x, global_scale=global_scale)
     if torch.compiler.is_compiling():
         if rows is not None:  # the compiler sees a gather and the quantize op
             if spec.has_global_scale and global_scale is None:
@@ -80,14 +103,16 @@ def quantize(
         return result
 
     num_cols = x.shape[-1]
-    x2d = x.reshape(-1, num_cols)
-    if x2d.stride(-1) != 1:
+    x2d = x.reshape(math.prod(x.shape[:-1]), num_cols)  # a view where the strides allow it
+    if x2d.stride(-1) != 1 and num_cols > 1:
         x2d = x2d.contiguous()
+    if rows is not None:
+        rows = rows.contiguous()  # read as a dense vector
     out_rows_shape = tuple(x.shape[:-1]) if rows is None else (rows.shape[0],)
     num_rows = x2d.shape[0] if rows is None else rows.shape[0]
-    data = torch.empty((*out_rows_shape, num_cols // 2 if spec.packed else num_cols), dtype=spec.data_dtype,
-                       device=x.device)
-    scales = torch.empty((*out_rows_shape, num_cols // spec.block), dtype=torch.uint8, device=x.device)
+    data = _runtime.new_buffer((*out_rows_shape, num_cols // 2 if spec.packed else num_cols), spec.data_dtype,
+                               x.device)
+    scales = _runtime.new_buffer((*out_rows_shape, num_cols // spec.block), torch.uint8, x.device)
     if spec.has_global_scale:
         global_scale = nvfp4_global_scale(x) if global_scale is None else global_scale.float().reshape(())
     if num_rows > 0 and num_cols > 0:  # rows > 0 with an empty x was rejected above

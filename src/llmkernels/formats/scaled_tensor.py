@@ -44,6 +44,17 @@ class ScaledTensor:
     group_scale_offsets: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Checks that the parts fit together: dtypes, shapes, one device. Run at construction and again by
+        every kernel that reads the tensor (fields can be re-assigned, tensors resized in place), so that a
+        scale tensor too small for the data is an error, never a read past its end.
+
+        Raises:
+            TypeError: a part of the wrong type or dtype.
+            ValueError: shapes that do not fit, an unknown layout, parts on different devices.
+        """
         spec = self.spec
         if not isinstance(self.data, torch.Tensor) or self.data.dtype != spec.data_dtype:
             raise TypeError(f"{self.format} data must be a {spec.data_dtype} tensor, got {_describe(self.data)}")
@@ -63,6 +74,20 @@ class ScaledTensor:
         if grouped and (self.scale_layout != "128x4" or self.data.dim() != 2
                         or self.group_offsets is None or self.group_scale_offsets is None):
             raise ValueError("group_offsets and group_scale_offsets go together, on a 2D tensor with 128x4 scales")
+        if grouped:
+            offsets, scale_offsets = self.group_offsets, self.group_scale_offsets
+            if (not isinstance(offsets, torch.Tensor) or offsets.dtype not in (torch.int32, torch.int64)
+                    or offsets.dim() != 1 or offsets.numel() < 1):
+                raise TypeError(f"group_offsets must be an int32/int64 [G + 1] tensor, got {_describe(offsets)}")
+            if (not isinstance(scale_offsets, torch.Tensor) or scale_offsets.dtype != torch.int32
+                    or tuple(scale_offsets.shape) != (offsets.numel() - 1,)):
+                raise TypeError(f"group_scale_offsets must be an int32 [G] tensor with G = {offsets.numel() - 1}, "
+                                f"got {_describe(scale_offsets)}")
+        parts = {"data": self.data, "scales": self.scales, "global_scale": self.global_scale,
+                 "group_offsets": self.group_offsets, "group_scale_offsets": self.group_scale_offsets}
+        devices = {name: t.device for name, t in parts.items() if t is not None}
+        if len(set(devices.values())) > 1:
+            raise ValueError(f"ScaledTensor parts must share one device, got {devices}")
         self._check_scale_shape()
 
     def _check_scale_shape(self) -> None:

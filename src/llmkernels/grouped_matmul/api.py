@@ -7,8 +7,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .._runtime import (check_device, cuda_capability, first_bad_prefix_sum, first_true, interpreting, next_power_of_2,
-                        num_programs_hint)
+from .. import _runtime
+from .._runtime import (check_device, check_out, cuda_capability, first_bad_prefix_sum, first_true, forward_only,
+                        interpreting, next_power_of_2, num_programs_hint)
 from ..formats import ScaledTensor
 from . import kernel
 from .config import ALL_GROUP_SIZES, BlockScaledMatmulConfig, default_launches
@@ -40,32 +41,34 @@ class _Operand:
 
 
 def _operand(x, name: str, dims: int) -> _Operand:
+    """The kernel's view of ``a`` or ``b``. Any strides are accepted: a layout the kernel cannot address
+    (K not unit-stride, 128x4 scales not contiguous) is copied to a contiguous one."""
     if isinstance(x, ScaledTensor):
+        x.validate()
         if x.dim() != dims:
             raise ValueError(f"{name} must be {dims}D, got logical shape {tuple(x.shape)}")
         spec = x.spec
         layout = x.scale_layout
         if layout == "128x4" and x.group_offsets is not None:
             layout = "128x4_grouped"
-        data = x.data.view(torch.uint8)
-        if data.stride(-1) != 1:
-            raise ValueError(f"{name}.data must be contiguous along K")
+        data = _unit_last_stride(x.data.view(torch.uint8))
         scales = x.scales.view(torch.uint8)
-        if layout != "row" and not scales.is_contiguous():
-            raise ValueError(f"{name}.scales in the 128x4 layout must be contiguous")
-        if layout == "row" and scales.stride(-1) != 1:
-            raise ValueError(f"{name}.scales must be contiguous along K")
+        scales = _unit_last_stride(scales) if layout == "row" else scales.contiguous()
         return _Operand(data, scales, x.global_scale, spec.element, spec.scale, spec.block, layout, x.format)
     if isinstance(x, torch.Tensor):
         if x.dtype not in _PLAIN_DTYPES:
             raise TypeError(f"{name} must be a ScaledTensor or a bf16/fp16 tensor, got {x.dtype}")
         if x.dim() != dims:
             raise ValueError(f"{name} must be {dims}D, got shape {tuple(x.shape)}")
-        if x.stride(-1) != 1:
-            raise ValueError(f"{name} must be contiguous along K (its last dim)")
         element = _PLAIN_DTYPES[x.dtype]
-        return _Operand(x, None, None, element, "none", 1, "row", element)
+        return _Operand(_unit_last_stride(x), None, None, element, "none", 1, "row", element)
     raise TypeError(f"{name} must be a ScaledTensor or a torch.Tensor, got {type(x).__name__}")
+
+
+def _unit_last_stride(x: torch.Tensor) -> torch.Tensor:
+    """x itself when its last dim is unit-stride (other strides, zero ones included, are passed to the
+    kernel), else a contiguous copy."""
+    return x if x.stride(-1) == 1 or x.shape[-1] <= 1 else x.contiguous()
 
 
 def _check_format_pair(a: _Operand, b: _Operand) -> None:
@@ -201,6 +204,9 @@ def grouped_matmul(
     """
     a_op, b_op = _operand(a, "a", 2), _operand(b, "b", 3)
     _check_format_pair(a_op, b_op)
+    forward_only("grouped_matmul", a=a_op.data, a_scales=a_op.scales, a_global_scale=a_op.global_scale,
+                 b=b_op.data, b_scales=b_op.scales, b_global_scale=b_op.global_scale,
+                 expert_scales=expert_scales, out=out)
     num_tokens, k = a.shape
     num_experts, n, k_b = b.shape
     if k != k_b:
@@ -215,21 +221,25 @@ def grouped_matmul(
     if config is not None and not isinstance(config, BlockScaledMatmulConfig):
         raise TypeError(f"config must be a BlockScaledMatmulConfig, got {type(config).__name__}")
     a_scale_offsets = a.group_scale_offsets if isinstance(a, ScaledTensor) else None
-    device = check_device(a=a_op.data, b=b_op.data, a_offsets=a_offsets, expert_ids=expert_ids,
-                          expert_scales=expert_scales, out=out, a_scale_offsets=a_scale_offsets,
+    device = check_device(a=a_op.data, a_scales=a_op.scales, b=b_op.data, b_scales=b_op.scales, a_offsets=a_offsets,
+                          expert_ids=expert_ids, expert_scales=expert_scales, out=out, a_scale_offsets=a_scale_offsets,
                           a_global_scale=a_op.global_scale, b_global_scale=b_op.global_scale)
     if a_scale_offsets is not None and a_scale_offsets.numel() != num_groups:
         raise ValueError(f"a's group_scale_offsets has {a_scale_offsets.numel()} entries for {num_groups} groups")
+    if out is not None:
+        check_out(out, (num_tokens, n_out), out_dtype, a=a_op.data, a_scales=a_op.scales, b=b_op.data,
+                  b_scales=b_op.scales, a_offsets=a_offsets, expert_ids=expert_ids, expert_scales=expert_scales)
+    # The kernel reads the metadata as dense vectors: views of any strides are copied (a few bytes).
+    a_offsets, expert_ids = a_offsets.contiguous(), expert_ids.contiguous()
+    expert_scales = expert_scales.contiguous() if expert_scales is not None else None
+    a_scale_offsets = a_scale_offsets.contiguous() if a_scale_offsets is not None else None
     if torch.compiler.is_compiling() and out is None and config is None and not validate and epilogue_fn is None:
         from ..ops import grouped_matmul_op, scaled_tensor_parts  # an opaque node for the compiler
 
         return grouped_matmul_op(*scaled_tensor_parts(a), *scaled_tensor_parts(b)[:5], a_offsets, expert_ids,
                                  expert_scales, epilogue, out_dtype)
     if out is None:
-        out = torch.empty((num_tokens, n_out), dtype=out_dtype, device=device)
-    elif tuple(out.shape) != (num_tokens, n_out) or out.dtype != out_dtype or out.stride(-1) != 1:
-        raise ValueError(f"out must be a [{num_tokens}, {n_out}] {out_dtype} tensor contiguous along its last dim, "
-                         f"got {out.dtype} of shape {tuple(out.shape)}, strides {out.stride()}")
+        out = _runtime.new_buffer((num_tokens, n_out), out_dtype, device)
     if validate:
         _validate_metadata_on_host(a_offsets, expert_ids, num_tokens, num_experts,
                                    a if isinstance(a, ScaledTensor) else None)
@@ -245,6 +255,9 @@ def grouped_matmul(
                  for (launch_config, _, _), upcast in zip(launches, upcasts)]
     if num_tokens == 0 or num_groups == 0 or n_out == 0:
         return out
+    # The kernel stores unit-stride rows; another out gets the result through a copy of itself (rows
+    # outside every group keep their values).
+    target = _unit_last_stride(out)
 
     compute_dtype = tl.float16 if a_op.element == "fp16" else tl.bfloat16
     if interpreting():
@@ -261,9 +274,11 @@ def grouped_matmul(
                 decoded_a[dtype] = _upcast_rows(a_op, num_tokens, k, dtype, device,
                                                 _packed_decode(launch_config, dtype, device))
             launch_a = decoded_a[dtype]
-        _launch(launch_a, b_op, out, a_offsets, a_scale_offsets, expert_ids, expert_scales, num_experts, n, k,
+        _launch(launch_a, b_op, target, a_offsets, a_scale_offsets, expert_ids, expert_scales, num_experts, n, k,
                 min_group_rows, max_group_rows, launch_config, use_dot_scaled, epilogue_kind, epilogue_fn,
                 compute_dtype, device)
+    if target is not out:
+        out.copy_(target)
     return out
 
 
@@ -291,7 +306,7 @@ def _upcast_rows(a: _Operand, num_tokens: int, k: int, compute_dtype, device, pa
     """A's elements times their block scales, ``[T, K]`` in the compute dtype (float32 in the
     interpreter), as a plain operand that keeps A's global scale for the epilogue."""
     torch_dtype = {tl.bfloat16: torch.bfloat16, tl.float16: torch.float16, tl.float32: torch.float32}[compute_dtype]
-    values = torch.empty((num_tokens, k), dtype=torch_dtype, device=device)
+    values = _runtime.new_buffer((num_tokens, k), torch_dtype, device)
     block_rows, block_k, num_warps = _UPCAST_TILE
     kernel.upcast_rows_kernel[(triton.cdiv(num_tokens, block_rows), triton.cdiv(k, block_k))](
         a.data, a.scales, values, a.data.stride(0), a.scales.stride(0) if a.scale_layout == "row" else 0,
@@ -334,6 +349,7 @@ def _launch(a_op, b_op, out, a_offsets, a_scale_offsets, expert_ids, expert_scal
         b_scales.stride(1) if b_op.quantized and b_op.scale_layout == "row" else 0,
         out.stride(0),
         num_tokens, num_groups, num_experts, n, k, min_group_rows, max_group_rows,
+        a_op.scales.shape[0] if a_op.scale_layout == "128x4_grouped" else 0,
         A_ELEMENT=a_op.element, A_SCALE=a_op.scale, A_SCALE_BLOCK=a_op.scale_block, A_SCALE_LAYOUT=a_op.scale_layout,
         B_ELEMENT=b_op.element, B_SCALE=b_op.scale, B_SCALE_BLOCK=b_op.scale_block, B_SCALE_LAYOUT=b_op.scale_layout,
         A_GLOBAL_SCALE=a_op.global_scale is not None, B_GLOBAL_SCALE=b_op.global_scale is not None,

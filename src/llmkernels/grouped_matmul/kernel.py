@@ -185,7 +185,7 @@ def grouped_matmul_kernel(
     stride_a_row, stride_a_scale_row,
     stride_b_expert, stride_b_row, stride_b_scale_expert, stride_b_scale_row,
     stride_out_row,
-    num_tokens, num_groups, num_experts, N, K, min_group_rows, max_group_rows,
+    num_tokens, num_groups, num_experts, N, K, min_group_rows, max_group_rows, num_a_scale_tile_rows,
     A_ELEMENT: tl.constexpr, A_SCALE: tl.constexpr, A_SCALE_BLOCK: tl.constexpr, A_SCALE_LAYOUT: tl.constexpr,
     B_ELEMENT: tl.constexpr, B_SCALE: tl.constexpr, B_SCALE_BLOCK: tl.constexpr, B_SCALE_LAYOUT: tl.constexpr,
     A_GLOBAL_SCALE: tl.constexpr, B_GLOBAL_SCALE: tl.constexpr,
@@ -206,9 +206,14 @@ def grouped_matmul_kernel(
 
     Tiles are numbered group after group, M-tiles fastest inside a group; program p takes tiles
     p, p + num_programs, ... Only groups of ``min_group_rows < rows <= max_group_rows`` are this
-    launch's: the host may split a call into size classes, each with its own tile height. Each program derives every tile's group from a_offsets on the device.
-    Offsets are clamped to [0, num_tokens] and to their running maximum, so that no metadata can
-    make it write outside ``out`` or write a row twice; a group whose expert id is outside [0, num_experts) is written as zeros.
+    launch's: the host may split a call into size classes, each with its own tile height. Each program
+    derives every tile's group from a_offsets on the device.
+
+    No metadata value can move a load or store outside its tensor: offsets are clamped to [0, num_tokens]
+    and to their running maximum (so no row is written twice); a group whose expert id is outside
+    [0, num_experts) is written as zeros; with grouped 128x4 A scales, a row whose scale tile-row
+    (``group_start // 128 + a_scale_offsets[g] + local_row // 128``) falls outside the
+    ``num_a_scale_tile_rows`` tile-rows of A's scales reads no scales and is written as NaN.
     """
     n_out = N // 2 if EPILOGUE == "swiglu" else N
     n_tiles = tl.cdiv(n_out, BLOCK_N)
@@ -258,12 +263,14 @@ def grouped_matmul_kernel(
 
         a_row_offsets = rows * stride_a_row
         a_scale_rows = rows * stride_a_scale_row
+        a_scale_mask = row_mask
         if A_SCALE_LAYOUT == "128x4":
             a_scale_rows = _tile_scale_row_base(rows // 128, rows % 128, K // A_SCALE_BLOCK)
         elif A_SCALE_LAYOUT == "128x4_grouped":
             local_rows = rows - group_start
-            first_tile_row = group_start // 128 + tl.load(a_scale_offsets_ptr + group)
-            a_scale_rows = _tile_scale_row_base(first_tile_row + local_rows // 128, local_rows % 128,
+            tile_rows = group_start // 128 + tl.load(a_scale_offsets_ptr + group).to(tl.int64) + local_rows // 128
+            a_scale_mask = row_mask & (tile_rows >= 0) & (tile_rows < num_a_scale_tile_rows)
+            a_scale_rows = _tile_scale_row_base(tl.where(a_scale_mask, tile_rows, 0), local_rows % 128,
                                                 K // A_SCALE_BLOCK)
 
         b_rows = cols
@@ -292,13 +299,13 @@ def grouped_matmul_kernel(
         # Without it (the ablation's baseline) each step loads its own scales.
         if PREFETCH_SCALES:
             a_scale_next, b_scale_next, up_scale_next = _step_scales(
-                a_scales_ptr, a_scale_rows, row_mask, b_scales_ptr, b_scale_rows, up_scale_rows, col_mask, 0, K,
+                a_scales_ptr, a_scale_rows, a_scale_mask, b_scales_ptr, b_scale_rows, up_scale_rows, col_mask, 0, K,
                 A_SCALE, A_SCALE_BLOCK, A_SCALE_LAYOUT, B_SCALE, B_SCALE_BLOCK, B_SCALE_LAYOUT, EPILOGUE,
                 SCALE_WORDS, BLOCK_K)
         for k_tile in range(0, tl.where(expert_ok, num_k_tiles, 0)):
             k_start = k_tile * BLOCK_K
             loaded = _step_scales(
-                a_scales_ptr, a_scale_rows, row_mask, b_scales_ptr, b_scale_rows, up_scale_rows, col_mask,
+                a_scales_ptr, a_scale_rows, a_scale_mask, b_scales_ptr, b_scale_rows, up_scale_rows, col_mask,
                 k_start + BLOCK_K if PREFETCH_SCALES else k_start, K,
                 A_SCALE, A_SCALE_BLOCK, A_SCALE_LAYOUT, B_SCALE, B_SCALE_BLOCK, B_SCALE_LAYOUT, EPILOGUE,
                 SCALE_WORDS, BLOCK_K)
@@ -335,6 +342,8 @@ def grouped_matmul_kernel(
         elif EPILOGUE == "user":
             acc = EPILOGUE_FN(acc, rows[:, None], cols[None, :])
         acc = tl.where(expert_ok, acc, 0.0)
+        if A_SCALE_LAYOUT == "128x4_grouped":  # rows whose scales lie outside A's scale tensor
+            acc = tl.where(a_scale_mask[:, None] | ~row_mask[:, None], acc, float("nan"))
         out_offsets = rows[:, None] * stride_out_row + cols[None, :]
         tl.store(out_ptr + out_offsets, acc.to(out_ptr.dtype.element_ty),
                  mask=row_mask[:, None] & col_mask[None, :])

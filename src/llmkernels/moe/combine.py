@@ -6,9 +6,12 @@ import torch
 import triton
 import triton.language as tl
 
-from .._runtime import check_device, next_power_of_2
+from .. import _runtime
+from .._runtime import check_device, forward_only, next_power_of_2
 
 __all__ = ["combine"]
+
+_FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 @triton.jit
@@ -35,30 +38,47 @@ def combine(y: torch.Tensor, row_of_copy: torch.Tensor, weights: torch.Tensor,
     """Router-weighted sum of each token's expert outputs.
 
     Args:
-        y: ``[T·k, H]`` expert outputs in the expert-sorted layout (unit column stride).
+        y: bf16 / fp16 / fp32 ``[T·k, H]`` expert outputs in the expert-sorted layout.
         row_of_copy: int64/int32 ``[T, k]``: row of y holding each (token, slot) copy
-            (:func:`llmkernels.moe.dispatch`).
+            (:func:`llmkernels.moe.dispatch`); a row outside ``[0, T·k)`` contributes nothing.
         weights: float32 ``[T, k]`` router weights.
-        out_dtype: default y's dtype.
+        out_dtype: bf16, fp16 or fp32; default y's dtype.
+
+    Every tensor may be any view (strided, expanded, offset).
 
     Returns:
         ``[T, H]`` of ``out_dtype``, accumulated in fp32.
+
+    Raises:
+        TypeError: a tensor of the wrong dtype, or out_dtype not bf16/fp16/fp32.
+        ValueError: shapes that do not fit, tensors on different devices, y or weights requiring grad
+            (combine is forward-only).
     """
-    if row_of_copy.dim() != 2 or weights.shape != row_of_copy.shape or weights.dtype != torch.float32:
-        raise ValueError(f"row_of_copy and weights must be [T, k] (weights float32), got "
-                         f"{tuple(row_of_copy.shape)} and {weights.dtype} {tuple(weights.shape)}")
-    if y.dim() != 2 or y.stride(-1) != 1:
-        raise ValueError(f"y must be [T·k, H] with unit column stride, got shape {tuple(y.shape)}")
+    for name, tensor, dtypes in (("y", y, _FLOAT_DTYPES), ("row_of_copy", row_of_copy, (torch.int32, torch.int64)),
+                                 ("weights", weights, (torch.float32,))):
+        if not isinstance(tensor, torch.Tensor) or tensor.dtype not in dtypes:
+            raise TypeError(f"{name} must be a tensor of dtype {' or '.join(map(str, dtypes))}, "
+                            f"got {getattr(tensor, 'dtype', type(tensor).__name__)}")
+    if row_of_copy.dim() != 2 or weights.shape != row_of_copy.shape:
+        raise ValueError(f"row_of_copy and weights must both be [T, k], got {tuple(row_of_copy.shape)} and "
+                         f"{tuple(weights.shape)}")
+    if y.dim() != 2:
+        raise ValueError(f"y must be [T·k, H], got shape {tuple(y.shape)}")
+    if out_dtype is not None and out_dtype not in _FLOAT_DTYPES:
+        raise TypeError(f"out_dtype must be bf16, fp16 or fp32, got {out_dtype}")
     device = check_device(y=y, row_of_copy=row_of_copy, weights=weights)
+    forward_only("combine", y=y, weights=weights)
     if torch.compiler.is_compiling():
         from ..ops import moe_combine_op  # an opaque node for the compiler
 
         return moe_combine_op(y, row_of_copy, weights, out_dtype or y.dtype)
     num_tokens, top_k = row_of_copy.shape
     hidden = y.shape[1]
-    out = torch.empty((num_tokens, hidden), dtype=out_dtype or y.dtype, device=device)
+    out = _runtime.new_buffer((num_tokens, hidden), out_dtype or y.dtype, device)
     if num_tokens == 0 or hidden == 0 or y.shape[0] == 0:
         return out.zero_()
+    if y.stride(-1) != 1 and hidden > 1:
+        y = y.contiguous()
     block_h = min(1024, next_power_of_2(hidden))
     combine_kernel[(num_tokens, triton.cdiv(hidden, block_h))](
         y, row_of_copy.contiguous(), weights.contiguous(), out, y.stride(0), out.stride(0), y.shape[0], hidden,

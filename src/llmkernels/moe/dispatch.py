@@ -11,6 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .. import _runtime
 from .._runtime import check_device, next_power_of_2
 
 __all__ = ["dispatch", "dispatch_reference"]
@@ -87,10 +88,18 @@ def dispatch(expert_ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, 
         in that layout (the inverse). A copy whose id lies outside ``[0, E)`` is not placed: its
         ``row_of_copy`` is -1 and the rows past ``a_offsets[E]`` are left unwritten (nothing is
         written out of bounds).
+
+    expert_ids may be any view (strided, expanded, offset).
+
+    Raises:
+        TypeError: expert_ids not an int32/int64 tensor.
+        ValueError: expert_ids not 2D, num_experts not a positive int, a CPU tensor outside the interpreter.
     """
-    if expert_ids.dim() != 2 or expert_ids.dtype not in (torch.int32, torch.int64):
-        raise ValueError(f"expert_ids must be an int32/int64 [T, k] tensor, got {expert_ids.dtype} "
-                         f"of shape {tuple(expert_ids.shape)}")
+    if not isinstance(expert_ids, torch.Tensor) or expert_ids.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"expert_ids must be an int32/int64 [T, k] tensor, "
+                        f"got {getattr(expert_ids, 'dtype', type(expert_ids).__name__)}")
+    if expert_ids.dim() != 2:
+        raise ValueError(f"expert_ids must be [T, k], got shape {tuple(expert_ids.shape)}")
     if isinstance(num_experts, bool) or not isinstance(num_experts, int) or num_experts < 1:
         raise ValueError(f"num_experts must be a positive int, got {num_experts!r}")
     device = check_device(expert_ids=expert_ids)
@@ -100,16 +109,16 @@ def dispatch(expert_ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, 
         return moe_dispatch_op(expert_ids, num_experts)
     num_tokens, top_k = expert_ids.shape
     num_copies = num_tokens * top_k
-    token_of_row = torch.empty(num_copies, dtype=torch.int64, device=device)
-    row_of_copy = torch.empty(num_tokens, top_k, dtype=torch.int64, device=device)
-    a_offsets = torch.empty(num_experts + 1, dtype=torch.int32, device=device)
+    token_of_row = _runtime.new_buffer(num_copies, torch.int64, device)
+    row_of_copy = _runtime.new_buffer((num_tokens, top_k), torch.int64, device)
+    a_offsets = _runtime.new_buffer(num_experts + 1, torch.int32, device)
     experts = next_power_of_2(num_experts)
     block = max(16, min(1024, ONE_HOT_ELEMENTS // experts, next_power_of_2(max(num_copies, 1))))
     num_blocks = triton.cdiv(num_copies, block)
     ids = expert_ids.contiguous().view(-1)
     if num_blocks == 0:
         return token_of_row, a_offsets.zero_(), row_of_copy
-    block_start = torch.empty(num_blocks, experts, dtype=torch.int32, device=device)
+    block_start = _runtime.new_buffer((num_blocks, experts), torch.int32, device)
     _count_kernel[(num_blocks,)](ids, block_start, num_copies, num_experts, BLOCK=block, EXPERTS=experts)
     _scan_kernel[(1,)](block_start, a_offsets, num_blocks, num_experts,
                        CHUNK=max(1, min(64, ONE_HOT_ELEMENTS // experts)), EXPERTS=experts)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .._runtime import forward_only
 from ..formats import FORMATS, ScaledTensor, quantize
 from ..grouped_matmul.api import grouped_matmul
 from ..ops import scaled_tensor_from_parts
@@ -39,37 +40,54 @@ class MoEFeedForward(nn.Module):
         self._weight_formats = {}
         if activation_format not in PLAIN + tuple(FORMATS):
             raise ValueError(f"activation_format must be 'bf16' or one of {tuple(FORMATS)}, got {activation_format!r}")
+        if not isinstance(router_weight, torch.Tensor) or not router_weight.is_floating_point():
+            raise TypeError(f"router_weight must be a floating [E, H] tensor, got {type(router_weight).__name__}")
+        if router_weight.dim() != 2:
+            raise ValueError(f"router_weight must be [E, H], got shape {tuple(router_weight.shape)}")
         num_experts, hidden = router_weight.shape
-        if tuple(w_gate_up.shape[:1]) != (num_experts,) or w_gate_up.shape[2] != hidden or w_gate_up.shape[1] % 2:
+        for name, weight in (("w_gate_up", w_gate_up), ("w_down", w_down)):
+            if not isinstance(weight, (torch.Tensor, ScaledTensor)):
+                raise TypeError(f"{name} must be a ScaledTensor or a bf16 tensor, got {type(weight).__name__}")
+        if (len(w_gate_up.shape) != 3 or w_gate_up.shape[0] != num_experts or w_gate_up.shape[2] != hidden
+                or w_gate_up.shape[1] % 2):
             raise ValueError(f"w_gate_up must be [E={num_experts}, 2I, H={hidden}], got {tuple(w_gate_up.shape)}")
         intermediate = w_gate_up.shape[1] // 2
         if tuple(w_down.shape) != (num_experts, hidden, intermediate):
             raise ValueError(f"w_down must be [E, H, I] = [{num_experts}, {hidden}, {intermediate}], "
                              f"got {tuple(w_down.shape)}")
-        self.register_buffer("router_weight", router_weight)
+        if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= num_experts:
+            raise ValueError(f"top_k must be an int in [1, E={num_experts}], got {top_k!r}")
+        if correction_bias is not None:
+            if not isinstance(correction_bias, torch.Tensor) or not correction_bias.is_floating_point():
+                raise TypeError(f"correction_bias must be a floating [E] tensor, got {type(correction_bias).__name__}")
+            if tuple(correction_bias.shape) != (num_experts,):
+                raise ValueError(f"correction_bias must be [E] = [{num_experts}], got {tuple(correction_bias.shape)}")
+        self.routing = dict(scoring=scoring, renormalize=renormalize, num_groups=num_groups, topk_groups=topk_groups)
+        # The buffers are dense copies of whatever views were given: the forward then never re-copies them.
+        self.register_buffer("router_weight", router_weight.detach().contiguous())
         self._register_weight("w_gate_up", w_gate_up)
         self._register_weight("w_down", w_down)
         self.num_experts, self.hidden, self.intermediate, self.top_k = num_experts, hidden, intermediate, top_k
         self.activation_format = activation_format
-        if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= num_experts:
-            raise ValueError(f"top_k must be an int in [1, E={num_experts}], got {top_k!r}")
-        self.routing = dict(scoring=scoring, renormalize=renormalize, num_groups=num_groups, topk_groups=topk_groups)
-        self.register_buffer("correction_bias", correction_bias)
+        self.register_buffer("correction_bias", None if correction_bias is None else correction_bias.detach().contiguous())
         self.register_buffer("expert_ids", torch.arange(num_experts, dtype=torch.int32, device=router_weight.device))
 
     def _register_weight(self, name: str, weight) -> None:
         """Buffers of the weight's bytes: ``.to(device)`` moves them, and ``.half()`` and friends
         cannot cast quantized data (uint8 and int32 bit views are not floating point)."""
         if isinstance(weight, ScaledTensor):
+            weight.validate()
             if weight.scale_layout != "row":
                 raise ValueError(f"{name} must have row-major scales")
-            parts = (weight.data.view(torch.uint8), weight.scales.view(torch.uint8),
-                     weight.global_scale.reshape(1).view(torch.int32) if weight.global_scale is not None else None)
+            parts = (weight.data.contiguous().view(torch.uint8), weight.scales.contiguous().view(torch.uint8),
+                     weight.global_scale.reshape(1).contiguous().view(torch.int32)
+                     if weight.global_scale is not None else None)
             self._weight_formats[name] = weight.format
         else:
-            if weight.dtype != torch.bfloat16:
-                raise TypeError(f"{name} must be a ScaledTensor or a bf16 tensor, got {weight.dtype}")
-            parts = (weight.view(torch.int16), None, None)
+            if not isinstance(weight, torch.Tensor) or weight.dtype != torch.bfloat16:
+                raise TypeError(f"{name} must be a ScaledTensor or a bf16 tensor, "
+                                f"got {getattr(weight, 'dtype', type(weight).__name__)}")
+            parts = (weight.detach().contiguous().view(torch.int16), None, None)
             self._weight_formats[name] = "bf16"
         for suffix, part in zip(("data", "scales", "global_scale_bits"), parts):
             self.register_buffer(f"{name}_{suffix}", part)
@@ -120,9 +138,18 @@ class MoEFeedForward(nn.Module):
         return quantize(x, self.activation_format, rows=rows)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        if hidden_states.shape[-1] != self.hidden:
+        """``[..., H]`` bf16/fp16/fp32 (any strides) → ``[..., H]`` of the same dtype.
+
+        Raises:
+            TypeError: hidden_states not a floating tensor.
+            ValueError: its last dim is not H, or it requires grad (the block is forward-only).
+        """
+        if not isinstance(hidden_states, torch.Tensor) or not hidden_states.is_floating_point():
+            raise TypeError(f"hidden_states must be a floating tensor, got {type(hidden_states).__name__}")
+        forward_only("MoEFeedForward", hidden_states=hidden_states)
+        if hidden_states.dim() < 1 or hidden_states.shape[-1] != self.hidden:
             raise ValueError(f"hidden_states must end in H = {self.hidden}, got {tuple(hidden_states.shape)}")
-        x = hidden_states.reshape(-1, self.hidden)
+        x = hidden_states.reshape(-1, self.hidden).contiguous()  # the router matmul rounds by layout
         logits = x.float() @ self.router_weight.float().t()
         weights, expert_ids = route(logits, self.top_k, correction_bias=self.correction_bias, **self.routing)
         token_of_row, a_offsets, row_of_copy = dispatch(expert_ids, self.num_experts)

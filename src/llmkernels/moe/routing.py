@@ -27,23 +27,42 @@ def route(router_logits: torch.Tensor, top_k: int, *, scoring: str = "softmax", 
     Returns:
         ``(weights, expert_ids)``: float32 ``[T, top_k]`` and int32 ``[T, top_k]``.
 
+    Plain PyTorch: any strides, and differentiable (the weights carry the logits' gradient).
+
     Raises:
-        ValueError / TypeError: bad shapes, top_k, scoring or groups.
+        TypeError: router_logits not a floating tensor, correction_bias not a floating tensor, top_k /
+            num_groups / topk_groups not ints.
+        ValueError: router_logits not 2D, top_k outside [1, E], unknown scoring, num_groups not dividing E
+            or < 1, topk_groups outside [1, num_groups], correction_bias not ``[E]`` or on another device.
     """
-    if not isinstance(router_logits, torch.Tensor) or router_logits.dim() != 2 or not router_logits.is_floating_point():
-        raise TypeError(f"router_logits must be a floating [T, E] tensor, got {getattr(router_logits, 'shape', None)}")
+    if not isinstance(router_logits, torch.Tensor) or not router_logits.is_floating_point():
+        raise TypeError(f"router_logits must be a floating [T, E] tensor, got {_describe(router_logits)}")
+    if router_logits.dim() != 2:
+        raise ValueError(f"router_logits must be [T, E], got shape {tuple(router_logits.shape)}")
     num_experts = router_logits.shape[1]
-    if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= num_experts:
+    _check_int("top_k", top_k)
+    if not 1 <= top_k <= num_experts:
         raise ValueError(f"top_k must be an int in [1, {num_experts}], got {top_k!r}")
     if scoring not in SCORINGS:
         raise ValueError(f"scoring must be one of {SCORINGS}, got {scoring!r}")
+    if correction_bias is not None:
+        if not isinstance(correction_bias, torch.Tensor) or not correction_bias.is_floating_point():
+            raise TypeError(f"correction_bias must be a floating [E] tensor, got {_describe(correction_bias)}")
+        if tuple(correction_bias.shape) != (num_experts,):
+            raise ValueError(f"correction_bias must be [E] = [{num_experts}], got {tuple(correction_bias.shape)}")
+        if correction_bias.device != router_logits.device:
+            raise ValueError(f"correction_bias is on {correction_bias.device} but router_logits on "
+                             f"{router_logits.device}")
+    if num_groups is not None or topk_groups is not None:
+        _check_int("num_groups", num_groups)
+        _check_int("topk_groups", topk_groups)
+        if num_groups < 1 or num_experts % num_groups or not 1 <= topk_groups <= num_groups:
+            raise ValueError(f"num_groups ({num_groups}) must be >= 1 and divide E ({num_experts}), and topk_groups "
+                             f"({topk_groups}) lie in [1, num_groups]")
     logits = router_logits.float()
     scores = logits.softmax(-1) if scoring == "softmax" else logits.sigmoid()
     selection = scores if correction_bias is None else scores + correction_bias.float()
     if num_groups is not None:
-        if num_experts % num_groups or topk_groups is None or not 1 <= topk_groups <= num_groups:
-            raise ValueError(f"num_groups ({num_groups}) must divide E ({num_experts}) and topk_groups "
-                             f"({topk_groups}) be in [1, num_groups]")
         grouped = selection.view(-1, num_groups, num_experts // num_groups)
         group_scores = grouped.topk(min(2, grouped.shape[-1]), dim=-1).values.sum(-1)
         keep = torch.zeros_like(group_scores, dtype=torch.bool)
@@ -54,3 +73,14 @@ def route(router_logits: torch.Tensor, top_k: int, *, scoring: str = "softmax", 
     if renormalize:
         weights = weights / weights.sum(-1, keepdim=True)
     return weights, expert_ids.to(torch.int32)
+
+
+def _check_int(name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+
+
+def _describe(x) -> str:
+    if isinstance(x, torch.Tensor):
+        return f"{x.dtype} tensor of shape {tuple(x.shape)}"
+    return type(x).__name__

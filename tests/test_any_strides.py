@@ -1,0 +1,130 @@
+"""Any strides: every tensor argument of every public function, given as a strided, expanded, offset or
+transposed view, gives the same bits as its contiguous copy (``public_calls.py`` lists the calls).
+
+The walk is data-driven: each leaf of each call goes through each view kind, and a separate test checks
+that every tensor argument of every public function is some call's leaf. An ``out=`` leaf takes every
+view but the expanded one, which must raise (its rows would race).
+"""
+import inspect
+
+import pytest
+import torch
+
+from llmkernels import _runtime
+from public_calls import (CALLS, CALLS_BY_NAME, CONTAINERS, NON_TENSOR_ARGUMENTS, PUBLIC, bit_differences,
+                          poisoned_buffer)
+
+# The interpreter evaluates both sides of tl.where: -inf - -inf of fully masked rows warns in numpy.
+pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+
+VIEW_KINDS = ("strided", "expanded", "offset", "transposed")
+WRITTEN = ("out",)  # leaves the call writes
+
+
+def fill_hostile(tensor: torch.Tensor) -> torch.Tensor:
+    """NaN (floating; 0xFF bytes for the one-byte types), or the dtype's maximum (integers): what a read
+    of an element outside the view would then see is loud."""
+    if tensor.element_size() == 1:
+        tensor.view(torch.uint8).fill_(0xFF)
+    elif tensor.is_floating_point():
+        tensor.fill_(float("nan"))
+    else:
+        tensor.fill_(torch.iinfo(tensor.dtype).max)
+    return tensor
+
+
+def view_of(tensor: torch.Tensor, kind: str) -> torch.Tensor | None:
+    """A view with other strides holding ``tensor``'s values (``"expanded"``: its first slice along the
+    first dim of size > 1, repeated with stride 0), in fresh memory whose other elements are hostile;
+    None when the kind does not apply to this shape."""
+    sizes = tensor.shape
+    long_dims = [d for d, size in enumerate(sizes) if size > 1]
+    if kind == "expanded":
+        return tensor.narrow(long_dims[0], 0, 1).expand(sizes) if long_dims else None
+    if kind == "strided":
+        if not long_dims:
+            return None
+        dim = long_dims[-1]
+        base = fill_hostile(tensor.new_empty((*sizes[:dim], 2 * sizes[dim], *sizes[dim + 1:])))
+        view = base[(slice(None),) * dim + (slice(None, None, 2),)]
+    elif kind == "offset":
+        base = fill_hostile(tensor.new_empty(tensor.numel() + 3))
+        view = base[3:].view(sizes)
+    elif kind == "transposed":
+        if tensor.dim() < 2 or sizes[-1] < 2 or sizes[-2] < 2:
+            return None
+        view = fill_hostile(tensor.new_empty((*sizes[:-2], sizes[-1], sizes[-2]))).transpose(-1, -2)
+    else:
+        raise ValueError(kind)
+    return view.copy_(tensor)
+
+
+def fresh(leaves: dict) -> dict:
+    """The leaves with written ones cloned, so that each run starts from the same poisoned output."""
+    return {name: tensor.clone() if name in WRITTEN else tensor for name, tensor in leaves.items()}
+
+
+def outcome(call, leaves):
+    try:
+        return call.run(leaves)
+    except (TypeError, ValueError) as error:
+        return error
+
+
+def difference(actual, expected) -> str | None:
+    if isinstance(expected, Exception) or isinstance(actual, Exception):
+        same = type(actual) is type(expected) and str(actual) == str(expected)
+        return None if same else f"{actual!r} where the contiguous call gave {expected!r}"
+    return bit_differences(actual, expected)
+
+
+@pytest.fixture(autouse=True)
+def _poisoned_outputs(monkeypatch):
+    monkeypatch.setattr(_runtime, "new_buffer", poisoned_buffer)
+
+
+@pytest.mark.parametrize("name", list(CALLS_BY_NAME))
+def test_every_tensor_argument_takes_any_view(name, device):
+    call = CALLS_BY_NAME[name]
+    leaves = call.make(device)
+    expected = call.run(fresh(leaves))
+    failures, walked = [], 0
+    for leaf, tensor in leaves.items():
+        for kind in VIEW_KINDS:
+            view = view_of(tensor, kind)
+            if view is None:
+                continue
+            walked += 1
+            if kind == "expanded" and leaf in WRITTEN:
+                with pytest.raises(ValueError, match="share memory"):
+                    call.run({**leaves, leaf: view})
+                continue
+            reference = expected
+            if kind == "expanded":  # other values: the contiguous call with the same values
+                reference = outcome(call, {**fresh(leaves), leaf: view.contiguous()})
+            trial = fresh(leaves)
+            trial[leaf] = view
+            problem = difference(outcome(call, trial), reference)
+            if problem:
+                failures.append(f"{leaf} as {kind} view (strides {tuple(view.stride())}): {problem}")
+    assert walked >= len(leaves), "every leaf takes at least one view"
+    assert not failures, f"{name}:\n" + "\n".join(failures)
+
+
+def _leaf_names(function_key: str, device) -> set:
+    return {leaf for call in CALLS if function_key in call.functions for leaf in call.make(device)}
+
+
+@pytest.mark.parametrize("function_key", list(PUBLIC))
+def test_the_walk_covers_every_tensor_argument(function_key, device):
+    """A tensor argument added to a public function fails here until a call in ``public_calls.py`` feeds it
+    (or it is listed there as holding no tensor)."""
+    leaves = _leaf_names(function_key, device)
+    parameters = [p for p in inspect.signature(PUBLIC[function_key]).parameters
+                  if p not in NON_TENSOR_ARGUMENTS[function_key]]
+    assert parameters, f"{function_key} has no tensor argument: drop it from PUBLIC"
+    if function_key in CONTAINERS:
+        missing = [p for p in parameters if not any(f"{arg}.{p}" in leaves for arg in CONTAINERS[function_key])]
+    else:
+        missing = [p for p in parameters if not any(leaf.split(".")[0] == p for leaf in leaves)]
+    assert not missing, f"{function_key}: tensor arguments {missing} are walked by no call in public_calls.py"
