@@ -492,7 +492,7 @@ def test_bad_inputs(device):
         (ValueError, "max_seqlen_q", lambda: attention(q, k, v, max_seqlen_q=-1)),
         (TypeError, "causal", lambda: attention(q, k, v, causal=1)),
         (ValueError, "config.num_q_heads", lambda: attention(q, k, v, config=FA4Config(num_q_heads=8))),
-        (ValueError, "SlidingWindow.left", lambda: SlidingWindow(-2, 0)),
+        (TypeError, "SlidingWindow.left", lambda: SlidingWindow(1.5, 0)),
         (ValueError, "Chunked.size", lambda: Chunked(0)),
         (ValueError, "softcap", lambda: softcap(0.0)),
         (ValueError, "page_size", lambda: PagedKVCache(cache.k_pages[:, :8], cache.v_pages[:, :8], cache.block_table,

@@ -104,12 +104,20 @@ def attention_op(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`llmkernels.attention` with its mask and score modifier as plain values: a window
     (``-1`` = unbounded side; causal is the window's ``right = 0``), a chunk size (0: none), a
-    softcap (0: none) or ALiBi slopes. Returns ``(out, lse)``; lse is empty unless ``return_lse``."""
+    softcap (0: none) or ALiBi slopes. Returns ``(out, lse)``; lse is empty unless ``return_lse``.
+
+    Raises:
+        ValueError: ``chunk_size < 0`` or ``softcap < 0`` (or NaN): only 0 means "none".
+    """
     from .attention.api import attention
     from .attention.masks import Chunked, SlidingWindow, alibi
     from .attention.masks import softcap as make_softcap
     from .attention.paged import PagedKVCache
 
+    if chunk_size < 0:
+        raise ValueError(f"chunk_size must be >= 0 (0: no chunking), got {chunk_size}")
+    if not softcap >= 0.0:
+        raise ValueError(f"softcap must be >= 0 (0: no softcap), got {softcap}")
     mask = []
     if has_window:
         mask.append(SlidingWindow(window_left, window_right))

@@ -218,7 +218,8 @@ def attention(
             and combine; any value >= 1 (more splits than KV tiles is clamped, results unchanged).
             None: split-KV with a GPU-filling heuristic when ``max_seqlen_q <= 16`` (decode), one pass otherwise.
         return_lse: also return the float32 natural-log LSE ``[B, Hq, Sq]`` (ragged: ``[Hq, total_q]``);
-            it includes the sinks. Rows that see no key (and no sink) get output 0 and LSE -inf.
+            it includes the sinks. Rows that see no key (and no sink) get output 0 and LSE -inf; a sink
+            of +inf gives output 0 and LSE +inf, -inf is no sink, a NaN sink gives NaN.
         config: an :class:`FA4Config`; default :func:`default_config` for (D, dtype, GPU).
         validate: first read the metadata on the host (one device sync) and raise ``ValueError`` on the first
             bad entry: ``cu_seqlens_*[0] != 0``, a decreasing entry, an entry past q's / k's rows, a length
@@ -308,6 +309,11 @@ def attention(
         raise ValueError(f"q heads ({num_q_heads}) must be a multiple of k/v heads ({num_kv_heads})")
     group = num_q_heads // num_kv_heads
     _check_optional_int("max_seqlen_q", max_seqlen_q, 0)
+    q_bound = (q.shape[0] if max_seqlen_q is None else min(max_seqlen_q, q.shape[0])) if ragged else q.shape[1]
+    for name, bound in (("queries", q_bound), ("keys", kv_bound)):
+        if bound >= UNBOUNDED:  # positions and window bounds are int32 in the kernel
+            raise ValueError(f"a sequence may hold up to {UNBOUNDED - 1} {name}, got a bound of {bound} "
+                             f"(ragged inputs: pass max_seqlen_q / max_seqlen_k)")
     _check_optional_int("num_splits", num_splits, 1)
     if not isinstance(return_lse, bool):
         raise TypeError(f"return_lse must be a bool, got {type(return_lse).__name__}")
@@ -386,13 +392,7 @@ def attention(
     alibi_slopes = mod_spec.slopes.contiguous() if mod_spec.slopes is not None else None
 
     # ---------------------------------------------------------------- shapes and outputs
-    if ragged:
-        total_q = q.shape[0]
-        q_bound = total_q if max_seqlen_q is None else min(max_seqlen_q, total_q)
-        seqlen_q_dense = 0
-    else:
-        q_bound = q.shape[1]
-        seqlen_q_dense = q.shape[1]
+    seqlen_q_dense = 0 if ragged else q.shape[1]
     out = _empty(q.shape, q.dtype, device)
     lse = None
     if return_lse:

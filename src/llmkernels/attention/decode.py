@@ -32,7 +32,8 @@ def combine_splits_kernel(
     HAS_SINKS: tl.constexpr, RETURN_LSE: tl.constexpr,
 ):
     """One program per (token row, q head): ``out = sum_s w_s O_s / (sum_s w_s + sink)``,
-    ``w_s = 2**(lse_s - M)``.
+    ``w_s = 2**(lse_s - M)``. Sinks as in the one-pass path: +inf gives O = 0 and LSE = +inf, -inf
+    is no sink, NaN gives NaN; a row with no key and no sink gets O = 0, LSE = -inf.
 
     o_partial float32 ``[splits, B, Sq, Hq, D]`` (ragged: ``[splits, total_q, Hq, D]``, ``stride_p_b = 0``),
     lse_partial float32 base 2 ``[splits, B, Hq, Sq]`` (ragged ``[splits, Hq, total_q]``); program axis 0
@@ -71,12 +72,14 @@ def combine_splits_kernel(
         acc += weight[:, None] * o_split
     total = tl.sum(weight_sum, 0)
     if HAS_SINKS:
-        total += tl.exp2(sink - reference)
-    out = tl.sum(acc, 0) / tl.where(total > 0.0, total, 1.0)
+        # a sink at the max adds exactly 1, also a sink of +inf (where inf - inf would be NaN)
+        total += tl.exp2(tl.where(sink == reference, 0.0, sink - reference))
+    nonempty = total != 0.0  # 0: no key and no sink; NaN goes on into O and the LSE
+    out = tl.sum(acc, 0) / tl.where(nonempty, total, 1.0)
     tl.store(out_ptr + batch * stride_ob + token * stride_os + head * stride_oh + dims,
              out.to(out_ptr.dtype.element_ty), mask=dims < HEAD_DIM)
     if RETURN_LSE:
-        lse = tl.where(total > 0.0, (reference + tl.log2(tl.where(total > 0.0, total, 1.0))) * LN2, float("-inf"))
+        lse = tl.where(nonempty, (reference + tl.log2(tl.where(nonempty, total, 1.0))) * LN2, float("-inf"))
         tl.store(lse_ptr + batch * stride_lse_b + head * stride_lse_h + token * stride_lse_s, lse)
 
 

@@ -303,17 +303,20 @@ def store_q_tile(acc, row_sum, row_max, out_ptr, lse_ptr, sinks_ptr, batch, spli
                  stride_lse_b, stride_lse_h, stride_lse_s, stride_lse_split,
                  HEAD_DIM: tl.constexpr, HAS_SINKS: tl.constexpr, SPLIT: tl.constexpr, RETURN_LSE: tl.constexpr):
     """Normalizes and stores one Q tile: final O (q dtype) + natural-log LSE, or with ``SPLIT`` the
-    partial O (float32) + base-2 LSE of this split. Rows that saw no key: O = 0, LSE = -inf."""
+    partial O (float32) + base-2 LSE of this split (sinks are the combine's then). Rows that saw no
+    key (and no sink): O = 0, LSE = -inf. As in the reference, a sink of +inf takes all the weight
+    (O = 0, LSE = +inf), -inf is no sink, and a NaN sink (or score) gives NaN."""
     if HAS_SINKS:
         if not SPLIT:
             sink = tl.load(sinks_ptr + heads, mask=row_valid, other=0.0) * LOG2E
             final_max = tl.maximum(row_max, sink)
             final_max = tl.where(final_max == float("-inf"), 0.0, final_max)
             alpha = tl.exp2(row_max - final_max)
-            row_sum = row_sum * alpha + tl.exp2(sink - final_max)
+            # a sink at the max adds exactly 1, also a sink of +inf (where inf - inf would be NaN)
+            row_sum = row_sum * alpha + tl.exp2(tl.where(sink == final_max, 0.0, sink - final_max))
             acc = acc * alpha[:, None]
             row_max = final_max
-    nonempty = row_sum > 0.0
+    nonempty = row_sum != 0.0  # 0: no key and no sink; NaN goes on into O and the LSE
     inverse = 1.0 / tl.where(nonempty, row_sum, 1.0)
     inverse = tl.where(nonempty, inverse, 0.0)
     out = acc * inverse[:, None]
@@ -417,7 +420,10 @@ def attention_fwd_kernel(
         seqlen_k = seqlen_k_dense
     shift = seqlen_k - seqlen_q  # bottom-right alignment: pos = q_idx + shift
 
-    # ---- KV bounds of the whole block: [kv_lo, kv_hi) visible to some row, [full_lo, full_hi) to all
+    # ---- KV bounds of the whole block: [kv_lo, kv_hi) visible to some row, [full_lo, full_hi) to all.
+    # int32 is enough: window sides and chunk size are <= UNBOUNDED = 2**30 (resolve_mask clamps them) and
+    # sequences are shorter than 2**30, so a non-empty block has |pos| < 2**30 and pos_last + window_right
+    # + 1 <= 2**31 - 1; an empty block (q_first past seqlen_q) gets kv_hi <= 0, so lo == hi whatever wraps.
     q_first = q_block * (BLOCK_Q * NUM_Q_TILES)
     q_last = tl.minimum(q_first + BLOCK_Q * NUM_Q_TILES, seqlen_q) - 1
     pos_first = q_first + shift

@@ -5,8 +5,8 @@ position is ``pos = q_idx + seqlen_k - seqlen_q`` (the new tokens follow the cac
 
 * ``causal=True``: query sees keys ``kv_idx <= pos``.
 * :class:`SlidingWindow` ``(left, right)``: flash-attn's ``window_size``: keys
-  ``pos - left <= kv_idx <= pos + right``; ``-1`` = unbounded on that side. With ``causal=True`` the
-  right bound becomes ``min(right, 0)``.
+  ``pos - left <= kv_idx <= pos + right``; any negative side (``-1`` by convention) is unbounded. With
+  ``causal=True`` the right bound becomes ``min(right, 0)``.
 * :class:`Chunked` ``(size)``: Llama 4's chunked local attention: query and key in the same chunk,
   ``pos // size == kv_idx // size`` (positions ``pos < 0`` are in no chunk and see nothing). Llama 4
   uses it together with causal (``causal=True``: ``kv_idx <= pos`` too); without ``causal`` each
@@ -26,6 +26,12 @@ masking, as FlexAttention's ``score_mod``):
 * a user ``score_mod(score, b, h, q_idx, kv_idx) -> score`` ``@triton.jit`` function, same index
   conventions as ``mask_mod``.
 
+Huge sizes. Sequences hold fewer than ``2**30`` queries and keys, so positions lie in ``(-2**30, 2**30)``
+and a window side or chunk size of ``UNBOUNDED = 2**30`` or more never binds: :func:`resolve_mask`
+clamps such values (any Python int, e.g. ``2**31 - 1`` or ``2**63 - 1``) to ``UNBOUNDED``, which keeps
+the kernel's bound arithmetic (``pos - left``, ``pos + right + 1``, ``(chunk + 1) * size``) inside
+int32. A window unbounded on both sides (and no ``causal``) is no window at all.
+
 Tiles that the window / chunk / causal bounds hide completely are skipped by the loop bounds; tiles
 they show completely run without any per-element masking. A ``mask_mod`` is opaque, so with one every
 tile inside those bounds is masked per element.
@@ -33,6 +39,7 @@ tile inside those bounds is masked per element.
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass
 
 import torch
@@ -42,17 +49,38 @@ import triton.language as tl
 __all__ = ["SlidingWindow", "Chunked", "ScoreMod", "softcap", "alibi", "MaskSpec", "ScoreModSpec",
            "resolve_mask", "resolve_score_mod", "UNBOUNDED"]
 
-UNBOUNDED = 1 << 30  # a window side that never binds (fits int32 arithmetic with any position)
+# A window side or chunk size that never binds: no sequence holds 2**30 keys, and pos +- UNBOUNDED + 1
+# stays inside int32 for every position |pos| < 2**30. Larger values are clamped to it.
+UNBOUNDED = 1 << 30
 
 SCORE_MOD_NONE, SCORE_MOD_SOFTCAP, SCORE_MOD_ALIBI, SCORE_MOD_USER = 0, 1, 2, 3
 
 
+def _store_int(owner, name: str, expected: str) -> None:
+    """Stores ``owner.name`` as a Python int: ints and numpy / torch integer scalars (``operator.index``)
+    pass; bools, floats and anything else raise TypeError naming the field."""
+    value = getattr(owner, name)
+    if type(value) is int:
+        return
+    message = f"{type(owner).__name__}.{name} must be {expected}, got {value!r}"
+    if isinstance(value, bool) or getattr(value, "dtype", None) == torch.bool or getattr(value, "ndim", 0):
+        raise TypeError(message)
+    try:
+        object.__setattr__(owner, name, operator.index(value))
+    except TypeError:
+        raise TypeError(message) from None
+
+
 @dataclass(frozen=True)
 class SlidingWindow:
-    """Local attention window, flash-attn's ``window_size=(left, right)``; ``-1`` = unbounded side.
+    """Local attention window, flash-attn's ``window_size=(left, right)``.
+
+    Any int is valid: a negative side (``-1`` by convention) is unbounded, and so is a side of
+    ``2**30`` or more (see :data:`UNBOUNDED`), e.g. ``2**31 - 1`` as some configs spell "no window".
 
     Raises:
-        ValueError: left or right is not an int >= -1.
+        TypeError: left or right is not an int (bool and float included; numpy / torch integer
+            scalars are accepted and stored as int).
     """
 
     left: int
@@ -60,23 +88,26 @@ class SlidingWindow:
 
     def __post_init__(self):
         for name in ("left", "right"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < -1:
-                raise ValueError(f"SlidingWindow.{name} must be an int >= -1 (-1 = unbounded), got {value!r}")
+            _store_int(self, name, "an int (negative = unbounded)")
 
 
 @dataclass(frozen=True)
 class Chunked:
     """Chunked local attention (Llama 4): query and key in the same chunk of ``size`` positions.
 
+    A size of ``2**30`` or more (see :data:`UNBOUNDED`) puts every position ``>= 0`` in one chunk.
+
     Raises:
-        ValueError: size is not a positive int.
+        TypeError: size is not an int (bool and float included; numpy / torch integer scalars are
+            accepted and stored as int).
+        ValueError: size < 1.
     """
 
     size: int
 
     def __post_init__(self):
-        if isinstance(self.size, bool) or not isinstance(self.size, int) or self.size < 1:
+        _store_int(self, "size", "a positive int")
+        if self.size < 1:
             raise ValueError(f"Chunked.size must be a positive int, got {self.size!r}")
 
 
@@ -142,7 +173,7 @@ class MaskSpec:
         band = None
         if self.has_window and max(self.window_left, self.window_right) < UNBOUNDED:
             band = self.window_left + self.window_right + 1
-        if self.has_chunk:
+        if self.has_chunk and self.chunk_size < UNBOUNDED:
             band = self.chunk_size if band is None else min(band, self.chunk_size)
         return band
 
@@ -155,8 +186,16 @@ class ScoreModSpec:
     fn: object = None
 
 
+def _clamp_size(value: int) -> int:
+    """A window side or chunk size for the kernel: negative (window) or ``>= UNBOUNDED`` -> ``UNBOUNDED``."""
+    return UNBOUNDED if value < 0 else min(value, UNBOUNDED)
+
+
 def resolve_mask(causal: bool, mask) -> MaskSpec:
-    """Folds ``causal`` and ``mask`` into one :class:`MaskSpec`. Raises TypeError/ValueError naming ``mask``."""
+    """Folds ``causal`` and ``mask`` into one :class:`MaskSpec`. Raises TypeError/ValueError naming ``mask``.
+
+    Window sides and the chunk size come out in ``[0, UNBOUNDED]`` (negative or ``>= UNBOUNDED``:
+    ``UNBOUNDED``); ``has_window`` is False when neither side binds and ``causal`` is False."""
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
     parts = () if mask is None else (tuple(mask) if isinstance(mask, (tuple, list)) else (mask,))
@@ -180,14 +219,13 @@ def resolve_mask(causal: bool, mask) -> MaskSpec:
                 f"or a tuple of those; got {type(part).__name__}")
     left = right = UNBOUNDED
     if window is not None:
-        left = UNBOUNDED if window.left < 0 else window.left
-        right = UNBOUNDED if window.right < 0 else window.right
+        left, right = _clamp_size(window.left), _clamp_size(window.right)
     if causal:
         right = min(right, 0)
     return MaskSpec(
-        has_window=causal or window is not None,
+        has_window=min(left, right) < UNBOUNDED,
         window_left=left, window_right=right,
-        has_chunk=chunk is not None, chunk_size=chunk.size if chunk is not None else 1,
+        has_chunk=chunk is not None, chunk_size=_clamp_size(chunk.size) if chunk is not None else 1,
         mask_mod=mask_mod,
     )
 

@@ -10,7 +10,7 @@ from .. import _runtime
 from .._runtime import check_device, forward_only
 from . import kernel
 from .reference import nvfp4_global_scale
-from .scaled_tensor import SCALE_LAYOUTS, ScaledTensor
+from .scaled_tensor import OFFSET_DTYPES, SCALE_LAYOUTS, ScaledTensor
 from .spec import format_spec
 
 __all__ = ["quantize"]
@@ -67,9 +67,9 @@ def quantize(
     if group_offsets is not None:
         if scale_layout != "128x4":
             raise ValueError("group_offsets pads 128x4 scales per group: it needs scale_layout='128x4'")
-        if (not isinstance(group_offsets, torch.Tensor) or group_offsets.dtype not in (torch.int32, torch.int64)
+        if (not isinstance(group_offsets, torch.Tensor) or group_offsets.dtype not in OFFSET_DTYPES
                 or group_offsets.dim() != 1 or group_offsets.numel() < 1):
-            raise TypeError(f"group_offsets must be an int32/int64 [G + 1] tensor, "
+            raise TypeError(f"group_offsets must be an int32/uint32/int64 [G + 1] tensor, "
                             f"got {getattr(group_offsets, 'dtype', type(group_offsets).__name__)}")
         if (x.dim() if rows is None else 2) != 2:
             raise ValueError(f"group_offsets needs a 2D x, got shape {tuple(x.shape)}")

@@ -4,6 +4,8 @@ These are the oracle for the Triton quantize kernel and for the matmul tests; th
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .scaled_tensor import ScaledTensor
@@ -139,10 +141,11 @@ def dequantize(x: ScaledTensor) -> torch.Tensor:
     # Decoded in row chunks so that the temporaries stay small next to the float32 result
     # (an [E, N, K] expert weight can be several GiB).
     k = x.shape[-1]
-    data = x.data.reshape(-1, x.data.shape[-1])
-    scale = scale.reshape(-1, k // spec.block)
+    num_rows = math.prod(x.data.shape[:-1])
+    data = x.data.reshape(num_rows, x.data.shape[-1])
+    scale = scale.reshape(num_rows, k // spec.block)
     values = torch.empty(data.shape[0], k, dtype=torch.float32, device=data.device)
-    rows_per_chunk = max(1, (1 << 24) // k)
+    rows_per_chunk = max(1, (1 << 24) // max(k, 1))
     for start in range(0, data.shape[0], rows_per_chunk):
         chunk = data[start:start + rows_per_chunk]
         decoded = decode_e2m1(_unpack_e2m1(chunk)) if spec.packed else chunk.float()

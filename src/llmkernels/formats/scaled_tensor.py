@@ -7,11 +7,12 @@ import torch
 
 from .spec import FormatSpec, format_spec
 
-__all__ = ["ScaledTensor", "SCALE_LAYOUTS", "TILE_ROWS", "TILE_SCALE_COLS"]
+__all__ = ["ScaledTensor", "SCALE_LAYOUTS", "OFFSET_DTYPES", "TILE_ROWS", "TILE_SCALE_COLS"]
 
 SCALE_LAYOUTS = ("row", "128x4")
 TILE_ROWS = 128  # rows of one tensor-core scale tile
 TILE_SCALE_COLS = 4  # scale columns of one tile
+OFFSET_DTYPES = (torch.int32, torch.uint32, torch.int64)  # of group offsets
 
 
 @dataclass
@@ -76,9 +77,9 @@ class ScaledTensor:
             raise ValueError("group_offsets and group_scale_offsets go together, on a 2D tensor with 128x4 scales")
         if grouped:
             offsets, scale_offsets = self.group_offsets, self.group_scale_offsets
-            if (not isinstance(offsets, torch.Tensor) or offsets.dtype not in (torch.int32, torch.int64)
+            if (not isinstance(offsets, torch.Tensor) or offsets.dtype not in OFFSET_DTYPES
                     or offsets.dim() != 1 or offsets.numel() < 1):
-                raise TypeError(f"group_offsets must be an int32/int64 [G + 1] tensor, got {_describe(offsets)}")
+                raise TypeError(f"group_offsets must be an int32/uint32/int64 [G + 1] tensor, got {_describe(offsets)}")
             if (not isinstance(scale_offsets, torch.Tensor) or scale_offsets.dtype != torch.int32
                     or tuple(scale_offsets.shape) != (offsets.numel() - 1,)):
                 raise TypeError(f"group_scale_offsets must be an int32 [G] tensor with G = {offsets.numel() - 1}, "
