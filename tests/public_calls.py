@@ -292,18 +292,32 @@ CALLS = [
 CALLS_BY_NAME = {call.name: call for call in CALLS}
 
 
-def poisoned_buffer(shape, dtype, device) -> torch.Tensor:
-    """Stands in for ``llmkernels._runtime.new_buffer``: every buffer a kernel writes starts as NaN (0xFF
-    bytes for one-byte types, the maximum for integers), so that elements a call leaves unwritten compare
-    equal between two runs instead of holding whatever memory held."""
-    buffer = torch.empty(shape, dtype=dtype, device=device)
-    if buffer.element_size() == 1:
-        buffer.view(torch.uint8).fill_(0xFF)
-    elif buffer.is_floating_point():
-        buffer.fill_(float("nan"))
+def fill(tensor: torch.Tensor, filling: str) -> torch.Tensor:
+    """``"high"``: NaN (floating; 0xFF bytes for the one-byte types) or the integer maximum; ``"low"``:
+    zero (floating, bytes) or the integer minimum. Values that show when a kernel reads them."""
+    if tensor.element_size() == 1:
+        tensor.view(torch.uint8).fill_(0xFF if filling == "high" else 0)
+    elif tensor.is_floating_point():
+        tensor.fill_(float("nan") if filling == "high" else 0.0)
     else:
-        buffer.fill_(torch.iinfo(dtype).max)
-    return buffer
+        info = torch.iinfo(tensor.dtype)
+        tensor.fill_(info.max if filling == "high" else info.min)
+    return tensor
+
+
+def poisoned_buffer(shape, dtype, device) -> torch.Tensor:
+    """Stands in for ``llmkernels._runtime.new_buffer``: every buffer a kernel writes starts "high"
+    (:func:`fill`), so that elements a call leaves unwritten compare equal between two runs instead of
+    holding whatever memory held."""
+    return fill(torch.empty(shape, dtype=dtype, device=device), "high")
+
+
+def outcome(call: Call, leaves: dict):
+    """The call's result, or the TypeError / ValueError it raised."""
+    try:
+        return call.run(leaves)
+    except (TypeError, ValueError) as error:
+        return error
 
 
 def flat_tensors(result) -> list[torch.Tensor]:
@@ -323,7 +337,11 @@ def as_bits(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def bit_differences(actual, expected) -> str | None:
-    """None when two results hold the same shapes, dtypes and bytes, else what differs."""
+    """None when two outcomes are the same: results of the same shapes, dtypes and bytes, or errors of
+    the same type and message; else what differs."""
+    if isinstance(expected, Exception) or isinstance(actual, Exception):
+        same = type(actual) is type(expected) and str(actual) == str(expected)
+        return None if same else f"{actual!r} where {expected!r} was expected"
     actual, expected = flat_tensors(actual), flat_tensors(expected)
     if len(actual) != len(expected):
         return f"{len(actual)} result tensors, expected {len(expected)}"

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from llmkernels import _runtime
-from public_calls import (CALLS, CALLS_BY_NAME, CONTAINERS, NON_TENSOR_ARGUMENTS, PUBLIC, bit_differences,
-                          poisoned_buffer)
+from public_calls import (CALLS, CALLS_BY_NAME, CONTAINERS, NON_TENSOR_ARGUMENTS, PUBLIC, bit_differences, fill,
+                          outcome, poisoned_buffer)
 
 # The interpreter evaluates both sides of tl.where: -inf - -inf of fully masked rows warns in numpy.
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
@@ -21,21 +21,10 @@ VIEW_KINDS = ("strided", "expanded", "offset", "transposed")
 WRITTEN = ("out",)  # leaves the call writes
 
 
-def fill_hostile(tensor: torch.Tensor) -> torch.Tensor:
-    """NaN (floating; 0xFF bytes for the one-byte types), or the dtype's maximum (integers): what a read
-    of an element outside the view would then see is loud."""
-    if tensor.element_size() == 1:
-        tensor.view(torch.uint8).fill_(0xFF)
-    elif tensor.is_floating_point():
-        tensor.fill_(float("nan"))
-    else:
-        tensor.fill_(torch.iinfo(tensor.dtype).max)
-    return tensor
-
-
 def view_of(tensor: torch.Tensor, kind: str) -> torch.Tensor | None:
     """A view with other strides holding ``tensor``'s values (``"expanded"``: its first slice along the
-    first dim of size > 1, repeated with stride 0), in fresh memory whose other elements are hostile;
+    first dim of size > 1, repeated with stride 0), in fresh memory whose other elements are "high"
+    (NaN, 0xFF bytes, the integer maximum: a read of them shows);
     None when the kind does not apply to this shape."""
     sizes = tensor.shape
     long_dims = [d for d, size in enumerate(sizes) if size > 1]
@@ -45,15 +34,15 @@ def view_of(tensor: torch.Tensor, kind: str) -> torch.Tensor | None:
         if not long_dims:
             return None
         dim = long_dims[-1]
-        base = fill_hostile(tensor.new_empty((*sizes[:dim], 2 * sizes[dim], *sizes[dim + 1:])))
+        base = fill(tensor.new_empty((*sizes[:dim], 2 * sizes[dim], *sizes[dim + 1:])), "high")
         view = base[(slice(None),) * dim + (slice(None, None, 2),)]
     elif kind == "offset":
-        base = fill_hostile(tensor.new_empty(tensor.numel() + 3))
+        base = fill(tensor.new_empty(tensor.numel() + 3), "high")
         view = base[3:].view(sizes)
     elif kind == "transposed":
         if tensor.dim() < 2 or sizes[-1] < 2 or sizes[-2] < 2:
             return None
-        view = fill_hostile(tensor.new_empty((*sizes[:-2], sizes[-1], sizes[-2]))).transpose(-1, -2)
+        view = fill(tensor.new_empty((*sizes[:-2], sizes[-1], sizes[-2])), "high").transpose(-1, -2)
     else:
         raise ValueError(kind)
     return view.copy_(tensor)
@@ -62,20 +51,6 @@ def view_of(tensor: torch.Tensor, kind: str) -> torch.Tensor | None:
 def fresh(leaves: dict) -> dict:
     """The leaves with written ones cloned, so that each run starts from the same poisoned output."""
     return {name: tensor.clone() if name in WRITTEN else tensor for name, tensor in leaves.items()}
-
-
-def outcome(call, leaves):
-    try:
-        return call.run(leaves)
-    except (TypeError, ValueError) as error:
-        return error
-
-
-def difference(actual, expected) -> str | None:
-    if isinstance(expected, Exception) or isinstance(actual, Exception):
-        same = type(actual) is type(expected) and str(actual) == str(expected)
-        return None if same else f"{actual!r} where the contiguous call gave {expected!r}"
-    return bit_differences(actual, expected)
 
 
 @pytest.fixture(autouse=True)
@@ -104,7 +79,7 @@ def test_every_tensor_argument_takes_any_view(name, device):
                 reference = outcome(call, {**fresh(leaves), leaf: view.contiguous()})
             trial = fresh(leaves)
             trial[leaf] = view
-            problem = difference(outcome(call, trial), reference)
+            problem = bit_differences(outcome(call, trial), reference)
             if problem:
                 failures.append(f"{leaf} as {kind} view (strides {tuple(view.stride())}): {problem}")
     assert walked >= len(leaves), "every leaf takes at least one view"

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from llmkernels import _runtime
-from public_calls import CALLS_BY_NAME, bit_differences, poisoned_buffer
+from public_calls import CALLS_BY_NAME, bit_differences, fill, outcome, poisoned_buffer
 
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning",
                                         "ignore:overflow encountered:RuntimeWarning")
@@ -21,19 +21,6 @@ pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:Runtim
 FILLINGS = ("high", "low")
 HOSTILE_VALUES = ("max", "min", "mixed")
 EXTRA_CANARIES = 64  # canary elements beyond a buffer's own size, on each side
-
-
-def fill(tensor: torch.Tensor, filling: str) -> torch.Tensor:
-    """``"high"``: NaN (floating; 0xFF bytes for one-byte types) or the integer maximum; ``"low"``: zero
-    (floating, bytes) or the integer minimum."""
-    if tensor.element_size() == 1:
-        tensor.view(torch.uint8).fill_(0xFF if filling == "high" else 0)
-    elif tensor.is_floating_point():
-        tensor.fill_(float("nan") if filling == "high" else 0.0)
-    else:
-        info = torch.iinfo(tensor.dtype)
-        tensor.fill_(info.max if filling == "high" else info.min)
-    return tensor
 
 
 class Canaried:
@@ -91,20 +78,10 @@ def run_canaried(call, leaves: dict, filling: str, monkeypatch):
     monkeypatch.setattr(_runtime, "new_buffer", lambda shape, dtype, device: canaried.place(
         "a buffer the library allocated", poisoned_buffer(shape, dtype, device), None))
     placed = {name: canaried.place(name, tensor, filling) for name, tensor in leaves.items()}
-    try:
-        result = call.run(placed)
-    except (TypeError, ValueError) as error:
-        result = error
+    result = outcome(call, placed)
     written = {"out", "a buffer the library allocated"}
     canaried.check(written)
     return result
-
-
-def same(first, second) -> str | None:
-    if isinstance(first, Exception) or isinstance(second, Exception):
-        equal = type(first) is type(second) and str(first) == str(second)
-        return None if equal else f"{first!r} != {second!r}"
-    return bit_differences(first, second)
 
 
 def _metadata_leaves(leaves: dict) -> list[str]:
@@ -119,7 +96,7 @@ def test_canaries_stay_unread_and_untouched(name, device, monkeypatch):
     monkeypatch.setattr(_runtime, "new_buffer", poisoned_buffer)
     clean = call.run({name: tensor.clone() for name, tensor in leaves.items()})
     for filling in FILLINGS:
-        problem = same(run_canaried(call, leaves, filling, monkeypatch), clean)
+        problem = bit_differences(run_canaried(call, leaves, filling, monkeypatch), clean)
         assert problem is None, f"{name} between {filling} canaries: {problem}"
 
 
@@ -134,7 +111,7 @@ def test_hostile_metadata_reads_and_writes_nothing_outside(name, device, monkeyp
         for kind in HOSTILE_VALUES:
             trial = {**leaves, leaf: hostile(leaves[leaf], kind)}
             results = [run_canaried(call, trial, filling, monkeypatch) for filling in FILLINGS]
-            problem = same(*results)
+            problem = bit_differences(*results)
             if problem:
                 failures.append(f"{leaf} = {trial[leaf].tolist()}: the canaries reached the result: {problem}")
     assert not failures, f"{name}:\n" + "\n".join(failures)

@@ -1,15 +1,17 @@
 """Bad arguments raise TypeError / ValueError naming the argument, before any kernel launches; inputs that
 require grad raise for the forward-only functions (and run under ``torch.no_grad()``)."""
+import functools
+
 import pytest
 import torch
 import triton
 from triton.runtime.interpreter import InterpretedFunction
 
 import llmkernels as lk
-from llmkernels.attention.paged import PagedKVCache
+from llmkernels import _runtime
 from llmkernels.moe import MoEFeedForward, combine, dispatch, route
 from public_calls import CALLS, poisoned_buffer
-from llmkernels import _runtime
+from test_grouped_matmul import _bad_input_cases as _bad_grouped_matmul_cases
 
 FORWARD_ONLY = ("quantize", "grouped_matmul", "attention", "combine", "MoEFeedForward.forward")
 MOE_WEIGHTS = ("router_weight", "correction_bias", "w_gate_up", "w_down")
@@ -26,33 +28,19 @@ def forbid_launches(monkeypatch):
 
 def _cases(device):
     x = torch.randn(8, 64, device=device)
-    w = torch.randn(2, 32, 64, device=device)
-    a, b = lk.quantize(x, "mxfp8"), lk.quantize(w, "mxfp8")
-    offsets = torch.tensor([0, 4, 8], dtype=torch.int32, device=device)
-    ids = torch.tensor([0, 1], dtype=torch.int32, device=device)
-    out = torch.empty(8, 32, dtype=torch.bfloat16, device=device)
-    wrong_device = torch.device("meta")
+    a = lk.quantize(x, "mxfp8")
     q = torch.randn(1, 4, 2, 16, dtype=torch.float16, device=device)
     kv = torch.randn(1, 6, 2, 16, dtype=torch.float16, device=device)
     logits = torch.randn(4, 8, device=device)
-    gm = lambda **kw: lambda: lk.grouped_matmul(**{**dict(a=a, b=b, a_offsets=offsets, expert_ids=ids), **kw})  # noqa
     moe_args = (torch.randn(4, 64, device=device), torch.randn(4, 64, 64, device=device).bfloat16(),
                 torch.randn(4, 64, 32, device=device).bfloat16(), 2)
-    scales_elsewhere = lk.ScaledTensor(a.data, a.scales, "mxfp8")
-    shrunk = lk.ScaledTensor(a.data, a.scales, "mxfp8")
-    shrunk.scales = a.scales[:4]
+    offsets = torch.tensor([0, 4, 8], dtype=torch.int32, device=device)
+    grouped = {f"grouped_matmul case {i}": (error, message, functools.partial(lk.grouped_matmul, **kwargs))
+               for i, (error, message, kwargs) in enumerate(_bad_grouped_matmul_cases(device))}
     return {
-        # grouped matmul
-        "out with a zero stride": (ValueError, "out has elements that share memory", gm(out=out[:1].expand(8, 32))),
-        "out overlapping its rows": (ValueError, "out has elements that share memory",
-                                     gm(out=out.view(-1)[:8 * 32 - 31].as_strided((8, 32), (1, 1)))),
-        "out aliasing a": (ValueError, "out shares memory with a", lambda: _aliasing_out(device)),
-        "out of another dtype": (TypeError, "out must be torch.bfloat16", gm(out=out.float())),
-        "a's scales re-assigned smaller": (ValueError, "scales of shape", gm(a=shrunk)),
-        "b's scales on another device": (ValueError, "share one device", lambda: lk.grouped_matmul(
-            a, lk.ScaledTensor(b.data, b.scales.to(wrong_device), "mxfp8"), offsets, ids)),
-        "a ScaledTensor with scales moved after construction": (ValueError, "share one device",
-                                                                 lambda: _moved_scales(scales_elsewhere)),
+        **grouped,
+        "dequantize, scales moved to another device after construction": (
+            ValueError, "share one device", lambda: _moved_scales(lk.ScaledTensor(a.data, a.scales, "mxfp8"))),
         # formats
         "quantize, unknown scale_layout": (ValueError, "scale_layout must be", lambda: lk.quantize(x, "mxfp8",
                                                                                                  scale_layout="col")),
@@ -83,13 +71,6 @@ def _cases(device):
             torch.ones(4, 2, dtype=torch.float16, device=device))),
         "dispatch, float ids": (TypeError, "expert_ids must be", lambda: dispatch(logits, 8)),
     }
-
-
-def _aliasing_out(device):
-    buffer = torch.randn(8, 64, dtype=torch.bfloat16, device=device)
-    return lk.grouped_matmul(buffer, torch.randn(2, 32, 64, dtype=torch.bfloat16, device=device),
-                             torch.tensor([0, 4, 8], dtype=torch.int32, device=device),
-                             torch.tensor([0, 1], dtype=torch.int32, device=device), out=buffer[:, 32:])
 
 
 def _moved_scales(tensor):

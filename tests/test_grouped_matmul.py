@@ -283,7 +283,19 @@ def _bad_input_cases(device):
     offsets = torch.tensor([0, 4, 8], dtype=torch.int32, device=device)
     ids = torch.tensor([0, 1], dtype=torch.int32, device=device)
     ok = dict(a=a, b=b, a_offsets=offsets, expert_ids=ids)
+    out = torch.empty(8, 32, dtype=torch.bfloat16, device=device)
+    shrunk = lk.ScaledTensor(a.data, a.scales, "mxfp8")
+    shrunk.scales = a.scales[:4]  # fields can be re-assigned: checked again at the call
+    moved = lk.ScaledTensor(b.data, b.scales, "mxfp8")
+    moved.scales = b.scales.to("meta")
+    shared = torch.randn(8, 64, dtype=torch.bfloat16, device=device)
     return [
+        (ValueError, "out has elements that share memory", dict(ok, out=out[:1].expand(8, 32))),
+        (ValueError, "out has elements that share memory", dict(ok, out=out.view(-1)[:8].as_strided((8, 32), (1, 1)))),
+        (ValueError, "out shares memory with a", dict(ok, a=shared, b=w.bfloat16(), out=shared[:, 32:])),
+        (TypeError, "out must be torch.bfloat16", dict(ok, out=out.float())),
+        (ValueError, "scales of shape", dict(ok, a=shrunk)),
+        (ValueError, "share one device", dict(ok, b=moved)),
         (TypeError, "a must be", dict(ok, a=x.int())),
         (TypeError, "plain operands must share", dict(ok, a=x.bfloat16(), b=w.half())),
         (TypeError, "nvfp4 pairs only", dict(ok, b=lk.quantize(w, "nvfp4"))),

@@ -228,6 +228,9 @@ def attention(
             ``ceil(seqlens[b] / page_size)`` of row b) outside ``[0, num_pages)``. Not capturable in a CUDA
             graph; under ``torch.compile`` the call stays on the Python path (no custom op).
 
+    Every tensor argument may be any view (strided, expanded, offset, transposed): batch, token and head
+    strides go to the kernels, other layouts are copied first; the result has the bits of the contiguous call.
+
     Returns:
         out in q's layout and dtype (contiguous), or ``(out, lse)``.
 
@@ -235,8 +238,9 @@ def attention(
         TypeError: wrong dtypes (q not fp16/bf16, k/v/pages not q's dtype, cu_seqlens/seqlens/block_table not
             int32, sinks/alibi slopes not float32) or wrong argument types.
         ValueError: shape mismatches, Hq not a multiple of Hkv, unsupported head dim, cu_seqlens of the wrong
-            length, block_table too small for max_seqlen_k, k/v given with kv_cache, config disagreeing with
-            the inputs, tensors on different devices or on the CPU outside the Triton interpreter; with
+            length, block_table too small for max_seqlen_k, a sequence bound of 2**30 queries or keys or more,
+            k/v given with kv_cache, config disagreeing with the inputs, tensors on different devices or on
+            the CPU outside the Triton interpreter, an input that requires grad (forward-only); with
             ``validate=True`` bad metadata, the message naming the argument and its first bad index, e.g.
             ``"cu_seqlens_k[3] = 90 > total keys 64"`` or ``"kv_cache.block_table[0, 2] = 17 not in [0,
             num_pages=16)"``.

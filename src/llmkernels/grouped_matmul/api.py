@@ -195,12 +195,19 @@ def grouped_matmul(
 
     Offsets are read clamped to ``[0, T]`` and to their running maximum, and expert ids outside
     ``[0, E)`` write zeros, so bad metadata can neither make the kernel touch memory outside its
-    tensors nor write a row twice (``validate=True`` reports it instead).
+    tensors nor write a row twice (``validate=True`` reports it instead). With A scales padded per group,
+    a row whose scale tile-row falls outside A's scale tensor reads no scale and is written as NaN.
+
+    Every tensor (data, scales, metadata, ``out``) may be any view: strides the kernel addresses are
+    passed through, other layouts copied first; the result has the bits of the contiguous call.
 
     Raises:
-        TypeError: an argument of the wrong type or dtype, or an unsupported format pair.
-        ValueError: mismatched shapes (K, lengths of offsets, ids, scales), devices, a bad ``out``,
-            and with ``validate=True`` bad offsets or expert ids.
+        TypeError: an argument of the wrong type or dtype, an unsupported format pair, ``out`` of another
+            dtype.
+        ValueError: mismatched shapes (K, lengths of offsets, ids, scales), devices, ScaledTensor parts
+            that do not fit, ``out`` of another shape, with overlapping elements (a zero stride) or sharing
+            memory with an input, an input that requires grad (forward-only), and with ``validate=True``
+            bad offsets or expert ids.
     """
     a_op, b_op = _operand(a, "a", 2), _operand(b, "b", 3)
     _check_format_pair(a_op, b_op)
@@ -220,15 +227,15 @@ def grouped_matmul(
         raise TypeError(f"out_dtype must be bf16, fp16 or fp32, got {out_dtype}")
     if config is not None and not isinstance(config, BlockScaledMatmulConfig):
         raise TypeError(f"config must be a BlockScaledMatmulConfig, got {type(config).__name__}")
+    if out is not None:
+        check_out(out, (num_tokens, n_out), out_dtype, a=a_op.data, a_scales=a_op.scales, b=b_op.data,
+                  b_scales=b_op.scales, a_offsets=a_offsets, expert_ids=expert_ids, expert_scales=expert_scales)
     a_scale_offsets = a.group_scale_offsets if isinstance(a, ScaledTensor) else None
     device = check_device(a=a_op.data, a_scales=a_op.scales, b=b_op.data, b_scales=b_op.scales, a_offsets=a_offsets,
                           expert_ids=expert_ids, expert_scales=expert_scales, out=out, a_scale_offsets=a_scale_offsets,
                           a_global_scale=a_op.global_scale, b_global_scale=b_op.global_scale)
     if a_scale_offsets is not None and a_scale_offsets.numel() != num_groups:
         raise ValueError(f"a's group_scale_offsets has {a_scale_offsets.numel()} entries for {num_groups} groups")
-    if out is not None:
-        check_out(out, (num_tokens, n_out), out_dtype, a=a_op.data, a_scales=a_op.scales, b=b_op.data,
-                  b_scales=b_op.scales, a_offsets=a_offsets, expert_ids=expert_ids, expert_scales=expert_scales)
     # The kernel reads the metadata as dense vectors: views of any strides are copied (a few bytes).
     a_offsets, expert_ids = a_offsets.contiguous(), expert_ids.contiguous()
     expert_scales = expert_scales.contiguous() if expert_scales is not None else None

@@ -11,7 +11,7 @@ from ..grouped_matmul.api import grouped_matmul
 from ..ops import scaled_tensor_from_parts
 from .combine import combine
 from .dispatch import dispatch
-from .routing import route
+from .routing import check_correction_bias, route
 
 __all__ = ["MoEFeedForward"]
 
@@ -57,11 +57,7 @@ class MoEFeedForward(nn.Module):
                              f"got {tuple(w_down.shape)}")
         if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= num_experts:
             raise ValueError(f"top_k must be an int in [1, E={num_experts}], got {top_k!r}")
-        if correction_bias is not None:
-            if not isinstance(correction_bias, torch.Tensor) or not correction_bias.is_floating_point():
-                raise TypeError(f"correction_bias must be a floating [E] tensor, got {type(correction_bias).__name__}")
-            if tuple(correction_bias.shape) != (num_experts,):
-                raise ValueError(f"correction_bias must be [E] = [{num_experts}], got {tuple(correction_bias.shape)}")
+        check_correction_bias(correction_bias, num_experts)
         self.routing = dict(scoring=scoring, renormalize=renormalize, num_groups=num_groups, topk_groups=topk_groups)
         # The buffers are dense copies of whatever views were given: the forward then never re-copies them.
         self.register_buffer("router_weight", router_weight.detach().contiguous())

@@ -45,14 +45,7 @@ def route(router_logits: torch.Tensor, top_k: int, *, scoring: str = "softmax", 
         raise ValueError(f"top_k must be an int in [1, {num_experts}], got {top_k!r}")
     if scoring not in SCORINGS:
         raise ValueError(f"scoring must be one of {SCORINGS}, got {scoring!r}")
-    if correction_bias is not None:
-        if not isinstance(correction_bias, torch.Tensor) or not correction_bias.is_floating_point():
-            raise TypeError(f"correction_bias must be a floating [E] tensor, got {_describe(correction_bias)}")
-        if tuple(correction_bias.shape) != (num_experts,):
-            raise ValueError(f"correction_bias must be [E] = [{num_experts}], got {tuple(correction_bias.shape)}")
-        if correction_bias.device != router_logits.device:
-            raise ValueError(f"correction_bias is on {correction_bias.device} but router_logits on "
-                             f"{router_logits.device}")
+    check_correction_bias(correction_bias, num_experts, router_logits.device)
     if num_groups is not None or topk_groups is not None:
         _check_int("num_groups", num_groups)
         _check_int("topk_groups", topk_groups)
@@ -73,6 +66,18 @@ def route(router_logits: torch.Tensor, top_k: int, *, scoring: str = "softmax", 
     if renormalize:
         weights = weights / weights.sum(-1, keepdim=True)
     return weights, expert_ids.to(torch.int32)
+
+
+def check_correction_bias(correction_bias, num_experts: int, device: torch.device | None = None) -> None:
+    """None, or a floating ``[E]`` tensor (on ``device`` when given); raises TypeError / ValueError."""
+    if correction_bias is None:
+        return
+    if not isinstance(correction_bias, torch.Tensor) or not correction_bias.is_floating_point():
+        raise TypeError(f"correction_bias must be a floating [E] tensor, got {_describe(correction_bias)}")
+    if tuple(correction_bias.shape) != (num_experts,):
+        raise ValueError(f"correction_bias must be [E] = [{num_experts}], got {tuple(correction_bias.shape)}")
+    if device is not None and correction_bias.device != device:
+        raise ValueError(f"correction_bias is on {correction_bias.device} but router_logits on {device}")
 
 
 def _check_int(name: str, value) -> None:
