@@ -106,6 +106,16 @@ def test_attention_compile_fullgraph_matches_eager(device):
     assert torch.equal(out, eager_out) and torch.equal(lse, eager_lse)
 
 
+def test_attention_compile_fullgraph_with_a_traced_softmax_scale(device):
+    q, k = (torch.randn(1, 16, 2, 16, device=device, dtype=torch.float16) for _ in range(2))
+    compiled = torch.compile(lambda q, k, scale: lk.attention(q, k, k, causal=True, softmax_scale=scale),
+                             fullgraph=True, backend="aot_eager")
+    for scale in (0.3, 0.2):
+        assert torch.equal(compiled(q, k, scale), lk.attention(q, k, k, causal=True, softmax_scale=scale))
+    with pytest.raises(TypeError, match="softmax_scale must be a finite float"):
+        compiled(q, k, float("nan"))  # checked when the op runs
+
+
 def test_moe_combine_opcheck(device):
     y = torch.randn(12, 48, device=device, dtype=torch.bfloat16)
     row_of_copy = torch.randperm(12, device=device).view(4, 3)

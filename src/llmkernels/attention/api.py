@@ -334,7 +334,9 @@ def attention(
             raise ValueError(f"sinks must be [Hq] = [{num_q_heads}], got {tuple(sinks.shape)}")
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(head_dim)
-    elif isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)) or not math.isfinite(softmax_scale):
+    elif isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)) or (
+            # traced by torch.compile, its value is unknown while tracing: the op checks it when it runs
+            not torch.compiler.is_compiling() and not math.isfinite(softmax_scale)):
         raise TypeError(f"softmax_scale must be a finite float or None, got {softmax_scale!r}")
     if config is not None:
         if not isinstance(config, FA4Config):
@@ -368,7 +370,7 @@ def attention(
         result = attention_op(
             q, k, v, mask_spec.has_window, side(mask_spec.window_left), side(mask_spec.window_right),
             mask_spec.chunk_size if mask_spec.has_chunk else 0,
-            mod_spec.cap if mod_spec.kind == SCORE_MOD_SOFTCAP else 0.0, mod_spec.slopes, sinks, float(softmax_scale),
+            mod_spec.cap if mod_spec.kind == SCORE_MOD_SOFTCAP else 0.0, mod_spec.slopes, sinks, softmax_scale,
             cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
             kv_cache.k_pages if paged else None, kv_cache.v_pages if paged else None,
             kv_cache.block_table if paged else None, kv_cache.seqlens if paged else None, num_splits, return_lse)
