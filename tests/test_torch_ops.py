@@ -5,7 +5,7 @@ import torch
 
 import llmkernels as lk
 from llmkernels._testing import assert_close_relative, random_group_offsets
-from llmkernels.ops import scaled_tensor_parts
+from llmkernels.formats import scaled_tensor_parts
 
 
 def _moe_problem(device, num_experts=3, n=64, k=64):

@@ -17,34 +17,10 @@ from __future__ import annotations
 
 import torch
 
-from .formats import ScaledTensor
+from .formats import scaled_tensor_from_parts, scaled_tensor_parts
 from .formats.spec import format_spec
 
-__all__ = ["attention_op", "grouped_matmul_op", "moe_combine_op", "moe_dispatch_op", "quantize_op",
-           "scaled_tensor_from_parts", "scaled_tensor_parts"]
-
-PLAIN_FORMATS = ("bf16", "fp16")
-
-
-def scaled_tensor_parts(x) -> tuple:
-    """``(data, scales, global_scale, format, scale_layout, group_offsets, group_scale_offsets)`` of a
-    ScaledTensor (data and scales as their uint8 bytes, which every backend can carry), or of a plain
-    bf16/fp16 tensor (format ``"bf16"``/``"fp16"``, no scales)."""
-    if isinstance(x, ScaledTensor):
-        return (x.data.view(torch.uint8), x.scales.view(torch.uint8), x.global_scale, x.format, x.scale_layout,
-                x.group_offsets, x.group_scale_offsets)
-    return x, None, None, "fp16" if x.dtype == torch.float16 else "bf16", "row", None, None
-
-
-def scaled_tensor_from_parts(data, scales, global_scale, format, scale_layout="row", group_offsets=None,
-                             group_scale_offsets=None):
-    """The inverse of :func:`scaled_tensor_parts` (data and scales may be any same-size view)."""
-    if format in PLAIN_FORMATS:
-        return data
-    spec = format_spec(format)
-    return ScaledTensor(data.view(spec.data_dtype), scales.view(spec.scale_dtype), format, global_scale,
-                        scale_layout, group_offsets, group_scale_offsets)
-
+__all__ = ["attention_op", "grouped_matmul_op", "moe_combine_op", "moe_dispatch_op", "quantize_op"]
 
 @torch.library.custom_op("llmkernels::grouped_matmul", mutates_args=())
 def grouped_matmul_op(

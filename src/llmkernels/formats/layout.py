@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import torch
 
-from .scaled_tensor import TILE_ROWS, TILE_SCALE_COLS, ScaledTensor
-
 __all__ = [
     "to_blocked_scales", "from_blocked_scales", "to_grouped_blocked_scales", "from_grouped_blocked_scales",
-    "scales_to_row",
+    "TILE_ROWS", "TILE_SCALE_COLS",
 ]
+
+TILE_ROWS = 128  # rows of one tensor-core scale tile
+TILE_SCALE_COLS = 4  # scale columns of one tile
 
 
 def _pad_bits(scales: torch.Tensor) -> int:
@@ -109,13 +110,3 @@ def from_grouped_blocked_scales(blocked: torch.Tensor, group_offsets: torch.Tens
     out = rows[flat_row, :cols]
     out = torch.where((tile_row >= 0)[:, None], out, _pad_bits(blocked))
     return out.to(torch.uint8).contiguous().view(blocked.dtype)
-
-
-def scales_to_row(tensor: ScaledTensor) -> torch.Tensor:
-    """The scales of ``tensor`` in the row-major layout ``[..., R, K / block]``."""
-    if tensor.scale_layout == "row":
-        return tensor.scales
-    rows, cols = tensor.shape[-2], tensor.shape[-1] // tensor.spec.block
-    if tensor.group_offsets is not None:
-        return from_grouped_blocked_scales(tensor.scales, tensor.group_offsets, rows, cols)
-    return from_blocked_scales(tensor.scales, rows, cols)

@@ -128,13 +128,11 @@ def dequantize(x: ScaledTensor) -> torch.Tensor:
         TypeError: x is not a ScaledTensor (or its parts have the wrong dtypes).
         ValueError: its parts do not fit together (:meth:`ScaledTensor.validate`).
     """
-    from .layout import scales_to_row
-
     if not isinstance(x, ScaledTensor):
         raise TypeError(f"dequantize takes a ScaledTensor, got {type(x).__name__}")
     x.validate()
     spec = x.spec
-    row_scales = scales_to_row(x)
+    row_scales = x.row_scales()
     scale = decode_e8m0(row_scales.view(torch.uint8)) if spec.scale == "e8m0" else row_scales.float()
     if spec.has_global_scale:
         scale = scale * x.global_scale.float().reshape(())

@@ -5,13 +5,15 @@ from dataclasses import dataclass
 
 import torch
 
+from . import layout as scale_layouts
+from .layout import TILE_ROWS, TILE_SCALE_COLS
 from .spec import FormatSpec, format_spec
 
-__all__ = ["ScaledTensor", "SCALE_LAYOUTS", "OFFSET_DTYPES", "TILE_ROWS", "TILE_SCALE_COLS"]
+__all__ = ["ScaledTensor", "SCALE_LAYOUTS", "OFFSET_DTYPES", "PLAIN_FORMATS", "scaled_tensor_parts",
+           "scaled_tensor_from_parts"]
 
 SCALE_LAYOUTS = ("row", "128x4")
-TILE_ROWS = 128  # rows of one tensor-core scale tile
-TILE_SCALE_COLS = 4  # scale columns of one tile
+PLAIN_FORMATS = ("bf16", "fp16")  # what scaled_tensor_parts calls a plain bf16 / fp16 tensor
 OFFSET_DTYPES = (torch.int32, torch.uint32, torch.int64)  # of group offsets
 
 
@@ -130,24 +132,52 @@ class ScaledTensor:
     def dim(self) -> int:
         return self.data.dim()
 
+    def row_scales(self) -> torch.Tensor:
+        """The scales in the row-major layout ``[..., R, K / block]`` (a copy unless already row-major)."""
+        if self.scale_layout == "row":
+            return self.scales
+        rows, cols = self.shape[-2], self.shape[-1] // self.spec.block
+        if self.group_offsets is not None:
+            return scale_layouts.from_grouped_blocked_scales(self.scales, self.group_offsets, rows, cols)
+        return scale_layouts.from_blocked_scales(self.scales, rows, cols)
+
     def to_layout(self, layout: str, group_offsets: torch.Tensor | None = None) -> "ScaledTensor":
         """The same tensor with its scales in ``layout`` (``"row"`` or ``"128x4"``).
 
         ``group_offsets`` (int32 ``[G + 1]``, 2D tensors only): pad the 128x4 scales per group, as the
         seed's A operand needs (see :func:`llmkernels.formats.to_grouped_blocked_scales`).
         """
-        from . import layout as _layout
-
-        row_scales = self.scales if self.scale_layout == "row" else _layout.scales_to_row(self)
+        row_scales = self.row_scales()
         if layout == "row":
             return ScaledTensor(self.data, row_scales, self.format, self.global_scale)
         if layout != "128x4":
             raise ValueError(f"layout must be one of {SCALE_LAYOUTS}, got {layout!r}")
         if group_offsets is None:
-            return ScaledTensor(self.data, _layout.to_blocked_scales(row_scales), self.format, self.global_scale, "128x4")
-        blocked, group_scale_offsets = _layout.to_grouped_blocked_scales(row_scales, group_offsets)
+            return ScaledTensor(self.data, scale_layouts.to_blocked_scales(row_scales), self.format, self.global_scale,
+                                "128x4")
+        blocked, group_scale_offsets = scale_layouts.to_grouped_blocked_scales(row_scales, group_offsets)
         return ScaledTensor(self.data, blocked, self.format, self.global_scale, "128x4", group_offsets,
                             group_scale_offsets)
+
+
+def scaled_tensor_parts(x) -> tuple:
+    """``(data, scales, global_scale, format, scale_layout, group_offsets, group_scale_offsets)`` of a
+    ScaledTensor (data and scales as their uint8 bytes, which every backend can carry), or of a plain
+    bf16/fp16 tensor (format ``"bf16"``/``"fp16"``, no scales)."""
+    if isinstance(x, ScaledTensor):
+        return (x.data.view(torch.uint8), x.scales.view(torch.uint8), x.global_scale, x.format, x.scale_layout,
+                x.group_offsets, x.group_scale_offsets)
+    return x, None, None, "fp16" if x.dtype == torch.float16 else "bf16", "row", None, None
+
+
+def scaled_tensor_from_parts(data, scales, global_scale, format, scale_layout="row", group_offsets=None,
+                             group_scale_offsets=None):
+    """The inverse of :func:`scaled_tensor_parts` (data and scales may be any same-size view)."""
+    if format in PLAIN_FORMATS:
+        return data
+    spec = format_spec(format)
+    return ScaledTensor(data.view(spec.data_dtype), scales.view(spec.scale_dtype), format, global_scale,
+                        scale_layout, group_offsets, group_scale_offsets)
 
 
 def _describe(x) -> str:

@@ -11,6 +11,7 @@ from .. import _runtime
 from .._runtime import (check_device, check_out, cuda_capability, first_bad_prefix_sum, first_true, forward_only,
                         interpreting, next_power_of_2, num_programs_hint)
 from ..formats import ScaledTensor
+from ..formats.kernel import upcast_rows_kernel
 from . import kernel
 from .config import ALL_GROUP_SIZES, BlockScaledMatmulConfig, default_launches
 
@@ -241,7 +242,8 @@ def grouped_matmul(
     expert_scales = expert_scales.contiguous() if expert_scales is not None else None
     a_scale_offsets = a_scale_offsets.contiguous() if a_scale_offsets is not None else None
     if torch.compiler.is_compiling() and out is None and config is None and not validate and epilogue_fn is None:
-        from ..ops import grouped_matmul_op, scaled_tensor_parts  # an opaque node for the compiler
+        from ..formats import scaled_tensor_parts
+        from ..ops import grouped_matmul_op  # an opaque node for the compiler
 
         return grouped_matmul_op(*scaled_tensor_parts(a), *scaled_tensor_parts(b)[:5], a_offsets, expert_ids,
                                  expert_scales, epilogue, out_dtype)
@@ -315,7 +317,7 @@ def _upcast_rows(a: _Operand, num_tokens: int, k: int, compute_dtype, device, pa
     torch_dtype = {tl.bfloat16: torch.bfloat16, tl.float16: torch.float16, tl.float32: torch.float32}[compute_dtype]
     values = _runtime.new_buffer((num_tokens, k), torch_dtype, device)
     block_rows, block_k, num_warps = _UPCAST_TILE
-    kernel.upcast_rows_kernel[(triton.cdiv(num_tokens, block_rows), triton.cdiv(k, block_k))](
+    upcast_rows_kernel[(triton.cdiv(num_tokens, block_rows), triton.cdiv(k, block_k))](
         a.data, a.scales, values, a.data.stride(0), a.scales.stride(0) if a.scale_layout == "row" else 0,
         values.stride(0), num_tokens, k,
         ELEMENT=a.element, SCALE=a.scale, SCALE_BLOCK=a.scale_block, SCALE_LAYOUT=a.scale_layout,

@@ -8,9 +8,7 @@ a float32 global scale). Scales sit in the row-major layout or in 128x4 tensor-c
 import triton
 import triton.language as tl
 
-from ..formats.kernel import decode_e2m1, decode_e2m1_pairs_bf16, decode_scale
-
-TILE_BYTES = tl.constexpr(512)  # one 128-row × 4-column tile of scales
+from ..formats.kernel import dequantize_tile, load_operand_tile, load_scales, tile_scale_row_base
 
 
 @triton.jit
@@ -25,75 +23,14 @@ def _pick(values, ids, index):
 
 
 @triton.jit
-def _scale_col_offsets(scale_cols, SCALE_LAYOUT: tl.constexpr):
-    """Byte offset of scale column c from its row's base offset."""
-    if SCALE_LAYOUT == "row":
-        return scale_cols
-    else:
-        return (scale_cols // 4) * TILE_BYTES + scale_cols % 4
-
-
-@triton.jit
-def _tile_scale_row_base(tile_row, row_in_tile, num_scale_cols):
-    """Byte offset of a row's scales inside the 128x4 layout, at scale column 0."""
-    col_tiles = tl.cdiv(num_scale_cols, 4)
-    return tile_row.to(tl.int64) * col_tiles * TILE_BYTES + (row_in_tile % 32) * 16 + (row_in_tile // 32) * 4
-
-
-@triton.jit
-def _load_data(data_ptr, row_offsets, row_mask, k_start, K, ELEMENT: tl.constexpr, BLOCK_K: tl.constexpr):
-    """Raw operand tile ``[rows, BLOCK_K]`` (``[rows, BLOCK_K / 2]`` bytes for packed e2m1)."""
-    if ELEMENT == "e2m1":
-        cols = k_start // 2 + tl.arange(0, BLOCK_K // 2)
-        col_mask = cols < K // 2
-    else:
-        cols = k_start + tl.arange(0, BLOCK_K)
-        col_mask = cols < K
-    return tl.load(data_ptr + row_offsets[:, None] + cols[None, :],
-                   mask=row_mask[:, None] & col_mask[None, :], other=0)
-
-
-@triton.jit
-def _load_scales(scales_ptr, scale_row_base, row_mask, k_start, K,
-                 SCALE: tl.constexpr, SCALE_BLOCK: tl.constexpr, SCALE_LAYOUT: tl.constexpr,
-                 SCALE_WORDS: tl.constexpr, BLOCK_K: tl.constexpr):
-    """Scale bits ``[rows, BLOCK_K / SCALE_BLOCK]`` (uint8); 1.0 where masked.
-
-    With SCALE_WORDS (the host checked that every group of four scale columns starts 4-byte aligned:
-    ``K / SCALE_BLOCK`` and ``BLOCK_K / SCALE_BLOCK`` multiples of 4, aligned base) each row's scales are
-    read as int32 words, four scale columns each, and split into bytes in registers: 32-bit loads,
-    which Triton's pipeliner turns into asynchronous copies staged with the data, where byte loads
-    stay synchronous loads inside the K loop.
-    """
-    if SCALE == "e8m0":
-        one_bits = 127
-    else:
-        one_bits = 0x38
-    if SCALE_WORDS:
-        NUM_WORDS: tl.constexpr = BLOCK_K // SCALE_BLOCK // 4
-        first_cols = k_start // SCALE_BLOCK + 4 * tl.arange(0, NUM_WORDS)  # first scale column of each word
-        offsets = scale_row_base[:, None] + _scale_col_offsets(first_cols, SCALE_LAYOUT)[None, :]
-        mask = row_mask[:, None] & (first_cols < K // SCALE_BLOCK)[None, :]
-        words = tl.load((scales_ptr + offsets).to(tl.pointer_type(tl.int32)), mask=mask, other=one_bits * 0x01010101)
-        shifts = 8 * tl.arange(0, 4)
-        scale_bytes = (words[:, :, None] >> shifts[None, None, :]) & 0xFF  # little-endian: byte c is column c
-        return tl.reshape(scale_bytes, (scale_row_base.shape[0], BLOCK_K // SCALE_BLOCK)).to(tl.uint8)
-    else:
-        scale_cols = k_start // SCALE_BLOCK + tl.arange(0, BLOCK_K // SCALE_BLOCK)
-        offsets = scale_row_base[:, None] + _scale_col_offsets(scale_cols, SCALE_LAYOUT)[None, :]
-        mask = row_mask[:, None] & (scale_cols < K // SCALE_BLOCK)[None, :]
-        return tl.load(scales_ptr + offsets, mask=mask, other=one_bits)
-
-
-@triton.jit
 def _load_scales_if(scales_ptr, scale_row_base, row_mask, k_start, K,
                     SCALE: tl.constexpr, SCALE_BLOCK: tl.constexpr, SCALE_LAYOUT: tl.constexpr,
                     SCALE_WORDS: tl.constexpr, BLOCK_K: tl.constexpr):
-    """:func:`_load_scales`, or 0 (never read) for an operand without scales."""
+    """:func:`load_scales`, or 0 (never read) for an operand without scales."""
     if SCALE == "none":
         return 0
     else:
-        return _load_scales(scales_ptr, scale_row_base, row_mask, k_start, K, SCALE, SCALE_BLOCK, SCALE_LAYOUT,
+        return load_scales(scales_ptr, scale_row_base, row_mask, k_start, K, SCALE, SCALE_BLOCK, SCALE_LAYOUT,
                             SCALE_WORDS, BLOCK_K)
 
 
@@ -112,35 +49,6 @@ def _step_scales(a_scales_ptr, a_scale_rows, row_mask, b_scales_ptr, b_scale_row
         up = _load_scales_if(b_scales_ptr, up_scale_rows, col_mask, k_start, K, B_SCALE, B_SCALE_BLOCK,
                              B_SCALE_LAYOUT, SCALE_WORDS, BLOCK_K)
     return a, b, up
-
-
-@triton.jit
-def _dequantize(data, scale_bits, ELEMENT: tl.constexpr, SCALE: tl.constexpr, SCALE_BLOCK: tl.constexpr,
-                ROWS: tl.constexpr, BLOCK_K: tl.constexpr, COMPUTE_DTYPE: tl.constexpr, PACKED_DECODE: tl.constexpr):
-    """Raw tile → ``[ROWS, BLOCK_K]`` in COMPUTE_DTYPE. Exact: an e2m1 or e4m3 value times an e8m0 or
-    e4m3 scale has at most 6 significant bits, which bf16 and fp16 hold. With PACKED_DECODE (bf16 on an
-    NVIDIA GPU) e2m1 bytes are decoded and scaled in bf16 pairs by :func:`decode_e2m1_pairs_bf16`."""
-    if SCALE == "none":
-        values = data
-    elif ELEMENT == "e2m1" and PACKED_DECODE:
-        # the bytes of each scale block along a row, each with its block's scale
-        data = tl.reshape(data, (ROWS, BLOCK_K // SCALE_BLOCK, SCALE_BLOCK // 2))
-        scale = decode_scale(scale_bits, SCALE).to(tl.bfloat16)
-        scale = tl.broadcast_to(scale[:, :, None], (ROWS, BLOCK_K // SCALE_BLOCK, SCALE_BLOCK // 2))
-        even, odd = decode_e2m1_pairs_bf16(data, scale)
-        values = tl.reshape(tl.join(even, odd), (ROWS, BLOCK_K))
-    else:
-        if ELEMENT == "e4m3":
-            # Decoding through fp32 measured 1.4x faster on H200 than fp8 -> bf16 with a bf16 multiply.
-            values = data.to(tl.float8e4nv, bitcast=True).to(tl.float32)
-        else:
-            even = decode_e2m1(data & 0xF)
-            odd = decode_e2m1(data >> 4)
-            values = tl.reshape(tl.join(even, odd), (ROWS, BLOCK_K))
-        scale = decode_scale(scale_bits, SCALE)
-        values = tl.reshape(values, (ROWS, BLOCK_K // SCALE_BLOCK, SCALE_BLOCK)) * scale[:, :, None]
-        values = tl.reshape(values, (ROWS, BLOCK_K))
-    return values.to(COMPUTE_DTYPE)
 
 
 @triton.jit
@@ -167,9 +75,9 @@ def _mma_step(acc, a_data, a_scale_bits, b_data, b_scale_bits,
                 return tl.dot_scaled(a_data, a_scale_bits, A_ELEMENT, tl.trans(b_data), b_scale_bits, B_ELEMENT,
                                      acc)
     else:
-        a = _dequantize(a_data, a_scale_bits, A_ELEMENT, A_SCALE, A_SCALE_BLOCK, BLOCK_M, BLOCK_K, COMPUTE_DTYPE,
+        a = dequantize_tile(a_data, a_scale_bits, A_ELEMENT, A_SCALE, A_SCALE_BLOCK, BLOCK_M, BLOCK_K, COMPUTE_DTYPE,
                         PACKED_DECODE)
-        b = _dequantize(b_data, b_scale_bits, B_ELEMENT, B_SCALE, B_SCALE_BLOCK, BLOCK_N, BLOCK_K, COMPUTE_DTYPE,
+        b = dequantize_tile(b_data, b_scale_bits, B_ELEMENT, B_SCALE, B_SCALE_BLOCK, BLOCK_N, BLOCK_K, COMPUTE_DTYPE,
                         PACKED_DECODE)
         if SWAP_AB:
             return tl.dot(b, tl.trans(a), acc)
@@ -265,19 +173,19 @@ def grouped_matmul_kernel(
         a_scale_rows = rows * stride_a_scale_row
         a_scale_mask = row_mask
         if A_SCALE_LAYOUT == "128x4":
-            a_scale_rows = _tile_scale_row_base(rows // 128, rows % 128, K // A_SCALE_BLOCK)
+            a_scale_rows = tile_scale_row_base(rows // 128, rows % 128, K // A_SCALE_BLOCK)
         elif A_SCALE_LAYOUT == "128x4_grouped":
             local_rows = rows - group_start
             tile_rows = group_start // 128 + tl.load(a_scale_offsets_ptr + group).to(tl.int64) + local_rows // 128
             a_scale_mask = row_mask & (tile_rows >= 0) & (tile_rows < num_a_scale_tile_rows)
-            a_scale_rows = _tile_scale_row_base(tl.where(a_scale_mask, tile_rows, 0), local_rows % 128,
+            a_scale_rows = tile_scale_row_base(tl.where(a_scale_mask, tile_rows, 0), local_rows % 128,
                                                 K // A_SCALE_BLOCK)
 
         b_rows = cols
         b_row_offsets = expert * stride_b_expert + b_rows * stride_b_row
         b_scale_rows = expert * stride_b_scale_expert + b_rows * stride_b_scale_row
         if B_SCALE_LAYOUT == "128x4":
-            b_scale_rows = _tile_scale_row_base(expert * tl.cdiv(N, 128) + b_rows // 128, b_rows % 128,
+            b_scale_rows = tile_scale_row_base(expert * tl.cdiv(N, 128) + b_rows // 128, b_rows % 128,
                                                 K // B_SCALE_BLOCK)
         up_scale_rows = b_scale_rows
         if EPILOGUE == "swiglu":  # B's rows are [gate | up]: the up rows sit n_out further
@@ -285,7 +193,7 @@ def grouped_matmul_kernel(
             up_row_offsets = expert * stride_b_expert + up_rows * stride_b_row
             up_scale_rows = expert * stride_b_scale_expert + up_rows * stride_b_scale_row
             if B_SCALE_LAYOUT == "128x4":
-                up_scale_rows = _tile_scale_row_base(expert * tl.cdiv(N, 128) + up_rows // 128, up_rows % 128,
+                up_scale_rows = tile_scale_row_base(expert * tl.cdiv(N, 128) + up_rows // 128, up_rows % 128,
                                                      K // B_SCALE_BLOCK)
 
         if SWAP_AB:
@@ -314,13 +222,13 @@ def grouped_matmul_kernel(
                 a_scale_next, b_scale_next, up_scale_next = loaded
             else:  # this step's own scales, just loaded
                 a_scale_bits, b_scale_bits, up_scale_bits = loaded
-            a_data = _load_data(a_ptr, a_row_offsets, row_mask, k_start, K, A_ELEMENT, BLOCK_K)
-            b_data = _load_data(b_ptr, b_row_offsets, col_mask, k_start, K, B_ELEMENT, BLOCK_K)
+            a_data = load_operand_tile(a_ptr, a_row_offsets, row_mask, k_start, K, A_ELEMENT, BLOCK_K)
+            b_data = load_operand_tile(b_ptr, b_row_offsets, col_mask, k_start, K, B_ELEMENT, BLOCK_K)
             acc = _mma_step(acc, a_data, a_scale_bits, b_data, b_scale_bits,
                             A_ELEMENT, A_SCALE, A_SCALE_BLOCK, B_ELEMENT, B_SCALE, B_SCALE_BLOCK,
                             USE_DOT_SCALED, SWAP_AB, BLOCK_M, BLOCK_N, BLOCK_K, COMPUTE_DTYPE, PACKED_DECODE)
             if EPILOGUE == "swiglu":
-                up_data = _load_data(b_ptr, up_row_offsets, col_mask, k_start, K, B_ELEMENT, BLOCK_K)
+                up_data = load_operand_tile(b_ptr, up_row_offsets, col_mask, k_start, K, B_ELEMENT, BLOCK_K)
                 up_acc = _mma_step(up_acc, a_data, a_scale_bits, up_data, up_scale_bits,
                                    A_ELEMENT, A_SCALE, A_SCALE_BLOCK, B_ELEMENT, B_SCALE, B_SCALE_BLOCK,
                                    USE_DOT_SCALED, SWAP_AB, BLOCK_M, BLOCK_N, BLOCK_K, COMPUTE_DTYPE, PACKED_DECODE)
@@ -347,30 +255,3 @@ def grouped_matmul_kernel(
         out_offsets = rows[:, None] * stride_out_row + cols[None, :]
         tl.store(out_ptr + out_offsets, acc.to(out_ptr.dtype.element_ty),
                  mask=row_mask[:, None] & col_mask[None, :])
-
-
-@triton.jit
-def upcast_rows_kernel(
-    data_ptr, scales_ptr, out_ptr, stride_data_row, stride_scale_row, stride_out_row, num_rows, K,
-    ELEMENT: tl.constexpr, SCALE: tl.constexpr, SCALE_BLOCK: tl.constexpr, SCALE_LAYOUT: tl.constexpr,
-    PACKED_DECODE: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_K: tl.constexpr,
-):
-    """The grouped matmul's A pre-pass: quantized A ``[num_rows, K]`` (e4m3 data, or packed e2m1 bytes
-    ``[num_rows, K / 2]``; ``"row"`` or ``"128x4"`` scales) → out ``[num_rows, K]`` in out's dtype,
-    each element times its block scale (not the global scale: the matmul applies that). Exact in
-    bf16/fp16 (the same decode as the fused path). One program per ``BLOCK_ROWS × BLOCK_K`` tile.
-    """
-    rows = tl.program_id(0).to(tl.int64) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
-    row_mask = rows < num_rows
-    k_start = tl.program_id(1) * BLOCK_K
-    scale_rows = rows * stride_scale_row
-    if SCALE_LAYOUT == "128x4":
-        scale_rows = _tile_scale_row_base(rows // 128, rows % 128, K // SCALE_BLOCK)
-    data = _load_data(data_ptr, rows * stride_data_row, row_mask, k_start, K, ELEMENT, BLOCK_K)
-    scale_bits = _load_scales(scales_ptr, scale_rows, row_mask, k_start, K, SCALE, SCALE_BLOCK, SCALE_LAYOUT, False,
-                              BLOCK_K)
-    values = _dequantize(data, scale_bits, ELEMENT, SCALE, SCALE_BLOCK, BLOCK_ROWS, BLOCK_K, out_ptr.dtype.element_ty,
-                         PACKED_DECODE)
-    cols = k_start + tl.arange(0, BLOCK_K)
-    tl.store(out_ptr + rows[:, None] * stride_out_row + cols[None, :], values,
-             mask=row_mask[:, None] & (cols < K)[None, :])

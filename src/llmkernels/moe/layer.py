@@ -8,7 +8,7 @@ from torch import nn
 from .._runtime import forward_only
 from ..formats import FORMATS, ScaledTensor, quantize
 from ..grouped_matmul.api import grouped_matmul
-from ..ops import scaled_tensor_from_parts
+from ..formats import scaled_tensor_from_parts
 from .combine import combine
 from .dispatch import dispatch
 from .routing import check_correction_bias, route
