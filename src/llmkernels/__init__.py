@@ -4,11 +4,11 @@
 * :func:`quantize` / :func:`dequantize` / :class:`ScaledTensor`: MXFP8, MXFP4 and NVFP4.
 * :func:`attention`: FA4-style attention forward (dense, ragged, paged KV; masks, score mods, sinks, split-KV).
 """
-from .formats import FORMATS, ScaledTensor, dequantize, quantize, quantize_reference
-from .grouped_matmul import BlockScaledMatmulConfig, grouped_matmul, grouped_matmul_reference
-from .attention import (FA4Config, Chunked, PagedKVCache, SlidingWindow, alibi, attention,
-                        attention_reference, softcap)
-from . import ops  # registers torch.ops.llmkernels.*
+from .formats import FORMATS, ScaledTensor, dequantize, quantize_reference
+from .grouped_matmul import BlockScaledMatmulConfig, grouped_matmul_reference
+from .attention import FA4Config, Chunked, PagedKVCache, SlidingWindow, alibi, attention_reference, softcap
+from .ops import attention, grouped_matmul, quantize  # also registers torch.ops.llmkernels.*
+from . import moe
 
 __version__ = "0.1.0"
 

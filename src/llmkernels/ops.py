@@ -1,12 +1,12 @@
-"""The kernels as PyTorch custom operators (``torch.ops.llmkernels.*``), for ``torch.compile``.
+"""The public functions and, for ``torch.compile``, the kernels as custom operators (``torch.ops.llmkernels.*``).
 
-Under ``torch.compile`` the public functions (:func:`llmkernels.grouped_matmul`,
-:func:`llmkernels.quantize`, :func:`llmkernels.attention`, :func:`llmkernels.moe.dispatch`,
-:func:`llmkernels.moe.combine`) check
-their arguments while tracing and then call these operators, which the compiler treats as opaque
-nodes with fake (meta) implementations: no graph break, and no host sync inside, so the compiled
-graph stays capturable in a CUDA graph. In eager mode the public functions launch directly (the
-dispatcher would add host time to every decode step).
+This layer sits on top of the kernel families (``formats``, ``grouped_matmul``, ``attention``, ``routing``),
+which never import it. Each public function here runs its family's eager function (validate, then launch)
+when called normally; while ``torch.compile`` traces, it runs the family's checks (no launch, no sync) and
+calls the custom operator, which the compiler treats as an opaque node with a fake (meta) implementation:
+no graph break and no host sync inside, so the compiled graph stays capturable in a CUDA graph. The
+operator's implementation is the family's eager function. In eager mode nothing goes through the
+dispatcher (it would add host time to every decode step).
 
 A ScaledTensor crosses the operator boundary as its parts (data, scales, global scale, format and
 layout strings), masks and score modifiers as numbers; Python callables do not, so calls with a
@@ -15,12 +15,26 @@ user ``@triton.jit`` epilogue, mask_mod or score_mod, an ``out=`` buffer, an exp
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
-from .formats import scaled_tensor_from_parts, scaled_tensor_parts
+from .attention import api as attention_api
+from .attention.masks import SCORE_MOD_SOFTCAP, UNBOUNDED, Chunked, SlidingWindow, alibi
+from .attention.masks import softcap as make_softcap
+from .attention.paged import PagedKVCache
+from .formats import ScaledTensor, nvfp4_global_scale, scaled_tensor_from_parts, scaled_tensor_parts
+from .formats import api as formats_api
 from .formats.spec import format_spec
+from .grouped_matmul import api as grouped_matmul_api
+from .routing.combine import check_combine
+from .routing.combine import combine as eager_combine
+from .routing.dispatch import check_dispatch
+from .routing.dispatch import dispatch as eager_dispatch
 
-__all__ = ["attention_op", "grouped_matmul_op", "moe_combine_op", "moe_dispatch_op", "quantize_op"]
+__all__ = ["quantize", "grouped_matmul", "attention", "dispatch", "combine",
+           "attention_op", "grouped_matmul_op", "moe_combine_op", "moe_dispatch_op", "quantize_op"]
+
 
 @torch.library.custom_op("llmkernels::grouped_matmul", mutates_args=())
 def grouped_matmul_op(
@@ -31,12 +45,11 @@ def grouped_matmul_op(
     epilogue: str | None, out_dtype: torch.dtype,
 ) -> torch.Tensor:
     """:func:`llmkernels.grouped_matmul` on the parts of its operands; returns ``[T, N_out]``."""
-    from .grouped_matmul.api import grouped_matmul
-
     a = scaled_tensor_from_parts(a_data, a_scales, a_global_scale, a_format, a_scale_layout, a_group_offsets,
                                  a_group_scale_offsets)
     b = scaled_tensor_from_parts(b_data, b_scales, b_global_scale, b_format, b_scale_layout)
-    return grouped_matmul(a, b, a_offsets, expert_ids, expert_scales, epilogue=epilogue, out_dtype=out_dtype)
+    return grouped_matmul_api.grouped_matmul(a, b, a_offsets, expert_ids, expert_scales, epilogue=epilogue,
+                                             out_dtype=out_dtype)
 
 
 @grouped_matmul_op.register_fake
@@ -52,9 +65,7 @@ def quantize_op(x: torch.Tensor, format: str, global_scale: torch.Tensor | None
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """:func:`llmkernels.quantize` with row scales: ``(data, scales, global_scale)``, data and scales
     as uint8 bytes; the global scale is a float32 scalar, 1.0 for the MX formats (which have none)."""
-    from .formats.api import quantize
-
-    result = quantize(x, format, global_scale=global_scale)
+    result = formats_api.quantize(x, format, global_scale=global_scale)
     scale = result.global_scale if result.global_scale is not None else torch.ones((), device=x.device)
     return result.data.view(torch.uint8), result.scales.view(torch.uint8), scale
 
@@ -85,11 +96,6 @@ def attention_op(
     Raises:
         ValueError: ``chunk_size < 0`` or ``softcap < 0`` (or NaN): only 0 means "none".
     """
-    from .attention.api import attention
-    from .attention.masks import Chunked, SlidingWindow, alibi
-    from .attention.masks import softcap as make_softcap
-    from .attention.paged import PagedKVCache
-
     if chunk_size < 0:
         raise ValueError(f"chunk_size must be >= 0 (0: no chunking), got {chunk_size}")
     if not softcap >= 0.0:
@@ -101,7 +107,7 @@ def attention_op(
         mask.append(Chunked(chunk_size))
     score_mod = make_softcap(softcap) if softcap > 0 else alibi(alibi_slopes) if alibi_slopes is not None else None
     kv_cache = PagedKVCache(k_pages, v_pages, block_table, seqlens) if k_pages is not None else None
-    result = attention(q, k, v, mask=tuple(mask) or None, score_mod=score_mod, sinks=sinks,
+    result = attention_api.attention(q, k, v, mask=tuple(mask) or None, score_mod=score_mod, sinks=sinks,
                        softmax_scale=softmax_scale, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                        max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, kv_cache=kv_cache,
                        num_splits=num_splits, return_lse=return_lse)
@@ -125,10 +131,8 @@ def _attention_fake(q, k, v, has_window, window_left, window_right, chunk_size, 
 @torch.library.custom_op("llmkernels::moe_combine", mutates_args=())
 def moe_combine_op(y: torch.Tensor, row_of_copy: torch.Tensor, weights: torch.Tensor,
                    out_dtype: torch.dtype) -> torch.Tensor:
-    """:func:`llmkernels.moe.combine`: ``[T, H]`` router-weighted sums of the expert rows."""
-    from .moe.combine import combine
-
-    return combine(y, row_of_copy, weights, out_dtype)
+    """:func:`llmkernels.routing.combine`: ``[T, H]`` router-weighted sums of the expert rows."""
+    return eager_combine(y, row_of_copy, weights, out_dtype)
 
 
 @moe_combine_op.register_fake
@@ -138,10 +142,8 @@ def _moe_combine_fake(y, row_of_copy, weights, out_dtype):
 
 @torch.library.custom_op("llmkernels::moe_dispatch", mutates_args=())
 def moe_dispatch_op(expert_ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """:func:`llmkernels.moe.dispatch`: ``(token_of_row, a_offsets, row_of_copy)``."""
-    from .moe.dispatch import dispatch
-
-    return dispatch(expert_ids, num_experts)
+    """:func:`llmkernels.routing.dispatch`: ``(token_of_row, a_offsets, row_of_copy)``."""
+    return eager_dispatch(expert_ids, num_experts)
 
 
 @moe_dispatch_op.register_fake
@@ -150,3 +152,85 @@ def _moe_dispatch_fake(expert_ids, num_experts):
     return (expert_ids.new_empty(num_tokens * top_k, dtype=torch.int64),
             expert_ids.new_empty(num_experts + 1, dtype=torch.int32),
             expert_ids.new_empty((num_tokens, top_k), dtype=torch.int64))
+
+
+# ------------------------------------------------------------------------------------------------
+# The public functions: the family's eager function, or while torch.compile traces its checks + the op
+# ------------------------------------------------------------------------------------------------
+
+@functools.wraps(formats_api.quantize)
+def quantize(x, format, *, global_scale=None, scale_layout="row", group_offsets=None, rows=None):
+    if not torch.compiler.is_compiling():
+        return formats_api.quantize(x, format, global_scale=global_scale, scale_layout=scale_layout,
+                                    group_offsets=group_offsets, rows=rows)
+    spec = formats_api.check_quantize(x, format, global_scale, scale_layout, group_offsets, rows)
+    if rows is not None:  # the compiler sees a gather and the quantize op
+        if spec.has_global_scale and global_scale is None:
+            global_scale = nvfp4_global_scale(x)
+        x = x[rows]
+    data, scales, op_global_scale = quantize_op(x, format, global_scale)
+    result = ScaledTensor(data.view(spec.data_dtype), scales.view(spec.scale_dtype), format,
+                          op_global_scale if spec.has_global_scale else None)
+    if scale_layout != "row" or group_offsets is not None:
+        result = result.to_layout(scale_layout, group_offsets=group_offsets)
+    return result
+
+
+@functools.wraps(grouped_matmul_api.grouped_matmul)
+def grouped_matmul(a, b, a_offsets, expert_ids, expert_scales=None, *, epilogue=None, out_dtype=torch.bfloat16,
+                   out=None, config=None, validate=False):
+    call = None
+    if torch.compiler.is_compiling() and out is None and config is None and not validate:
+        call = grouped_matmul_api.check_grouped_matmul(a, b, a_offsets, expert_ids, expert_scales, epilogue,
+                                                       out_dtype, out, config)
+    if call is None or call.epilogue_fn is not None:
+        return grouped_matmul_api.grouped_matmul(a, b, a_offsets, expert_ids, expert_scales, epilogue=epilogue,
+                                                 out_dtype=out_dtype, out=out, config=config, validate=validate)
+    return grouped_matmul_op(*scaled_tensor_parts(a), *scaled_tensor_parts(b)[:5], call.a_offsets, call.expert_ids,
+                             call.expert_scales, epilogue, out_dtype)
+
+
+@functools.wraps(attention_api.attention)
+def attention(q, k, v, *, causal=False, mask=None, score_mod=None, sinks=None, softmax_scale=None,
+              cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, kv_cache=None,
+              num_splits=None, return_lse=False, config=None, validate=False):
+    arguments = dict(causal=causal, mask=mask, score_mod=score_mod, sinks=sinks, softmax_scale=softmax_scale,
+                     cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
+                     max_seqlen_k=max_seqlen_k, kv_cache=kv_cache, num_splits=num_splits, return_lse=return_lse,
+                     config=config, validate=validate)
+    if not torch.compiler.is_compiling() or config is not None or validate:
+        return attention_api.attention(q, k, v, **arguments)
+    call = attention_api.check_attention(q, k, v, causal, mask, score_mod, sinks, softmax_scale, cu_seqlens_q,
+                                         cu_seqlens_k, max_seqlen_q, max_seqlen_k, kv_cache, num_splits, return_lse,
+                                         config, validate)
+    mask_spec, mod_spec = call.mask_spec, call.mod_spec
+    if mask_spec.mask_mod is not None or mod_spec.fn is not None:  # Python callables cannot cross the op
+        return attention_api.attention(q, k, v, **arguments)
+
+    def side(bound):  # the op's window convention: -1 = unbounded
+        return -1 if bound >= UNBOUNDED else bound
+
+    paged = kv_cache is not None
+    result = attention_op(
+        q, k, v, mask_spec.has_window, side(mask_spec.window_left), side(mask_spec.window_right),
+        mask_spec.chunk_size if mask_spec.has_chunk else 0, mod_spec.cap if mod_spec.kind == SCORE_MOD_SOFTCAP else 0.0,
+        mod_spec.slopes, sinks, call.softmax_scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+        kv_cache.k_pages if paged else None, kv_cache.v_pages if paged else None,
+        kv_cache.block_table if paged else None, kv_cache.seqlens if paged else None, num_splits, return_lse)
+    return result if return_lse else result[0]
+
+
+@functools.wraps(eager_dispatch)
+def dispatch(expert_ids, num_experts):
+    if not torch.compiler.is_compiling():
+        return eager_dispatch(expert_ids, num_experts)
+    check_dispatch(expert_ids, num_experts)
+    return moe_dispatch_op(expert_ids, num_experts)
+
+
+@functools.wraps(eager_combine)
+def combine(y, row_of_copy, weights, out_dtype=None):
+    if not torch.compiler.is_compiling():
+        return eager_combine(y, row_of_copy, weights, out_dtype)
+    check_combine(y, row_of_copy, weights, out_dtype)
+    return moe_combine_op(y, row_of_copy, weights, out_dtype or y.dtype)

@@ -3,6 +3,7 @@ and launches the Triton kernels. The only module that launches."""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from triton.tools.tensor_descriptor import TensorDescriptor
@@ -13,10 +14,10 @@ from .._runtime import (cdiv, check_device, cuda_capability, first_bad_prefix_su
 from . import decode as decode_mod
 from .config import SUPPORTED_HEAD_DIMS, FA4Config, default_config
 from .kernel import attention_fwd_kernel
-from .masks import SCORE_MOD_ALIBI, SCORE_MOD_SOFTCAP, UNBOUNDED, resolve_mask, resolve_score_mod
+from .masks import SCORE_MOD_ALIBI, UNBOUNDED, MaskSpec, ScoreModSpec, resolve_mask, resolve_score_mod
 from .paged import PagedKVCache
 
-__all__ = ["attention"]
+__all__ = ["attention", "check_attention"]
 
 _DTYPES = (torch.float16, torch.bfloat16)
 
@@ -151,101 +152,28 @@ def _kv_token_descriptors(k: torch.Tensor, v: torch.Tensor, ragged: bool, block_
     return tuple(descriptors)
 
 
-def attention(
-    q: torch.Tensor,
-    k: torch.Tensor | None,
-    v: torch.Tensor | None,
-    *,
-    causal: bool = False,
-    mask=None,
-    score_mod=None,
-    sinks: torch.Tensor | None = None,
-    softmax_scale: float | None = None,
-    cu_seqlens_q: torch.Tensor | None = None,
-    cu_seqlens_k: torch.Tensor | None = None,
-    max_seqlen_q: int | None = None,
-    max_seqlen_k: int | None = None,
-    kv_cache: PagedKVCache | None = None,
-    num_splits: int | None = None,
-    return_lse: bool = False,
-    config: FA4Config | None = None,
-    validate: bool = False,
-):
-    """FA4-style attention forward, flash-attn conventions.
+@dataclass(frozen=True)
+class CheckedCall:
+    """What :func:`check_attention` found: the layout, sizes, host-known bounds, mask and score modifier."""
 
-    ``O = softmax(score_mod(softmax_scale * Q K^T), masked) V`` per (sequence, q head h); q head h reads
-    KV head ``h // (Hq / Hkv)`` (MHA, GQA, MQA).
+    ragged: bool
+    paged: bool
+    batch: int
+    num_q_heads: int
+    num_kv_heads: int
+    head_dim: int
+    group: int
+    q_bound: int  # most queries of one sequence (host-known)
+    kv_bound: int  # most keys of one sequence (host-known)
+    mask_spec: MaskSpec
+    mod_spec: ScoreModSpec
+    softmax_scale: float
+    device: torch.device
 
-    Layouts:
-        * dense: q fp16/bf16 ``[B, Sq, Hq, D]``; k, v ``[B, Skv, Hkv, D]``.
-        * ragged: q ``[total_q, Hq, D]``, k, v ``[total_k, Hkv, D]`` with int32 ``cu_seqlens_q`` /
-          ``cu_seqlens_k`` ``[B + 1]`` (prefix sums; empty sequences allowed). ``max_seqlen_q`` (default
-          ``total_q``) and ``max_seqlen_k`` are host-side bounds that size the grid: no device sync.
-        * paged: ``kv_cache=PagedKVCache(...)`` and ``k = v = None``; q dense ``[B, Sq, Hq, D]`` or ragged
-          with ``cu_seqlens_q``; ``kv_cache.seqlens[b]`` counts the keys of sequence b, new tokens included.
-          ``max_seqlen_k`` is optional (bound: ``block_table.shape[1] * page_size``).
-        D: any multiple of 16 up to 256 (64, 128, 256 are the tuned ones); the same for q, k and v.
 
-    Bad metadata (read on the device, never trusted with an address; ``validate=True`` reports it instead):
-        * ``cu_seqlens_q`` / ``cu_seqlens_k`` are read as ``clamp(cummax(cu_seqlens), 0, total)`` (total =
-          q's / k's rows): valid prefix sums are unchanged, a sequence never reaches past the tensor, a
-          decreasing entry makes a sequence empty, and no q row belongs to two sequences (the earlier one
-          keeps it), so no program writes another sequence's rows. Sequence b keeps its rows and its
-          result when its own entries are sound (``cu[b] <= cu[b + 1] <= total``, ``cu[b]`` not below any
-          earlier entry); an entry too large empties the later sequences it overlaps. Rows of q outside
-          every sequence are not written (their out / LSE values are unspecified).
-        * ``max_seqlen_q`` below a real query count: only the first ``max_seqlen_q`` queries of each
-          sequence (rounded up to the q tile) are computed, with the sequence's real lengths (so the
-          causal alignment is kept); its remaining rows are not written (unspecified values). With
-          ``max_seqlen_q = 0`` nothing is written. ``max_seqlen_k`` below a real key count changes only the
-          number of splits: every key is still attended.
-        * ``kv_cache.seqlens[b]`` is clamped to ``[0, max_pages * page_size]``: a negative count is an empty
-          sequence (output 0, LSE -inf); ``kv_cache.block_table`` entries are clamped to ``[0, num_pages - 1]``
-          (a bad entry reads some page of the cache, never memory outside it). A bad ``seqlens[b]`` or
-          ``block_table[b]`` changes only sequence b's result. A cache with no pages holds no keys.
-        * In every layout no load or store leaves q, k, v, the pages, out or lse.
-
-    Args:
-        causal: bottom-right aligned: query i of Sq sees keys ``j <= i + Skv - Sq``.
-        mask: None, :class:`SlidingWindow`, :class:`Chunked`, a ``@triton.jit`` ``mask_mod(b, h, q_idx,
-            kv_idx) -> bool``, or a tuple of those (ANDed); see :mod:`llmkernels.attention.masks`.
-        score_mod: None, :func:`softcap`, :func:`alibi` or a ``@triton.jit`` ``score_mod(score, b, h, q_idx,
-            kv_idx) -> score`` applied to the scaled score.
-        sinks: float32 ``[Hq]`` natural-log sink logits (not scaled): they join each row's softmax
-            denominator only.
-        softmax_scale: default ``1 / sqrt(D)``.
-        num_splits: split the KV range of every (sequence, head) over this many programs (flash-decoding)
-            and combine; any value >= 1 (more splits than KV tiles is clamped, results unchanged).
-            None: split-KV with a GPU-filling heuristic when ``max_seqlen_q <= 16`` (decode), one pass otherwise.
-        return_lse: also return the float32 natural-log LSE ``[B, Hq, Sq]`` (ragged: ``[Hq, total_q]``);
-            it includes the sinks. Rows that see no key (and no sink) get output 0 and LSE -inf; a sink
-            of +inf gives output 0 and LSE +inf, -inf is no sink, a NaN sink gives NaN.
-        config: an :class:`FA4Config`; default :func:`default_config` for (D, dtype, GPU).
-        validate: first read the metadata on the host (one device sync) and raise ``ValueError`` on the first
-            bad entry: ``cu_seqlens_*[0] != 0``, a decreasing entry, an entry past q's / k's rows, a length
-            above ``max_seqlen_q`` / ``max_seqlen_k``, ``kv_cache.seqlens`` negative or above ``max_pages *
-            page_size`` (or ``max_seqlen_k``), a used ``kv_cache.block_table`` entry (the first
-            ``ceil(seqlens[b] / page_size)`` of row b) outside ``[0, num_pages)``. Not capturable in a CUDA
-            graph; under ``torch.compile`` the call stays on the Python path (no custom op).
-
-    Every tensor argument may be any view (strided, expanded, offset, transposed): batch, token and head
-    strides go to the kernels, other layouts are copied first; the result has the bits of the contiguous call.
-
-    Returns:
-        out in q's layout and dtype (contiguous), or ``(out, lse)``.
-
-    Raises:
-        TypeError: wrong dtypes (q not fp16/bf16, k/v/pages not q's dtype, cu_seqlens/seqlens/block_table not
-            int32, sinks/alibi slopes not float32) or wrong argument types.
-        ValueError: shape mismatches, Hq not a multiple of Hkv, unsupported head dim, cu_seqlens of the wrong
-            length, block_table too small for max_seqlen_k, a sequence bound of 2**30 queries or keys or more,
-            k/v given with kv_cache, config disagreeing with the inputs, tensors on different devices or on
-            the CPU outside the Triton interpreter, an input that requires grad (forward-only); with
-            ``validate=True`` bad metadata, the message naming the argument and its first bad index, e.g.
-            ``"cu_seqlens_k[3] = 90 > total keys 64"`` or ``"kv_cache.block_table[0, 2] = 17 not in [0,
-            num_pages=16)"``.
-    """
-    # ---------------------------------------------------------------- validation (no device sync)
+def check_attention(q, k, v, causal, mask, score_mod, sinks, softmax_scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                    max_seqlen_k, kv_cache, num_splits, return_lse, config, validate) -> CheckedCall:
+    """The checks of :func:`attention` that need no sync (no launch; safe while torch.compile traces)."""
     if not isinstance(q, torch.Tensor) or q.dtype not in _DTYPES:
         raise TypeError(f"q must be a float16 or bfloat16 tensor, got {_dtype_name(q)}")
     ragged = cu_seqlens_q is not None
@@ -356,25 +284,113 @@ def attention(
     forward_only("attention", q=q, k=k, v=v, sinks=sinks, alibi_slopes=mod_spec.slopes,
                  k_pages=kv_cache.k_pages if paged else None, v_pages=kv_cache.v_pages if paged else None)
 
+    return CheckedCall(ragged, paged, batch, num_q_heads, num_kv_heads, head_dim, group, q_bound, kv_bound, mask_spec,
+                       mod_spec, softmax_scale, device)
+
+
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor | None,
+    v: torch.Tensor | None,
+    *,
+    causal: bool = False,
+    mask=None,
+    score_mod=None,
+    sinks: torch.Tensor | None = None,
+    softmax_scale: float | None = None,
+    cu_seqlens_q: torch.Tensor | None = None,
+    cu_seqlens_k: torch.Tensor | None = None,
+    max_seqlen_q: int | None = None,
+    max_seqlen_k: int | None = None,
+    kv_cache: PagedKVCache | None = None,
+    num_splits: int | None = None,
+    return_lse: bool = False,
+    config: FA4Config | None = None,
+    validate: bool = False,
+):
+    """FA4-style attention forward, flash-attn conventions.
+
+    ``O = softmax(score_mod(softmax_scale * Q K^T), masked) V`` per (sequence, q head h); q head h reads
+    KV head ``h // (Hq / Hkv)`` (MHA, GQA, MQA).
+
+    Layouts:
+        * dense: q fp16/bf16 ``[B, Sq, Hq, D]``; k, v ``[B, Skv, Hkv, D]``.
+        * ragged: q ``[total_q, Hq, D]``, k, v ``[total_k, Hkv, D]`` with int32 ``cu_seqlens_q`` /
+          ``cu_seqlens_k`` ``[B + 1]`` (prefix sums; empty sequences allowed). ``max_seqlen_q`` (default
+          ``total_q``) and ``max_seqlen_k`` are host-side bounds that size the grid: no device sync.
+        * paged: ``kv_cache=PagedKVCache(...)`` and ``k = v = None``; q dense ``[B, Sq, Hq, D]`` or ragged
+          with ``cu_seqlens_q``; ``kv_cache.seqlens[b]`` counts the keys of sequence b, new tokens included.
+          ``max_seqlen_k`` is optional (bound: ``block_table.shape[1] * page_size``).
+        D: any multiple of 16 up to 256 (64, 128, 256 are the tuned ones); the same for q, k and v.
+
+    Bad metadata (read on the device, never trusted with an address; ``validate=True`` reports it instead):
+        * ``cu_seqlens_q`` / ``cu_seqlens_k`` are read as ``clamp(cummax(cu_seqlens), 0, total)`` (total =
+          q's / k's rows): valid prefix sums are unchanged, a sequence never reaches past the tensor, a
+          decreasing entry makes a sequence empty, and no q row belongs to two sequences (the earlier one
+          keeps it), so no program writes another sequence's rows. Sequence b keeps its rows and its
+          result when its own entries are sound (``cu[b] <= cu[b + 1] <= total``, ``cu[b]`` not below any
+          earlier entry); an entry too large empties the later sequences it overlaps. Rows of q outside
+          every sequence are not written (their out / LSE values are unspecified).
+        * ``max_seqlen_q`` below a real query count: only the first ``max_seqlen_q`` queries of each
+          sequence (rounded up to the q tile) are computed, with the sequence's real lengths (so the
+          causal alignment is kept); its remaining rows are not written (unspecified values). With
+          ``max_seqlen_q = 0`` nothing is written. ``max_seqlen_k`` below a real key count changes only the
+          number of splits: every key is still attended.
+        * ``kv_cache.seqlens[b]`` is clamped to ``[0, max_pages * page_size]``: a negative count is an empty
+          sequence (output 0, LSE -inf); ``kv_cache.block_table`` entries are clamped to ``[0, num_pages - 1]``
+          (a bad entry reads some page of the cache, never memory outside it). A bad ``seqlens[b]`` or
+          ``block_table[b]`` changes only sequence b's result. A cache with no pages holds no keys.
+        * In every layout no load or store leaves q, k, v, the pages, out or lse.
+
+    Args:
+        causal: bottom-right aligned: query i of Sq sees keys ``j <= i + Skv - Sq``.
+        mask: None, :class:`SlidingWindow`, :class:`Chunked`, a ``@triton.jit`` ``mask_mod(b, h, q_idx,
+            kv_idx) -> bool``, or a tuple of those (ANDed); see :mod:`llmkernels.attention.masks`.
+        score_mod: None, :func:`softcap`, :func:`alibi` or a ``@triton.jit`` ``score_mod(score, b, h, q_idx,
+            kv_idx) -> score`` applied to the scaled score.
+        sinks: float32 ``[Hq]`` natural-log sink logits (not scaled): they join each row's softmax
+            denominator only.
+        softmax_scale: default ``1 / sqrt(D)``.
+        num_splits: split the KV range of every (sequence, head) over this many programs (flash-decoding)
+            and combine; any value >= 1 (more splits than KV tiles is clamped, results unchanged).
+            None: split-KV with a GPU-filling heuristic when ``max_seqlen_q <= 16`` (decode), one pass otherwise.
+        return_lse: also return the float32 natural-log LSE ``[B, Hq, Sq]`` (ragged: ``[Hq, total_q]``);
+            it includes the sinks. Rows that see no key (and no sink) get output 0 and LSE -inf; a sink
+            of +inf gives output 0 and LSE +inf, -inf is no sink, a NaN sink gives NaN.
+        config: an :class:`FA4Config`; default :func:`default_config` for (D, dtype, GPU).
+        validate: first read the metadata on the host (one device sync) and raise ``ValueError`` on the first
+            bad entry: ``cu_seqlens_*[0] != 0``, a decreasing entry, an entry past q's / k's rows, a length
+            above ``max_seqlen_q`` / ``max_seqlen_k``, ``kv_cache.seqlens`` negative or above ``max_pages *
+            page_size`` (or ``max_seqlen_k``), a used ``kv_cache.block_table`` entry (the first
+            ``ceil(seqlens[b] / page_size)`` of row b) outside ``[0, num_pages)``. Not capturable in a CUDA
+            graph; under ``torch.compile`` the call stays on the Python path (no custom op).
+
+    Every tensor argument may be any view (strided, expanded, offset, transposed): batch, token and head
+    strides go to the kernels, other layouts are copied first; the result has the bits of the contiguous call.
+
+    Returns:
+        out in q's layout and dtype (contiguous), or ``(out, lse)``.
+
+    Raises:
+        TypeError: wrong dtypes (q not fp16/bf16, k/v/pages not q's dtype, cu_seqlens/seqlens/block_table not
+            int32, sinks/alibi slopes not float32) or wrong argument types.
+        ValueError: shape mismatches, Hq not a multiple of Hkv, unsupported head dim, cu_seqlens of the wrong
+            length, block_table too small for max_seqlen_k, a sequence bound of 2**30 queries or keys or more,
+            k/v given with kv_cache, config disagreeing with the inputs, tensors on different devices or on
+            the CPU outside the Triton interpreter, an input that requires grad (forward-only); with
+            ``validate=True`` bad metadata, the message naming the argument and its first bad index, e.g.
+            ``"cu_seqlens_k[3] = 90 > total keys 64"`` or ``"kv_cache.block_table[0, 2] = 17 not in [0,
+            num_pages=16)"``.
+    """
+    call = check_attention(q, k, v, causal, mask, score_mod, sinks, softmax_scale, cu_seqlens_q, cu_seqlens_k,
+                           max_seqlen_q, max_seqlen_k, kv_cache, num_splits, return_lse, config, validate)
+    ragged, paged, batch, device = call.ragged, call.paged, call.batch, call.device
+    num_q_heads, num_kv_heads, head_dim, group = call.num_q_heads, call.num_kv_heads, call.head_dim, call.group
+    q_bound, kv_bound, mask_spec, mod_spec = call.q_bound, call.kv_bound, call.mask_spec, call.mod_spec
+    softmax_scale = call.softmax_scale
     if validate:
         _validate_metadata_on_host(q, k, cu_seqlens_q, cu_seqlens_k if not paged else None,
                                    max_seqlen_q if ragged else None, max_seqlen_k, kv_cache)
-
-    if (torch.compiler.is_compiling() and config is None and not validate and mask_spec.mask_mod is None
-            and mod_spec.fn is None):
-        from ..ops import attention_op  # an opaque node for the compiler
-
-        def side(bound):  # the op's window convention: -1 = unbounded
-            return -1 if bound >= UNBOUNDED else bound
-
-        result = attention_op(
-            q, k, v, mask_spec.has_window, side(mask_spec.window_left), side(mask_spec.window_right),
-            mask_spec.chunk_size if mask_spec.has_chunk else 0,
-            mod_spec.cap if mod_spec.kind == SCORE_MOD_SOFTCAP else 0.0, mod_spec.slopes, sinks, softmax_scale,
-            cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-            kv_cache.k_pages if paged else None, kv_cache.v_pages if paged else None,
-            kv_cache.block_table if paged else None, kv_cache.seqlens if paged else None, num_splits, return_lse)
-        return result if return_lse else result[0]
 
     # ---------------------------------------------------------------- any strides
     # Token / head / batch strides of q, k, v and the pages go to the kernel (zero ones included); a

@@ -13,7 +13,7 @@ from .reference import nvfp4_global_scale
 from .scaled_tensor import OFFSET_DTYPES, SCALE_LAYOUTS, ScaledTensor
 from .spec import format_spec
 
-__all__ = ["quantize"]
+__all__ = ["quantize", "check_quantize"]
 
 _INPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 # (rows, columns, warps) of one quantize program; benchmarks/ablate_quantize.py measures the choices.
@@ -57,6 +57,38 @@ def quantize(
             group_offsets without ``scale_layout="128x4"`` or with x not 2D, tensors on different devices,
             x or global_scale requiring grad (quantize is forward-only).
     """
+    spec = check_quantize(x, format, global_scale, scale_layout, group_offsets, rows)
+    num_cols = x.shape[-1]
+    x2d = x.reshape(math.prod(x.shape[:-1]), num_cols)  # a view where the strides allow it
+    if x2d.stride(-1) != 1 and num_cols > 1:
+        x2d = x2d.contiguous()
+    if rows is not None:
+        rows = rows.contiguous()  # read as a dense vector
+    out_rows_shape = tuple(x.shape[:-1]) if rows is None else (rows.shape[0],)
+    num_rows = x2d.shape[0] if rows is None else rows.shape[0]
+    data = _runtime.new_buffer((*out_rows_shape, num_cols // 2 if spec.packed else num_cols), spec.data_dtype,
+                               x.device)
+    scales = _runtime.new_buffer((*out_rows_shape, num_cols // spec.block), torch.uint8, x.device)
+    if spec.has_global_scale:
+        global_scale = nvfp4_global_scale(x) if global_scale is None else global_scale.float().reshape(())
+    if num_rows > 0 and num_cols > 0:  # rows > 0 with an empty x was rejected above
+        block_rows, block_cols, num_warps = QUANTIZE_TILE
+        grid = (triton.cdiv(num_rows, block_rows), triton.cdiv(num_cols, block_cols))
+        kernel.quantize_kernel[grid](
+            x2d, data.view(torch.uint8), scales, global_scale, rows if rows is not None else scales,
+            x2d.stride(0), num_rows, x2d.shape[0], num_cols,
+            ELEMENT=spec.element, SCALE=spec.scale, SCALE_BLOCK=spec.block, EMAX=spec.emax,
+            GATHER=rows is not None, BLOCK_ROWS=block_rows, BLOCK_COLS=block_cols, num_warps=num_warps,
+        )
+    result = ScaledTensor(data, scales.view(spec.scale_dtype), format, global_scale)
+    if scale_layout != "row" or group_offsets is not None:
+        result = result.to_layout(scale_layout, group_offsets=group_offsets)
+    return result
+
+
+def check_quantize(x, format, global_scale, scale_layout, group_offsets, rows):
+    """The checks of :func:`quantize` (no launch, no sync; safe while torch.compile traces); returns the
+    format's :class:`FormatSpec`."""
     spec = format_spec(format)
     if not isinstance(x, torch.Tensor) or x.dtype not in _INPUT_DTYPES:
         raise TypeError(f"x must be a bf16, fp16 or fp32 tensor, got {getattr(x, 'dtype', type(x).__name__)}")
@@ -88,43 +120,4 @@ def quantize(
             raise ValueError(f"rows needs a 2D x with rows to pick from, got shape {tuple(x.shape)}")
     check_device(x=x, global_scale=global_scale, rows=rows, group_offsets=group_offsets)
     forward_only("quantize", x=x, global_scale=global_scale)
-    if torch.compiler.is_compiling():
-        if rows is not None:  # the compiler sees a gather and the quantize op
-            if spec.has_global_scale and global_scale is None:
-                global_scale = nvfp4_global_scale(x)
-            x, rows = x[rows], None
-        from ..ops import quantize_op  # an opaque node for the compiler
-
-        data, scales, op_global_scale = quantize_op(x, format, global_scale)
-        result = ScaledTensor(data.view(spec.data_dtype), scales.view(spec.scale_dtype), format,
-                              op_global_scale if spec.has_global_scale else None)
-        if scale_layout != "row" or group_offsets is not None:
-            result = result.to_layout(scale_layout, group_offsets=group_offsets)
-        return result
-
-    num_cols = x.shape[-1]
-    x2d = x.reshape(math.prod(x.shape[:-1]), num_cols)  # a view where the strides allow it
-    if x2d.stride(-1) != 1 and num_cols > 1:
-        x2d = x2d.contiguous()
-    if rows is not None:
-        rows = rows.contiguous()  # read as a dense vector
-    out_rows_shape = tuple(x.shape[:-1]) if rows is None else (rows.shape[0],)
-    num_rows = x2d.shape[0] if rows is None else rows.shape[0]
-    data = _runtime.new_buffer((*out_rows_shape, num_cols // 2 if spec.packed else num_cols), spec.data_dtype,
-                               x.device)
-    scales = _runtime.new_buffer((*out_rows_shape, num_cols // spec.block), torch.uint8, x.device)
-    if spec.has_global_scale:
-        global_scale = nvfp4_global_scale(x) if global_scale is None else global_scale.float().reshape(())
-    if num_rows > 0 and num_cols > 0:  # rows > 0 with an empty x was rejected above
-        block_rows, block_cols, num_warps = QUANTIZE_TILE
-        grid = (triton.cdiv(num_rows, block_rows), triton.cdiv(num_cols, block_cols))
-        kernel.quantize_kernel[grid](
-            x2d, data.view(torch.uint8), scales, global_scale, rows if rows is not None else scales,
-            x2d.stride(0), num_rows, x2d.shape[0], num_cols,
-            ELEMENT=spec.element, SCALE=spec.scale, SCALE_BLOCK=spec.block, EMAX=spec.emax,
-            GATHER=rows is not None, BLOCK_ROWS=block_rows, BLOCK_COLS=block_cols, num_warps=num_warps,
-        )
-    result = ScaledTensor(data, scales.view(spec.scale_dtype), format, global_scale)
-    if scale_layout != "row" or group_offsets is not None:
-        result = result.to_layout(scale_layout, group_offsets=group_offsets)
-    return result
+    return spec

@@ -15,7 +15,7 @@ from ..formats.kernel import upcast_rows_kernel
 from . import kernel
 from .config import ALL_GROUP_SIZES, BlockScaledMatmulConfig, default_launches
 
-__all__ = ["grouped_matmul", "EPILOGUES"]
+__all__ = ["grouped_matmul", "check_grouped_matmul", "EPILOGUES"]
 
 EPILOGUES = ("silu", "gelu", "swiglu")
 _PLAIN_DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
@@ -153,8 +153,65 @@ def _resolve_mma(config: BlockScaledMatmulConfig, a: _Operand, b: _Operand, devi
     return cuda_capability(device)[0] >= 10 or b.element == "e2m1"
 
 
-def grouped_matmul(
-    a,
+@dataclass(frozen=True)
+class CheckedCall:
+    """What :func:`check_grouped_matmul` found: the operands as the kernel reads them, dense metadata, sizes."""
+
+    a: _Operand
+    b: _Operand
+    a_offsets: torch.Tensor
+    expert_ids: torch.Tensor
+    expert_scales: torch.Tensor | None
+    a_scale_offsets: torch.Tensor | None
+    num_tokens: int
+    k: int
+    num_experts: int
+    n: int
+    n_out: int
+    num_groups: int
+    epilogue_kind: str
+    epilogue_fn: object
+    device: torch.device
+
+
+def check_grouped_matmul(a, b, a_offsets, expert_ids, expert_scales, epilogue, out_dtype, out, config) -> CheckedCall:
+    """The checks of :func:`grouped_matmul` (no launch, no sync; safe while torch.compile traces)."""
+    a_op, b_op = _operand(a, "a", 2), _operand(b, "b", 3)
+    _check_format_pair(a_op, b_op)
+    forward_only("grouped_matmul", a=a_op.data, a_scales=a_op.scales, a_global_scale=a_op.global_scale,
+                 b=b_op.data, b_scales=b_op.scales, b_global_scale=b_op.global_scale,
+                 expert_scales=expert_scales, out=out)
+    num_tokens, k = a.shape
+    num_experts, n, k_b = b.shape
+    if k != k_b:
+        raise ValueError(f"a has K = {k} but b has K = {k_b}")
+    num_groups = _check_metadata(a_offsets, expert_ids, expert_scales, num_experts)
+    epilogue_kind, epilogue_fn = _epilogue_kind(epilogue)
+    if epilogue_kind == "swiglu" and n % 2:
+        raise ValueError(f"swiglu needs an even N (gate and up halves), got N = {n}")
+    n_out = n // 2 if epilogue_kind == "swiglu" else n
+    if out_dtype not in _OUT_DTYPES:
+        raise TypeError(f"out_dtype must be bf16, fp16 or fp32, got {out_dtype}")
+    if config is not None and not isinstance(config, BlockScaledMatmulConfig):
+        raise TypeError(f"config must be a BlockScaledMatmulConfig, got {type(config).__name__}")
+    if out is not None:
+        check_out(out, (num_tokens, n_out), out_dtype, a=a_op.data, a_scales=a_op.scales, b=b_op.data,
+                  b_scales=b_op.scales, a_offsets=a_offsets, expert_ids=expert_ids, expert_scales=expert_scales)
+    a_scale_offsets = a.group_scale_offsets if isinstance(a, ScaledTensor) else None
+    device = check_device(a=a_op.data, a_scales=a_op.scales, b=b_op.data, b_scales=b_op.scales, a_offsets=a_offsets,
+                          expert_ids=expert_ids, expert_scales=expert_scales, out=out, a_scale_offsets=a_scale_offsets,
+                          a_global_scale=a_op.global_scale, b_global_scale=b_op.global_scale)
+    if a_scale_offsets is not None and a_scale_offsets.numel() != num_groups:
+        raise ValueError(f"a's group_scale_offsets has {a_scale_offsets.numel()} entries for {num_groups} groups")
+    # The kernel reads the metadata as dense vectors: views of any strides are copied (a few bytes).
+    a_offsets, expert_ids = a_offsets.contiguous(), expert_ids.contiguous()
+    expert_scales = expert_scales.contiguous() if expert_scales is not None else None
+    a_scale_offsets = a_scale_offsets.contiguous() if a_scale_offsets is not None else None
+    return CheckedCall(a_op, b_op, a_offsets, expert_ids, expert_scales, a_scale_offsets, num_tokens, k, num_experts,
+                       n, n_out, num_groups, epilogue_kind, epilogue_fn, device)
+
+
+def grouped_matmul(    a,
     b,
     a_offsets: torch.Tensor,
     expert_ids: torch.Tensor,
@@ -210,43 +267,12 @@ def grouped_matmul(
             memory with an input, an input that requires grad (forward-only), and with ``validate=True``
             bad offsets or expert ids.
     """
-    a_op, b_op = _operand(a, "a", 2), _operand(b, "b", 3)
-    _check_format_pair(a_op, b_op)
-    forward_only("grouped_matmul", a=a_op.data, a_scales=a_op.scales, a_global_scale=a_op.global_scale,
-                 b=b_op.data, b_scales=b_op.scales, b_global_scale=b_op.global_scale,
-                 expert_scales=expert_scales, out=out)
-    num_tokens, k = a.shape
-    num_experts, n, k_b = b.shape
-    if k != k_b:
-        raise ValueError(f"a has K = {k} but b has K = {k_b}")
-    num_groups = _check_metadata(a_offsets, expert_ids, expert_scales, num_experts)
-    epilogue_kind, epilogue_fn = _epilogue_kind(epilogue)
-    if epilogue_kind == "swiglu" and n % 2:
-        raise ValueError(f"swiglu needs an even N (gate and up halves), got N = {n}")
-    n_out = n // 2 if epilogue_kind == "swiglu" else n
-    if out_dtype not in _OUT_DTYPES:
-        raise TypeError(f"out_dtype must be bf16, fp16 or fp32, got {out_dtype}")
-    if config is not None and not isinstance(config, BlockScaledMatmulConfig):
-        raise TypeError(f"config must be a BlockScaledMatmulConfig, got {type(config).__name__}")
-    if out is not None:
-        check_out(out, (num_tokens, n_out), out_dtype, a=a_op.data, a_scales=a_op.scales, b=b_op.data,
-                  b_scales=b_op.scales, a_offsets=a_offsets, expert_ids=expert_ids, expert_scales=expert_scales)
-    a_scale_offsets = a.group_scale_offsets if isinstance(a, ScaledTensor) else None
-    device = check_device(a=a_op.data, a_scales=a_op.scales, b=b_op.data, b_scales=b_op.scales, a_offsets=a_offsets,
-                          expert_ids=expert_ids, expert_scales=expert_scales, out=out, a_scale_offsets=a_scale_offsets,
-                          a_global_scale=a_op.global_scale, b_global_scale=b_op.global_scale)
-    if a_scale_offsets is not None and a_scale_offsets.numel() != num_groups:
-        raise ValueError(f"a's group_scale_offsets has {a_scale_offsets.numel()} entries for {num_groups} groups")
-    # The kernel reads the metadata as dense vectors: views of any strides are copied (a few bytes).
-    a_offsets, expert_ids = a_offsets.contiguous(), expert_ids.contiguous()
-    expert_scales = expert_scales.contiguous() if expert_scales is not None else None
-    a_scale_offsets = a_scale_offsets.contiguous() if a_scale_offsets is not None else None
-    if torch.compiler.is_compiling() and out is None and config is None and not validate and epilogue_fn is None:
-        from ..formats import scaled_tensor_parts
-        from ..ops import grouped_matmul_op  # an opaque node for the compiler
-
-        return grouped_matmul_op(*scaled_tensor_parts(a), *scaled_tensor_parts(b)[:5], a_offsets, expert_ids,
-                                 expert_scales, epilogue, out_dtype)
+    call = check_grouped_matmul(a, b, a_offsets, expert_ids, expert_scales, epilogue, out_dtype, out, config)
+    a_op, b_op, a_offsets, expert_ids, expert_scales, a_scale_offsets = (
+        call.a, call.b, call.a_offsets, call.expert_ids, call.expert_scales, call.a_scale_offsets)
+    num_tokens, k, num_experts, n, n_out, num_groups = (call.num_tokens, call.k, call.num_experts, call.n, call.n_out,
+                                                        call.num_groups)
+    epilogue_kind, epilogue_fn, device = call.epilogue_kind, call.epilogue_fn, call.device
     if out is None:
         out = _runtime.new_buffer((num_tokens, n_out), out_dtype, device)
     if validate:

@@ -1,7 +1,6 @@
-"""The Mixture-of-Experts feed-forward block around the grouped matmul."""
-from .combine import combine
-from .dispatch import dispatch, dispatch_reference
+"""The Mixture-of-Experts feed-forward block around the grouped matmul, and the routing functions it uses."""
+from ..ops import combine, dispatch
+from ..routing import SCORINGS, dispatch_reference, route
 from .layer import MoEFeedForward
-from .routing import SCORINGS, route
 
 __all__ = ["MoEFeedForward", "route", "dispatch", "dispatch_reference", "combine", "SCORINGS"]

@@ -6,12 +6,9 @@ import torch
 from torch import nn
 
 from .._runtime import forward_only
-from ..formats import FORMATS, ScaledTensor, quantize
-from ..grouped_matmul.api import grouped_matmul
-from ..formats import scaled_tensor_from_parts
-from .combine import combine
-from .dispatch import dispatch
-from .routing import check_correction_bias, route
+from ..formats import FORMATS, ScaledTensor, scaled_tensor_from_parts
+from ..ops import combine, dispatch, grouped_matmul, quantize
+from ..routing import check_correction_bias, route
 
 __all__ = ["MoEFeedForward"]
 

@@ -9,7 +9,7 @@ import triton.language as tl
 from .. import _runtime
 from .._runtime import check_device, forward_only, next_power_of_2
 
-__all__ = ["combine"]
+__all__ = ["combine", "check_combine"]
 
 _FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -54,6 +54,23 @@ def combine(y: torch.Tensor, row_of_copy: torch.Tensor, weights: torch.Tensor,
         ValueError: shapes that do not fit, tensors on different devices, y or weights requiring grad
             (combine is forward-only).
     """
+    device = check_combine(y, row_of_copy, weights, out_dtype)
+    num_tokens, top_k = row_of_copy.shape
+    hidden = y.shape[1]
+    out = _runtime.new_buffer((num_tokens, hidden), out_dtype or y.dtype, device)
+    if num_tokens == 0 or hidden == 0 or y.shape[0] == 0:
+        return out.zero_()
+    if y.stride(-1) != 1 and hidden > 1:
+        y = y.contiguous()
+    block_h = min(1024, next_power_of_2(hidden))
+    combine_kernel[(num_tokens, triton.cdiv(hidden, block_h))](
+        y, row_of_copy.contiguous(), weights.contiguous(), out, y.stride(0), out.stride(0), y.shape[0], hidden,
+        TOP_K=top_k, BLOCK_H=block_h)
+    return out
+
+
+def check_combine(y, row_of_copy, weights, out_dtype) -> torch.device:
+    """The checks of :func:`combine` (no launch; safe while torch.compile traces); returns the device."""
     for name, tensor, dtypes in (("y", y, _FLOAT_DTYPES), ("row_of_copy", row_of_copy, (torch.int32, torch.int64)),
                                  ("weights", weights, (torch.float32,))):
         if not isinstance(tensor, torch.Tensor) or tensor.dtype not in dtypes:
@@ -68,19 +85,4 @@ def combine(y: torch.Tensor, row_of_copy: torch.Tensor, weights: torch.Tensor,
         raise TypeError(f"out_dtype must be bf16, fp16 or fp32, got {out_dtype}")
     device = check_device(y=y, row_of_copy=row_of_copy, weights=weights)
     forward_only("combine", y=y, weights=weights)
-    if torch.compiler.is_compiling():
-        from ..ops import moe_combine_op  # an opaque node for the compiler
-
-        return moe_combine_op(y, row_of_copy, weights, out_dtype or y.dtype)
-    num_tokens, top_k = row_of_copy.shape
-    hidden = y.shape[1]
-    out = _runtime.new_buffer((num_tokens, hidden), out_dtype or y.dtype, device)
-    if num_tokens == 0 or hidden == 0 or y.shape[0] == 0:
-        return out.zero_()
-    if y.stride(-1) != 1 and hidden > 1:
-        y = y.contiguous()
-    block_h = min(1024, next_power_of_2(hidden))
-    combine_kernel[(num_tokens, triton.cdiv(hidden, block_h))](
-        y, row_of_copy.contiguous(), weights.contiguous(), out, y.stride(0), out.stride(0), y.shape[0], hidden,
-        TOP_K=top_k, BLOCK_H=block_h)
-    return out
+    return device

@@ -14,7 +14,7 @@ import triton.language as tl
 from .. import _runtime
 from .._runtime import check_device, next_power_of_2
 
-__all__ = ["dispatch", "dispatch_reference"]
+__all__ = ["dispatch", "check_dispatch", "dispatch_reference"]
 
 # copies per block × padded experts per one-hot tile; 32k int32 elements keeps each program in registers
 ONE_HOT_ELEMENTS = 1 << 15
@@ -95,18 +95,7 @@ def dispatch(expert_ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, 
         TypeError: expert_ids not an int32/int64 tensor.
         ValueError: expert_ids not 2D, num_experts not a positive int, a CPU tensor outside the interpreter.
     """
-    if not isinstance(expert_ids, torch.Tensor) or expert_ids.dtype not in (torch.int32, torch.int64):
-        raise TypeError(f"expert_ids must be an int32/int64 [T, k] tensor, "
-                        f"got {getattr(expert_ids, 'dtype', type(expert_ids).__name__)}")
-    if expert_ids.dim() != 2:
-        raise ValueError(f"expert_ids must be [T, k], got shape {tuple(expert_ids.shape)}")
-    if isinstance(num_experts, bool) or not isinstance(num_experts, int) or num_experts < 1:
-        raise ValueError(f"num_experts must be a positive int, got {num_experts!r}")
-    device = check_device(expert_ids=expert_ids)
-    if torch.compiler.is_compiling():
-        from ..ops import moe_dispatch_op  # an opaque node for the compiler
-
-        return moe_dispatch_op(expert_ids, num_experts)
+    device = check_dispatch(expert_ids, num_experts)
     num_tokens, top_k = expert_ids.shape
     num_copies = num_tokens * top_k
     token_of_row = _runtime.new_buffer(num_copies, torch.int64, device)
@@ -138,3 +127,16 @@ def dispatch_reference(expert_ids: torch.Tensor, num_experts: int) -> tuple[torc
     row_of_copy = torch.empty_like(order)
     row_of_copy[order] = torch.arange(order.numel(), device=flat.device)
     return order // top_k, a_offsets, row_of_copy.view(num_tokens, top_k)
+
+
+def check_dispatch(expert_ids, num_experts) -> torch.device:
+    """The checks of :func:`dispatch` (no launch; safe while torch.compile traces); returns the device."""
+    if not isinstance(expert_ids, torch.Tensor) or expert_ids.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"expert_ids must be an int32/int64 [T, k] tensor, "
+                        f"got {getattr(expert_ids, 'dtype', type(expert_ids).__name__)}")
+    if expert_ids.dim() != 2:
+        raise ValueError(f"expert_ids must be [T, k], got shape {tuple(expert_ids.shape)}")
+    if isinstance(num_experts, bool) or not isinstance(num_experts, int) or num_experts < 1:
+        raise ValueError(f"num_experts must be a positive int, got {num_experts!r}")
+    device = check_device(expert_ids=expert_ids)
+    return device

@@ -1,0 +1,7 @@
+"""Token routing for Mixture-of-Experts: top-k selection, the expert-sorted layout of the token copies
+(dispatch) and the router-weighted sum back (combine)."""
+from .combine import combine
+from .dispatch import dispatch, dispatch_reference
+from .topk import SCORINGS, check_correction_bias, route
+
+__all__ = ["route", "SCORINGS", "check_correction_bias", "dispatch", "dispatch_reference", "combine"]
