@@ -1,7 +1,7 @@
 """Ablations for the grouped matmul on the GPU: MMA path and tile configs per format and regime.
 
     python benchmarks/ablate_grouped_matmul.py [--out DIR] [--formats mxfp8,mxfp4] [--budget-s 240]
-        [--tiles list|default] [--mma ...] [--swap 0,1] [--prefetch 0,1] [--words 0,1] [--upcast 0,1] [--packed 0,1]
+        [--tiles list|default] [--mma ...] [--swap 0,1] [--prefetch 0,1] [--words 0,1] [--upcast 0,1]
         [--maxnreg 0,168] [--per-sm 2,3]
 
 Switches left out take default_config's value for the problem (``--prefetch``, ``--words``, ``--upcast``,
@@ -88,8 +88,6 @@ def main():
     parser.add_argument("--prefetch", default="default", help="default, or comma-separated 0/1: config.prefetch_scales")
     parser.add_argument("--words", default="default", help="default, or comma-separated 0/1: config.scale_words")
     parser.add_argument("--upcast", default="default", help="default, or comma-separated 0/1: config.upcast_a")
-    parser.add_argument("--packed", default="1", help="comma-separated 0/1: config.packed_decode (e2m1 weights)")
-    parser.add_argument("--maxnreg", default="0", help="comma-separated register caps (0: none): config.max_registers")
     parser.add_argument("--per-sm", default="", help="with --tiles default: comma-separated programs per SM")
     args = parser.parse_args()
     started = time.time()
@@ -109,7 +107,7 @@ def main():
         x_bf16, w_t = x.to(torch.bfloat16), w.transpose(-2, -1)
         peer_ms = time_ms(lambda: torch._grouped_mm(x_bf16, w_t, offs=offsets[1:], out_dtype=torch.bfloat16))
         rows.append({"regime": regime, "pair": "torch._grouped_mm bf16", "mma": "", "tile": "", "swap": "",
-                     "prefetch": "", "words": "", "upcast": "", "packed": "", "maxnreg": "", "stages": "", "warps": "", "programs/SM": "", "us": peer_ms * 1e3,
+                     "prefetch": "", "words": "", "upcast": "", "stages": "", "warps": "", "programs/SM": "", "us": peer_ms * 1e3,
                      "TFLOP/s": 2.0 * tokens * n * k / peer_ms / 1e9,
                      "weight GB/s": num_experts * n * k * 2 / peer_ms / 1e6,
                      "% copy": 100 * num_experts * n * k * 2 / peer_ms / 1e6 / ceilings["copy_gbps"],
@@ -131,12 +129,8 @@ def main():
             tiles = TILES[regime] if args.tiles == "list" else [
                 (base.block_m, base.block_n, base.block_k, base.num_stages, base.num_warps, per_sm)
                 for per_sm in per_sms]
-            caps = [int(v) or None for v in args.maxnreg.split(",")]
-            packs = [bool(int(v)) for v in args.packed.split(",")]
-            variants = itertools.product(tiles, mmas, swaps, prefetches, upcasts, packs, words, caps)
-            for (bm, bn, bk, stages, warps, per_sm), mma, swapped, prefetch, upcast, packed, word, cap in variants:
-                if not packed and (fb not in ("mxfp4", "nvfp4") and fa not in ("mxfp4", "nvfp4")):
-                    continue  # the switch changes nothing without e2m1 operands
+            variants = itertools.product(tiles, mmas, swaps, prefetches, upcasts, words)
+            for (bm, bn, bk, stages, warps, per_sm), mma, swapped, prefetch, upcast, word in variants:
                 if upcast and fa == "bf16":
                     continue
                 if time.time() - started > args.budget_s:
@@ -145,8 +139,7 @@ def main():
                     continue
                 config = lk.BlockScaledMatmulConfig(bm, bn, bk, stages, warps, num_programs=per_sm * sm_count,
                                                     mma=mma, ab_swapped=swapped, prefetch_scales=prefetch,
-                                                    upcast_a=upcast, packed_decode=packed, scale_words=word,
-                                                    max_registers=cap)
+                                                    upcast_a=upcast, scale_words=word)
                 try:
                     out = lk.grouped_matmul(a, b, offsets, ids, config=config)
                     error = relative_error(out.float(), expected)
@@ -157,7 +150,7 @@ def main():
                 tflops = 2.0 * tokens * n * k / ms / 1e9
                 weight_gbps = num_experts * n * k * weight_bytes[fb] / ms / 1e6
                 rows.append({"regime": regime, "pair": name, "mma": mma, "tile": f"{bm}x{bn}x{bk}", "swap": swapped,
-                             "prefetch": prefetch, "words": word, "upcast": upcast, "packed": packed, "maxnreg": cap or "", "stages": stages, "warps": warps, "programs/SM": per_sm,
+                             "prefetch": prefetch, "words": word, "upcast": upcast, "stages": stages, "warps": warps, "programs/SM": per_sm,
                              "us": ms * 1e3, "TFLOP/s": tflops,
                              "weight GB/s": weight_gbps, "% copy": 100 * weight_gbps / ceilings["copy_gbps"],
                              "vs _grouped_mm": peer_ms / ms, "rel err": error})

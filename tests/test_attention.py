@@ -176,13 +176,12 @@ FA4_CONFIGS = [
     FA4Config(BM=16, BN=16, num_q_tiles=1, rescale_threshold=4.0, poly_exp2_fraction=0.25),
     FA4Config(BM=32, BN=16, num_q_tiles=2, rescale_threshold=8.0, poly_exp2_fraction=0.75),
     FA4Config(BM=64, BN=32, num_q_tiles=2, rescale_threshold=2.0, poly_exp2_fraction=1.0),
-    FA4Config(BM=16, BN=16, num_q_tiles=1, rescale_threshold=0.0, pipeline_qk=True),
-    FA4Config(BM=16, BN=16, num_q_tiles=1, rescale_threshold=8.0, pipeline_qk=True, tma_kv=False),
+    FA4Config(BM=16, BN=16, num_q_tiles=1, rescale_threshold=8.0, tma_kv=False),
 ]
 
 
 @pytest.mark.parametrize("config", FA4_CONFIGS, ids=lambda c: f"BM{c.BM}BN{c.BN}x{c.num_q_tiles}"
-                         f"-t{c.rescale_threshold:g}-p{c.poly_exp2_fraction:g}{'-pipe' if c.pipeline_qk else ''}"
+                         f"-t{c.rescale_threshold:g}-p{c.poly_exp2_fraction:g}"
                          f"{'' if c.tma_kv else '-notma'}")
 def test_fa4_switches(device, config):
     q, k, v = _qkv(1, 50, 61, 4, 2, 32, torch.float16, device)
@@ -379,11 +378,11 @@ def test_tma_kv_loads_match_pointer_loads(device, layout, causal, monkeypatch):
 
 @pytest.mark.parametrize("score_mod", [None, "softcap", "alibi"])
 @pytest.mark.parametrize("layout", ["dense", "ragged"])
-def test_pipelined_band(device, score_mod, layout):
-    """pipeline_qk (Q K^T of the next tile issued before this tile's softmax) against the reference,
-    with score mods (which read the tile's key indices) and bands of 1 and several tiles."""
+def test_visible_band_with_score_mods(device, score_mod, layout):
+    """The fully visible band against the reference, with score mods (which read the tile's key indices)
+    and bands of 1 and several tiles."""
     mod = {None: None, "softcap": softcap(5.0), "alibi": alibi(torch.rand(4, device=device))}[score_mod]
-    config = FA4Config(BM=16, BN=16, num_q_tiles=1, rescale_threshold=0.0, pipeline_qk=True)
+    config = FA4Config(BM=16, BN=16, num_q_tiles=1, rescale_threshold=0.0)
     if layout == "ragged":
         cu = torch.tensor([0, 20, 90, 107], dtype=torch.int32, device=device)  # bands of 1, 4 and 1 tiles
         q = torch.randn(107, 4, 32, dtype=torch.float16, device=device)
@@ -396,7 +395,7 @@ def test_pipelined_band(device, score_mod, layout):
         q, k, v = _qkv(2, 40, 70, 4, 2, 32, torch.float16, device)
         out = attention(q, k, v, score_mod=mod, config=config)
         ref = attention_reference(q, k, v, score_mod=mod)
-    assert_close_relative(out, ref, TOLERANCE[torch.float16], f"pipelined {layout} {score_mod}")
+    assert_close_relative(out, ref, TOLERANCE[torch.float16], f"band {layout} {score_mod}")
 
 
 def test_tma_band_never_reads_past_a_sequence(device):
@@ -458,7 +457,6 @@ def test_config_validation():
             FA4Config(**kwargs)
     config = FA4Config(BM=256, num_q_tiles=2, depth=96, num_q_heads=32, num_kv_heads=8)
     assert config.MMA_M == 128 and config.two_q_tiles and config.group == 4 and config.padded_depth == 128
-    assert config.BK1 == config.BN
 
 
 def test_bad_inputs(device):

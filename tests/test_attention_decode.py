@@ -7,7 +7,7 @@ from llmkernels._testing import assert_close_relative, poison, relative_error
 from llmkernels.attention import api as attention_api
 from llmkernels.attention.api import attention
 from llmkernels.attention.config import FA4Config
-from llmkernels.attention.decode import choose_num_splits, decode_tiling
+from llmkernels.attention.split_kv import choose_num_splits, decode_tiling
 from llmkernels.attention.masks import SlidingWindow, softcap
 from llmkernels.attention.reference import attention_reference
 

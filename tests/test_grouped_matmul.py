@@ -11,6 +11,7 @@ import triton.language as tl
 import llmkernels as lk
 from llmkernels._runtime import interpreting
 from llmkernels._testing import assert_close_relative, on_gpu, poison, random_group_offsets
+from llmkernels.grouped_matmul import api as grouped_matmul_api
 from llmkernels.grouped_matmul import config as gm_config
 from llmkernels.grouped_matmul import default_launches
 
@@ -113,31 +114,23 @@ def test_scale_loading_orders(formats, prefetch, words, device):
         _check(grouped, b.to_layout("128x4"), offsets, ids, scales, rows, config=config)
 
 
-@pytest.mark.parametrize("formats", [("mxfp8", "mxfp8"), ("bf16", "mxfp4"), ("nvfp4", "nvfp4")], ids="x".join)
-def test_register_cap(formats, device):
-    """max_registers (ptxas .maxnreg) may make the compiler spill; the products stay the same."""
-    x, w, offsets, ids, scales, rows = _problem("ragged", k=128, n=48, device=device)
-    config = lk.BlockScaledMatmulConfig(block_m=16, block_n=32, block_k=64, num_stages=2, num_warps=4,
-                                        max_registers=64)
-    _check(_make_operand(x, formats[0]), _make_operand(w, formats[1]), offsets, ids, scales, rows, config=config,
-           epilogue="swiglu")
-
-
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the packed decode is PTX: NVIDIA GPUs only")
 @pytest.mark.parametrize("formats", [("mxfp4", "mxfp4"), ("bf16", "mxfp4"), ("nvfp4", "nvfp4"), ("mxfp8", "mxfp4")],
                          ids="x".join)
 @pytest.mark.parametrize("swap", [False, True])
-def test_packed_e2m1_decode_equals_the_float32_decode(formats, swap):
-    """packed_decode (bf16 pairs through PTX) and the float32 decode give the same tiles, so the same
-    products bit for bit, in both operand orders and with A decoded ahead; both also match the reference."""
+def test_packed_e2m1_decode_equals_the_float32_decode(formats, swap, monkeypatch):
+    """The packed decode (bf16 pairs through PTX, what bf16 tiles take on NVIDIA GPUs) and the float32
+    decode give the same tiles, so the same products bit for bit, in both operand orders and with A
+    decoded ahead; both also match the reference."""
     device = torch.device("cuda")
     x, w, offsets, ids, scales, rows = _problem("ragged", k=192, n=48, device=device)
     a, b = _make_operand(x, formats[0]), _make_operand(w, formats[1])
+    config = lk.BlockScaledMatmulConfig(block_m=16, block_n=32, block_k=64, num_stages=2, num_warps=4,
+                                        mma="dequant", ab_swapped=swap, upcast_a=formats[0] != "bf16" and not swap)
     outputs = []
     for packed in (True, False):
-        config = lk.BlockScaledMatmulConfig(block_m=16, block_n=32, block_k=64, num_stages=2, num_warps=4,
-                                            mma="dequant", ab_swapped=swap, packed_decode=packed,
-                                            upcast_a=formats[0] != "bf16" and not swap)
+        if not packed:  # the float32 decode, which the product takes elsewhere (fp16, the interpreter)
+            monkeypatch.setattr(grouped_matmul_api, "_packed_decode", lambda *args: False)
         _check(a, b, offsets, ids, scales, rows, config=config, epilogue="swiglu")
         outputs.append(lk.grouped_matmul(a, b, offsets, ids, scales, config=config, out_dtype=torch.float32))
     assert torch.equal(outputs[0][:rows], outputs[1][:rows])
@@ -360,8 +353,7 @@ def test_hopper_compute_defaults(monkeypatch):
 @pytest.mark.parametrize("field, value", [("block_m", 24), ("block_n", 512), ("block_k", 16), ("num_stages", 0),
                                           ("num_warps", 3), ("num_programs", 0), ("mma", "wgmma"),
                                           ("ab_swapped", 1), ("prefetch_scales", 1),
-                                          ("scale_words", 0), ("upcast_a", "yes"), ("packed_decode", 1),
-                                          ("max_registers", 300), ("max_registers", 64.0)])
+                                          ("scale_words", 0), ("upcast_a", "yes")])
 def test_config_validation(field, value):
     with pytest.raises(ValueError, match=field):
         lk.BlockScaledMatmulConfig(**{field: value})

@@ -55,7 +55,7 @@ def compile_one(pair, config, swiglu, arch, capability):
         A_GLOBAL_SCALE=a_global, B_GLOBAL_SCALE=b_sc == "e4m3",
         HAS_EXPERT_SCALES=True, EPILOGUE="swiglu" if swiglu else "none", EPILOGUE_FN=None,
         USE_DOT_SCALED=dot_scaled, SWAP_AB=config.ab_swapped, PREFETCH_SCALES=config.prefetch_scales,
-        SCALE_WORDS=config.scale_words, PACKED_DECODE=config.packed_decode,
+        SCALE_WORDS=config.scale_words, PACKED_DECODE=True,
         COMPUTE_DTYPE=tl.bfloat16,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, BLOCK_GROUPS=16)
     signature = {}

@@ -11,7 +11,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from .. import _runtime
 from .._runtime import (cdiv, check_device, cuda_capability, first_bad_prefix_sum, first_true, forward_only,
                         interpreting, next_power_of_2, num_programs_hint)
-from . import decode as decode_mod
+from . import split_kv
 from .config import SUPPORTED_HEAD_DIMS, FA4Config, default_config
 from .kernel import attention_fwd_kernel
 from .masks import SCORE_MOD_ALIBI, UNBOUNDED, MaskSpec, ScoreModSpec, resolve_mask, resolve_score_mod
@@ -424,7 +424,7 @@ def attention(
         return (out, lse) if return_lse else out
 
     split_path = (num_splits is not None and num_splits > 1) or (
-        num_splits is None and q_bound <= decode_mod.MAX_DECODE_QUERIES)
+        num_splits is None and q_bound <= split_kv.MAX_DECODE_QUERIES)
     if config is None:
         config = default_config(head_dim, q.dtype, device, decode=split_path,
                                 num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
@@ -432,7 +432,7 @@ def attention(
     head_dim_pad = next_power_of_2(head_dim)
     block_n = config.BN
     if split_path:
-        block_q, heads_per_tile = decode_mod.decode_tiling(q_bound, group, config.pack_gqa_heads)
+        block_q, heads_per_tile = split_kv.decode_tiling(q_bound, group, config.pack_gqa_heads)
         num_q_tiles = 1
     else:
         block_q, heads_per_tile, num_q_tiles = config.MMA_M, 1, config.num_q_tiles
@@ -441,7 +441,7 @@ def attention(
     kv_tiles_bound = max(1, cdiv(kv_bound, block_n))
     if split_path:
         if num_splits is None:
-            num_splits = decode_mod.choose_num_splits(num_q_blocks * num_head_programs, kv_tiles_bound,
+            num_splits = split_kv.choose_num_splits(num_q_blocks * num_head_programs, kv_tiles_bound,
                                                       num_programs_hint(device))
         num_splits = min(num_splits, kv_tiles_bound)  # extra splits would only see empty ranges
     else:
@@ -532,8 +532,7 @@ def attention(
         RETURN_LSE=return_lse and not split_path,
         REVERSE_Q_BLOCKS=mask_spec.has_window and not split_path,
         RESCALE_THRESHOLD=config.rescale_threshold, POLY_EXP2_FRACTION=config.poly_exp2_fraction,
-        TMA_KV=kv_descriptors is not None, WARP_SPECIALIZE=config.warp_specialize and not interpreting(),
-        PIPELINE_QK=config.pipeline_qk,
+        TMA_KV=kv_descriptors is not None,
         UPCAST=interpreting(),
         num_warps=config.num_warps, num_stages=config.num_kv_stages,
     )
@@ -541,7 +540,7 @@ def attention(
         rows_per_batch = q.shape[0] if ragged else q.shape[1]
         batches = 1 if ragged else q.shape[0]
         combine_grid = (batches * rows_per_batch, num_q_heads)
-        decode_mod.combine_splits_kernel[combine_grid](
+        split_kv.combine_splits_kernel[combine_grid](
             o_partial, lse_partial, out, lse if lse is not None else float_dummy,
             sinks if sinks is not None else float_dummy,
             o_partial.stride(0), *stride_target_o,

@@ -30,23 +30,17 @@ FA4 switches
                        sm90+; the seed's TMA producer) where the layout allows it: dense or ragged K/V
                        (not paged), D a power of two, heads contiguous in a token row, 16-byte aligned
                        rows. Masked edge tiles keep pointer loads (they may reach past the sequence).
-``warp_specialize``    Triton's automatic warp specialization of the K/V loop (producer warps for
-                       the loads, consumer warps for MMA and softmax: the seed's warp roles, chosen by
-                       the compiler).
-``pipeline_qk``        in the fully visible band, issue ``Q K^T`` of the next K/V tile before the
-                       softmax of this one (FA3's intra-warpgroup overlap of MMA and softmax; one
-                       Q tile per program only).
 ``pack_gqa_heads``     split-KV/decode only: q heads of one KV head packed into one tile (rows are
                        (query, head) pairs) so that K/V is read once per KV head. 0 = automatic.
 
 Seed fields fixed by the Triton compiler
 -----------------------------------------
 ``BK0`` (K-chunk of QK^T: the whole ``padded_depth``; the compiler splits it into MMA instructions),
-``BK1`` (= ``BN`` for PV), ``num_qk_stages`` / ``num_pv_stages`` (MMA pipelining inside one tile),
+``BK1`` (``BN`` for PV), ``num_qk_stages`` / ``num_pv_stages`` (MMA pipelining inside one tile),
 ``swizzle_mode`` (shared-memory layouts are chosen by the compiler), and the warp roles (load / MMA /
-softmax / correction warpgroups): Triton schedules one program's warps itself (``warp_specialize``
-asks it to split them into roles). These are exposed as
-read-only properties with the values Triton effectively uses.
+softmax / correction warpgroups): Triton schedules one program's warps itself. What each of the
+other FA4 ideas measured on the H100 (warp specialization, a software-pipelined ``Q K^T``) is in
+``benchmarks/NOTES.md``; neither won, so neither is a switch here.
 """
 from __future__ import annotations
 
@@ -91,8 +85,6 @@ class FA4Config:
     poly_exp2_fraction: float = 0.0
     pack_gqa_heads: int = 0
     tma_kv: bool = True
-    warp_specialize: bool = False
-    pipeline_qk: bool = False
     page_size: int | None = None
 
     def __post_init__(self):
@@ -131,9 +123,8 @@ class FA4Config:
         object.__setattr__(self, "poly_exp2_fraction", float(self.poly_exp2_fraction))
         if self.pack_gqa_heads != 0 and (not _is_power_of_2(self.pack_gqa_heads) or self.pack_gqa_heads > 128):
             raise ValueError(f"pack_gqa_heads must be 0 (auto) or a power of two <= 128, got {self.pack_gqa_heads!r}")
-        for field in ("tma_kv", "warp_specialize", "pipeline_qk"):
-            if not isinstance(getattr(self, field), bool):
-                raise ValueError(f"{field} must be a bool, got {getattr(self, field)!r}")
+        if not isinstance(self.tma_kv, bool):
+            raise ValueError(f"tma_kv must be a bool, got {self.tma_kv!r}")
         if self.page_size is not None and (not _is_power_of_2(self.page_size) or not 16 <= self.page_size <= 256):
             raise ValueError(f"page_size must be a power of two in [16, 256], got {self.page_size!r}")
 
@@ -151,14 +142,6 @@ class FA4Config:
         if self.num_q_heads is None or self.num_kv_heads is None:
             return None
         return self.num_q_heads // self.num_kv_heads
-
-    @property
-    def BK0(self) -> int | None:
-        return self.padded_depth
-
-    @property
-    def BK1(self) -> int:
-        return self.BN
 
     def replace(self, **changes) -> "FA4Config":
         return dataclasses.replace(self, **changes)
@@ -186,8 +169,7 @@ def default_config(depth: int, dtype: torch.dtype, device: torch.device, *, deco
                          rescale_threshold=8.0, poly_exp2_fraction=0.0, **common)
     major = capability[0]
     if decode:
-        # Two warps per program at D <= 128: as fast as four at batch 1-8, 1.2x faster at batch 64 (more
-        # programs resident per SM; ablate_attention_decode.md on the H100).
+        # Two warps per program at D <= 128: more programs resident per SM, which large batches need.
         return FA4Config(BM=16, BN=64 if depth <= 128 else 32, num_q_tiles=1, num_kv_stages=3,
                          num_warps=2 if depth <= 128 else 4, rescale_threshold=8.0, **common)
     if major >= 10:
@@ -197,17 +179,16 @@ def default_config(depth: int, dtype: torch.dtype, device: torch.device, *, deco
         return FA4Config(BM=128, BN=64, num_q_tiles=2, num_kv_stages=2, num_warps=8,
                          rescale_threshold=8.0, poly_exp2_fraction=0.25, **common)
     if major == 9:
-        # The best tiles of the H100 sweep (benchmarks/results/nvidia-h100-80gb-hbm3/ablate_attention_prefill.md).
-        # The conditional rescale's block-uniform branch costs up to 16% here (it splits the MMA
-        # pipeline), so the threshold is 0; TMA loads cost 12% at D=256 (512-byte rows), so they are off.
+        # The best tiles of the H100 sweep (benchmarks/NOTES.md). The conditional rescale's block-uniform
+        # branch splits the MMA pipeline here, so the threshold is 0; TMA loads of 512-byte rows (D=256)
+        # lost to pointer loads, so they are off there.
         if depth <= 64:
             return FA4Config(BM=128, BN=64, num_q_tiles=1, num_kv_stages=3, num_warps=4,
                              rescale_threshold=0.0, **common)
         if depth <= 128:
             if visible_band is not None and visible_band <= _NARROW_BAND and depth > 64:
                 # Short windows and chunks: each 128-row Q block sees only a few K/V tiles, half of
-                # them masked edge tiles; 64 x 64 tiles halve the masked work (window 128-2048 and
-                # chunk 256-4096 ran 1.03-1.43x faster, attention_window.md).
+                # them masked edge tiles; 64 x 64 tiles halve the masked work.
                 return FA4Config(BM=64, BN=64, num_q_tiles=1, num_kv_stages=3, num_warps=4,
                                  rescale_threshold=0.0, **common)
             return FA4Config(BM=128, BN=128, num_q_tiles=1, num_kv_stages=3, num_warps=8,

@@ -144,7 +144,7 @@ def load_kv_tile(base_ptr, batch_offset, kv_start, kv_raw, seqlen_k, head_offset
 def log2_scores(qk, batch, heads, q_idx_mod, q_pos, alibi_slopes, kv_mod, softmax_scale, qk_scale_log2,
                 softcap_value, SCORE_MOD_KIND: tl.constexpr, SCORE_MOD: tl.constexpr):
     """Raw ``Q K^T`` ``[M, N]`` -> ``log2(e) * score_mod(softmax_scale * QK^T)``."""
-    if SCORE_MOD_KIND == 0:
+    if SCORE_MOD_KIND == "none":
         return qk * qk_scale_log2
     else:
         scores = apply_score_mod(qk * softmax_scale, batch, heads[:, None], q_idx_mod[:, None],
@@ -188,44 +188,6 @@ def load_band_tile(base_ptr, desc, batch_offset, kv_start, kv_row_base, kv_col, 
 
 
 @triton.jit
-def attend_band_pipelined(acc, row_sum, row_max, q, q_idx_mod, q_pos, heads, alibi_slopes,
-                          k_ptr, v_ptr, k_desc, v_desc, k_batch_offset, v_batch_offset, k_head_offset, v_head_offset,
-                          stride_kb, stride_ks, stride_vb, stride_vs, block_table_row, num_pages,
-                          kv_start, kv_row_base, kv_col, seqlen_k, batch, kv_lo, kv_hi,
-                          softmax_scale, qk_scale_log2, softcap_value,
-                          HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
-                          BLOCK_N: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr,
-                          SCORE_MOD_KIND: tl.constexpr, SCORE_MOD: tl.constexpr, RESCALE_THRESHOLD: tl.constexpr,
-                          POLY_EXP2_FRACTION: tl.constexpr, TMA_KV: tl.constexpr, UPCAST: tl.constexpr):
-    """The fully visible band ``[kv_lo, kv_hi)`` (non-empty, whole tiles) of one Q tile, with ``Q K^T`` of
-    tile j + 1 issued before the softmax of tile j (FA3's intra-warpgroup overlap): the next scores are
-    loop-carried, so the tensor cores compute them while the CUDA cores run the softmax. The last
-    iteration recomputes its own tile's scores instead of reading past the band (one wasted QK^T)."""
-    dims = tl.arange(0, HEAD_DIM_PAD)
-    k = load_band_tile(k_ptr, k_desc, k_batch_offset, kv_start, kv_row_base, kv_col, kv_lo, seqlen_k, k_head_offset,
-                       stride_kb, stride_ks, block_table_row, num_pages, dims,
-                       HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, PAGED, PAGE_SIZE, TMA_KV)
-    qk = mma(q, tl.trans(k), None, UPCAST)
-    last = kv_hi - BLOCK_N
-    for start_n in tl.range(kv_lo, kv_hi, BLOCK_N):
-        next_n = tl.minimum(start_n + BLOCK_N, last)
-        k_next = load_band_tile(k_ptr, k_desc, k_batch_offset, kv_start, kv_row_base, kv_col, next_n, seqlen_k,
-                                k_head_offset, stride_kb, stride_ks, block_table_row, num_pages, dims,
-                                HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, PAGED, PAGE_SIZE, TMA_KV)
-        qk_next = mma(q, tl.trans(k_next), None, UPCAST)
-        v = load_band_tile(v_ptr, v_desc, v_batch_offset, kv_start, kv_row_base, kv_col, start_n, seqlen_k,
-                           v_head_offset, stride_vb, stride_vs, block_table_row, num_pages, dims,
-                           HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, PAGED, PAGE_SIZE, TMA_KV)
-        kv_raw = start_n + tl.arange(0, BLOCK_N)
-        scores = log2_scores(qk, batch, heads, q_idx_mod, q_pos, alibi_slopes, kv_raw, softmax_scale, qk_scale_log2,
-                             softcap_value, SCORE_MOD_KIND, SCORE_MOD)
-        acc, row_sum, row_max = online_softmax_update(acc, row_sum, row_max, scores, v, BLOCK_M, BLOCK_N,
-                                                      RESCALE_THRESHOLD, POLY_EXP2_FRACTION, UPCAST)
-        qk = qk_next
-    return acc, row_sum, row_max
-
-
-@triton.jit
 def attend_kv_range(acc_a, sum_a, max_a, acc_b, sum_b, max_b, q_a, q_b,
                     q_idx_mod_a, q_idx_mod_b, q_pos_a, q_pos_b, heads, alibi_slopes,
                     k_ptr, v_ptr, k_desc, v_desc, k_batch_offset, v_batch_offset, k_head_offset, v_head_offset,
@@ -237,55 +199,43 @@ def attend_kv_range(acc_a, sum_a, max_a, acc_b, sum_b, max_b, q_a, q_b,
                     MASKED: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_CHUNK: tl.constexpr,
                     HAS_MASK_MOD: tl.constexpr, MASK_MOD: tl.constexpr, SCORE_MOD_KIND: tl.constexpr,
                     SCORE_MOD: tl.constexpr, RESCALE_THRESHOLD: tl.constexpr, POLY_EXP2_FRACTION: tl.constexpr,
-                    TMA_KV: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, PIPELINE_QK: tl.constexpr,
-                    UPCAST: tl.constexpr):
+                    TMA_KV: tl.constexpr, UPCAST: tl.constexpr):
     """Keys ``[kv_lo, kv_hi)`` (kv_lo a multiple of BLOCK_N): each K/V tile is loaded once for both Q tiles.
 
     ``TMA_KV`` and not ``MASKED`` (the fully visible band, whose tiles lie inside the sequence): K/V
     tiles come through the tensor descriptors ``k_desc`` / ``v_desc`` over ``[tokens, Hkv * D]``, at row
     ``kv_row_base + key`` and column ``kv_col``."""
     dims = tl.arange(0, HEAD_DIM_PAD)
-    CLAMP_KV: tl.constexpr = HAS_MASK_MOD or SCORE_MOD_KIND == 3
-    if PIPELINE_QK and not MASKED and NUM_Q_TILES == 1:
-        if kv_lo < kv_hi:
-            acc_a, sum_a, max_a = attend_band_pipelined(
-                acc_a, sum_a, max_a, q_a, q_idx_mod_a, q_pos_a, heads, alibi_slopes,
-                k_ptr, v_ptr, k_desc, v_desc, k_batch_offset, v_batch_offset, k_head_offset, v_head_offset,
-                stride_kb, stride_ks, stride_vb, stride_vs, block_table_row, num_pages,
-                kv_start, kv_row_base, kv_col, seqlen_k, batch, kv_lo, kv_hi,
-                softmax_scale, qk_scale_log2, softcap_value,
-                HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, BLOCK_N, PAGED, PAGE_SIZE, SCORE_MOD_KIND, SCORE_MOD,
-                RESCALE_THRESHOLD, POLY_EXP2_FRACTION, TMA_KV, UPCAST)
-    else:
-        for start_n in tl.range(kv_lo, kv_hi, BLOCK_N, warp_specialize=WARP_SPECIALIZE):
-            kv_raw = start_n + tl.arange(0, BLOCK_N)
-            if MASKED:
-                k = load_kv_tile(k_ptr, k_batch_offset, kv_start, kv_raw, seqlen_k, k_head_offset, stride_kb, stride_ks,
-                                 block_table_row, num_pages, dims, HEAD_DIM, HEAD_DIM_PAD, PAGED, PAGE_SIZE, True)
-                v = load_kv_tile(v_ptr, v_batch_offset, kv_start, kv_raw, seqlen_k, v_head_offset, stride_vb, stride_vs,
-                                 block_table_row, num_pages, dims, HEAD_DIM, HEAD_DIM_PAD, PAGED, PAGE_SIZE, True)
-            else:
-                k = load_band_tile(k_ptr, k_desc, k_batch_offset, kv_start, kv_row_base, kv_col, start_n, seqlen_k,
-                                   k_head_offset, stride_kb, stride_ks, block_table_row, num_pages, dims,
-                                   HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, PAGED, PAGE_SIZE, TMA_KV)
-                v = load_band_tile(v_ptr, v_desc, v_batch_offset, kv_start, kv_row_base, kv_col, start_n, seqlen_k,
-                                   v_head_offset, stride_vb, stride_vs, block_table_row, num_pages, dims,
-                                   HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, PAGED, PAGE_SIZE, TMA_KV)
-            if CLAMP_KV:
-                kv_mod = tl.minimum(kv_raw, tl.maximum(seqlen_k - 1, 0))
-            else:
-                kv_mod = kv_raw
-            acc_a, sum_a, max_a = update_q_tile(
-                acc_a, sum_a, max_a, q_a, k, v, batch, heads, q_idx_mod_a, q_pos_a, alibi_slopes,
+    CLAMP_KV: tl.constexpr = HAS_MASK_MOD or SCORE_MOD_KIND == "user"
+    for start_n in tl.range(kv_lo, kv_hi, BLOCK_N):
+        kv_raw = start_n + tl.arange(0, BLOCK_N)
+        if MASKED:
+            k = load_kv_tile(k_ptr, k_batch_offset, kv_start, kv_raw, seqlen_k, k_head_offset, stride_kb, stride_ks,
+                             block_table_row, num_pages, dims, HEAD_DIM, HEAD_DIM_PAD, PAGED, PAGE_SIZE, True)
+            v = load_kv_tile(v_ptr, v_batch_offset, kv_start, kv_raw, seqlen_k, v_head_offset, stride_vb, stride_vs,
+                             block_table_row, num_pages, dims, HEAD_DIM, HEAD_DIM_PAD, PAGED, PAGE_SIZE, True)
+        else:
+            k = load_band_tile(k_ptr, k_desc, k_batch_offset, kv_start, kv_row_base, kv_col, start_n, seqlen_k,
+                               k_head_offset, stride_kb, stride_ks, block_table_row, num_pages, dims,
+                               HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, PAGED, PAGE_SIZE, TMA_KV)
+            v = load_band_tile(v_ptr, v_desc, v_batch_offset, kv_start, kv_row_base, kv_col, start_n, seqlen_k,
+                               v_head_offset, stride_vb, stride_vs, block_table_row, num_pages, dims,
+                               HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, PAGED, PAGE_SIZE, TMA_KV)
+        if CLAMP_KV:
+            kv_mod = tl.minimum(kv_raw, tl.maximum(seqlen_k - 1, 0))
+        else:
+            kv_mod = kv_raw
+        acc_a, sum_a, max_a = update_q_tile(
+            acc_a, sum_a, max_a, q_a, k, v, batch, heads, q_idx_mod_a, q_pos_a, alibi_slopes,
+            kv_raw, kv_mod, seqlen_k, softmax_scale, qk_scale_log2, window_left, window_right, chunk_size,
+            softcap_value, BLOCK_M, BLOCK_N, MASKED, HAS_WINDOW, HAS_CHUNK, HAS_MASK_MOD, MASK_MOD,
+            SCORE_MOD_KIND, SCORE_MOD, RESCALE_THRESHOLD, POLY_EXP2_FRACTION, UPCAST)
+        if NUM_Q_TILES == 2:
+            acc_b, sum_b, max_b = update_q_tile(
+                acc_b, sum_b, max_b, q_b, k, v, batch, heads, q_idx_mod_b, q_pos_b, alibi_slopes,
                 kv_raw, kv_mod, seqlen_k, softmax_scale, qk_scale_log2, window_left, window_right, chunk_size,
                 softcap_value, BLOCK_M, BLOCK_N, MASKED, HAS_WINDOW, HAS_CHUNK, HAS_MASK_MOD, MASK_MOD,
                 SCORE_MOD_KIND, SCORE_MOD, RESCALE_THRESHOLD, POLY_EXP2_FRACTION, UPCAST)
-            if NUM_Q_TILES == 2:
-                acc_b, sum_b, max_b = update_q_tile(
-                    acc_b, sum_b, max_b, q_b, k, v, batch, heads, q_idx_mod_b, q_pos_b, alibi_slopes,
-                    kv_raw, kv_mod, seqlen_k, softmax_scale, qk_scale_log2, window_left, window_right, chunk_size,
-                    softcap_value, BLOCK_M, BLOCK_N, MASKED, HAS_WINDOW, HAS_CHUNK, HAS_MASK_MOD, MASK_MOD,
-                    SCORE_MOD_KIND, SCORE_MOD, RESCALE_THRESHOLD, POLY_EXP2_FRACTION, UPCAST)
     return acc_a, sum_a, max_a, acc_b, sum_b, max_b
 
 
@@ -374,7 +324,7 @@ def attention_fwd_kernel(
     SCORE_MOD_KIND: tl.constexpr, SCORE_MOD: tl.constexpr, HAS_SINKS: tl.constexpr,
     SPLIT: tl.constexpr, RETURN_LSE: tl.constexpr, REVERSE_Q_BLOCKS: tl.constexpr,
     RESCALE_THRESHOLD: tl.constexpr, POLY_EXP2_FRACTION: tl.constexpr, TMA_KV: tl.constexpr,
-    WARP_SPECIALIZE: tl.constexpr, PIPELINE_QK: tl.constexpr, UPCAST: tl.constexpr,
+    UPCAST: tl.constexpr,
 ):
     """Attention forward for one (Q block, batch x KV head x head tile) pair and one split.
 
@@ -475,7 +425,7 @@ def attention_fwd_kernel(
         q_b = q_a
     q_idx_mod_a = tl.minimum(q_idx_a, tl.maximum(seqlen_q - 1, 0))
     q_idx_mod_b = tl.minimum(q_idx_b, tl.maximum(seqlen_q - 1, 0))
-    if SCORE_MOD_KIND == 2:
+    if SCORE_MOD_KIND == "alibi":
         alibi_slopes = tl.load(alibi_slopes_ptr + heads, mask=head_valid, other=0.0)
     else:
         alibi_slopes = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -521,7 +471,7 @@ def attention_fwd_kernel(
             seqlen_k, batch, lo, hi, softmax_scale, qk_scale_log2, window_left, window_right, chunk_size, softcap_value,
             HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, BLOCK_N, NUM_Q_TILES, PAGED, PAGE_SIZE, phase != 1,
             HAS_WINDOW, HAS_CHUNK, HAS_MASK_MOD, MASK_MOD, SCORE_MOD_KIND, SCORE_MOD,
-            RESCALE_THRESHOLD, POLY_EXP2_FRACTION, TMA_KV, WARP_SPECIALIZE, PIPELINE_QK, UPCAST)
+            RESCALE_THRESHOLD, POLY_EXP2_FRACTION, TMA_KV, UPCAST)
 
     store_q_tile(acc_a, sum_a, max_a, out_ptr, lse_ptr, sinks_ptr, batch, split, q_start, q_idx_a, heads, valid_a,
                  dims, stride_ob, stride_os, stride_oh, stride_o_split,

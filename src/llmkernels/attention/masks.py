@@ -53,7 +53,8 @@ __all__ = ["SlidingWindow", "Chunked", "ScoreMod", "softcap", "alibi", "MaskSpec
 # stays inside int32 for every position |pos| < 2**30. Larger values are clamped to it.
 UNBOUNDED = 1 << 30
 
-SCORE_MOD_NONE, SCORE_MOD_SOFTCAP, SCORE_MOD_ALIBI, SCORE_MOD_USER = 0, 1, 2, 3
+# The score modifier kinds: ScoreModSpec.kind on the host, the kernels' SCORE_MOD_KIND constexpr.
+SCORE_MOD_NONE, SCORE_MOD_SOFTCAP, SCORE_MOD_ALIBI, SCORE_MOD_USER = "none", "softcap", "alibi", "user"
 
 
 def _store_int(owner, name: str, expected: str) -> None:
@@ -124,7 +125,7 @@ def softcap(cap: float) -> ScoreMod:
     """``score -> cap * tanh(score / cap)``. Raises ValueError unless ``cap`` is a positive finite number."""
     if isinstance(cap, bool) or not isinstance(cap, (int, float)) or not math.isfinite(cap) or cap <= 0:
         raise ValueError(f"softcap cap must be a positive finite number, got {cap!r}")
-    return ScoreMod("softcap", cap=float(cap))
+    return ScoreMod(SCORE_MOD_SOFTCAP, cap=float(cap))
 
 
 def alibi(slopes: torch.Tensor) -> ScoreMod:
@@ -138,7 +139,7 @@ def alibi(slopes: torch.Tensor) -> ScoreMod:
         raise TypeError(f"alibi slopes must be a float32 tensor, got {getattr(slopes, 'dtype', type(slopes).__name__)}")
     if slopes.dim() != 1:
         raise ValueError(f"alibi slopes must be 1-D [Hq], got shape {tuple(slopes.shape)}")
-    return ScoreMod("alibi", slopes=slopes)
+    return ScoreMod(SCORE_MOD_ALIBI, slopes=slopes)
 
 
 def _jit_function_types() -> tuple:
@@ -180,7 +181,7 @@ class MaskSpec:
 
 @dataclass(frozen=True)
 class ScoreModSpec:
-    kind: int = SCORE_MOD_NONE
+    kind: str = SCORE_MOD_NONE
     cap: float = 1.0
     slopes: torch.Tensor | None = None
     fn: object = None
@@ -235,7 +236,7 @@ def resolve_score_mod(score_mod) -> ScoreModSpec:
     if score_mod is None:
         return ScoreModSpec()
     if isinstance(score_mod, ScoreMod):
-        if score_mod.kind == "softcap":
+        if score_mod.kind == SCORE_MOD_SOFTCAP:
             return ScoreModSpec(kind=SCORE_MOD_SOFTCAP, cap=score_mod.cap)
         return ScoreModSpec(kind=SCORE_MOD_ALIBI, slopes=score_mod.slopes)
     if is_jit_function(score_mod):
@@ -260,12 +261,12 @@ def apply_score_mod(scores, batch, heads, q_idx, kv_idx, q_pos, softcap_value, a
                     SCORE_MOD_KIND: tl.constexpr, SCORE_MOD: tl.constexpr):
     """scores ``[M, N]`` float32 (natural units) -> modified scores. ``heads``/``q_idx``/``q_pos``/
     ``alibi_slopes`` are ``[M, 1]``, ``kv_idx`` ``[1, N]``."""
-    if SCORE_MOD_KIND == 1:
+    if SCORE_MOD_KIND == "softcap":
         scores = softcap_value * tanh_via_exp2(scores / softcap_value)
-    elif SCORE_MOD_KIND == 2:
+    elif SCORE_MOD_KIND == "alibi":
         distance = tl.abs(q_pos - kv_idx).to(tl.float32)
         scores = scores - alibi_slopes * distance
-    elif SCORE_MOD_KIND == 3:
+    elif SCORE_MOD_KIND == "user":
         scores = SCORE_MOD(scores, batch, heads, q_idx, kv_idx).to(tl.float32)
     return scores
 

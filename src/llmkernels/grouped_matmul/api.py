@@ -307,7 +307,7 @@ def grouped_matmul(    a,
             dtype = tl.bfloat16 if use_dot_scaled else compute_dtype
             if dtype not in decoded_a:
                 decoded_a[dtype] = _upcast_rows(a_op, num_tokens, k, dtype, device,
-                                                _packed_decode(launch_config, dtype, device))
+                                                _packed_decode(dtype, device))
             launch_a = decoded_a[dtype]
         _launch(launch_a, b_op, target, a_offsets, a_scale_offsets, expert_ids, expert_scales, num_experts, n, k,
                 min_group_rows, max_group_rows, launch_config, use_dot_scaled, epilogue_kind, epilogue_fn,
@@ -331,9 +331,9 @@ def _upcast_view(a: _Operand) -> _Operand:
     return _Operand(None, None, a.global_scale, "bf16", "none", 1, "row", "bf16")
 
 
-def _packed_decode(config: BlockScaledMatmulConfig, compute_dtype, device: torch.device) -> bool:
-    """Whether e2m1 tiles take the packed PTX decode: asked for, bf16, and compiled for an NVIDIA GPU."""
-    return (config.packed_decode and compute_dtype == tl.bfloat16 and device.type == "cuda"
+def _packed_decode(compute_dtype, device: torch.device) -> bool:
+    """Whether e2m1 tiles take the packed PTX decode: bf16 tiles compiled for an NVIDIA GPU."""
+    return (compute_dtype == tl.bfloat16 and device.type == "cuda"
             and torch.version.hip is None and not interpreting())
 
 
@@ -391,9 +391,8 @@ def _launch(a_op, b_op, out, a_offsets, a_scale_offsets, expert_ids, expert_scal
         HAS_EXPERT_SCALES=expert_scales is not None, EPILOGUE=epilogue_kind, EPILOGUE_FN=epilogue_fn,
         USE_DOT_SCALED=use_dot_scaled, SWAP_AB=config.ab_swapped, PREFETCH_SCALES=config.prefetch_scales,
         SCALE_WORDS=config.scale_words and _scale_words(a_op, config.block_k, k) and _scale_words(b_op, config.block_k, k),
-        PACKED_DECODE=_packed_decode(config, compute_dtype, device), COMPUTE_DTYPE=compute_dtype,
+        PACKED_DECODE=_packed_decode(compute_dtype, device), COMPUTE_DTYPE=compute_dtype,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         BLOCK_GROUPS=max(16, next_power_of_2(num_groups)),
         num_warps=config.num_warps, num_stages=config.num_stages,
-        **({} if config.max_registers is None else {"maxnreg": config.max_registers}),
     )

@@ -9,9 +9,9 @@ import torch
 
 from .._runtime import cuda_capability, interpreting, num_programs_hint
 
-__all__ = ["BlockScaledMatmulConfig", "MMA_PATHS", "ALL_GROUP_SIZES", "default_config", "default_launches"]
+__all__ = ["BlockScaledMatmulConfig", "ALL_GROUP_SIZES", "default_config", "default_launches"]
 
-MMA_PATHS = ("auto", "dot_scaled", "dequant")
+_MMA_PATHS = ("auto", "dot_scaled", "dequant")
 ALL_GROUP_SIZES = (-1, 2**31 - 1)  # (min exclusive, max inclusive) rows of the groups a launch takes
 # Size classes of the decode regime: each group gets a tile height that covers it, so its expert's
 # weights are read once (or a few times for the largest), whatever the routing's imbalance.
@@ -56,11 +56,9 @@ class BlockScaledMatmulConfig:
     Switches of the ``dequant`` path: ``prefetch_scales`` loads each K step's block scales one step
     ahead; ``scale_words`` reads them as int32 words of four scale columns where alignment allows
     (``K`` and ``block_k`` multiples of four scale blocks), which Triton pipelines with the data;
-    ``upcast_a`` decodes a quantized A once, in a pre-pass, and multiplies bf16 × B;
-    ``packed_decode`` decodes e2m1 bytes to bf16 pairs with packed PTX (``prmt`` lookups and bf16x2
-    ``fma``) on NVIDIA GPUs, where ``False`` takes the float32 decode (the interpreter always does).
-    ``max_registers`` caps the registers per thread (ptxas ``.maxnreg``) so that more programs fit
-    on an SM, at the price of spills; ``None`` leaves it to the compiler.
+    ``upcast_a`` decodes a quantized A once, in a pre-pass, and multiplies bf16 × B. bf16 tiles of e2m1
+    data always decode through packed PTX on NVIDIA GPUs (``prmt`` lookups and bf16x2 ``fma``); fp16
+    tiles and the interpreter take the float32 decode (same values).
 
     Raises ``ValueError`` on construction when a field is out of range.
     """
@@ -76,8 +74,6 @@ class BlockScaledMatmulConfig:
     prefetch_scales: bool = True
     scale_words: bool = False
     upcast_a: bool = False
-    packed_decode: bool = True
-    max_registers: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n"):
@@ -92,19 +88,11 @@ class BlockScaledMatmulConfig:
             raise ValueError(f"num_warps must be one of 1, 2, 4, 8, 16, got {self.num_warps!r}")
         if self.num_programs is not None and (not isinstance(self.num_programs, int) or self.num_programs < 1):
             raise ValueError(f"num_programs must be None or a positive int, got {self.num_programs!r}")
-        for name in ("ab_swapped", "prefetch_scales", "scale_words", "upcast_a", "packed_decode"):
+        for name in ("ab_swapped", "prefetch_scales", "scale_words", "upcast_a"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
-        if self.max_registers is not None and (not isinstance(self.max_registers, int)
-                                               or not 24 <= self.max_registers <= 255):
-            raise ValueError(f"max_registers must be None or an int in [24, 255], got {self.max_registers!r}")
-        if self.mma not in MMA_PATHS:
-            raise ValueError(f"mma must be one of {MMA_PATHS}, got {self.mma!r}")
-
-    @property
-    def block_tile_shape(self) -> tuple[int, int, int]:
-        """The seed's name for ``(block_m, block_n, block_k)``."""
-        return (self.block_m, self.block_n, self.block_k)
+        if self.mma not in _MMA_PATHS:
+            raise ValueError(f"mma must be one of {_MMA_PATHS}, got {self.mma!r}")
 
 
 def default_config(num_tokens: int, num_groups: int, n_out: int, k: int, device: torch.device,
@@ -114,21 +102,16 @@ def default_config(num_tokens: int, num_groups: int, n_out: int, k: int, device:
     (``"bf16" | "fp16" | "e4m3" | "e2m1"``), whether the epilogue is SwiGLU, and B's scale block
     (32 for MX, 16 for NVFP4).
 
-    SwiGLU tiles load gate and up rows of B (``2 · block_n`` rows per K step). Measured on the H100
-    (``benchmarks/results/nvidia-h100-80gb-hbm3/ablate_swiglu.md``): the 128×128×128 compute tile
-    keeps its ``block_n`` (it fits shared memory with both B tiles and runs 0.87–1.11× the plain
-    product, where half the ``block_n`` ran 1.19–1.44×); the 256-row compute tiles of quantized
-    weights become 256×64×64 (two 256×128 fp32 accumulators would need 256 registers per thread;
-    measured 1.06–1.10× the plain product for mxfp8 with A decoded ahead, where 128×128×128 ran
-    1.16–1.27×, and 1.43–1.67× for bf16 × mxfp4, ``ablate_swiglu_upcast.md``); the others halve ``block_n``,
-    the B bytes per stage the plain tiles were measured with. Full-width decode tiles either overflow shared
-    memory, ran slower, or (e4m3, 16×128×128) matched at 16 tokens per expert but, with half the
-    tiles, ran 1.6× slower when a decode step activates only a few experts (DeepSeek-V3, 1 token).
+    SwiGLU tiles load gate and up rows of B (``2 · block_n`` rows per K step): the 128×128×128 compute
+    tile keeps its ``block_n`` (both B tiles fit shared memory), the 256-row compute tiles of quantized
+    weights become 256×64×64 (two 256×128 fp32 accumulators would not fit the registers), the others
+    halve ``block_n`` (the B bytes per stage the plain tiles were chosen with). What each choice measured
+    is in ``benchmarks/NOTES.md``.
     """
     config = _measured_config(num_tokens, num_groups, n_out, k, device, a_element, b_element, b_scale_block)
     if swiglu and config.block_m == 256:
         # Two e2m1 products per step: the packed register decode beats tl.dot_scaled's upcast there
-        # (1.26-1.38x on the H100, ablate_swiglu_e2m1_dequant.md; the plain product keeps dot_scaled).
+        # (the plain product keeps dot_scaled).
         mma = "dequant" if b_element == "e2m1" and cuda_capability(device)[0] < 10 else config.mma
         return dataclasses.replace(config, block_n=64, block_k=64, num_stages=3, mma=mma)
     if not swiglu or (config.block_m, config.block_n, config.block_k) == (128, 128, 128):
@@ -140,21 +123,19 @@ def _measured_config(num_tokens: int, num_groups: int, n_out: int, k: int, devic
                      a_element: str, b_element: str, b_scale_block: int = 32) -> BlockScaledMatmulConfig:
     """The tiles of :func:`default_config` before the SwiGLU adjustment.
 
-    Small tiles in the interpreter (each program runs as numpy on the CPU). On the GPU, the choices
-    measured best on an H100 and an H200 (``benchmarks/results/*/ablate_grouped_matmul*.md``):
+    Small tiles in the interpreter (each program runs as numpy on the CPU). On the GPU, the tiles that
+    measured best on the H100 and H200 (the figures are in ``benchmarks/NOTES.md``):
 
-    * up to 64 tokens per group (decode, weight-bandwidth bound): one M tile covers a whole group,
-      so each weight byte is read once (16, 32 or 64 rows), swap-AB for plain and e2m1 weights, two
-      programs per SM, whose loads overlap each other's decoding, and ``mma="dequant"`` (on Hopper
-      our register decode beats ``tl.dot_scaled``'s upcast by 1.2–2.4× there); at ≤ 16 rows e4m3
-      weights take 16×64×128 tiles, three programs per SM (1.06–1.07× the 16×128×256 tiles), and MX
-      e2m1 weights load each step's scales in that step, as words under bf16 activations (1.05–1.15×
-      the prefetched bytes; ``ablate_grouped_matmul_{decode_e4m3,scale_words_decode}.md``);
-    * more tokens (compute bound): plain operands 128×256×64; quantized weights 256-row tiles
-      (e4m3 256×128×64 in 4 stages, e2m1 256×128×64 in 3, NVFP4 with its scales read as words; on
-      the H100 1.3–1.9× faster than 128-row tiles: ``ablate_grouped_matmul_compute_{tiles,256}.md``), with a
-      quantized A decoded ahead on Hopper (``upcast_a``: in the fused path 256×128 tiles gain
-      nothing, A being decoded again for every N tile); one 8-warp program per SM.
+    * up to 64 tokens per group (decode, weight-bandwidth bound): one M tile covers a whole group, so
+      each weight byte is read once (16, 32 or 64 rows); swap-AB for plain and e2m1 weights; two
+      programs per SM, whose loads overlap each other's decoding; ``mma="dequant"`` on Hopper (the
+      register decode beats ``tl.dot_scaled``'s upcast); at ≤ 16 rows e4m3 weights take 16×64×128 tiles,
+      three programs per SM, and MX e2m1 weights load each step's scales in that step (as words under
+      bf16 activations);
+    * more tokens (compute bound): plain operands 128×256×64; quantized weights 256-row tiles (e4m3
+      256×128×64 in 4 stages, e2m1 256×128×64 in 3, NVFP4 with its scales read as words), with a
+      quantized A decoded ahead on Hopper (``upcast_a``: the fused path would decode A again for every
+      N tile); one 8-warp program per SM.
     """
     if device.type != "cuda" or interpreting():
         return BlockScaledMatmulConfig(block_m=16, block_n=32, block_k=64, num_stages=1, num_warps=4)

@@ -1,6 +1,6 @@
 """Split-KV (flash-decoding) pieces: the combine kernel and the host-side split heuristics.
 
-The split pass itself is ``kernel.attention_fwd_kernel`` with ``SPLIT=True``: program axis 2 is the
+The split pass itself is ``kernel.attention_fwd_kernel`` with ``SPLIT=True``: program axis 1 is the
 split, each program runs the same masked/visible/masked phases over its share of whole KV tiles and
 writes a float32 partial O (already divided by its own row sum) and a base-2 LSE (-inf when the
 split saw no visible key). For decode the q heads of one KV head are packed into the rows of one
