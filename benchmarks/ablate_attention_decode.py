@@ -1,6 +1,6 @@
 """Paged-decode configs of llmkernels.attention on this GPU, under CUDA-graph replay, next to SDPA cuDNN.
 
-    PYTHONPATH=src python benchmarks/ablate_attention_decode.py [--out DIR] [--budget SECONDS]
+    python -m benchmarks ablate_attention_decode [--out DIR] [--budget SECONDS]
 
 bf16, D=128, Hq=32, Hkv=8 (GQA packed: the 4 q heads of a KV head share a tile), page 16, one query
 per sequence. For each (batch, context): the default, then (BN, num_kv_stages, num_warps) variants and
@@ -11,14 +11,12 @@ cuDNN reads the same keys as a dense tensor. Writes ``ablate_attention_decode.{c
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import default_out_dir, graph_time_ms, write_table  # noqa: E402
+from benchmarks.common import default_out_dir, graph_time_ms, write_table  # noqa: E402
+from benchmarks.peers import sdpa_runner  # noqa: E402
 
 from llmkernels._runtime import cdiv, num_programs_hint  # noqa: E402
 from llmkernels.attention.api import attention  # noqa: E402
@@ -55,10 +53,9 @@ def main():
         v_dense = v_pages[table.long()].reshape(batch, context, KV_HEADS, DIM).transpose(1, 2).contiguous()
         q_t = q.transpose(1, 2)
         kv_bytes = 2 * k_dense.numel() * 2
-        with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.CUDNN_ATTENTION):
-            cudnn = lambda: torch.nn.functional.scaled_dot_product_attention(q_t, k_dense, v_dense, enable_gqa=True)  # noqa: E731
-            expected = cudnn().transpose(1, 2).float()
-            cudnn_ms = graph_time_ms(cudnn)
+        cudnn = sdpa_runner("cudnn", q_t, k_dense, v_dense)
+        expected = cudnn().transpose(1, 2).float()
+        cudnn_ms = graph_time_ms(cudnn)
         problem = f"B={batch} ctx={context}"
         base = default_config(DIM, torch.bfloat16, device, decode=True)
         programs = batch * KV_HEADS

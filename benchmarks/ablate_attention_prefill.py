@@ -1,6 +1,6 @@
 """Prefill configs and FA4 switches of llmkernels.attention on this GPU, next to SDPA cuDNN and flash.
 
-    PYTHONPATH=src python benchmarks/ablate_attention_prefill.py [--out DIR] [--heads-dims 128,64,256]
+    python -m benchmarks ablate_attention_prefill [--out DIR] [--heads-dims 128,64,256]
 
 For each prefill shape (bf16, B x H x S x D, causal and not): a sweep of (BM, BN, num_kv_stages,
 num_warps) with and without TMA loads of the fully visible band (``tma_kv``) and Triton's warp
@@ -12,14 +12,12 @@ Writes ``ablate_attention_prefill.{csv,md}``; the table's ``vs cuDNN`` column is
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import default_out_dir, time_ms, write_table  # noqa: E402
+from benchmarks.common import default_out_dir, time_ms, write_table  # noqa: E402
+from benchmarks.peers import sdpa_runner  # noqa: E402
 
 from llmkernels.attention.api import attention  # noqa: E402
 from llmkernels.attention.config import FA4Config, default_config  # noqa: E402
@@ -41,8 +39,7 @@ SWITCHES = {128: {"threshold=8": dict(rescale_threshold=8.0), "poly_exp2=0.25": 
                   "poly_exp2=0.5": dict(poly_exp2_fraction=0.5), "two_q_tiles BM=256": dict(BM=256, num_q_tiles=2)},
             64: {"threshold=8": dict(rescale_threshold=8.0)},
             256: {"threshold=8": dict(rescale_threshold=8.0)}}
-PEERS = {"sdpa_cudnn": torch.nn.attention.SDPBackend.CUDNN_ATTENTION,
-         "sdpa_flash": torch.nn.attention.SDPBackend.FLASH_ATTENTION}
+PEERS = {"sdpa_cudnn": "cudnn", "sdpa_flash": "flash"}
 
 
 def checked_time(fn, expected) -> tuple[float, str]:
@@ -75,12 +72,8 @@ def main():
             flops = 4 * batch * heads * seqlen * seqlen * head_dim * (0.5 if causal else 1.0)
             peer_ms = {}
             for name, backend in PEERS.items():
-                with torch.nn.attention.sdpa_kernel(backend):
-                    peer_ms[name] = time_ms(lambda: torch.nn.functional.scaled_dot_product_attention(
-                        q_t, k_t, v_t, is_causal=causal))
-            with torch.nn.attention.sdpa_kernel(PEERS["sdpa_flash"]):
-                expected = torch.nn.functional.scaled_dot_product_attention(
-                    q_t, k_t, v_t, is_causal=causal).transpose(1, 2).float()
+                peer_ms[name] = time_ms(sdpa_runner(backend, q_t, k_t, v_t, causal=causal))
+            expected = sdpa_runner("flash", q_t, k_t, v_t, causal=causal)().transpose(1, 2).float()
 
             def add_row(variant, ms, note=""):
                 rows.append(dict(problem=problem, variant=variant, ms=ms, tflops=flops / ms / 1e9,

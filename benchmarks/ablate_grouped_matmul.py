@@ -1,6 +1,6 @@
 """Ablations for the grouped matmul on the GPU: MMA path and tile configs per format and regime.
 
-    python benchmarks/ablate_grouped_matmul.py [--out DIR] [--formats mxfp8,mxfp4] [--budget-s 240]
+    python -m benchmarks ablate_grouped_matmul [--out DIR] [--formats mxfp8,mxfp4] [--budget-s 240]
         [--tiles list|default] [--mma ...] [--swap 0,1] [--prefetch 0,1] [--words 0,1] [--upcast 0,1]
         [--maxnreg 0,168] [--per-sm 2,3]
 
@@ -15,14 +15,11 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import os
-import sys
 import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(__file__))
-from common import default_out_dir, measure_ceilings, time_ms, write_table, zipf_offsets  # noqa: E402
+from benchmarks.common import default_out_dir, measure_ceilings, time_ms, write_table, zipf_offsets  # noqa: E402
 
 import llmkernels as lk  # noqa: E402
 from llmkernels._testing import relative_error  # noqa: E402

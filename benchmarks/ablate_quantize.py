@@ -1,6 +1,6 @@
 """Tile ablation of the activation quantize kernel: bytes moved per second against the copy ceiling.
 
-    python benchmarks/ablate_quantize.py [--out DIR]
+    python -m benchmarks ablate_quantize [--out DIR]
 
 Each tile's output is checked bit for bit against the default tile's before it is timed.
 """
@@ -8,13 +8,10 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import os
-import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(__file__))
-from common import default_out_dir, measure_ceilings, time_ms, write_table  # noqa: E402
+from benchmarks.common import default_out_dir, measure_ceilings, time_ms, write_table  # noqa: E402
 
 import llmkernels as lk  # noqa: E402
 from llmkernels.formats import api  # noqa: E402

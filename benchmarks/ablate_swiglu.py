@@ -1,6 +1,6 @@
 """The fused SwiGLU epilogue against the plain gate_up matmul of the same shape, on the GPU.
 
-    python benchmarks/ablate_swiglu.py [--out DIR]
+    python -m benchmarks ablate_swiglu [--out DIR]
 
 SwiGLU configs take half the plain config's block_n (a SwiGLU tile loads the gate and the up rows of
 B, so it reads the same B bytes per stage as the plain tile; the full block_n overflows shared
@@ -12,13 +12,10 @@ shared memory (``tools/compile_defaults.py`` checks that offline). Writes ablate
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(__file__))
-from common import default_out_dir, measure_ceilings, time_ms, write_table  # noqa: E402
+from benchmarks.common import default_out_dir, measure_ceilings, time_ms, write_table  # noqa: E402
 
 import llmkernels as lk  # noqa: E402
 from llmkernels._testing import relative_error  # noqa: E402

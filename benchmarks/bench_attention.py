@@ -1,6 +1,6 @@
 """Attention benchmark: llmkernels.attention next to SDPA (flash, cuDNN) and FlexAttention, one run.
 
-    PYTHONPATH=src python benchmarks/bench_attention.py [--quick] [--out DIR] [--no-ablation]
+    python -m benchmarks bench_attention [--quick] [--out DIR] [--no-ablation]
 
 Prefill (bf16, B x H x S x D from gpu-baselines.md, causal and not) and paged decode (bf16, D=128,
 Hq=32, Hkv=8, batch 1..64, context 1k..32k; peers read the same K/V as dense tensors). Median times
@@ -15,18 +15,16 @@ from __future__ import annotations
 import argparse
 import csv
 import os
-import sys
 import time
 
 import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import bar_plot, default_out_dir, graph_time_ms, time_ms  # noqa: E402
-from common import measure_ceilings as measure_gpu_ceilings  # noqa: E402
+from benchmarks.common import bar_plot, default_out_dir, graph_time_ms, time_ms  # noqa: E402
+from benchmarks.common import measure_ceilings as measure_gpu_ceilings  # noqa: E402
+from benchmarks.peers import causal_mask_mod, flex_runner, sdpa_runner  # noqa: E402
 
 from llmkernels.attention.api import attention  # noqa: E402
 from llmkernels.attention.config import default_config  # noqa: E402
@@ -78,41 +76,15 @@ def measure_ceilings() -> dict:
     return {"copy_gbps": ceilings["copy_gbps"], "matmul_tflops": ceilings["bf16_tflops"]}
 
 
-def sdpa_peer(backend_name: str):
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    backend = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}[backend_name]
-
-    def make(q, k, v, causal):  # q/k/v [B, H, S, D]
-        enable_gqa = q.shape[1] != k.shape[1]
-
-        def run():
-            with sdpa_kernel(backend):
-                return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal,
-                                                                        enable_gqa=enable_gqa)
-        return run
-    return make
+def _sdpa_peer(backend: str):
+    return lambda q, k, v, causal: sdpa_runner(backend, q, k, v, causal=causal)
 
 
-_FLEX = {}
+def _flex_peer(q, k, v, causal):
+    return flex_runner(q, k, v, causal_mask_mod(q.shape[2], k.shape[2]) if causal else None)
 
 
-def flex_peer(q, k, v, causal):
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-    if "fn" not in _FLEX:
-        # one compile per shape; above the default recompile limit flex would silently run unfused
-        torch._dynamo.config.recompile_limit = 64
-        torch._dynamo.config.accumulated_recompile_limit = 1024
-        _FLEX["fn"] = torch.compile(flex_attention, dynamic=False)
-    block_mask = None
-    if causal:
-        offset = k.shape[2] - q.shape[2]
-        block_mask = create_block_mask(lambda b, h, qi, ki: ki <= qi + offset, None, None, q.shape[2], k.shape[2],
-                                       device=q.device)
-    enable_gqa = q.shape[1] != k.shape[1]
-    return lambda: _FLEX["fn"](q, k, v, block_mask=block_mask, enable_gqa=enable_gqa)
-
-
-PEERS = {"sdpa_flash": sdpa_peer("flash"), "sdpa_cudnn": sdpa_peer("cudnn"), "flex": flex_peer}
+PEERS = {"sdpa_flash": _sdpa_peer("flash"), "sdpa_cudnn": _sdpa_peer("cudnn"), "flex": _flex_peer}
 
 
 def run_peer(name, q_bhsd, k_bhsd, v_bhsd, causal, expected):
@@ -151,8 +123,7 @@ def prefill_rows(shapes, ablation: bool):
             flops = 4 * batch * heads * seqlen * seqlen * head_dim * (0.5 if causal else 1.0)
             io_bytes = 4 * q.numel() * q.element_size()
             if ON_GPU:
-                with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.FLASH_ATTENTION):
-                    expected = torch.nn.functional.scaled_dot_product_attention(q_t, k_t, v_t, is_causal=causal).float()
+                expected = sdpa_runner("flash", q_t, k_t, v_t, causal=causal)().float()
             else:
                 expected = attention_reference(q, k, v, causal=causal).transpose(1, 2)
             variants = {"llmkernels": None}

@@ -1,7 +1,7 @@
 """Decode attention over the whole grid of issue 8: batch 1..128, context 1k..128k, page 16 and 64,
 1 query token and 2..16 (speculative decoding), and a KV cache past 2^31 elements.
 
-    PYTHONPATH=src python benchmarks/bench_attention_decode.py [--out DIR] [--budget S]
+    python -m benchmarks bench_attention_decode [--out DIR] [--budget S]
 
 bf16, D=128, Hq=32, Hkv=8; llmkernels reads a paged cache (pages in random order), the peers (SDPA
 cuDNN and flash, FlexAttention at batch <= 8) the same keys as dense ``[B, H, S, D]`` tensors. With
@@ -15,17 +15,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 
 import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import default_out_dir, graph_time_ms, line_plots, measure_ceilings, time_ms, write_table  # noqa: E402
+from benchmarks.common import default_out_dir, graph_time_ms, line_plots, measure_ceilings, time_ms, write_table  # noqa: E402
+from benchmarks.peers import causal_mask_mod, flex_runner, sdpa_runner  # noqa: E402
 
 from llmkernels.attention.api import attention  # noqa: E402
 from llmkernels.attention.paged import PagedKVCache  # noqa: E402
@@ -53,32 +51,6 @@ def lower_right_mask(q_len: int, context: int) -> torch.Tensor:
     """bool ``[q_len, context]``: query i sees keys ``j <= i + context - q_len``."""
     rows = torch.arange(q_len, device=DEVICE)[:, None]
     return torch.arange(context, device=DEVICE)[None, :] <= rows + context - q_len
-
-
-def sdpa(backend, q_t, k_t, v_t, mask):
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    chosen = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}[backend]
-
-    def run():
-        with sdpa_kernel(chosen):
-            return torch.nn.functional.scaled_dot_product_attention(q_t, k_t, v_t, attn_mask=mask, enable_gqa=True)
-    return run
-
-
-_FLEX = {}
-
-
-def flex(q_t, k_t, v_t, q_len):
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-    if "fn" not in _FLEX:
-        torch._dynamo.config.recompile_limit = 64
-        _FLEX["fn"] = torch.compile(flex_attention, dynamic=False)
-    context = k_t.shape[2]
-    block_mask = None
-    if q_len > 1:
-        block_mask = create_block_mask(lambda b, h, qi, ki: ki <= qi + context - q_len, None, None, q_len, context,
-                                       device=q_t.device)
-    return lambda: _FLEX["fn"](q_t, k_t, v_t, block_mask=block_mask, enable_gqa=True)
 
 
 def timed(fn, expected, graph: bool):
@@ -131,12 +103,13 @@ def problem_rows(batch, context, q_len, page_size, heads, kv_heads, dim, copy_gb
     runners = {"llmkernels": (lambda: attention(q, None, None, kv_cache=cache, causal=True).transpose(1, 2),
                               expected)}
     if ON_GPU:
-        runners["sdpa_cudnn"] = (sdpa("cudnn", q_t, k_dense, v_dense, mask), expected)
-        runners["sdpa_flash"] = (sdpa("flash", q_t, k_dense, v_dense, mask), expected)
+        runners["sdpa_cudnn"] = (sdpa_runner("cudnn", q_t, k_dense, v_dense, attn_mask=mask), expected)
+        runners["sdpa_flash"] = (sdpa_runner("flash", q_t, k_dense, v_dense, attn_mask=mask), expected)
         if q_len > 1:
-            runners["sdpa_cudnn nomask"] = (sdpa("cudnn", q_t, k_dense, v_dense, None), expected_nomask)
+            runners["sdpa_cudnn nomask"] = (sdpa_runner("cudnn", q_t, k_dense, v_dense), expected_nomask)
         if batch <= FLEX_BATCH_LIMIT and page_size == 16 and context <= 32 * K:
-            runners["flex"] = (flex(q_t, k_dense, v_dense, q_len), expected)
+            mask_mod = causal_mask_mod(q_len, k_dense.shape[2]) if q_len > 1 else None
+            runners["flex"] = (flex_runner(q_t, k_dense, v_dense, mask_mod), expected)
     problem = f"B={batch} ctx={context} q={q_len} page={page_size}"
     rows, ours = [], {}
     for name, (fn, want) in runners.items():

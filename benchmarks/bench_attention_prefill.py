@@ -1,7 +1,7 @@
 """Prefill attention over the grid of issue 8: B·S = 16k tokens with S in {2k, 4k, 8k, 16k},
 Hq = Hkv = 16 and GQA 32/8, D in {64, 128, 256}, causal and not.
 
-    PYTHONPATH=src python benchmarks/bench_attention_prefill.py [--out DIR] [--flex-dims 128]
+    python -m benchmarks bench_attention_prefill [--out DIR] [--flex-dims 128]
 
 bf16; llmkernels against SDPA's cuDNN and flash backends (FlexAttention, compiled once per shape, at
 the head dims of ``--flex-dims`` only: its compiles dominate the run). Each system is checked against
@@ -17,10 +17,10 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import bench_attention  # noqa: E402
-from bench_attention import PEERS, bench, run_peer  # noqa: E402
-from common import default_out_dir, line_plots, measure_ceilings, write_table  # noqa: E402
+from benchmarks import bench_attention  # noqa: E402
+from benchmarks.bench_attention import PEERS, bench, run_peer  # noqa: E402
+from benchmarks.peers import sdpa_runner  # noqa: E402
+from benchmarks.common import default_out_dir, line_plots, measure_ceilings, write_table  # noqa: E402
 
 from llmkernels.attention.api import attention  # noqa: E402
 
@@ -38,9 +38,7 @@ def problem_rows(seqlen: int, heads: int, kv_heads: int, head_dim: int, flex: bo
     rows = []
     for causal in (False, True):
         flops = 4 * batch * heads * seqlen * seqlen * head_dim * (0.5 if causal else 1.0)
-        with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.FLASH_ATTENTION):
-            expected = torch.nn.functional.scaled_dot_product_attention(
-                q_t, k_t, v_t, is_causal=causal, enable_gqa=heads != kv_heads).float()
+        expected = sdpa_runner("flash", q_t, k_t, v_t, causal=causal)().float()
         times = {}
         fn = lambda: attention(q, k, v, causal=causal)  # noqa: E731
         error = ((fn().float().transpose(1, 2) - expected).norm() / expected.norm()).item()

@@ -1,6 +1,6 @@
 """Sliding-window and chunked attention: time against the visible area, next to FlexAttention.
 
-    PYTHONPATH=src python benchmarks/bench_attention_window.py [--out DIR]
+    python -m benchmarks bench_attention_window [--out DIR]
 
 bf16 prefill 2 x 16 x 8192 x 128 (causal), with ``SlidingWindow(w, 0)`` for w from 128 to 8192 and
 ``Chunked(c)`` for c from 256 to 8192. The visible area (query-key pairs that pass the mask) is counted
@@ -13,17 +13,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 
 import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import default_out_dir, line_plots, time_ms, write_table  # noqa: E402
+from benchmarks.common import default_out_dir, line_plots, time_ms, write_table  # noqa: E402
+from benchmarks.peers import flex_runner  # noqa: E402
 
 from llmkernels.attention.api import attention  # noqa: E402
 from llmkernels.attention.config import default_config  # noqa: E402
@@ -45,9 +43,8 @@ def visible_pairs(seqlen: int, window: int | None = None, chunk: int | None = No
     return int(visible.sum())
 
 
-def flex_runner(q_t, k_t, v_t, window, chunk):
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-
+def window_mask_mod(window, chunk):
+    """FlexAttention mask_mod of causal attention within a sliding window and / or a chunk."""
     def mask_mod(b, h, q_idx, kv_idx):
         keep = kv_idx <= q_idx
         if window is not None:
@@ -55,11 +52,7 @@ def flex_runner(q_t, k_t, v_t, window, chunk):
         if chunk is not None:
             keep = keep & ((kv_idx // chunk) == (q_idx // chunk))
         return keep
-
-    seqlen = q_t.shape[2]
-    block_mask = create_block_mask(mask_mod, None, None, seqlen, seqlen, device=q_t.device)
-    compiled = torch.compile(flex_attention)
-    return lambda: compiled(q_t, k_t, v_t, block_mask=block_mask)
+    return mask_mod
 
 
 def main():
@@ -111,7 +104,7 @@ def main():
                     row[label] = f"fails ({type(exc).__name__})"
         if ON_GPU and not args.no_flex:
             try:
-                flex = flex_runner(q_t, k_t, v_t, window, chunk)
+                flex = flex_runner(q_t, k_t, v_t, window_mask_mod(window, chunk))
                 flex()
                 row["flex_ms"] = time_ms(flex)
             except Exception as exc:  # noqa: BLE001 - a peer that fails is reported

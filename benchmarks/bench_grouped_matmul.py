@@ -1,7 +1,7 @@
 """Grouped MoE matmul on the GPU: llmkernels.grouped_matmul next to torch._grouped_mm (bf16) and
 torch._scaled_grouped_mm (fp8 rowwise), same shapes, one run.
 
-    python benchmarks/bench_grouped_matmul.py [--out DIR] [--quick]
+    python -m benchmarks bench_grouped_matmul [--out DIR] [--quick]
 
 Sweeps tokens per expert (1 .. 4096) over the MoE projections of DeepSeek-V3, Qwen3-30B-A3B,
 gpt-oss-120b and Mixtral, plus Zipf-routed (imbalanced) and half-empty groupings, and times the
@@ -18,8 +18,7 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(__file__))
-from common import default_out_dir, line_plots, measure_ceilings, time_ms, write_table, zipf_offsets  # noqa: E402
+from benchmarks.common import default_out_dir, line_plots, measure_ceilings, time_ms, write_table, zipf_offsets  # noqa: E402
 
 import llmkernels as lk  # noqa: E402
 from llmkernels._testing import relative_error  # noqa: E402

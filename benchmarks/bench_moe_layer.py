@@ -1,7 +1,7 @@
 """The whole MoE feed-forward block on the GPU: llmkernels.moe.MoEFeedForward next to the same block
 written with torch._grouped_mm (bf16) and with a loop over experts, one run.
 
-    python benchmarks/bench_moe_layer.py [--out DIR] [--quick]
+    python -m benchmarks bench_moe_layer [--out DIR] [--quick]
 
 DeepSeek-V3 (E=256, H=7168, I=2048, top-8 of sigmoid scores in 8 groups, 4 kept), Qwen3-30B-A3B
 (E=128, H=2048, I=768, top-8 softmax) and gpt-oss-120b (E=128, H=2880, I=2880, top-4 softmax) at
@@ -17,8 +17,7 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(__file__))
-from common import default_out_dir, graph_time_ms, line_plots, measure_ceilings, time_ms, write_table  # noqa: E402
+from benchmarks.common import default_out_dir, graph_time_ms, line_plots, measure_ceilings, time_ms, write_table  # noqa: E402
 
 from llmkernels import ScaledTensor, dequantize, quantize  # noqa: E402
 from llmkernels._testing import relative_error  # noqa: E402

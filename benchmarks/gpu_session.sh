@@ -19,7 +19,7 @@ fi
 if [ "$what" != tests ]; then
   for bench in bench_grouped_matmul bench_moe_layer bench_attention; do
     mkdir -p "/tmp/$bench"
-    timeout 420 python3 "benchmarks/$bench.py" --out "/tmp/$bench" > "/tmp/$bench/stdout.log" 2>&1
+    timeout 420 python3 -m benchmarks "$bench" --out "/tmp/$bench" > "/tmp/$bench/stdout.log" 2>&1
     tail -2 "/tmp/$bench/stdout.log"
     tar czf "$OUT/$bench.tgz" -C /tmp "$bench"
   done

@@ -1,21 +1,18 @@
 """One attention problem, warmed up and then run a few times: the target for a profiler.
 
     ncu --clock-control none --section WarpStateStats -k regex:attention_fwd -s 3 -c 1 \\
-        python benchmarks/profile_attention.py prefill --shape 4,16,4096,128 [--causal]
-    ncu ... python benchmarks/profile_attention.py decode --shape 1,8192   # B, context; Hq=32, Hkv=8, D=128, page 16
+        python -m benchmarks profile_attention prefill --shape 4,16,4096,128 [--causal]
+    ncu ... python -m benchmarks profile_attention decode --shape 1,8192   # B, context; Hq=32, Hkv=8, D=128, page 16
 
 Prints the median time of the call.
 """
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(__file__))
-from common import time_ms  # noqa: E402
+from benchmarks.common import time_ms  # noqa: E402
 
 import llmkernels as lk  # noqa: E402
 

@@ -1,7 +1,7 @@
 """One grouped-matmul problem, warmed up and then run a few times: the target for a profiler.
 
     ncu --clock-control none --set full -k regex:grouped_matmul -s 2 -c 1 \\
-        python benchmarks/profile_grouped_matmul.py --pair mxfp8,mxfp8 --shape 128,16,4096,7168
+        python -m benchmarks profile_grouped_matmul --pair mxfp8,mxfp8 --shape 128,16,4096,7168
 
 Prints the median time; ``--config`` takes BlockScaledMatmulConfig fields as ``block_m=16,ab_swapped=1``.
 """
@@ -9,13 +9,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
-import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(__file__))
-from common import time_ms  # noqa: E402
+from benchmarks.common import time_ms  # noqa: E402
 
 import llmkernels as lk  # noqa: E402
 from llmkernels.grouped_matmul import default_config  # noqa: E402

@@ -1,7 +1,7 @@
 """Where the MoE block's time goes: each stage of llmkernels.moe.MoEFeedForward timed on its own
 under CUDA-graph replay, on the GPU.
 
-    python benchmarks/profile_moe_layer.py [--out DIR]
+    python -m benchmarks profile_moe_layer [--out DIR]
 
 Stages: router logits + top-k routing, dispatch (the Triton counting sort, and the PyTorch version
 with a stable argsort next to it), activation quantize (with the row gather), gate/up grouped
@@ -11,14 +11,11 @@ profile_moe_layer.{csv,md}.
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(__file__))
-from bench_moe_layer import MODELS  # noqa: E402
-from common import default_out_dir, graph_time_ms, write_table  # noqa: E402
+from benchmarks.bench_moe_layer import MODELS  # noqa: E402
+from benchmarks.common import default_out_dir, graph_time_ms, write_table  # noqa: E402
 
 from llmkernels.grouped_matmul import grouped_matmul  # noqa: E402
 from llmkernels.moe import MoEFeedForward, combine, dispatch, dispatch_reference, route  # noqa: E402

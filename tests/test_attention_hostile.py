@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
+import llmkernels as lk
 from llmkernels._testing import assert_close_relative
 from llmkernels.attention import api as attention_api
 from llmkernels.attention.api import attention
@@ -332,8 +333,8 @@ def test_validate_under_torch_compile(device):
     v = torch.randn_like(k)
     cu_q, cu_k = _cu_seqlens_of([0, 5, 9, 12], device), _cu_seqlens_of([0, 20, 30, 90], device)
 
-    def call(q, k, v, cu_q, cu_k, validate):
-        return attention(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, validate=validate)
+    def call(q, k, v, cu_q, cu_k, validate):  # the public function: the one that knows the custom op
+        return lk.attention(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, validate=validate)
 
     compiled = torch.compile(call, backend="eager")
     with pytest.raises(ValueError, match=r"cu_seqlens_k\[3\] = 90 > total keys 45"):
