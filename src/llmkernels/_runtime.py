@@ -6,8 +6,8 @@ import os
 
 import torch
 
-__all__ = ["interpreting", "check_device", "forward_only", "check_out", "new_buffer", "num_programs_hint", "cdiv",
-           "next_power_of_2"]
+__all__ = ["interpreting", "check_device", "forward_only", "check_out", "new_buffer", "unit_last_stride", "describe",
+           "num_programs_hint", "cdiv", "next_power_of_2"]
 
 
 @torch.compiler.assume_constant_result  # a process-wide setting: a constant to torch.compile
@@ -121,6 +121,19 @@ def check_out(out, shape: tuple, dtype: torch.dtype, **inputs: torch.Tensor | No
 def new_buffer(shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """Every buffer a kernel writes is allocated here (tests replace it with guarded, poisoned buffers)."""
     return torch.empty(shape, dtype=dtype, device=device)
+
+
+def unit_last_stride(x: torch.Tensor) -> torch.Tensor:
+    """x itself when its last dim is unit-stride (the kernels take every other stride, zero ones included),
+    else a contiguous copy."""
+    return x if x.stride(-1) == 1 or x.shape[-1] <= 1 else x.contiguous()
+
+
+def describe(x) -> str:
+    """``"<dtype> tensor of shape (...)"``, or the type's name: what an error message says was given."""
+    if isinstance(x, torch.Tensor):
+        return f"{x.dtype} tensor of shape {tuple(x.shape)}"
+    return type(x).__name__
 
 
 @functools.lru_cache(maxsize=None)

@@ -10,7 +10,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .. import _runtime
 from .._runtime import (cdiv, check_device, cuda_capability, first_bad_prefix_sum, first_true, forward_only,
-                        interpreting, next_power_of_2, num_programs_hint)
+                        interpreting, next_power_of_2, num_programs_hint, unit_last_stride)
 from . import split_kv
 from .config import SUPPORTED_HEAD_DIMS, FA4Config, default_config
 from .kernel import attention_fwd_kernel
@@ -122,11 +122,6 @@ def _dummy(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     if key not in _DUMMIES:
         _DUMMIES[key] = torch.zeros(1, dtype=dtype, device=device)
     return _DUMMIES[key]
-
-
-def _unit_last_stride(x: torch.Tensor) -> torch.Tensor:
-    """x itself when its last dim is unit-stride (the kernels take every other stride), else a contiguous copy."""
-    return x if x.stride(-1) == 1 or x.shape[-1] <= 1 else x.contiguous()
 
 
 def _tma_capable(device: torch.device) -> bool:
@@ -396,9 +391,9 @@ def attention(
     # Token / head / batch strides of q, k, v and the pages go to the kernel (zero ones included); a
     # head dim that is not unit-stride is copied. The kernel reads metadata vectors as dense: views of
     # other strides are copied (a few bytes, no sync).
-    q = _unit_last_stride(q)
+    q = unit_last_stride(q)
     if paged:
-        k_pages, v_pages = _unit_last_stride(kv_cache.k_pages), _unit_last_stride(kv_cache.v_pages)
+        k_pages, v_pages = unit_last_stride(kv_cache.k_pages), unit_last_stride(kv_cache.v_pages)
         block_table = kv_cache.block_table
         if block_table.stride(1) != 1:
             block_table = block_table.contiguous()
@@ -407,7 +402,7 @@ def attention(
                                                           kv_cache.seqlens))):
             kv_cache = PagedKVCache(*parts)
     else:
-        k, v = _unit_last_stride(k), _unit_last_stride(v)
+        k, v = unit_last_stride(k), unit_last_stride(v)
     cu_seqlens_q = cu_seqlens_q.contiguous() if cu_seqlens_q is not None else None
     cu_seqlens_k = cu_seqlens_k.contiguous() if cu_seqlens_k is not None else None
     sinks = sinks.contiguous() if sinks is not None else None

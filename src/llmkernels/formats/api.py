@@ -7,7 +7,7 @@ import torch
 import triton
 
 from .. import _runtime
-from .._runtime import check_device, forward_only
+from .._runtime import check_device, forward_only, unit_last_stride
 from . import kernel
 from .reference import nvfp4_global_scale
 from .scaled_tensor import OFFSET_DTYPES, SCALE_LAYOUTS, ScaledTensor
@@ -59,9 +59,7 @@ def quantize(
     """
     spec = check_quantize(x, format, global_scale, scale_layout, group_offsets, rows)
     num_cols = x.shape[-1]
-    x2d = x.reshape(math.prod(x.shape[:-1]), num_cols)  # a view where the strides allow it
-    if x2d.stride(-1) != 1 and num_cols > 1:
-        x2d = x2d.contiguous()
+    x2d = unit_last_stride(x.reshape(math.prod(x.shape[:-1]), num_cols))  # a view where the strides allow it
     if rows is not None:
         rows = rows.contiguous()  # read as a dense vector
     out_rows_shape = tuple(x.shape[:-1]) if rows is None else (rows.shape[0],)

@@ -5,6 +5,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .._runtime import describe
 from . import layout as scale_layouts
 from .layout import TILE_ROWS, TILE_SCALE_COLS
 from .spec import FormatSpec, format_spec
@@ -60,9 +61,9 @@ class ScaledTensor:
         """
         spec = self.spec
         if not isinstance(self.data, torch.Tensor) or self.data.dtype != spec.data_dtype:
-            raise TypeError(f"{self.format} data must be a {spec.data_dtype} tensor, got {_describe(self.data)}")
+            raise TypeError(f"{self.format} data must be a {spec.data_dtype} tensor, got {describe(self.data)}")
         if not isinstance(self.scales, torch.Tensor) or self.scales.dtype != spec.scale_dtype:
-            raise TypeError(f"{self.format} scales must be a {spec.scale_dtype} tensor, got {_describe(self.scales)}")
+            raise TypeError(f"{self.format} scales must be a {spec.scale_dtype} tensor, got {describe(self.scales)}")
         if self.scale_layout not in SCALE_LAYOUTS:
             raise ValueError(f"scale_layout must be one of {SCALE_LAYOUTS}, got {self.scale_layout!r}")
         if self.data.dim() < (2 if self.scale_layout == "128x4" else 1):
@@ -70,7 +71,7 @@ class ScaledTensor:
         if spec.has_global_scale:
             gs = self.global_scale
             if not isinstance(gs, torch.Tensor) or gs.dtype != torch.float32 or gs.numel() != 1:
-                raise TypeError(f"nvfp4 needs global_scale, a float32 tensor of one element, got {_describe(gs)}")
+                raise TypeError(f"nvfp4 needs global_scale, a float32 tensor of one element, got {describe(gs)}")
         elif self.global_scale is not None:
             raise ValueError(f"{self.format} has no global_scale")
         grouped = self.group_offsets is not None or self.group_scale_offsets is not None
@@ -81,11 +82,11 @@ class ScaledTensor:
             offsets, scale_offsets = self.group_offsets, self.group_scale_offsets
             if (not isinstance(offsets, torch.Tensor) or offsets.dtype not in OFFSET_DTYPES
                     or offsets.dim() != 1 or offsets.numel() < 1):
-                raise TypeError(f"group_offsets must be an int32/uint32/int64 [G + 1] tensor, got {_describe(offsets)}")
+                raise TypeError(f"group_offsets must be an int32/uint32/int64 [G + 1] tensor, got {describe(offsets)}")
             if (not isinstance(scale_offsets, torch.Tensor) or scale_offsets.dtype != torch.int32
                     or tuple(scale_offsets.shape) != (offsets.numel() - 1,)):
                 raise TypeError(f"group_scale_offsets must be an int32 [G] tensor with G = {offsets.numel() - 1}, "
-                                f"got {_describe(scale_offsets)}")
+                                f"got {describe(scale_offsets)}")
         parts = {"data": self.data, "scales": self.scales, "global_scale": self.global_scale,
                  "group_offsets": self.group_offsets, "group_scale_offsets": self.group_scale_offsets}
         devices = {name: t.device for name, t in parts.items() if t is not None}
@@ -179,8 +180,3 @@ def scaled_tensor_from_parts(data, scales, global_scale, format, scale_layout="r
     return ScaledTensor(data.view(spec.data_dtype), scales.view(spec.scale_dtype), format, global_scale,
                         scale_layout, group_offsets, group_scale_offsets)
 
-
-def _describe(x) -> str:
-    if isinstance(x, torch.Tensor):
-        return f"{x.dtype} tensor of shape {tuple(x.shape)}"
-    return type(x).__name__

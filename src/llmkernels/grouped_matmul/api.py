@@ -8,8 +8,8 @@ import triton
 import triton.language as tl
 
 from .. import _runtime
-from .._runtime import (check_device, check_out, cuda_capability, first_bad_prefix_sum, first_true, forward_only,
-                        interpreting, next_power_of_2, num_programs_hint)
+from .._runtime import (check_device, check_out, cuda_capability, describe, first_bad_prefix_sum, first_true,
+                        forward_only, interpreting, next_power_of_2, num_programs_hint, unit_last_stride)
 from ..formats import ScaledTensor
 from ..formats.kernel import upcast_rows_kernel
 from . import kernel
@@ -52,9 +52,9 @@ def _operand(x, name: str, dims: int) -> _Operand:
         layout = x.scale_layout
         if layout == "128x4" and x.group_offsets is not None:
             layout = "128x4_grouped"
-        data = _unit_last_stride(x.data.view(torch.uint8))
+        data = unit_last_stride(x.data.view(torch.uint8))
         scales = x.scales.view(torch.uint8)
-        scales = _unit_last_stride(scales) if layout == "row" else scales.contiguous()
+        scales = unit_last_stride(scales) if layout == "row" else scales.contiguous()
         return _Operand(data, scales, x.global_scale, spec.element, spec.scale, spec.block, layout, x.format)
     if isinstance(x, torch.Tensor):
         if x.dtype not in _PLAIN_DTYPES:
@@ -62,14 +62,8 @@ def _operand(x, name: str, dims: int) -> _Operand:
         if x.dim() != dims:
             raise ValueError(f"{name} must be {dims}D, got shape {tuple(x.shape)}")
         element = _PLAIN_DTYPES[x.dtype]
-        return _Operand(_unit_last_stride(x), None, None, element, "none", 1, "row", element)
+        return _Operand(unit_last_stride(x), None, None, element, "none", 1, "row", element)
     raise TypeError(f"{name} must be a ScaledTensor or a torch.Tensor, got {type(x).__name__}")
-
-
-def _unit_last_stride(x: torch.Tensor) -> torch.Tensor:
-    """x itself when its last dim is unit-stride (other strides, zero ones included, are passed to the
-    kernel), else a contiguous copy."""
-    return x if x.stride(-1) == 1 or x.shape[-1] <= 1 else x.contiguous()
 
 
 def _check_format_pair(a: _Operand, b: _Operand) -> None:
@@ -85,26 +79,21 @@ def _check_format_pair(a: _Operand, b: _Operand) -> None:
 
 def _check_metadata(a_offsets, expert_ids, expert_scales, num_experts: int):
     if not isinstance(a_offsets, torch.Tensor) or a_offsets.dtype not in _OFFSET_DTYPES or a_offsets.dim() != 1:
-        raise TypeError(f"a_offsets must be a 1D int32 or uint32 tensor, got {_describe(a_offsets)}")
+        raise TypeError(f"a_offsets must be a 1D int32 or uint32 tensor, got {describe(a_offsets)}")
     if a_offsets.numel() < 1:
         raise ValueError("a_offsets must hold G + 1 >= 1 entries")
     num_groups = a_offsets.numel() - 1
     if not isinstance(expert_ids, torch.Tensor) or expert_ids.dtype != torch.int32 or expert_ids.dim() != 1:
-        raise TypeError(f"expert_ids must be a 1D int32 tensor, got {_describe(expert_ids)}")
+        raise TypeError(f"expert_ids must be a 1D int32 tensor, got {describe(expert_ids)}")
     if expert_ids.numel() != num_groups:
         raise ValueError(f"expert_ids has {expert_ids.numel()} entries but a_offsets describes {num_groups} groups")
     if expert_scales is not None:
         if not isinstance(expert_scales, torch.Tensor) or expert_scales.dtype != torch.float32:
-            raise TypeError(f"expert_scales must be a float32 tensor, got {_describe(expert_scales)}")
+            raise TypeError(f"expert_scales must be a float32 tensor, got {describe(expert_scales)}")
         if tuple(expert_scales.shape) != (num_experts,):
             raise ValueError(f"expert_scales must have shape ({num_experts},), got {tuple(expert_scales.shape)}")
     return num_groups
 
-
-def _describe(x) -> str:
-    if isinstance(x, torch.Tensor):
-        return f"{x.dtype} tensor of shape {tuple(x.shape)}"
-    return type(x).__name__
 
 
 def _epilogue_kind(epilogue) -> tuple[str, object]:
@@ -292,7 +281,7 @@ def grouped_matmul(    a,
         return out
     # The kernel stores unit-stride rows; another out gets the result through a copy of itself (rows
     # outside every group keep their values).
-    target = _unit_last_stride(out)
+    target = unit_last_stride(out)
 
     compute_dtype = tl.float16 if a_op.element == "fp16" else tl.bfloat16
     if interpreting():

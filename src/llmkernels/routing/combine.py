@@ -7,7 +7,7 @@ import triton
 import triton.language as tl
 
 from .. import _runtime
-from .._runtime import check_device, forward_only, next_power_of_2
+from .._runtime import check_device, forward_only, next_power_of_2, unit_last_stride
 
 __all__ = ["combine", "check_combine"]
 
@@ -60,8 +60,7 @@ def combine(y: torch.Tensor, row_of_copy: torch.Tensor, weights: torch.Tensor,
     out = _runtime.new_buffer((num_tokens, hidden), out_dtype or y.dtype, device)
     if num_tokens == 0 or hidden == 0 or y.shape[0] == 0:
         return out.zero_()
-    if y.stride(-1) != 1 and hidden > 1:
-        y = y.contiguous()
+    y = unit_last_stride(y)
     block_h = min(1024, next_power_of_2(hidden))
     combine_kernel[(num_tokens, triton.cdiv(hidden, block_h))](
         y, row_of_copy.contiguous(), weights.contiguous(), out, y.stride(0), out.stride(0), y.shape[0], hidden,

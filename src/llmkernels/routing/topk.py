@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import torch
 
+from .._runtime import describe
+
 __all__ = ["route", "SCORINGS"]
 
 SCORINGS = ("softmax", "sigmoid")
@@ -36,7 +38,7 @@ def route(router_logits: torch.Tensor, top_k: int, *, scoring: str = "softmax", 
             or < 1, topk_groups outside [1, num_groups], correction_bias not ``[E]`` or on another device.
     """
     if not isinstance(router_logits, torch.Tensor) or not router_logits.is_floating_point():
-        raise TypeError(f"router_logits must be a floating [T, E] tensor, got {_describe(router_logits)}")
+        raise TypeError(f"router_logits must be a floating [T, E] tensor, got {describe(router_logits)}")
     if router_logits.dim() != 2:
         raise ValueError(f"router_logits must be [T, E], got shape {tuple(router_logits.shape)}")
     num_experts = router_logits.shape[1]
@@ -73,7 +75,7 @@ def check_correction_bias(correction_bias, num_experts: int, device: torch.devic
     if correction_bias is None:
         return
     if not isinstance(correction_bias, torch.Tensor) or not correction_bias.is_floating_point():
-        raise TypeError(f"correction_bias must be a floating [E] tensor, got {_describe(correction_bias)}")
+        raise TypeError(f"correction_bias must be a floating [E] tensor, got {describe(correction_bias)}")
     if tuple(correction_bias.shape) != (num_experts,):
         raise ValueError(f"correction_bias must be [E] = [{num_experts}], got {tuple(correction_bias.shape)}")
     if device is not None and correction_bias.device != device:
@@ -84,8 +86,3 @@ def _check_int(name: str, value) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
 
-
-def _describe(x) -> str:
-    if isinstance(x, torch.Tensor):
-        return f"{x.dtype} tensor of shape {tuple(x.shape)}"
-    return type(x).__name__
