@@ -194,18 +194,23 @@ def grouped_matmul(a, b, a_offsets, expert_ids, expert_scales=None, *, epilogue=
 def attention(q, k, v, *, causal=False, mask=None, score_mod=None, sinks=None, softmax_scale=None,
               cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, kv_cache=None,
               num_splits=None, return_lse=False, config=None, validate=False):
-    arguments = dict(causal=causal, mask=mask, score_mod=score_mod, sinks=sinks, softmax_scale=softmax_scale,
-                     cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
-                     max_seqlen_k=max_seqlen_k, kv_cache=kv_cache, num_splits=num_splits, return_lse=return_lse,
-                     config=config, validate=validate)
-    if not torch.compiler.is_compiling() or config is not None or validate:
-        return attention_api.attention(q, k, v, **arguments)
-    call = attention_api.check_attention(q, k, v, causal, mask, score_mod, sinks, softmax_scale, cu_seqlens_q,
-                                         cu_seqlens_k, max_seqlen_q, max_seqlen_k, kv_cache, num_splits, return_lse,
-                                         config, validate)
+    if torch.compiler.is_compiling() and config is None and not validate:
+        call = attention_api.check_attention(q, k, v, causal, mask, score_mod, sinks, softmax_scale, cu_seqlens_q,
+                                             cu_seqlens_k, max_seqlen_q, max_seqlen_k, kv_cache, num_splits,
+                                             return_lse, config, validate)
+        if call.mask_spec.mask_mod is None and call.mod_spec.fn is None:  # Python callables cannot cross the op
+            return _attention_through_op(q, k, v, call, sinks, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                         kv_cache, num_splits, return_lse)
+    return attention_api.attention(q, k, v, causal=causal, mask=mask, score_mod=score_mod, sinks=sinks,
+                                   softmax_scale=softmax_scale, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                                   max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, kv_cache=kv_cache,
+                                   num_splits=num_splits, return_lse=return_lse, config=config, validate=validate)
+
+
+def _attention_through_op(q, k, v, call, sinks, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, kv_cache,
+                          num_splits, return_lse):
+    """The custom op's call for checked arguments: mask and score modifier as plain values."""
     mask_spec, mod_spec = call.mask_spec, call.mod_spec
-    if mask_spec.mask_mod is not None or mod_spec.fn is not None:  # Python callables cannot cross the op
-        return attention_api.attention(q, k, v, **arguments)
 
     def side(bound):  # the op's window convention: -1 = unbounded
         return -1 if bound >= UNBOUNDED else bound
