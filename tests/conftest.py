@@ -8,6 +8,7 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+from llmkernels._launch import clear_plans  # noqa: E402
 from llmkernels._testing import default_device  # noqa: E402
 
 
@@ -37,6 +38,13 @@ def device():
 def _fresh_seed(request):
     # A different seed per test, the same in every run (str hashes are salted per process).
     torch.manual_seed(zlib.crc32(request.node.nodeid.encode()))
+
+
+@pytest.fixture(autouse=True)
+def _fresh_plans():
+    # Tests patch planning rules (capabilities, thresholds): every test plans its calls afresh, and its
+    # repeated calls run the cached plans.
+    clear_plans()
 
 
 def pytest_collection_modifyitems(config, items):

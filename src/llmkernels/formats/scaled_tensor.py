@@ -5,6 +5,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .._launch import value_key
 from .._runtime import describe
 from . import layout as scale_layouts
 from .layout import TILE_ROWS, TILE_SCALE_COLS
@@ -114,6 +115,12 @@ class ScaledTensor:
                 f"scales of shape {tuple(self.scales.shape)} do not fit data of logical shape {self.shape} "
                 f"in layout {self.scale_layout!r} (expected {expected})"
             )
+
+    def plan_key(self) -> tuple:
+        """What a kernel's plan depends on (:func:`llmkernels._launch.value_key`): format, layout and the
+        parts' dtypes, shapes, strides, alignment and devices. Equal keys pass :meth:`validate` alike."""
+        return ("ScaledTensor", *map(value_key, (self.format, self.scale_layout, self.data, self.scales,
+                                                 self.global_scale, self.group_offsets, self.group_scale_offsets)))
 
     @property
     def spec(self) -> FormatSpec:

@@ -1,6 +1,7 @@
 """grouped_matmul(): validates its inputs, picks a config and launches the kernel."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -8,6 +9,7 @@ import triton
 import triton.language as tl
 
 from .. import _runtime
+from .._launch import BoundKernel, PlanCache, bind
 from .._runtime import (check_device, check_out, cuda_capability, describe, first_bad_prefix_sum, first_true,
                         forward_only, interpreting, next_power_of_2, num_programs_hint, unit_last_stride)
 from ..formats import ScaledTensor
@@ -35,6 +37,7 @@ class _Operand:
     scale_block: int
     scale_layout: str  # "row", "128x4", "128x4_grouped"
     format: str  # "bf16", "fp16" or a block-scaled format name
+    has_global_scale: bool = False
 
     @property
     def quantized(self) -> bool:
@@ -52,10 +55,9 @@ def _operand(x, name: str, dims: int) -> _Operand:
         layout = x.scale_layout
         if layout == "128x4" and x.group_offsets is not None:
             layout = "128x4_grouped"
-        data = unit_last_stride(x.data.view(torch.uint8))
-        scales = x.scales.view(torch.uint8)
-        scales = unit_last_stride(scales) if layout == "row" else scales.contiguous()
-        return _Operand(data, scales, x.global_scale, spec.element, spec.scale, spec.block, layout, x.format)
+        data, scales, global_scale = _operand_tensors(x)
+        return _Operand(data, scales, global_scale, spec.element, spec.scale, spec.block, layout, x.format,
+                        global_scale is not None)
     if isinstance(x, torch.Tensor):
         if x.dtype not in _PLAIN_DTYPES:
             raise TypeError(f"{name} must be a ScaledTensor or a bf16/fp16 tensor, got {x.dtype}")
@@ -256,54 +258,162 @@ def grouped_matmul(    a,
             memory with an input, an input that requires grad (forward-only), and with ``validate=True``
             bad offsets or expert ids.
     """
-    call = check_grouped_matmul(a, b, a_offsets, expert_ids, expert_scales, epilogue, out_dtype, out, config)
-    a_op, b_op, a_offsets, expert_ids, expert_scales, a_scale_offsets = (
-        call.a, call.b, call.a_offsets, call.expert_ids, call.expert_scales, call.a_scale_offsets)
-    num_tokens, k, num_experts, n, n_out, num_groups = (call.num_tokens, call.k, call.num_experts, call.n, call.n_out,
-                                                        call.num_groups)
-    epilogue_kind, epilogue_fn, device = call.epilogue_kind, call.epilogue_fn, call.device
-    if out is None:
-        out = _runtime.new_buffer((num_tokens, n_out), out_dtype, device)
+    key, plan = _PLANS.lookup(a, b, a_offsets, expert_ids, expert_scales, epilogue, out_dtype, out, config)
+    if plan is None:
+        call = check_grouped_matmul(a, b, a_offsets, expert_ids, expert_scales, epilogue, out_dtype, out, config)
+        plan = _PLANS.put(key, _Plan(call, out_dtype, config))
+    elif out is not None:  # where out lies is not part of the signature
+        _check_out_memory(out, a, b, a_offsets, expert_ids, expert_scales)
     if validate:
-        _validate_metadata_on_host(a_offsets, expert_ids, num_tokens, num_experts,
+        _validate_metadata_on_host(a_offsets, expert_ids, plan.num_tokens, plan.num_experts,
                                    a if isinstance(a, ScaledTensor) else None)
-    if config is not None:
-        launches = [(config, *ALL_GROUP_SIZES)]
-    else:
-        weight_bytes = b_op.data.numel() * b_op.data.element_size()
-        launches = default_launches(num_tokens, num_groups, n_out, k, device, a_op.element, b_op.element,
-                                    weight_bytes, epilogue_kind == "swiglu", b_op.scale_block)
-    # Per launch: does it read A decoded ahead, and which MMA path (checked before anything launches).
-    upcasts = [_takes_upcast(launch_config, a_op) for launch_config, _, _ in launches]
-    mma_paths = [_resolve_mma(launch_config, _upcast_view(a_op) if upcast else a_op, b_op, device)
-                 for (launch_config, _, _), upcast in zip(launches, upcasts)]
-    if num_tokens == 0 or num_groups == 0 or n_out == 0:
-        return out
-    # The kernel stores unit-stride rows; another out gets the result through a copy of itself (rows
-    # outside every group keep their values).
-    target = unit_last_stride(out)
+    return plan(a, b, a_offsets, expert_ids, expert_scales, out)
 
-    compute_dtype = tl.float16 if a_op.element == "fp16" else tl.bfloat16
-    if interpreting():
-        # Triton's interpreter multiplies bf16 tiles as raw uint16 bits; decoded tiles are exact in
-        # bf16/fp16, so an fp32 dot gives the same products there.
-        compute_dtype = tl.float32
-    decoded_a = {}  # A decoded ahead, per dtype, shared by the launches that read it
-    for (launch_config, min_group_rows, max_group_rows), upcast, use_dot_scaled in zip(launches, upcasts, mma_paths):
-        launch_a = a_op
-        if upcast:
+
+_PLANS = PlanCache("grouped_matmul")
+
+
+def _operand_tensors(x) -> tuple:
+    """``(data, scales, global_scale)`` of a checked operand as the kernel reads them: data and scales as
+    bytes, copied where the kernel cannot address their strides (K not unit-stride, 128x4 scales not
+    contiguous); scales and global scale None for a plain tensor."""
+    if isinstance(x, ScaledTensor):
+        scales = x.scales.view(torch.uint8)
+        scales = unit_last_stride(scales) if x.scale_layout == "row" else scales.contiguous()
+        return unit_last_stride(x.data.view(torch.uint8)), scales, x.global_scale
+    return unit_last_stride(x), None, None
+
+
+def _check_out_memory(out, a, b, a_offsets, expert_ids, expert_scales) -> None:
+    a_data, a_scales, _ = _operand_tensors(a)
+    b_data, b_scales, _ = _operand_tensors(b)
+    check_out(out, out.shape, out.dtype, a=a_data, a_scales=a_scales, b=b_data, b_scales=b_scales,
+              a_offsets=a_offsets, expert_ids=expert_ids, expert_scales=expert_scales)
+
+
+def _kinds(op: _Operand) -> _Operand:
+    """An operand's formats without its tensors (what a plan may keep)."""
+    return dataclasses.replace(op, data=None, scales=None, global_scale=None)
+
+
+class _Plan:
+    """The launches of one call signature: per launch its config, group-size class, MMA path and whether it
+    reads A decoded ahead. Holds no tensor; each launch binds its compiled kernel at its first run."""
+
+    def __init__(self, call: CheckedCall, out_dtype: torch.dtype, config: BlockScaledMatmulConfig | None):
+        a_op, b_op, device = call.a, call.b, call.device
+        self.a, self.b = _kinds(a_op), _kinds(b_op)
+        self.num_tokens, self.num_experts, self.num_groups = call.num_tokens, call.num_experts, call.num_groups
+        self.n, self.k, self.n_out = call.n, call.k, call.n_out
+        self.out_dtype, self.device = out_dtype, device
+        self.epilogue_kind, self.epilogue_fn = call.epilogue_kind, call.epilogue_fn
+        self.has_expert_scales = call.expert_scales is not None
+        self.empty = call.num_tokens == 0 or call.num_groups == 0 or call.n_out == 0
+        if config is not None:
+            configs = [(config, *ALL_GROUP_SIZES)]
+        else:
+            weight_bytes = b_op.data.numel() * b_op.data.element_size()
+            configs = default_launches(call.num_tokens, call.num_groups, call.n_out, call.k, device, a_op.element,
+                                       b_op.element, weight_bytes, call.epilogue_kind == "swiglu", b_op.scale_block)
+        self.compute_dtype = tl.float16 if a_op.element == "fp16" else tl.bfloat16
+        if interpreting():
+            # Triton's interpreter multiplies bf16 tiles as raw uint16 bits; decoded tiles are exact in
+            # bf16/fp16, so an fp32 dot gives the same products there.
+            self.compute_dtype = tl.float32
+        # Per launch: does it read A decoded ahead, and which MMA path (checked before anything launches).
+        self.launches = []
+        for launch_config, min_rows, max_rows in configs:
+            upcast = _takes_upcast(launch_config, a_op)
+            use_dot_scaled = _resolve_mma(launch_config, _upcast_view(a_op) if upcast else a_op, b_op, device)
             # tl.dot_scaled takes a bf16 operand; tl.dot the compute dtype (both hold A's values exactly)
-            dtype = tl.bfloat16 if use_dot_scaled else compute_dtype
-            if dtype not in decoded_a:
-                decoded_a[dtype] = _upcast_rows(a_op, num_tokens, k, dtype, device,
-                                                _packed_decode(dtype, device))
-            launch_a = decoded_a[dtype]
-        _launch(launch_a, b_op, target, a_offsets, a_scale_offsets, expert_ids, expert_scales, num_experts, n, k,
-                min_group_rows, max_group_rows, launch_config, use_dot_scaled, epilogue_kind, epilogue_fn,
-                compute_dtype, device)
-    if target is not out:
-        out.copy_(target)
-    return out
+            upcast_dtype = (tl.bfloat16 if use_dot_scaled else self.compute_dtype) if upcast else None
+            self.launches.append(_Launch(launch_config, min_rows, max_rows, use_dot_scaled, upcast_dtype))
+        # A decoded ahead, per dtype, shared by the launches that read it
+        self.upcasts = {launch.upcast_dtype: _Upcast(self.a, launch.upcast_dtype, self.num_tokens, self.k, device)
+                        for launch in self.launches if launch.upcast_dtype is not None}
+
+    def __call__(self, a, b, a_offsets, expert_ids, expert_scales, out) -> torch.Tensor:
+        if out is None:
+            out = _runtime.new_buffer((self.num_tokens, self.n_out), self.out_dtype, self.device)
+        if self.empty:
+            return out
+        a_data, a_scales, a_global_scale = _operand_tensors(a)
+        b_data, b_scales, b_global_scale = _operand_tensors(b)
+        # The kernel reads the metadata as dense vectors: views of any strides are copied (a few bytes).
+        a_offsets, expert_ids = a_offsets.contiguous(), expert_ids.contiguous()
+        expert_scales = expert_scales.contiguous() if expert_scales is not None else None
+        a_scale_offsets = a.group_scale_offsets if isinstance(a, ScaledTensor) else None
+        a_scale_offsets = a_scale_offsets.contiguous() if a_scale_offsets is not None else None
+        # The kernel stores unit-stride rows; another out gets the result through a copy of itself (rows
+        # outside every group keep their values).
+        target = unit_last_stride(out)
+        decoded = {dtype: upcast(a_data, a_scales) for dtype, upcast in self.upcasts.items()}
+        dummy = a_offsets  # for the pointers a compiled variant never reads
+        b_parts = (b_data, b_scales if b_scales is not None else dummy,
+                   b_global_scale if b_global_scale is not None else dummy)
+        rest = (target, a_offsets, a_scale_offsets if a_scale_offsets is not None else dummy, expert_ids,
+                expert_scales if expert_scales is not None else dummy)
+        a_global_part = a_global_scale if a_global_scale is not None else dummy
+        for launch in self.launches:
+            if launch.upcast_dtype is None:
+                a_parts = (a_data, a_scales if a_scales is not None else dummy, a_global_part)
+            else:
+                a_parts = (decoded[launch.upcast_dtype], dummy, a_global_part)
+            pointers = (*a_parts, *b_parts, *rest)
+            (launch.bound or launch.bind(self, pointers))(*pointers)
+        if target is not out:
+            out.copy_(target)
+        return out
+
+
+class _Launch:
+    """One persistent launch over the groups of ``min_rows < rows <= max_rows``."""
+
+    def __init__(self, config: BlockScaledMatmulConfig, min_rows: int, max_rows: int, use_dot_scaled: bool,
+                 upcast_dtype):
+        self.config, self.min_rows, self.max_rows = config, min_rows, max_rows
+        self.use_dot_scaled, self.upcast_dtype = use_dot_scaled, upcast_dtype
+        self.bound = None
+
+    def bind(self, plan: _Plan, pointers: tuple) -> BoundKernel:
+        """The compiled kernel, bound on the first call's tensors (``pointers`` in the kernel's order)."""
+        a_data, a_scales, a_global_scale, b_data, b_scales, _, out, *_ = pointers
+        if self.upcast_dtype is None:
+            a_op = dataclasses.replace(plan.a, data=a_data, scales=a_scales)
+        else:  # A decoded ahead: plain, loaded by its pointer's dtype, with A's global scale for the epilogue
+            element = "fp16" if a_data.dtype == torch.float16 else "bf16"
+            a_op = _Operand(a_data, None, None, element, "none", 1, "row", element)
+        a_op = dataclasses.replace(a_op, global_scale=a_global_scale if plan.a.has_global_scale else None)
+        b_op = dataclasses.replace(plan.b, data=b_data, scales=b_scales)
+        config, k = self.config, plan.k
+        num_tokens, num_groups, n_out = plan.num_tokens, plan.num_groups, plan.n_out
+        max_tiles = (-(-num_tokens // config.block_m) + num_groups) * -(-n_out // config.block_n)
+        num_programs = min(config.num_programs or num_programs_hint(plan.device), max_tiles)
+        a_row_scales = a_op.quantized and a_op.scale_layout == "row"
+        b_row_scales = b_op.quantized and b_op.scale_layout == "row"
+        self.bound = bind(
+            kernel.grouped_matmul_kernel, (num_programs,), *pointers,
+            a_data.stride(0), a_scales.stride(0) if a_row_scales else 0,
+            b_data.stride(0), b_data.stride(1),
+            b_scales.stride(0) if b_row_scales else 0, b_scales.stride(1) if b_row_scales else 0,
+            out.stride(0),
+            num_tokens, num_groups, plan.num_experts, plan.n, k, self.min_rows, self.max_rows,
+            a_scales.shape[0] if a_op.scale_layout == "128x4_grouped" else 0,
+            A_ELEMENT=a_op.element, A_SCALE=a_op.scale, A_SCALE_BLOCK=a_op.scale_block,
+            A_SCALE_LAYOUT=a_op.scale_layout,
+            B_ELEMENT=b_op.element, B_SCALE=b_op.scale, B_SCALE_BLOCK=b_op.scale_block,
+            B_SCALE_LAYOUT=b_op.scale_layout,
+            A_GLOBAL_SCALE=plan.a.has_global_scale, B_GLOBAL_SCALE=plan.b.has_global_scale,
+            HAS_EXPERT_SCALES=plan.has_expert_scales, EPILOGUE=plan.epilogue_kind, EPILOGUE_FN=plan.epilogue_fn,
+            USE_DOT_SCALED=self.use_dot_scaled, SWAP_AB=config.ab_swapped, PREFETCH_SCALES=config.prefetch_scales,
+            SCALE_WORDS=config.scale_words and _scale_words(a_op, config.block_k, k)
+            and _scale_words(b_op, config.block_k, k),
+            PACKED_DECODE=_packed_decode(plan.compute_dtype, plan.device), COMPUTE_DTYPE=plan.compute_dtype,
+            BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+            BLOCK_GROUPS=max(16, next_power_of_2(num_groups)),
+            num_warps=config.num_warps, num_stages=config.num_stages,
+        )
+        return self.bound
 
 
 _UPCAST_TILE = (16, 256, 4)  # rows, K columns, warps of one upcast program (memory bound)
@@ -326,20 +436,33 @@ def _packed_decode(compute_dtype, device: torch.device) -> bool:
             and torch.version.hip is None and not interpreting())
 
 
-def _upcast_rows(a: _Operand, num_tokens: int, k: int, compute_dtype, device, packed_decode: bool) -> _Operand:
-    """A's elements times their block scales, ``[T, K]`` in the compute dtype (float32 in the
-    interpreter), as a plain operand that keeps A's global scale for the epilogue."""
-    torch_dtype = {tl.bfloat16: torch.bfloat16, tl.float16: torch.float16, tl.float32: torch.float32}[compute_dtype]
-    values = _runtime.new_buffer((num_tokens, k), torch_dtype, device)
-    block_rows, block_k, num_warps = _UPCAST_TILE
-    upcast_rows_kernel[(triton.cdiv(num_tokens, block_rows), triton.cdiv(k, block_k))](
-        a.data, a.scales, values, a.data.stride(0), a.scales.stride(0) if a.scale_layout == "row" else 0,
-        values.stride(0), num_tokens, k,
-        ELEMENT=a.element, SCALE=a.scale, SCALE_BLOCK=a.scale_block, SCALE_LAYOUT=a.scale_layout,
-        PACKED_DECODE=packed_decode, BLOCK_ROWS=block_rows, BLOCK_K=block_k, num_warps=num_warps,
-    )
-    element = "fp16" if torch_dtype == torch.float16 else "bf16"  # the kernel loads A by its pointer's dtype
-    return _Operand(values, None, a.global_scale, element, "none", 1, "row", element)
+class _Upcast:
+    """The pre-pass that decodes a quantized A: its elements times their block scales, ``[T, K]`` in the
+    compute dtype (float32 in the interpreter)."""
+
+    def __init__(self, a: _Operand, compute_dtype, num_tokens: int, k: int, device: torch.device):
+        self.a, self.num_tokens, self.k, self.device = a, num_tokens, k, device
+        self.compute_dtype = compute_dtype
+        self.dtype = {tl.bfloat16: torch.bfloat16, tl.float16: torch.float16, tl.float32: torch.float32}[compute_dtype]
+        self.bound = None
+
+    def __call__(self, a_data: torch.Tensor, a_scales: torch.Tensor) -> torch.Tensor:
+        values = _runtime.new_buffer((self.num_tokens, self.k), self.dtype, self.device)
+        (self.bound or self._bind(a_data, a_scales, values))(a_data, a_scales, values)
+        return values
+
+    def _bind(self, a_data, a_scales, values) -> BoundKernel:
+        a = self.a
+        block_rows, block_k, num_warps = _UPCAST_TILE
+        self.bound = bind(
+            upcast_rows_kernel, (triton.cdiv(self.num_tokens, block_rows), triton.cdiv(self.k, block_k)),
+            a_data, a_scales, values, a_data.stride(0), a_scales.stride(0) if a.scale_layout == "row" else 0,
+            values.stride(0), self.num_tokens, self.k,
+            ELEMENT=a.element, SCALE=a.scale, SCALE_BLOCK=a.scale_block, SCALE_LAYOUT=a.scale_layout,
+            PACKED_DECODE=_packed_decode(self.compute_dtype, self.device), BLOCK_ROWS=block_rows, BLOCK_K=block_k,
+            num_warps=num_warps,
+        )
+        return self.bound
 
 
 def _scale_words(op: _Operand, block_k: int, k: int) -> bool:
@@ -351,37 +474,3 @@ def _scale_words(op: _Operand, block_k: int, k: int) -> bool:
     aligned = op.scales.data_ptr() % 4 == 0 and (
         op.scale_layout != "row" or all(stride % 4 == 0 for stride in op.scales.stride()[:-1]))
     return columns_per_step % 4 == 0 and columns % 4 == 0 and aligned
-
-
-def _launch(a_op, b_op, out, a_offsets, a_scale_offsets, expert_ids, expert_scales, num_experts, n, k,
-            min_group_rows, max_group_rows, config, use_dot_scaled, epilogue_kind, epilogue_fn,
-            compute_dtype, device) -> None:
-    """One persistent launch over the groups of ``min_group_rows < rows <= max_group_rows``."""
-    num_tokens, num_groups, n_out = out.shape[0], expert_ids.numel(), out.shape[1]
-    max_tiles = (-(-num_tokens // config.block_m) + num_groups) * -(-n_out // config.block_n)
-    num_programs = min(config.num_programs or num_programs_hint(device), max_tiles)
-    b_scales = b_op.scales
-    dummy = a_offsets
-    kernel.grouped_matmul_kernel[(num_programs,)](
-        a_op.data, a_op.scales if a_op.quantized else dummy, a_op.global_scale if a_op.global_scale is not None else dummy,
-        b_op.data, b_scales if b_op.quantized else dummy, b_op.global_scale if b_op.global_scale is not None else dummy,
-        out, a_offsets, a_scale_offsets if a_scale_offsets is not None else dummy, expert_ids,
-        expert_scales if expert_scales is not None else dummy,
-        a_op.data.stride(0), a_op.scales.stride(0) if a_op.quantized and a_op.scale_layout == "row" else 0,
-        b_op.data.stride(0), b_op.data.stride(1),
-        b_scales.stride(0) if b_op.quantized and b_op.scale_layout == "row" else 0,
-        b_scales.stride(1) if b_op.quantized and b_op.scale_layout == "row" else 0,
-        out.stride(0),
-        num_tokens, num_groups, num_experts, n, k, min_group_rows, max_group_rows,
-        a_op.scales.shape[0] if a_op.scale_layout == "128x4_grouped" else 0,
-        A_ELEMENT=a_op.element, A_SCALE=a_op.scale, A_SCALE_BLOCK=a_op.scale_block, A_SCALE_LAYOUT=a_op.scale_layout,
-        B_ELEMENT=b_op.element, B_SCALE=b_op.scale, B_SCALE_BLOCK=b_op.scale_block, B_SCALE_LAYOUT=b_op.scale_layout,
-        A_GLOBAL_SCALE=a_op.global_scale is not None, B_GLOBAL_SCALE=b_op.global_scale is not None,
-        HAS_EXPERT_SCALES=expert_scales is not None, EPILOGUE=epilogue_kind, EPILOGUE_FN=epilogue_fn,
-        USE_DOT_SCALED=use_dot_scaled, SWAP_AB=config.ab_swapped, PREFETCH_SCALES=config.prefetch_scales,
-        SCALE_WORDS=config.scale_words and _scale_words(a_op, config.block_k, k) and _scale_words(b_op, config.block_k, k),
-        PACKED_DECODE=_packed_decode(compute_dtype, device), COMPUTE_DTYPE=compute_dtype,
-        BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-        BLOCK_GROUPS=max(16, next_power_of_2(num_groups)),
-        num_warps=config.num_warps, num_stages=config.num_stages,
-    )

@@ -1,0 +1,205 @@
+"""Plans and direct launches: the host side of every public call after its checks.
+
+A public function runs **validate → plan → launch**. Its *plan* (kernel choice, config, grid, compiled
+kernels) is a value that depends only on the call's *signature*: the shapes, dtypes, strides, pointer
+alignment, device and grad state of its tensors, plus its flags and config. :class:`PlanCache` keeps plans
+by signature, so a repeated call does a dictionary lookup, allocates its outputs and launches.
+
+:func:`bind` turns one launch of a ``@triton.jit`` function into a :class:`BoundKernel`: the grid,
+constexprs and scalar arguments fixed, the compiled kernel fetched once. Calling it with the call's
+tensors (in the order they were bound) hands them to the compiled kernel's launcher directly, without
+Triton's per-call argument binder (about half of an eager call's host time otherwise). The compiled
+variant fits every call of the same signature, because everything Triton specializes on (dtypes,
+integers' divisibility by 16 and equality with 1, 16-byte pointer alignment) is part of the signature.
+Under the Triton interpreter the same object calls ``fn[grid](...)``, so CPU tests run the same plans.
+"""
+from __future__ import annotations
+
+import inspect
+import threading
+import torch
+from triton import knobs
+
+from ._runtime import interpreting
+
+__all__ = ["PlanCache", "BoundKernel", "bind", "clear_plans", "tensor_key", "value_key"]
+
+_CACHES: list["PlanCache"] = []
+
+
+def tensor_key(t: torch.Tensor | None):
+    """What a plan may depend on of one tensor: dtype, shape, strides, its address modulo 16 (Triton
+    specializes pointers on 16-byte alignment, some plans read words), device and ``requires_grad``."""
+    return t.dtype, t.shape, t.stride(), t.data_ptr() % 16, t.device, t.requires_grad
+
+
+def value_key(value):
+    """The part of a call signature one argument contributes: :func:`tensor_key` of a tensor, ``plan_key()``
+    of an object that has one (ScaledTensor, PagedKVCache, masks, score modifiers), scalars with their type
+    (``True`` and ``1`` differ), tuples element-wise, other hashable objects (configs, ``@triton.jit``
+    functions) with their type. Raises ``TypeError`` for an unhashable value."""
+    if isinstance(value, torch.Tensor):
+        return tensor_key(value)
+    if value is None or isinstance(value, (str, torch.dtype)):
+        return value
+    if isinstance(value, tuple):
+        return tuple(map(value_key, value))
+    plan_key = getattr(value, "plan_key", None)
+    if plan_key is not None:
+        return plan_key()
+    hash(value)
+    return type(value), value
+
+
+class PlanCache:
+    """A bounded, thread-safe map from call signatures to plans.
+
+    Lookups are plain dictionary reads; inserts take a lock and evict the oldest plan once ``max_size``
+    plans are held (a serving process sees a handful of shapes per layer, a sweep may see thousands).
+    """
+
+    def __init__(self, name: str, max_size: int = 1024):
+        self.name, self.max_size = name, max_size
+        self._plans: dict = {}
+        self._lock = threading.Lock()
+        _CACHES.append(self)
+
+    def lookup(self, *values):
+        """``(key, plan)`` of a call whose signature is made of ``values`` (:func:`value_key` of each, and
+        whether grad mode is on); the plan is None when none is cached, the key None when a value has no
+        key (an unhashable argument: the call is planned, and checked, every time)."""
+        try:
+            key = (torch.is_grad_enabled(), *map(value_key, values))
+            return key, self._plans.get(key)
+        except TypeError:
+            return None, None
+
+    def put(self, key, plan):
+        """Stores ``plan`` under ``key`` (a concurrent thread may have stored an equal one: either serves)
+        and returns it; a None key stores nothing."""
+        if key is None:
+            return plan
+        with self._lock:
+            while len(self._plans) >= self.max_size:
+                self._plans.pop(next(iter(self._plans)))
+            self._plans[key] = plan
+        return plan
+
+    def clear(self) -> None:
+        with self._lock:
+            self._plans.clear()
+
+    def __len__(self) -> int:
+        return len(self._plans)
+
+    def __repr__(self) -> str:
+        return f"PlanCache({self.name!r}, {len(self)}/{self.max_size} plans)"
+
+
+def clear_plans() -> None:
+    """Forgets every plan of every family (tests that patch a planning rule call it)."""
+    for cache in _CACHES:
+        cache.clear()
+
+
+def _is_descriptor(value) -> bool:
+    return type(value).__name__ == "TensorDescriptor"
+
+
+class _Unbased:
+    """A host tensor descriptor without its base: shape, strides, block and options fixed by a plan."""
+
+    def __init__(self, descriptor):
+        self.cls = type(descriptor)
+        self.fields = {name: value for name, value in vars(descriptor).items() if name != "base"}
+
+    def on(self, base: torch.Tensor, checked: bool):
+        """The descriptor on ``base``: a real ``TensorDescriptor`` (its checks run) when ``checked`` (the
+        interpreter reads it), else a light object with its attributes, all the compiled launcher reads."""
+        if checked:
+            return self.cls(base, **self.fields)
+        descriptor = _DescriptorArg()
+        descriptor.__dict__.update(self.fields)
+        descriptor.base = base
+        return descriptor
+
+
+class _DescriptorArg:
+    """A tensor descriptor's attributes, for the compiled launcher (its checks ran at bind time)."""
+
+
+class BoundKernel:
+    """One launch of a ``@triton.jit`` function with its grid, constexprs, scalars and options fixed.
+
+    ``bound(*tensors)`` launches it on the tensors of a call, passed in the order the tensor (and tensor
+    descriptor) arguments had at :func:`bind`; a descriptor slot takes the tensor to use as its base.
+    """
+
+    def __init__(self, fn, grid, names, values, options):
+        self.fn, self.options, self.names = fn, options, names
+        self.grid = tuple(grid) + (1,) * (3 - len(grid))
+        self.slots = tuple(i for i, value in enumerate(values) if isinstance(value, torch.Tensor) or _is_descriptor(value))
+        self._kernel = None
+        if not interpreting():
+            self._compile(values)
+        # No tensor of the binding call stays referenced (a cached plan must not keep memory alive);
+        # a descriptor slot keeps its shape, strides and block.
+        self.templates = {i: _Unbased(values[i]) for i in self.slots if _is_descriptor(values[i])}
+        self.values = tuple(None if i in self.slots else value for i, value in enumerate(values))
+
+    def _compile(self, values) -> None:
+        first = values[self.slots[0]] if self.slots else None
+        first = first.base if _is_descriptor(first) else first
+        self.device_index = first.device.index if first is not None and first.is_cuda else None
+        with torch.cuda.device(self.device_index):
+            kernel = self.fn.warmup(*values, grid=self.grid, **self.options)
+            if hasattr(kernel, "result"):  # an asynchronous compile's future
+                kernel = kernel.result()
+            self._launcher = kernel.run  # loads the module on the current device
+        self._kernel = kernel
+        self._function, self._packed_metadata = kernel.function, kernel.packed_metadata
+
+    def _arguments(self, tensors) -> list:
+        if len(tensors) != len(self.slots):
+            raise TypeError(f"{self.fn.__name__}: bound with {len(self.slots)} tensors, called with {len(tensors)}")
+        values = list(self.values)
+        for i, tensor in zip(self.slots, tensors):
+            template = self.templates.get(i)
+            if template is not None:
+                tensor = template.on(tensor, checked=self._kernel is None)
+            values[i] = tensor
+        return values
+
+    def __call__(self, *tensors) -> None:
+        values = self._arguments(tensors)
+        if self._kernel is None:  # the interpreter
+            self.fn[self.grid](**dict(zip(self.names, values)), **self.options)
+            return
+        enter_hook, exit_hook = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
+        current = torch.cuda.current_device()
+        if current != self.device_index:
+            with torch.cuda.device(self.device_index):
+                return self(*tensors)
+        stream = torch._C._cuda_getCurrentRawStream(current)
+        metadata = self._kernel.launch_metadata(self.grid, stream, *values) if enter_hook is not None else None
+        self._launcher(*self.grid, stream, self._function, self._packed_metadata, metadata, enter_hook, exit_hook,
+                       *values)
+
+    def __repr__(self) -> str:
+        return f"BoundKernel({self.fn.__name__}, grid={self.grid})"
+
+
+_SIGNATURES: dict = {}
+
+
+def bind(fn, grid, *args, **kwargs) -> BoundKernel:
+    """The launch ``fn[grid](*args, **kwargs)`` as a :class:`BoundKernel` (compiled now on a GPU; nothing is
+    launched). ``kwargs`` holds the kernel's keyword arguments and Triton's options (``num_warps``, ...)."""
+    signature = _SIGNATURES.get(fn)
+    if signature is None:
+        signature = _SIGNATURES.setdefault(fn, inspect.signature(fn.fn))
+    params = {name: value for name, value in kwargs.items() if name in signature.parameters}
+    options = {name: value for name, value in kwargs.items() if name not in signature.parameters}
+    bound = signature.bind(*args, **params)
+    bound.apply_defaults()
+    return BoundKernel(fn, grid, tuple(bound.arguments), tuple(bound.arguments.values()), options)
