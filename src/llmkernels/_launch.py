@@ -25,6 +25,7 @@ from ._runtime import interpreting
 __all__ = ["PlanCache", "BoundKernel", "bind", "clear_plans", "tensor_key", "value_key"]
 
 _CACHES: list["PlanCache"] = []
+_INTERPRETER_LOCK = threading.Lock()
 
 
 def tensor_key(t: torch.Tensor | None):
@@ -172,8 +173,9 @@ class BoundKernel:
 
     def __call__(self, *tensors) -> None:
         values = self._arguments(tensors)
-        if self._kernel is None:  # the interpreter
-            self.fn[self.grid](**dict(zip(self.names, values)), **self.options)
+        if self._kernel is None:  # the interpreter, whose grid state is global: one kernel at a time
+            with _INTERPRETER_LOCK:
+                self.fn[self.grid](**dict(zip(self.names, values)), **self.options)
             return
         enter_hook, exit_hook = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
         current = torch.cuda.current_device()

@@ -2,6 +2,7 @@
 and launches the Triton kernels. The only module that launches."""
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -9,6 +10,7 @@ import torch
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .. import _runtime
+from .._launch import BoundKernel, PlanCache, bind
 from .._runtime import (cdiv, check_device, cuda_capability, first_bad_prefix_sum, first_true, forward_only,
                         interpreting, next_power_of_2, num_programs_hint, unit_last_stride)
 from . import split_kv
@@ -377,173 +379,177 @@ def attention(
             ``"cu_seqlens_k[3] = 90 > total keys 64"`` or ``"kv_cache.block_table[0, 2] = 17 not in [0,
             num_pages=16)"``.
     """
-    call = check_attention(q, k, v, causal, mask, score_mod, sinks, softmax_scale, cu_seqlens_q, cu_seqlens_k,
-                           max_seqlen_q, max_seqlen_k, kv_cache, num_splits, return_lse, config, validate)
-    ragged, paged, batch, device = call.ragged, call.paged, call.batch, call.device
-    num_q_heads, num_kv_heads, head_dim, group = call.num_q_heads, call.num_kv_heads, call.head_dim, call.group
-    q_bound, kv_bound, mask_spec, mod_spec = call.q_bound, call.kv_bound, call.mask_spec, call.mod_spec
-    softmax_scale = call.softmax_scale
+    key, plan = _PLANS.lookup(q, k, v, causal, mask, score_mod, sinks, softmax_scale, cu_seqlens_q, cu_seqlens_k,
+                              max_seqlen_q, max_seqlen_k, kv_cache, num_splits, return_lse, config, validate)
+    if plan is None:
+        call = check_attention(q, k, v, causal, mask, score_mod, sinks, softmax_scale, cu_seqlens_q, cu_seqlens_k,
+                               max_seqlen_q, max_seqlen_k, kv_cache, num_splits, return_lse, config, validate)
+        plan = _PLANS.put(key, _Plan(call, q, sinks is not None, num_splits, return_lse, config))
     if validate:
-        _validate_metadata_on_host(q, k, cu_seqlens_q, cu_seqlens_k if not paged else None,
-                                   max_seqlen_q if ragged else None, max_seqlen_k, kv_cache)
+        _validate_metadata_on_host(q, k, cu_seqlens_q, cu_seqlens_k if kv_cache is None else None,
+                                   max_seqlen_q if cu_seqlens_q is not None else None, max_seqlen_k, kv_cache)
+    return plan(q, k, v, kv_cache, cu_seqlens_q, cu_seqlens_k, sinks, score_mod)
 
-    # ---------------------------------------------------------------- any strides
-    # Token / head / batch strides of q, k, v and the pages go to the kernel (zero ones included); a
-    # head dim that is not unit-stride is copied. The kernel reads metadata vectors as dense: views of
-    # other strides are copied (a few bytes, no sync).
-    q = unit_last_stride(q)
-    if paged:
-        k_pages, v_pages = unit_last_stride(kv_cache.k_pages), unit_last_stride(kv_cache.v_pages)
-        block_table = kv_cache.block_table
-        if block_table.stride(1) != 1:
-            block_table = block_table.contiguous()
-        parts = (k_pages, v_pages, block_table, kv_cache.seqlens.contiguous())
-        if any(new is not old for new, old in zip(parts, (kv_cache.k_pages, kv_cache.v_pages, kv_cache.block_table,
-                                                          kv_cache.seqlens))):
-            kv_cache = PagedKVCache(*parts)
-    else:
-        k, v = unit_last_stride(k), unit_last_stride(v)
-    cu_seqlens_q = cu_seqlens_q.contiguous() if cu_seqlens_q is not None else None
-    cu_seqlens_k = cu_seqlens_k.contiguous() if cu_seqlens_k is not None else None
-    sinks = sinks.contiguous() if sinks is not None else None
-    alibi_slopes = mod_spec.slopes.contiguous() if mod_spec.slopes is not None else None
 
-    # ---------------------------------------------------------------- shapes and outputs
-    seqlen_q_dense = 0 if ragged else q.shape[1]
-    out = _empty(q.shape, q.dtype, device)
-    lse = None
-    if return_lse:
-        lse_shape = (num_q_heads, q.shape[0]) if ragged else (q.shape[0], num_q_heads, q.shape[1])
-        lse = _empty(lse_shape, torch.float32, device)
-    if out.numel() == 0 or batch == 0 or q_bound == 0:
-        return (out, lse) if return_lse else out
+_PLANS = PlanCache("attention")
 
-    split_path = (num_splits is not None and num_splits > 1) or (
-        num_splits is None and q_bound <= split_kv.MAX_DECODE_QUERIES)
-    if config is None:
-        config = default_config(head_dim, q.dtype, device, decode=split_path,
-                                num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
-                                visible_band=mask_spec.visible_band)
-    head_dim_pad = next_power_of_2(head_dim)
-    block_n = config.BN
-    if split_path:
-        block_q, heads_per_tile = split_kv.decode_tiling(q_bound, group, config.pack_gqa_heads)
-        num_q_tiles = 1
-    else:
-        block_q, heads_per_tile, num_q_tiles = config.MMA_M, 1, config.num_q_tiles
-    num_q_blocks = cdiv(q_bound, block_q * num_q_tiles)
-    num_head_programs = batch * num_kv_heads * cdiv(group, heads_per_tile)
-    kv_tiles_bound = max(1, cdiv(kv_bound, block_n))
-    if split_path:
-        if num_splits is None:
-            num_splits = split_kv.choose_num_splits(num_q_blocks * num_head_programs, kv_tiles_bound,
-                                                      num_programs_hint(device))
-        num_splits = min(num_splits, kv_tiles_bound)  # extra splits would only see empty ranges
-    else:
-        num_splits = 1
 
-    # ---------------------------------------------------------------- strides
-    if ragged:
-        stride_qb, stride_qs, stride_qh = 0, q.stride(0), q.stride(1)
-    else:
-        stride_qb, stride_qs, stride_qh = q.stride(0), q.stride(1), q.stride(2)
-    if paged:
-        k_arg, v_arg = kv_cache.k_pages, kv_cache.v_pages
-        stride_k = (k_arg.stride(0), k_arg.stride(1), k_arg.stride(2))
-        stride_v = (v_arg.stride(0), v_arg.stride(1), v_arg.stride(2))
-        block_table = kv_cache.block_table
-        seqlens_k, stride_block_table, seqlen_k_dense = kv_cache.seqlens, block_table.stride(0), 0
-        page_size, num_pages = kv_cache.page_size, kv_cache.num_pages
-        paged_seqlen_bound = kv_cache.max_seqlen_bound if num_pages > 0 else 0  # no pages: no keys
-    else:
-        k_arg, v_arg = k, v
-        if ragged:
-            stride_k, stride_v = (0, k.stride(0), k.stride(1)), (0, v.stride(0), v.stride(1))
-            seqlen_k_dense = 0
+def _strides3(t: torch.Tensor, ragged: bool) -> tuple[int, int, int]:
+    """(batch, token, head) strides of a ``[B, S, H, D]`` tensor, or ``(0, token, head)`` of a ragged
+    ``[total, H, D]`` one."""
+    return (0, t.stride(0), t.stride(1)) if ragged else (t.stride(0), t.stride(1), t.stride(2))
+
+
+class _Plan:
+    """Path (one pass, or split-KV + combine), config, tiles, grid and the bound kernels of one call
+    signature. Holds no tensor: the kernels bind at the first run, on its tensors."""
+
+    def __init__(self, call: CheckedCall, q, has_sinks: bool, num_splits, return_lse: bool, config):
+        self.ragged, self.paged, self.device, self.has_sinks = call.ragged, call.paged, call.device, has_sinks
+        self.mask_spec, self.mod_spec = call.mask_spec, dataclasses.replace(call.mod_spec, slopes=None)
+        self.has_slopes = call.mod_spec.slopes is not None
+        self.softmax_scale, self.return_lse = call.softmax_scale, return_lse
+        self.num_q_heads, self.num_kv_heads, self.head_dim = call.num_q_heads, call.num_kv_heads, call.head_dim
+        self.q_shape, self.q_dtype = q.shape, q.dtype
+        ragged, batch, q_bound, kv_bound, group = call.ragged, call.batch, call.q_bound, call.kv_bound, call.group
+        self.lse_shape = (call.num_q_heads, q.shape[0]) if ragged else (q.shape[0], call.num_q_heads, q.shape[1])
+        self.empty = q.numel() == 0 or batch == 0 or q_bound == 0
+        self.split = (num_splits is not None and num_splits > 1) or (
+            num_splits is None and q_bound <= split_kv.MAX_DECODE_QUERIES)
+        if config is None:
+            config = default_config(call.head_dim, q.dtype, call.device, decode=self.split,
+                                    num_q_heads=call.num_q_heads, num_kv_heads=call.num_kv_heads,
+                                    visible_band=call.mask_spec.visible_band)
+        self.config = config
+        self.head_dim_pad = next_power_of_2(call.head_dim)
+        if self.split:
+            self.block_q, self.heads_per_tile = split_kv.decode_tiling(q_bound, group, config.pack_gqa_heads)
+            self.num_q_tiles = 1
         else:
+            self.block_q, self.heads_per_tile, self.num_q_tiles = config.MMA_M, 1, config.num_q_tiles
+        num_q_blocks = cdiv(q_bound, self.block_q * self.num_q_tiles)
+        self.num_head_programs = batch * call.num_kv_heads * cdiv(group, self.heads_per_tile)
+        kv_tiles_bound = max(1, cdiv(kv_bound, config.BN))
+        if self.split:
+            if num_splits is None:
+                num_splits = split_kv.choose_num_splits(num_q_blocks * self.num_head_programs, kv_tiles_bound,
+                                                        num_programs_hint(call.device))
+            self.num_splits = min(num_splits, kv_tiles_bound)  # extra splits would only see empty ranges
+        else:
+            self.num_splits = 1
+        self.grid = (num_q_blocks * self.num_head_programs, self.num_splits)
+        self.partial_shapes = None
+        if self.split:
+            lse_partial_shape = (self.num_splits, call.num_q_heads, q.shape[0]) if ragged else (
+                self.num_splits, q.shape[0], call.num_q_heads, q.shape[1])
+            self.partial_shapes = ((self.num_splits, *q.shape), lse_partial_shape)
+        # K and V through tensor descriptors (TMA on sm90+) where their layout allows it (seen at bind)
+        self.tma_kv = (config.tma_kv and not call.paged and call.head_dim == self.head_dim_pad
+                       and _tma_capable(call.device))
+        self.forward = self.combine = None
+
+    def __call__(self, q, k, v, kv_cache, cu_seqlens_q, cu_seqlens_k, sinks, score_mod):
+        device = self.device
+        out = _empty(self.q_shape, self.q_dtype, device)
+        lse = _empty(self.lse_shape, torch.float32, device) if self.return_lse else None
+        if self.empty:
+            return (out, lse) if self.return_lse else out
+        # Token / head / batch strides of q, k, v and the pages go to the kernel (zero ones included); a
+        # head dim that is not unit-stride is copied. The kernel reads metadata vectors as dense: views of
+        # other strides are copied (a few bytes, no sync).
+        q = unit_last_stride(q)
+        int_dummy, float_dummy = _dummy(device, torch.int32), _dummy(device, torch.float32)
+        if self.paged:
+            k, v = unit_last_stride(kv_cache.k_pages), unit_last_stride(kv_cache.v_pages)
+            block_table = kv_cache.block_table
+            block_table = block_table if block_table.stride(1) == 1 else block_table.contiguous()
+            seqlens = kv_cache.seqlens.contiguous()
+        else:
+            k, v = unit_last_stride(k), unit_last_stride(v)
+            block_table = seqlens = int_dummy
+        sinks = sinks.contiguous() if sinks is not None else float_dummy
+        slopes = score_mod.slopes.contiguous() if self.has_slopes else float_dummy
+        if self.split:
+            o_partial = _empty(self.partial_shapes[0], torch.float32, device)
+            lse_partial = _empty(self.partial_shapes[1], torch.float32, device)
+            target_out, target_lse = o_partial, lse_partial
+        else:
+            target_out, target_lse = out, lse if lse is not None else float_dummy
+        pointers = (q, k, v, target_out, target_lse,
+                    cu_seqlens_q.contiguous() if self.ragged else int_dummy,
+                    cu_seqlens_k.contiguous() if self.ragged and not self.paged else int_dummy,
+                    seqlens, block_table, sinks, slopes, k, v)
+        (self.forward or self._bind_forward(pointers, out, lse))(*pointers)
+        if self.split:
+            pointers = (o_partial, lse_partial, out, lse if lse is not None else float_dummy, sinks)
+            (self.combine or self._bind_combine(pointers))(*pointers)
+        return (out, lse) if self.return_lse else out
+
+    def _bind_forward(self, pointers, out, lse) -> BoundKernel:
+        q, k, v, target_out, target_lse, *_ = pointers
+        ragged, paged, split, config, mask_spec = self.ragged, self.paged, self.split, self.config, self.mask_spec
+        if paged:
             stride_k, stride_v = (k.stride(0), k.stride(1), k.stride(2)), (v.stride(0), v.stride(1), v.stride(2))
-            seqlen_k_dense = k.shape[1]
-        block_table, seqlens_k, stride_block_table, page_size = _dummy(device, torch.int32), None, 0, 16
-        num_pages = paged_seqlen_bound = 0
-    int_dummy = _dummy(device, torch.int32)
-    float_dummy = _dummy(device, torch.float32)
-    kv_descriptors = None
-    if config.tma_kv and not paged and head_dim == head_dim_pad and _tma_capable(device):
-        kv_descriptors = _kv_token_descriptors(k, v, ragged, block_n)
-    # out / lse strides as (b, token, head) and (b, head, token); ragged has no batch stride
-    if ragged:
-        stride_o = (0, out.stride(0), out.stride(1))
-    else:
-        stride_o = (out.stride(0), out.stride(1), out.stride(2))
-    if lse is not None:
-        stride_lse = (0, lse.stride(0), lse.stride(1)) if ragged else (lse.stride(0), lse.stride(1), lse.stride(2))
-    else:
-        stride_lse = (0, 0, 0)
-
-    if split_path:
-        o_partial = _empty((num_splits, *q.shape), torch.float32, device)
-        lse_partial_shape = (num_splits, num_q_heads, q.shape[0]) if ragged else (
-            num_splits, q.shape[0], num_q_heads, q.shape[1])
-        lse_partial = _empty(lse_partial_shape, torch.float32, device)
-        if ragged:
-            stride_target_o = (0, o_partial.stride(1), o_partial.stride(2))
-            stride_target_lse = (0, lse_partial.stride(1), lse_partial.stride(2))
+            stride_block_table, seqlen_k_dense, page_size = pointers[8].stride(0), 0, k.shape[1]
+            num_pages = k.shape[0]
+            paged_seqlen_bound = pointers[8].shape[1] * page_size if num_pages > 0 else 0  # no pages: no keys
         else:
-            stride_target_o = (o_partial.stride(1), o_partial.stride(2), o_partial.stride(3))
-            stride_target_lse = (lse_partial.stride(1), lse_partial.stride(2), lse_partial.stride(3))
-        target_out, target_lse = o_partial, lse_partial
-        stride_o_split, stride_lse_split = o_partial.stride(0), lse_partial.stride(0)
-    else:
-        target_out, target_lse = out, (lse if lse is not None else float_dummy)
-        stride_target_o, stride_target_lse = stride_o, stride_lse
-        stride_o_split = stride_lse_split = 0
+            stride_k, stride_v = _strides3(k, ragged), _strides3(v, ragged)
+            seqlen_k_dense = 0 if ragged else k.shape[1]
+            stride_block_table, page_size, num_pages, paged_seqlen_bound = 0, 16, 0, 0
+        descriptors = _kv_token_descriptors(k, v, ragged, config.BN) if self.tma_kv else None
+        if descriptors is not None:
+            pointers = (*pointers[:11], *descriptors)
+        # out / lse strides as (b, token, head) and (b, head, token); ragged has no batch stride
+        stride_o = _strides3(out, ragged)
+        stride_lse = _strides3(lse, ragged) if lse is not None else (0, 0, 0)
+        if split:
+            stride_target_o = _strides3(target_out[0], ragged)
+            stride_target_lse = _strides3(target_lse[0], ragged)
+            stride_o_split, stride_lse_split = target_out.stride(0), target_lse.stride(0)
+        else:
+            stride_target_o, stride_target_lse, stride_o_split, stride_lse_split = stride_o, stride_lse, 0, 0
+        self.forward = bind(
+            attention_fwd_kernel, self.grid, *pointers,
+            *_strides3(q, ragged), *stride_k, *stride_v,
+            *stride_target_o, stride_o_split,
+            *stride_target_lse, stride_lse_split,
+            stride_block_table,
+            0 if ragged else q.shape[1], seqlen_k_dense, q.shape[0], k.shape[0], num_pages, paged_seqlen_bound,
+            self.num_kv_heads, self.num_q_heads // self.num_kv_heads, self.num_splits, self.num_head_programs,
+            float(self.softmax_scale), mask_spec.window_left, mask_spec.window_right, mask_spec.chunk_size,
+            float(self.mod_spec.cap),
+            HEAD_DIM=self.head_dim, HEAD_DIM_PAD=self.head_dim_pad, BLOCK_Q=self.block_q,
+            HEADS_PER_TILE=self.heads_per_tile, BLOCK_N=config.BN, NUM_Q_TILES=self.num_q_tiles,
+            RAGGED_Q=ragged, RAGGED_K=ragged and not paged, PAGED=paged, PAGE_SIZE=page_size,
+            HAS_WINDOW=mask_spec.has_window, HAS_CHUNK=mask_spec.has_chunk,
+            HAS_MASK_MOD=mask_spec.mask_mod is not None, MASK_MOD=mask_spec.mask_mod,
+            SCORE_MOD_KIND=self.mod_spec.kind, SCORE_MOD=self.mod_spec.fn,
+            HAS_SINKS=self.has_sinks and not split, SPLIT=split,
+            RETURN_LSE=self.return_lse and not split,
+            REVERSE_Q_BLOCKS=mask_spec.has_window and not split,
+            RESCALE_THRESHOLD=config.rescale_threshold, POLY_EXP2_FRACTION=config.poly_exp2_fraction,
+            TMA_KV=descriptors is not None,
+            UPCAST=interpreting(),
+            num_warps=config.num_warps, num_stages=config.num_kv_stages,
+        )
+        return self.forward
 
-    grid = (num_q_blocks * num_head_programs, num_splits)
-    attention_fwd_kernel[grid](
-        q, k_arg, v_arg, target_out, target_lse,
-        cu_seqlens_q if ragged else int_dummy,
-        cu_seqlens_k if (ragged and not paged) else int_dummy,
-        seqlens_k if paged else int_dummy,
-        block_table,
-        sinks if sinks is not None else float_dummy,
-        alibi_slopes if alibi_slopes is not None else float_dummy,
-        *(kv_descriptors or (k_arg, v_arg)),
-        stride_qb, stride_qs, stride_qh,
-        *stride_k, *stride_v,
-        *stride_target_o, stride_o_split,
-        *stride_target_lse, stride_lse_split,
-        stride_block_table,
-        seqlen_q_dense, seqlen_k_dense, q.shape[0], k_arg.shape[0], num_pages, paged_seqlen_bound,
-        num_kv_heads, group, num_splits, num_head_programs,
-        float(softmax_scale), mask_spec.window_left, mask_spec.window_right, mask_spec.chunk_size,
-        float(mod_spec.cap),
-        HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, BLOCK_Q=block_q, HEADS_PER_TILE=heads_per_tile,
-        BLOCK_N=block_n, NUM_Q_TILES=num_q_tiles,
-        RAGGED_Q=ragged, RAGGED_K=ragged and not paged, PAGED=paged, PAGE_SIZE=page_size,
-        HAS_WINDOW=mask_spec.has_window, HAS_CHUNK=mask_spec.has_chunk,
-        HAS_MASK_MOD=mask_spec.mask_mod is not None, MASK_MOD=mask_spec.mask_mod,
-        SCORE_MOD_KIND=mod_spec.kind, SCORE_MOD=mod_spec.fn,
-        HAS_SINKS=sinks is not None and not split_path, SPLIT=split_path,
-        RETURN_LSE=return_lse and not split_path,
-        REVERSE_Q_BLOCKS=mask_spec.has_window and not split_path,
-        RESCALE_THRESHOLD=config.rescale_threshold, POLY_EXP2_FRACTION=config.poly_exp2_fraction,
-        TMA_KV=kv_descriptors is not None,
-        UPCAST=interpreting(),
-        num_warps=config.num_warps, num_stages=config.num_kv_stages,
-    )
-    if split_path:
-        rows_per_batch = q.shape[0] if ragged else q.shape[1]
-        batches = 1 if ragged else q.shape[0]
-        combine_grid = (batches * rows_per_batch, num_q_heads)
-        split_kv.combine_splits_kernel[combine_grid](
-            o_partial, lse_partial, out, lse if lse is not None else float_dummy,
-            sinks if sinks is not None else float_dummy,
-            o_partial.stride(0), *stride_target_o,
-            lse_partial.stride(0), *stride_target_lse,
-            *stride_o, *stride_lse,
-            rows_per_batch, num_splits,
-            HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, BLOCK_SPLITS=min(next_power_of_2(num_splits), 16),
-            HAS_SINKS=sinks is not None, RETURN_LSE=return_lse,
+    def _bind_combine(self, pointers) -> BoundKernel:
+        o_partial, lse_partial, out, lse, sinks = pointers
+        ragged = self.ragged
+        rows_per_batch = out.shape[0] if ragged else out.shape[1]
+        batches = 1 if ragged else out.shape[0]
+        stride_lse = _strides3(lse, ragged) if self.return_lse else (0, 0, 0)
+        self.combine = bind(
+            split_kv.combine_splits_kernel, (batches * rows_per_batch, self.num_q_heads), *pointers,
+            o_partial.stride(0), *_strides3(o_partial[0], ragged),
+            lse_partial.stride(0), *_strides3(lse_partial[0], ragged),
+            *_strides3(out, ragged), *stride_lse,
+            rows_per_batch, self.num_splits,
+            HEAD_DIM=self.head_dim, HEAD_DIM_PAD=self.head_dim_pad,
+            BLOCK_SPLITS=min(next_power_of_2(self.num_splits), 16),
+            HAS_SINKS=self.has_sinks, RETURN_LSE=self.return_lse,
             num_warps=4,
         )
-    return (out, lse) if return_lse else out
+        return self.combine

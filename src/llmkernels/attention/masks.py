@@ -46,6 +46,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .._launch import value_key
+
 __all__ = ["SlidingWindow", "Chunked", "ScoreMod", "softcap", "alibi", "MaskSpec", "ScoreModSpec",
            "resolve_mask", "resolve_score_mod", "UNBOUNDED"]
 
@@ -119,6 +121,10 @@ class ScoreMod:
     kind: str
     cap: float = 0.0
     slopes: torch.Tensor | None = None
+
+    def plan_key(self) -> tuple:
+        """What a plan depends on (:func:`llmkernels._launch.value_key`): kind, cap, the slopes' signature."""
+        return "ScoreMod", *map(value_key, (self.kind, self.cap, self.slopes))
 
 
 def softcap(cap: float) -> ScoreMod:

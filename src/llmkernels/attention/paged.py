@@ -5,6 +5,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .._launch import tensor_key
+
 __all__ = ["PagedKVCache", "SUPPORTED_PAGE_SIZES"]
 
 SUPPORTED_PAGE_SIZES = (16, 32, 64, 128, 256)
@@ -67,6 +69,10 @@ class PagedKVCache:
         devices = {t.device for t in (k_pages, v_pages, self.block_table, self.seqlens)}
         if len(devices) != 1:
             raise ValueError(f"PagedKVCache tensors must share one device, got {sorted(map(str, devices))}")
+
+    def plan_key(self) -> tuple:
+        """What a plan depends on (:func:`llmkernels._launch.value_key`): the four tensors' signatures."""
+        return ("PagedKVCache", *map(tensor_key, (self.k_pages, self.v_pages, self.block_table, self.seqlens)))
 
     @property
     def page_size(self) -> int:

@@ -7,6 +7,7 @@ import torch
 import triton
 
 from .. import _runtime
+from .._launch import BoundKernel, PlanCache, bind
 from .._runtime import check_device, forward_only, unit_last_stride
 from . import kernel
 from .reference import nvfp4_global_scale
@@ -57,31 +58,56 @@ def quantize(
             group_offsets without ``scale_layout="128x4"`` or with x not 2D, tensors on different devices,
             x or global_scale requiring grad (quantize is forward-only).
     """
-    spec = check_quantize(x, format, global_scale, scale_layout, group_offsets, rows)
-    num_cols = x.shape[-1]
-    x2d = unit_last_stride(x.reshape(math.prod(x.shape[:-1]), num_cols))  # a view where the strides allow it
-    if rows is not None:
-        rows = rows.contiguous()  # read as a dense vector
-    out_rows_shape = tuple(x.shape[:-1]) if rows is None else (rows.shape[0],)
-    num_rows = x2d.shape[0] if rows is None else rows.shape[0]
-    data = _runtime.new_buffer((*out_rows_shape, num_cols // 2 if spec.packed else num_cols), spec.data_dtype,
-                               x.device)
-    scales = _runtime.new_buffer((*out_rows_shape, num_cols // spec.block), torch.uint8, x.device)
-    if spec.has_global_scale:
-        global_scale = nvfp4_global_scale(x) if global_scale is None else global_scale.float().reshape(())
-    if num_rows > 0 and num_cols > 0:  # rows > 0 with an empty x was rejected above
+    key, plan = _PLANS.lookup(x, format, global_scale, scale_layout, group_offsets, rows)
+    if plan is None:
+        spec = check_quantize(x, format, global_scale, scale_layout, group_offsets, rows)
+        plan = _PLANS.put(key, _Plan(spec, format, x, rows))
+    return plan(x, global_scale, scale_layout, group_offsets, rows)
+
+
+_PLANS = PlanCache("quantize")
+
+
+class _Plan:
+    """Output shapes and the bound quantize kernel of one call signature (no tensor kept)."""
+
+    def __init__(self, spec, format: str, x: torch.Tensor, rows: torch.Tensor | None):
+        self.spec, self.format, self.device = spec, format, x.device
+        self.num_cols = x.shape[-1]
+        self.num_x_rows = math.prod(x.shape[:-1])
+        out_rows_shape = tuple(x.shape[:-1]) if rows is None else (rows.shape[0],)
+        self.data_shape = (*out_rows_shape, self.num_cols // 2 if spec.packed else self.num_cols)
+        self.scales_shape = (*out_rows_shape, self.num_cols // spec.block)
+        self.num_rows = self.num_x_rows if rows is None else rows.shape[0]
+        self.bound = None
+
+    def __call__(self, x, global_scale, scale_layout, group_offsets, rows) -> ScaledTensor:
+        spec = self.spec
+        x2d = unit_last_stride(x.reshape(self.num_x_rows, self.num_cols))  # a view where the strides allow it
+        if rows is not None:
+            rows = rows.contiguous()  # read as a dense vector
+        data = _runtime.new_buffer(self.data_shape, spec.data_dtype, self.device)
+        scales = _runtime.new_buffer(self.scales_shape, torch.uint8, self.device)
+        if spec.has_global_scale:
+            global_scale = nvfp4_global_scale(x) if global_scale is None else global_scale.float().reshape(())
+        if self.num_rows > 0 and self.num_cols > 0:  # rows > 0 with an empty x was rejected by the checks
+            pointers = (x2d, data.view(torch.uint8), scales, global_scale, rows if rows is not None else scales)
+            (self.bound or self._bind(pointers))(*(p for p in pointers if p is not None))
+        result = ScaledTensor.unchecked(data, scales.view(spec.scale_dtype), self.format, global_scale)
+        if scale_layout != "row" or group_offsets is not None:
+            result = result.to_layout(scale_layout, group_offsets=group_offsets)
+        return result
+
+    def _bind(self, pointers) -> BoundKernel:
+        spec, x2d = self.spec, pointers[0]
         block_rows, block_cols, num_warps = QUANTIZE_TILE
-        grid = (triton.cdiv(num_rows, block_rows), triton.cdiv(num_cols, block_cols))
-        kernel.quantize_kernel[grid](
-            x2d, data.view(torch.uint8), scales, global_scale, rows if rows is not None else scales,
-            x2d.stride(0), num_rows, x2d.shape[0], num_cols,
+        grid = (triton.cdiv(self.num_rows, block_rows), triton.cdiv(self.num_cols, block_cols))
+        self.bound = bind(
+            kernel.quantize_kernel, grid, *pointers, x2d.stride(0), self.num_rows, x2d.shape[0], self.num_cols,
             ELEMENT=spec.element, SCALE=spec.scale, SCALE_BLOCK=spec.block, EMAX=spec.emax,
-            GATHER=rows is not None, BLOCK_ROWS=block_rows, BLOCK_COLS=block_cols, num_warps=num_warps,
+            GATHER=pointers[4] is not pointers[2], BLOCK_ROWS=block_rows, BLOCK_COLS=block_cols, num_warps=num_warps,
         )
-    result = ScaledTensor(data, scales.view(spec.scale_dtype), format, global_scale)
-    if scale_layout != "row" or group_offsets is not None:
-        result = result.to_layout(scale_layout, group_offsets=group_offsets)
-    return result
+        return self.bound
 
 
 def check_quantize(x, format, global_scale, scale_layout, group_offsets, rows):

@@ -116,6 +116,17 @@ class ScaledTensor:
                 f"in layout {self.scale_layout!r} (expected {expected})"
             )
 
+    @classmethod
+    def unchecked(cls, data, scales, format, global_scale=None, scale_layout="row", group_offsets=None,
+                  group_scale_offsets=None) -> "ScaledTensor":
+        """A ScaledTensor from parts a kernel just made to fit (no :meth:`validate`: the hot path of
+        :func:`llmkernels.quantize`)."""
+        tensor = object.__new__(cls)
+        tensor.__dict__.update(data=data, scales=scales, format=format, global_scale=global_scale,
+                               scale_layout=scale_layout, group_offsets=group_offsets,
+                               group_scale_offsets=group_scale_offsets)
+        return tensor
+
     def plan_key(self) -> tuple:
         """What a kernel's plan depends on (:func:`llmkernels._launch.value_key`): format, layout and the
         parts' dtypes, shapes, strides, alignment and devices. Equal keys pass :meth:`validate` alike."""

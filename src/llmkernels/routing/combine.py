@@ -7,6 +7,7 @@ import triton
 import triton.language as tl
 
 from .. import _runtime
+from .._launch import BoundKernel, PlanCache, bind
 from .._runtime import check_device, forward_only, next_power_of_2, unit_last_stride
 
 __all__ = ["combine", "check_combine"]
@@ -54,18 +55,39 @@ def combine(y: torch.Tensor, row_of_copy: torch.Tensor, weights: torch.Tensor,
         ValueError: shapes that do not fit, tensors on different devices, y or weights requiring grad
             (combine is forward-only).
     """
-    device = check_combine(y, row_of_copy, weights, out_dtype)
-    num_tokens, top_k = row_of_copy.shape
-    hidden = y.shape[1]
-    out = _runtime.new_buffer((num_tokens, hidden), out_dtype or y.dtype, device)
-    if num_tokens == 0 or hidden == 0 or y.shape[0] == 0:
-        return out.zero_()
-    y = unit_last_stride(y)
-    block_h = min(1024, next_power_of_2(hidden))
-    combine_kernel[(num_tokens, triton.cdiv(hidden, block_h))](
-        y, row_of_copy.contiguous(), weights.contiguous(), out, y.stride(0), out.stride(0), y.shape[0], hidden,
-        TOP_K=top_k, BLOCK_H=block_h)
-    return out
+    key, plan = _PLANS.lookup(y, row_of_copy, weights, out_dtype)
+    if plan is None:
+        device = check_combine(y, row_of_copy, weights, out_dtype)
+        plan = _PLANS.put(key, _Plan(y, row_of_copy, out_dtype or y.dtype, device))
+    return plan(y, row_of_copy, weights)
+
+
+_PLANS = PlanCache("combine")
+
+
+class _Plan:
+    """The output's shape and the bound combine kernel of one call signature (no tensor kept)."""
+
+    def __init__(self, y, row_of_copy, out_dtype, device):
+        self.num_tokens, self.top_k = row_of_copy.shape
+        self.hidden, self.out_dtype, self.device = y.shape[1], out_dtype, device
+        self.empty = self.num_tokens == 0 or self.hidden == 0 or y.shape[0] == 0
+        self.bound = None
+
+    def __call__(self, y, row_of_copy, weights) -> torch.Tensor:
+        out = _runtime.new_buffer((self.num_tokens, self.hidden), self.out_dtype, self.device)
+        if self.empty:
+            return out.zero_()
+        pointers = (unit_last_stride(y), row_of_copy.contiguous(), weights.contiguous(), out)
+        (self.bound or self._bind(pointers))(*pointers)
+        return out
+
+    def _bind(self, pointers) -> BoundKernel:
+        y, out = pointers[0], pointers[3]
+        block_h = min(1024, next_power_of_2(self.hidden))
+        self.bound = bind(combine_kernel, (self.num_tokens, triton.cdiv(self.hidden, block_h)), *pointers,
+                          y.stride(0), out.stride(0), y.shape[0], self.hidden, TOP_K=self.top_k, BLOCK_H=block_h)
+        return self.bound
 
 
 def check_combine(y, row_of_copy, weights, out_dtype) -> torch.device:

@@ -12,6 +12,7 @@ import triton
 import triton.language as tl
 
 from .. import _runtime
+from .._launch import BoundKernel, PlanCache, bind
 from .._runtime import check_device, next_power_of_2
 
 __all__ = ["dispatch", "check_dispatch", "dispatch_reference"]
@@ -95,25 +96,54 @@ def dispatch(expert_ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, 
         TypeError: expert_ids not an int32/int64 tensor.
         ValueError: expert_ids not 2D, num_experts not a positive int, a CPU tensor outside the interpreter.
     """
-    device = check_dispatch(expert_ids, num_experts)
-    num_tokens, top_k = expert_ids.shape
-    num_copies = num_tokens * top_k
-    token_of_row = _runtime.new_buffer(num_copies, torch.int64, device)
-    row_of_copy = _runtime.new_buffer((num_tokens, top_k), torch.int64, device)
-    a_offsets = _runtime.new_buffer(num_experts + 1, torch.int32, device)
-    experts = next_power_of_2(num_experts)
-    block = max(16, min(1024, ONE_HOT_ELEMENTS // experts, next_power_of_2(max(num_copies, 1))))
-    num_blocks = triton.cdiv(num_copies, block)
-    ids = expert_ids.contiguous().view(-1)
-    if num_blocks == 0:
-        return token_of_row, a_offsets.zero_(), row_of_copy
-    block_start = _runtime.new_buffer((num_blocks, experts), torch.int32, device)
-    _count_kernel[(num_blocks,)](ids, block_start, num_copies, num_experts, BLOCK=block, EXPERTS=experts)
-    _scan_kernel[(1,)](block_start, a_offsets, num_blocks, num_experts,
-                       CHUNK=max(1, min(64, ONE_HOT_ELEMENTS // experts)), EXPERTS=experts)
-    _place_kernel[(num_blocks,)](ids, block_start, token_of_row, row_of_copy, num_copies, num_experts,
-                                 TOP_K=top_k, BLOCK=block, EXPERTS=experts)
-    return token_of_row, a_offsets, row_of_copy
+    key, plan = _PLANS.lookup(expert_ids, num_experts)
+    if plan is None:
+        device = check_dispatch(expert_ids, num_experts)
+        plan = _PLANS.put(key, _Plan(expert_ids, num_experts, device))
+    return plan(expert_ids)
+
+
+_PLANS = PlanCache("dispatch")
+
+
+class _Plan:
+    """Block sizes, buffer shapes and the three bound kernels of one call signature (no tensor kept)."""
+
+    def __init__(self, expert_ids, num_experts: int, device):
+        self.num_tokens, self.top_k = expert_ids.shape
+        self.num_experts, self.device = num_experts, device
+        self.num_copies = self.num_tokens * self.top_k
+        self.experts = next_power_of_2(num_experts)
+        self.block = max(16, min(1024, ONE_HOT_ELEMENTS // self.experts, next_power_of_2(max(self.num_copies, 1))))
+        self.num_blocks = triton.cdiv(self.num_copies, self.block)
+        self.kernels = None
+
+    def __call__(self, expert_ids):
+        new_buffer, device = _runtime.new_buffer, self.device
+        token_of_row = new_buffer(self.num_copies, torch.int64, device)
+        row_of_copy = new_buffer((self.num_tokens, self.top_k), torch.int64, device)
+        a_offsets = new_buffer(self.num_experts + 1, torch.int32, device)
+        if self.num_blocks == 0:
+            return token_of_row, a_offsets.zero_(), row_of_copy
+        ids = expert_ids.contiguous().view(-1)
+        block_start = new_buffer((self.num_blocks, self.experts), torch.int32, device)
+        count, scan, place = self.kernels or self._bind(ids, block_start, a_offsets, token_of_row, row_of_copy)
+        count(ids, block_start)
+        scan(block_start, a_offsets)
+        place(ids, block_start, token_of_row, row_of_copy)
+        return token_of_row, a_offsets, row_of_copy
+
+    def _bind(self, ids, block_start, a_offsets, token_of_row, row_of_copy) -> tuple[BoundKernel, ...]:
+        num_blocks, num_copies, num_experts, experts = self.num_blocks, self.num_copies, self.num_experts, self.experts
+        self.kernels = (
+            bind(_count_kernel, (num_blocks,), ids, block_start, num_copies, num_experts, BLOCK=self.block,
+                 EXPERTS=experts),
+            bind(_scan_kernel, (1,), block_start, a_offsets, num_blocks, num_experts,
+                 CHUNK=max(1, min(64, ONE_HOT_ELEMENTS // experts)), EXPERTS=experts),
+            bind(_place_kernel, (num_blocks,), ids, block_start, token_of_row, row_of_copy, num_copies, num_experts,
+                 TOP_K=self.top_k, BLOCK=self.block, EXPERTS=experts),
+        )
+        return self.kernels
 
 
 def dispatch_reference(expert_ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
