@@ -72,8 +72,11 @@ def _problems(device) -> list[tuple[str, object, object, str]]:
         w_t = w.transpose(1, 2)
         peer = lambda: torch._grouped_mm(x, w_t, offs=offsets[1:])  # noqa: E731
     problems.append(("grouped_matmul bf16", lambda: lk.grouped_matmul(x, w, offsets, ids), peer, "torch._grouped_mm"))
-    w_q = lk.quantize(w, "mxfp8")
-    problems.append(("grouped_matmul mxfp8", lambda: lk.grouped_matmul(lk.quantize(x, "mxfp8"), w_q, offsets, ids),
+    w_q, x_q = lk.quantize(w, "mxfp8"), lk.quantize(x, "mxfp8")
+    problems.append(("grouped_matmul mxfp8", lambda: lk.grouped_matmul(x_q, w_q, offsets, ids),
+                     peer, "torch._grouped_mm (bf16)"))
+    problems.append(("quantize + grouped_matmul mxfp8",
+                     lambda: lk.grouped_matmul(lk.quantize(x, "mxfp8"), w_q, offsets, ids),
                      peer, "torch._grouped_mm (bf16)"))
     problems.append(("quantize mxfp8", lambda: lk.quantize(x, "mxfp8"),
                      lambda: x.to(torch.float8_e4m3fn), "x.to(float8_e4m3fn)"))

@@ -34,22 +34,30 @@ def tensor_key(t: torch.Tensor | None):
     return t.dtype, t.shape, t.stride(), t.data_ptr() % 16, t.device, t.requires_grad
 
 
+_SCALARS = frozenset((bool, int, float))
+
+
 def value_key(value):
     """The part of a call signature one argument contributes: :func:`tensor_key` of a tensor, ``plan_key()``
     of an object that has one (ScaledTensor, PagedKVCache, masks, score modifiers), scalars with their type
     (``True`` and ``1`` differ), tuples element-wise, other hashable objects (configs, ``@triton.jit``
     functions) with their type. Raises ``TypeError`` for an unhashable value."""
+    if value is None:
+        return None
+    cls = type(value)
+    if cls in _SCALARS:
+        return cls, value
     if isinstance(value, torch.Tensor):
-        return tensor_key(value)
-    if value is None or isinstance(value, (str, torch.dtype)):
+        return value.dtype, value.shape, value.stride(), value.data_ptr() % 16, value.device, value.requires_grad
+    if cls is str or cls is torch.dtype:
         return value
-    if isinstance(value, tuple):
+    if cls is tuple:
         return tuple(map(value_key, value))
     plan_key = getattr(value, "plan_key", None)
     if plan_key is not None:
         return plan_key()
     hash(value)
-    return type(value), value
+    return cls, value
 
 
 class PlanCache:
@@ -140,6 +148,7 @@ class BoundKernel:
         self.fn, self.options, self.names = fn, options, names
         self.grid = tuple(grid) + (1,) * (3 - len(grid))
         self.slots = tuple(i for i, value in enumerate(values) if isinstance(value, torch.Tensor) or _is_descriptor(value))
+        self.leading_slots = tuple(range(len(self.slots)))
         self._kernel = None
         if not interpreting():
             self._compile(values)
@@ -164,11 +173,13 @@ class BoundKernel:
         if len(tensors) != len(self.slots):
             raise TypeError(f"{self.fn.__name__}: bound with {len(self.slots)} tensors, called with {len(tensors)}")
         values = list(self.values)
-        for i, tensor in zip(self.slots, tensors):
-            template = self.templates.get(i)
-            if template is not None:
-                tensor = template.on(tensor, checked=self._kernel is None)
-            values[i] = tensor
+        if self.slots == self.leading_slots:  # the common layout: every tensor before every scalar
+            values[:len(tensors)] = tensors
+        else:
+            for i, tensor in zip(self.slots, tensors):
+                values[i] = tensor
+        for i, template in self.templates.items():
+            values[i] = template.on(values[i], checked=self._kernel is None)
         return values
 
     def __call__(self, *tensors) -> None:
@@ -178,7 +189,7 @@ class BoundKernel:
                 self.fn[self.grid](**dict(zip(self.names, values)), **self.options)
             return
         enter_hook, exit_hook = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
-        current = torch.cuda.current_device()
+        current = torch._C._cuda_getDevice()
         if current != self.device_index:
             with torch.cuda.device(self.device_index):
                 return self(*tensors)

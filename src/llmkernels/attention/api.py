@@ -447,6 +447,8 @@ class _Plan:
         self.tma_kv = (config.tma_kv and not call.paged and call.head_dim == self.head_dim_pad
                        and _tma_capable(call.device))
         self.forward = self.combine = None
+        # one-element tensors for the pointers a compiled variant never reads (shared, never written)
+        self.dummies = (_dummy(call.device, torch.int32), _dummy(call.device, torch.float32))
 
     def __call__(self, q, k, v, kv_cache, cu_seqlens_q, cu_seqlens_k, sinks, score_mod):
         device = self.device
@@ -458,7 +460,7 @@ class _Plan:
         # head dim that is not unit-stride is copied. The kernel reads metadata vectors as dense: views of
         # other strides are copied (a few bytes, no sync).
         q = unit_last_stride(q)
-        int_dummy, float_dummy = _dummy(device, torch.int32), _dummy(device, torch.float32)
+        int_dummy, float_dummy = self.dummies
         if self.paged:
             k, v = unit_last_stride(kv_cache.k_pages), unit_last_stride(kv_cache.v_pages)
             block_table = kv_cache.block_table

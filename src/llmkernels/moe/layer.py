@@ -6,7 +6,8 @@ import torch
 from torch import nn
 
 from .._runtime import forward_only
-from ..formats import FORMATS, ScaledTensor, scaled_tensor_from_parts
+from ..formats import FORMATS, ScaledTensor
+from ..formats.spec import format_spec
 from ..ops import combine, dispatch, grouped_matmul, quantize
 from ..routing import check_correction_bias, route
 
@@ -93,7 +94,11 @@ class MoEFeedForward(nn.Module):
             return data.view(torch.bfloat16)
         global_scale_bits = getattr(self, f"{name}_global_scale_bits")
         global_scale = global_scale_bits.view(torch.float32).reshape(()) if global_scale_bits is not None else None
-        return scaled_tensor_from_parts(data, getattr(self, f"{name}_scales"), global_scale, format)
+        spec = format_spec(format)
+        # The parts were checked at registration and keep their shapes (``.to()`` and state dicts copy
+        # them whole); the grouped matmul checks them again whenever it plans.
+        return ScaledTensor.unchecked(data.view(spec.data_dtype), getattr(self, f"{name}_scales").view(spec.scale_dtype),
+                                      format, global_scale)
 
     @property
     def w_gate_up(self):
