@@ -4,6 +4,7 @@
 
 For each call: the host time (µs per call of a loop of N back-to-back calls, timed on the host with no
 synchronization inside the loop: the GPU work is a few µs, so the host is what the loop waits for), the
+median time one call takes to return when started on an idle GPU ("isolated": the host's own work), the
 GPU time (CUDA-graph replay of the same call, µs) and the ratio of host times to the peer's. The targets
 of issue 19 are printed beside them (H100): paged decode ≤ 35 µs, grouped_matmul ≤ 50 µs, quantize
 ≤ 25 µs, MoEFeedForward at one token ≤ 250 µs, every call ≤ 1.5× its peer. Writes
@@ -40,6 +41,18 @@ def host_us(fn, calls: int) -> float:
         best = min(best, (time.perf_counter() - start) / calls * 1e6)
         torch.cuda.synchronize()
     return best
+
+
+def isolated_host_us(fn, calls: int) -> float:
+    """Median µs for one call to return, each started on an idle GPU (synchronized before): the host's
+    own work, with no wait on a full launch queue."""
+    times = []
+    for _ in range(calls):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2] * 1e6
 
 
 def _problems(device) -> list[tuple[str, object, object, str]]:
@@ -108,9 +121,13 @@ def main():
                 print(f"{name}: no CUDA graph ({type(exc).__name__}: {exc})")
                 ours_gpu = float("nan")
             peer_host = host_us(peer, args.calls) if peer is not None else float("nan")
+            ours_isolated = isolated_host_us(ours, args.calls)
+            peer_isolated = isolated_host_us(peer, args.calls) if peer is not None else float("nan")
             target = TARGETS_US.get(name)
             rows.append({"call": name, "host us": ours_host, "GPU us (graph)": ours_gpu, "peer": peer_name or "none",
                          "peer host us": peer_host if peer else "", "host vs peer": ours_host / peer_host if peer else "",
+                         "host us (isolated)": ours_isolated,
+                         "peer host us (isolated)": peer_isolated if peer else "",
                          "target us": target or "", "met": "" if target is None else ("yes" if ours_host <= target else "no")})
             print(rows[-1], flush=True)
     out_dir = args.out or default_out_dir()

@@ -78,7 +78,7 @@ class PlanCache:
         whether grad mode is on); the plan is None when none is cached, the key None when a value has no
         key (an unhashable argument: the call is planned, and checked, every time)."""
         try:
-            key = (torch.is_grad_enabled(), *map(value_key, values))
+            key = (torch.is_grad_enabled(), *[None if value is None else value_key(value) for value in values])
             return key, self._plans.get(key)
         except TypeError:
             return None, None
@@ -188,7 +188,7 @@ class BoundKernel:
             with _INTERPRETER_LOCK:
                 self.fn[self.grid](**dict(zip(self.names, values)), **self.options)
             return
-        enter_hook, exit_hook = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
+        enter_hook, exit_hook = _hook(knobs.runtime.launch_enter_hook), _hook(knobs.runtime.launch_exit_hook)
         current = torch._C._cuda_getDevice()
         if current != self.device_index:
             with torch.cuda.device(self.device_index):
@@ -200,6 +200,12 @@ class BoundKernel:
 
     def __repr__(self) -> str:
         return f"BoundKernel({self.fn.__name__}, grid={self.grid})"
+
+
+def _hook(hook):
+    """A launch hook, or None when there is none to call (Triton's hook chains exist even when empty; the
+    launcher skips a None hook, and the launch metadata it would need)."""
+    return None if hook is None or getattr(hook, "calls", True) == [] else hook
 
 
 _SIGNATURES: dict = {}

@@ -120,7 +120,10 @@ class ScaledTensor:
     def unchecked(cls, data, scales, format, global_scale=None, scale_layout="row", group_offsets=None,
                   group_scale_offsets=None) -> "ScaledTensor":
         """A ScaledTensor from parts a kernel just made to fit (no :meth:`validate`: the hot path of
-        :func:`llmkernels.quantize`)."""
+        :func:`llmkernels.quantize`). While torch.compile traces, the checked constructor (what Dynamo reads
+        best; tracing costs nothing at run time)."""
+        if torch.compiler.is_compiling():
+            return cls(data, scales, format, global_scale, scale_layout, group_offsets, group_scale_offsets)
         tensor = object.__new__(cls)
         tensor.__dict__.update(data=data, scales=scales, format=format, global_scale=global_scale,
                                scale_layout=scale_layout, group_offsets=group_offsets,
@@ -130,8 +133,11 @@ class ScaledTensor:
     def plan_key(self) -> tuple:
         """What a kernel's plan depends on (:func:`llmkernels._launch.value_key`): format, layout and the
         parts' dtypes, shapes, strides, alignment and devices. Equal keys pass :meth:`validate` alike."""
-        return ("ScaledTensor", *map(value_key, (self.format, self.scale_layout, self.data, self.scales,
-                                                 self.global_scale, self.group_offsets, self.group_scale_offsets)))
+        optional = (self.global_scale, self.group_offsets, self.group_scale_offsets)
+        if optional == (None, None, None):  # the common case, spelled out: this runs on every call
+            return "ScaledTensor", self.format, self.scale_layout, value_key(self.data), value_key(self.scales)
+        return ("ScaledTensor", self.format, self.scale_layout, value_key(self.data), value_key(self.scales),
+                *map(value_key, optional))
 
     @property
     def spec(self) -> FormatSpec:
