@@ -18,7 +18,7 @@ import torch
 
 import llmkernels as lk
 from llmkernels.attention.paged import PagedKVCache
-from llmkernels.moe import MoEFeedForward, combine, dispatch, route
+from llmkernels.moe import MoEFeedForward, combine, dispatch, route, select_experts
 
 HEAD_DIM = 16
 ATTENTION_CONFIG = lk.FA4Config(BM=16, BN=16, num_kv_stages=1)
@@ -43,6 +43,7 @@ PUBLIC = {
     "PagedKVCache": PagedKVCache,
     "alibi": lk.alibi,
     "route": route,
+    "select_experts": select_experts,
     "dispatch": dispatch,
     "combine": combine,
     "MoEFeedForward": MoEFeedForward,
@@ -60,6 +61,7 @@ NON_TENSOR_ARGUMENTS = {
     "PagedKVCache": set(),
     "alibi": set(),
     "route": {"top_k", "scoring", "renormalize", "num_groups", "topk_groups"},
+    "select_experts": {"top_k", "scoring", "renormalize"},
     "dispatch": {"num_experts"},
     "combine": {"out_dtype"},
     "MoEFeedForward": {"top_k", "activation_format", "scoring", "renormalize", "num_groups", "topk_groups"},
@@ -225,6 +227,15 @@ def _route_call() -> Call:
                                      correction_bias=leaves["correction_bias"]))
 
 
+def _select_call() -> Call:
+    def make(device):
+        return {"router_logits": torch.randn(6, 12, device=device), "correction_bias": torch.rand(12, device=device)}
+
+    return Call("select_experts[sigmoid, bias]", ("select_experts",), make,
+                lambda leaves: select_experts(leaves["router_logits"], 3, scoring="sigmoid",
+                                              correction_bias=leaves["correction_bias"]))
+
+
 def _dispatch_call() -> Call:
     return Call("dispatch", ("dispatch",), lambda device: {"expert_ids": torch.randint(0, 5, (7, 3), device=device)},
                 lambda leaves: dispatch(leaves["expert_ids"], 5))
@@ -284,6 +295,7 @@ CALLS = [
     _attention_call("paged"),
     _attention_call("decode"),
     _route_call(),
+    _select_call(),
     _dispatch_call(),
     _combine_call(),
     _moe_call("mxfp8"),

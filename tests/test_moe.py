@@ -186,3 +186,36 @@ def test_moe_block_deepseek_routing(device):
     assert_close_relative(block(x).float(), _reference_moe(x, block), TOLERANCE["bf16"], "deepseek routing")
     with pytest.raises(ValueError, match="top_k"):
         MoEFeedForward.from_float(router, w_gate_up, w_down, 17)
+
+
+@pytest.mark.parametrize("scoring", ["softmax", "sigmoid"])
+@pytest.mark.parametrize("num_experts, top_k", [(1, 1), (6, 2), (40, 8), (128, 8)])
+@pytest.mark.parametrize("renormalize", [True, False])
+def test_select_experts_matches_route(scoring, num_experts, top_k, renormalize, device):
+    """The one-launch selection of the MoE block picks route()'s experts in its order, with its weights;
+    the logits are a strided view, and the correction bias only steers the pick."""
+    from llmkernels.moe import select_experts
+    logits = torch.randn(9, 2 * num_experts, device=device)[:, ::2] * 3
+    bias = torch.randn(num_experts, device=device) if num_experts > 1 else None
+    for correction_bias in (None, bias):
+        expected_weights, expected_ids = route(logits, top_k, scoring=scoring, renormalize=renormalize,
+                                               correction_bias=correction_bias)
+        weights, ids = select_experts(logits, top_k, scoring=scoring, renormalize=renormalize,
+                                      correction_bias=correction_bias)
+        assert ids.dtype == torch.int32 and weights.dtype == torch.float32
+        assert torch.equal(ids, expected_ids)
+        torch.testing.assert_close(weights, expected_weights, rtol=1e-6, atol=1e-7)
+
+
+def test_select_experts_edge_rows(device):
+    """No tokens; a NaN logit gives NaN weights (as route's softmax would), the other rows stay exact."""
+    from llmkernels.moe import select_experts
+    weights, ids = select_experts(torch.randn(0, 8, device=device), 2)
+    assert weights.shape == (0, 2) and ids.shape == (0, 2)
+    logits = torch.randn(3, 8, device=device)
+    logits[1, 5] = float("nan")
+    weights, ids = select_experts(logits, 2)
+    assert torch.isnan(weights[1]).all() and ((ids[1] >= 0) & (ids[1] < 8)).all()
+    expected_weights, expected_ids = route(logits[[0, 2]], 2)
+    assert torch.equal(ids[[0, 2]], expected_ids)
+    torch.testing.assert_close(weights[[0, 2]], expected_weights, rtol=1e-6, atol=1e-7)

@@ -18,11 +18,13 @@ from llmkernels.grouped_matmul import api as grouped_matmul_api
 from llmkernels.moe import combine, dispatch
 from llmkernels.routing.combine import _PLANS as COMBINE_PLANS
 from llmkernels.routing.dispatch import _PLANS as DISPATCH_PLANS
+from llmkernels.routing.select import _PLANS as SELECT_PLANS
 
 from public_calls import CALLS, bit_differences, outcome, poisoned_buffer
 
 CACHES = {"quantize": formats_api._PLANS, "grouped_matmul": grouped_matmul_api._PLANS,
-          "attention": attention_api._PLANS, "dispatch": DISPATCH_PLANS, "combine": COMBINE_PLANS}
+          "attention": attention_api._PLANS, "dispatch": DISPATCH_PLANS, "combine": COMBINE_PLANS,
+          "select_experts": SELECT_PLANS}
 ATTENTION_CONFIG = lk.FA4Config(BM=16, BN=16, num_kv_stages=1)
 
 

@@ -9,7 +9,7 @@ from .._runtime import forward_only
 from ..formats import FORMATS, ScaledTensor
 from ..formats.spec import format_spec
 from ..ops import combine, dispatch, grouped_matmul, quantize
-from ..routing import check_correction_bias, route
+from ..routing import check_correction_bias, route, select_experts
 
 __all__ = ["MoEFeedForward"]
 
@@ -36,6 +36,7 @@ class MoEFeedForward(nn.Module):
                  correction_bias: torch.Tensor | None = None):
         super().__init__()
         self._weight_formats = {}
+        self._weight_views = {}  # name -> (the buffers it was made of, the view)
         if activation_format not in PLAIN + tuple(FORMATS):
             raise ValueError(f"activation_format must be 'bf16' or one of {tuple(FORMATS)}, got {activation_format!r}")
         if not isinstance(router_weight, torch.Tensor) or not router_weight.is_floating_point():
@@ -87,18 +88,26 @@ class MoEFeedForward(nn.Module):
             self.register_buffer(f"{name}_{suffix}", part)
 
     def weight(self, name: str):
-        """``"w_gate_up"`` or ``"w_down"`` as the grouped matmul takes it (a view of the buffers)."""
-        data = getattr(self, f"{name}_data")
+        """``"w_gate_up"`` or ``"w_down"`` as the grouped matmul takes it (a view of the buffers, made again
+        when a buffer was replaced, e.g. by ``.to()``)."""
+        parts = (getattr(self, f"{name}_data"), getattr(self, f"{name}_scales"),
+                 getattr(self, f"{name}_global_scale_bits"))
+        cached = self._weight_views.get(name)
+        if cached is not None and all(a is b for a, b in zip(cached[0], parts)) and not torch.compiler.is_compiling():
+            return cached[1]
+        data, scales, global_scale_bits = parts
         format = self._weight_formats[name]
         if format == "bf16":
-            return data.view(torch.bfloat16)
-        global_scale_bits = getattr(self, f"{name}_global_scale_bits")
-        global_scale = global_scale_bits.view(torch.float32).reshape(()) if global_scale_bits is not None else None
-        spec = format_spec(format)
-        # The parts were checked at registration and keep their shapes (``.to()`` and state dicts copy
-        # them whole); the grouped matmul checks them again whenever it plans.
-        return ScaledTensor.unchecked(data.view(spec.data_dtype), getattr(self, f"{name}_scales").view(spec.scale_dtype),
-                                      format, global_scale)
+            view = data.view(torch.bfloat16)
+        else:
+            global_scale = global_scale_bits.view(torch.float32).reshape(()) if global_scale_bits is not None else None
+            spec = format_spec(format)
+            # The parts were checked at registration and keep their shapes (``.to()`` and state dicts copy
+            # them whole); the grouped matmul checks them again whenever it plans.
+            view = ScaledTensor.unchecked(data.view(spec.data_dtype), scales.view(spec.scale_dtype), format,
+                                          global_scale)
+        self._weight_views[name] = (parts, view)
+        return view
 
     @property
     def w_gate_up(self):
@@ -149,7 +158,12 @@ class MoEFeedForward(nn.Module):
             raise ValueError(f"hidden_states must end in H = {self.hidden}, got {tuple(hidden_states.shape)}")
         x = hidden_states.reshape(-1, self.hidden).contiguous()  # the router matmul rounds by layout
         logits = x.float() @ self.router_weight.float().t()
-        weights, expert_ids = route(logits, self.top_k, correction_bias=self.correction_bias, **self.routing)
+        if self.routing["num_groups"] is None and not torch.compiler.is_compiling():
+            weights, expert_ids = select_experts(logits, self.top_k, scoring=self.routing["scoring"],
+                                                 renormalize=self.routing["renormalize"],
+                                                 correction_bias=self.correction_bias)
+        else:
+            weights, expert_ids = route(logits, self.top_k, correction_bias=self.correction_bias, **self.routing)
         token_of_row, a_offsets, row_of_copy = dispatch(expert_ids, self.num_experts)
         a = self._activations(x.to(torch.bfloat16), token_of_row)
         h = grouped_matmul(a, self.w_gate_up, a_offsets, self.expert_ids, epilogue="swiglu")

@@ -2,6 +2,7 @@
 (dispatch) and the router-weighted sum back (combine)."""
 from .combine import combine
 from .dispatch import dispatch, dispatch_reference
+from .select import select_experts
 from .topk import SCORINGS, check_correction_bias, route
 
-__all__ = ["route", "SCORINGS", "check_correction_bias", "dispatch", "dispatch_reference", "combine"]
+__all__ = ["route", "select_experts", "SCORINGS", "check_correction_bias", "dispatch", "dispatch_reference", "combine"]
