@@ -191,11 +191,15 @@ def test_plans_keep_no_tensor_alive(device):
 
 def test_plan_cache_is_bounded_and_evicts_the_oldest():
     cache = _launch.PlanCache("test", max_size=2)
-    for key in "abc":
-        cache.put((key,), key.upper())
-    assert len(cache) == 2 and cache.lookup("a")[1] is None
-    assert cache.lookup("c")[1] is None and cache.put(cache.lookup("c")[0], "C") == "C"
-    _launch._CACHES.remove(cache)
+    try:
+        for name in "abc":
+            key, plan = cache.lookup(name)
+            assert plan is None and cache.put(key, name.upper()) == name.upper()
+        assert len(cache) == 2
+        assert cache.lookup("a")[1] is None, "the oldest plan should have been evicted"
+        assert cache.lookup("b")[1] == "B" and cache.lookup("c")[1] == "C"
+    finally:
+        _launch._CACHES.remove(cache)
 
 
 def test_unhashable_arguments_are_planned_every_time(device):

@@ -28,7 +28,7 @@ _CACHES: list["PlanCache"] = []
 _INTERPRETER_LOCK = threading.Lock()
 
 
-def tensor_key(t: torch.Tensor | None):
+def tensor_key(t: torch.Tensor):
     """What a plan may depend on of one tensor: dtype, shape, strides, its address modulo 16 (Triton
     specializes pointers on 16-byte alignment, some plans read words), device and ``requires_grad``."""
     return t.dtype, t.shape, t.stride(), t.data_ptr() % 16, t.device, t.requires_grad
@@ -48,7 +48,7 @@ def value_key(value):
     if cls in _SCALARS:
         return cls, value
     if isinstance(value, torch.Tensor):
-        return value.dtype, value.shape, value.stride(), value.data_ptr() % 16, value.device, value.requires_grad
+        return tensor_key(value)
     if cls is str or cls is torch.dtype:
         return value
     if cls is tuple:
@@ -148,7 +148,7 @@ class BoundKernel:
         self.fn, self.options, self.names = fn, options, names
         self.grid = tuple(grid) + (1,) * (3 - len(grid))
         self.slots = tuple(i for i, value in enumerate(values) if isinstance(value, torch.Tensor) or _is_descriptor(value))
-        self.leading_slots = tuple(range(len(self.slots)))
+        self.tensors_lead = self.slots == tuple(range(len(self.slots)))  # every tensor before every scalar
         self._kernel = None
         if not interpreting():
             self._compile(values)
@@ -173,7 +173,7 @@ class BoundKernel:
         if len(tensors) != len(self.slots):
             raise TypeError(f"{self.fn.__name__}: bound with {len(self.slots)} tensors, called with {len(tensors)}")
         values = list(self.values)
-        if self.slots == self.leading_slots:  # the common layout: every tensor before every scalar
+        if self.tensors_lead:
             values[:len(tensors)] = tensors
         else:
             for i, tensor in zip(self.slots, tensors):

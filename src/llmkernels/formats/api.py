@@ -79,6 +79,7 @@ class _Plan:
         self.data_shape = (*out_rows_shape, self.num_cols // 2 if spec.packed else self.num_cols)
         self.scales_shape = (*out_rows_shape, self.num_cols // spec.block)
         self.num_rows = self.num_x_rows if rows is None else rows.shape[0]
+        self.gather = rows is not None
         self.bound = None
 
     def __call__(self, x, global_scale, scale_layout, group_offsets, rows) -> ScaledTensor:
@@ -105,7 +106,7 @@ class _Plan:
         self.bound = bind(
             kernel.quantize_kernel, grid, *pointers, x2d.stride(0), self.num_rows, x2d.shape[0], self.num_cols,
             ELEMENT=spec.element, SCALE=spec.scale, SCALE_BLOCK=spec.block, EMAX=spec.emax,
-            GATHER=pointers[4] is not pointers[2], BLOCK_ROWS=block_rows, BLOCK_COLS=block_cols, num_warps=num_warps,
+            GATHER=self.gather, BLOCK_ROWS=block_rows, BLOCK_COLS=block_cols, num_warps=num_warps,
         )
         return self.bound
 
