@@ -8,7 +8,8 @@ by signature, so a repeated call does a dictionary lookup, allocates its outputs
 :func:`bind` turns one launch of a ``@triton.jit`` function into a :class:`BoundKernel`: the grid,
 constexprs and scalar arguments fixed, the compiled kernel fetched once. Calling it with the call's
 tensors (in the order they were bound) hands them to the compiled kernel's launcher directly, without
-Triton's per-call argument binder (about half of an eager call's host time otherwise). The compiled
+Triton's per-call argument binder (about half of an eager call's host time otherwise), and where the
+launcher's layout is known, without its Python wrapper either (:class:`_DirectLaunch`). The compiled
 variant fits every call of the same signature, because everything Triton specializes on (dtypes,
 integers' divisibility by 16 and equality with 1, 16-byte pointer alignment) is part of the signature.
 Under the Triton interpreter the same object calls ``fn[grid](...)``, so CPU tests run the same plans.
@@ -16,6 +17,7 @@ Under the Triton interpreter the same object calls ``fn[grid](...)``, so CPU tes
 from __future__ import annotations
 
 import inspect
+import sys
 import threading
 import torch
 from triton import knobs
@@ -168,10 +170,9 @@ class BoundKernel:
             self._launcher = kernel.run  # loads the module on the current device
         self._kernel = kernel
         self._function, self._packed_metadata = kernel.function, kernel.packed_metadata
+        self._direct = _DirectLaunch.of(kernel, values, self.slots, self._packed_metadata)
 
     def _arguments(self, tensors) -> list:
-        if len(tensors) != len(self.slots):
-            raise TypeError(f"{self.fn.__name__}: bound with {len(self.slots)} tensors, called with {len(tensors)}")
         values = list(self.values)
         if self.tensors_lead:
             values[:len(tensors)] = tensors
@@ -183,8 +184,10 @@ class BoundKernel:
         return values
 
     def __call__(self, *tensors) -> None:
-        values = self._arguments(tensors)
+        if len(tensors) != len(self.slots):
+            raise TypeError(f"{self.fn.__name__}: bound with {len(self.slots)} tensors, called with {len(tensors)}")
         if self._kernel is None:  # the interpreter, whose grid state is global: one kernel at a time
+            values = self._arguments(tensors)
             with _INTERPRETER_LOCK:
                 self.fn[self.grid](**dict(zip(self.names, values)), **self.options)
             return
@@ -194,12 +197,86 @@ class BoundKernel:
             with torch.cuda.device(self.device_index):
                 return self(*tensors)
         stream = torch._C._cuda_getCurrentRawStream(current)
+        if self._direct is not None and enter_hook is None and exit_hook is None:
+            return self._direct(self.grid, stream, self._function, tensors)
+        values = self._arguments(tensors)
         metadata = self._kernel.launch_metadata(self.grid, stream, *values) if enter_hook is not None else None
         self._launcher(*self.grid, stream, self._function, self._packed_metadata, metadata, enter_hook, exit_hook,
                        *values)
 
     def __repr__(self) -> str:
         return f"BoundKernel({self.fn.__name__}, grid={self.grid})"
+
+
+class _DirectLaunch:
+    """The compiled launcher's C entry point called without Triton's Python wrapper around it (Triton 3.6's
+    ``CudaLauncher``: its per-call scratch allocation, and a loop over every argument when tensor
+    descriptors are among them). Used only for a kernel that needs no scratch memory and where the
+    launcher has exactly the layout this was written against; :meth:`of` returns None otherwise, and the
+    wrapper runs.
+
+    The argument list is laid out once: the bound scalars and constexprs in place, each descriptor expanded
+    as the wrapper would (a TMA map, then its shape and strides); per call only the tensors and the TMA
+    maps of descriptor bases are filled in. A map is a pure function of the base address here (shape,
+    strides and block are the plan's), so the last few are kept by address.
+    """
+
+    # grid, stream, function, cooperative, pdl, 2 scratch buffers, packed metadata, launch metadata, 2 hooks
+    _LAYOUT = "iiiKKppOOOOOO"
+
+    @classmethod
+    def of(cls, kernel, values, slots, packed_metadata):
+        launcher = kernel.run
+        module = sys.modules.get(type(launcher).__module__)
+        if (type(launcher).__name__ != "CudaLauncher" or getattr(module, "_BASE_ARGS_FORMAT", None) != cls._LAYOUT
+                or getattr(launcher, "global_scratch_size", 1) or getattr(launcher, "profile_scratch_size", 1)):
+            return None
+        launch, descriptor_meta = launcher.launch, {}
+        if getattr(launch, "__name__", None) == "inner":  # wrapped to expand tensor descriptors
+            cells = dict(zip(launch.__code__.co_freevars, (cell.cell_contents for cell in launch.__closure__ or ())))
+            expand = getattr(module, "make_tensordesc_arg", None)
+            if not {"launcher", "tensordesc_indices", "tensordesc_meta"} <= cells.keys() or expand is None:
+                return None
+            launch, metas = cells["launcher"], cells["tensordesc_meta"]
+            descriptor_meta = dict(zip(sorted(cells["tensordesc_indices"]), metas))
+        elif not callable(launch) or any(_is_descriptor(values[i]) for i in slots):
+            return None
+        return cls(launch, (launcher.launch_cooperative_grid, launcher.launch_pdl, None, None, packed_metadata,
+                            None, None, None), values, slots, descriptor_meta, expand if descriptor_meta else None)
+
+    def __init__(self, launch, head, values, slots, descriptor_meta, expand):
+        self.launch, self.head = launch, head
+        arguments, positions, self.maps = [], [], {}
+        for i, value in enumerate(values):
+            if i in descriptor_meta:
+                meta = descriptor_meta[i]
+                expanded = expand(value, meta)  # [TMA map or base, shape and strides...]
+                if meta is not None:  # the map is filled per base address
+                    self.maps[len(arguments)] = (_Unbased(value), meta, expand, {})
+                positions.append(len(arguments))
+                arguments += [None, *expanded[1:]]  # no tensor of the binding call kept
+            else:
+                if i in slots:
+                    positions.append(len(arguments))
+                    value = None
+                arguments.append(value)
+        self.arguments, self.positions = arguments, tuple(positions)
+
+    def _map(self, position, base):
+        template, meta, expand, known = self.maps[position]
+        address = base.data_ptr()
+        tensor_map = known.get(address)
+        if tensor_map is None:
+            if len(known) >= 16:
+                known.clear()
+            tensor_map = known[address] = expand(template.on(base, checked=False), meta)[0]
+        return tensor_map
+
+    def __call__(self, grid, stream, function, tensors) -> None:
+        arguments = self.arguments.copy()
+        for position, tensor in zip(self.positions, tensors):
+            arguments[position] = self._map(position, tensor) if position in self.maps else tensor
+        self.launch(*grid, stream, function, *self.head, *arguments)
 
 
 def _hook(hook):

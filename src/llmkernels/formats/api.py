@@ -80,21 +80,25 @@ class _Plan:
         self.scales_shape = (*out_rows_shape, self.num_cols // spec.block)
         self.num_rows = self.num_x_rows if rows is None else rows.shape[0]
         self.gather = rows is not None
+        self.is_2d = x.dim() == 2
+        self.data_dtype, self.scale_dtype = spec.data_dtype, spec.scale_dtype
+        self.launches = self.num_rows > 0 and self.num_cols > 0  # rows > 0 with an empty x was rejected
         self.bound = None
 
     def __call__(self, x, global_scale, scale_layout, group_offsets, rows) -> ScaledTensor:
-        spec = self.spec
-        x2d = unit_last_stride(x.reshape(self.num_x_rows, self.num_cols))  # a view where the strides allow it
-        if rows is not None:
-            rows = rows.contiguous()  # read as a dense vector
-        data = _runtime.new_buffer(self.data_shape, spec.data_dtype, self.device)
+        x2d = unit_last_stride(x if self.is_2d else x.reshape(self.num_x_rows, self.num_cols))  # a view if it can
+        data = _runtime.new_buffer(self.data_shape, self.data_dtype, self.device)
         scales = _runtime.new_buffer(self.scales_shape, torch.uint8, self.device)
-        if spec.has_global_scale:
+        if self.spec.has_global_scale:
             global_scale = nvfp4_global_scale(x) if global_scale is None else global_scale.float().reshape(())
-        if self.num_rows > 0 and self.num_cols > 0:  # rows > 0 with an empty x was rejected by the checks
-            pointers = (x2d, data.view(torch.uint8), scales, global_scale, rows if rows is not None else scales)
-            (self.bound or self._bind(pointers))(*(p for p in pointers if p is not None))
-        result = ScaledTensor.unchecked(data, scales.view(spec.scale_dtype), self.format, global_scale)
+        if self.launches:
+            rows = scales if rows is None else rows.contiguous()  # read as a dense vector (only with GATHER)
+            bound = self.bound or self._bind((x2d, data.view(torch.uint8), scales, global_scale, rows))
+            if global_scale is None:  # a None argument is a constant of the compiled kernel, not passed
+                bound(x2d, data.view(torch.uint8), scales, rows)
+            else:
+                bound(x2d, data.view(torch.uint8), scales, global_scale, rows)
+        result = ScaledTensor.unchecked(data, scales.view(self.scale_dtype), self.format, global_scale)
         if scale_layout != "row" or group_offsets is not None:
             result = result.to_layout(scale_layout, group_offsets=group_offsets)
         return result

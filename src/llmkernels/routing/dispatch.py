@@ -3,7 +3,8 @@
 Three small Triton kernels replace a counting pass, a cumsum and a stable ``torch.argsort``: per
 block of copies, count the copies of each expert; scan those counts into group offsets and each
 block's first row per expert; place every copy at its block's row plus its rank among the block's
-earlier copies of the same expert (a stable counting sort, no host sync).
+earlier copies of the same expert (a stable counting sort, no host sync). When every copy fits one
+block (up to 1024 copies, fewer with many experts) one kernel does all three.
 """
 from __future__ import annotations
 
@@ -22,15 +23,22 @@ ONE_HOT_ELEMENTS = 1 << 15
 
 
 @triton.jit
+def _one_hot(ids_ptr, copies, num_copies, num_experts, EXPERTS: tl.constexpr):
+    """``(ids, placed, one_hot)`` of the copies ``copies``: their expert ids (-1 where not placed: past the
+    end, or an id outside [0, E), which counts nowhere) and ``[len(copies), EXPERTS]`` int32 one-hot rows."""
+    valid = copies < num_copies
+    ids = tl.load(ids_ptr + copies, mask=valid, other=-1)
+    placed = valid & (ids >= 0) & (ids < num_experts)
+    ids = tl.where(placed, ids, -1)
+    return ids, placed, (ids[:, None] == tl.arange(0, EXPERTS)[None, :]).to(tl.int32)
+
+
+@triton.jit
 def _count_kernel(ids_ptr, counts_ptr, num_copies, num_experts, BLOCK: tl.constexpr, EXPERTS: tl.constexpr):
     """counts ``[num_blocks, EXPERTS]``: copies of each expert in block ``program_id``."""
     block = tl.program_id(0)
-    copies = block * BLOCK + tl.arange(0, BLOCK)
-    ids = tl.load(ids_ptr + copies, mask=copies < num_copies, other=-1)
-    ids = tl.where((ids >= 0) & (ids < num_experts), ids, -1)  # ids outside [0, E) count nowhere
-    experts = tl.arange(0, EXPERTS)
-    counts = tl.sum((ids[:, None] == experts[None, :]).to(tl.int32), axis=0)
-    tl.store(counts_ptr + block * EXPERTS + experts, counts)
+    _, _, one_hot = _one_hot(ids_ptr, block * BLOCK + tl.arange(0, BLOCK), num_copies, num_experts, EXPERTS)
+    tl.store(counts_ptr + block * EXPERTS + tl.arange(0, EXPERTS), tl.sum(one_hot, axis=0))
 
 
 @triton.jit
@@ -63,15 +71,28 @@ def _place_kernel(ids_ptr, block_start_ptr, token_of_row_ptr, row_of_copy_ptr, n
     """Copy ``c`` of expert ``e`` goes to row ``block_start[block, e]`` + (copies of e before c in the block)."""
     block = tl.program_id(0)
     copies = block * BLOCK + tl.arange(0, BLOCK)
-    valid = copies < num_copies
-    ids = tl.load(ids_ptr + copies, mask=valid, other=-1)
-    placed = valid & (ids >= 0) & (ids < num_experts)
-    ids = tl.where(placed, ids, -1)
-    experts = tl.arange(0, EXPERTS)
-    one_hot = (ids[:, None] == experts[None, :]).to(tl.int32)
+    ids, placed, one_hot = _one_hot(ids_ptr, copies, num_copies, num_experts, EXPERTS)
     rank = tl.sum((tl.cumsum(one_hot, axis=0) - one_hot) * one_hot, axis=1)
     rows = tl.load(block_start_ptr + block * EXPERTS + ids, mask=placed, other=0) + rank
-    tl.store(row_of_copy_ptr + copies, tl.where(placed, rows, -1).to(tl.int64), mask=valid)
+    tl.store(row_of_copy_ptr + copies, tl.where(placed, rows, -1).to(tl.int64), mask=copies < num_copies)
+    tl.store(token_of_row_ptr + rows, (copies // TOP_K).to(tl.int64), mask=placed)
+
+
+@triton.jit
+def _dispatch_one_block_kernel(ids_ptr, offsets_ptr, token_of_row_ptr, row_of_copy_ptr, num_copies, num_experts,
+                               TOP_K: tl.constexpr, BLOCK: tl.constexpr, EXPERTS: tl.constexpr):
+    """Count, scan and place in one program when every copy fits one block (a decode step's tokens):
+    one launch instead of three, and no block table."""
+    copies = tl.arange(0, BLOCK)
+    ids, placed, one_hot = _one_hot(ids_ptr, copies, num_copies, num_experts, EXPERTS)
+    counts = tl.sum(one_hot, axis=0)
+    group_start = tl.cumsum(counts, axis=0) - counts
+    experts = tl.arange(0, EXPERTS)
+    tl.store(offsets_ptr + experts, group_start, mask=experts < num_experts)
+    tl.store(offsets_ptr + num_experts, tl.sum(counts, axis=0))
+    rank = tl.sum((tl.cumsum(one_hot, axis=0) - one_hot) * one_hot, axis=1)
+    rows = tl.sum(one_hot * group_start[None, :], axis=1) + rank
+    tl.store(row_of_copy_ptr + copies, tl.where(placed, rows, -1).to(tl.int64), mask=copies < num_copies)
     tl.store(token_of_row_ptr + rows, (copies // TOP_K).to(tl.int64), mask=placed)
 
 
@@ -107,7 +128,8 @@ _PLANS = PlanCache("dispatch")
 
 
 class _Plan:
-    """Block sizes, buffer shapes and the three bound kernels of one call signature (no tensor kept)."""
+    """Block sizes, buffer shapes and the bound kernels of one call signature (no tensor kept): one when
+    every copy fits one block, else count, scan and place."""
 
     def __init__(self, expert_ids, num_experts: int, device):
         self.num_tokens, self.top_k = expert_ids.shape
@@ -126,12 +148,22 @@ class _Plan:
         if self.num_blocks == 0:
             return token_of_row, a_offsets.zero_(), row_of_copy
         ids = expert_ids.contiguous().view(-1)
+        if self.num_blocks == 1:
+            (self.kernels or self._bind_one_block(ids, a_offsets, token_of_row, row_of_copy))(
+                ids, a_offsets, token_of_row, row_of_copy)
+            return token_of_row, a_offsets, row_of_copy
         block_start = new_buffer((self.num_blocks, self.experts), torch.int32, device)
         count, scan, place = self.kernels or self._bind(ids, block_start, a_offsets, token_of_row, row_of_copy)
         count(ids, block_start)
         scan(block_start, a_offsets)
         place(ids, block_start, token_of_row, row_of_copy)
         return token_of_row, a_offsets, row_of_copy
+
+    def _bind_one_block(self, ids, a_offsets, token_of_row, row_of_copy) -> BoundKernel:
+        self.kernels = bind(_dispatch_one_block_kernel, (1,), ids, a_offsets, token_of_row, row_of_copy,
+                            self.num_copies, self.num_experts, TOP_K=self.top_k, BLOCK=self.block,
+                            EXPERTS=self.experts)
+        return self.kernels
 
     def _bind(self, ids, block_start, a_offsets, token_of_row, row_of_copy) -> tuple[BoundKernel, ...]:
         num_blocks, num_copies, num_experts, experts = self.num_blocks, self.num_copies, self.num_experts, self.experts
