@@ -4,6 +4,7 @@ depend on more than the signature (where ``out`` lies, grad mode) still run on c
 from __future__ import annotations
 
 import gc
+import sys
 import threading
 import weakref
 
@@ -261,3 +262,20 @@ def test_threads_share_the_caches(device):
     for problem, result in zip(problems, results):
         expected = run(problem)
         assert all(torch.equal(x, y) for x, y in zip(result, expected))
+
+
+def test_compiled_launches_skip_tritons_wrapper(device):
+    """On a GPU whose Triton launcher has the layout ``_DirectLaunch`` was written for, every kernel of every
+    public call launches through the launcher's C entry point (none of ours needs scratch memory), the
+    tensor-descriptor ones included; the bit-equality test above checks what they compute."""
+    if device.type != "cuda":
+        pytest.skip("compiled launches need a GPU (the interpreter calls fn[grid])")
+    for call in CALLS:
+        assert not isinstance(outcome(call, call.make(device)), Exception), call.name
+    kernels = [obj for obj in gc.get_objects() if isinstance(obj, _launch.BoundKernel) and obj._kernel is not None]
+    launcher = kernels[0]._kernel.run
+    if getattr(sys.modules.get(type(launcher).__module__), "_BASE_ARGS_FORMAT", None) != _launch._DirectLaunch._LAYOUT:
+        pytest.skip(f"Triton's launcher has another layout: its wrapper runs ({type(launcher).__module__})")
+    through_wrapper = sorted({repr(kernel) for kernel in kernels if kernel._direct is None})
+    assert not through_wrapper, f"launched through Triton's wrapper: {through_wrapper}"
+    assert any(kernel._direct.maps for kernel in kernels), "no TMA-descriptor kernel among the public calls"
