@@ -19,7 +19,7 @@ import time
 import torch
 
 from benchmarks.common import bar_plot, default_out_dir, graph_time_ms, write_table
-from benchmarks.peers import sdpa_runner
+from benchmarks.peers import moe_batched_mm_runner, sdpa_runner
 
 import llmkernels as lk
 from llmkernels.moe import MoEFeedForward
@@ -96,12 +96,14 @@ def _problems(device) -> list[tuple[str, object, object, str]]:
 
     # MoEFeedForward at one token, Qwen3-30B-A3B's layer: H=2048, I=768, 128 experts, top 8
     hidden, intermediate, num_experts = 2048, 768, 128
-    block = MoEFeedForward.from_float(torch.randn(num_experts, hidden, device=device) / 45,
-                                      torch.randn(num_experts, 2 * intermediate, hidden, device=device) / 45,
-                                      torch.randn(num_experts, hidden, intermediate, device=device) / 28, 8,
-                                      weight_format="mxfp8")
+    weights = (torch.randn(num_experts, hidden, device=device) / 45,
+               torch.randn(num_experts, 2 * intermediate, hidden, device=device) / 45,
+               torch.randn(num_experts, hidden, intermediate, device=device) / 28)
+    block = MoEFeedForward.from_float(*weights, 8, weight_format="mxfp8")
+    peer = moe_batched_mm_runner(*weights, 8)
     token = torch.randn(1, hidden, **bf16)
-    problems.append(("MoEFeedForward mxfp8, 1 token", lambda: block(token), None, ""))
+    problems.append(("MoEFeedForward mxfp8, 1 token", lambda: block(token), lambda: peer(token),
+                     "PyTorch ops, batched_mm experts (bf16)"))
     return problems
 
 

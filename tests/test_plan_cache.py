@@ -272,7 +272,7 @@ def test_compiled_launches_skip_tritons_wrapper(device):
         pytest.skip("compiled launches need a GPU (the interpreter calls fn[grid])")
     for call in CALLS:
         assert not isinstance(outcome(call, call.make(device)), Exception), call.name
-    kernels = [obj for obj in gc.get_objects() if isinstance(obj, _launch.BoundKernel) and obj._kernel is not None]
+    kernels = [obj for obj in gc.get_objects() if type(obj) is _launch.BoundKernel and obj._kernel is not None]
     launcher = kernels[0]._kernel.run
     if getattr(sys.modules.get(type(launcher).__module__), "_BASE_ARGS_FORMAT", None) != _launch._DirectLaunch._LAYOUT:
         pytest.skip(f"Triton's launcher has another layout: its wrapper runs ({type(launcher).__module__})")
