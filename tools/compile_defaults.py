@@ -26,6 +26,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from llmkernels.grouped_matmul import config as gm_config  # noqa: E402
+from llmkernels.grouped_matmul import api as gm_api  # noqa: E402
 from llmkernels.grouped_matmul import kernel  # noqa: E402
 
 # (a element, a scale, a block, b element, b scale, b block) of each format pair
@@ -41,13 +42,17 @@ PAIRS = {
 POINTER = {"bf16": "*bf16", "e4m3": "*u8", "e2m1": "*u8"}  # the API passes MX data as bytes
 
 
-def compile_one(pair, config, swiglu, arch, capability):
+def compile_one(pair, config, swiglu, arch, device):
+    """Compiles the launch the library would make for this pair and config (its own MMA and upcast choices)."""
     a_el, a_sc, a_blk, b_el, b_sc, b_blk = PAIRS[pair]
+    a_format, b_format = re.fullmatch(r"(bf16|mxfp8|mxfp4|nvfp4)x(\w+)", pair).groups()
+    a_op = gm_api._Operand(None, None, None, a_el, a_sc, a_blk, "row", a_format, a_sc == "e4m3")
+    b_op = gm_api._Operand(None, None, None, b_el, b_sc, b_blk, "row", b_format, b_sc == "e4m3")
     a_global = a_sc == "e4m3"
-    if config.upcast_a and a_sc != "none":  # the kernel then reads A decoded ahead, in bf16
+    if gm_api._takes_upcast(config, a_op):  # the kernel then reads A decoded ahead, in bf16
+        a_op = gm_api._upcast_view(a_op)
         a_el, a_sc, a_blk = "bf16", "none", 1
-    mx = b_sc == "e8m0" and (a_sc == "e8m0" or a_el == "bf16")
-    dot_scaled = config.mma == "dot_scaled" or (config.mma == "auto" and mx and (capability >= 10 or b_el == "e2m1"))
+    dot_scaled = gm_api._resolve_mma(config, a_op, b_op, device)
     fn = kernel.grouped_matmul_kernel
     constexprs = dict(
         A_ELEMENT=a_el, A_SCALE=a_sc, A_SCALE_BLOCK=a_blk, A_SCALE_LAYOUT="row",
@@ -82,7 +87,19 @@ def compile_one(pair, config, swiglu, arch, capability):
                        attrs=aligned)
     compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32),
                               options=dict(num_warps=config.num_warps, num_stages=config.num_stages))
-    return compiled.metadata.shared, _registers_and_stack(compiled.asm["cubin"])
+    return compiled.metadata.shared, _registers_and_stack(compiled.asm["cubin"]), mma_kinds(compiled.asm["ptx"])
+
+
+def mma_kinds(ptx: str) -> str:
+    """The tensor-core instructions a PTX issues: ``tcgen05.mma`` kinds (Blackwell), ``wgmma`` (Hopper) or
+    ``mma.sync`` (Ampere-class), comma-separated; "none" without any."""
+    kinds = sorted(set(re.findall(r"tcgen05\.mma\.cta_group::\d\.kind::(\w+)(?:\.block_scale)?(?:\.block(\d+))?", ptx)))
+    found = [f"tcgen05.{kind}" + (f".block{block}" if block else "") for kind, block in kinds]
+    if "wgmma.mma_async" in ptx:
+        found.append("wgmma")
+    if re.search(r"\bmma\.sync", ptx):
+        found.append("mma.sync")
+    return ",".join(found) or "none"
 
 
 def _registers_and_stack(cubin: bytes) -> tuple[int, int]:
@@ -120,12 +137,12 @@ def main():
                     if (config, swiglu) in seen:
                         continue
                     seen.add((config, swiglu))
-                    shared, (registers, stack) = compile_one(pair, config, swiglu, args.arch, args.arch // 10)
+                    shared, (registers, stack), mma = compile_one(pair, config, swiglu, args.arch, device)
                     fits = shared <= args.smem_limit
                     failures += not fits
                     print(f"{pair:12s} swiglu {swiglu!s:5s} {config.block_m}x{config.block_n}x{config.block_k} "
                           f"s{config.num_stages} w{config.num_warps} mma={config.mma:8s} swap={config.ab_swapped!s:5s} "
-                          f"shared {shared:6d} registers {registers:3d} stack {stack:4d} {'ok' if fits else 'DOES NOT FIT'}",
+                          f"shared {shared:6d} registers {registers:3d} stack {stack:4d} {mma:28s} {'ok' if fits else 'DOES NOT FIT'}",
                           flush=True)
     sys.exit(1 if failures else 0)
 

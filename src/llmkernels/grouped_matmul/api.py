@@ -131,17 +131,26 @@ def _validate_metadata_on_host(a_offsets, expert_ids, num_tokens: int, num_exper
 
 
 def _resolve_mma(config: BlockScaledMatmulConfig, a: _Operand, b: _Operand, device: torch.device) -> bool:
-    """True when the kernel should use tl.dot_scaled."""
-    mx_operands = b.scale == "e8m0" and (a.scale == "e8m0" or a.element == "bf16")
+    """True when the kernel should use ``tl.dot_scaled``: block-scaled weights with activations of their
+    family (MX with MX, NVFP4 with NVFP4) or MX weights with bf16 activations. ``"auto"`` takes it on
+    Blackwell (the native block-scaled MMA, NVFP4 included) and for MX e2m1 weights on Hopper (where
+    Triton upcasts, which measured best for those); never in the interpreter (whose dot_scaled is
+    checked through ``mma="dot_scaled"``)."""
+    scaled_pair = b.scale != "none" and (a.scale == b.scale or (a.element == "bf16" and b.scale == "e8m0"))
+    blackwell = device.type == "cuda" and not interpreting() and cuda_capability(device)[0] >= 10
     if config.mma == "dequant":
         return False
     if config.mma == "dot_scaled":
-        if not mx_operands:
-            raise ValueError(f"mma='dot_scaled' needs MX weights and MX or bf16 activations, got a={a.format}, b={b.format}")
+        if not scaled_pair:
+            raise ValueError(f"mma='dot_scaled' needs block-scaled weights with activations of their family or "
+                             f"MX weights with bf16 activations, got a={a.format}, b={b.format}")
+        if b.scale == "e4m3" and not blackwell:
+            raise ValueError("mma='dot_scaled' with nvfp4 runs on Blackwell (sm_100+) only: Triton's interpreter "
+                             "reads e4m3 scales as e8m0 and its Hopper lowering of them fails")
         return True
-    if not mx_operands or interpreting() or device.type != "cuda":
+    if not scaled_pair or interpreting() or device.type != "cuda":
         return False
-    return cuda_capability(device)[0] >= 10 or b.element == "e2m1"
+    return blackwell or (b.element == "e2m1" and b.scale == "e8m0")
 
 
 @dataclass(frozen=True)

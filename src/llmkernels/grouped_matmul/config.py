@@ -116,6 +116,8 @@ def default_config(num_tokens: int, num_groups: int, n_out: int, k: int, device:
         return dataclasses.replace(config, block_n=64, block_k=64, num_stages=3, mma=mma)
     if not swiglu or (config.block_m, config.block_n, config.block_k) == (128, 128, 128):
         return config
+    if config.ab_swapped and cuda_capability(device)[0] >= 10 and b_element in ("e4m3", "e2m1"):
+        return config  # Blackwell decode: gate and up tiles keep the MMA's 128 rows each
     return dataclasses.replace(config, block_n=max(16, config.block_n // 2))
 
 
@@ -142,6 +144,12 @@ def _measured_config(num_tokens: int, num_groups: int, n_out: int, k: int, devic
     tokens_per_group = num_tokens / max(num_groups, 1)
     if tokens_per_group <= 64:
         two_per_sm = 2 * num_programs_hint(device)
+        if cuda_capability(device)[0] >= 10 and b_element in ("e4m3", "e2m1"):
+            # Blackwell: 128 weight rows fill the block-scaled MMA's M (swap-AB, the seed's AB_swapped),
+            # the group's tokens its N; a narrower M would fall back to an unscaled MMA after a decode.
+            block_m = 16 if tokens_per_group <= 16 else 32 if tokens_per_group <= 32 else 64
+            return BlockScaledMatmulConfig(block_m, 128, 128, num_stages=4, num_warps=4, num_programs=two_per_sm,
+                                           ab_swapped=True)
         swap = b_element != "e4m3"
         # Blackwell's block-scaled MMA needs no decode at all: keep "auto" (dot_scaled) there.
         mma = "dequant" if cuda_capability(device)[0] < 10 else "auto"
