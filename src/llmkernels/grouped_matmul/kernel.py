@@ -54,10 +54,8 @@ def _step_scales(a_scales_ptr, a_scale_rows, row_mask, b_scales_ptr, b_scale_row
 @triton.jit
 def _dot_scales(scale_bits, SCALE: tl.constexpr):
     """Scale bits as ``tl.dot_scaled`` takes them: e8m0 as uint8, NVFP4's e4m3 as float8e4nv (one scale per
-    16 elements: Blackwell's ``kind::mxf4nvf4``), None for an operand without scales."""
-    if SCALE == "none":
-        return None
-    elif SCALE == "e4m3":
+    16 elements: Blackwell's ``kind::mxf4nvf4``)."""
+    if SCALE == "e4m3":
         return scale_bits.to(tl.float8e4nv, bitcast=True)
     else:
         return scale_bits
@@ -73,13 +71,19 @@ def _mma_step(acc, a_data, a_scale_bits, b_data, b_scale_bits,
     """One K step: acc ``[BLOCK_M, BLOCK_N]`` += A tile ``[BLOCK_M, BLOCK_K]`` @ B tile ``[BLOCK_N, BLOCK_K]``ᵀ,
     or with SWAP_AB acc ``[BLOCK_N, BLOCK_M]`` += B tile @ A tileᵀ (the weights are then the MMA's
     left operand, which Hopper's wgmma can read from registers right after decoding)."""
-    if USE_DOT_SCALED:
-        a_scale = _dot_scales(a_scale_bits, A_SCALE)
+    if USE_DOT_SCALED:  # B is block-scaled here; A may be plain (a None scale must be a literal in 3.6)
         b_scale = _dot_scales(b_scale_bits, B_SCALE)
-        if SWAP_AB:
-            return tl.dot_scaled(b_data, b_scale, B_ELEMENT, tl.trans(a_data), a_scale, A_ELEMENT, acc)
+        if A_SCALE == "none":
+            if SWAP_AB:
+                return tl.dot_scaled(b_data, b_scale, B_ELEMENT, tl.trans(a_data), None, A_ELEMENT, acc)
+            else:
+                return tl.dot_scaled(a_data, None, A_ELEMENT, tl.trans(b_data), b_scale, B_ELEMENT, acc)
         else:
-            return tl.dot_scaled(a_data, a_scale, A_ELEMENT, tl.trans(b_data), b_scale, B_ELEMENT, acc)
+            a_scale = _dot_scales(a_scale_bits, A_SCALE)
+            if SWAP_AB:
+                return tl.dot_scaled(b_data, b_scale, B_ELEMENT, tl.trans(a_data), a_scale, A_ELEMENT, acc)
+            else:
+                return tl.dot_scaled(a_data, a_scale, A_ELEMENT, tl.trans(b_data), b_scale, B_ELEMENT, acc)
     else:
         a = dequantize_tile(a_data, a_scale_bits, A_ELEMENT, A_SCALE, A_SCALE_BLOCK, BLOCK_M, BLOCK_K, COMPUTE_DTYPE,
                         PACKED_DECODE)
