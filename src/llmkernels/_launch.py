@@ -152,11 +152,11 @@ class BoundKernel:
         self.slots = tuple(i for i, value in enumerate(values) if isinstance(value, torch.Tensor) or _is_descriptor(value))
         self.tensors_lead = self.slots == tuple(range(len(self.slots)))  # every tensor before every scalar
         self._kernel = None
-        if not interpreting():
-            self._compile(values)
         # No tensor of the binding call stays referenced (a cached plan must not keep memory alive);
         # a descriptor slot keeps its shape, strides and block.
         self.templates = {i: _Unbased(values[i]) for i in self.slots if _is_descriptor(values[i])}
+        if not interpreting():
+            self._compile(values)
         self.values = tuple(None if i in self.slots else value for i, value in enumerate(values))
 
     def _compile(self, values) -> None:
@@ -170,7 +170,7 @@ class BoundKernel:
             self._launcher = kernel.run  # loads the module on the current device
         self._kernel = kernel
         self._function, self._packed_metadata = kernel.function, kernel.packed_metadata
-        self._direct = _DirectLaunch.of(kernel, values, self.slots, self._packed_metadata)
+        self._direct = _DirectLaunch.of(kernel, values, self.slots, self.templates, self._packed_metadata)
 
     def _arguments(self, tensors) -> list:
         values = list(self.values)
@@ -225,7 +225,7 @@ class _DirectLaunch:
     _LAYOUT = "iiiKKppOOOOOO"
 
     @classmethod
-    def of(cls, kernel, values, slots, packed_metadata):
+    def of(cls, kernel, values, slots, templates, packed_metadata):
         launcher = kernel.run
         module = sys.modules.get(type(launcher).__module__)
         if (type(launcher).__name__ != "CudaLauncher" or getattr(module, "_BASE_ARGS_FORMAT", None) != cls._LAYOUT
@@ -242,9 +242,10 @@ class _DirectLaunch:
         elif not callable(launch) or any(_is_descriptor(values[i]) for i in slots):
             return None
         return cls(launch, (launcher.launch_cooperative_grid, launcher.launch_pdl, None, None, packed_metadata,
-                            None, None, None), values, slots, descriptor_meta, expand if descriptor_meta else None)
+                            None, None, None), values, slots, templates, descriptor_meta,
+                   expand if descriptor_meta else None)
 
-    def __init__(self, launch, head, values, slots, descriptor_meta, expand):
+    def __init__(self, launch, head, values, slots, templates, descriptor_meta, expand):
         self.launch, self.head = launch, head
         arguments, positions, self.maps = [], [], {}
         for i, value in enumerate(values):
@@ -252,7 +253,7 @@ class _DirectLaunch:
                 meta = descriptor_meta[i]
                 expanded = expand(value, meta)  # [TMA map or base, shape and strides...]
                 if meta is not None:  # the map is filled per base address
-                    self.maps[len(arguments)] = (_Unbased(value), meta, expand, {})
+                    self.maps[len(arguments)] = (templates[i], meta, expand, {})
                 positions.append(len(arguments))
                 arguments += [None, *expanded[1:]]  # no tensor of the binding call kept
             else:

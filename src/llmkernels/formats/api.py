@@ -93,11 +93,12 @@ class _Plan:
             global_scale = nvfp4_global_scale(x) if global_scale is None else global_scale.float().reshape(())
         if self.launches:
             rows = scales if rows is None else rows.contiguous()  # read as a dense vector (only with GATHER)
-            bound = self.bound or self._bind((x2d, data.view(torch.uint8), scales, global_scale, rows))
+            data_bytes = data.view(torch.uint8)
+            bound = self.bound or self._bind((x2d, data_bytes, scales, global_scale, rows))
             if global_scale is None:  # a None argument is a constant of the compiled kernel, not passed
-                bound(x2d, data.view(torch.uint8), scales, rows)
+                bound(x2d, data_bytes, scales, rows)
             else:
-                bound(x2d, data.view(torch.uint8), scales, global_scale, rows)
+                bound(x2d, data_bytes, scales, global_scale, rows)
         result = ScaledTensor.unchecked(data, scales.view(self.scale_dtype), self.format, global_scale)
         if scale_layout != "row" or group_offsets is not None:
             result = result.to_layout(scale_layout, group_offsets=group_offsets)

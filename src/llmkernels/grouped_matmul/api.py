@@ -271,12 +271,13 @@ def grouped_matmul(    a,
     if plan is None:
         call = check_grouped_matmul(a, b, a_offsets, expert_ids, expert_scales, epilogue, out_dtype, out, config)
         plan = _PLANS.put(key, _Plan(call, out_dtype, config))
-    elif out is not None:  # where out lies is not part of the signature
-        _check_out_memory(out, a, b, a_offsets, expert_ids, expert_scales)
+        out_checked = True
+    else:  # where out lies is not part of the signature: the plan checks it again
+        out_checked = out is None
     if validate:
         _validate_metadata_on_host(a_offsets, expert_ids, plan.num_tokens, plan.num_experts,
                                    a if isinstance(a, ScaledTensor) else None)
-    return plan(a, b, a_offsets, expert_ids, expert_scales, out)
+    return plan(a, b, a_offsets, expert_ids, expert_scales, out, out_checked)
 
 
 _PLANS = PlanCache("grouped_matmul")
@@ -291,13 +292,6 @@ def _operand_tensors(x) -> tuple:
         scales = unit_last_stride(scales) if x.scale_layout == "row" else scales.contiguous()
         return unit_last_stride(x.data.view(torch.uint8)), scales, x.global_scale
     return unit_last_stride(x), None, None
-
-
-def _check_out_memory(out, a, b, a_offsets, expert_ids, expert_scales) -> None:
-    a_data, a_scales, _ = _operand_tensors(a)
-    b_data, b_scales, _ = _operand_tensors(b)
-    check_out(out, out.shape, out.dtype, a=a_data, a_scales=a_scales, b=b_data, b_scales=b_scales,
-              a_offsets=a_offsets, expert_ids=expert_ids, expert_scales=expert_scales)
 
 
 def _kinds(op: _Operand) -> _Operand:
@@ -341,13 +335,18 @@ class _Plan:
         self.upcasts = {launch.upcast_dtype: _Upcast(self.a, launch.upcast_dtype, self.num_tokens, self.k, device)
                         for launch in self.launches if launch.upcast_dtype is not None}
 
-    def __call__(self, a, b, a_offsets, expert_ids, expert_scales, out) -> torch.Tensor:
-        if out is None:
-            out = _runtime.new_buffer((self.num_tokens, self.n_out), self.out_dtype, self.device)
-        if self.empty:
-            return out
+    def __call__(self, a, b, a_offsets, expert_ids, expert_scales, out, out_checked: bool) -> torch.Tensor:
+        """``out_checked``: False when ``out`` was given to a cached plan (whether it shares memory with an
+        input is checked here, on the tensors the kernel reads, before any launch)."""
         a_data, a_scales, a_global_scale = _operand_tensors(a)
         b_data, b_scales, b_global_scale = _operand_tensors(b)
+        if out is None:
+            out = _runtime.new_buffer((self.num_tokens, self.n_out), self.out_dtype, self.device)
+        elif not out_checked:
+            check_out(out, out.shape, out.dtype, a=a_data, a_scales=a_scales, b=b_data, b_scales=b_scales,
+                      a_offsets=a_offsets, expert_ids=expert_ids, expert_scales=expert_scales)
+        if self.empty:
+            return out
         # The kernel reads the metadata as dense vectors: views of any strides are copied (a few bytes).
         a_offsets, expert_ids = a_offsets.contiguous(), expert_ids.contiguous()
         expert_scales = expert_scales.contiguous() if expert_scales is not None else None

@@ -9,8 +9,8 @@ import triton.language as tl
 
 from .. import _runtime
 from .._launch import BoundKernel, PlanCache, bind
-from .._runtime import check_device, describe, forward_only, next_power_of_2
-from .topk import SCORINGS, check_correction_bias
+from .._runtime import check_device, forward_only, next_power_of_2
+from .topk import check_selection
 
 __all__ = ["select_experts"]
 
@@ -83,17 +83,7 @@ _PLANS = PlanCache("select_experts")
 
 
 def _check(router_logits, top_k, scoring, correction_bias) -> None:
-    if not isinstance(router_logits, torch.Tensor) or not router_logits.is_floating_point():
-        raise TypeError(f"router_logits must be a floating [T, E] tensor, got {describe(router_logits)}")
-    if router_logits.dim() != 2:
-        raise ValueError(f"router_logits must be [T, E], got shape {tuple(router_logits.shape)}")
-    if isinstance(top_k, bool) or not isinstance(top_k, int):
-        raise TypeError(f"top_k must be an int, got {type(top_k).__name__}")
-    if not 1 <= top_k <= router_logits.shape[1]:
-        raise ValueError(f"top_k must be an int in [1, {router_logits.shape[1]}], got {top_k!r}")
-    if scoring not in SCORINGS:
-        raise ValueError(f"scoring must be one of {SCORINGS}, got {scoring!r}")
-    check_correction_bias(correction_bias, router_logits.shape[1], router_logits.device)
+    check_selection(router_logits, top_k, scoring, correction_bias)
     check_device(router_logits=router_logits, correction_bias=correction_bias)
     forward_only("select_experts", router_logits=router_logits, correction_bias=correction_bias)
 

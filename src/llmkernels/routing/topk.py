@@ -5,7 +5,7 @@ import torch
 
 from .._runtime import describe
 
-__all__ = ["route", "SCORINGS"]
+__all__ = ["route", "check_selection", "SCORINGS"]
 
 SCORINGS = ("softmax", "sigmoid")
 
@@ -37,17 +37,8 @@ def route(router_logits: torch.Tensor, top_k: int, *, scoring: str = "softmax", 
         ValueError: router_logits not 2D, top_k outside [1, E], unknown scoring, num_groups not dividing E
             or < 1, topk_groups outside [1, num_groups], correction_bias not ``[E]`` or on another device.
     """
-    if not isinstance(router_logits, torch.Tensor) or not router_logits.is_floating_point():
-        raise TypeError(f"router_logits must be a floating [T, E] tensor, got {describe(router_logits)}")
-    if router_logits.dim() != 2:
-        raise ValueError(f"router_logits must be [T, E], got shape {tuple(router_logits.shape)}")
+    check_selection(router_logits, top_k, scoring, correction_bias)
     num_experts = router_logits.shape[1]
-    _check_int("top_k", top_k)
-    if not 1 <= top_k <= num_experts:
-        raise ValueError(f"top_k must be an int in [1, {num_experts}], got {top_k!r}")
-    if scoring not in SCORINGS:
-        raise ValueError(f"scoring must be one of {SCORINGS}, got {scoring!r}")
-    check_correction_bias(correction_bias, num_experts, router_logits.device)
     if num_groups is not None or topk_groups is not None:
         _check_int("num_groups", num_groups)
         _check_int("topk_groups", topk_groups)
@@ -68,6 +59,22 @@ def route(router_logits: torch.Tensor, top_k: int, *, scoring: str = "softmax", 
     if renormalize:
         weights = weights / weights.sum(-1, keepdim=True)
     return weights, expert_ids.to(torch.int32)
+
+
+def check_selection(router_logits, top_k, scoring, correction_bias) -> None:
+    """The checks :func:`route` and :func:`llmkernels.routing.select_experts` share: floating ``[T, E]``
+    logits, an int ``top_k`` in ``[1, E]``, a known scoring, a fitting correction bias."""
+    if not isinstance(router_logits, torch.Tensor) or not router_logits.is_floating_point():
+        raise TypeError(f"router_logits must be a floating [T, E] tensor, got {describe(router_logits)}")
+    if router_logits.dim() != 2:
+        raise ValueError(f"router_logits must be [T, E], got shape {tuple(router_logits.shape)}")
+    num_experts = router_logits.shape[1]
+    _check_int("top_k", top_k)
+    if not 1 <= top_k <= num_experts:
+        raise ValueError(f"top_k must be an int in [1, {num_experts}], got {top_k!r}")
+    if scoring not in SCORINGS:
+        raise ValueError(f"scoring must be one of {SCORINGS}, got {scoring!r}")
+    check_correction_bias(correction_bias, num_experts, router_logits.device)
 
 
 def check_correction_bias(correction_bias, num_experts: int, device: torch.device | None = None) -> None:
