@@ -6,8 +6,13 @@ import os
 
 import torch
 
-__all__ = ["interpreting", "check_device", "forward_only", "check_out", "new_buffer", "unit_last_stride", "describe",
-           "num_programs_hint", "cdiv", "next_power_of_2"]
+__all__ = ["interpreting", "check_device", "check_triton", "forward_only", "check_out", "new_buffer",
+           "unit_last_stride", "describe", "num_programs_hint", "cdiv", "next_power_of_2"]
+
+# The oldest Triton that compiles every default config for a GPU generation (major compute capability):
+# tools/compile_defaults.py on each release. Triton 3.6 (torch 2.11) and 3.7 compile Hopper's, but their
+# compilers fail on Blackwell's block-scaled MX MMA and on the FA4 prefill's conditional rescale.
+MIN_TRITON = {9: (3, 6), 10: (3, 8)}
 
 
 @torch.compiler.assume_constant_result  # a process-wide setting: a constant to torch.compile
@@ -47,7 +52,34 @@ def check_device(**tensors: torch.Tensor | None) -> torch.device:
             f"{first} is on {device}: llmkernels runs on CUDA tensors, or on CPU tensors through the Triton "
             "interpreter (set TRITON_INTERPRET=1 before importing llmkernels)"
         )
+    if device.type == "cuda":
+        check_triton(device)
     return device
+
+
+def _triton_version() -> tuple[int, int]:
+    import triton
+
+    return tuple(int(part) for part in triton.__version__.split(".")[:2])
+
+
+@functools.lru_cache(maxsize=None)
+def _triton_problem(capability: tuple[int, int]) -> str | None:
+    needed = MIN_TRITON.get(min(capability[0], max(MIN_TRITON)))
+    found = _triton_version()
+    if needed is None or found >= needed:
+        return None
+    return (f"llmkernels on this GPU (compute capability {capability[0]}.{capability[1]}) needs Triton >= "
+            f"{needed[0]}.{needed[1]}, found {found[0]}.{found[1]}: its compiler fails on kernels the library "
+            f"launches there (docs/blackwell.md). Install triton>={needed[0]}.{needed[1]}")
+
+
+def check_triton(device: torch.device) -> None:
+    """Raises ``RuntimeError`` naming the Triton version needed when the installed one cannot compile the
+    kernels for ``device``'s GPU generation (``MIN_TRITON``), before anything is compiled or launched."""
+    problem = _triton_problem(cuda_capability(device))
+    if problem is not None:
+        raise RuntimeError(problem)
 
 
 def forward_only(function: str, **tensors: torch.Tensor | None) -> None:

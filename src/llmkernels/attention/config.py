@@ -173,8 +173,12 @@ def default_config(depth: int, dtype: torch.dtype, device: torch.device, *, deco
         return FA4Config(BM=16, BN=64 if depth <= 128 else 32, num_q_tiles=1, num_kv_stages=3,
                          num_warps=2 if depth <= 128 else 4, rescale_threshold=8.0, **common)
     if major >= 10:
+        # Compiled for sm_100a, never run on a Blackwell GPU (docs/blackwell.md). Each Q tile keeps S, P
+        # and O in tensor memory (Triton does not alias P onto S as the seed does), so two tiles need
+        # 2 * (BN + BN / 2 + D) of its 512 columns: BN = 128 at D = 128 over-subscribes it and Triton
+        # compiles the kernel to a trap. BN = 64 fits every D <= 128 without register spills.
         if depth <= 128:
-            return FA4Config(BM=256, BN=128, num_q_tiles=2, num_kv_stages=2, num_warps=8,
+            return FA4Config(BM=256, BN=64, num_q_tiles=2, num_kv_stages=3, num_warps=8,
                              rescale_threshold=8.0, poly_exp2_fraction=0.25, **common)
         return FA4Config(BM=128, BN=64, num_q_tiles=2, num_kv_stages=2, num_warps=8,
                          rescale_threshold=8.0, poly_exp2_fraction=0.25, **common)

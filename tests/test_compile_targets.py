@@ -1,0 +1,118 @@
+"""Every default config of both kernel families compiles for Hopper (sm_90a) and Blackwell (sm_100a) to the
+MMA instruction its design says, within each GPU's shared-memory and register limits: Triton's
+ahead-of-time compiler and ptxas run on the CPU (``tools/compile_defaults.py``), so a regression of what
+a GPU user would run fails here, without a GPU. And the Triton releases that cannot compile them are
+refused with the version to install."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from llmkernels import _runtime
+
+TOOL = Path(__file__).resolve().parents[1] / "tools" / "compile_defaults.py"
+ARCHS = (90, 100)
+BLOCK_SCALED_PAIRS = ("mxfp8xmxfp8", "mxfp4xmxfp4", "mxfp8xmxfp4", "nvfp4xnvfp4")
+ALL_PAIRS = ("bf16xbf16", *BLOCK_SCALED_PAIRS, "bf16xmxfp8", "bf16xmxfp4", "bf16xnvfp4")
+
+
+def _compilable(arch: int) -> bool:
+    return _runtime._triton_version() >= _runtime.MIN_TRITON[arch // 10]
+
+
+@pytest.fixture(scope="module")
+def report() -> dict[int, list[str]]:
+    """The tool's lines per architecture that this Triton compiles for (one run, two processes)."""
+    archs = [arch for arch in ARCHS if _compilable(arch)]
+    if not archs:
+        return {}
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, str(TOOL), "--arch", ",".join(map(str, archs)), "--jobs", "2"],
+                          capture_output=True, text=True, env=env, timeout=900)
+    lines, arch = {}, None
+    for line in done.stdout.splitlines():
+        header = re.fullmatch(r"## sm_(\d+)a", line)
+        if header:
+            arch = int(header.group(1))
+            lines[arch] = []
+        elif arch is not None and line.strip():
+            lines[arch].append(line)
+    assert set(lines) == set(archs), f"the tool stopped early:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    return lines
+
+
+def _need(arch: int) -> None:
+    if not _compilable(arch):
+        needed = ".".join(map(str, _runtime.MIN_TRITON[arch // 10]))
+        pytest.skip(f"Triton {'.'.join(map(str, _runtime._triton_version()))} cannot compile the sm_{arch}a "
+                    f"defaults (needs {needed}); the library refuses that GPU there (test_old_triton_is_refused)")
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_every_default_config_compiles_to_its_mma_within_limits(report, arch):
+    _need(arch)
+    lines = report[arch]
+    failing = [line for line in lines if not line.endswith(" ok")]
+    assert not failing, "configs that fail to compile, miss their MMA or exceed the GPU:\n" + "\n".join(failing)
+    # the walk covered both families, every format pair, decode and compute tiles, plain and SwiGLU
+    matmul = [line for line in lines if line.startswith("grouped_matmul")]
+    for pair in ALL_PAIRS:
+        of_pair = [line for line in matmul if line.split()[1] == pair]
+        assert len(of_pair) >= 6 and {"plain", "swiglu"} <= {line.split()[2] for line in of_pair}, pair
+    assert sum(line.startswith("attention") for line in lines) == 9
+
+
+def test_blackwell_block_scaled_pairs_take_the_native_block_scaled_mma(report):
+    _need(100)
+    expected = {"mxfp8xmxfp8": "tcgen05.mxf8f6f4.block32", "mxfp8xmxfp4": "tcgen05.mxf8f6f4.block32",
+                "mxfp4xmxfp4": "tcgen05.mxf4.block32", "nvfp4xnvfp4": "tcgen05.mxf4nvf4.block16"}
+    for line in report[100]:
+        fields = line.split()
+        if fields[0] == "grouped_matmul" and fields[1] in expected:
+            assert f" {expected[fields[1]]} " in line, line
+            assert "dot_scaled" in fields, line
+
+
+def test_blackwell_attention_prefill_shows_fa4(report):
+    """Two Q tiles read every K/V tile, the O rescale sits behind a branch, part of exp2 is a polynomial."""
+    _need(100)
+    prefill = [line for line in report[100] if line.startswith("attention") and " prefill " in line]
+    assert len(prefill) == 4
+    for line in prefill:
+        assert " tcgen05.f16 " in line and "MMAs per K/V tile 2," in line, line
+        rescales, mufu, poly = map(int, re.search(r"conditional rescales (\d+), exp2 MUFU (\d+) / poly (\d+)",
+                                                  line).groups())
+        assert rescales > 0 and mufu > 0 and poly > 0, line
+
+
+def test_hopper_attention_and_large_tiles_take_wgmma(report):
+    _need(90)
+    for line in report[90]:
+        if line.startswith("attention") and " prefill " in line:
+            assert " wgmma " in line, line
+        if line.startswith("grouped_matmul") and re.search(r" 256x\d+x\d+ ", line):
+            assert " wgmma " in line, line
+
+
+@pytest.mark.parametrize("capability, version, refused", [
+    ((10, 0), (3, 6), True), ((10, 0), (3, 7), True), ((10, 0), (3, 8), False), ((10, 3), (3, 9), False),
+    ((12, 0), (3, 6), True), ((9, 0), (3, 6), False), ((8, 0), (3, 6), False)])
+def test_old_triton_is_refused(monkeypatch, capability, version, refused):
+    monkeypatch.setattr(_runtime, "_capability_of", lambda index: capability)
+    monkeypatch.setattr(_runtime, "_triton_version", lambda: version)
+    _runtime._triton_problem.cache_clear()
+    try:
+        device = torch.device("cuda", 0)
+        if refused:
+            with pytest.raises(RuntimeError, match=r"needs Triton >= 3\.8, found " + re.escape(".".join(map(str, version)))):
+                _runtime.check_triton(device)
+        else:
+            _runtime.check_triton(device)
+    finally:
+        _runtime._triton_problem.cache_clear()
