@@ -77,6 +77,8 @@ def test_blackwell_block_scaled_pairs_take_the_native_block_scaled_mma(report):
         if fields[0] == "grouped_matmul" and fields[1] in expected:
             assert f" {expected[fields[1]]} " in line, line
             assert "dot_scaled" in fields, line
+            if "swap" in fields:  # decode tiles: no register spills
+                assert re.search(r" stack +0 ", line), line
 
 
 def test_blackwell_attention_prefill_shows_fa4(report):

@@ -56,7 +56,12 @@ PAIRS = {
 }
 POINTER = {"bf16": "*bf16", "e4m3": "*u8", "e2m1": "*u8"}  # the API passes MX data as bytes
 # The problem the grouped-matmul defaults are asked for: DeepSeek-V3-sized experts
-GM_N, GM_K, GM_GROUPS, GM_TOKENS_PER_GROUP = 4096, 7168, 64, (8, 48, 2048)
+GM_N, GM_K, GM_GROUPS, GM_TOKENS_PER_GROUP = 4096, 7168, 64, (2048, 48, 8)
+# B200's published dense tensor-core rates (FLOP/s) per MMA kind and its HBM3e bandwidth (bytes/s)
+B200_RATES = {"tcgen05.f16": 2.25e15, "tcgen05.mxf8f6f4.block32": 4.5e15, "tcgen05.mxf4.block32": 9e15,
+              "tcgen05.mxf4nvf4.block16": 9e15}
+B200_BANDWIDTH = 8e12
+BYTES = {"bf16": 2.0, "e4m3": 1.0, "e2m1": 0.5}
 # The attention calls: (label, head dim, decode, paged, visible band)
 ATTENTION_CALLS = [(f"prefill d{d}", d, False, False, None) for d in (64, 128, 256)] + [
     ("prefill d128 window 1024", 128, False, False, 1024)] + [
@@ -77,6 +82,7 @@ class Case:
     num_stages: int
     mma_m: int  # rows of the MMA's M side (the weights' rows under swap-AB); 0 without an MMA
     expect: str  # the MMA instruction the design says this path issues (see expected_mma)
+    roofline: str = ""  # grouped matmul on Blackwell: the B200 time bound of the problem the config is for
 
 
 @dataclass(frozen=True)
@@ -155,8 +161,8 @@ def _aligned_signature(fn, constexprs: dict, kinds: dict) -> tuple[dict, dict]:
 
 
 def grouped_matmul_cases(arch: int, pairs=tuple(PAIRS)) -> list[Case]:
-    """Every distinct config ``default_launches`` gives on ``arch`` for decode (8, 48 tokens per group)
-    and compute (2048) sizes, each format pair, plain and SwiGLU epilogues."""
+    """Every distinct config ``default_launches`` gives on ``arch`` for compute (2048 tokens per group) and
+    decode (48, 8) sizes, each format pair, plain and SwiGLU epilogues."""
     device = _pretend_gpu(arch)
     cases = []
     for pair in pairs:
@@ -168,14 +174,31 @@ def grouped_matmul_cases(arch: int, pairs=tuple(PAIRS)) -> list[Case]:
                 launches = gm_config.default_launches(tokens_per_group * GM_GROUPS, GM_GROUPS,
                                                       GM_N // 2 if swiglu else GM_N, GM_K, device, a_el, b_el,
                                                       1 << 40, swiglu, b_blk)
-                for config, _, _ in launches:
+                for config, min_rows, max_rows in launches:
                     if (config, swiglu) not in seen:
                         seen.add((config, swiglu))
-                        cases.append(_grouped_matmul_case(pair, config, swiglu, arch, device, a_format, b_format))
+                        rows = min(max(tokens_per_group, min_rows + 1), max_rows)  # of the groups it takes
+                        cases.append(_grouped_matmul_case(pair, config, swiglu, arch, device, a_format, b_format,
+                                                          rows))
     return cases
 
 
-def _grouped_matmul_case(pair, config, swiglu, arch, device, a_format, b_format) -> Case:
+def b200_bound(pair: str, tokens_per_group: int, swiglu: bool, mma: str) -> str:
+    """The roofline bound on B200 of the default problem at ``tokens_per_group``: FLOPs at the published
+    dense rate of the MMA kind, against every weight, activation, scale and output byte read or written
+    once at 8 TB/s; "compute" or "memory" says which is larger."""
+    a_el, _, a_blk, b_el, _, b_blk = PAIRS[pair]
+    tokens = tokens_per_group * GM_GROUPS
+    n_out = GM_N // 2 if swiglu else GM_N
+    flops = 2.0 * tokens * GM_N * GM_K
+    weights = GM_GROUPS * GM_N * GM_K * (BYTES[b_el] + (1 / b_blk if b_blk > 1 else 0))
+    moved = weights + tokens * GM_K * (BYTES[a_el] + (1 / a_blk if a_blk > 1 else 0)) + tokens * n_out * 2
+    compute_s, memory_s = flops / B200_RATES[mma], moved / B200_BANDWIDTH
+    which = "compute" if compute_s > memory_s else "memory"
+    return f"{max(compute_s, memory_s) * 1e6:.0f} us {which} ({flops / 1e12:.2f} TFLOP, {moved / 1e9:.2f} GB)"
+
+
+def _grouped_matmul_case(pair, config, swiglu, arch, device, a_format, b_format, tokens_per_group) -> Case:
     a_el, a_sc, a_blk, b_el, b_sc, b_blk = PAIRS[pair]
     a_op = gm_api._Operand(None, None, None, a_el, a_sc, a_blk, "row", a_format, a_sc == "e4m3")
     b_op = gm_api._Operand(None, None, None, b_el, b_sc, b_blk, "row", b_format, b_sc == "e4m3")
@@ -203,8 +226,9 @@ def _grouped_matmul_case(pair, config, swiglu, arch, device, a_format, b_format)
              f"s{config.num_stages} w{config.num_warps} {'swap' if config.ab_swapped else '    '} "
              f"{'dot_scaled' if dot_scaled else 'tl.dot':10s}")
     expect = expected_mma(arch, mma_m, a_sc, b_sc, a_el, b_el, dot_scaled)
+    roofline = b200_bound(pair, tokens_per_group, swiglu, expect) if expect in B200_RATES else ""
     return Case("grouped_matmul", label, fn, signature, (constexprs, attrs), config.num_warps, config.num_stages,
-                mma_m, expect)
+                mma_m, expect, f"{tokens_per_group} tokens/group: B200 bound {roofline}" if roofline else "")
 
 
 def attention_cases(arch: int, calls=tuple(ATTENTION_CALLS)) -> list[Case]:
@@ -370,7 +394,10 @@ def main():
     parser.add_argument("--family", default="grouped_matmul,attention")
     parser.add_argument("--pairs", default=",".join(PAIRS), help="grouped-matmul format pairs")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--markdown", action="store_true", help="a markdown table per architecture instead")
     args = parser.parse_args()
+    if args.markdown:
+        return markdown(args)
     print(f"# Triton {triton.__version__}, torch {torch.__version__}; columns: config, shared bytes, registers, "
           f"stack (spill) bytes per thread, MMA instruction in the PTX (attention: and its FA4 features), verdict")
     failures = 0
@@ -383,6 +410,21 @@ def main():
                        f"{result.mma:26s}{result.fa4}") if not result.error else ""
             print(f"{case.family:14s} {case.label} {figures} {'; '.join(found) or 'ok'}", flush=True)
     sys.exit(1 if failures else 0)
+
+
+def markdown(args) -> None:
+    """The tables of docs/blackwell.md: per config its MMA, shared memory, registers, spills and bound."""
+    for arch in map(int, args.arch.split(",")):
+        print(f"\n### sm_{arch}a, Triton {triton.__version__}\n")
+        print("| family | config | MMA | shared KiB | registers | spill B | B200 bound (tokens/group: time, kind) |")
+        print("| --- | --- | --- | --- | --- | --- | --- |")
+        for case, result in compile_all(arch, args.family.split(","), tuple(args.pairs.split(",")), args.jobs):
+            found = problems(case, result, arch)
+            config = " ".join(case.label.split())
+            mma = result.mma if not found else f"{result.mma or ''} **{'; '.join(found)}**"
+            bound = case.roofline.replace(" tokens/group: B200 bound ", ": ") or result.fa4
+            print(f"| {case.family} | {config} | {mma} | {result.shared / 1024:.1f} | {result.registers} | "
+                  f"{result.stack} | {bound} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -49,9 +49,10 @@ class BlockScaledMatmulConfig:
     ``mma`` picks how block scales reach the tensor cores: ``"dot_scaled"`` hands the raw MX operands
     and scales to ``tl.dot_scaled`` (native block-scaled MMA on Blackwell; Triton emulates it on
     Hopper), ``"dequant"`` decodes each tile to bf16/fp16 in registers and uses ``tl.dot``, and
-    ``"auto"`` takes ``dot_scaled`` for MX operands on compute capability ≥ 10 and for e2m1 MX
-    weights on Hopper (measured faster there), ``dequant`` elsewhere. NVFP4 always takes ``dequant``
-    (Triton 3.6 cannot compile e4m3-scaled ``dot_scaled``).
+    ``"auto"`` takes ``dot_scaled`` on compute capability ≥ 10 whenever both operands are block-scaled
+    alike (MX × MX, NVFP4 × NVFP4: the native block-scaled ``tcgen05`` MMA) or the weights are MX under
+    bf16 activations, and on Hopper for e2m1 MX weights (measured faster there); ``dequant`` elsewhere
+    (NVFP4 off Blackwell included: Triton's Hopper lowering of e4m3-scaled ``dot_scaled`` fails).
 
     Switches of the ``dequant`` path: ``prefetch_scales`` loads each K step's block scales one step
     ahead; ``scale_words`` reads them as int32 words of four scale columns where alignment allows
@@ -117,7 +118,9 @@ def default_config(num_tokens: int, num_groups: int, n_out: int, k: int, device:
     if not swiglu or (config.block_m, config.block_n, config.block_k) == (128, 128, 128):
         return config
     if config.ab_swapped and cuda_capability(device)[0] >= 10 and b_element in ("e4m3", "e2m1"):
-        return config  # Blackwell decode: gate and up tiles keep the MMA's 128 rows each
+        # Blackwell decode: gate and up tiles keep the MMA's 128 rows each; 8 warps hold both fp32 tiles
+        # and the epilogue without register spills (4 warps spilled up to 152 bytes per thread at sm_100a).
+        return dataclasses.replace(config, num_warps=8)
     return dataclasses.replace(config, block_n=max(16, config.block_n // 2))
 
 
