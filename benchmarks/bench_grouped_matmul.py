@@ -1,7 +1,12 @@
-"""Grouped MoE matmul on the GPU: llmkernels.grouped_matmul next to torch._grouped_mm (bf16) and
-torch._scaled_grouped_mm (fp8 rowwise), same shapes, one run.
+"""Grouped MoE matmul on the GPU: llmkernels.grouped_matmul next to torch._grouped_mm (bf16),
+torch._scaled_grouped_mm (fp8 rowwise) and OpenAI's triton_kernels.matmul_ogs (bf16 x MXFP4 in its Hopper
+layouts, and bf16; skipped with a message when ``triton_kernels`` is not importable), same shapes, one run,
+every system timed as a CUDA-graph replay (GPU time, no host overhead).
 
-    python -m benchmarks bench_grouped_matmul [--out DIR] [--quick]
+    PYTHONPATH=src:.peers/triton_kernels python -m benchmarks bench_grouped_matmul [--out DIR] [--quick | --targets]
+
+``--targets``: only issue 21's grid (E=128 x {1, 16, 64, 256} at N=4096, K=7168; E=32 x {4, 64, 512} at
+N=5760, K=2880; E=8 x 2048; DeepSeek-V3 down at 16 and 256).
 
 Sweeps tokens per expert (1 .. 4096) over the MoE projections of DeepSeek-V3, Qwen3-30B-A3B,
 gpt-oss-120b and Mixtral, plus Zipf-routed (imbalanced) and half-empty groupings, and times the
@@ -18,7 +23,9 @@ import sys
 
 import torch
 
-from benchmarks.common import default_out_dir, line_plots, measure_ceilings, time_ms, write_table, zipf_offsets  # noqa: E402
+from benchmarks.common import (default_out_dir, graph_time_ms, line_plots, measure_ceilings, time_ms,  # noqa: E402
+                               write_table, zipf_offsets)
+from benchmarks.peers import TritonKernelsExperts  # noqa: E402
 
 import llmkernels as lk  # noqa: E402
 from llmkernels._testing import relative_error  # noqa: E402
@@ -31,6 +38,13 @@ MODELS = {
     "Qwen3-30B-A3B down": (128, 2048, 768),
     "gpt-oss-120b gate_up": (128, 5760, 2880),
     "Mixtral gate_up": (8, 28672, 4096),
+}
+# issue 21's grid: name -> (experts, N, K, tokens per expert)
+TARGETS = {
+    "E128 4096x7168": (128, 4096, 7168, (1, 16, 64, 256)),
+    "E32 5760x2880": (32, 5760, 2880, (4, 64, 512)),
+    "E8 4096x7168": (8, 4096, 7168, (2048,)),
+    "DeepSeek-V3 down": (256, 7168, 2048, (16, 256)),
 }
 TOKENS_PER_EXPERT = (1, 4, 16, 64, 512, 1024, 4096)
 MAX_ROWS = 131072  # larger points are skipped (E=256 stops at 512 tokens per expert)
@@ -45,6 +59,7 @@ OURS = {
     "ours nvfp4": ("nvfp4", "nvfp4"),
 }
 PEER_BF16, PEER_FP8 = "torch._grouped_mm bf16", "torch._scaled_grouped_mm fp8"
+PEER_TK_MXFP4, PEER_TK_BF16 = "triton_kernels bf16 x mxfp4", "triton_kernels bf16"
 BYTES_PER_ELEMENT = {"bf16": 2.0, "fp8": 1.0, "mxfp8": 1 + 1 / 32, "mxfp4": 0.5 + 1 / 32, "nvfp4": 0.5 + 1 / 16}
 
 
@@ -62,6 +77,11 @@ class Problem:
         self.weights = {fmt: self.w if fmt == "bf16" else lk.quantize(self.w, fmt) for fmt in formats}
         self.w_fp8_t = self.w.to(torch.float8_e4m3fn).transpose(-2, -1)
         self.ids = torch.arange(num_experts, dtype=torch.int32, device="cuda")
+        try:
+            self.triton_kernels = TritonKernelsExperts(self.w)
+        except ImportError as error:
+            self.triton_kernels = None
+            print(f"  triton_kernels peer skipped: {error} (put its package on PYTHONPATH)")
 
     def ours(self, activation_format: str, weight_format: str, offsets: torch.Tensor):
         rows = int(offsets[-1])
@@ -83,11 +103,12 @@ class Problem:
 
 
 def _time(make) -> tuple[float, object]:
-    """(ms, output) of a peer or of ours; (nan, None) when it fails, reported and not fatal."""
+    """(ms of a CUDA-graph replay, output) of a peer or of ours; (nan, None) when it fails, reported and not
+    fatal."""
     try:
         fn = make()
         out = fn()
-        return time_ms(fn), out
+        return graph_time_ms(fn), out
     except Exception as error:  # noqa: BLE001 - a failing system is a result too
         print(f"  fails: {type(error).__name__}: {str(error)[:160]}")
         return float("nan"), None
@@ -99,8 +120,12 @@ def sweep(problem: Problem, model: str, tokens_per_expert: int, ceilings: dict, 
     rows_total = int(offsets[-1])
     flops = 2.0 * rows_total * problem.n * problem.k
     weight_elements = problem.num_experts * problem.n * problem.k
+    x = problem.x[:rows_total]
     systems = {PEER_BF16: (("bf16", "bf16"), lambda: problem.peer_bf16(offsets)),
                PEER_FP8: (("fp8", "fp8"), lambda: problem.peer_fp8(offsets))}
+    if problem.triton_kernels is not None:
+        systems[PEER_TK_MXFP4] = (("bf16", "mxfp4"), lambda: problem.triton_kernels.mxfp4(x, offsets))
+        systems[PEER_TK_BF16] = (("bf16", "bf16"), lambda: problem.triton_kernels.bf16(x, offsets))
     for name, (fa, fb) in OURS.items():
         systems[name] = ((fa, fb), lambda fa=fa, fb=fb: problem.ours(fa, fb, offsets))
     timings, reference = {}, None
@@ -127,6 +152,7 @@ def sweep(problem: Problem, model: str, tokens_per_expert: int, ceilings: dict, 
             "% bf16 peak": 100 * flops / ms / 1e9 / ceilings["bf16_tflops"],
             "% copy BW": 100 * total_bytes / ms / 1e6 / ceilings["copy_gbps"],
             "vs _grouped_mm": timings[PEER_BF16][0] / ms, "vs _scaled_grouped_mm": timings[PEER_FP8][0] / ms,
+            "vs_triton_kernels": timings.get(PEER_TK_MXFP4, (float("nan"),))[0] / ms,
             "rel err vs bf16": error,
         })
     return rows
@@ -172,6 +198,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=None)
     parser.add_argument("--quick", action="store_true", help="two projections, four token counts")
+    parser.add_argument("--targets", action="store_true", help="issue 21's grid only")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("this benchmark needs a CUDA GPU")
@@ -181,11 +208,13 @@ def main():
     gpu = torch.cuda.get_device_name()
     print(f"{gpu}: copy {ceilings['copy_gbps']:.0f} GB/s, bf16 {ceilings['bf16_tflops']:.0f} TFLOP/s, "
           f"fp8 {ceilings['fp8_tflops']:.0f} TFLOP/s", flush=True)
-    models = dict(list(MODELS.items())[2:4]) if args.quick else MODELS
-    token_counts = (1, 16, 64, 512) if args.quick else TOKENS_PER_EXPERT
+    models = {name: (*shape, TOKENS_PER_EXPERT) for name, shape in MODELS.items()}
+    if args.quick:
+        models = {name: (*shape[:3], (1, 16, 64, 512)) for name, shape in list(models.items())[2:4]}
+    models = TARGETS if args.targets else models if args.quick else {**TARGETS, **models}
     weight_formats = {fb for _, fb in OURS.values()}
     rows, routing = [], []
-    for model, (num_experts, n, k) in models.items():
+    for model, (num_experts, n, k, token_counts) in models.items():
         counts = [t for t in token_counts if num_experts * t <= MAX_ROWS]
         problem = Problem(num_experts, n, k, num_experts * max(counts), weight_formats)
         for tokens_per_expert in counts:
@@ -198,8 +227,8 @@ def main():
 
     header = (f"GPU: {gpu}, torch {torch.__version__}. Ceilings measured in this run: copy "
               f"{ceilings['copy_gbps']:.0f} GB/s, bf16 matmul {ceilings['bf16_tflops']:.0f} TFLOP/s, fp8 matmul "
-              f"{ceilings['fp8_tflops']:.0f} TFLOP/s. Times are medians (do_bench). 'vs' columns: peer time / "
-              "our time (> 1: we are faster). GB/s counts A, all of B (with scales) and the bf16 output once; "
+              f"{ceilings['fp8_tflops']:.0f} TFLOP/s. Times are medians of CUDA-graph replays. 'vs' columns: peer "
+              "time / this system's time (> 1: faster than the peer; vs_triton_kernels: its bf16 x mxfp4). GB/s counts A, all of B (with scales) and the bf16 output once; "
               "'weight GB/s' counts B alone (the decode regime's floor). 'rel err vs bf16': against the "
               "bf16 peer's output, a sanity check (tests/ hold the exact ones).")
     print(write_table(rows, out_dir, "grouped_matmul", "Grouped MoE matmul: tokens-per-expert sweep", header))

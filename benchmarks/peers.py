@@ -72,3 +72,49 @@ def moe_batched_mm_runner(router_weight, w_gate_up, w_down, top_k: int):
         y = torch.bmm(w_down[ids.view(-1)], h).view(x.shape[0], top_k, -1)  # [T, k, H]
         return (y.float() * weights[..., None]).sum(1).to(x.dtype)
     return run
+
+
+class TritonKernelsExperts:
+    """OpenAI's ``triton_kernels.matmul_ogs`` (Triton repository, tag v3.6.0; pure Python, never a dependency of
+    this project: carried beside it, e.g. ``PYTHONPATH=.peers/triton_kernels``) on one expert projection:
+    bf16 × MXFP4 weights in its Hopper value and scale layouts, and bf16 × bf16. Rows arrive grouped by
+    expert (ragged routing metadata, one expert per row, no gather or scatter), as ours do.
+
+    ``w``: bf16 ``[E, N, K]``. Raises ``ImportError`` when the package is not importable.
+    """
+
+    def __init__(self, w: torch.Tensor, scale_warps: int = 8):
+        from triton_kernels.matmul_ogs import PrecisionConfig, matmul_ogs
+        from triton_kernels.numerics_details.mxfp import downcast_to_mxfp
+        from triton_kernels.tensor import FP4, convert_layout, wrap_torch_tensor
+        from triton_kernels.tensor_details import layout
+
+        self._matmul = matmul_ogs
+        self.w_t = w.transpose(-2, -1)  # its logical [E, K, N], K contiguous
+        data, scales = downcast_to_mxfp(self.w_t, torch.uint8, axis=1)  # quantized along K
+        value_layout, value_options = layout.make_default_matmul_mxfp4_w_layout(mx_axis=1)
+        scale_layout, scale_options = layout.make_default_matmul_mxfp4_w_scale_layout(mx_axis=1,
+                                                                                      num_warps=scale_warps)
+        self.w_mxfp4 = convert_layout(wrap_torch_tensor(data, dtype=FP4), value_layout, **value_options)
+        self.precision = PrecisionConfig(weight_scale=convert_layout(wrap_torch_tensor(scales), scale_layout,
+                                                                     **scale_options))
+
+    @staticmethod
+    def _routing(offsets: torch.Tensor):
+        from triton_kernels.matmul_ogs import RoutingData
+        from triton_kernels.tensor import make_ragged_tensor_metadata
+
+        sizes = (offsets[1:] - offsets[:-1]).to(torch.int32)
+        rows = int(offsets[-1])
+        metadata = make_ragged_tensor_metadata(sizes, rows)
+        return RoutingData(None, metadata.slice_sizes, sizes.numel(), 1, metadata,
+                           expected_tokens_per_expt=max(1, rows // max(sizes.numel(), 1)))
+
+    def mxfp4(self, x: torch.Tensor, offsets: torch.Tensor):
+        """bf16 ``x [rows, K]`` × MXFP4 weights, groups at ``offsets`` (int32 ``[E + 1]``)."""
+        routing = self._routing(offsets)
+        return lambda: self._matmul(x, self.w_mxfp4, None, routing, precision_config=self.precision)
+
+    def bf16(self, x: torch.Tensor, offsets: torch.Tensor):
+        routing = self._routing(offsets)
+        return lambda: self._matmul(x, self.w_t, None, routing)

@@ -1,0 +1,222 @@
+"""Prototype for issue 21: bf16 × MXFP4 experts on Hopper with the weights stored in wgmma's register-fragment
+order, so that a 16-byte load per thread, decoded in registers, is that thread's operand of the MMA (no shared
+memory round trip between decode and MMA). Not in the product until it wins; measured against ours and
+triton_kernels in one run.
+
+    PYTHONPATH=src:.peers/triton_kernels python -m benchmarks ablate_hopper_mxfp4 [--out DIR]
+
+Layout (one expert, logical e2m1 codes ``w[n, k]``, scales ``s[n, k // 32]``), for wgmma's A fragment: lane
+``4g + t`` of a warp holds, per 16-wide K step ``j``, rows ``g`` and ``g + 8`` of its 16 rows at
+``k = 16j + 2t + {0, 1} + {0, 8}``. Data ``[N / 16, K / 64, 8 (g), 4 (t), 4 (j), 4 (byte)]``, byte
+``b = 2 bh + bl`` of step ``j`` holding ``w[16 nb + g, k]`` in its low nibble and ``w[16 nb + 8 + g, k]`` in its
+high one, ``k = 64 c + 16 j + 8 bh + 2 t + bl``: one 16-byte load per thread and 64-K chunk. Scales
+``[N / 16, K / 64, 8 (g), 2 (h), 2 (j // 2)]``: ``s[16 nb + 8 h + g, 2 c + j // 2]``, one 4-byte word per
+thread and chunk.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+import triton
+import triton.language as tl
+
+# Four packed bytes in $4 (rows g / g + 8 in the low / high nibbles), bf16x2 scales of row g in $5 (bytes 0-1)
+# and $6 (bytes 2-3), of row g + 8 in $7 and $8. Outputs: row g's values of bytes 0-1 / 2-3 in $0 / $1, row
+# g + 8's in $2 / $3. The magnitude lookups are those of llmkernels.formats.kernel's decoder.
+_DECODE_TWO_ROWS = tl.constexpr("""
+{
+.reg .b32 th0, th1, tl0, tl1, minus_zero, mag, mag_hi, hi0, lo0, hi1, lo1, e01, e23, o01, o23, s01, s23, t01, t23;
+.reg .b32 r0, r1, r2, r3;
+mov.b32 th0, 0x3F3F3F00;
+mov.b32 th1, 0x40404040;
+mov.b32 tl0, 0xC0800000;
+mov.b32 tl1, 0xC0804000;
+mov.b32 minus_zero, 0x80008000;
+and.b32 mag, $4, 0x77777777;
+shr.u32 mag_hi, mag, 16;
+prmt.b32 hi0, th0, th1, mag;
+prmt.b32 lo0, tl0, tl1, mag;
+prmt.b32 hi1, th0, th1, mag_hi;
+prmt.b32 lo1, tl0, tl1, mag_hi;
+prmt.b32 e01, lo0, hi0, 0x6240;
+prmt.b32 o01, lo0, hi0, 0x7351;
+prmt.b32 e23, lo1, hi1, 0x6240;
+prmt.b32 o23, lo1, hi1, 0x7351;
+prmt.b32 s01, $4, $4, 0x1100;
+prmt.b32 s23, $4, $4, 0x3322;
+shl.b32 t01, s01, 4;
+shl.b32 t23, s23, 4;
+lop3.b32 e01, e01, t01, 0x80008000, 0xF8;
+lop3.b32 e23, e23, t23, 0x80008000, 0xF8;
+lop3.b32 o01, o01, s01, 0x80008000, 0xF8;
+lop3.b32 o23, o23, s23, 0x80008000, 0xF8;
+fma.rn.bf16x2 r0, e01, $5, minus_zero;
+fma.rn.bf16x2 r1, e23, $6, minus_zero;
+fma.rn.bf16x2 r2, o01, $7, minus_zero;
+fma.rn.bf16x2 r3, o23, $8, minus_zero;
+mov.b32 $0, r0;
+mov.b32 $1, r1;
+mov.b32 $2, r2;
+mov.b32 $3, r3;
+}
+""")
+
+
+def to_fragment_layout(codes: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Row layout → fragment layout. ``codes`` uint8 ``[E, N, K]`` (one e2m1 code per byte), ``scales`` uint8
+    ``[E, N, K / 32]``; N a multiple of 16, K of 64. Returns data ``[E, N / 16, K / 64, 8, 4, 16]`` uint8 and
+    scales ``[E, N / 16, K / 64, 8, 4]``."""
+    e, n, k = codes.shape
+    # dims: (e, nb, h, g, c, j, bh, t, bl)
+    c9 = codes.reshape(e, n // 16, 2, 8, k // 64, 4, 2, 4, 2)
+    lo, hi = c9[:, :, 0], c9[:, :, 1]  # rows g and g + 8: (e, nb, g, c, j, bh, t, bl)
+    packed = (lo | (hi << 4)).permute(0, 1, 3, 2, 6, 4, 5, 7)  # (e, nb, c, g, t, j, bh, bl)
+    data = packed.reshape(e, n // 16, k // 64, 8, 4, 16).contiguous()
+    s5 = scales.reshape(e, n // 16, 2, 8, k // 64, 2)  # (e, nb, h, g, c, jhi)
+    frag_scales = s5.permute(0, 1, 4, 3, 2, 5).reshape(e, n // 16, k // 64, 8, 4).contiguous()
+    return data, frag_scales
+
+
+@triton.jit
+def _decode_tile(data, scale_words, NB: tl.constexpr, C: tl.constexpr):
+    """``data`` uint8 ``[NB, C, 8, 4, 16]`` and ``scale_words`` uint8 ``[NB, C, 8, 4]`` ((h, j // 2) per g) →
+    bf16 ``[NB * 16, C * 64]`` in natural (n, k) order."""
+    s = tl.reshape(scale_words, (NB, C, 8, 2, 2))  # (h, jhi)
+    s = tl.where(s == 0, 0x00400000, s.to(tl.int32) << 23).to(tl.float32, bitcast=True).to(tl.bfloat16)
+    s = tl.permute(s, (0, 1, 2, 4, 3))  # (..., jhi, h)
+    s_lo, s_hi = tl.split(s)  # [NB, C, 8, 2 (jhi)]
+    s_lo = tl.reshape(tl.broadcast_to(s_lo[:, :, :, None, :, None], (NB, C, 8, 4, 2, 8)), (NB, C, 8, 4, 16))
+    s_hi = tl.reshape(tl.broadcast_to(s_hi[:, :, :, None, :, None], (NB, C, 8, 4, 2, 8)), (NB, C, 8, 4, 16))
+    low, high = tl.inline_asm_elementwise(_DECODE_TWO_ROWS, "=r,=r,=r,=r,r,r,r,r,r", [data, s_lo, s_hi],
+                                          dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
+    low = tl.reshape(low, (NB, C, 8, 4, 4, 2, 2))  # (nb, c, g, t, j, bh, bl)
+    high = tl.reshape(high, (NB, C, 8, 4, 4, 2, 2))
+    both = tl.join(low, high)  # (nb, c, g, t, j, bh, bl, h)
+    both = tl.permute(both, (0, 7, 2, 1, 4, 5, 3, 6))  # (nb, h, g, c, j, bh, t, bl)
+    return tl.reshape(both, (NB * 16, C * 64))
+
+
+@triton.jit
+def fragment_mxfp4_kernel(x_ptr, w_ptr, s_ptr, out_ptr, offsets_ptr, ids_ptr, N, K, tiles_per_group,
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """out[rows of g, n] = x[rows of g] @ W[ids[g]]ᵀ with W in the fragment layout; swap-AB (the weights are
+    the MMA's register operand, the tokens its N). Grid: (N / BLOCK_N, groups × tiles_per_group)."""
+    NB: tl.constexpr = BLOCK_N // 16
+    C: tl.constexpr = BLOCK_K // 64
+    pid_n = tl.program_id(0)
+    group = tl.program_id(1) // tiles_per_group
+    row_start = tl.load(offsets_ptr + group) + (tl.program_id(1) % tiles_per_group) * BLOCK_M
+    row_end = tl.load(offsets_ptr + group + 1)
+    if row_start >= row_end:
+        return
+    expert = tl.load(ids_ptr + group).to(tl.int64)
+    rows = row_start + tl.arange(0, BLOCK_M)
+    row_mask = rows < row_end
+    ks = tl.arange(0, BLOCK_K)
+    # data offsets of this program's [NB, C, 8, 4, 16] tile at K chunk 0
+    chunk_bytes = 512
+    nb = pid_n * NB + tl.arange(0, NB)
+    d_off = (nb[:, None, None, None, None] * (K // 64) * chunk_bytes
+             + tl.arange(0, C)[None, :, None, None, None] * chunk_bytes
+             + tl.arange(0, 8)[None, None, :, None, None] * 64
+             + tl.arange(0, 4)[None, None, None, :, None] * 16
+             + tl.arange(0, 16)[None, None, None, None, :])
+    s_off = (nb[:, None, None, None] * (K // 64) * 32 + tl.arange(0, C)[None, :, None, None] * 32
+             + tl.arange(0, 8)[None, None, :, None] * 4 + tl.arange(0, 4)[None, None, None, :])
+    w_base = w_ptr + expert * N * (K // 2)
+    s_base = s_ptr + expert * N * (K // 32)
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for k in range(0, K, BLOCK_K):
+        x = tl.load(x_ptr + rows[:, None].to(tl.int64) * K + k + ks[None, :], mask=row_mask[:, None], other=0.0)
+        data = tl.load(w_base + d_off + (k // 64) * chunk_bytes)
+        scale_words = tl.load(s_base + s_off + (k // 64) * 32)
+        w = _decode_tile(data, scale_words, NB, C)
+        acc = tl.dot(w, tl.trans(x), acc)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    tl.store(out_ptr + rows[None, :].to(tl.int64) * N + cols[:, None], acc.to(tl.bfloat16), mask=row_mask[None, :])
+
+
+class FragmentMXFP4:
+    """Weights of every expert in the fragment layout, from an llmkernels mxfp4 ScaledTensor ``[E, N, K]``."""
+
+    def __init__(self, w_mxfp4):
+        data = w_mxfp4.data
+        codes = torch.stack([data & 0xF, data >> 4], dim=-1).reshape(*data.shape[:-1], data.shape[-1] * 2)
+        scales = w_mxfp4.scales.view(torch.uint8)
+        self.n, self.k = codes.shape[1], codes.shape[2]
+        self.data, self.scales = to_fragment_layout(codes, scales)
+
+    def runner(self, x, offsets, ids, max_rows_per_group, block_m, block_n=128, num_warps=4, num_stages=4):
+        out = torch.empty(x.shape[0], self.n, device=x.device, dtype=torch.bfloat16)
+        tiles = triton.cdiv(max_rows_per_group, block_m)
+        grid = (self.n // block_n, (offsets.numel() - 1) * tiles)
+
+        def run():
+            fragment_mxfp4_kernel[grid](x, self.data, self.scales, out, offsets, ids, self.n, self.k, tiles,
+                                        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=128,
+                                        num_warps=num_warps, num_stages=num_stages)
+            return out
+        return run
+
+
+def main():
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+    import llmkernels as lk
+    from benchmarks.common import graph_time_ms
+    from benchmarks.peers import TritonKernelsExperts
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    lines = [f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, Triton {triton.__version__}; µs per "
+             "CUDA-graph replay; rel err against the fp32 product of the dequantized weights"]
+    for experts, n, k, counts in ((128, 4096, 7168, (1, 16, 64, 256)), (32, 5760, 2880, (4, 64, 512)),
+                                  (8, 4096, 7168, (2048,))):
+        w = torch.randn(experts, n, k, device="cuda", dtype=torch.bfloat16) * k**-0.5
+        w_mx = lk.quantize(w, "mxfp4")
+        w_ref = lk.dequantize(w_mx).float()
+        fragment = FragmentMXFP4(w_mx)
+        try:
+            peer = TritonKernelsExperts(w)
+        except ImportError:
+            peer = None
+        ids = torch.arange(experts, dtype=torch.int32, device="cuda")
+        for t in counts:
+            offsets = torch.arange(experts + 1, dtype=torch.int32, device="cuda") * t
+            x = torch.randn(experts * t, k, device="cuda", dtype=torch.bfloat16)
+            ref = torch.bmm(x.view(experts, t, k).float(), w_ref.transpose(1, 2)).view(experts * t, n)
+            results = {}
+            block_m = 16 if t <= 16 else 32 if t <= 32 else 64
+            systems = {"ours row layout": lambda: lambda: lk.grouped_matmul(x, w_mx, offsets, ids)}
+            for bn, warps in ((128, 4), (256, 8)):
+                systems[f"fragment bn{bn} w{warps}"] = (
+                    lambda bn=bn, warps=warps: fragment.runner(x, offsets, ids, t, block_m, bn, warps))
+            if peer is not None:
+                systems["triton_kernels"] = lambda: peer.mxfp4(x, offsets)
+            for name, make in systems.items():
+                try:
+                    fn = make()
+                    out = fn()
+                    error = ((out.float() - ref).norm() / ref.norm()).item()
+                    results[name] = (graph_time_ms(fn) * 1e3, error)
+                except Exception as exc:  # noqa: BLE001
+                    results[name] = (float("nan"), float("nan"))
+                    print(f"{name} fails: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
+            line = f"E={experts} T={t} N={n} K={k}: " + "; ".join(
+                f"{name} {us:.1f} us (err {err:.1e})" for name, (us, err) in results.items())
+            print(line, flush=True)
+            lines.append(line)
+        del w, w_mx, w_ref, fragment, peer
+        torch.cuda.empty_cache()
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "ablate_hopper_mxfp4.txt"), "w") as file:
+            file.write("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
