@@ -129,10 +129,13 @@ def fragment_mxfp4_kernel(x_ptr, w_ptr, s_ptr, out_ptr, offsets_ptr, ids_ptr, N,
     w_base = w_ptr + expert * N * (K // 2)
     s_base = s_ptr + expert * N * (K // 32)
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    chunks = tl.arange(0, C)
     for k in range(0, K, BLOCK_K):
-        x = tl.load(x_ptr + rows[:, None].to(tl.int64) * K + k + ks[None, :], mask=row_mask[:, None], other=0.0)
-        data = tl.load(w_base + d_off + (k // 64) * chunk_bytes)
-        scale_words = tl.load(s_base + s_off + (k // 64) * 32)
+        x = tl.load(x_ptr + rows[:, None].to(tl.int64) * K + k + ks[None, :],
+                    mask=row_mask[:, None] & (k + ks < K)[None, :], other=0.0)
+        chunk_ok = k // 64 + chunks < K // 64  # K is a multiple of 64, not always of BLOCK_K
+        data = tl.load(w_base + d_off + (k // 64) * chunk_bytes, mask=chunk_ok[None, :, None, None, None], other=0)
+        scale_words = tl.load(s_base + s_off + (k // 64) * 32, mask=chunk_ok[None, :, None, None], other=127)
         w = _decode_tile(data, scale_words, NB, C)
         acc = tl.dot(w, tl.trans(x), acc)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -149,14 +152,15 @@ class FragmentMXFP4:
         self.n, self.k = codes.shape[1], codes.shape[2]
         self.data, self.scales = to_fragment_layout(codes, scales)
 
-    def runner(self, x, offsets, ids, max_rows_per_group, block_m, block_n=128, num_warps=4, num_stages=4):
+    def runner(self, x, offsets, ids, max_rows_per_group, block_m, block_n=128, num_warps=4, num_stages=4,
+               block_k=128):
         out = torch.empty(x.shape[0], self.n, device=x.device, dtype=torch.bfloat16)
         tiles = triton.cdiv(max_rows_per_group, block_m)
         grid = (self.n // block_n, (offsets.numel() - 1) * tiles)
 
         def run():
             fragment_mxfp4_kernel[grid](x, self.data, self.scales, out, offsets, ids, self.n, self.k, tiles,
-                                        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=128,
+                                        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
                                         num_warps=num_warps, num_stages=num_stages)
             return out
         return run
@@ -170,7 +174,10 @@ def main():
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=None)
+    parser.add_argument("--sweep", action="store_true", help="tile sweep at E=128, N=4096, K=7168 instead")
     args = parser.parse_args()
+    if args.sweep:
+        return sweep(args)
     torch.manual_seed(0)
     lines = [f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, Triton {triton.__version__}; µs per "
              "CUDA-graph replay; rel err against the fp32 product of the dequantized weights"]
@@ -215,6 +222,43 @@ def main():
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "ablate_hopper_mxfp4.txt"), "w") as file:
+            file.write("\n".join(lines) + "\n")
+
+
+def sweep(args):
+    import llmkernels as lk
+    from benchmarks.common import graph_time_ms
+
+    torch.manual_seed(0)
+    experts, n, k = 128, 4096, 7168
+    w = torch.randn(experts, n, k, device="cuda", dtype=torch.bfloat16) * k**-0.5
+    w_mx = lk.quantize(w, "mxfp4")
+    w_ref = lk.dequantize(w_mx).float()
+    fragment = FragmentMXFP4(w_mx)
+    ids = torch.arange(experts, dtype=torch.int32, device="cuda")
+    lines = [f"# sweep, {torch.cuda.get_device_name()}, Triton {triton.__version__}: E={experts} N={n} K={k}, "
+             "us per CUDA-graph replay (weight GB/s)"]
+    weight_bytes = experts * n * k * (0.5 + 1 / 32)
+    for t in (1, 16, 64):
+        offsets = torch.arange(experts + 1, dtype=torch.int32, device="cuda") * t
+        x = torch.randn(experts * t, k, device="cuda", dtype=torch.bfloat16)
+        ref = torch.bmm(x.view(experts, t, k).float(), w_ref.transpose(1, 2)).view(experts * t, n)
+        block_m = 16 if t <= 16 else 64
+        for bn, warps, stages, bk in ((128, 4, 3, 128), (128, 4, 4, 128), (128, 4, 6, 128), (128, 4, 3, 256),
+                                      (64, 4, 4, 128), (64, 4, 6, 128), (128, 8, 4, 128), (256, 8, 4, 128),
+                                      (256, 8, 3, 256)):
+            try:
+                fn = fragment.runner(x, offsets, ids, t, block_m, bn, warps, stages, bk)
+                error = ((fn().float() - ref).norm() / ref.norm()).item()
+                us = graph_time_ms(fn) * 1e3
+                line = f"T={t} bm{block_m} bn{bn} w{warps} s{stages} bk{bk}: {us:.1f} us ({weight_bytes / us / 1e3:.0f} GB/s) err {error:.1e}"
+            except Exception as exc:  # noqa: BLE001
+                line = f"T={t} bm{block_m} bn{bn} w{warps} s{stages} bk{bk}: fails {type(exc).__name__}: {str(exc)[:120]}"
+            print(line, flush=True)
+            lines.append(line)
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "ablate_hopper_mxfp4_sweep.txt"), "w") as file:
             file.write("\n".join(lines) + "\n")
 
 
