@@ -11,7 +11,12 @@ Layout (one expert, logical e2m1 codes ``w[n, k]``, scales ``s[n, k // 32]``), f
 ``b = 2 bh + bl`` of step ``j`` holding ``w[16 nb + g, k]`` in its low nibble and ``w[16 nb + 8 + g, k]`` in its
 high one, ``k = 64 c + 16 j + 8 bh + 2 t + bl``: one 16-byte load per thread and 64-K chunk. Scales
 ``[N / 16, K / 64, 8 (g), 2 (h), 2 (j // 2)]``: ``s[16 nb + 8 h + g, 2 c + j // 2]``, one 4-byte word per
-thread and chunk.
+thread and chunk (e8m0 bytes, or bf16 converted once on the host). Each word's eight e2m1 values have their
+bits placed (``_place_bits``) so that masks and shifts give bf16 lanes that one multiply by 2^126 turns into
+the values. What each variant measured: ``benchmarks/NOTES.md`` (issue 21).
+
+Limits of the prototype: MXFP4 weights under bf16 activations only, N a multiple of BLOCK_N, K of 64,
+non-persistent grid of (N tiles, groups × tiles per group).
 """
 from __future__ import annotations
 
@@ -23,58 +28,69 @@ import torch
 import triton
 import triton.language as tl
 
-# Four packed bytes in $4 (rows g / g + 8 in the low / high nibbles), bf16x2 scales of row g in $5 (bytes 0-1)
-# and $6 (bytes 2-3), of row g + 8 in $7 and $8. Outputs: row g's values of bytes 0-1 / 2-3 in $0 / $1, row
-# g + 8's in $2 / $3. The magnitude lookups are those of llmkernels.formats.kernel's decoder.
+# $4: one word of eight e2m1 values with their bits placed by _place_bits, so that masks put each value's
+# sign, exponent and mantissa bits at bf16 bits 15, 8-7 and 6 of its lane: that bf16 times 2^126 is the
+# e2m1 value (the subnormal code 0.5 included). $5-$6 / $7-$8: bf16x2 scales of rows g / g + 8. Outputs
+# $0-$1: row g's four values (k = 2t, 2t + 1, 2t + 8, 2t + 9), $2-$3 row g + 8's.
 _DECODE_TWO_ROWS = tl.constexpr("""
 {
-.reg .b32 th0, th1, tl0, tl1, minus_zero, mag, mag_hi, hi0, lo0, hi1, lo1, e01, e23, o01, o23, s01, s23, t01, t23;
-.reg .b32 r0, r1, r2, r3;
-mov.b32 th0, 0x3F3F3F00;
-mov.b32 th1, 0x40404040;
-mov.b32 tl0, 0xC0800000;
-mov.b32 tl1, 0xC0804000;
+.reg .b32 mask, bias, minus_zero, v0, v1, v2, v3, a, b, c;
+mov.b32 mask, 0x81C081C0;
+mov.b32 bias, 0x7E807E80;
 mov.b32 minus_zero, 0x80008000;
-and.b32 mag, $4, 0x77777777;
-shr.u32 mag_hi, mag, 16;
-prmt.b32 hi0, th0, th1, mag;
-prmt.b32 lo0, tl0, tl1, mag;
-prmt.b32 hi1, th0, th1, mag_hi;
-prmt.b32 lo1, tl0, tl1, mag_hi;
-prmt.b32 e01, lo0, hi0, 0x6240;
-prmt.b32 o01, lo0, hi0, 0x7351;
-prmt.b32 e23, lo1, hi1, 0x6240;
-prmt.b32 o23, lo1, hi1, 0x7351;
-prmt.b32 s01, $4, $4, 0x1100;
-prmt.b32 s23, $4, $4, 0x3322;
-shl.b32 t01, s01, 4;
-shl.b32 t23, s23, 4;
-lop3.b32 e01, e01, t01, 0x80008000, 0xF8;
-lop3.b32 e23, e23, t23, 0x80008000, 0xF8;
-lop3.b32 o01, o01, s01, 0x80008000, 0xF8;
-lop3.b32 o23, o23, s23, 0x80008000, 0xF8;
-fma.rn.bf16x2 r0, e01, $5, minus_zero;
-fma.rn.bf16x2 r1, e23, $6, minus_zero;
-fma.rn.bf16x2 r2, o01, $7, minus_zero;
-fma.rn.bf16x2 r3, o23, $8, minus_zero;
-mov.b32 $0, r0;
-mov.b32 $1, r1;
-mov.b32 $2, r2;
-mov.b32 $3, r3;
+and.b32 v0, $4, mask;
+shl.b32 a, $4, 3;
+and.b32 v1, a, mask;
+shl.b32 a, $4, 6;
+and.b32 v2, a, mask;
+shl.b32 a, $4, 1;
+and.b32 a, a, 0x80008000;
+shr.u32 b, $4, 5;
+and.b32 b, b, 0x01000100;
+shr.u32 c, $4, 4;
+and.b32 c, c, 0x00C000C0;
+or.b32 v3, a, b;
+or.b32 v3, v3, c;
+fma.rn.bf16x2 v0, v0, bias, minus_zero;
+fma.rn.bf16x2 v1, v1, bias, minus_zero;
+fma.rn.bf16x2 v2, v2, bias, minus_zero;
+fma.rn.bf16x2 v3, v3, bias, minus_zero;
+fma.rn.bf16x2 $0, v0, $5, minus_zero;
+fma.rn.bf16x2 $1, v1, $6, minus_zero;
+fma.rn.bf16x2 $2, v2, $7, minus_zero;
+fma.rn.bf16x2 $3, v3, $8, minus_zero;
 }
 """)
+
+# Bit positions (sign, e1, e0, m) of the four values of a 16-bit lane: value i is extracted by mask (i = 0),
+# shift left by 3 / 6 (i = 1, 2) or three shifts (i = 3).
+_SLOT_BITS = ((15, 8, 7, 6), (12, 5, 4, 3), (9, 2, 1, 0), (14, 13, 11, 10))
+
+
+def _place_bits(codes: torch.Tensor, slot: int, lane: int) -> torch.Tensor:
+    """e2m1 codes (int64) → their bits at value ``slot``'s positions of 16-bit ``lane`` (0 low, 1 high)."""
+    placed = torch.zeros_like(codes)
+    for bit, position in zip((3, 2, 1, 0), _SLOT_BITS[slot]):
+        placed |= ((codes >> bit) & 1) << (position + 16 * lane)
+    return placed
 
 
 def to_fragment_layout(codes: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Row layout → fragment layout. ``codes`` uint8 ``[E, N, K]`` (one e2m1 code per byte), ``scales`` uint8
-    ``[E, N, K / 32]``; N a multiple of 16, K of 64. Returns data ``[E, N / 16, K / 64, 8, 4, 16]`` uint8 and
+    ``[E, N, K / 32]``; N a multiple of 16, K of 64. Returns data ``[E, N / 16, K / 64, 8, 4, 16]`` uint8 (four
+    little-endian words per thread and chunk, one per 16-wide K step, bits placed by :func:`_place_bits`) and
     scales ``[E, N / 16, K / 64, 8, 4]``."""
     e, n, k = codes.shape
     # dims: (e, nb, h, g, c, j, bh, t, bl)
-    c9 = codes.reshape(e, n // 16, 2, 8, k // 64, 4, 2, 4, 2)
-    lo, hi = c9[:, :, 0], c9[:, :, 1]  # rows g and g + 8: (e, nb, g, c, j, bh, t, bl)
-    packed = (lo | (hi << 4)).permute(0, 1, 3, 2, 6, 4, 5, 7)  # (e, nb, c, g, t, j, bh, bl)
-    data = packed.reshape(e, n // 16, k // 64, 8, 4, 16).contiguous()
+    c9 = codes.to(torch.int64).reshape(e, n // 16, 2, 8, k // 64, 4, 2, 4, 2)
+    c9 = c9.permute(0, 1, 2, 4, 3, 7, 5, 6, 8)  # (e, nb, h, c, g, t, j, bh, bl)
+    lo, hi = c9[:, :, 0], c9[:, :, 1]  # rows g and g + 8: (e, nb, c, g, t, j, bh, bl)
+    # value slots of the word of step j: row g's k pairs (2t, 2t + 1) and (2t + 8, 2t + 9), then row g + 8's
+    words = torch.zeros_like(lo[..., 0, 0])
+    for slot, rows in enumerate((lo, lo, hi, hi)):
+        for lane in range(2):
+            words |= _place_bits(rows[..., slot % 2, lane], slot, lane)
+    data = words.to(torch.int32).contiguous().view(torch.uint8).reshape(e, n // 16, k // 64, 8, 4, 16)
     s5 = scales.reshape(e, n // 16, 2, 8, k // 64, 2)  # (e, nb, h, g, c, jhi)
     frag_scales = s5.permute(0, 1, 4, 3, 2, 5).reshape(e, n // 16, k // 64, 8, 4).contiguous()
     return data, frag_scales
@@ -85,7 +101,10 @@ def _decode_tile(data, scale_words, NB: tl.constexpr, C: tl.constexpr):
     """``data`` uint8 ``[NB, C, 8, 4, 16]`` and ``scale_words`` uint8 ``[NB, C, 8, 4]`` ((h, j // 2) per g) →
     bf16 ``[NB * 16, C * 64]`` in natural (n, k) order."""
     s = tl.reshape(scale_words, (NB, C, 8, 2, 2))  # (h, jhi)
-    s = tl.where(s == 0, 0x00400000, s.to(tl.int32) << 23).to(tl.float32, bitcast=True).to(tl.bfloat16)
+    if s.dtype != tl.bfloat16:  # e8m0 bits → bf16 2^(s - 127); 0 is the subnormal 2^-127, 255 NaN
+        bits = s.to(tl.int16) << 7
+        bits = tl.where(s == 0, 0x0040, tl.where(s == 255, 0x7FC0, bits)).to(tl.int16)
+        s = bits.to(tl.bfloat16, bitcast=True)
     s = tl.permute(s, (0, 1, 2, 4, 3))  # (..., jhi, h)
     s_lo, s_hi = tl.split(s)  # [NB, C, 8, 2 (jhi)]
     s_lo = tl.reshape(tl.broadcast_to(s_lo[:, :, :, None, :, None], (NB, C, 8, 4, 2, 8)), (NB, C, 8, 4, 16))
@@ -101,9 +120,12 @@ def _decode_tile(data, scale_words, NB: tl.constexpr, C: tl.constexpr):
 
 @triton.jit
 def fragment_mxfp4_kernel(x_ptr, w_ptr, s_ptr, out_ptr, offsets_ptr, ids_ptr, N, K, tiles_per_group,
-                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                          EVEN_K: tl.constexpr, WRAP_ROWS: tl.constexpr):
     """out[rows of g, n] = x[rows of g] @ W[ids[g]]ᵀ with W in the fragment layout; swap-AB (the weights are
-    the MMA's register operand, the tokens its N). Grid: (N / BLOCK_N, groups × tiles_per_group)."""
+    the MMA's register operand, the tokens its N). Grid: (N / BLOCK_N, groups × tiles_per_group). ``s_ptr``:
+    e8m0 bytes or bf16 scales. EVEN_K: K a multiple of BLOCK_K (no K masks); WRAP_ROWS: rows past the group
+    read the group's rows again (unmasked loads), as triton_kernels does."""
     NB: tl.constexpr = BLOCK_N // 16
     C: tl.constexpr = BLOCK_K // 64
     pid_n = tl.program_id(0)
@@ -115,6 +137,7 @@ def fragment_mxfp4_kernel(x_ptr, w_ptr, s_ptr, out_ptr, offsets_ptr, ids_ptr, N,
     expert = tl.load(ids_ptr + group).to(tl.int64)
     rows = row_start + tl.arange(0, BLOCK_M)
     row_mask = rows < row_end
+    load_rows = row_start + tl.arange(0, BLOCK_M) % (row_end - row_start) if WRAP_ROWS else rows
     ks = tl.arange(0, BLOCK_K)
     # data offsets of this program's [NB, C, 8, 4, 16] tile at K chunk 0
     chunk_bytes = 512
@@ -131,11 +154,18 @@ def fragment_mxfp4_kernel(x_ptr, w_ptr, s_ptr, out_ptr, offsets_ptr, ids_ptr, N,
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     chunks = tl.arange(0, C)
     for k in range(0, K, BLOCK_K):
-        x = tl.load(x_ptr + rows[:, None].to(tl.int64) * K + k + ks[None, :],
-                    mask=row_mask[:, None] & (k + ks < K)[None, :], other=0.0)
-        chunk_ok = k // 64 + chunks < K // 64  # K is a multiple of 64, not always of BLOCK_K
-        data = tl.load(w_base + d_off + (k // 64) * chunk_bytes, mask=chunk_ok[None, :, None, None, None], other=0)
-        scale_words = tl.load(s_base + s_off + (k // 64) * 32, mask=chunk_ok[None, :, None, None], other=127)
+        x_ptrs = x_ptr + load_rows[:, None].to(tl.int64) * K + k + ks[None, :]
+        if EVEN_K:
+            x = tl.load(x_ptrs) if WRAP_ROWS else tl.load(x_ptrs, mask=row_mask[:, None], other=0.0)
+            data = tl.load(w_base + d_off + (k // 64) * chunk_bytes)
+            scale_words = tl.load(s_base + s_off + (k // 64) * 32)
+        else:
+            row_ok = (load_rows >= 0) if WRAP_ROWS else row_mask
+            x = tl.load(x_ptrs, mask=row_ok[:, None] & (k + ks < K)[None, :], other=0.0)
+            chunk_ok = k // 64 + chunks < K // 64  # K is a multiple of 64, not always of BLOCK_K
+            data = tl.load(w_base + d_off + (k // 64) * chunk_bytes, mask=chunk_ok[None, :, None, None, None],
+                           other=0)
+            scale_words = tl.load(s_base + s_off + (k // 64) * 32, mask=chunk_ok[None, :, None, None], other=127)
         w = _decode_tile(data, scale_words, NB, C)
         acc = tl.dot(w, tl.trans(x), acc)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -151,16 +181,20 @@ class FragmentMXFP4:
         scales = w_mxfp4.scales.view(torch.uint8)
         self.n, self.k = codes.shape[1], codes.shape[2]
         self.data, self.scales = to_fragment_layout(codes, scales)
+        bits = self.scales.to(torch.int32) << 23  # e8m0 → float32 → bf16, exactly (0: 2^-127, 255: NaN)
+        bits = torch.where(self.scales == 0, 0x00400000, torch.where(self.scales == 255, 0x7FC00000, bits))
+        self.scales_bf16 = bits.view(torch.float32).to(torch.bfloat16)
 
     def runner(self, x, offsets, ids, max_rows_per_group, block_m, block_n=128, num_warps=4, num_stages=4,
-               block_k=128):
+               block_k=128, bf16_scales=False, wrap_rows=False):
         out = torch.empty(x.shape[0], self.n, device=x.device, dtype=torch.bfloat16)
         tiles = triton.cdiv(max_rows_per_group, block_m)
         grid = (self.n // block_n, (offsets.numel() - 1) * tiles)
 
         def run():
-            fragment_mxfp4_kernel[grid](x, self.data, self.scales, out, offsets, ids, self.n, self.k, tiles,
-                                        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+            fragment_mxfp4_kernel[grid](x, self.data, self.scales_bf16 if bf16_scales else self.scales, out, offsets,
+                                        ids, self.n, self.k, tiles, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+                                        EVEN_K=self.k % block_k == 0, WRAP_ROWS=wrap_rows,
                                         num_warps=num_warps, num_stages=num_stages)
             return out
         return run
@@ -175,9 +209,13 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=None)
     parser.add_argument("--sweep", action="store_true", help="tile sweep at E=128, N=4096, K=7168 instead")
+    parser.add_argument("--profile", action="store_true",
+                        help="three launches each of the prototype and triton_kernels at E=128, T=1 (for ncu)")
     args = parser.parse_args()
     if args.sweep:
         return sweep(args)
+    if args.profile:
+        return profile()
     torch.manual_seed(0)
     lines = [f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, Triton {triton.__version__}; µs per "
              "CUDA-graph replay; rel err against the fp32 product of the dequantized weights"]
@@ -199,9 +237,9 @@ def main():
             results = {}
             block_m = 16 if t <= 16 else 32 if t <= 32 else 64
             systems = {"ours row layout": lambda: lambda: lk.grouped_matmul(x, w_mx, offsets, ids)}
-            for bn, warps in ((128, 4), (256, 8)):
-                systems[f"fragment bn{bn} w{warps}"] = (
-                    lambda bn=bn, warps=warps: fragment.runner(x, offsets, ids, t, block_m, bn, warps))
+            systems["fragment e8m0 scales"] = lambda: fragment.runner(x, offsets, ids, t, block_m, 128, 4, 3)
+            systems["fragment bf16 scales, wrapped rows"] = lambda: fragment.runner(
+                x, offsets, ids, t, block_m, 128, 4, 3, bf16_scales=True, wrap_rows=True)
             if peer is not None:
                 systems["triton_kernels"] = lambda: peer.mxfp4(x, offsets)
             for name, make in systems.items():
@@ -244,14 +282,15 @@ def sweep(args):
         x = torch.randn(experts * t, k, device="cuda", dtype=torch.bfloat16)
         ref = torch.bmm(x.view(experts, t, k).float(), w_ref.transpose(1, 2)).view(experts * t, n)
         block_m = 16 if t <= 16 else 64
-        for bn, warps, stages, bk in ((128, 4, 3, 128), (128, 4, 4, 128), (128, 4, 6, 128), (128, 4, 3, 256),
-                                      (64, 4, 4, 128), (64, 4, 6, 128), (128, 8, 4, 128), (256, 8, 4, 128),
-                                      (256, 8, 3, 256)):
+        for bn, warps, stages, bk, bf16_scales, wrap in (
+                (128, 4, 4, 128, False, False), (128, 4, 4, 128, True, False), (128, 4, 4, 128, False, True),
+                (128, 4, 4, 128, True, True), (64, 4, 4, 128, True, True), (256, 8, 4, 128, True, True),
+                (128, 8, 4, 128, True, True), (128, 4, 3, 128, True, True)):
             try:
-                fn = fragment.runner(x, offsets, ids, t, block_m, bn, warps, stages, bk)
+                fn = fragment.runner(x, offsets, ids, t, block_m, bn, warps, stages, bk, bf16_scales, wrap)
                 error = ((fn().float() - ref).norm() / ref.norm()).item()
                 us = graph_time_ms(fn) * 1e3
-                line = f"T={t} bm{block_m} bn{bn} w{warps} s{stages} bk{bk}: {us:.1f} us ({weight_bytes / us / 1e3:.0f} GB/s) err {error:.1e}"
+                line = f"T={t} bm{block_m} bn{bn} w{warps} s{stages} bk{bk} bf16s{int(bf16_scales)} wrap{int(wrap)}: {us:.1f} us ({weight_bytes / us / 1e3:.0f} GB/s) err {error:.1e}"
             except Exception as exc:  # noqa: BLE001
                 line = f"T={t} bm{block_m} bn{bn} w{warps} s{stages} bk{bk}: fails {type(exc).__name__}: {str(exc)[:120]}"
             print(line, flush=True)
@@ -260,6 +299,26 @@ def sweep(args):
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "ablate_hopper_mxfp4_sweep.txt"), "w") as file:
             file.write("\n".join(lines) + "\n")
+
+
+def profile():
+    import llmkernels as lk
+    from benchmarks.peers import TritonKernelsExperts
+
+    torch.manual_seed(0)
+    experts, n, k, t = 128, 4096, 7168, 1
+    w = torch.randn(experts, n, k, device="cuda", dtype=torch.bfloat16) * k**-0.5
+    w_mx = lk.quantize(w, "mxfp4")
+    fragment = FragmentMXFP4(w_mx)
+    peer = TritonKernelsExperts(w)
+    ids = torch.arange(experts, dtype=torch.int32, device="cuda")
+    offsets = torch.arange(experts + 1, dtype=torch.int32, device="cuda") * t
+    x = torch.randn(experts * t, k, device="cuda", dtype=torch.bfloat16)
+    for fn in (fragment.runner(x, offsets, ids, t, 16, 128, 4, 4), peer.mxfp4(x, offsets),
+               lambda: lk.grouped_matmul(x, w_mx, offsets, ids)):
+        for _ in range(3):
+            fn()
+    torch.cuda.synchronize()
 
 
 if __name__ == "__main__":
