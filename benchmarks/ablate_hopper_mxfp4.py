@@ -62,6 +62,29 @@ fma.rn.bf16x2 $3, v3, $8, minus_zero;
 }
 """)
 
+# $2: four e8m0 bytes → $0 / $1: bf16 2^(s - 127) of bytes 0-1 / 2-3 (0 gives the subnormal 2^-127, 255 NaN):
+# the byte moved to bits 14-7 of its lane, raised to 0x0040, and bit 6 set where the lane is 0x7F80.
+_E8M0_TO_BF16 = tl.constexpr("""
+{
+.reg .b32 a, b, t, smallest;
+mov.b32 smallest, 0x00400040;
+prmt.b32 a, $2, 0, 0x5140;
+prmt.b32 b, $2, 0, 0x7362;
+shl.b32 a, a, 7;
+shl.b32 b, b, 7;
+max.u16x2 a, a, smallest;
+max.u16x2 b, b, smallest;
+add.u32 t, a, 0x00800080;
+and.b32 t, t, 0x80008000;
+shr.u32 t, t, 9;
+or.b32 $0, a, t;
+add.u32 t, b, 0x00800080;
+and.b32 t, t, 0x80008000;
+shr.u32 t, t, 9;
+or.b32 $1, b, t;
+}
+""")
+
 # Bit positions (sign, e1, e0, m) of the four values of a 16-bit lane: value i is extracted by mask (i = 0),
 # shift left by 3 / 6 (i = 1, 2) or three shifts (i = 3).
 _SLOT_BITS = ((15, 8, 7, 6), (12, 5, 4, 3), (9, 2, 1, 0), (14, 13, 11, 10))
@@ -101,10 +124,8 @@ def _decode_tile(data, scale_words, NB: tl.constexpr, C: tl.constexpr):
     """``data`` uint8 ``[NB, C, 8, 4, 16]`` and ``scale_words`` uint8 ``[NB, C, 8, 4]`` ((h, j // 2) per g) →
     bf16 ``[NB * 16, C * 64]`` in natural (n, k) order."""
     s = tl.reshape(scale_words, (NB, C, 8, 2, 2))  # (h, jhi)
-    if s.dtype != tl.bfloat16:  # e8m0 bits → bf16 2^(s - 127); 0 is the subnormal 2^-127, 255 NaN
-        bits = s.to(tl.int16) << 7
-        bits = tl.where(s == 0, 0x0040, tl.where(s == 255, 0x7FC0, bits)).to(tl.int16)
-        s = bits.to(tl.bfloat16, bitcast=True)
+    if s.dtype != tl.bfloat16:  # e8m0 bits → bf16, four per instruction sequence
+        s = tl.inline_asm_elementwise(_E8M0_TO_BF16, "=r,=r,r", [s], dtype=tl.bfloat16, is_pure=True, pack=4)
     s = tl.permute(s, (0, 1, 2, 4, 3))  # (..., jhi, h)
     s_lo, s_hi = tl.split(s)  # [NB, C, 8, 2 (jhi)]
     s_lo = tl.reshape(tl.broadcast_to(s_lo[:, :, :, None, :, None], (NB, C, 8, 4, 2, 8)), (NB, C, 8, 4, 16))
