@@ -230,11 +230,15 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=None)
     parser.add_argument("--sweep", action="store_true", help="tile sweep at E=128, N=4096, K=7168 instead")
+    parser.add_argument("--sweep-compute", action="store_true",
+                        help="tile sweep at 64-2048 tokens per expert, N=4096, K=7168 instead")
     parser.add_argument("--profile", action="store_true",
                         help="three launches each of the prototype and triton_kernels at E=128, T=1 (for ncu)")
     args = parser.parse_args()
     if args.sweep:
         return sweep(args)
+    if args.sweep_compute:
+        return sweep_compute(args)
     if args.profile:
         return profile()
     torch.manual_seed(0)
@@ -319,6 +323,46 @@ def sweep(args):
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "ablate_hopper_mxfp4_sweep.txt"), "w") as file:
+            file.write("\n".join(lines) + "\n")
+
+
+def sweep_compute(args):
+    import llmkernels as lk
+    from benchmarks.common import graph_time_ms
+
+    torch.manual_seed(0)
+    n, k = 4096, 7168
+    lines = [f"# compute-regime sweep, {torch.cuda.get_device_name()}, Triton {triton.__version__}: N={n} K={k}, "
+             "e8m0 scales, wrapped rows; us per CUDA-graph replay (TFLOP/s)"]
+    for experts, t in ((128, 64), (128, 256), (8, 2048)):
+        w = torch.randn(experts, n, k, device="cuda", dtype=torch.bfloat16) * k**-0.5
+        w_mx = lk.quantize(w, "mxfp4")
+        w_ref = lk.dequantize(w_mx).float()
+        fragment = FragmentMXFP4(w_mx)
+        ids = torch.arange(experts, dtype=torch.int32, device="cuda")
+        offsets = torch.arange(experts + 1, dtype=torch.int32, device="cuda") * t
+        x = torch.randn(experts * t, k, device="cuda", dtype=torch.bfloat16)
+        ref = torch.bmm(x.view(experts, t, k).float(), w_ref.transpose(1, 2)).view(experts * t, n)
+        flops = 2.0 * experts * t * n * k
+        for bm, bn, warps, stages in ((64, 128, 4, 3), (128, 128, 8, 3), (128, 128, 4, 3), (128, 256, 8, 3),
+                                      (256, 128, 8, 2), (128, 64, 4, 3)):
+            if bm > 2 * t:
+                continue
+            try:
+                fn = fragment.runner(x, offsets, ids, t, bm, bn, warps, stages, 128, False, True)
+                error = ((fn().float() - ref).norm() / ref.norm()).item()
+                us = graph_time_ms(fn) * 1e3
+                line = (f"E={experts} T={t} bm{bm} bn{bn} w{warps} s{stages}: {us:.1f} us "
+                        f"({flops / us / 1e6:.0f} TFLOP/s) err {error:.1e}")
+            except Exception as exc:  # noqa: BLE001
+                line = f"E={experts} T={t} bm{bm} bn{bn} w{warps} s{stages}: fails {type(exc).__name__}: {str(exc)[:120]}"
+            print(line, flush=True)
+            lines.append(line)
+        del w, w_mx, w_ref, fragment
+        torch.cuda.empty_cache()
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "ablate_hopper_mxfp4_sweep_compute.txt"), "w") as file:
             file.write("\n".join(lines) + "\n")
 
 
