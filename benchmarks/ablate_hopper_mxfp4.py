@@ -5,15 +5,10 @@ triton_kernels in one run.
 
     PYTHONPATH=src:.peers/triton_kernels python -m benchmarks ablate_hopper_mxfp4 [--out DIR]
 
-Layout (one expert, logical e2m1 codes ``w[n, k]``, scales ``s[n, k // 32]``), for wgmma's A fragment: lane
-``4g + t`` of a warp holds, per 16-wide K step ``j``, rows ``g`` and ``g + 8`` of its 16 rows at
-``k = 16j + 2t + {0, 1} + {0, 8}``. Data ``[N / 16, K / 64, 8 (g), 4 (t), 4 (j), 4 (byte)]``, byte
-``b = 2 bh + bl`` of step ``j`` holding ``w[16 nb + g, k]`` in its low nibble and ``w[16 nb + 8 + g, k]`` in its
-high one, ``k = 64 c + 16 j + 8 bh + 2 t + bl``: one 16-byte load per thread and 64-K chunk. Scales
-``[N / 16, K / 64, 8 (g), 2 (h), 2 (j // 2)]``: ``s[16 nb + 8 h + g, 2 c + j // 2]``, one 4-byte word per
-thread and chunk (e8m0 bytes, or bf16 converted once on the host). Each word's eight e2m1 values have their
-bits placed (``_place_bits``) so that masks and shifts give bf16 lanes that one multiply by 2^126 turns into
-the values. What each variant measured: ``benchmarks/NOTES.md`` (issue 21).
+Layout: ``llmkernels.formats.fragments`` (data ``[N/16, K/64, 8, 4, 16]``, thread ``(g, t)``'s 16 bytes one word
+per 16-wide K step with the bits of rows g and g + 8 placed for a mask-and-multiply decode; e8m0 scales
+``[N/16, K/64, 8, 2, 2]``, one word per thread and chunk, or bf16 converted once on the host). What each
+variant measured: ``benchmarks/NOTES.md`` (issue 21).
 
 Limits of the prototype: MXFP4 weights under bf16 activations only, N a multiple of BLOCK_N, K of 64,
 non-persistent grid of (N tiles, groups × tiles per group).
@@ -28,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-# $4: one word of eight e2m1 values with their bits placed by _place_bits, so that masks put each value's
+# $4: one word of eight e2m1 values with their bits placed by llmkernels.formats.fragments, so that masks put each value's
 # sign, exponent and mantissa bits at bf16 bits 15, 8-7 and 6 of its lane: that bf16 times 2^126 is the
 # e2m1 value (the subnormal code 0.5 included). $5-$6 / $7-$8: bf16x2 scales of rows g / g + 8. Outputs
 # $0-$1: row g's four values (k = 2t, 2t + 1, 2t + 8, 2t + 9), $2-$3 row g + 8's.
@@ -84,40 +79,6 @@ shr.u32 t, t, 9;
 or.b32 $1, b, t;
 }
 """)
-
-# Bit positions (sign, e1, e0, m) of the four values of a 16-bit lane: value i is extracted by mask (i = 0),
-# shift left by 3 / 6 (i = 1, 2) or three shifts (i = 3).
-_SLOT_BITS = ((15, 8, 7, 6), (12, 5, 4, 3), (9, 2, 1, 0), (14, 13, 11, 10))
-
-
-def _place_bits(codes: torch.Tensor, slot: int, lane: int) -> torch.Tensor:
-    """e2m1 codes (int64) → their bits at value ``slot``'s positions of 16-bit ``lane`` (0 low, 1 high)."""
-    placed = torch.zeros_like(codes)
-    for bit, position in zip((3, 2, 1, 0), _SLOT_BITS[slot]):
-        placed |= ((codes >> bit) & 1) << (position + 16 * lane)
-    return placed
-
-
-def to_fragment_layout(codes: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Row layout → fragment layout. ``codes`` uint8 ``[E, N, K]`` (one e2m1 code per byte), ``scales`` uint8
-    ``[E, N, K / 32]``; N a multiple of 16, K of 64. Returns data ``[E, N / 16, K / 64, 8, 4, 16]`` uint8 (four
-    little-endian words per thread and chunk, one per 16-wide K step, bits placed by :func:`_place_bits`) and
-    scales ``[E, N / 16, K / 64, 8, 4]``."""
-    e, n, k = codes.shape
-    # dims: (e, nb, h, g, c, j, bh, t, bl)
-    c9 = codes.to(torch.int64).reshape(e, n // 16, 2, 8, k // 64, 4, 2, 4, 2)
-    c9 = c9.permute(0, 1, 2, 4, 3, 7, 5, 6, 8)  # (e, nb, h, c, g, t, j, bh, bl)
-    lo, hi = c9[:, :, 0], c9[:, :, 1]  # rows g and g + 8: (e, nb, c, g, t, j, bh, bl)
-    # value slots of the word of step j: row g's k pairs (2t, 2t + 1) and (2t + 8, 2t + 9), then row g + 8's
-    words = torch.zeros_like(lo[..., 0, 0])
-    for slot, rows in enumerate((lo, lo, hi, hi)):
-        for lane in range(2):
-            words |= _place_bits(rows[..., slot % 2, lane], slot, lane)
-    data = words.to(torch.int32).contiguous().view(torch.uint8).reshape(e, n // 16, k // 64, 8, 4, 16)
-    s5 = scales.reshape(e, n // 16, 2, 8, k // 64, 2)  # (e, nb, h, g, c, jhi)
-    frag_scales = s5.permute(0, 1, 4, 3, 2, 5).reshape(e, n // 16, k // 64, 8, 4).contiguous()
-    return data, frag_scales
-
 
 @triton.jit
 def _decode_tile(data, scale_words, NB: tl.constexpr, C: tl.constexpr):
@@ -197,11 +158,11 @@ class FragmentMXFP4:
     """Weights of every expert in the fragment layout, from an llmkernels mxfp4 ScaledTensor ``[E, N, K]``."""
 
     def __init__(self, w_mxfp4):
-        data = w_mxfp4.data
-        codes = torch.stack([data & 0xF, data >> 4], dim=-1).reshape(*data.shape[:-1], data.shape[-1] * 2)
-        scales = w_mxfp4.scales.view(torch.uint8)
-        self.n, self.k = codes.shape[1], codes.shape[2]
-        self.data, self.scales = to_fragment_layout(codes, scales)
+        from llmkernels.formats.fragments import to_hopper_fragments
+
+        self.n, self.k = w_mxfp4.shape[-2:]
+        self.data, scales = to_hopper_fragments(w_mxfp4.data, w_mxfp4.scales)
+        self.scales = scales.reshape(*scales.shape[:-2], 4)  # one word (h, j // 2) per thread and chunk
         bits = self.scales.to(torch.int32) << 23  # e8m0 → float32 → bf16, exactly (0: 2^-127, 255: NaN)
         bits = torch.where(self.scales == 0, 0x00400000, torch.where(self.scales == 255, 0x7FC00000, bits))
         self.scales_bf16 = bits.view(torch.float32).to(torch.bfloat16)

@@ -1,0 +1,80 @@
+"""The Hopper register-fragment layout of MXFP4 weights (``llmkernels.formats.fragments``): exact round trips
+at odd shapes, zero/unit padding, and the decode contract a kernel relies on (masks and shifts of each word
+give bf16 lanes that times 2^126 are the e2m1 values of the documented rows and columns)."""
+import pytest
+import torch
+
+from llmkernels.formats.fragments import SLOT_BITS, from_hopper_fragments, to_hopper_fragments
+
+E2M1 = torch.tensor([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6], dtype=torch.float64)
+
+
+def _operands(lead, n, k, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    data = torch.randint(0, 256, (*lead, n, k // 2), dtype=torch.uint8, generator=generator)
+    scales = torch.randint(0, 256, (*lead, n, k // 32), dtype=torch.uint8, generator=generator)
+    return data, scales
+
+
+@pytest.mark.parametrize("lead", [(), (3,)])
+@pytest.mark.parametrize("n, k", [(16, 64), (1, 32), (5, 32), (17, 96), (48, 448), (33, 160)])
+def test_round_trip_is_exact(lead, n, k):
+    data, scales = _operands(lead, n, k)
+    fragment_data, fragment_scales = to_hopper_fragments(data, scales.view(torch.float8_e8m0fnu))
+    nb, kc = -(-n // 16), -(-k // 64)
+    assert fragment_data.shape == (*lead, nb, kc, 8, 4, 16) and fragment_data.dtype == torch.uint8
+    assert fragment_scales.shape == (*lead, nb, kc, 8, 2, 2) and fragment_scales.dtype == torch.uint8
+    back_data, back_scales = from_hopper_fragments(fragment_data, fragment_scales, n, k)
+    assert torch.equal(back_data, data) and torch.equal(back_scales, scales)
+
+
+def _decode(words: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """What the kernel does to one word: four masked/shifted copies, each two bf16 lanes times 2^126;
+    returns row g's four values (k = 2t, 2t+1, 2t+8, 2t+9) and row g+8's."""
+    mask = 0x81C081C0
+    slots = [words & mask, (words << 3) & mask, (words << 6) & mask,
+             ((words << 1) & 0x80008000) | ((words >> 5) & 0x01000100) | ((words >> 4) & 0x00C000C0)]
+
+    def lanes(x):
+        low = ((x & 0xFFFF).to(torch.int32) << 16).view(torch.float32).double()
+        high = (((x >> 16) & 0xFFFF).to(torch.int32) << 16).view(torch.float32).double()
+        return low * 2.0**126, high * 2.0**126
+
+    (a, b), (c, d), (e, f), (g, h) = map(lanes, slots)
+    return torch.stack([a, b, c, d], -1), torch.stack([e, f, g, h], -1)
+
+
+def test_words_decode_to_the_fragment_values():
+    n, k = 32, 128
+    data, scales = _operands((), n, k, seed=1)
+    data[0, :8] = torch.arange(0, 256, 32, dtype=torch.uint8) | torch.arange(8, dtype=torch.uint8)  # every code
+    fragment_data, _ = to_hopper_fragments(data, scales)
+    words = fragment_data.view(torch.int32).to(torch.int64) & 0xFFFFFFFF  # (nb, c, g, t, j)
+    row_g, row_g8 = _decode(words)
+    codes = torch.stack([data & 0xF, data >> 4], -1).reshape(n, k).long()
+    values = E2M1[codes]
+    nb, c, g, t, j = torch.meshgrid(*(torch.arange(s) for s in words.shape), indexing="ij")
+    for i, dk in enumerate((0, 1, 8, 9)):
+        cols = 64 * c + 16 * j + 2 * t + dk
+        assert torch.equal(row_g[..., i], values[16 * nb + g, cols])
+        assert torch.equal(row_g8[..., i], values[16 * nb + 8 + g, cols])
+
+
+def test_slots_cover_every_bit_once():
+    bits = [position for slot in SLOT_BITS for position in slot]
+    assert sorted(bits) == list(range(16))
+
+
+def test_padding_is_zero_codes_and_unit_scales():
+    data, scales = _operands((), 5, 32, seed=2)
+    fragment_data, fragment_scales = to_hopper_fragments(data, scales)
+    padded_data, padded_scales = from_hopper_fragments(fragment_data, fragment_scales, 16, 64)
+    assert torch.equal(padded_data[:5, :16], data) and torch.equal(padded_scales[:5, :1], scales)
+    assert not padded_data[5:].any() and not padded_data[:, 16:].any()
+    assert (padded_scales[5:] == 127).all() and (padded_scales[:, 1:] == 127).all()
+
+
+def test_scales_that_do_not_fit_are_refused():
+    data, scales = _operands((), 16, 64)
+    with pytest.raises(ValueError, match="do not fit"):
+        to_hopper_fragments(data, scales[:, :1])
