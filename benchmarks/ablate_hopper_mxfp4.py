@@ -340,8 +340,9 @@ def profile():
     ids = torch.arange(experts, dtype=torch.int32, device="cuda")
     offsets = torch.arange(experts + 1, dtype=torch.int32, device="cuda") * t
     x = torch.randn(experts * t, k, device="cuda", dtype=torch.bfloat16)
-    for fn in (fragment.runner(x, offsets, ids, t, 16, 128, 4, 4), peer.mxfp4(x, offsets),
-               lambda: lk.grouped_matmul(x, w_mx, offsets, ids)):
+    # ncu -k regex:fragment -s 2 -c 1 profiles 128 weight rows with 4 warps, -s 5 -c 1 256 rows with 8
+    for fn in (fragment.runner(x, offsets, ids, t, 16, 128, 4, 3), fragment.runner(x, offsets, ids, t, 16, 256, 8, 3),
+               peer.mxfp4(x, offsets), lambda: lk.grouped_matmul(x, w_mx, offsets, ids)):
         for _ in range(3):
             fn()
     torch.cuda.synchronize()
