@@ -206,7 +206,7 @@ def main():
     lines = [f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, Triton {triton.__version__}; µs per "
              "CUDA-graph replay; rel err against the fp32 product of the dequantized weights"]
     for experts, n, k, counts in ((128, 4096, 7168, (1, 16, 64, 256)), (32, 5760, 2880, (4, 64, 512)),
-                                  (8, 4096, 7168, (2048,))):
+                                  (8, 4096, 7168, (2048,)), (256, 7168, 2048, (16, 256))):
         w = torch.randn(experts, n, k, device="cuda", dtype=torch.bfloat16) * k**-0.5
         w_mx = lk.quantize(w, "mxfp4")
         w_ref = lk.dequantize(w_mx).float()
@@ -221,11 +221,10 @@ def main():
             x = torch.randn(experts * t, k, device="cuda", dtype=torch.bfloat16)
             ref = torch.bmm(x.view(experts, t, k).float(), w_ref.transpose(1, 2)).view(experts * t, n)
             results = {}
-            block_m = 16 if t <= 16 else 32 if t <= 32 else 64
+            # the tiles the sweeps found best: 16 / 64 / 128 tokens per M tile, 128 weight rows, 4 warps
+            block_m = 16 if t <= 16 else 64 if t <= 64 else 128
             systems = {"ours row layout": lambda: lambda: lk.grouped_matmul(x, w_mx, offsets, ids)}
-            systems["fragment e8m0 scales"] = lambda: fragment.runner(x, offsets, ids, t, block_m, 128, 4, 3)
-            systems["fragment bf16 scales, wrapped rows"] = lambda: fragment.runner(
-                x, offsets, ids, t, block_m, 128, 4, 3, bf16_scales=True, wrap_rows=True)
+            systems["fragment"] = lambda: fragment.runner(x, offsets, ids, t, block_m, 128, 4, 3, wrap_rows=True)
             if peer is not None:
                 systems["triton_kernels"] = lambda: peer.mxfp4(x, offsets)
             for name, make in systems.items():
