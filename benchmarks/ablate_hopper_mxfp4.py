@@ -23,82 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-# $4: one word of eight e2m1 values with their bits placed by llmkernels.formats.fragments, so that masks put each value's
-# sign, exponent and mantissa bits at bf16 bits 15, 8-7 and 6 of its lane: that bf16 times 2^126 is the
-# e2m1 value (the subnormal code 0.5 included). $5-$6 / $7-$8: bf16x2 scales of rows g / g + 8. Outputs
-# $0-$1: row g's four values (k = 2t, 2t + 1, 2t + 8, 2t + 9), $2-$3 row g + 8's.
-_DECODE_TWO_ROWS = tl.constexpr("""
-{
-.reg .b32 mask, bias, minus_zero, v0, v1, v2, v3, a, b, c;
-mov.b32 mask, 0x81C081C0;
-mov.b32 bias, 0x7E807E80;
-mov.b32 minus_zero, 0x80008000;
-and.b32 v0, $4, mask;
-shl.b32 a, $4, 3;
-and.b32 v1, a, mask;
-shl.b32 a, $4, 6;
-and.b32 v2, a, mask;
-shl.b32 a, $4, 1;
-and.b32 a, a, 0x80008000;
-shr.u32 b, $4, 5;
-and.b32 b, b, 0x01000100;
-shr.u32 c, $4, 4;
-and.b32 c, c, 0x00C000C0;
-or.b32 v3, a, b;
-or.b32 v3, v3, c;
-fma.rn.bf16x2 v0, v0, bias, minus_zero;
-fma.rn.bf16x2 v1, v1, bias, minus_zero;
-fma.rn.bf16x2 v2, v2, bias, minus_zero;
-fma.rn.bf16x2 v3, v3, bias, minus_zero;
-fma.rn.bf16x2 $0, v0, $5, minus_zero;
-fma.rn.bf16x2 $1, v1, $6, minus_zero;
-fma.rn.bf16x2 $2, v2, $7, minus_zero;
-fma.rn.bf16x2 $3, v3, $8, minus_zero;
-}
-""")
-
-# $2: four e8m0 bytes → $0 / $1: bf16 2^(s - 127) of bytes 0-1 / 2-3 (0 gives the subnormal 2^-127, 255 NaN):
-# the byte moved to bits 14-7 of its lane, raised to 0x0040, and bit 6 set where the lane is 0x7F80.
-_E8M0_TO_BF16 = tl.constexpr("""
-{
-.reg .b32 a, b, t, smallest;
-mov.b32 smallest, 0x00400040;
-prmt.b32 a, $2, 0, 0x5140;
-prmt.b32 b, $2, 0, 0x7362;
-shl.b32 a, a, 7;
-shl.b32 b, b, 7;
-max.u16x2 a, a, smallest;
-max.u16x2 b, b, smallest;
-add.u32 t, a, 0x00800080;
-and.b32 t, t, 0x80008000;
-shr.u32 t, t, 9;
-or.b32 $0, a, t;
-add.u32 t, b, 0x00800080;
-and.b32 t, t, 0x80008000;
-shr.u32 t, t, 9;
-or.b32 $1, b, t;
-}
-""")
-
-@triton.jit
-def _decode_tile(data, scale_words, NB: tl.constexpr, C: tl.constexpr):
-    """``data`` uint8 ``[NB, C, 8, 4, 16]`` and ``scale_words`` uint8 ``[NB, C, 8, 4]`` ((h, j // 2) per g) →
-    bf16 ``[NB * 16, C * 64]`` in natural (n, k) order."""
-    s = tl.reshape(scale_words, (NB, C, 8, 2, 2))  # (h, jhi)
-    if s.dtype != tl.bfloat16:  # e8m0 bits → bf16, four per instruction sequence
-        s = tl.inline_asm_elementwise(_E8M0_TO_BF16, "=r,=r,r", [s], dtype=tl.bfloat16, is_pure=True, pack=4)
-    s = tl.permute(s, (0, 1, 2, 4, 3))  # (..., jhi, h)
-    s_lo, s_hi = tl.split(s)  # [NB, C, 8, 2 (jhi)]
-    s_lo = tl.reshape(tl.broadcast_to(s_lo[:, :, :, None, :, None], (NB, C, 8, 4, 2, 8)), (NB, C, 8, 4, 16))
-    s_hi = tl.reshape(tl.broadcast_to(s_hi[:, :, :, None, :, None], (NB, C, 8, 4, 2, 8)), (NB, C, 8, 4, 16))
-    low, high = tl.inline_asm_elementwise(_DECODE_TWO_ROWS, "=r,=r,=r,=r,r,r,r,r,r", [data, s_lo, s_hi],
-                                          dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
-    low = tl.reshape(low, (NB, C, 8, 4, 4, 2, 2))  # (nb, c, g, t, j, bh, bl)
-    high = tl.reshape(high, (NB, C, 8, 4, 4, 2, 2))
-    both = tl.join(low, high)  # (nb, c, g, t, j, bh, bl, h)
-    both = tl.permute(both, (0, 7, 2, 1, 4, 5, 3, 6))  # (nb, h, g, c, j, bh, t, bl)
-    return tl.reshape(both, (NB * 16, C * 64))
-
+from llmkernels.formats.kernel import decode_fragment_tile
 
 @triton.jit
 def fragment_mxfp4_kernel(x_ptr, w_ptr, s_ptr, out_ptr, offsets_ptr, ids_ptr, N, K, tiles_per_group,
@@ -148,7 +73,7 @@ def fragment_mxfp4_kernel(x_ptr, w_ptr, s_ptr, out_ptr, offsets_ptr, ids_ptr, N,
             data = tl.load(w_base + d_off + (k // 64) * chunk_bytes, mask=chunk_ok[None, :, None, None, None],
                            other=0)
             scale_words = tl.load(s_base + s_off + (k // 64) * 32, mask=chunk_ok[None, :, None, None], other=127)
-        w = _decode_tile(data, scale_words, NB, C)
+        w = decode_fragment_tile(data, scale_words, NB, C, True)
         acc = tl.dot(w, tl.trans(x), acc)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     tl.store(out_ptr + rows[None, :].to(tl.int64) * N + cols[:, None], acc.to(tl.bfloat16), mask=row_mask[None, :])

@@ -3,8 +3,12 @@ at odd shapes, zero/unit padding, and the decode contract a kernel relies on (ma
 give bf16 lanes that times 2^126 are the e2m1 values of the documented rows and columns)."""
 import pytest
 import torch
+import triton
+import triton.language as tl
 
+from llmkernels._runtime import interpreting
 from llmkernels.formats.fragments import SLOT_BITS, from_hopper_fragments, to_hopper_fragments
+from llmkernels.formats.kernel import decode_fragment_tile
 
 E2M1 = torch.tensor([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6], dtype=torch.float64)
 
@@ -78,3 +82,40 @@ def test_scales_that_do_not_fit_are_refused():
     data, scales = _operands((), 16, 64)
     with pytest.raises(ValueError, match="do not fit"):
         to_hopper_fragments(data, scales[:, :1])
+
+
+@triton.jit
+def _decode_whole(data_ptr, scales_ptr, out_ptr, NB: tl.constexpr, C: tl.constexpr, PACKED_DECODE: tl.constexpr):
+    """Decodes a whole fragment tensor ``[NB, C, 8, 4, 16]`` as one tile into ``out [NB * 16, C * 64]``."""
+    a = tl.arange(0, NB)[:, None, None, None, None] * C + tl.arange(0, C)[None, :, None, None, None]
+    data_offsets = ((a * 8 + tl.arange(0, 8)[None, None, :, None, None]) * 4
+                    + tl.arange(0, 4)[None, None, None, :, None]) * 16 + tl.arange(0, 16)[None, None, None, None, :]
+    scale_offsets = ((a * 8 + tl.arange(0, 8)[None, None, :, None, None]) * 2
+                     + tl.arange(0, 2)[None, None, None, :, None]) * 2 + tl.arange(0, 2)[None, None, None, None, :]
+    values = decode_fragment_tile(tl.load(data_ptr + data_offsets), tl.load(scales_ptr + scale_offsets), NB, C,
+                                  PACKED_DECODE)
+    rows, cols = tl.arange(0, NB * 16), tl.arange(0, C * 64)
+    tl.store(out_ptr + rows[:, None] * (C * 64) + cols[None, :], values.to(tl.float32))
+
+
+def test_kernel_tile_decode_gives_the_dequantized_weights(device):
+    """The device decode of a fragment tile (integer ops in the interpreter, PTX on a GPU) equals the
+    dequantized row-layout weights, element for element: every code, scales at 2^-127 (e8m0 0), NaN (255)
+    and in between."""
+    nb, c = 2, 2
+    n, k = 16 * nb, 64 * c
+    data, scales = _operands((), n, k, seed=3)
+    scales = (scales % 40) + 100
+    scales[0, 0], scales[1, 1], scales[2, 2] = 0, 255, 125
+    data[0, :8] = torch.arange(0, 256, 32, dtype=torch.uint8) | torch.arange(8, dtype=torch.uint8)
+    fragment_data, fragment_scales = to_hopper_fragments(data, scales)
+    out = torch.full((n, k), float("nan"), device=device)
+    _decode_whole[(1,)](fragment_data.to(device), fragment_scales.to(device), out, nb, c,
+                        PACKED_DECODE=not interpreting())
+    codes = torch.stack([data & 0xF, data >> 4], -1).reshape(n, k).long()
+    scale = torch.where(scales == 255, float("nan"), torch.exp2(scales.double() - 127))
+    expected = E2M1[codes] * scale.repeat_interleave(32, dim=1)
+    if interpreting():  # the interpreter's float32 → bf16 cast flushes subnormals (GPUs keep them: tested there)
+        expected = torch.where(expected.abs() < 2.0**-126, 0.0 * expected, expected)
+    assert torch.equal(out.cpu().double().isnan(), expected.isnan())
+    assert torch.equal(out.cpu().double().nan_to_num(), expected.nan_to_num())

@@ -331,3 +331,118 @@ def upcast_rows_kernel(
     cols = k_start + tl.arange(0, BLOCK_K)
     tl.store(out_ptr + rows[:, None] * stride_out_row + cols[None, :], values,
              mask=row_mask[:, None] & (cols < K)[None, :])
+
+
+# ---------------------------------------------------------------- Hopper register-fragment layout (fragments.py)
+# $4: one word of eight e2m1 values with their bits placed by formats.fragments (SLOT_BITS), so that masks put each value's
+# sign, exponent and mantissa bits at bf16 bits 15, 8-7 and 6 of its lane: that bf16 times 2^126 is the
+# e2m1 value (the subnormal code 0.5 included). $5-$6 / $7-$8: bf16x2 scales of rows g / g + 8. Outputs
+# $0-$1: row g's four values (k = 2t, 2t + 1, 2t + 8, 2t + 9), $2-$3 row g + 8's.
+_E2M1_FRAGMENT_PTX = tl.constexpr("""
+{
+.reg .b32 mask, bias, minus_zero, v0, v1, v2, v3, a, b, c;
+mov.b32 mask, 0x81C081C0;
+mov.b32 bias, 0x7E807E80;
+mov.b32 minus_zero, 0x80008000;
+and.b32 v0, $4, mask;
+shl.b32 a, $4, 3;
+and.b32 v1, a, mask;
+shl.b32 a, $4, 6;
+and.b32 v2, a, mask;
+shl.b32 a, $4, 1;
+and.b32 a, a, 0x80008000;
+shr.u32 b, $4, 5;
+and.b32 b, b, 0x01000100;
+shr.u32 c, $4, 4;
+and.b32 c, c, 0x00C000C0;
+or.b32 v3, a, b;
+or.b32 v3, v3, c;
+fma.rn.bf16x2 v0, v0, bias, minus_zero;
+fma.rn.bf16x2 v1, v1, bias, minus_zero;
+fma.rn.bf16x2 v2, v2, bias, minus_zero;
+fma.rn.bf16x2 v3, v3, bias, minus_zero;
+fma.rn.bf16x2 $0, v0, $5, minus_zero;
+fma.rn.bf16x2 $1, v1, $6, minus_zero;
+fma.rn.bf16x2 $2, v2, $7, minus_zero;
+fma.rn.bf16x2 $3, v3, $8, minus_zero;
+}
+""")
+
+# $2: four e8m0 bytes → $0 / $1: bf16 2^(s - 127) of bytes 0-1 / 2-3 (0 gives the subnormal 2^-127, 255 NaN):
+# the byte moved to bits 14-7 of its lane, raised to 0x0040, and bit 6 set where the lane is 0x7F80.
+_E8M0_TO_BF16_PTX = tl.constexpr("""
+{
+.reg .b32 a, b, t, smallest;
+mov.b32 smallest, 0x00400040;
+prmt.b32 a, $2, 0, 0x5140;
+prmt.b32 b, $2, 0, 0x7362;
+shl.b32 a, a, 7;
+shl.b32 b, b, 7;
+max.u16x2 a, a, smallest;
+max.u16x2 b, b, smallest;
+add.u32 t, a, 0x00800080;
+and.b32 t, t, 0x80008000;
+shr.u32 t, t, 9;
+or.b32 $0, a, t;
+add.u32 t, b, 0x00800080;
+and.b32 t, t, 0x80008000;
+shr.u32 t, t, 9;
+or.b32 $1, b, t;
+}
+""")
+
+
+@triton.jit
+def _slot_bit(slot, S0: tl.constexpr, S1: tl.constexpr, S2: tl.constexpr, S3: tl.constexpr):
+    return tl.where(slot == 0, S0, tl.where(slot == 1, S1, tl.where(slot == 2, S2, S3)))
+
+
+@triton.jit
+def _fragment_codes(words, slot, lane):
+    """The e2m1 codes of value ``slot`` of 16-bit ``lane`` in each word (fragments.SLOT_BITS)."""
+    shift = 16 * lane
+    sign = (words >> (_slot_bit(slot, 15, 12, 9, 14) + shift)) & 1
+    e1 = (words >> (_slot_bit(slot, 8, 5, 2, 13) + shift)) & 1
+    e0 = (words >> (_slot_bit(slot, 7, 4, 1, 11) + shift)) & 1
+    m = (words >> (_slot_bit(slot, 6, 3, 0, 10) + shift)) & 1
+    return (sign << 3) | (e1 << 2) | (e0 << 1) | m
+
+
+@triton.jit
+def decode_fragment_tile(data, scale_bytes, NB: tl.constexpr, C: tl.constexpr, PACKED_DECODE: tl.constexpr):
+    """A tile of MXFP4 weights in the Hopper fragment layout → bf16 ``[NB * 16, C * 64]`` in (n, k) order.
+
+    ``data`` uint8 ``[NB, C, 8, 4, 16]`` and ``scale_bytes`` uint8 ``[NB, C, 8, 2, 2]`` (or ``[NB, C, 8, 4]``) as
+    :func:`llmkernels.formats.fragments.to_hopper_fragments` lays them out. With PACKED_DECODE (NVIDIA GPUs)
+    each thread's words go through PTX (masks, shifts and two bf16x2 multiplies per value pair) and the
+    reshapes below only relabel registers: on Hopper the result is already in wgmma's A-operand layout.
+    Otherwise (the interpreter) the same values come from integer ops.
+    """
+    if PACKED_DECODE:
+        scales = tl.inline_asm_elementwise(_E8M0_TO_BF16_PTX, "=r,=r,r", [tl.reshape(scale_bytes, (NB, C, 8, 4))],
+                                           dtype=tl.bfloat16, is_pure=True, pack=4)
+    else:
+        scales = decode_e8m0(scale_bytes)
+    scales = tl.permute(tl.reshape(scales, (NB, C, 8, 2, 2)), (0, 1, 2, 4, 3))  # (.., j // 2, h)
+    scale_g, scale_g8 = tl.split(scales)  # rows g and g + 8: [NB, C, 8, 2]
+    if PACKED_DECODE:
+        scale_g = tl.reshape(tl.broadcast_to(scale_g[:, :, :, None, :, None], (NB, C, 8, 4, 2, 8)), (NB, C, 8, 4, 16))
+        scale_g8 = tl.reshape(tl.broadcast_to(scale_g8[:, :, :, None, :, None], (NB, C, 8, 4, 2, 8)),
+                              (NB, C, 8, 4, 16))
+        low, high = tl.inline_asm_elementwise(_E2M1_FRAGMENT_PTX, "=r,=r,=r,=r,r,r,r,r,r", [data, scale_g, scale_g8],
+                                              dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
+    else:
+        byte_shifts = 8 * tl.arange(0, 4)
+        words = tl.sum(tl.reshape(data, (NB, C, 8, 4, 4, 4)).to(tl.int32) << byte_shifts, axis=5)  # (.., t, j)
+        value = tl.arange(0, 4)  # of a word's four per row: lanes low, high of slots 0-1 (row g) or 2-3 (g + 8)
+        words = words[:, :, :, :, :, None]
+        low = decode_e2m1(_fragment_codes(words, value // 2, value % 2))
+        high = decode_e2m1(_fragment_codes(words, 2 + value // 2, value % 2))
+        low = tl.reshape(low, (NB, C, 8, 4, 2, 2, 4)) * scale_g[:, :, :, None, :, None, None]
+        high = tl.reshape(high, (NB, C, 8, 4, 2, 2, 4)) * scale_g8[:, :, :, None, :, None, None]
+        low = tl.reshape(low, (NB, C, 8, 4, 16)).to(tl.bfloat16)
+        high = tl.reshape(high, (NB, C, 8, 4, 16)).to(tl.bfloat16)
+    low = tl.reshape(low, (NB, C, 8, 4, 4, 2, 2))  # (nb, c, g, t, j, bh, bl): k = 64c + 16j + 8bh + 2t + bl
+    high = tl.reshape(high, (NB, C, 8, 4, 4, 2, 2))
+    both = tl.permute(tl.join(low, high), (0, 7, 2, 1, 4, 5, 3, 6))  # (nb, h, g, c, j, bh, t, bl)
+    return tl.reshape(both, (NB * 16, C * 64))
