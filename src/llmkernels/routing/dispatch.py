@@ -34,6 +34,12 @@ def _one_hot(ids_ptr, copies, num_copies, num_experts, EXPERTS: tl.constexpr):
 
 
 @triton.jit
+def _rank_in_block(one_hot):
+    """Each copy's rank among the block's earlier copies of its expert (one-hot rows ``[copies, EXPERTS]``)."""
+    return tl.sum((tl.cumsum(one_hot, axis=0) - one_hot) * one_hot, axis=1)
+
+
+@triton.jit
 def _count_kernel(ids_ptr, counts_ptr, num_copies, num_experts, BLOCK: tl.constexpr, EXPERTS: tl.constexpr):
     """counts ``[num_blocks, EXPERTS]``: copies of each expert in block ``program_id``."""
     block = tl.program_id(0)
@@ -72,7 +78,7 @@ def _place_kernel(ids_ptr, block_start_ptr, token_of_row_ptr, row_of_copy_ptr, n
     block = tl.program_id(0)
     copies = block * BLOCK + tl.arange(0, BLOCK)
     ids, placed, one_hot = _one_hot(ids_ptr, copies, num_copies, num_experts, EXPERTS)
-    rank = tl.sum((tl.cumsum(one_hot, axis=0) - one_hot) * one_hot, axis=1)
+    rank = _rank_in_block(one_hot)
     rows = tl.load(block_start_ptr + block * EXPERTS + ids, mask=placed, other=0) + rank
     tl.store(row_of_copy_ptr + copies, tl.where(placed, rows, -1).to(tl.int64), mask=copies < num_copies)
     tl.store(token_of_row_ptr + rows, (copies // TOP_K).to(tl.int64), mask=placed)
@@ -90,7 +96,7 @@ def _dispatch_one_block_kernel(ids_ptr, offsets_ptr, token_of_row_ptr, row_of_co
     experts = tl.arange(0, EXPERTS)
     tl.store(offsets_ptr + experts, group_start, mask=experts < num_experts)
     tl.store(offsets_ptr + num_experts, tl.sum(counts, axis=0))
-    rank = tl.sum((tl.cumsum(one_hot, axis=0) - one_hot) * one_hot, axis=1)
+    rank = _rank_in_block(one_hot)
     rows = tl.sum(one_hot * group_start[None, :], axis=1) + rank
     tl.store(row_of_copy_ptr + copies, tl.where(placed, rows, -1).to(tl.int64), mask=copies < num_copies)
     tl.store(token_of_row_ptr + rows, (copies // TOP_K).to(tl.int64), mask=placed)
