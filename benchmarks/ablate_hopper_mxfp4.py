@@ -17,12 +17,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
+from types import SimpleNamespace
 
 import torch
 import triton
 import triton.language as tl
 
+import llmkernels as lk
+from benchmarks.common import graph_time_ms
+from benchmarks.peers import TritonKernelsExperts
 from llmkernels.formats.kernel import decode_fragment_tile
 
 @triton.jit
@@ -107,12 +110,45 @@ class FragmentMXFP4:
         return run
 
 
-def main():
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-    import llmkernels as lk
-    from benchmarks.common import graph_time_ms
-    from benchmarks.peers import TritonKernelsExperts
+def _problem(experts: int, n: int, k: int, with_peer: bool = False) -> SimpleNamespace:
+    """One projection's weights: llmkernels MXFP4 (``w_mx``), dequantized float32 (``w_ref``), the fragment
+    layout (``fragment``), triton_kernels' own (``peer``, None without it or unless asked) and expert ids."""
+    w = torch.randn(experts, n, k, device="cuda", dtype=torch.bfloat16) * k**-0.5
+    w_mx = lk.quantize(w, "mxfp4")
+    peer = None
+    if with_peer:
+        try:
+            peer = TritonKernelsExperts(w)
+        except ImportError:
+            pass
+    return SimpleNamespace(experts=experts, n=n, k=k, w_mx=w_mx, w_ref=lk.dequantize(w_mx).float(),
+                           fragment=FragmentMXFP4(w_mx), peer=peer,
+                           ids=torch.arange(experts, dtype=torch.int32, device="cuda"))
 
+
+def _grouping(problem: SimpleNamespace, tokens_per_expert: int):
+    """(offsets, x, reference output) of ``tokens_per_expert`` rows for every expert."""
+    e, n, k, t = problem.experts, problem.n, problem.k, tokens_per_expert
+    offsets = torch.arange(e + 1, dtype=torch.int32, device="cuda") * t
+    x = torch.randn(e * t, k, device="cuda", dtype=torch.bfloat16)
+    reference = torch.bmm(x.view(e, t, k).float(), problem.w_ref.transpose(1, 2)).view(e * t, n)
+    return offsets, x, reference
+
+
+def _time(fn, reference) -> tuple[float, float]:
+    """(µs per CUDA-graph replay, relative error against ``reference``) of ``fn``."""
+    error = ((fn().float() - reference).norm() / reference.norm()).item()
+    return graph_time_ms(fn) * 1e3, error
+
+
+def _write(out_dir, name: str, lines: list[str]) -> None:
+    if out_dir:
+        os.makedirs(out_dir, exist_ok=True)
+        with open(os.path.join(out_dir, name), "w") as file:
+            file.write("\n".join(lines) + "\n")
+
+
+def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=None)
     parser.add_argument("--sweep", action="store_true", help="tile sweep at E=128, N=4096, K=7168 instead")
@@ -132,32 +168,20 @@ def main():
              "CUDA-graph replay; rel err against the fp32 product of the dequantized weights"]
     for experts, n, k, counts in ((128, 4096, 7168, (1, 16, 64, 256)), (32, 5760, 2880, (4, 64, 512)),
                                   (8, 4096, 7168, (2048,)), (256, 7168, 2048, (16, 256))):
-        w = torch.randn(experts, n, k, device="cuda", dtype=torch.bfloat16) * k**-0.5
-        w_mx = lk.quantize(w, "mxfp4")
-        w_ref = lk.dequantize(w_mx).float()
-        fragment = FragmentMXFP4(w_mx)
-        try:
-            peer = TritonKernelsExperts(w)
-        except ImportError:
-            peer = None
-        ids = torch.arange(experts, dtype=torch.int32, device="cuda")
+        problem = _problem(experts, n, k, with_peer=True)
         for t in counts:
-            offsets = torch.arange(experts + 1, dtype=torch.int32, device="cuda") * t
-            x = torch.randn(experts * t, k, device="cuda", dtype=torch.bfloat16)
-            ref = torch.bmm(x.view(experts, t, k).float(), w_ref.transpose(1, 2)).view(experts * t, n)
-            results = {}
+            offsets, x, ref = _grouping(problem, t)
             # the tiles the sweeps found best: 16 / 64 / 128 tokens per M tile, 128 weight rows, 4 warps
             block_m = 16 if t <= 16 else 64 if t <= 64 else 128
-            systems = {"ours row layout": lambda: lambda: lk.grouped_matmul(x, w_mx, offsets, ids)}
-            systems["fragment"] = lambda: fragment.runner(x, offsets, ids, t, block_m, 128, 4, 3, wrap_rows=True)
-            if peer is not None:
-                systems["triton_kernels"] = lambda: peer.mxfp4(x, offsets)
+            systems = {"ours row layout": lambda: lambda: lk.grouped_matmul(x, problem.w_mx, offsets, problem.ids),
+                       "fragment": lambda: problem.fragment.runner(x, offsets, problem.ids, t, block_m, 128, 4, 3,
+                                                                   wrap_rows=True)}
+            if problem.peer is not None:
+                systems["triton_kernels"] = lambda: problem.peer.mxfp4(x, offsets)
+            results = {}
             for name, make in systems.items():
                 try:
-                    fn = make()
-                    out = fn()
-                    error = ((out.float() - ref).norm() / ref.norm()).item()
-                    results[name] = (graph_time_ms(fn) * 1e3, error)
+                    results[name] = _time(make(), ref)
                 except Exception as exc:  # noqa: BLE001
                     results[name] = (float("nan"), float("nan"))
                     print(f"{name} fails: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
@@ -165,108 +189,73 @@ def main():
                 f"{name} {us:.1f} us (err {err:.1e})" for name, (us, err) in results.items())
             print(line, flush=True)
             lines.append(line)
-        del w, w_mx, w_ref, fragment, peer
+        del problem
         torch.cuda.empty_cache()
-    if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "ablate_hopper_mxfp4.txt"), "w") as file:
-            file.write("\n".join(lines) + "\n")
+    _write(args.out, "ablate_hopper_mxfp4.txt", lines)
 
 
 def sweep(args):
-    import llmkernels as lk
-    from benchmarks.common import graph_time_ms
-
     torch.manual_seed(0)
-    experts, n, k = 128, 4096, 7168
-    w = torch.randn(experts, n, k, device="cuda", dtype=torch.bfloat16) * k**-0.5
-    w_mx = lk.quantize(w, "mxfp4")
-    w_ref = lk.dequantize(w_mx).float()
-    fragment = FragmentMXFP4(w_mx)
-    ids = torch.arange(experts, dtype=torch.int32, device="cuda")
-    lines = [f"# sweep, {torch.cuda.get_device_name()}, Triton {triton.__version__}: E={experts} N={n} K={k}, "
-             "us per CUDA-graph replay (weight GB/s)"]
-    weight_bytes = experts * n * k * (0.5 + 1 / 32)
+    problem = _problem(128, 4096, 7168)
+    lines = [f"# sweep, {torch.cuda.get_device_name()}, Triton {triton.__version__}: E={problem.experts} "
+             f"N={problem.n} K={problem.k}, us per CUDA-graph replay (weight GB/s)"]
+    weight_bytes = problem.experts * problem.n * problem.k * (0.5 + 1 / 32)
     for t in (1, 16, 64):
-        offsets = torch.arange(experts + 1, dtype=torch.int32, device="cuda") * t
-        x = torch.randn(experts * t, k, device="cuda", dtype=torch.bfloat16)
-        ref = torch.bmm(x.view(experts, t, k).float(), w_ref.transpose(1, 2)).view(experts * t, n)
+        offsets, x, ref = _grouping(problem, t)
         block_m = 16 if t <= 16 else 64
         for bn, warps, stages, bk, bf16_scales, wrap in (
                 (128, 4, 4, 128, False, False), (128, 4, 4, 128, True, False), (128, 4, 4, 128, False, True),
                 (128, 4, 4, 128, True, True), (64, 4, 4, 128, True, True), (256, 8, 4, 128, True, True),
                 (128, 8, 4, 128, True, True), (128, 4, 3, 128, True, True)):
+            config = f"T={t} bm{block_m} bn{bn} w{warps} s{stages} bk{bk}"
             try:
-                fn = fragment.runner(x, offsets, ids, t, block_m, bn, warps, stages, bk, bf16_scales, wrap)
-                error = ((fn().float() - ref).norm() / ref.norm()).item()
-                us = graph_time_ms(fn) * 1e3
-                line = f"T={t} bm{block_m} bn{bn} w{warps} s{stages} bk{bk} bf16s{int(bf16_scales)} wrap{int(wrap)}: {us:.1f} us ({weight_bytes / us / 1e3:.0f} GB/s) err {error:.1e}"
+                us, error = _time(problem.fragment.runner(x, offsets, problem.ids, t, block_m, bn, warps, stages, bk,
+                                                          bf16_scales, wrap), ref)
+                line = (f"{config} bf16s{int(bf16_scales)} wrap{int(wrap)}: {us:.1f} us "
+                        f"({weight_bytes / us / 1e3:.0f} GB/s) err {error:.1e}")
             except Exception as exc:  # noqa: BLE001
-                line = f"T={t} bm{block_m} bn{bn} w{warps} s{stages} bk{bk}: fails {type(exc).__name__}: {str(exc)[:120]}"
+                line = f"{config}: fails {type(exc).__name__}: {str(exc)[:120]}"
             print(line, flush=True)
             lines.append(line)
-    if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "ablate_hopper_mxfp4_sweep.txt"), "w") as file:
-            file.write("\n".join(lines) + "\n")
+    _write(args.out, "ablate_hopper_mxfp4_sweep.txt", lines)
 
 
 def sweep_compute(args):
-    import llmkernels as lk
-    from benchmarks.common import graph_time_ms
-
     torch.manual_seed(0)
     n, k = 4096, 7168
     lines = [f"# compute-regime sweep, {torch.cuda.get_device_name()}, Triton {triton.__version__}: N={n} K={k}, "
              "e8m0 scales, wrapped rows; us per CUDA-graph replay (TFLOP/s)"]
     for experts, t in ((128, 64), (128, 256), (8, 2048)):
-        w = torch.randn(experts, n, k, device="cuda", dtype=torch.bfloat16) * k**-0.5
-        w_mx = lk.quantize(w, "mxfp4")
-        w_ref = lk.dequantize(w_mx).float()
-        fragment = FragmentMXFP4(w_mx)
-        ids = torch.arange(experts, dtype=torch.int32, device="cuda")
-        offsets = torch.arange(experts + 1, dtype=torch.int32, device="cuda") * t
-        x = torch.randn(experts * t, k, device="cuda", dtype=torch.bfloat16)
-        ref = torch.bmm(x.view(experts, t, k).float(), w_ref.transpose(1, 2)).view(experts * t, n)
+        problem = _problem(experts, n, k)
+        offsets, x, ref = _grouping(problem, t)
         flops = 2.0 * experts * t * n * k
         for bm, bn, warps, stages in ((64, 128, 4, 3), (128, 128, 8, 3), (128, 128, 4, 3), (128, 256, 8, 3),
                                       (256, 128, 8, 2), (128, 64, 4, 3)):
             if bm > 2 * t:
                 continue
+            config = f"E={experts} T={t} bm{bm} bn{bn} w{warps} s{stages}"
             try:
-                fn = fragment.runner(x, offsets, ids, t, bm, bn, warps, stages, 128, False, True)
-                error = ((fn().float() - ref).norm() / ref.norm()).item()
-                us = graph_time_ms(fn) * 1e3
-                line = (f"E={experts} T={t} bm{bm} bn{bn} w{warps} s{stages}: {us:.1f} us "
-                        f"({flops / us / 1e6:.0f} TFLOP/s) err {error:.1e}")
+                us, error = _time(problem.fragment.runner(x, offsets, problem.ids, t, bm, bn, warps, stages, 128,
+                                                          False, True), ref)
+                line = f"{config}: {us:.1f} us ({flops / us / 1e6:.0f} TFLOP/s) err {error:.1e}"
             except Exception as exc:  # noqa: BLE001
-                line = f"E={experts} T={t} bm{bm} bn{bn} w{warps} s{stages}: fails {type(exc).__name__}: {str(exc)[:120]}"
+                line = f"{config}: fails {type(exc).__name__}: {str(exc)[:120]}"
             print(line, flush=True)
             lines.append(line)
-        del w, w_mx, w_ref, fragment
+        del problem
         torch.cuda.empty_cache()
-    if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "ablate_hopper_mxfp4_sweep_compute.txt"), "w") as file:
-            file.write("\n".join(lines) + "\n")
+    _write(args.out, "ablate_hopper_mxfp4_sweep_compute.txt", lines)
 
 
 def profile():
-    import llmkernels as lk
-    from benchmarks.peers import TritonKernelsExperts
-
     torch.manual_seed(0)
-    experts, n, k, t = 128, 4096, 7168, 1
-    w = torch.randn(experts, n, k, device="cuda", dtype=torch.bfloat16) * k**-0.5
-    w_mx = lk.quantize(w, "mxfp4")
-    fragment = FragmentMXFP4(w_mx)
-    peer = TritonKernelsExperts(w)
-    ids = torch.arange(experts, dtype=torch.int32, device="cuda")
-    offsets = torch.arange(experts + 1, dtype=torch.int32, device="cuda") * t
-    x = torch.randn(experts * t, k, device="cuda", dtype=torch.bfloat16)
+    t = 1
+    problem = _problem(128, 4096, 7168, with_peer=True)
+    offsets, x, _ = _grouping(problem, t)
+    fragment, ids = problem.fragment, problem.ids
     # ncu -k regex:fragment -s 2 -c 1 profiles 128 weight rows with 4 warps, -s 5 -c 1 256 rows with 8
     for fn in (fragment.runner(x, offsets, ids, t, 16, 128, 4, 3), fragment.runner(x, offsets, ids, t, 16, 256, 8, 3),
-               peer.mxfp4(x, offsets), lambda: lk.grouped_matmul(x, w_mx, offsets, ids)):
+               problem.peer.mxfp4(x, offsets), lambda: lk.grouped_matmul(x, problem.w_mx, offsets, ids)):
         for _ in range(3):
             fn()
     torch.cuda.synchronize()

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import contextlib
+import functools
 import os
 import re
 import subprocess
@@ -78,6 +79,7 @@ class Case:
     fn: object = field(repr=False)
     signature: dict = field(repr=False)
     constexprs: dict = field(repr=False)
+    attrs: dict = field(repr=False)  # Triton's specialization of the arguments (divisibility by 16)
     num_warps: int
     num_stages: int
     mma_m: int  # rows of the MMA's M side (the weights' rows under swap-AB); 0 without an MMA
@@ -142,20 +144,18 @@ def _pretend_gpu(arch: int) -> torch.device:
     return torch.device("cuda", 0)
 
 
-def _aligned_signature(fn, constexprs: dict, kinds: dict) -> tuple[dict, dict]:
+def _aligned_signature(fn, constexprs: dict, kinds: dict, unaligned=()) -> tuple[dict, dict]:
     """Signature and specialization of a launch: ``kinds`` maps argument names to types (others are
-    int32); pointers, strides and sizes are taken as divisible by 16, as a launch with aligned tensors and
-    sizes specializes them (which enables vectorized async copies and with them the software pipeline)."""
+    int32); pointers and the int32 strides and sizes not in ``unaligned`` are taken as divisible by 16, as a
+    launch with aligned tensors and sizes specializes them (which enables vectorized async copies and with
+    them the software pipeline)."""
     signature, attrs = {}, {}
     for index, name in enumerate(fn.arg_names):
         if name in constexprs:
             signature[name] = "constexpr"
             continue
         signature[name] = kinds.get(name, "i32")
-        if signature[name] in ("i32", "fp32") and name not in kinds.get("_unaligned", ()):
-            if signature[name] == "i32":
-                attrs[(index,)] = [["tt.divisibility", 16]]
-        elif signature[name].startswith("*"):
+        if signature[name].startswith("*") or (signature[name] == "i32" and name not in unaligned):
             attrs[(index,)] = [["tt.divisibility", 16]]
     return signature, attrs
 
@@ -219,15 +219,15 @@ def _grouped_matmul_case(pair, config, swiglu, arch, device, a_format, b_format,
     kinds = {name: "*i32" for name in fn.arg_names if name.endswith("_ptr")}
     kinds.update(a_ptr=POINTER[a_el], b_ptr=POINTER[b_el], out_ptr="*bf16", a_scales_ptr="*u8",
                  b_scales_ptr="*u8", a_global_scale_ptr="*fp32", b_global_scale_ptr="*fp32",
-                 expert_scales_ptr="*fp32", _unaligned=("num_groups", "min_group_rows"))
-    signature, attrs = _aligned_signature(fn, constexprs, kinds)
+                 expert_scales_ptr="*fp32")
+    signature, attrs = _aligned_signature(fn, constexprs, kinds, unaligned=("num_groups", "min_group_rows"))
     mma_m = config.block_n if config.ab_swapped else config.block_m
     label = (f"{pair:11s} {'swiglu' if swiglu else 'plain ':6s} {config.block_m}x{config.block_n}x{config.block_k} "
              f"s{config.num_stages} w{config.num_warps} {'swap' if config.ab_swapped else '    '} "
              f"{'dot_scaled' if dot_scaled else 'tl.dot':10s}")
     expect = expected_mma(arch, mma_m, a_sc, b_sc, a_el, b_el, dot_scaled)
     roofline = b200_bound(pair, tokens_per_group, swiglu, expect) if expect in B200_RATES else ""
-    return Case("grouped_matmul", label, fn, signature, (constexprs, attrs), config.num_warps, config.num_stages,
+    return Case("grouped_matmul", label, fn, signature, constexprs, attrs, config.num_warps, config.num_stages,
                 mma_m, expect, f"{tokens_per_group} tokens/group: B200 bound {roofline}" if roofline else "")
 
 
@@ -258,33 +258,32 @@ def attention_cases(arch: int, calls=tuple(ATTENTION_CALLS)) -> list[Case]:
         kinds = {name: "*i32" for name in fn.arg_names if name.endswith("_ptr")}
         kinds.update(q_ptr="*bf16", k_ptr="*bf16", v_ptr="*bf16", out_ptr="*fp32" if decode else "*bf16",
                      lse_ptr="*fp32", sinks_ptr="*fp32", alibi_slopes_ptr="*fp32", softmax_scale="fp32",
-                     softcap_value="fp32", k_desc="*bf16", v_desc="*bf16",
-                     _unaligned=("group", "num_splits", "num_kv_heads", "num_head_programs", "window_left",
-                                 "window_right", "chunk_size", "num_pages"))
+                     softcap_value="fp32", k_desc="*bf16", v_desc="*bf16")
         if tma:
             kinds.update(k_desc=f"tensordesc<bf16[{config.BN},{depth}]>", v_desc=f"tensordesc<bf16[{config.BN},{depth}]>")
-        signature, attrs = _aligned_signature(fn, constexprs, kinds)
+        signature, attrs = _aligned_signature(fn, constexprs, kinds, unaligned=(
+            "group", "num_splits", "num_kv_heads", "num_head_programs", "window_left", "window_right", "chunk_size",
+            "num_pages"))
         tiles = f"{num_q_tiles}x{block_q * heads_per_tile}x{config.BN}"
         full = (f"{label:24s} q-tiles x rows x keys {tiles:9s} s{config.num_kv_stages} w{config.num_warps} "
                 f"{'tma' if tma else '   '} rescale>{config.rescale_threshold:g} poly {config.poly_exp2_fraction:g}")
         mma_m = block_q * heads_per_tile
-        cases.append(Case("attention", full, fn, signature, (constexprs, attrs), config.num_warps,
+        cases.append(Case("attention", full, fn, signature, constexprs, attrs, config.num_warps,
                           config.num_kv_stages, mma_m, expected_mma(arch, mma_m)))
     fn = split_kv.combine_splits_kernel
     constexprs = dict(HEAD_DIM=128, HEAD_DIM_PAD=128, BLOCK_SPLITS=16, HAS_SINKS=True, RETURN_LSE=True)
     kinds = {"o_partial_ptr": "*fp32", "lse_partial_ptr": "*fp32", "out_ptr": "*bf16", "lse_ptr": "*fp32",
-             "sinks_ptr": "*fp32", "_unaligned": ("num_splits",)}
-    signature, attrs = _aligned_signature(fn, constexprs, kinds)
-    cases.append(Case("attention", "split-KV combine d128", fn, signature, (constexprs, attrs), 4, 3, 0, "none"))
+             "sinks_ptr": "*fp32"}
+    signature, attrs = _aligned_signature(fn, constexprs, kinds, unaligned=("num_splits",))
+    cases.append(Case("attention", "split-KV combine d128", fn, signature, constexprs, attrs, 4, 3, 0, "none"))
     return cases
 
 
 def compile_case(case: Case, arch: int) -> Result:
     """Compiles one case for ``sm_<arch>a``; a compiler failure comes back as ``Result.error``."""
-    constexprs, attrs = case.constexprs
     names = case.fn.arg_names
-    source = ASTSource(case.fn, case.signature, constexprs={(names.index(k),): v for k, v in constexprs.items()},
-                       attrs=attrs)
+    source = ASTSource(case.fn, case.signature,
+                       constexprs={(names.index(k),): v for k, v in case.constexprs.items()}, attrs=case.attrs)
     try:
         with _hushed_stderr():
             compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32),
@@ -363,28 +362,34 @@ def problems(case: Case, result: Result, arch: int) -> list[str]:
     return found
 
 
-def _run(job):
-    family, label, arch, pairs = job
-    cases = grouped_matmul_cases(arch, pairs) if family == "grouped_matmul" else attention_cases(arch)
-    case = next(c for c in cases if c.label == label)
-    return compile_case(case, arch)
-
-
-def compile_all(arch: int, families=("grouped_matmul", "attention"), pairs=tuple(PAIRS), jobs: int = 1):
-    """``[(case, result), ...]`` for every default config of ``families`` on ``arch``, compiled by
-    ``jobs`` processes."""
+@functools.lru_cache(maxsize=None)  # once per process: a worker compiles many cases of one listing
+def _cases(arch: int, families: tuple, pairs: tuple) -> tuple:
     cases = []
     if "grouped_matmul" in families:
         cases += grouped_matmul_cases(arch, pairs)
     if "attention" in families:
         cases += attention_cases(arch)
-    work = [(case.family, case.label, arch, pairs) for case in cases]
+    return tuple(cases)
+
+
+def _compile_listed(job) -> Result:
+    """A worker's job: the ``index``-th case of the listing (cases hold jit functions, which do not pickle)."""
+    arch, families, pairs, index = job
+    return compile_case(_cases(arch, families, pairs)[index], arch)
+
+
+def compile_all(arch: int, families=("grouped_matmul", "attention"), pairs=tuple(PAIRS), jobs: int = 1):
+    """``[(case, result), ...]`` for every default config of ``families`` on ``arch``, compiled by
+    ``jobs`` processes."""
+    families, pairs = tuple(families), tuple(pairs)
+    cases = _cases(arch, families, pairs)
     if jobs <= 1:
         results = [compile_case(case, arch) for case in cases]
     else:
         import multiprocessing
+        work = [(arch, families, pairs, index) for index in range(len(cases))]
         with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-            results = list(pool.map(_run, work))
+            results = list(pool.map(_compile_listed, work))
     return list(zip(cases, results))
 
 
