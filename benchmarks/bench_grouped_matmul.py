@@ -56,6 +56,8 @@ OURS = {
     "ours bf16 x mxfp8": ("bf16", "mxfp8"),
     "ours mxfp4": ("mxfp4", "mxfp4"),
     "ours bf16 x mxfp4": ("bf16", "mxfp4"),
+    "ours bf16 x mxfp4 hopper": ("bf16", "mxfp4 hopper"),
+    "ours mxfp4 x mxfp4 hopper": ("mxfp4", "mxfp4 hopper"),
     "ours nvfp4": ("nvfp4", "nvfp4"),
 }
 PEER_BF16, PEER_FP8 = "torch._grouped_mm bf16", "torch._scaled_grouped_mm fp8"
@@ -74,7 +76,11 @@ class Problem:
         self.num_experts, self.n, self.k = num_experts, n, k
         self.w = torch.randn(num_experts, n, k, device="cuda", dtype=torch.bfloat16) * k**-0.5
         self.x = torch.randn(max_rows, k, device="cuda", dtype=torch.bfloat16)
-        self.weights = {fmt: self.w if fmt == "bf16" else lk.quantize(self.w, fmt) for fmt in formats}
+        # "<format> hopper": the weights in the Hopper layout (ScaledTensor.to_layout("hopper"))
+        self.weights = {fmt: self.w if fmt == "bf16" else lk.quantize(self.w, fmt.split()[0]) for fmt in formats}
+        for fmt in formats:
+            if fmt.endswith(" hopper"):
+                self.weights[fmt] = self.weights[fmt].to_layout("hopper")
         self.w_fp8_t = self.w.to(torch.float8_e4m3fn).transpose(-2, -1)
         self.ids = torch.arange(num_experts, dtype=torch.int32, device="cuda")
         try:
@@ -143,7 +149,7 @@ def sweep(problem: Problem, model: str, tokens_per_expert: int, ceilings: dict, 
         timings[name] = (ms, formats, error)
     rows = []
     for name, (ms, (fa, fb), error) in timings.items():
-        weight_bytes = weight_elements * BYTES_PER_ELEMENT[fb]
+        weight_bytes = weight_elements * BYTES_PER_ELEMENT[fb.split()[0]]
         total_bytes = weight_bytes + rows_total * (problem.k * BYTES_PER_ELEMENT[fa] + problem.n * 2)
         rows.append({
             "model": model, "routing": label or "balanced", "tokens/expert": tokens_per_expert, "system": name,

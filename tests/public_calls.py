@@ -53,7 +53,7 @@ PUBLIC = {
 NON_TENSOR_ARGUMENTS = {
     "quantize": {"format", "scale_layout"},
     "dequantize": set(),
-    "ScaledTensor": {"format", "scale_layout"},
+    "ScaledTensor": {"format", "scale_layout", "logical_shape"},
     "ScaledTensor.to_layout": {"self", "layout"},
     "grouped_matmul": {"epilogue", "out_dtype", "config", "validate"},
     "attention": {"causal", "mask", "softmax_scale", "max_seqlen_q", "max_seqlen_k", "num_splits", "return_lse",
@@ -78,10 +78,11 @@ def scaled_leaves(prefix: str, tensor: lk.ScaledTensor) -> dict:
     return {f"{prefix}.{field}": getattr(tensor, field) for field in fields if getattr(tensor, field) is not None}
 
 
-def scaled_from(leaves: dict, prefix: str, format: str, layout: str = "row") -> lk.ScaledTensor:
+def scaled_from(leaves: dict, prefix: str, format: str, layout: str = "row", shape=None) -> lk.ScaledTensor:
+    """The ScaledTensor of the leaves under ``prefix`` (``shape``: the logical shape of the hopper layout)."""
     part = lambda field: leaves.get(f"{prefix}.{field}")  # noqa: E731
     return lk.ScaledTensor(part("data"), part("scales"), format, part("global_scale"), layout,
-                           part("group_offsets"), part("group_scale_offsets"))
+                           part("group_offsets"), part("group_scale_offsets"), shape)
 
 
 def _offsets(sizes, device) -> torch.Tensor:
@@ -110,14 +111,20 @@ def _quantize_call(format: str, gather: bool, grouped: bool) -> Call:
 
 
 def _dequantize_call(format: str, layout: str) -> Call:
+    shape = (12, 96)
+
     def make(device):
-        x = lk.quantize(torch.randn(12, 64, device=device), format)
-        x = x.to_layout("128x4", group_offsets=_offsets([5, 0, 7], device) if layout == "grouped" else None) \
-            if layout != "row" else x
+        x = lk.quantize(torch.randn(*shape, device=device), format)
+        if layout in ("128x4", "grouped"):
+            x = x.to_layout("128x4", group_offsets=_offsets([5, 0, 7], device) if layout == "grouped" else None)
+        elif layout == "hopper":
+            x = x.to_layout("hopper")
         return scaled_leaves("x", x)
 
+    scale_layout = "128x4" if layout == "grouped" else layout
     return Call(f"dequantize[{format}, {layout}]", ("dequantize", "ScaledTensor"), make,
-                lambda leaves: lk.dequantize(scaled_from(leaves, "x", format, "row" if layout == "row" else "128x4")))
+                lambda leaves: lk.dequantize(scaled_from(leaves, "x", format, scale_layout,
+                                                         shape if layout == "hopper" else None)))
 
 
 def _to_layout_call() -> Call:
@@ -160,7 +167,8 @@ def _grouped_matmul_call(a_format: str, b_format: str, a_layout: str = "row", b_
     def run(leaves):
         a = leaves["a"] if a_format == "bf16" else scaled_from(leaves, "a", a_format, "row" if a_layout == "row"
                                                                  else "128x4")
-        b = leaves["b"] if b_format == "bf16" else scaled_from(leaves, "b", b_format, b_layout)
+        b = leaves["b"] if b_format == "bf16" else scaled_from(leaves, "b", b_format, b_layout,
+                                                                 (experts, n, k) if b_layout == "hopper" else None)
         return lk.grouped_matmul(a, b, leaves["a_offsets"], leaves["expert_ids"], leaves["expert_scales"],
                                  epilogue=epilogue, out=leaves["out"])
 
@@ -250,14 +258,15 @@ def _combine_call() -> Call:
     return Call("combine", ("combine",), make, lambda leaves: combine(leaves["y"], leaves["row_of_copy"], leaves["weights"]))
 
 
-def _moe_call(weight_format: str) -> Call:
+def _moe_call(weight_format: str, weight_layout: str = "row") -> Call:
     experts, hidden, intermediate = 4, 64, 32
+    shapes = {"w_gate_up": (experts, 2 * intermediate, hidden), "w_down": (experts, hidden, intermediate)}
 
     def make(device):
         block = MoEFeedForward.from_float(torch.randn(experts, hidden, device=device),
                                           torch.randn(experts, 2 * intermediate, hidden, device=device) / 8,
                                           torch.randn(experts, hidden, intermediate, device=device) / 8, 2,
-                                          weight_format=weight_format)
+                                          weight_format=weight_format, weight_layout=weight_layout)
         leaves = {"router_weight": block.router_weight, "correction_bias": torch.rand(experts, device=device) / 8,
                   "hidden_states": torch.randn(5, hidden, dtype=torch.bfloat16, device=device)}
         for name in ("w_gate_up", "w_down"):
@@ -266,13 +275,15 @@ def _moe_call(weight_format: str) -> Call:
         return leaves
 
     def run(leaves):
-        weights = [leaves[name] if weight_format == "bf16" else scaled_from(leaves, name, weight_format)
+        weights = [leaves[name] if weight_format == "bf16" else
+                   scaled_from(leaves, name, weight_format, weight_layout, shapes[name] if weight_layout == "hopper"
+                               else None)
                    for name in ("w_gate_up", "w_down")]
         block = MoEFeedForward(leaves["router_weight"], *weights, 2, correction_bias=leaves["correction_bias"],
                                activation_format=weight_format if weight_format != "mxfp4" else "bf16")
         return block(leaves["hidden_states"])
 
-    return Call(f"MoEFeedForward[{weight_format}]", ("MoEFeedForward", "MoEFeedForward.forward", "ScaledTensor"),
+    return Call(f"MoEFeedForward[{weight_format}{', hopper' if weight_layout == 'hopper' else ''}]", ("MoEFeedForward", "MoEFeedForward.forward", "ScaledTensor"),
                 make, run)
 
 
@@ -283,12 +294,15 @@ CALLS = [
     _dequantize_call("nvfp4", "row"),
     _dequantize_call("mxfp4", "128x4"),
     _dequantize_call("mxfp8", "grouped"),
+    _dequantize_call("mxfp4", "hopper"),
     _to_layout_call(),
     _grouped_matmul_call("mxfp8", "mxfp8"),
     _grouped_matmul_call("nvfp4", "nvfp4", epilogue="swiglu"),
     _grouped_matmul_call("bf16", "mxfp4", b_layout="128x4"),
     _grouped_matmul_call("mxfp8", "mxfp4", a_layout="grouped", b_layout="128x4"),
     _grouped_matmul_call("bf16", "bf16", epilogue="silu"),
+    _grouped_matmul_call("bf16", "mxfp4", b_layout="hopper", epilogue="swiglu"),
+    _grouped_matmul_call("mxfp4", "mxfp4", b_layout="hopper"),
     _attention_call("dense"),
     _attention_call("dense-decode"),
     _attention_call("ragged"),
@@ -300,6 +314,7 @@ CALLS = [
     _combine_call(),
     _moe_call("mxfp8"),
     _moe_call("nvfp4"),
+    _moe_call("mxfp4", "hopper"),
 ]
 CALLS_BY_NAME = {call.name: call for call in CALLS}
 

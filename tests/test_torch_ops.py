@@ -24,7 +24,8 @@ def test_grouped_matmul_opcheck(formats, device):
     x, w, offsets, ids, scales, _ = _moe_problem(device)
     a = x.to(torch.bfloat16) if formats[0] == "bf16" else lk.quantize(x, formats[0])
     b = w.to(torch.bfloat16) if formats[1] == "bf16" else lk.quantize(w, formats[1])
-    args = (*scaled_tensor_parts(a), *scaled_tensor_parts(b)[:5], offsets, ids, scales, "swiglu", torch.bfloat16)
+    b_parts = scaled_tensor_parts(b)
+    args = (*scaled_tensor_parts(a)[:7], *b_parts[:5], b_parts[7], offsets, ids, scales, "swiglu", torch.bfloat16)
     # rows past the groups are left unwritten, so compare only the checks that do not read them
     torch.library.opcheck(torch.ops.llmkernels.grouped_matmul.default, args,
                           test_utils=("test_schema", "test_faketensor"))

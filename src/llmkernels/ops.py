@@ -41,22 +41,23 @@ def grouped_matmul_op(
     a_data: torch.Tensor, a_scales: torch.Tensor | None, a_global_scale: torch.Tensor | None, a_format: str,
     a_scale_layout: str, a_group_offsets: torch.Tensor | None, a_group_scale_offsets: torch.Tensor | None,
     b_data: torch.Tensor, b_scales: torch.Tensor | None, b_global_scale: torch.Tensor | None, b_format: str,
-    b_scale_layout: str, a_offsets: torch.Tensor, expert_ids: torch.Tensor, expert_scales: torch.Tensor | None,
-    epilogue: str | None, out_dtype: torch.dtype,
+    b_scale_layout: str, b_shape: list[int], a_offsets: torch.Tensor, expert_ids: torch.Tensor,
+    expert_scales: torch.Tensor | None, epilogue: str | None, out_dtype: torch.dtype,
 ) -> torch.Tensor:
-    """:func:`llmkernels.grouped_matmul` on the parts of its operands; returns ``[T, N_out]``."""
+    """:func:`llmkernels.grouped_matmul` on the parts of its operands (``b_shape``: b's logical ``[E, N, K]``);
+    returns ``[T, N_out]``."""
     a = scaled_tensor_from_parts(a_data, a_scales, a_global_scale, a_format, a_scale_layout, a_group_offsets,
                                  a_group_scale_offsets)
-    b = scaled_tensor_from_parts(b_data, b_scales, b_global_scale, b_format, b_scale_layout)
+    b = scaled_tensor_from_parts(b_data, b_scales, b_global_scale, b_format, b_scale_layout, shape=b_shape)
     return grouped_matmul_api.grouped_matmul(a, b, a_offsets, expert_ids, expert_scales, epilogue=epilogue,
                                              out_dtype=out_dtype)
 
 
 @grouped_matmul_op.register_fake
 def _grouped_matmul_fake(a_data, a_scales, a_global_scale, a_format, a_scale_layout, a_group_offsets,
-                         a_group_scale_offsets, b_data, b_scales, b_global_scale, b_format, b_scale_layout,
+                         a_group_scale_offsets, b_data, b_scales, b_global_scale, b_format, b_scale_layout, b_shape,
                          a_offsets, expert_ids, expert_scales, epilogue, out_dtype):
-    n = b_data.shape[1]
+    n = b_shape[1]
     return a_data.new_empty((a_data.shape[0], n // 2 if epilogue == "swiglu" else n), dtype=out_dtype)
 
 
@@ -186,7 +187,8 @@ def grouped_matmul(a, b, a_offsets, expert_ids, expert_scales=None, *, epilogue=
     if call is None or call.epilogue_fn is not None:
         return grouped_matmul_api.grouped_matmul(a, b, a_offsets, expert_ids, expert_scales, epilogue=epilogue,
                                                  out_dtype=out_dtype, out=out, config=config, validate=validate)
-    return grouped_matmul_op(*scaled_tensor_parts(a), *scaled_tensor_parts(b)[:5], call.a_offsets, call.expert_ids,
+    b_parts = scaled_tensor_parts(b)
+    return grouped_matmul_op(*scaled_tensor_parts(a)[:7], *b_parts[:5], b_parts[7], call.a_offsets, call.expert_ids,
                              call.expert_scales, epilogue, out_dtype)
 
 

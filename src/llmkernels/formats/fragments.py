@@ -13,14 +13,15 @@ The fragment: lane ``4g + t`` of a warp holds, for each 16-wide K step ``j`` of 
 * scales uint8 ``[..., N/16, K/64, 8 (g), 2 (h), 2 (j // 2)]``: the e8m0 scale of row ``16 nb + 8h + g`` and
   32-block ``2c + j // 2`` of chunk c: one 4-byte word per thread and chunk.
 
-N is padded to 16 and K to 64 with zero codes and unit scales. ``benchmarks/ablate_hopper_mxfp4.py`` holds
-the kernel prototype that reads it (``benchmarks/NOTES.md``, issue 21).
+N is padded to 16 and K to 64 with zero codes and unit scales. A ScaledTensor holds it as
+``scale_layout="hopper"`` (:meth:`llmkernels.ScaledTensor.to_layout`); the grouped matmul's Hopper kernel
+(``grouped_matmul/fragment_kernel.py``) reads it.
 """
 from __future__ import annotations
 
 import torch
 
-__all__ = ["SLOT_BITS", "to_hopper_fragments", "from_hopper_fragments"]
+__all__ = ["SLOT_BITS", "FRAGMENT_ROWS", "FRAGMENT_K", "to_hopper_fragments", "from_hopper_fragments"]
 
 FRAGMENT_ROWS, FRAGMENT_K = 16, 64
 # (sign, e1, e0, m) bit positions of the four value slots of a 16-bit lane
@@ -69,7 +70,8 @@ def to_hopper_fragments(data: torch.Tensor, scales: torch.Tensor) -> tuple[torch
     for slot, rows in enumerate((rows_g, rows_g, rows_g8, rows_g8)):
         for lane in range(2):
             words |= _place(rows[..., slot % 2, lane], slot, lane)
-    fragment_data = words.to(torch.int32).contiguous().view(torch.uint8).reshape(*lead, nb, kc, 8, 4, 16)
+    word_bytes = torch.stack([(words >> shift) & 0xFF for shift in (0, 8, 16, 24)], dim=-1)  # little-endian
+    fragment_data = word_bytes.to(torch.uint8).reshape(*lead, nb, kc, 8, 4, 16)
     padded_scales = _padded(scales, nb * FRAGMENT_ROWS, kc * 2, _UNIT_E8M0)
     # (..., nb, h, g, c, jhi) → (..., nb, c, g, h, jhi)
     padded_scales = padded_scales.reshape(*lead, nb, 2, 8, kc, 2)
@@ -83,7 +85,9 @@ def from_hopper_fragments(fragment_data: torch.Tensor, fragment_scales: torch.Te
     ``[..., n, k/32]`` of the logical ``[..., n, k]`` tensor (padding dropped)."""
     *lead, nb, kc, _, _, _ = fragment_data.shape
     lead_dims = len(lead)
-    words = fragment_data.contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF  # (..., nb, c, g, t, j)
+    # little-endian words from the bytes, whatever the view's offset (an int32 view needs 4-byte alignment)
+    byte_values = fragment_data.reshape(*fragment_data.shape[:-1], 4, 4).to(torch.int64)
+    words = (byte_values << torch.arange(0, 32, 8, device=byte_values.device)).sum(-1)  # (..., nb, c, g, t, j)
     slots = [[_take(words, slot, lane) for lane in range(2)] for slot in range(4)]
     rows_g = torch.stack([torch.stack(slots[0], -1), torch.stack(slots[1], -1)], -2)  # (..., j, bh, bl)
     rows_g8 = torch.stack([torch.stack(slots[2], -1), torch.stack(slots[3], -1)], -2)

@@ -409,8 +409,10 @@ def _fragment_codes(words, slot, lane):
 
 
 @triton.jit
-def decode_fragment_tile(data, scale_bytes, NB: tl.constexpr, C: tl.constexpr, PACKED_DECODE: tl.constexpr):
-    """A tile of MXFP4 weights in the Hopper fragment layout → bf16 ``[NB * 16, C * 64]`` in (n, k) order.
+def decode_fragment_tile(data, scale_bytes, NB: tl.constexpr, C: tl.constexpr, PACKED_DECODE: tl.constexpr,
+                         DTYPE: tl.constexpr = tl.bfloat16):
+    """A tile of MXFP4 weights in the Hopper fragment layout → ``[NB * 16, C * 64]`` in (n, k) order, bf16
+    (``DTYPE`` float32 without PACKED_DECODE: the interpreter flushes bf16 subnormals, float32 keeps them).
 
     ``data`` uint8 ``[NB, C, 8, 4, 16]`` and ``scale_bytes`` uint8 ``[NB, C, 8, 2, 2]`` (or ``[NB, C, 8, 4]``) as
     :func:`llmkernels.formats.fragments.to_hopper_fragments` lays them out. With PACKED_DECODE (NVIDIA GPUs)
@@ -440,8 +442,8 @@ def decode_fragment_tile(data, scale_bytes, NB: tl.constexpr, C: tl.constexpr, P
         high = decode_e2m1(_fragment_codes(words, 2 + value // 2, value % 2))
         low = tl.reshape(low, (NB, C, 8, 4, 2, 2, 4)) * scale_g[:, :, :, None, :, None, None]
         high = tl.reshape(high, (NB, C, 8, 4, 2, 2, 4)) * scale_g8[:, :, :, None, :, None, None]
-        low = tl.reshape(low, (NB, C, 8, 4, 16)).to(tl.bfloat16)
-        high = tl.reshape(high, (NB, C, 8, 4, 16)).to(tl.bfloat16)
+        low = tl.reshape(low, (NB, C, 8, 4, 16)).to(DTYPE)
+        high = tl.reshape(high, (NB, C, 8, 4, 16)).to(DTYPE)
     low = tl.reshape(low, (NB, C, 8, 4, 4, 2, 2))  # (nb, c, g, t, j, bh, bl): k = 64c + 16j + 8bh + 2t + bl
     high = tl.reshape(high, (NB, C, 8, 4, 4, 2, 2))
     both = tl.permute(tl.join(low, high), (0, 7, 2, 1, 4, 5, 3, 6))  # (nb, h, g, c, j, bh, t, bl)

@@ -131,6 +131,8 @@ def dequantize(x: ScaledTensor) -> torch.Tensor:
     if not isinstance(x, ScaledTensor):
         raise TypeError(f"dequantize takes a ScaledTensor, got {type(x).__name__}")
     x.validate()
+    if x.scale_layout == "hopper":
+        x = x.to_layout("row")
     spec = x.spec
     row_scales = x.row_scales()
     scale = decode_e8m0(row_scales.view(torch.uint8)) if spec.scale == "e8m0" else row_scales.float()

@@ -8,13 +8,14 @@ import torch
 from .._launch import value_key
 from .._runtime import describe
 from . import layout as scale_layouts
+from .fragments import FRAGMENT_K, FRAGMENT_ROWS, from_hopper_fragments, to_hopper_fragments
 from .layout import TILE_ROWS, TILE_SCALE_COLS
 from .spec import FormatSpec, format_spec
 
 __all__ = ["ScaledTensor", "SCALE_LAYOUTS", "OFFSET_DTYPES", "PLAIN_FORMATS", "scaled_tensor_parts",
            "scaled_tensor_from_parts"]
 
-SCALE_LAYOUTS = ("row", "128x4")
+SCALE_LAYOUTS = ("row", "128x4", "hopper")
 PLAIN_FORMATS = ("bf16", "fp16")  # what scaled_tensor_parts calls a plain bf16 / fp16 tensor
 OFFSET_DTYPES = (torch.int32, torch.uint32, torch.int64)  # of group offsets
 
@@ -33,7 +34,12 @@ class ScaledTensor:
         format: ``"mxfp8"``, ``"mxfp4"`` or ``"nvfp4"``.
         global_scale: nvfp4 only, float32 scalar tensor: the **decode** scale,
             ``x ≈ e2m1 · block_scale · global_scale``.
-        scale_layout: ``"row"`` or ``"128x4"``.
+        scale_layout: ``"row"``, ``"128x4"`` or ``"hopper"``. ``"hopper"`` (MXFP4, at least 2D) rearranges
+            the data too: both in Hopper's wgmma register-fragment order (:mod:`llmkernels.formats.fragments`),
+            data uint8 ``[..., ceil(N/16), ceil(K/64), 8, 4, 16]`` and scales
+            ``[..., ceil(N/16), ceil(K/64), 8, 2, 2]`` of the logical ``[..., N, K]``, padded with zero codes
+            and unit scales. Made once from the row layout by :meth:`to_layout`; the grouped matmul's Hopper
+            kernel reads it without a shared-memory round trip.
         group_offsets, group_scale_offsets: set only for a 2D tensor whose 128x4 scales are padded per
             group (the seed's A operand): int32 ``[G + 1]`` row offsets of the groups and the seed's
             ``a_scale_offsets`` int32 ``[G]``. Group g's scale rows start at tile-row
@@ -47,6 +53,7 @@ class ScaledTensor:
     scale_layout: str = "row"
     group_offsets: torch.Tensor | None = None
     group_scale_offsets: torch.Tensor | None = None
+    logical_shape: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         self.validate()
@@ -67,7 +74,9 @@ class ScaledTensor:
             raise TypeError(f"{self.format} scales must be a {spec.scale_dtype} tensor, got {describe(self.scales)}")
         if self.scale_layout not in SCALE_LAYOUTS:
             raise ValueError(f"scale_layout must be one of {SCALE_LAYOUTS}, got {self.scale_layout!r}")
-        if self.data.dim() < (2 if self.scale_layout == "128x4" else 1):
+        if self.scale_layout == "hopper" or self.logical_shape is not None:
+            self._check_hopper()
+        elif self.data.dim() < (2 if self.scale_layout == "128x4" else 1):
             raise ValueError(f"data of shape {tuple(self.data.shape)} has too few dimensions for {self.scale_layout} scales")
         if spec.has_global_scale:
             gs = self.global_scale
@@ -95,7 +104,28 @@ class ScaledTensor:
             raise ValueError(f"ScaledTensor parts must share one device, got {devices}")
         self._check_scale_shape()
 
+    def _check_hopper(self) -> None:
+        shape = self.logical_shape
+        if self.scale_layout != "hopper" or self.format != "mxfp4":
+            raise ValueError(f"logical_shape goes with scale_layout='hopper', which holds mxfp4 only; got "
+                             f"{self.format} with scale_layout={self.scale_layout!r}")
+        if (not isinstance(shape, tuple) or len(shape) < 2
+                or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)):
+            raise ValueError(f"the hopper layout needs logical_shape, a tuple of >= 2 non-negative ints [..., N, K], "
+                             f"got {shape!r}")
+        *lead, n, k = shape
+        blocks = (*lead, -(-n // FRAGMENT_ROWS), -(-k // FRAGMENT_K), 8)
+        if tuple(self.data.shape) != (*blocks, 4, 16) or tuple(self.scales.shape) != (*blocks, 2, 2):
+            raise ValueError(f"hopper-layout parts of shapes {tuple(self.data.shape)} and {tuple(self.scales.shape)} "
+                             f"do not fit logical shape {shape} (expected {(*blocks, 4, 16)} and {(*blocks, 2, 2)})")
+        if self.group_offsets is not None or self.group_scale_offsets is not None:
+            raise ValueError("group offsets go with 128x4 scales, not the hopper layout")
+
     def _check_scale_shape(self) -> None:
+        if self.scale_layout == "hopper":
+            if self.shape[-1] % self.spec.block:
+                raise ValueError(f"{self.format} needs K = {self.shape[-1]} to be a multiple of {self.spec.block}")
+            return
         rows_shape = tuple(self.data.shape[:-1])
         scale_cols = self.shape[-1] // self.spec.block
         if self.shape[-1] % self.spec.block:
@@ -118,26 +148,27 @@ class ScaledTensor:
 
     @classmethod
     def unchecked(cls, data, scales, format, global_scale=None, scale_layout="row", group_offsets=None,
-                  group_scale_offsets=None) -> "ScaledTensor":
+                  group_scale_offsets=None, logical_shape=None) -> "ScaledTensor":
         """A ScaledTensor from parts a kernel just made to fit (no :meth:`validate`: the hot path of
         :func:`llmkernels.quantize`). While torch.compile traces, the checked constructor (what Dynamo reads
         best; tracing costs nothing at run time)."""
         if torch.compiler.is_compiling():
-            return cls(data, scales, format, global_scale, scale_layout, group_offsets, group_scale_offsets)
+            return cls(data, scales, format, global_scale, scale_layout, group_offsets, group_scale_offsets,
+                       logical_shape)
         tensor = object.__new__(cls)
         tensor.__dict__.update(data=data, scales=scales, format=format, global_scale=global_scale,
                                scale_layout=scale_layout, group_offsets=group_offsets,
-                               group_scale_offsets=group_scale_offsets)
+                               group_scale_offsets=group_scale_offsets, logical_shape=logical_shape)
         return tensor
 
     def plan_key(self) -> tuple:
         """What a kernel's plan depends on (:func:`llmkernels._launch.value_key`): format, layout and the
         parts' dtypes, shapes, strides, alignment and devices. Equal keys pass :meth:`validate` alike."""
-        optional = (self.global_scale, self.group_offsets, self.group_scale_offsets)
-        if optional == (None, None, None):  # the common case, spelled out: this runs on every call
+        optional = (self.global_scale, self.group_offsets, self.group_scale_offsets, self.logical_shape)
+        if optional == (None, None, None, None):  # the common case, spelled out: this runs on every call
             return "ScaledTensor", self.format, self.scale_layout, value_key(self.data), value_key(self.scales)
         return ("ScaledTensor", self.format, self.scale_layout, value_key(self.data), value_key(self.scales),
-                *map(value_key, optional))
+                *map(value_key, optional[:3]), self.logical_shape)
 
     @property
     def spec(self) -> FormatSpec:
@@ -146,6 +177,8 @@ class ScaledTensor:
     @property
     def shape(self) -> torch.Size:
         """The logical shape ``[..., K]`` (packed data holds K / 2 bytes per row)."""
+        if self.logical_shape is not None:
+            return torch.Size(self.logical_shape)
         if self.spec.packed:
             return torch.Size((*self.data.shape[:-1], self.data.shape[-1] * 2))
         return self.data.shape
@@ -155,52 +188,84 @@ class ScaledTensor:
         return self.data.device
 
     def dim(self) -> int:
-        return self.data.dim()
+        return len(self.shape)
+
+    def row_data(self) -> torch.Tensor:
+        """The data in the row layout ``[..., K]`` (``[..., K / 2]`` packed; a copy for the hopper layout)."""
+        if self.scale_layout != "hopper":
+            return self.data
+        return self._from_hopper()[0].view(self.spec.data_dtype)
+
+    def _from_hopper(self) -> tuple[torch.Tensor, torch.Tensor]:
+        *_, n, k = self.shape
+        return from_hopper_fragments(self.data.view(torch.uint8), self.scales.view(torch.uint8), n, k)
 
     def row_scales(self) -> torch.Tensor:
         """The scales in the row-major layout ``[..., R, K / block]`` (a copy unless already row-major)."""
         if self.scale_layout == "row":
             return self.scales
+        if self.scale_layout == "hopper":
+            return self._from_hopper()[1].view(self.spec.scale_dtype)
         rows, cols = self.shape[-2], self.shape[-1] // self.spec.block
         if self.group_offsets is not None:
             return scale_layouts.from_grouped_blocked_scales(self.scales, self.group_offsets, rows, cols)
         return scale_layouts.from_blocked_scales(self.scales, rows, cols)
 
     def to_layout(self, layout: str, group_offsets: torch.Tensor | None = None) -> "ScaledTensor":
-        """The same tensor with its scales in ``layout`` (``"row"`` or ``"128x4"``).
+        """The same tensor in ``layout``: ``"row"`` or ``"128x4"`` (scales), or ``"hopper"`` (data and scales
+        of an MXFP4 tensor of at least 2 dims in wgmma fragment order; see the class). Exact both ways.
 
         ``group_offsets`` (int32 ``[G + 1]``, 2D tensors only): pad the 128x4 scales per group, as the
         seed's A operand needs (see :func:`llmkernels.formats.to_grouped_blocked_scales`).
+
+        Raises:
+            ValueError: an unknown layout, ``"hopper"`` for another format than mxfp4, a 1D tensor or
+                with group offsets.
         """
-        row_scales = self.row_scales()
-        if layout == "row":
-            return ScaledTensor(self.data, row_scales, self.format, self.global_scale)
-        if layout != "128x4":
+        if layout not in SCALE_LAYOUTS:
             raise ValueError(f"layout must be one of {SCALE_LAYOUTS}, got {layout!r}")
+        if self.scale_layout == "hopper":
+            data, row_scales = self._from_hopper()
+            data, row_scales = data.view(self.spec.data_dtype), row_scales.view(self.spec.scale_dtype)
+        else:
+            data, row_scales = self.data, self.row_scales()
+        if layout == "row":
+            return ScaledTensor(data, row_scales, self.format, self.global_scale)
+        if layout == "hopper":
+            if self.format != "mxfp4" or self.dim() < 2 or group_offsets is not None:
+                raise ValueError(f"the hopper layout holds mxfp4 tensors of at least 2 dims without group offsets, "
+                                 f"got {self.format} of shape {tuple(self.shape)}")
+            if self.scale_layout == "hopper":
+                return self
+            fragment_data, fragment_scales = to_hopper_fragments(data, row_scales)
+            return ScaledTensor(fragment_data, fragment_scales.view(self.spec.scale_dtype), self.format,
+                                scale_layout="hopper", logical_shape=tuple(self.shape))
         if group_offsets is None:
-            return ScaledTensor(self.data, scale_layouts.to_blocked_scales(row_scales), self.format, self.global_scale,
+            return ScaledTensor(data, scale_layouts.to_blocked_scales(row_scales), self.format, self.global_scale,
                                 "128x4")
         blocked, group_scale_offsets = scale_layouts.to_grouped_blocked_scales(row_scales, group_offsets)
-        return ScaledTensor(self.data, blocked, self.format, self.global_scale, "128x4", group_offsets,
+        return ScaledTensor(data, blocked, self.format, self.global_scale, "128x4", group_offsets,
                             group_scale_offsets)
 
 
 def scaled_tensor_parts(x) -> tuple:
-    """``(data, scales, global_scale, format, scale_layout, group_offsets, group_scale_offsets)`` of a
-    ScaledTensor (data and scales as their uint8 bytes, which every backend can carry), or of a plain
-    bf16/fp16 tensor (format ``"bf16"``/``"fp16"``, no scales)."""
+    """``(data, scales, global_scale, format, scale_layout, group_offsets, group_scale_offsets, shape)`` of a
+    ScaledTensor (data and scales as their uint8 bytes, which every backend can carry; ``shape`` its logical
+    shape as a list), or of a plain bf16/fp16 tensor (format ``"bf16"``/``"fp16"``, no scales)."""
     if isinstance(x, ScaledTensor):
         return (x.data.view(torch.uint8), x.scales.view(torch.uint8), x.global_scale, x.format, x.scale_layout,
-                x.group_offsets, x.group_scale_offsets)
-    return x, None, None, "fp16" if x.dtype == torch.float16 else "bf16", "row", None, None
+                x.group_offsets, x.group_scale_offsets, list(x.shape))
+    return x, None, None, "fp16" if x.dtype == torch.float16 else "bf16", "row", None, None, list(x.shape)
 
 
 def scaled_tensor_from_parts(data, scales, global_scale, format, scale_layout="row", group_offsets=None,
-                             group_scale_offsets=None):
-    """The inverse of :func:`scaled_tensor_parts` (data and scales may be any same-size view)."""
+                             group_scale_offsets=None, shape=None):
+    """The inverse of :func:`scaled_tensor_parts` (data and scales may be any same-size view; ``shape`` is
+    read for the hopper layout only)."""
     if format in PLAIN_FORMATS:
         return data
     spec = format_spec(format)
+    logical_shape = tuple(int(d) for d in shape) if scale_layout == "hopper" else None
     return ScaledTensor(data.view(spec.data_dtype), scales.view(spec.scale_dtype), format, global_scale,
-                        scale_layout, group_offsets, group_scale_offsets)
+                        scale_layout, group_offsets, group_scale_offsets, logical_shape)
 

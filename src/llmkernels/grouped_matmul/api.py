@@ -14,7 +14,7 @@ from .._runtime import (check_device, check_out, cuda_capability, describe, firs
                         forward_only, interpreting, next_power_of_2, num_programs_hint, unit_last_stride)
 from ..formats import ScaledTensor
 from ..formats.kernel import upcast_rows_kernel
-from . import kernel
+from . import hopper_kernel, kernel
 from .config import ALL_GROUP_SIZES, BlockScaledMatmulConfig, default_launches
 
 __all__ = ["grouped_matmul", "check_grouped_matmul", "EPILOGUES"]
@@ -35,7 +35,7 @@ class _Operand:
     element: str  # "bf16", "fp16", "e4m3", "e2m1"
     scale: str  # "none", "e8m0", "e4m3"
     scale_block: int
-    scale_layout: str  # "row", "128x4", "128x4_grouped"
+    scale_layout: str  # "row", "128x4", "128x4_grouped", "hopper" (data and scales in wgmma fragment order)
     format: str  # "bf16", "fp16" or a block-scaled format name
     has_global_scale: bool = False
 
@@ -55,6 +55,8 @@ def _operand(x, name: str, dims: int) -> _Operand:
         layout = x.scale_layout
         if layout == "128x4" and x.group_offsets is not None:
             layout = "128x4_grouped"
+        if layout == "hopper" and name == "a":
+            raise ValueError("a is in the hopper layout, a layout of weights: pass a with row or 128x4 scales")
         data, scales, global_scale = _operand_tensors(x)
         return _Operand(data, scales, global_scale, spec.element, spec.scale, spec.block, layout, x.format,
                         global_scale is not None)
@@ -96,6 +98,22 @@ def _check_metadata(a_offsets, expert_ids, expert_scales, num_experts: int):
             raise ValueError(f"expert_scales must have shape ({num_experts},), got {tuple(expert_scales.shape)}")
     return num_groups
 
+
+
+def _check_hopper_weights(a: _Operand, n_out: int, epilogue_kind: str, config) -> None:
+    """What the kernel for weights in the hopper layout takes: bf16 activations or quantized ones it decodes
+    ahead to bf16 (row or 128x4 scales), SwiGLU halves on 16-row blocks, K steps of whole 64-wide chunks."""
+    if a.element == "fp16":
+        raise TypeError("b in the hopper layout decodes to bf16: a must be bf16 or a ScaledTensor, not fp16")
+    if a.scale_layout == "128x4_grouped":
+        raise ValueError("b in the hopper layout takes a quantized a decoded ahead, which needs row or ungrouped "
+                         "128x4 scales, not scales padded per group")
+    if epilogue_kind == "swiglu" and n_out % 16:
+        raise ValueError(f"swiglu on b in the hopper layout needs N / 2 to be a multiple of 16 (the layout's "
+                         f"row blocks), got N / 2 = {n_out}")
+    if config is not None and (config.block_k < 64 or config.mma == "dot_scaled"):
+        raise ValueError(f"b in the hopper layout needs config.block_k >= 64 and mma 'auto' or 'dequant', got "
+                         f"block_k={config.block_k}, mma={config.mma!r}")
 
 
 def _epilogue_kind(epilogue) -> tuple[str, object]:
@@ -194,6 +212,8 @@ def check_grouped_matmul(a, b, a_offsets, expert_ids, expert_scales, epilogue, o
         raise TypeError(f"out_dtype must be bf16, fp16 or fp32, got {out_dtype}")
     if config is not None and not isinstance(config, BlockScaledMatmulConfig):
         raise TypeError(f"config must be a BlockScaledMatmulConfig, got {type(config).__name__}")
+    if b_op.scale_layout == "hopper":
+        _check_hopper_weights(a_op, n_out, epilogue_kind, config)
     if out is not None:
         check_out(out, (num_tokens, n_out), out_dtype, a=a_op.data, a_scales=a_op.scales, b=b_op.data,
                   b_scales=b_op.scales, a_offsets=a_offsets, expert_ids=expert_ids, expert_scales=expert_scales)
@@ -290,6 +310,8 @@ def _operand_tensors(x) -> tuple:
     if isinstance(x, ScaledTensor):
         scales = x.scales.view(torch.uint8)
         scales = unit_last_stride(scales) if x.scale_layout == "row" else scales.contiguous()
+        if x.scale_layout == "hopper":  # the kernel addresses each expert's blocks as one dense run
+            return x.data.view(torch.uint8).contiguous(), scales, x.global_scale
         return unit_last_stride(x.data.view(torch.uint8)), scales, x.global_scale
     return unit_last_stride(x), None, None
 
@@ -317,7 +339,8 @@ class _Plan:
         else:
             weight_bytes = b_op.data.numel() * b_op.data.element_size()
             configs = default_launches(call.num_tokens, call.num_groups, call.n_out, call.k, device, a_op.element,
-                                       b_op.element, weight_bytes, call.epilogue_kind == "swiglu", b_op.scale_block)
+                                       b_op.element, weight_bytes, call.epilogue_kind == "swiglu", b_op.scale_block,
+                                       b_op.scale_layout)
         self.compute_dtype = tl.float16 if a_op.element == "fp16" else tl.bfloat16
         if interpreting():
             # Triton's interpreter multiplies bf16 tiles as raw uint16 bits; decoded tiles are exact in
@@ -325,9 +348,11 @@ class _Plan:
             self.compute_dtype = tl.float32
         # Per launch: does it read A decoded ahead, and which MMA path (checked before anything launches).
         self.launches = []
+        self.hopper = b_op.scale_layout == "hopper"
         for launch_config, min_rows, max_rows in configs:
-            upcast = _takes_upcast(launch_config, a_op)
-            use_dot_scaled = _resolve_mma(launch_config, _upcast_view(a_op) if upcast else a_op, b_op, device)
+            upcast = _takes_upcast(launch_config, a_op) or (self.hopper and a_op.quantized)
+            use_dot_scaled = not self.hopper and _resolve_mma(launch_config, _upcast_view(a_op) if upcast else a_op,
+                                                              b_op, device)
             # tl.dot_scaled takes a bf16 operand; tl.dot the compute dtype (both hold A's values exactly)
             upcast_dtype = (tl.bfloat16 if use_dot_scaled else self.compute_dtype) if upcast else None
             self.launches.append(_Launch(launch_config, min_rows, max_rows, use_dot_scaled, upcast_dtype))
@@ -392,6 +417,8 @@ class _Launch:
             element = "fp16" if a_data.dtype == torch.float16 else "bf16"
             a_op = _Operand(a_data, None, None, element, "none", 1, "row", element)
         a_op = dataclasses.replace(a_op, global_scale=a_global_scale if plan.a.has_global_scale else None)
+        if plan.hopper:
+            return self._bind_hopper(plan, pointers)
         b_op = dataclasses.replace(plan.b, data=b_data, scales=b_scales)
         config, k = self.config, plan.k
         num_tokens, num_groups, n_out = plan.num_tokens, plan.num_groups, plan.n_out
@@ -421,6 +448,29 @@ class _Launch:
             BLOCK_GROUPS=max(16, next_power_of_2(num_groups)),
             num_warps=config.num_warps, num_stages=config.num_stages,
         )
+        return self.bound
+
+
+    def _bind_hopper(self, plan: _Plan, pointers: tuple) -> BoundKernel:
+        """The kernel for weights in the hopper layout (``hopper_kernel``), on the grouped kernel's pointers."""
+        a_data, _, _, b_data, b_scales, _, out, a_offsets, _, expert_ids, expert_scales = pointers
+        config = self.config
+        # An upper bound of the launch's (group, M tile) pairs: the programs past the last return at once.
+        m_tiles = -(-plan.num_tokens // config.block_m) + plan.num_groups
+        grid = (m_tiles * -(-plan.n_out // config.block_n),)
+        bound = bind(
+            hopper_kernel.hopper_mxfp4_matmul_kernel, grid, a_data, b_data, b_scales, out, a_offsets, expert_ids,
+            expert_scales, a_data.stride(0), b_data.stride(0), b_scales.stride(0), out.stride(0),
+            plan.num_tokens, plan.num_groups, plan.num_experts, plan.n, plan.k, self.min_rows, self.max_rows,
+            HAS_EXPERT_SCALES=plan.has_expert_scales, EPILOGUE=plan.epilogue_kind, EPILOGUE_FN=plan.epilogue_fn,
+            EVEN_K=plan.k % config.block_k == 0, PACKED_DECODE=_packed_decode(plan.compute_dtype, plan.device),
+            COMPUTE_DTYPE=plan.compute_dtype, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
+            BLOCK_K=config.block_k, BLOCK_GROUPS=max(16, next_power_of_2(plan.num_groups)),
+            num_warps=config.num_warps, num_stages=config.num_stages,
+        )
+        # the grouped kernel's pointer order, as the plan calls every launch
+        self.bound = lambda a, a_s, a_g, b, b_s, b_g, o, offsets, a_so, ids, scales: bound(
+            a, b, b_s, o, offsets, ids, scales)
         return self.bound
 
 

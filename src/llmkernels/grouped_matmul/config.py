@@ -9,7 +9,7 @@ import torch
 
 from .._runtime import cuda_capability, interpreting, num_programs_hint
 
-__all__ = ["BlockScaledMatmulConfig", "ALL_GROUP_SIZES", "default_config", "default_launches"]
+__all__ = ["BlockScaledMatmulConfig", "ALL_GROUP_SIZES", "default_config", "default_launches", "hopper_config"]
 
 _MMA_PATHS = ("auto", "dot_scaled", "dequant")
 ALL_GROUP_SIZES = (-1, 2**31 - 1)  # (min exclusive, max inclusive) rows of the groups a launch takes
@@ -98,10 +98,10 @@ class BlockScaledMatmulConfig:
 
 def default_config(num_tokens: int, num_groups: int, n_out: int, k: int, device: torch.device,
                    a_element: str = "bf16", b_element: str = "bf16", swiglu: bool = False,
-                   b_scale_block: int = 32) -> BlockScaledMatmulConfig:
+                   b_scale_block: int = 32, b_layout: str = "row") -> BlockScaledMatmulConfig:
     """A config from what the host knows without a sync: shapes, the operands' element types
-    (``"bf16" | "fp16" | "e4m3" | "e2m1"``), whether the epilogue is SwiGLU, and B's scale block
-    (32 for MX, 16 for NVFP4).
+    (``"bf16" | "fp16" | "e4m3" | "e2m1"``), whether the epilogue is SwiGLU, B's scale block
+    (32 for MX, 16 for NVFP4) and B's layout (``"hopper"``: :func:`hopper_config`).
 
     SwiGLU tiles load gate and up rows of B (``2 · block_n`` rows per K step): the 128×128×128 compute
     tile keeps its ``block_n`` (both B tiles fit shared memory), the 256-row compute tiles of quantized
@@ -109,6 +109,8 @@ def default_config(num_tokens: int, num_groups: int, n_out: int, k: int, device:
     halve ``block_n`` (the B bytes per stage the plain tiles were chosen with). What each choice measured
     is in ``benchmarks/NOTES.md``.
     """
+    if b_layout == "hopper":
+        return hopper_config(num_tokens, num_groups, device, swiglu)
     config = _measured_config(num_tokens, num_groups, n_out, k, device, a_element, b_element, b_scale_block)
     if swiglu and config.block_m == 256:
         # Two e2m1 products per step: the packed register decode beats tl.dot_scaled's upcast there
@@ -122,6 +124,22 @@ def default_config(num_tokens: int, num_groups: int, n_out: int, k: int, device:
         # and the epilogue without register spills (4 warps spilled up to 152 bytes per thread at sm_100a).
         return dataclasses.replace(config, num_warps=8)
     return dataclasses.replace(config, block_n=max(16, config.block_n // 2))
+
+
+def hopper_config(num_tokens: int, num_groups: int, device: torch.device, swiglu: bool = False
+                  ) -> BlockScaledMatmulConfig:
+    """The tiles of MXFP4 weights in the Hopper layout (``grouped_matmul/hopper_kernel.py``; measured in
+    ``benchmarks/NOTES.md``, issue 21): 128 weight rows per step (``block_n``, 64 gate and 64 up rows under
+    SwiGLU) against 16, 64 or 128 tokens by the average group, ``block_k`` 128, 4 warps, 3 stages. Of the
+    config's fields the kernel reads the tile, warps and stages (its grid is not persistent and its product
+    always swapped); small tiles in the interpreter."""
+    if device.type != "cuda" or interpreting():
+        return BlockScaledMatmulConfig(block_m=16, block_n=32, block_k=64, num_stages=1, num_warps=4,
+                                       ab_swapped=True, mma="dequant")
+    tokens_per_group = num_tokens / max(num_groups, 1)
+    block_m = 16 if tokens_per_group <= 16 else 64 if tokens_per_group <= 64 else 128
+    return BlockScaledMatmulConfig(block_m, 64 if swiglu else 128, 128, num_stages=3, num_warps=4, ab_swapped=True,
+                                   mma="dequant")
 
 
 def _measured_config(num_tokens: int, num_groups: int, n_out: int, k: int, device: torch.device,
@@ -186,7 +204,7 @@ def _measured_config(num_tokens: int, num_groups: int, n_out: int, k: int, devic
 @functools.lru_cache(maxsize=1024)
 def default_launches(num_tokens: int, num_groups: int, n_out: int, k: int, device: torch.device,
                      a_element: str = "bf16", b_element: str = "bf16", weight_bytes: int = 0,
-                     swiglu: bool = False, b_scale_block: int = 32) -> tuple:
+                     swiglu: bool = False, b_scale_block: int = 32, b_layout: str = "row") -> tuple:
     """``((config, min_group_rows, max_group_rows), ...)``: the launches of one call by default.
 
     When the average group is small (decode, ≤ 64 tokens), the routing may still give a few experts
@@ -202,13 +220,13 @@ def default_launches(num_tokens: int, num_groups: int, n_out: int, k: int, devic
     split = interpreting() or device.type != "cuda" or weight_bytes >= _SPLIT_MIN_WEIGHT_BYTES
     if tokens_per_group > 64 or not split:
         return ((default_config(num_tokens, num_groups, n_out, k, device, a_element, b_element, swiglu,
-                                b_scale_block),
+                                b_scale_block, b_layout),
                  *ALL_GROUP_SIZES),)
     launches = []
     for min_rows, max_rows, class_tokens in _DECODE_CLASSES:
         # the middle class takes the average's tile height when the average falls in it
         class_tokens = class_tokens or max(tokens_per_group, 17)
         config = default_config(round(class_tokens * max(num_groups, 1)), max(num_groups, 1), n_out, k, device,
-                                a_element, b_element, swiglu, b_scale_block)
+                                a_element, b_element, swiglu, b_scale_block, b_layout)
         launches.append((config, min_rows, max_rows))
     return tuple(launches)

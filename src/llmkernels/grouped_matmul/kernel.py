@@ -23,6 +23,55 @@ def _pick(values, ids, index):
 
 
 @triton.jit
+def group_tiles(a_offsets_ptr, num_tokens, num_groups, min_group_rows, max_group_rows, n_tiles,
+                BLOCK_M: tl.constexpr, BLOCK_GROUPS: tl.constexpr):
+    """The tiles of a launch, read from the offsets on the device: ``(group_ids, starts, ends, tiles,
+    tiles_through, total_tiles)``, per group (a ``[BLOCK_GROUPS]`` vector) its clamped row range, its tile
+    count (``cdiv(rows, BLOCK_M) · n_tiles`` for groups of this launch's size class, else 0) and the running
+    sum of those. Offsets are clamped to [0, num_tokens] and made non-decreasing (running maximum): whatever
+    the metadata, each row belongs to at most one group and every write lands inside ``out``. The launch
+    takes the groups of ``min_group_rows < rows <= max_group_rows`` (a size class)."""
+    group_ids = tl.arange(0, BLOCK_GROUPS)
+    in_range = group_ids < num_groups
+    first_offset = tl.load(a_offsets_ptr).to(tl.int64)
+    starts = tl.load(a_offsets_ptr + group_ids, mask=in_range, other=0).to(tl.int64)
+    ends = tl.load(a_offsets_ptr + group_ids + 1, mask=in_range, other=0).to(tl.int64)
+    starts = tl.minimum(tl.maximum(tl.associative_scan(starts, 0, _maximum), 0), num_tokens)
+    ends = tl.maximum(tl.associative_scan(ends, 0, _maximum), first_offset)
+    ends = tl.minimum(tl.maximum(ends, 0), num_tokens)
+    rows_in_group = ends - starts
+    mine = in_range & (rows_in_group > min_group_rows) & (rows_in_group <= max_group_rows)
+    tiles = tl.where(mine, tl.cdiv(rows_in_group, BLOCK_M) * n_tiles, 0)
+    return group_ids, starts, ends, tiles, tl.cumsum(tiles, 0), tl.sum(tiles)
+
+
+@triton.jit
+def find_group(tile, group_ids, starts, ends, tiles, tiles_through):
+    """``(group, group_start, group_end, tile_in_group)`` of a tile numbered as :func:`group_tiles` counts."""
+    group = tl.sum((tiles_through <= tile).to(tl.int32))
+    group_start = _pick(starts, group_ids, group)
+    group_end = _pick(ends, group_ids, group)
+    tile_in_group = tile - (_pick(tiles_through, group_ids, group) - _pick(tiles, group_ids, group))
+    return group, group_start, group_end, tile_in_group
+
+
+@triton.jit
+def apply_epilogue(acc, up_acc, multiplier, rows, cols, EPILOGUE: tl.constexpr, EPILOGUE_FN: tl.constexpr):
+    """The epilogue on the fp32 accumulator: ``multiplier`` (global and expert scales), then the activation.
+    ``rows`` and ``cols`` broadcast against ``acc`` (the user function's row and column indices)."""
+    acc = acc * multiplier
+    if EPILOGUE == "silu":
+        acc = acc * tl.sigmoid(acc)
+    elif EPILOGUE == "gelu":
+        acc = 0.5 * acc * (1.0 + tl.erf(acc * 0.7071067811865476))
+    elif EPILOGUE == "swiglu":
+        acc = acc * tl.sigmoid(acc) * (up_acc * multiplier)
+    elif EPILOGUE == "user":
+        acc = EPILOGUE_FN(acc, rows, cols)
+    return acc
+
+
+@triton.jit
 def _load_scales_if(scales_ptr, scale_row_base, row_mask, k_start, K,
                     SCALE: tl.constexpr, SCALE_BLOCK: tl.constexpr, SCALE_LAYOUT: tl.constexpr,
                     SCALE_WORDS: tl.constexpr, BLOCK_K: tl.constexpr):
@@ -136,22 +185,8 @@ def grouped_matmul_kernel(
     n_out = N // 2 if EPILOGUE == "swiglu" else N
     n_tiles = tl.cdiv(n_out, BLOCK_N)
 
-    group_ids = tl.arange(0, BLOCK_GROUPS)
-    in_range = group_ids < num_groups
-    # Offsets clamped to [0, num_tokens] and made non-decreasing (running maximum): whatever the
-    # metadata, each row belongs to at most one group and every write lands inside ``out``.
-    first_offset = tl.load(a_offsets_ptr).to(tl.int64)
-    starts = tl.load(a_offsets_ptr + group_ids, mask=in_range, other=0).to(tl.int64)
-    ends = tl.load(a_offsets_ptr + group_ids + 1, mask=in_range, other=0).to(tl.int64)
-    starts = tl.minimum(tl.maximum(tl.associative_scan(starts, 0, _maximum), 0), num_tokens)
-    ends = tl.maximum(tl.associative_scan(ends, 0, _maximum), first_offset)
-    ends = tl.minimum(tl.maximum(ends, 0), num_tokens)
-    # This launch takes the groups of min_group_rows < rows <= max_group_rows (a size class).
-    rows_in_group = ends - starts
-    mine = in_range & (rows_in_group > min_group_rows) & (rows_in_group <= max_group_rows)
-    tiles = tl.where(mine, tl.cdiv(rows_in_group, BLOCK_M) * n_tiles, 0)
-    tiles_through = tl.cumsum(tiles, 0)
-    total_tiles = tl.sum(tiles)
+    group_ids, starts, ends, tiles, tiles_through, total_tiles = group_tiles(
+        a_offsets_ptr, num_tokens, num_groups, min_group_rows, max_group_rows, n_tiles, BLOCK_M, BLOCK_GROUPS)
 
     a_global_scale = 1.0
     if A_GLOBAL_SCALE:
@@ -162,10 +197,7 @@ def grouped_matmul_kernel(
     num_k_tiles = tl.cdiv(K, BLOCK_K)
 
     for tile in range(tl.program_id(0), total_tiles, tl.num_programs(0)):
-        group = tl.sum((tiles_through <= tile).to(tl.int32))
-        group_start = _pick(starts, group_ids, group)
-        group_end = _pick(ends, group_ids, group)
-        tile_in_group = tile - (_pick(tiles_through, group_ids, group) - _pick(tiles, group_ids, group))
+        group, group_start, group_end, tile_in_group = find_group(tile, group_ids, starts, ends, tiles, tiles_through)
         m_tiles = tl.cdiv(group_end - group_start, BLOCK_M)
         tile_m = tile_in_group % m_tiles
         tile_n = tile_in_group // m_tiles
@@ -246,19 +278,10 @@ def grouped_matmul_kernel(
         if SWAP_AB:
             acc = tl.trans(acc)
             up_acc = tl.trans(up_acc)
-        # Epilogue on the fp32 accumulator: global scales, expert scale, then the activation.
         multiplier = a_global_scale * b_global_scale
         if HAS_EXPERT_SCALES:
             multiplier = multiplier * tl.load(expert_scales_ptr + expert)
-        acc = acc * multiplier
-        if EPILOGUE == "silu":
-            acc = acc * tl.sigmoid(acc)
-        elif EPILOGUE == "gelu":
-            acc = 0.5 * acc * (1.0 + tl.erf(acc * 0.7071067811865476))
-        elif EPILOGUE == "swiglu":
-            acc = acc * tl.sigmoid(acc) * (up_acc * multiplier)
-        elif EPILOGUE == "user":
-            acc = EPILOGUE_FN(acc, rows[:, None], cols[None, :])
+        acc = apply_epilogue(acc, up_acc, multiplier, rows[:, None], cols[None, :], EPILOGUE, EPILOGUE_FN)
         acc = tl.where(expert_ok, acc, 0.0)
         if A_SCALE_LAYOUT == "128x4_grouped":  # rows whose scales lie outside A's scale tensor
             acc = tl.where(a_scale_mask[:, None] | ~row_mask[:, None], acc, float("nan"))

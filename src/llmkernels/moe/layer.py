@@ -5,13 +5,17 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .._runtime import forward_only
+from .._runtime import cuda_capability, forward_only, interpreting
 from ..formats import FORMATS, ScaledTensor
 from ..formats.spec import format_spec
 from ..ops import combine, dispatch, grouped_matmul, quantize
 from ..routing import check_correction_bias, route, select_experts
 
 __all__ = ["MoEFeedForward"]
+
+
+def _is_hopper(device: torch.device) -> bool:
+    return device.type == "cuda" and not interpreting() and cuda_capability(device)[0] == 9
 
 PLAIN = ("bf16",)
 
@@ -36,6 +40,7 @@ class MoEFeedForward(nn.Module):
                  correction_bias: torch.Tensor | None = None):
         super().__init__()
         self._weight_formats = {}
+        self._weight_layouts = {}  # name -> (scale_layout, logical shape)
         self._weight_views = {}  # name -> (the buffers it was made of, the view)
         if activation_format not in PLAIN + tuple(FORMATS):
             raise ValueError(f"activation_format must be 'bf16' or one of {tuple(FORMATS)}, got {activation_format!r}")
@@ -72,12 +77,14 @@ class MoEFeedForward(nn.Module):
         cannot cast quantized data (uint8 and int32 bit views are not floating point)."""
         if isinstance(weight, ScaledTensor):
             weight.validate()
-            if weight.scale_layout != "row":
-                raise ValueError(f"{name} must have row-major scales")
+            if weight.scale_layout not in ("row", "hopper"):
+                raise ValueError(f"{name} must have row-major scales or be in the hopper layout, got "
+                                 f"{weight.scale_layout!r}")
             parts = (weight.data.contiguous().view(torch.uint8), weight.scales.contiguous().view(torch.uint8),
                      weight.global_scale.reshape(1).contiguous().view(torch.int32)
                      if weight.global_scale is not None else None)
             self._weight_formats[name] = weight.format
+            self._weight_layouts[name] = (weight.scale_layout, tuple(weight.shape))
         else:
             if not isinstance(weight, torch.Tensor) or weight.dtype != torch.bfloat16:
                 raise TypeError(f"{name} must be a ScaledTensor or a bf16 tensor, "
@@ -104,8 +111,9 @@ class MoEFeedForward(nn.Module):
             spec = format_spec(format)
             # The parts were checked at registration and keep their shapes (``.to()`` and state dicts copy
             # them whole); the grouped matmul checks them again whenever it plans.
+            layout, shape = self._weight_layouts[name]
             view = ScaledTensor.unchecked(data.view(spec.data_dtype), scales.view(spec.scale_dtype), format,
-                                          global_scale)
+                                          global_scale, layout, logical_shape=shape if layout == "hopper" else None)
         self._weight_views[name] = (parts, view)
         return view
 
@@ -119,7 +127,8 @@ class MoEFeedForward(nn.Module):
 
     @classmethod
     def from_float(cls, router_weight: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, top_k: int, *,
-                   weight_format: str = "mxfp8", activation_format: str | None = None, **routing) -> "MoEFeedForward":
+                   weight_format: str = "mxfp8", activation_format: str | None = None, weight_layout: str | None = None,
+                   **routing) -> "MoEFeedForward":
         """Quantizes float expert weights once.
 
         Args:
@@ -127,13 +136,26 @@ class MoEFeedForward(nn.Module):
             weight_format: ``"mxfp8"``, ``"mxfp4"``, ``"nvfp4"`` or ``"bf16"``.
             activation_format: default: mxfp8 activations for mxfp8 weights, nvfp4 for nvfp4, bf16
                 otherwise (mxfp4 weights run weight-only, as gpt-oss does on Hopper).
+            weight_layout: ``"row"`` or ``"hopper"`` (mxfp4 only: :meth:`ScaledTensor.to_layout`). Default:
+                ``"hopper"`` for mxfp4 weights on a Hopper GPU (compute capability 9.x; the layout is chosen
+                on the router weight's device, not again by ``.to()``), ``"row"`` otherwise.
             routing: keyword arguments of :func:`llmkernels.moe.route`.
+
+        Raises:
+            ValueError: an unknown weight_layout, or ``"hopper"`` for another format than mxfp4.
         """
         if activation_format is None:
             activation_format = weight_format if weight_format in ("mxfp8", "nvfp4") else "bf16"
+        if weight_layout is None:
+            weight_layout = "hopper" if weight_format == "mxfp4" and _is_hopper(router_weight.device) else "row"
+        if weight_layout not in ("row", "hopper") or (weight_layout == "hopper" and weight_format != "mxfp4"):
+            raise ValueError(f"weight_layout must be 'row', or 'hopper' for mxfp4 weights, got {weight_layout!r} "
+                             f"for {weight_format}")
 
         def convert(w):
-            return w.to(torch.bfloat16) if weight_format == "bf16" else quantize(w.contiguous(), weight_format)
+            if weight_format == "bf16":
+                return w.to(torch.bfloat16)
+            return quantize(w.contiguous(), weight_format, scale_layout=weight_layout)
         return cls(router_weight, convert(w_gate_up), convert(w_down), top_k,
                    activation_format=activation_format, **routing)
 

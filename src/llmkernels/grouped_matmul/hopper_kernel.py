@@ -1,0 +1,122 @@
+"""The grouped matmul for MXFP4 weights in the Hopper layout (``ScaledTensor.to_layout("hopper")``).
+
+Each thread loads 16 bytes of weights that, decoded in registers (masks, shifts and bf16x2 multiplies), are
+exactly its part of wgmma's register operand: no shared-memory round trip between decode and MMA. The
+product is computed swapped, ``Cᵀ = W · Aᵀ``: the weight tile is the MMA's M side (``BLOCK_N`` rows), the
+group's tokens its N side (``BLOCK_M``). Activations are bf16 (a quantized A is decoded ahead by the host
+layer). What each choice measured: ``benchmarks/NOTES.md`` (issue 21).
+"""
+import triton
+import triton.language as tl
+
+from ..formats.kernel import decode_fragment_tile
+from .kernel import apply_epilogue, find_group, group_tiles
+
+_CHUNK_BYTES: tl.constexpr = 512  # one (16 rows, 64-wide K chunk) block of the data layout
+_CHUNK_SCALE_BYTES: tl.constexpr = 32
+
+
+@triton.jit
+def _weight_tile(data_base, scale_base, blocks, k_start, num_chunks, EVEN_K: tl.constexpr, NB: tl.constexpr,
+                 C: tl.constexpr, PACKED_DECODE: tl.constexpr, COMPUTE_DTYPE: tl.constexpr):
+    """The decoded ``[NB * 16, BLOCK_K]`` weights of fragment blocks ``blocks`` ``[NB]`` at K ``k_start``."""
+    chunks = k_start // 64 + tl.arange(0, C)
+    data_offsets = ((blocks[:, None] * num_chunks + chunks[None, :]) * _CHUNK_BYTES)[:, :, None, None, None] \
+        + (tl.arange(0, 8) * 64)[None, None, :, None, None] + (tl.arange(0, 4) * 16)[None, None, None, :, None] \
+        + tl.arange(0, 16)[None, None, None, None, :]
+    scale_offsets = ((blocks[:, None] * num_chunks + chunks[None, :]) * _CHUNK_SCALE_BYTES)[:, :, None, None] \
+        + (tl.arange(0, 8) * 4)[None, None, :, None] + tl.arange(0, 4)[None, None, None, :]
+    if EVEN_K:
+        data = tl.load(data_base + data_offsets)
+        scales = tl.load(scale_base + scale_offsets)
+    else:  # chunks past K's last: zero codes under unit scales
+        in_k = (chunks < num_chunks)[None, :]
+        data = tl.load(data_base + data_offsets, mask=in_k[:, :, None, None, None], other=0)
+        scales = tl.load(scale_base + scale_offsets, mask=in_k[:, :, None, None], other=127)
+    if PACKED_DECODE:
+        return decode_fragment_tile(data, scales, NB, C, True)
+    else:
+        return decode_fragment_tile(data, scales, NB, C, False, COMPUTE_DTYPE)
+
+
+@triton.jit
+def hopper_mxfp4_matmul_kernel(
+    a_ptr, b_ptr, b_scales_ptr, out_ptr, a_offsets_ptr, expert_ids_ptr, expert_scales_ptr,
+    stride_a_row, stride_b_expert, stride_b_scale_expert, stride_out_row,
+    num_tokens, num_groups, num_experts, N, K, min_group_rows, max_group_rows,
+    HAS_EXPERT_SCALES: tl.constexpr, EPILOGUE: tl.constexpr, EPILOGUE_FN: tl.constexpr,
+    EVEN_K: tl.constexpr, PACKED_DECODE: tl.constexpr, COMPUTE_DTYPE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_GROUPS: tl.constexpr,
+):
+    """``out[rows of g] = epilogue(expert_scales[e] · A[rows of g] @ B[e]ᵀ)``, ``e = expert_ids[g]``.
+
+    a: bf16 ``[num_tokens, K]`` (float32 in the interpreter); b: uint8 ``[E, ceil(N/16), ceil(K/64), 8, 4, 16]``
+    and b_scales uint8 ``[E, ceil(N/16), ceil(K/64), 8, 2, 2]`` (:mod:`llmkernels.formats.fragments`), each
+    expert's blocks contiguous; out ``[num_tokens, N_out]`` (N_out = N / 2 for SwiGLU, whose up rows start at
+    fragment block ``N_out / 16``); a_offsets ``[G + 1]``, expert_ids int32 ``[G]``.
+
+    Non-persistent: program ``p`` takes output tile ``p // n_tiles`` of the launch's (group, M tile) order
+    and weight columns ``p % n_tiles``; the host launches an upper bound of programs and the ones past the
+    last tile return. Metadata is read as :func:`group_tiles` clamps it; an expert id outside
+    ``[0, num_experts)`` writes zeros. Rows of the last M tile past the group's end read the group's rows
+    again (unmasked loads; their results are not stored).
+    """
+    NB: tl.constexpr = BLOCK_N // 16
+    C: tl.constexpr = BLOCK_K // 64
+    n_out = N // 2 if EPILOGUE == "swiglu" else N
+    n_tiles = tl.cdiv(n_out, BLOCK_N)
+    pid = tl.program_id(0)
+    tile_n = pid % n_tiles
+    group_ids, starts, ends, tiles, tiles_through, total_tiles = group_tiles(
+        a_offsets_ptr, num_tokens, num_groups, min_group_rows, max_group_rows, 1, BLOCK_M, BLOCK_GROUPS)
+    tile = pid // n_tiles
+    if tile >= total_tiles:
+        return
+    group, group_start, group_end, tile_m = find_group(tile, group_ids, starts, ends, tiles, tiles_through)
+    expert = tl.load(expert_ids_ptr + group)
+    expert_ok = (expert >= 0) & (expert < num_experts)
+    expert = tl.where(expert_ok, expert, 0).to(tl.int64)
+
+    tile_start = group_start + tile_m * BLOCK_M
+    rows = tile_start + tl.arange(0, BLOCK_M)
+    row_mask = rows < group_end
+    load_rows = tile_start + tl.arange(0, BLOCK_M) % (group_end - tile_start)
+    cols = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    num_blocks = tl.cdiv(N, 16)
+    num_chunks = tl.cdiv(K, 64)
+    # Blocks past N's last (a partial last tile) read the last block again: their columns are not stored.
+    gate_blocks = tl.minimum(tile_n * NB + tl.arange(0, NB), num_blocks - 1)
+    up_blocks = tl.minimum(n_out // 16 + tile_n * NB + tl.arange(0, NB), num_blocks - 1)
+    data_base = b_ptr + expert * stride_b_expert
+    scale_base = b_scales_ptr + expert * stride_b_scale_expert
+
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    up_acc = acc
+    ks = tl.arange(0, BLOCK_K)
+    a_rows = a_ptr + load_rows[:, None].to(tl.int64) * stride_a_row
+    for k_start in range(0, tl.where(expert_ok, num_chunks * 64, 0), BLOCK_K):
+        if EVEN_K:
+            a = tl.load(a_rows + (k_start + ks)[None, :])
+        else:
+            a = tl.load(a_rows + (k_start + ks)[None, :], mask=(k_start + ks < K)[None, :], other=0.0)
+        a_t = tl.trans(a.to(COMPUTE_DTYPE))
+        w = _weight_tile(data_base, scale_base, gate_blocks, k_start, num_chunks, EVEN_K, NB, C, PACKED_DECODE,
+                         COMPUTE_DTYPE)
+        acc = tl.dot(w, a_t, acc)
+        if EPILOGUE == "swiglu":
+            w_up = _weight_tile(data_base, scale_base, up_blocks, k_start, num_chunks, EVEN_K, NB, C, PACKED_DECODE,
+                                COMPUTE_DTYPE)
+            up_acc = tl.dot(w_up, a_t, up_acc)
+
+    multiplier = 1.0
+    if HAS_EXPERT_SCALES:
+        multiplier = tl.load(expert_scales_ptr + expert)
+    if EPILOGUE == "user":  # the user's function sees the [BLOCK_M, BLOCK_N] tile it is documented to
+        result = tl.trans(apply_epilogue(tl.trans(acc), acc, multiplier, rows[:, None], cols[None, :], EPILOGUE,
+                                         EPILOGUE_FN))
+    else:
+        result = apply_epilogue(acc, up_acc, multiplier, rows[None, :], cols[:, None], EPILOGUE, EPILOGUE_FN)
+    result = tl.where(expert_ok, result, 0.0)
+    out_offsets = rows[None, :].to(tl.int64) * stride_out_row + cols[:, None]
+    tl.store(out_ptr + out_offsets, result.to(out_ptr.dtype.element_ty),
+             mask=row_mask[None, :] & (cols < n_out)[:, None])

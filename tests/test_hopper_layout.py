@@ -1,0 +1,239 @@
+"""MXFP4 weights in the Hopper layout (``ScaledTensor.to_layout("hopper")``): exact conversions, and the
+grouped matmul's Hopper kernel against the reference and against the row layout.
+
+In the interpreter both layouts compute in float32 from the same decoded values, so their results must be
+bit-equal; on the GPU the Hopper kernel decodes through PTX and multiplies bf16 on wgmma (checked against
+the float64 reference here, the PTX tile decode itself in ``test_hopper_fragments.py``)."""
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+import llmkernels as lk
+from llmkernels._runtime import interpreting
+from llmkernels._testing import assert_close_relative, poison, random_group_offsets
+from llmkernels.grouped_matmul import config as gm_config
+from llmkernels.moe import MoEFeedForward
+from llmkernels.moe import layer as moe_layer
+
+TOLERANCE = {torch.float32: 2e-5, torch.bfloat16: 8e-3}
+GROUPINGS = {  # sizes, expert ids, experts
+    "ragged": ([17, 0, 1, 33, 5], [2, 0, 3, 1, 2], 4),
+    "minus_one": ([9, 20, 0, 7], [1, -1, 0, -1], 2),
+    "all_empty": ([0, 0, 0], [0, 1, 0], 2),
+    "size_classes": ([0, 3, 16, 17, 40, 64, 65, 130, 1, 2], [0, 1, 2, -1, 3, 1, 2, 0, 3, 2], 4),
+}
+
+
+def _bits(x: lk.ScaledTensor) -> tuple:
+    return x.data.view(torch.uint8), x.scales.view(torch.uint8)
+
+
+@pytest.mark.parametrize("shape", [(40, 96), (3, 5, 32), (2, 3, 16, 64), (1, 33, 1056), (0, 16, 64)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_layout_round_trips_are_exact(shape, device):
+    x = lk.quantize(torch.randn(*shape, device=device) * 4, "mxfp4")
+    hopper = x.to_layout("hopper")
+    assert hopper.shape == x.shape and hopper.dim() == x.dim() and hopper.scale_layout == "hopper"
+    for back in (hopper.to_layout("row"), hopper.to_layout("128x4").to_layout("row")):
+        assert all(torch.equal(u, v) for u, v in zip(_bits(back), _bits(x)))
+    assert torch.equal(hopper.row_data().view(torch.uint8), x.data.view(torch.uint8))
+    assert all(torch.equal(u, v) for u, v in zip(_bits(x.to_layout("128x4").to_layout("hopper")), _bits(hopper)))
+    assert torch.equal(lk.dequantize(hopper), lk.dequantize(x))
+    direct = lk.quantize(torch.randn(*shape, device=device), "mxfp4", scale_layout="hopper")
+    assert direct.scale_layout == "hopper" and direct.shape == x.shape
+
+
+def test_layout_keeps_nan_and_extreme_scales(device):
+    x = lk.quantize(torch.randn(4, 16, 64, device=device), "mxfp4")
+    scales = x.scales.view(torch.uint8)
+    scales[0, 0, 0], scales[1, 2, 1], scales[3, 15, 1] = 0, 255, 254
+    x.data.view(torch.uint8)[2, 3, :] = torch.arange(32, dtype=torch.uint8, device=device) * 8  # every code
+    expected, actual = lk.dequantize(x), lk.dequantize(x.to_layout("hopper"))
+    assert expected.isnan().any() and torch.equal(actual.isnan(), expected.isnan())
+    assert torch.equal(actual.nan_to_num(7.0), expected.nan_to_num(7.0))
+
+
+def test_layout_errors(device):
+    w = torch.randn(2, 16, 64, device=device)
+    for fmt in ("mxfp8", "nvfp4"):
+        with pytest.raises(ValueError, match="hopper"):
+            lk.quantize(w, fmt).to_layout("hopper")
+        with pytest.raises(ValueError, match="hopper"):
+            lk.quantize(w, fmt, scale_layout="hopper")
+    with pytest.raises(ValueError, match="hopper"):
+        lk.quantize(torch.randn(64, device=device), "mxfp4", scale_layout="hopper")
+    hopper = lk.quantize(w, "mxfp4").to_layout("hopper")
+    with pytest.raises(ValueError, match="logical_shape"):
+        lk.ScaledTensor(hopper.data, hopper.scales, "mxfp4", scale_layout="hopper")
+    with pytest.raises(ValueError, match="do not fit"):
+        lk.ScaledTensor(hopper.data, hopper.scales, "mxfp4", scale_layout="hopper", logical_shape=(2, 32, 64))
+    with pytest.raises(ValueError, match="logical_shape"):
+        lk.ScaledTensor(hopper.data, hopper.scales, "mxfp4", scale_layout="row", logical_shape=(2, 16, 64))
+    with pytest.raises(ValueError, match="layout must be one of"):
+        hopper.to_layout("sm90")
+
+
+def _problem(grouping: str, n: int, k: int, device, trailing_rows: int = 3):
+    sizes, ids, experts = GROUPINGS[grouping]
+    x = torch.randn(sum(sizes) + trailing_rows, k, device=device)
+    w = lk.quantize(torch.randn(experts, n, k, device=device) / k**0.5, "mxfp4")
+    return (x, w, random_group_offsets(sizes, device=device), torch.tensor(ids, dtype=torch.int32, device=device),
+            torch.rand(experts, device=device) + 0.5, sum(sizes))
+
+
+def _check(a, w, offsets, ids, scales, rows, *, epilogue=None, reference_epilogue=None, out_dtype=torch.float32,
+           config=None):
+    """The Hopper layout's result: poisoned out fully written in the groups, untouched past them, close to the
+    float64 reference and (interpreter) bit-equal to the row layout's."""
+    hopper = w.to_layout("hopper")
+    n_out = w.shape[1] // 2 if epilogue == "swiglu" else w.shape[1]
+    out = poison(torch.empty(a.shape[0], n_out, dtype=out_dtype, device=offsets.device))
+    result = lk.grouped_matmul(a, hopper, offsets, ids, scales, epilogue=epilogue, out_dtype=out_dtype, out=out,
+                               config=config)
+    assert result is out
+    expected = lk.grouped_matmul_reference(a, w, offsets, ids, scales, epilogue=reference_epilogue or epilogue)
+    assert_close_relative(out[:rows].float(), expected[:rows], TOLERANCE[out_dtype])
+    assert out[rows:].isnan().all(), "rows outside every group were written"
+    if interpreting():
+        row_layout = lk.grouped_matmul(a, w, offsets, ids, scales, epilogue=epilogue, out_dtype=out_dtype,
+                                       config=config)
+        assert torch.equal(out[:rows], row_layout[:rows])
+
+
+@pytest.mark.parametrize("grouping", list(GROUPINGS))
+def test_groupings(grouping, device):
+    x, w, offsets, ids, scales, rows = _problem(grouping, n=48, k=128, device=device)
+    _check(x.bfloat16(), w, offsets, ids, scales, rows)
+
+
+@pytest.mark.parametrize("epilogue", [None, "silu", "gelu", "swiglu"])
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_epilogues_and_out_dtypes(epilogue, out_dtype, device):
+    x, w, offsets, ids, scales, rows = _problem("ragged", n=64, k=96, device=device)
+    _check(x.bfloat16(), w, offsets, ids, scales, rows, epilogue=epilogue, out_dtype=out_dtype)
+
+
+@triton.jit
+def _bias_by_position(value, row, col):
+    return value * 0.5 + row.to(tl.float32) * 0.01 - col.to(tl.float32) * 0.001
+
+
+def _bias_by_position_reference(value, row, col):
+    return value * 0.5 + row.float() * 0.01 - col.float() * 0.001
+
+
+def test_user_epilogue_sees_rows_and_columns(device):
+    x, w, offsets, ids, scales, rows = _problem("minus_one", n=40, k=64, device=device)
+    _check(x.bfloat16(), w, offsets, ids, scales, rows, epilogue=_bias_by_position,
+           reference_epilogue=_bias_by_position_reference)
+
+
+@pytest.mark.parametrize("n,k", [(40, 160), (16, 32), (80, 1088), (48, 64)])
+def test_partial_tiles_and_padded_chunks(n, k, device):
+    """N not a multiple of the tile nor of 16; K not a multiple of 64 or of the K step."""
+    x, w, offsets, ids, scales, rows = _problem("ragged", n=n, k=k, device=device)
+    _check(x.bfloat16(), w, offsets, ids, None, rows)
+
+
+@pytest.mark.parametrize("a_format,a_layout", [("mxfp8", "row"), ("mxfp4", "128x4"), ("nvfp4", "row")])
+def test_quantized_activations_are_decoded_ahead(a_format, a_layout, device):
+    x, w, offsets, ids, scales, rows = _problem("ragged", n=32, k=64, device=device)
+    a = lk.quantize(x, a_format)
+    a = a.to_layout(a_layout) if a_layout != "row" else a
+    if a_format == "nvfp4":  # nvfp4 pairs with nvfp4 only, whatever b's layout
+        with pytest.raises(TypeError, match="nvfp4"):
+            lk.grouped_matmul(a, w.to_layout("hopper"), offsets, ids)
+        return
+    _check(a, w, offsets, ids, scales, rows)
+
+
+def test_explicit_config(device):
+    x, w, offsets, ids, scales, rows = _problem("size_classes", n=64, k=128, device=device)
+    config = lk.BlockScaledMatmulConfig(block_m=32, block_n=64, block_k=128, num_stages=2, num_warps=4)
+    _check(x.bfloat16(), w, offsets, ids, scales, rows, config=config)
+
+
+def test_default_launches_split_by_size_in_the_interpreter(device):
+    if not interpreting():
+        pytest.skip("size classes split there; on the GPU from 1 GiB of weights")
+    launches = gm_config.default_launches(100, 10, 64, 128, device, "bf16", "e2m1", 0, False, 32, "hopper")
+    assert len(launches) == 3 and all(c.block_k >= 64 and c.ab_swapped for c, _, _ in launches)
+
+
+def test_hopper_tiles_by_tokens_per_group():
+    cuda = torch.device("cuda")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(gm_config, "interpreting", lambda: False)
+        for tokens, block_m in ((128, 16), (128 * 40, 64), (128 * 256, 128)):
+            config = gm_config.hopper_config(tokens, 128, cuda)
+            assert (config.block_m, config.block_n, config.block_k) == (block_m, 128, 128)
+        assert gm_config.hopper_config(128, 128, cuda, swiglu=True).block_n == 64
+
+
+def test_argument_errors(device):
+    x, w, offsets, ids, _, _ = _problem("ragged", n=48, k=64, device=device)
+    hopper = w.to_layout("hopper")
+    a = x.bfloat16()
+    with pytest.raises(TypeError, match="fp16"):
+        lk.grouped_matmul(x.half(), hopper, offsets, ids)
+    with pytest.raises(ValueError, match="a is in the hopper layout"):
+        lk.grouped_matmul(lk.quantize(x, "mxfp4", scale_layout="hopper"), hopper, offsets, ids)
+    with pytest.raises(ValueError, match="multiple of 16"):
+        lk.grouped_matmul(a, hopper, offsets, ids, epilogue="swiglu")  # N / 2 = 24
+    with pytest.raises(ValueError, match="block_k"):
+        lk.grouped_matmul(a, hopper, offsets, ids, config=lk.BlockScaledMatmulConfig(block_k=32))
+    with pytest.raises(ValueError, match="mma"):
+        lk.grouped_matmul(a, hopper, offsets, ids, config=lk.BlockScaledMatmulConfig(mma="dot_scaled"))
+    grouped_a = lk.quantize(x, "mxfp8", scale_layout="128x4", group_offsets=offsets)
+    with pytest.raises(ValueError, match="per group"):
+        lk.grouped_matmul(grouped_a, hopper, offsets, ids)
+    with pytest.raises(ValueError, match="K"):
+        lk.grouped_matmul(a[:, :32], hopper, offsets, ids)
+
+
+def _moe_weights(device, experts=4, hidden=64, intermediate=32):
+    return (torch.randn(experts, hidden, device=device), torch.randn(experts, 2 * intermediate, hidden, device=device)
+            / 8, torch.randn(experts, hidden, intermediate, device=device) / 8)
+
+
+def test_moe_block_in_the_hopper_layout(device):
+    weights = _moe_weights(device)
+    row = MoEFeedForward.from_float(*weights, 2, weight_format="mxfp4", weight_layout="row")
+    hopper = MoEFeedForward.from_float(*weights, 2, weight_format="mxfp4", weight_layout="hopper")
+    assert hopper.w_gate_up.scale_layout == "hopper" and hopper.w_down.shape == row.w_down.shape
+    x = torch.randn(2, 7, 64, dtype=torch.bfloat16, device=device)
+    out = hopper(x)
+    assert_close_relative(out.float(), row(x).float(), 1e-2)
+    if interpreting():
+        assert torch.equal(out, row(x))
+    rebuilt = MoEFeedForward.from_float(*weights, 2, weight_format="mxfp4", weight_layout="hopper")
+    rebuilt.load_state_dict(hopper.state_dict())
+    assert torch.equal(rebuilt(x), out)
+
+
+def test_moe_default_layout_follows_the_gpu(device, monkeypatch):
+    weights = _moe_weights(device)
+    assert MoEFeedForward.from_float(*weights, 2, weight_format="mxfp4").w_down.scale_layout == (
+        "hopper" if moe_layer._is_hopper(weights[0].device) else "row")
+    monkeypatch.setattr(moe_layer, "_is_hopper", lambda device: True)
+    assert MoEFeedForward.from_float(*weights, 2, weight_format="mxfp4").w_down.scale_layout == "hopper"
+    assert MoEFeedForward.from_float(*weights, 2, weight_format="mxfp8").w_down.scale_layout == "row"
+    with pytest.raises(ValueError, match="weight_layout"):
+        MoEFeedForward.from_float(*weights, 2, weight_format="nvfp4", weight_layout="hopper")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tokens_per_expert", [1, 16, 40, 200])
+@pytest.mark.parametrize("epilogue", [None, "swiglu"])
+def test_realistic_shapes_default_tiles(tokens_per_expert, epilogue, device):
+    """The default tiles (decode and compute regimes) on model-like shapes, with ragged and empty groups."""
+    experts, n, k = 16, 1024, 2880
+    sizes = torch.full((experts,), tokens_per_expert)
+    sizes[3], sizes[7] = 0, 3 * tokens_per_expert + 5
+    w = lk.quantize(torch.randn(experts, n, k, device=device) / k**0.5, "mxfp4")
+    x = torch.randn(int(sizes.sum()) + 2, k, device=device)
+    offsets = random_group_offsets(sizes.tolist(), device=device)
+    ids = torch.randperm(experts, device=device).int()
+    _check(x.bfloat16(), w, offsets, ids, torch.rand(experts, device=device) + 0.5, int(sizes.sum()),
+           epilogue=epilogue, out_dtype=torch.bfloat16)
