@@ -197,7 +197,8 @@ def routing_rows(problem: Problem, model: str, ceilings: dict) -> list:
         sizes[::2] = 2 * tokens_per_expert
         offsets = torch.cat([torch.zeros(1, dtype=torch.int32), sizes.cumsum(0).int()]).cuda()
         rows += sweep(problem, model, tokens_per_expert, ceilings, offsets, "half empty")
-    return [r for r in rows if r["system"] in (PEER_BF16, "ours bf16", "ours mxfp8", "ours bf16 x mxfp4")]
+    return [r for r in rows if r["system"] in (PEER_BF16, "ours bf16", "ours mxfp8", "ours bf16 x mxfp4",
+                                               "ours bf16 x mxfp4 hopper")]
 
 
 def main():

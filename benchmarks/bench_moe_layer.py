@@ -29,7 +29,9 @@ MODELS = {  # name: (experts, hidden, intermediate, top_k, routing)
     "gpt-oss-120b": (128, 2880, 2880, 4, dict(scoring="softmax")),
 }
 TOKENS = (1, 8, 64, 512, 2048, 8192)
-FORMATS = (("ours mxfp8", "mxfp8", None), ("ours bf16 x mxfp4", "mxfp4", "bf16"), ("ours bf16", "bf16", None))
+# label: (weight format, activation format, weight layout; None: from_float's default, "hopper" for mxfp4 on Hopper)
+FORMATS = (("ours mxfp8", "mxfp8", None, None), ("ours bf16 x mxfp4", "mxfp4", "bf16", None),
+           ("ours bf16 x mxfp4 row layout", "mxfp4", "bf16", "row"), ("ours bf16", "bf16", None, None))
 
 
 class GroupedMMBlock:
@@ -83,6 +85,8 @@ def _rounded(t: torch.Tensor, activation_format: str) -> torch.Tensor:
 def same_weights_reference(block: MoEFeedForward, x: torch.Tensor) -> torch.Tensor:
     """float32 reference of ``block`` on its own (dequantized) weights and activation rounding, expert
     by expert (a host loop: the check, not a timed system)."""
+    w_gate_up, w_down = (w.to_layout("row") if isinstance(w, ScaledTensor) and w.scale_layout == "hopper" else w
+                         for w in (block.w_gate_up, block.w_down))
     weights, ids = route(x.float() @ block.router_weight.float().t(), block.top_k,
                          correction_bias=block.correction_bias, **block.routing)
     token_of_row, offsets, row_of_copy = dispatch(ids, block.num_experts)
@@ -92,7 +96,7 @@ def same_weights_reference(block: MoEFeedForward, x: torch.Tensor) -> torch.Tens
     for expert in range(block.num_experts):
         start, end = bounds[expert], bounds[expert + 1]
         if end > start:
-            gate_up = a[start:end] @ _expert(block.w_gate_up, expert).t()
+            gate_up = a[start:end] @ _expert(w_gate_up, expert).t()
             hidden[start:end] = (torch.nn.functional.silu(gate_up[:, :block.intermediate])
                                  * gate_up[:, block.intermediate:]).to(torch.bfloat16)
     h = _rounded(hidden, block.activation_format)
@@ -100,7 +104,7 @@ def same_weights_reference(block: MoEFeedForward, x: torch.Tensor) -> torch.Tens
     for expert in range(block.num_experts):
         start, end = bounds[expert], bounds[expert + 1]
         if end > start:
-            y[start:end] = (h[start:end] @ _expert(block.w_down, expert).t()).to(torch.bfloat16)
+            y[start:end] = (h[start:end] @ _expert(w_down, expert).t()).to(torch.bfloat16)
     return (y[row_of_copy].float() * weights[..., None]).sum(1)
 
 
@@ -128,9 +132,10 @@ def main():
         w_down = torch.randn(experts, hidden, intermediate, device="cuda", dtype=torch.bfloat16) * intermediate**-0.5
         systems = {"torch._grouped_mm bf16": GroupedMMBlock(router, w_gate_up, w_down, top_k, routing),
                    "loop over experts bf16": LoopBlock(router, w_gate_up, w_down, top_k, routing)}
-        for label, weight_format, activation_format in FORMATS:
+        for label, weight_format, activation_format, weight_layout in FORMATS:
             systems[label] = MoEFeedForward.from_float(router, w_gate_up, w_down, top_k, weight_format=weight_format,
-                                                       activation_format=activation_format, **routing)
+                                                       activation_format=activation_format,
+                                                       weight_layout=weight_layout, **routing)
         for tokens in ((1, 64, 2048) if args.quick else TOKENS):
             print(f"{model}: {tokens} tokens", flush=True)
             x = torch.randn(tokens, hidden, device="cuda", dtype=torch.bfloat16)

@@ -310,10 +310,17 @@ def _operand_tensors(x) -> tuple:
     if isinstance(x, ScaledTensor):
         scales = x.scales.view(torch.uint8)
         scales = unit_last_stride(scales) if x.scale_layout == "row" else scales.contiguous()
-        if x.scale_layout == "hopper":  # the kernel addresses each expert's blocks as one dense run
-            return x.data.view(torch.uint8).contiguous(), scales, x.global_scale
+        if x.scale_layout == "hopper":
+            # The kernel addresses each expert's blocks as one dense run, and its tile decode reads each
+            # thread's loaded bytes as words: Triton gives the loads that layout only for 16-byte-aligned parts.
+            return _aligned(x.data.view(torch.uint8)), _aligned(scales), x.global_scale
         return unit_last_stride(x.data.view(torch.uint8)), scales, x.global_scale
     return unit_last_stride(x), None, None
+
+
+def _aligned(t: torch.Tensor) -> torch.Tensor:
+    """``t`` if dense and 16-byte aligned, else a dense copy (new allocations are aligned)."""
+    return t if t.is_contiguous() and t.data_ptr() % 16 == 0 else t.clone(memory_format=torch.contiguous_format)
 
 
 def _kinds(op: _Operand) -> _Operand:

@@ -12,8 +12,8 @@ import triton.language as tl
 from ..formats.kernel import decode_fragment_tile
 from .kernel import apply_epilogue, find_group, group_tiles
 
-_CHUNK_BYTES: tl.constexpr = 512  # one (16 rows, 64-wide K chunk) block of the data layout
-_CHUNK_SCALE_BYTES: tl.constexpr = 32
+_CHUNK_BYTES = tl.constexpr(512)  # one (16 rows, 64-wide K chunk) block of the data layout
+_CHUNK_SCALE_BYTES = tl.constexpr(32)
 
 
 @triton.jit
