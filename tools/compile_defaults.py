@@ -39,6 +39,7 @@ from llmkernels.attention import kernel as attn_kernel  # noqa: E402
 from llmkernels.attention import split_kv  # noqa: E402
 from llmkernels.grouped_matmul import api as gm_api  # noqa: E402
 from llmkernels.grouped_matmul import config as gm_config  # noqa: E402
+from llmkernels.grouped_matmul import hopper_kernel as gm_hopper_kernel  # noqa: E402
 from llmkernels.grouped_matmul import kernel as gm_kernel  # noqa: E402
 
 # Per architecture: streaming multiprocessors the defaults assume (H100 / B200), shared memory a block
@@ -54,6 +55,7 @@ PAIRS = {
     "bf16xmxfp8": ("bf16", "none", 1, "e4m3", "e8m0", 32),
     "bf16xmxfp4": ("bf16", "none", 1, "e2m1", "e8m0", 32),
     "bf16xnvfp4": ("bf16", "none", 1, "e2m1", "e4m3", 16),
+    "bf16xmxfp4@hopper": ("bf16", "none", 1, "e2m1", "e8m0", 32),  # b in the hopper layout: hopper_kernel
 }
 POINTER = {"bf16": "*bf16", "e4m3": "*u8", "e2m1": "*u8"}  # the API passes MX data as bytes
 # The problem the grouped-matmul defaults are asked for: DeepSeek-V3-sized experts
@@ -167,19 +169,19 @@ def grouped_matmul_cases(arch: int, pairs=tuple(PAIRS)) -> list[Case]:
     cases = []
     for pair in pairs:
         a_el, a_sc, a_blk, b_el, b_sc, b_blk = PAIRS[pair]
-        a_format, b_format = re.fullmatch(r"(bf16|mxfp8|mxfp4|nvfp4)x(\w+)", pair).groups()
+        a_format, b_format, b_layout = re.fullmatch(r"(bf16|mxfp8|mxfp4|nvfp4)x(\w+?)(?:@(hopper))?", pair).groups()
         seen = set()
         for tokens_per_group in GM_TOKENS_PER_GROUP:
             for swiglu in (False, True):
                 launches = gm_config.default_launches(tokens_per_group * GM_GROUPS, GM_GROUPS,
                                                       GM_N // 2 if swiglu else GM_N, GM_K, device, a_el, b_el,
-                                                      1 << 40, swiglu, b_blk)
+                                                      1 << 40, swiglu, b_blk, b_layout or "row")
                 for config, min_rows, max_rows in launches:
                     if (config, swiglu) not in seen:
                         seen.add((config, swiglu))
                         rows = min(max(tokens_per_group, min_rows + 1), max_rows)  # of the groups it takes
-                        cases.append(_grouped_matmul_case(pair, config, swiglu, arch, device, a_format, b_format,
-                                                          rows))
+                        make = _hopper_layout_case if b_layout else _grouped_matmul_case
+                        cases.append(make(pair, config, swiglu, arch, device, a_format, b_format, rows))
     return cases
 
 
@@ -229,6 +231,24 @@ def _grouped_matmul_case(pair, config, swiglu, arch, device, a_format, b_format,
     roofline = b200_bound(pair, tokens_per_group, swiglu, expect) if expect in B200_RATES else ""
     return Case("grouped_matmul", label, fn, signature, constexprs, attrs, config.num_warps, config.num_stages,
                 mma_m, expect, f"{tokens_per_group} tokens/group: B200 bound {roofline}" if roofline else "")
+
+
+def _hopper_layout_case(pair, config, swiglu, arch, device, a_format, b_format, tokens_per_group) -> Case:
+    """A launch of ``hopper_kernel`` (bf16 activations × MXFP4 weights in the hopper layout): the weight tile is
+    the MMA's M side (``block_n`` rows), decoded in registers."""
+    fn = gm_hopper_kernel.hopper_mxfp4_matmul_kernel
+    constexprs = dict(HAS_EXPERT_SCALES=True, EPILOGUE="swiglu" if swiglu else "none", EPILOGUE_FN=None,
+                      EVEN_K=GM_K % config.block_k == 0, PACKED_DECODE=True, COMPUTE_DTYPE=tl.bfloat16,
+                      BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, BLOCK_GROUPS=64)
+    kinds = {name: "*i32" for name in fn.arg_names if name.endswith("_ptr")}
+    kinds.update(a_ptr="*bf16", b_ptr="*u8", b_scales_ptr="*u8", out_ptr="*bf16", expert_scales_ptr="*fp32")
+    signature, attrs = _aligned_signature(fn, constexprs, kinds, unaligned=("num_groups", "min_group_rows"))
+    label = (f"{pair:11s} {'swiglu' if swiglu else 'plain ':6s} {config.block_m}x{config.block_n}x{config.block_k} "
+             f"s{config.num_stages} w{config.num_warps} swap {'tl.dot':10s}")
+    expect = expected_mma(arch, config.block_n)
+    roofline = b200_bound("bf16xmxfp4", tokens_per_group, swiglu, expect) if expect in B200_RATES else ""
+    return Case("grouped_matmul", label, fn, signature, constexprs, attrs, config.num_warps, config.num_stages,
+                config.block_n, expect, f"{tokens_per_group} tokens/group: B200 bound {roofline}" if roofline else "")
 
 
 def attention_cases(arch: int, calls=tuple(ATTENTION_CALLS)) -> list[Case]:

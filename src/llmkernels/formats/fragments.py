@@ -49,6 +49,18 @@ def _padded(t: torch.Tensor, rows: int, cols: int, fill: int) -> torch.Tensor:
     return out
 
 
+def _per_leading_index(convert, data: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``convert`` applied to each index of the first dim, the results written into one output pair."""
+    outputs = None
+    for index in range(data.shape[0]):
+        parts = convert(data[index], scales[index])
+        if outputs is None:
+            outputs = tuple(part.new_empty((data.shape[0], *part.shape)) for part in parts)
+        for output, part in zip(outputs, parts):
+            output[index] = part
+    return outputs
+
+
 def to_hopper_fragments(data: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Packed e2m1 bytes ``[..., N, K/2]`` (low nibble = even k) and their e8m0 scales ``[..., N, K/32]`` (uint8
     or float8_e8m0fnu) → fragment data uint8 ``[..., N'/16, K'/64, 8, 4, 16]`` and scales uint8
@@ -58,6 +70,8 @@ def to_hopper_fragments(data: torch.Tensor, scales: torch.Tensor) -> tuple[torch
     k = 2 * half_k
     if tuple(scales.shape) != (*lead, n, k // 32) or k % 32:
         raise ValueError(f"scales {tuple(scales.shape)} do not fit e2m1 data {tuple(data.shape)} (one per 32)")
+    if lead and lead[0] > 1:  # one leading index (expert) at a time: the temporaries hold 8 bytes per value
+        return _per_leading_index(to_hopper_fragments, data, scales)
     nb, kc = -(-n // FRAGMENT_ROWS), -(-k // FRAGMENT_K)
     codes = torch.stack([data & 0xF, data >> 4], dim=-1).reshape(*lead, n, k)
     codes = _padded(codes, nb * FRAGMENT_ROWS, kc * FRAGMENT_K, 0).to(torch.int64)
@@ -84,6 +98,8 @@ def from_hopper_fragments(fragment_data: torch.Tensor, fragment_scales: torch.Te
     """The inverse of :func:`to_hopper_fragments`: packed e2m1 bytes ``[..., n, k/2]`` and uint8 scales
     ``[..., n, k/32]`` of the logical ``[..., n, k]`` tensor (padding dropped)."""
     *lead, nb, kc, _, _, _ = fragment_data.shape
+    if lead and lead[0] > 1:
+        return _per_leading_index(lambda d, s: from_hopper_fragments(d, s, n, k), fragment_data, fragment_scales)
     lead_dims = len(lead)
     # little-endian words from the bytes, whatever the view's offset (an int32 view needs 4-byte alignment)
     byte_values = fragment_data.reshape(*fragment_data.shape[:-1], 4, 4).to(torch.int64)

@@ -462,8 +462,9 @@ class _Launch:
         """The kernel for weights in the hopper layout (``hopper_kernel``), on the grouped kernel's pointers."""
         a_data, _, _, b_data, b_scales, _, out, a_offsets, _, expert_ids, expert_scales = pointers
         config = self.config
-        # An upper bound of the launch's (group, M tile) pairs: the programs past the last return at once.
-        m_tiles = -(-plan.num_tokens // config.block_m) + plan.num_groups
+        # An upper bound of the launch's (group, M tile) pairs (each holds at least one of the T rows, and
+        # there are at most cdiv(T, block_m) + G): the programs past the last return at once.
+        m_tiles = min(-(-plan.num_tokens // config.block_m) + plan.num_groups, plan.num_tokens)
         grid = (m_tiles * -(-plan.n_out // config.block_n),)
         bound = bind(
             hopper_kernel.hopper_mxfp4_matmul_kernel, grid, a_data, b_data, b_scales, out, a_offsets, expert_ids,
