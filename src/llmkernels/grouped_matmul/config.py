@@ -130,17 +130,17 @@ def hopper_config(num_tokens: int, num_groups: int, device: torch.device, swiglu
                   ) -> BlockScaledMatmulConfig:
     """The tiles of MXFP4 weights in the Hopper layout (``grouped_matmul/hopper_kernel.py``; measured in
     ``benchmarks/NOTES.md``, issue 21): 128 weight rows per step (``block_n``, 64 gate and 64 up rows under
-    SwiGLU) against 16, 64 or 128 tokens by the average group, ``block_k`` 128, 3 stages, 4 warps (8 for the
-    128-token SwiGLU tile: its two fp32 accumulators spilled 168 bytes per thread at 4 warps, none at 8). Of
-    the config's fields the kernel reads the tile, warps and stages (its grid is not persistent and its
-    product always swapped); small tiles in the interpreter."""
+    SwiGLU) against 16, 64 or 128 tokens by the average group, ``block_k`` 128, 3 stages, 4 warps (the
+    128-token SwiGLU tile spills 168 bytes per thread there, yet 8 warps without spills made the MoE block
+    1.2-1.4x slower at 2048-8192 tokens). Of the config's fields the kernel reads the tile, warps and stages
+    (its grid is not persistent and its product always swapped); small tiles in the interpreter."""
     if device.type != "cuda" or interpreting():
         return BlockScaledMatmulConfig(block_m=16, block_n=32, block_k=64, num_stages=1, num_warps=4,
                                        ab_swapped=True, mma="dequant")
     tokens_per_group = num_tokens / max(num_groups, 1)
     block_m = 16 if tokens_per_group <= 16 else 64 if tokens_per_group <= 64 else 128
-    return BlockScaledMatmulConfig(block_m, 64 if swiglu else 128, 128, num_stages=3,
-                                   num_warps=8 if swiglu and block_m == 128 else 4, ab_swapped=True, mma="dequant")
+    return BlockScaledMatmulConfig(block_m, 64 if swiglu else 128, 128, num_stages=3, num_warps=4, ab_swapped=True,
+                                   mma="dequant")
 
 
 def _measured_config(num_tokens: int, num_groups: int, n_out: int, k: int, device: torch.device,
