@@ -15,7 +15,7 @@ The fragment: lane ``4g + t`` of a warp holds, for each 16-wide K step ``j`` of 
 
 N is padded to 16 and K to 64 with zero codes and unit scales. A ScaledTensor holds it as
 ``scale_layout="hopper"`` (:meth:`llmkernels.ScaledTensor.to_layout`); the grouped matmul's Hopper kernel
-(``grouped_matmul/fragment_kernel.py``) reads it.
+(``grouped_matmul/hopper_kernel.py``) reads it.
 """
 from __future__ import annotations
 

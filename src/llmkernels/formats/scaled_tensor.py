@@ -122,14 +122,12 @@ class ScaledTensor:
             raise ValueError("group offsets go with 128x4 scales, not the hopper layout")
 
     def _check_scale_shape(self) -> None:
-        if self.scale_layout == "hopper":
-            if self.shape[-1] % self.spec.block:
-                raise ValueError(f"{self.format} needs K = {self.shape[-1]} to be a multiple of {self.spec.block}")
+        if self.shape[-1] % self.spec.block:
+            raise ValueError(f"{self.format} needs K = {self.shape[-1]} to be a multiple of {self.spec.block}")
+        if self.scale_layout == "hopper":  # its shapes were checked against the logical shape (_check_hopper)
             return
         rows_shape = tuple(self.data.shape[:-1])
         scale_cols = self.shape[-1] // self.spec.block
-        if self.shape[-1] % self.spec.block:
-            raise ValueError(f"{self.format} needs K = {self.shape[-1]} to be a multiple of {self.spec.block}")
         if self.scale_layout == "row":
             expected = rows_shape + (scale_cols,)
             ok = tuple(self.scales.shape) == expected
@@ -224,6 +222,8 @@ class ScaledTensor:
         """
         if layout not in SCALE_LAYOUTS:
             raise ValueError(f"layout must be one of {SCALE_LAYOUTS}, got {layout!r}")
+        if layout == self.scale_layout == "hopper" and group_offsets is None:
+            return self
         if self.scale_layout == "hopper":
             data, row_scales = self._from_hopper()
             data, row_scales = data.view(self.spec.data_dtype), row_scales.view(self.spec.scale_dtype)
@@ -235,8 +235,6 @@ class ScaledTensor:
             if self.format != "mxfp4" or self.dim() < 2 or group_offsets is not None:
                 raise ValueError(f"the hopper layout holds mxfp4 tensors of at least 2 dims without group offsets, "
                                  f"got {self.format} of shape {tuple(self.shape)}")
-            if self.scale_layout == "hopper":
-                return self
             fragment_data, fragment_scales = to_hopper_fragments(data, row_scales)
             return ScaledTensor(fragment_data, fragment_scales.view(self.spec.scale_dtype), self.format,
                                 scale_layout="hopper", logical_shape=tuple(self.shape))

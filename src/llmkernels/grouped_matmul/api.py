@@ -309,11 +309,11 @@ def _operand_tensors(x) -> tuple:
     contiguous); scales and global scale None for a plain tensor."""
     if isinstance(x, ScaledTensor):
         scales = x.scales.view(torch.uint8)
-        scales = unit_last_stride(scales) if x.scale_layout == "row" else scales.contiguous()
         if x.scale_layout == "hopper":
             # The kernel addresses each expert's blocks as one dense run, and its tile decode reads each
             # thread's loaded bytes as words: Triton gives the loads that layout only for 16-byte-aligned parts.
             return _aligned(x.data.view(torch.uint8)), _aligned(scales), x.global_scale
+        scales = unit_last_stride(scales) if x.scale_layout == "row" else scales.contiguous()
         return unit_last_stride(x.data.view(torch.uint8)), scales, x.global_scale
     return unit_last_stride(x), None, None
 
@@ -417,6 +417,8 @@ class _Launch:
 
     def bind(self, plan: _Plan, pointers: tuple) -> BoundKernel:
         """The compiled kernel, bound on the first call's tensors (``pointers`` in the kernel's order)."""
+        if plan.hopper:
+            return self._bind_hopper(plan, pointers)
         a_data, a_scales, a_global_scale, b_data, b_scales, _, out, *_ = pointers
         if self.upcast_dtype is None:
             a_op = dataclasses.replace(plan.a, data=a_data, scales=a_scales)
@@ -424,8 +426,6 @@ class _Launch:
             element = "fp16" if a_data.dtype == torch.float16 else "bf16"
             a_op = _Operand(a_data, None, None, element, "none", 1, "row", element)
         a_op = dataclasses.replace(a_op, global_scale=a_global_scale if plan.a.has_global_scale else None)
-        if plan.hopper:
-            return self._bind_hopper(plan, pointers)
         b_op = dataclasses.replace(plan.b, data=b_data, scales=b_scales)
         config, k = self.config, plan.k
         num_tokens, num_groups, n_out = plan.num_tokens, plan.num_groups, plan.n_out
@@ -456,7 +456,6 @@ class _Launch:
             num_warps=config.num_warps, num_stages=config.num_stages,
         )
         return self.bound
-
 
     def _bind_hopper(self, plan: _Plan, pointers: tuple) -> BoundKernel:
         """The kernel for weights in the hopper layout (``hopper_kernel``), on the grouped kernel's pointers."""

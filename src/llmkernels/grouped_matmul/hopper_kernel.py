@@ -33,10 +33,7 @@ def _weight_tile(data_base, scale_base, blocks, k_start, num_chunks, EVEN_K: tl.
         in_k = (chunks < num_chunks)[None, :]
         data = tl.load(data_base + data_offsets, mask=in_k[:, :, None, None, None], other=0)
         scales = tl.load(scale_base + scale_offsets, mask=in_k[:, :, None, None], other=127)
-    if PACKED_DECODE:
-        return decode_fragment_tile(data, scales, NB, C, True)
-    else:
-        return decode_fragment_tile(data, scales, NB, C, False, COMPUTE_DTYPE)
+    return decode_fragment_tile(data, scales, NB, C, PACKED_DECODE, COMPUTE_DTYPE)  # bf16 whenever packed
 
 
 @triton.jit
