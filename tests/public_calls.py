@@ -295,6 +295,7 @@ CALLS = [
     _dequantize_call("mxfp4", "128x4"),
     _dequantize_call("mxfp8", "grouped"),
     _dequantize_call("mxfp4", "hopper"),
+    _dequantize_call("nvfp4", "hopper"),
     _to_layout_call(),
     _grouped_matmul_call("mxfp8", "mxfp8"),
     _grouped_matmul_call("nvfp4", "nvfp4", epilogue="swiglu"),
@@ -303,6 +304,7 @@ CALLS = [
     _grouped_matmul_call("bf16", "bf16", epilogue="silu"),
     _grouped_matmul_call("bf16", "mxfp4", b_layout="hopper", epilogue="swiglu"),
     _grouped_matmul_call("mxfp4", "mxfp4", b_layout="hopper"),
+    _grouped_matmul_call("nvfp4", "nvfp4", a_layout="128x4", b_layout="hopper", epilogue="swiglu"),
     _attention_call("dense"),
     _attention_call("dense-decode"),
     _attention_call("ragged"),
@@ -315,6 +317,7 @@ CALLS = [
     _moe_call("mxfp8"),
     _moe_call("nvfp4"),
     _moe_call("mxfp4", "hopper"),
+    _moe_call("nvfp4", "hopper"),
 ]
 CALLS_BY_NAME = {call.name: call for call in CALLS}
 

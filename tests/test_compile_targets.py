@@ -20,7 +20,7 @@ TOOL = Path(__file__).resolve().parents[1] / "tools" / "compile_defaults.py"
 ARCHS = (90, 100)
 BLOCK_SCALED_PAIRS = ("mxfp8xmxfp8", "mxfp4xmxfp4", "mxfp8xmxfp4", "nvfp4xnvfp4")
 ALL_PAIRS = ("bf16xbf16", *BLOCK_SCALED_PAIRS, "bf16xmxfp8", "bf16xmxfp4", "bf16xnvfp4")
-HOPPER_LAYOUT_PAIR = "bf16xmxfp4@hopper"  # weights in the hopper layout (grouped_matmul/hopper_kernel.py)
+HOPPER_LAYOUT_PAIRS = ("bf16xmxfp4@hopper", "bf16xnvfp4@hopper")  # weights in the hopper layout (hopper_kernel.py)
 
 
 def _compilable(arch: int) -> bool:
@@ -66,8 +66,9 @@ def test_every_default_config_compiles_to_its_mma_within_limits(report, arch):
     for pair in ALL_PAIRS:
         of_pair = [line for line in matmul if line.split()[1] == pair]
         assert len(of_pair) >= 6 and {"plain", "swiglu"} <= {line.split()[2] for line in of_pair}, pair
-    hopper_layout = [line for line in matmul if line.split()[1] == HOPPER_LAYOUT_PAIR]
-    assert len(hopper_layout) >= 4 and {"plain", "swiglu"} <= {line.split()[2] for line in hopper_layout}
+    for pair in HOPPER_LAYOUT_PAIRS:
+        hopper_layout = [line for line in matmul if line.split()[1] == pair]
+        assert len(hopper_layout) >= 4 and {"plain", "swiglu"} <= {line.split()[2] for line in hopper_layout}, pair
     assert sum(line.startswith("attention") for line in lines) == 9
 
 

@@ -1,4 +1,4 @@
-"""MXFP4 weights in the Hopper layout (``ScaledTensor.to_layout("hopper")``): exact conversions, and the
+"""MXFP4 and NVFP4 weights in the Hopper layout (``ScaledTensor.to_layout("hopper")``): exact conversions, and the
 grouped matmul's Hopper kernel against the reference and against the row layout.
 
 In the interpreter both layouts compute in float32 from the same decoded values, so their results must be
@@ -29,25 +29,34 @@ def _bits(x: lk.ScaledTensor) -> tuple:
     return x.data.view(torch.uint8), x.scales.view(torch.uint8)
 
 
+HOPPER_FORMATS = ("mxfp4", "nvfp4")
+
+
+@pytest.mark.parametrize("fmt", HOPPER_FORMATS)
 @pytest.mark.parametrize("shape", [(40, 96), (3, 5, 32), (2, 3, 16, 64), (1, 33, 1056), (0, 16, 64)],
                          ids=lambda s: "x".join(map(str, s)))
-def test_layout_round_trips_are_exact(shape, device):
-    x = lk.quantize(torch.randn(*shape, device=device) * 4, "mxfp4")
+def test_layout_round_trips_are_exact(shape, fmt, device):
+    x = lk.quantize(torch.randn(*shape, device=device) * 4, fmt)
     hopper = x.to_layout("hopper")
     assert hopper.shape == x.shape and hopper.dim() == x.dim() and hopper.scale_layout == "hopper"
+    assert hopper.global_scale is x.global_scale
     for back in (hopper.to_layout("row"), hopper.to_layout("128x4").to_layout("row")):
         assert all(torch.equal(u, v) for u, v in zip(_bits(back), _bits(x)))
     assert torch.equal(hopper.row_data().view(torch.uint8), x.data.view(torch.uint8))
     assert all(torch.equal(u, v) for u, v in zip(_bits(x.to_layout("128x4").to_layout("hopper")), _bits(hopper)))
     assert torch.equal(lk.dequantize(hopper), lk.dequantize(x))
-    direct = lk.quantize(torch.randn(*shape, device=device), "mxfp4", scale_layout="hopper")
+    direct = lk.quantize(torch.randn(*shape, device=device), fmt, scale_layout="hopper")
     assert direct.scale_layout == "hopper" and direct.shape == x.shape
 
 
-def test_layout_keeps_nan_and_extreme_scales(device):
-    x = lk.quantize(torch.randn(4, 16, 64, device=device), "mxfp4")
+@pytest.mark.parametrize("fmt", HOPPER_FORMATS)
+def test_layout_keeps_nan_and_extreme_scales(fmt, device):
+    x = lk.quantize(torch.randn(4, 16, 64, device=device), fmt)
     scales = x.scales.view(torch.uint8)
-    scales[0, 0, 0], scales[1, 2, 1], scales[3, 15, 1] = 0, 255, 254
+    if fmt == "mxfp4":
+        scales[0, 0, 0], scales[1, 2, 1], scales[3, 15, 1] = 0, 255, 254
+    else:  # subnormal, NaN, the largest, negative
+        scales[0, 0, 0], scales[1, 2, 1], scales[3, 15, 3], scales[2, 4, 2] = 0x01, 0x7F, 0x7E, 0xB8
     x.data.view(torch.uint8)[2, 3, :] = torch.arange(32, dtype=torch.uint8, device=device) * 8  # every code
     expected, actual = lk.dequantize(x), lk.dequantize(x.to_layout("hopper"))
     assert expected.isnan().any() and torch.equal(actual.isnan(), expected.isnan())
@@ -56,11 +65,10 @@ def test_layout_keeps_nan_and_extreme_scales(device):
 
 def test_layout_errors(device):
     w = torch.randn(2, 16, 64, device=device)
-    for fmt in ("mxfp8", "nvfp4"):
-        with pytest.raises(ValueError, match="hopper"):
-            lk.quantize(w, fmt).to_layout("hopper")
-        with pytest.raises(ValueError, match="hopper"):
-            lk.quantize(w, fmt, scale_layout="hopper")
+    with pytest.raises(ValueError, match="hopper"):
+        lk.quantize(w, "mxfp8").to_layout("hopper")
+    with pytest.raises(ValueError, match="hopper"):
+        lk.quantize(w, "mxfp8", scale_layout="hopper")
     with pytest.raises(ValueError, match="hopper"):
         lk.quantize(torch.randn(64, device=device), "mxfp4", scale_layout="hopper")
     hopper = lk.quantize(w, "mxfp4").to_layout("hopper")
@@ -72,12 +80,18 @@ def test_layout_errors(device):
         lk.ScaledTensor(hopper.data, hopper.scales, "mxfp4", scale_layout="row", logical_shape=(2, 16, 64))
     with pytest.raises(ValueError, match="layout must be one of"):
         hopper.to_layout("sm90")
+    nv = lk.quantize(w, "nvfp4").to_layout("hopper")
+    with pytest.raises(ValueError, match="do not fit"):  # MXFP4's two scales per chunk row, not NVFP4's four
+        lk.ScaledTensor(hopper.data, nv.scales.view(torch.float8_e8m0fnu), "mxfp4", scale_layout="hopper",
+                        logical_shape=(2, 16, 64))
+    with pytest.raises(TypeError, match="global_scale"):
+        lk.ScaledTensor(nv.data, nv.scales, "nvfp4", scale_layout="hopper", logical_shape=(2, 16, 64))
 
 
-def _problem(grouping: str, n: int, k: int, device, trailing_rows: int = 3):
+def _problem(grouping: str, n: int, k: int, device, trailing_rows: int = 3, fmt: str = "mxfp4"):
     sizes, ids, experts = GROUPINGS[grouping]
     x = torch.randn(sum(sizes) + trailing_rows, k, device=device)
-    w = lk.quantize(torch.randn(experts, n, k, device=device) / k**0.5, "mxfp4")
+    w = lk.quantize(torch.randn(experts, n, k, device=device) / k**0.5, fmt)
     return (x, w, random_group_offsets(sizes, device=device), torch.tensor(ids, dtype=torch.int32, device=device),
             torch.rand(experts, device=device) + 0.5, sum(sizes))
 
@@ -101,16 +115,18 @@ def _check(a, w, offsets, ids, scales, rows, *, epilogue=None, reference_epilogu
         assert torch.equal(out[:rows], row_layout[:rows])
 
 
+@pytest.mark.parametrize("fmt", HOPPER_FORMATS)
 @pytest.mark.parametrize("grouping", list(GROUPINGS))
-def test_groupings(grouping, device):
-    x, w, offsets, ids, scales, rows = _problem(grouping, n=48, k=128, device=device)
+def test_groupings(grouping, fmt, device):
+    x, w, offsets, ids, scales, rows = _problem(grouping, n=48, k=128, device=device, fmt=fmt)
     _check(x.bfloat16(), w, offsets, ids, scales, rows)
 
 
+@pytest.mark.parametrize("fmt", HOPPER_FORMATS)
 @pytest.mark.parametrize("epilogue", [None, "silu", "gelu", "swiglu"])
 @pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_epilogues_and_out_dtypes(epilogue, out_dtype, device):
-    x, w, offsets, ids, scales, rows = _problem("ragged", n=64, k=96, device=device)
+def test_epilogues_and_out_dtypes(epilogue, out_dtype, fmt, device):
+    x, w, offsets, ids, scales, rows = _problem("ragged", n=64, k=96, device=device, fmt=fmt)
     _check(x.bfloat16(), w, offsets, ids, scales, rows, epilogue=epilogue, out_dtype=out_dtype)
 
 
@@ -129,19 +145,23 @@ def test_user_epilogue_sees_rows_and_columns(device):
            reference_epilogue=_bias_by_position_reference)
 
 
-@pytest.mark.parametrize("n,k", [(40, 160), (16, 32), (80, 1088), (48, 64)])
-def test_partial_tiles_and_padded_chunks(n, k, device):
-    """N not a multiple of the tile nor of 16; K not a multiple of 64 or of the K step."""
-    x, w, offsets, ids, scales, rows = _problem("ragged", n=n, k=k, device=device)
+@pytest.mark.parametrize("fmt,n,k", [(fmt, n, k) for fmt in HOPPER_FORMATS
+                                     for n, k in ((40, 160), (16, 32), (80, 1088), (48, 64))] + [("nvfp4", 24, 16)])
+def test_partial_tiles_and_padded_chunks(fmt, n, k, device):
+    """N not a multiple of the tile nor of 16; K not a multiple of 64 or of the K step (nor of 32: NVFP4)."""
+    x, w, offsets, ids, scales, rows = _problem("ragged", n=n, k=k, device=device, fmt=fmt)
     _check(x.bfloat16(), w, offsets, ids, None, rows)
 
 
-@pytest.mark.parametrize("a_format,a_layout", [("mxfp8", "row"), ("mxfp4", "128x4"), ("nvfp4", "row")])
-def test_quantized_activations_are_decoded_ahead(a_format, a_layout, device):
-    x, w, offsets, ids, scales, rows = _problem("ragged", n=32, k=64, device=device)
-    a = lk.quantize(x, a_format)
+@pytest.mark.parametrize("a_format,a_layout,b_format", [
+    ("mxfp8", "row", "mxfp4"), ("mxfp4", "128x4", "mxfp4"), ("nvfp4", "row", "nvfp4"), ("nvfp4", "128x4", "nvfp4"),
+    ("nvfp4", "row", "mxfp4"), ("mxfp4", "row", "nvfp4")])
+def test_quantized_activations_are_decoded_ahead(a_format, a_layout, b_format, device):
+    """A quantized A is decoded to bf16 first; NVFP4's global scales (A's and B's) reach the epilogue."""
+    x, w, offsets, ids, scales, rows = _problem("ragged", n=32, k=64, device=device, fmt=b_format)
+    a = lk.quantize(x * 3, a_format)  # a global scale far from 1
     a = a.to_layout(a_layout) if a_layout != "row" else a
-    if a_format == "nvfp4":  # nvfp4 pairs with nvfp4 only, whatever b's layout
+    if (a_format == "nvfp4") != (b_format == "nvfp4"):  # nvfp4 pairs with nvfp4 only, whatever b's layout
         with pytest.raises(TypeError, match="nvfp4"):
             lk.grouped_matmul(a, w.to_layout("hopper"), offsets, ids)
         return
@@ -197,17 +217,19 @@ def _moe_weights(device, experts=4, hidden=64, intermediate=32):
             / 8, torch.randn(experts, hidden, intermediate, device=device) / 8)
 
 
-def test_moe_block_in_the_hopper_layout(device):
+@pytest.mark.parametrize("fmt", HOPPER_FORMATS)
+def test_moe_block_in_the_hopper_layout(fmt, device):
+    """Same block output as the row layout (NVFP4: nvfp4 activations, decoded ahead, both global scales)."""
     weights = _moe_weights(device)
-    row = MoEFeedForward.from_float(*weights, 2, weight_format="mxfp4", weight_layout="row")
-    hopper = MoEFeedForward.from_float(*weights, 2, weight_format="mxfp4", weight_layout="hopper")
+    row = MoEFeedForward.from_float(*weights, 2, weight_format=fmt, weight_layout="row")
+    hopper = MoEFeedForward.from_float(*weights, 2, weight_format=fmt, weight_layout="hopper")
     assert hopper.w_gate_up.scale_layout == "hopper" and hopper.w_down.shape == row.w_down.shape
     x = torch.randn(2, 7, 64, dtype=torch.bfloat16, device=device)
     out = hopper(x)
     assert_close_relative(out.float(), row(x).float(), 1e-2)
     if interpreting():
         assert torch.equal(out, row(x))
-    rebuilt = MoEFeedForward.from_float(*weights, 2, weight_format="mxfp4", weight_layout="hopper")
+    rebuilt = MoEFeedForward.from_float(*weights, 2, weight_format=fmt, weight_layout="hopper")
     rebuilt.load_state_dict(hopper.state_dict())
     assert torch.equal(rebuilt(x), out)
 
@@ -217,10 +239,13 @@ def test_moe_default_layout_follows_the_gpu(device, monkeypatch):
     assert MoEFeedForward.from_float(*weights, 2, weight_format="mxfp4").w_down.scale_layout == (
         "hopper" if moe_layer._is_hopper(weights[0].device) else "row")
     monkeypatch.setattr(moe_layer, "_is_hopper", lambda device: True)
-    assert MoEFeedForward.from_float(*weights, 2, weight_format="mxfp4").w_down.scale_layout == "hopper"
+    for fmt in HOPPER_FORMATS:
+        assert MoEFeedForward.from_float(*weights, 2, weight_format=fmt).w_down.scale_layout == "hopper"
     assert MoEFeedForward.from_float(*weights, 2, weight_format="mxfp8").w_down.scale_layout == "row"
     with pytest.raises(ValueError, match="weight_layout"):
-        MoEFeedForward.from_float(*weights, 2, weight_format="nvfp4", weight_layout="hopper")
+        MoEFeedForward.from_float(*weights, 2, weight_format="mxfp8", weight_layout="hopper")
+    with pytest.raises(ValueError, match="weight_layout"):
+        MoEFeedForward.from_float(*weights, 2, weight_format="nvfp4", weight_layout="sm90")
 
 
 @pytest.mark.gpu

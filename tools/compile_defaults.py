@@ -56,6 +56,7 @@ PAIRS = {
     "bf16xmxfp4": ("bf16", "none", 1, "e2m1", "e8m0", 32),
     "bf16xnvfp4": ("bf16", "none", 1, "e2m1", "e4m3", 16),
     "bf16xmxfp4@hopper": ("bf16", "none", 1, "e2m1", "e8m0", 32),  # b in the hopper layout: hopper_kernel
+    "bf16xnvfp4@hopper": ("bf16", "none", 1, "e2m1", "e4m3", 16),
 }
 POINTER = {"bf16": "*bf16", "e4m3": "*u8", "e2m1": "*u8"}  # the API passes MX data as bytes
 # The problem the grouped-matmul defaults are asked for: DeepSeek-V3-sized experts
@@ -234,19 +235,22 @@ def _grouped_matmul_case(pair, config, swiglu, arch, device, a_format, b_format,
 
 
 def _hopper_layout_case(pair, config, swiglu, arch, device, a_format, b_format, tokens_per_group) -> Case:
-    """A launch of ``hopper_kernel`` (bf16 activations × MXFP4 weights in the hopper layout): the weight tile is
-    the MMA's M side (``block_n`` rows), decoded in registers."""
-    fn = gm_hopper_kernel.hopper_mxfp4_matmul_kernel
-    constexprs = dict(HAS_EXPERT_SCALES=True, EPILOGUE="swiglu" if swiglu else "none", EPILOGUE_FN=None,
+    """A launch of ``hopper_kernel`` (bf16 activations × MXFP4 or NVFP4 weights in the hopper layout): the weight
+    tile is the MMA's M side (``block_n`` rows), decoded in registers."""
+    fn = gm_hopper_kernel.hopper_fp4_matmul_kernel
+    nvfp4 = b_format == "nvfp4"
+    constexprs = dict(B_SCALE="e4m3" if nvfp4 else "e8m0", A_GLOBAL_SCALE=False, B_GLOBAL_SCALE=nvfp4,
+                      HAS_EXPERT_SCALES=True, EPILOGUE="swiglu" if swiglu else "none", EPILOGUE_FN=None,
                       EVEN_K=GM_K % config.block_k == 0, PACKED_DECODE=True, COMPUTE_DTYPE=tl.bfloat16,
                       BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, BLOCK_GROUPS=64)
     kinds = {name: "*i32" for name in fn.arg_names if name.endswith("_ptr")}
-    kinds.update(a_ptr="*bf16", b_ptr="*u8", b_scales_ptr="*u8", out_ptr="*bf16", expert_scales_ptr="*fp32")
+    kinds.update(a_ptr="*bf16", b_ptr="*u8", b_scales_ptr="*u8", out_ptr="*bf16", expert_scales_ptr="*fp32",
+                 a_global_scale_ptr="*fp32", b_global_scale_ptr="*fp32")
     signature, attrs = _aligned_signature(fn, constexprs, kinds, unaligned=("num_groups", "min_group_rows"))
     label = (f"{pair:11s} {'swiglu' if swiglu else 'plain ':6s} {config.block_m}x{config.block_n}x{config.block_k} "
              f"s{config.num_stages} w{config.num_warps} swap {'tl.dot':10s}")
     expect = expected_mma(arch, config.block_n)
-    roofline = b200_bound("bf16xmxfp4", tokens_per_group, swiglu, expect) if expect in B200_RATES else ""
+    roofline = b200_bound(pair.split("@")[0], tokens_per_group, swiglu, expect) if expect in B200_RATES else ""
     return Case("grouped_matmul", label, fn, signature, constexprs, attrs, config.num_warps, config.num_stages,
                 config.block_n, expect, f"{tokens_per_group} tokens/group: B200 bound {roofline}" if roofline else "")
 

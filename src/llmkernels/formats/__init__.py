@@ -2,11 +2,11 @@
 from .api import quantize
 from .layout import from_blocked_scales, from_grouped_blocked_scales, to_blocked_scales, to_grouped_blocked_scales
 from .reference import dequantize, nvfp4_global_scale, quantize_reference
-from .scaled_tensor import SCALE_LAYOUTS, ScaledTensor, scaled_tensor_from_parts, scaled_tensor_parts
+from .scaled_tensor import HOPPER_FORMATS, SCALE_LAYOUTS, ScaledTensor, scaled_tensor_from_parts, scaled_tensor_parts
 from .spec import FORMATS, FormatSpec, format_spec
 
 __all__ = [
     "ScaledTensor", "quantize", "dequantize", "quantize_reference", "nvfp4_global_scale",
     "to_blocked_scales", "from_blocked_scales", "to_grouped_blocked_scales", "from_grouped_blocked_scales",
-    "FORMATS", "FormatSpec", "format_spec", "SCALE_LAYOUTS", "scaled_tensor_parts", "scaled_tensor_from_parts",
+    "FORMATS", "FormatSpec", "format_spec", "SCALE_LAYOUTS", "HOPPER_FORMATS", "scaled_tensor_parts", "scaled_tensor_from_parts",
 ]

@@ -95,8 +95,9 @@ def decode_scale(bits, SCALE: tl.constexpr):
     """uint8 scale bits → float32, for ``SCALE`` ``"e8m0"`` or ``"e4m3"``."""
     if SCALE == "e8m0":
         return decode_e8m0(bits)
-    else:
-        return bits.to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float32)
+    else:  # 0x7F / 0xFF are NaN (the interpreter's cast reads them as 480)
+        bits = bits.to(tl.uint8)
+        return tl.where((bits & 0x7F) == 0x7F, float("nan"), bits.to(tl.float8e4nv, bitcast=True).to(tl.float32))
 
 
 @triton.jit
@@ -410,26 +411,33 @@ def _fragment_codes(words, slot, lane):
 
 @triton.jit
 def decode_fragment_tile(data, scale_bytes, NB: tl.constexpr, C: tl.constexpr, PACKED_DECODE: tl.constexpr,
-                         DTYPE: tl.constexpr = tl.bfloat16):
-    """A tile of MXFP4 weights in the Hopper fragment layout → ``[NB * 16, C * 64]`` in (n, k) order, bf16
-    (``DTYPE`` float32 without PACKED_DECODE: the interpreter flushes bf16 subnormals, float32 keeps them).
+                         DTYPE: tl.constexpr = tl.bfloat16, SCALE: tl.constexpr = "e8m0"):
+    """A tile of MXFP4 or NVFP4 weights in the Hopper fragment layout → ``[NB * 16, C * 64]`` in (n, k) order,
+    bf16 (``DTYPE`` float32 without PACKED_DECODE: the interpreter flushes bf16 subnormals, float32 keeps them).
 
-    ``data`` uint8 ``[NB, C, 8, 4, 16]`` and ``scale_bytes`` uint8 ``[NB, C, 8, 2, 2]`` (or ``[NB, C, 8, 4]``) as
-    :func:`llmkernels.formats.fragments.to_hopper_fragments` lays them out. With PACKED_DECODE (NVIDIA GPUs)
-    each thread's words go through PTX (masks, shifts and two bf16x2 multiplies per value pair) and the
-    reshapes below only relabel registers: on Hopper the result is already in wgmma's A-operand layout.
-    Otherwise (the interpreter) the same values come from integer ops.
+    ``data`` uint8 ``[NB, C, 8, 4, 16]`` and ``scale_bytes`` uint8 ``[NB, C, 8, 2, S]`` as
+    :func:`llmkernels.formats.fragments.to_hopper_fragments` lays them out: ``SCALE`` ``"e8m0"`` with S = 2
+    (MXFP4) or ``"e4m3"`` with S = 4 (NVFP4; the global scale is the caller's). An e2m1 value times either
+    scale has at most 6 significant bits in bf16's range: exact. With PACKED_DECODE (NVIDIA GPUs) each
+    thread's words go through PTX (masks, shifts and two bf16x2 multiplies per value pair) and the reshapes
+    below only relabel registers: on Hopper the result is already in wgmma's A-operand layout. Otherwise
+    (the interpreter) the same values come from integer ops.
     """
+    S: tl.constexpr = 2 if SCALE == "e8m0" else 4
     if PACKED_DECODE:
-        scales = tl.inline_asm_elementwise(_E8M0_TO_BF16_PTX, "=r,=r,r", [tl.reshape(scale_bytes, (NB, C, 8, 4))],
-                                           dtype=tl.bfloat16, is_pure=True, pack=4)
+        if SCALE == "e8m0":
+            scales = tl.inline_asm_elementwise(_E8M0_TO_BF16_PTX, "=r,=r,r", [tl.reshape(scale_bytes, (NB, C, 8, 4))],
+                                               dtype=tl.bfloat16, is_pure=True, pack=4)
+        else:
+            scales = scale_bytes.to(tl.float8e4nv, bitcast=True).to(tl.bfloat16)
     else:
-        scales = decode_e8m0(scale_bytes)
-    scales = tl.permute(tl.reshape(scales, (NB, C, 8, 2, 2)), (0, 1, 2, 4, 3))  # (.., j // 2, h)
-    scale_g, scale_g8 = tl.split(scales)  # rows g and g + 8: [NB, C, 8, 2]
-    if PACKED_DECODE:
-        scale_g = tl.reshape(tl.broadcast_to(scale_g[:, :, :, None, :, None], (NB, C, 8, 4, 2, 8)), (NB, C, 8, 4, 16))
-        scale_g8 = tl.reshape(tl.broadcast_to(scale_g8[:, :, :, None, :, None], (NB, C, 8, 4, 2, 8)),
+        scales = decode_scale(scale_bytes, SCALE)
+    scales = tl.permute(tl.reshape(scales, (NB, C, 8, 2, S)), (0, 1, 2, 4, 3))  # (.., s, h)
+    scale_g, scale_g8 = tl.split(scales)  # rows g and g + 8: [NB, C, 8, S]
+    if PACKED_DECODE:  # one scale per byte of each thread's 16: words j share scale j // (4 / S)
+        scale_g = tl.reshape(tl.broadcast_to(scale_g[:, :, :, None, :, None], (NB, C, 8, 4, S, 16 // S)),
+                             (NB, C, 8, 4, 16))
+        scale_g8 = tl.reshape(tl.broadcast_to(scale_g8[:, :, :, None, :, None], (NB, C, 8, 4, S, 16 // S)),
                               (NB, C, 8, 4, 16))
         low, high = tl.inline_asm_elementwise(_E2M1_FRAGMENT_PTX, "=r,=r,=r,=r,r,r,r,r,r", [data, scale_g, scale_g8],
                                               dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
@@ -440,8 +448,8 @@ def decode_fragment_tile(data, scale_bytes, NB: tl.constexpr, C: tl.constexpr, P
         words = words[:, :, :, :, :, None]
         low = decode_e2m1(_fragment_codes(words, value // 2, value % 2))
         high = decode_e2m1(_fragment_codes(words, 2 + value // 2, value % 2))
-        low = tl.reshape(low, (NB, C, 8, 4, 2, 2, 4)) * scale_g[:, :, :, None, :, None, None]
-        high = tl.reshape(high, (NB, C, 8, 4, 2, 2, 4)) * scale_g8[:, :, :, None, :, None, None]
+        low = tl.reshape(low, (NB, C, 8, 4, S, 4 // S, 4)) * scale_g[:, :, :, None, :, None, None]
+        high = tl.reshape(high, (NB, C, 8, 4, S, 4 // S, 4)) * scale_g8[:, :, :, None, :, None, None]
         low = tl.reshape(low, (NB, C, 8, 4, 16)).to(DTYPE)
         high = tl.reshape(high, (NB, C, 8, 4, 16)).to(DTYPE)
     low = tl.reshape(low, (NB, C, 8, 4, 4, 2, 2))  # (nb, c, g, t, j, bh, bl): k = 64c + 16j + 8bh + 2t + bl

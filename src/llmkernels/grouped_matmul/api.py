@@ -253,7 +253,9 @@ def grouped_matmul(    a,
             for 128x4 padded per group, see :meth:`ScaledTensor.to_layout`), or a bf16/fp16 tensor
             (weight-only quantization).
         b: ``[E, N, K]`` expert weights, K-major: a ScaledTensor of the same family as ``a`` (MX with
-            MX, nvfp4 with nvfp4; any for plain ``a``), or a tensor of a's dtype.
+            MX, nvfp4 with nvfp4; any for plain ``a``), or a tensor of a's dtype. MXFP4 and NVFP4 weights
+            in the hopper layout (:meth:`ScaledTensor.to_layout`) take bf16 ``a``, or a quantized ``a``
+            decoded ahead to bf16.
         a_offsets: int32 or uint32 ``[G + 1]`` on a's device, ``a_offsets[0] = 0``, non-decreasing.
             Read on the device: the call syncs nothing and can be captured in a CUDA graph.
         expert_ids: int32 ``[G]``; ``-1`` writes the group's rows as zeros.
@@ -459,25 +461,28 @@ class _Launch:
 
     def _bind_hopper(self, plan: _Plan, pointers: tuple) -> BoundKernel:
         """The kernel for weights in the hopper layout (``hopper_kernel``), on the grouped kernel's pointers."""
-        a_data, _, _, b_data, b_scales, _, out, a_offsets, _, expert_ids, expert_scales = pointers
+        a_data, _, a_global_scale, b_data, b_scales, b_global_scale, out, a_offsets, _, expert_ids, expert_scales = \
+            pointers
         config = self.config
         # An upper bound of the launch's (group, M tile) pairs (each holds at least one of the T rows, and
         # there are at most cdiv(T, block_m) + G): the programs past the last return at once.
         m_tiles = min(-(-plan.num_tokens // config.block_m) + plan.num_groups, plan.num_tokens)
         grid = (m_tiles * -(-plan.n_out // config.block_n),)
         bound = bind(
-            hopper_kernel.hopper_mxfp4_matmul_kernel, grid, a_data, b_data, b_scales, out, a_offsets, expert_ids,
-            expert_scales, a_data.stride(0), b_data.stride(0), b_scales.stride(0), out.stride(0),
-            plan.num_tokens, plan.num_groups, plan.num_experts, plan.n, plan.k, self.min_rows, self.max_rows,
-            HAS_EXPERT_SCALES=plan.has_expert_scales, EPILOGUE=plan.epilogue_kind, EPILOGUE_FN=plan.epilogue_fn,
-            EVEN_K=plan.k % config.block_k == 0, PACKED_DECODE=_packed_decode(plan.compute_dtype, plan.device),
-            COMPUTE_DTYPE=plan.compute_dtype, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
-            BLOCK_K=config.block_k, BLOCK_GROUPS=max(16, next_power_of_2(plan.num_groups)),
+            hopper_kernel.hopper_fp4_matmul_kernel, grid, a_data, a_global_scale, b_data, b_scales, b_global_scale,
+            out, a_offsets, expert_ids, expert_scales, a_data.stride(0), b_data.stride(0), b_scales.stride(0),
+            out.stride(0), plan.num_tokens, plan.num_groups, plan.num_experts, plan.n, plan.k, self.min_rows,
+            self.max_rows, B_SCALE=plan.b.scale, A_GLOBAL_SCALE=plan.a.has_global_scale,
+            B_GLOBAL_SCALE=plan.b.has_global_scale, HAS_EXPERT_SCALES=plan.has_expert_scales,
+            EPILOGUE=plan.epilogue_kind, EPILOGUE_FN=plan.epilogue_fn, EVEN_K=plan.k % config.block_k == 0,
+            PACKED_DECODE=_packed_decode(plan.compute_dtype, plan.device), COMPUTE_DTYPE=plan.compute_dtype,
+            BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+            BLOCK_GROUPS=max(16, next_power_of_2(plan.num_groups)),
             num_warps=config.num_warps, num_stages=config.num_stages,
         )
         # the grouped kernel's pointer order, as the plan calls every launch
         self.bound = lambda a, a_s, a_g, b, b_s, b_g, o, offsets, a_so, ids, scales: bound(
-            a, b, b_s, o, offsets, ids, scales)
+            a, a_g, b, b_s, b_g, o, offsets, ids, scales)
         return self.bound
 
 

@@ -128,8 +128,8 @@ def default_config(num_tokens: int, num_groups: int, n_out: int, k: int, device:
 
 def hopper_config(num_tokens: int, num_groups: int, device: torch.device, swiglu: bool = False
                   ) -> BlockScaledMatmulConfig:
-    """The tiles of MXFP4 weights in the Hopper layout (``grouped_matmul/hopper_kernel.py``; measured in
-    ``benchmarks/NOTES.md``, issue 21): 128 weight rows per step (``block_n``, 64 gate and 64 up rows under
+    """The tiles of MXFP4 and NVFP4 weights in the Hopper layout (``grouped_matmul/hopper_kernel.py``; measured
+    in ``benchmarks/NOTES.md``, issue 21): 128 weight rows per step (``block_n``, 64 gate and 64 up rows under
     SwiGLU) against 16, 64 or 128 tokens by the average group, ``block_k`` 128, 3 stages, 4 warps (the
     128-token SwiGLU tile spills 168 bytes per thread there, yet 8 warps without spills made the MoE block
     1.2-1.4x slower at 2048-8192 tokens). Of the config's fields the kernel reads the tile, warps and stages

@@ -1,4 +1,4 @@
-"""The grouped matmul for MXFP4 weights in the Hopper layout (``ScaledTensor.to_layout("hopper")``).
+"""The grouped matmul for MXFP4 and NVFP4 weights in the Hopper layout (``ScaledTensor.to_layout("hopper")``).
 
 Each thread loads 16 bytes of weights that, decoded in registers (masks, shifts and bf16x2 multiplies), are
 exactly its part of wgmma's register operand: no shared-memory round trip between decode and MMA. The
@@ -13,43 +13,49 @@ from ..formats.kernel import decode_fragment_tile
 from .kernel import apply_epilogue, find_group, group_tiles
 
 _CHUNK_BYTES = tl.constexpr(512)  # one (16 rows, 64-wide K chunk) block of the data layout
-_CHUNK_SCALE_BYTES = tl.constexpr(32)
 
 
 @triton.jit
 def _weight_tile(data_base, scale_base, blocks, k_start, num_chunks, EVEN_K: tl.constexpr, NB: tl.constexpr,
-                 C: tl.constexpr, PACKED_DECODE: tl.constexpr, COMPUTE_DTYPE: tl.constexpr):
+                 C: tl.constexpr, SCALE: tl.constexpr, PACKED_DECODE: tl.constexpr, COMPUTE_DTYPE: tl.constexpr):
     """The decoded ``[NB * 16, BLOCK_K]`` weights of fragment blocks ``blocks`` ``[NB]`` at K ``k_start``."""
+    S: tl.constexpr = 2 if SCALE == "e8m0" else 4  # scales per row and chunk
     chunks = k_start // 64 + tl.arange(0, C)
     data_offsets = ((blocks[:, None] * num_chunks + chunks[None, :]) * _CHUNK_BYTES)[:, :, None, None, None] \
         + (tl.arange(0, 8) * 64)[None, None, :, None, None] + (tl.arange(0, 4) * 16)[None, None, None, :, None] \
         + tl.arange(0, 16)[None, None, None, None, :]
-    scale_offsets = ((blocks[:, None] * num_chunks + chunks[None, :]) * _CHUNK_SCALE_BYTES)[:, :, None, None] \
-        + (tl.arange(0, 8) * 4)[None, None, :, None] + tl.arange(0, 4)[None, None, None, :]
+    scale_offsets = ((blocks[:, None] * num_chunks + chunks[None, :]) * (16 * S))[:, :, None, None, None] \
+        + (tl.arange(0, 8) * (2 * S))[None, None, :, None, None] + (tl.arange(0, 2) * S)[None, None, None, :, None] \
+        + tl.arange(0, S)[None, None, None, None, :]
     if EVEN_K:
         data = tl.load(data_base + data_offsets)
         scales = tl.load(scale_base + scale_offsets)
     else:  # chunks past K's last: zero codes under unit scales
         in_k = (chunks < num_chunks)[None, :]
         data = tl.load(data_base + data_offsets, mask=in_k[:, :, None, None, None], other=0)
-        scales = tl.load(scale_base + scale_offsets, mask=in_k[:, :, None, None], other=127)
-    return decode_fragment_tile(data, scales, NB, C, PACKED_DECODE, COMPUTE_DTYPE)  # bf16 whenever packed
+        scales = tl.load(scale_base + scale_offsets, mask=in_k[:, :, None, None, None],
+                         other=127 if SCALE == "e8m0" else 0x38)
+    return decode_fragment_tile(data, scales, NB, C, PACKED_DECODE, COMPUTE_DTYPE, SCALE)  # bf16 whenever packed
 
 
 @triton.jit
-def hopper_mxfp4_matmul_kernel(
-    a_ptr, b_ptr, b_scales_ptr, out_ptr, a_offsets_ptr, expert_ids_ptr, expert_scales_ptr,
-    stride_a_row, stride_b_expert, stride_b_scale_expert, stride_out_row,
+def hopper_fp4_matmul_kernel(
+    a_ptr, a_global_scale_ptr, b_ptr, b_scales_ptr, b_global_scale_ptr, out_ptr, a_offsets_ptr, expert_ids_ptr,
+    expert_scales_ptr, stride_a_row, stride_b_expert, stride_b_scale_expert, stride_out_row,
     num_tokens, num_groups, num_experts, N, K, min_group_rows, max_group_rows,
+    B_SCALE: tl.constexpr, A_GLOBAL_SCALE: tl.constexpr, B_GLOBAL_SCALE: tl.constexpr,
     HAS_EXPERT_SCALES: tl.constexpr, EPILOGUE: tl.constexpr, EPILOGUE_FN: tl.constexpr,
     EVEN_K: tl.constexpr, PACKED_DECODE: tl.constexpr, COMPUTE_DTYPE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_GROUPS: tl.constexpr,
 ):
-    """``out[rows of g] = epilogue(expert_scales[e] · A[rows of g] @ B[e]ᵀ)``, ``e = expert_ids[g]``.
+    """``out[rows of g] = epilogue(a_global · b_global · expert_scales[e] · A[rows of g] @ B[e]ᵀ)``,
+    ``e = expert_ids[g]``.
 
     a: bf16 ``[num_tokens, K]`` (float32 in the interpreter); b: uint8 ``[E, ceil(N/16), ceil(K/64), 8, 4, 16]``
-    and b_scales uint8 ``[E, ceil(N/16), ceil(K/64), 8, 2, 2]`` (:mod:`llmkernels.formats.fragments`), each
-    expert's blocks contiguous; out ``[num_tokens, N_out]`` (N_out = N / 2 for SwiGLU, whose up rows start at
+    and b_scales uint8 ``[E, ceil(N/16), ceil(K/64), 8, 2, S]`` (:mod:`llmkernels.formats.fragments`; B_SCALE
+    ``"e8m0"`` with S = 2 for MXFP4, ``"e4m3"`` with S = 4 for NVFP4), each expert's blocks contiguous;
+    a_global_scale / b_global_scale: float32 scalars (NVFP4's decode scales) read when A_GLOBAL_SCALE /
+    B_GLOBAL_SCALE; out ``[num_tokens, N_out]`` (N_out = N / 2 for SwiGLU, whose up rows start at
     fragment block ``N_out / 16``); a_offsets ``[G + 1]``, expert_ids int32 ``[G]``.
 
     Non-persistent: program ``p`` takes output tile ``p // n_tiles`` of the launch's (group, M tile) order
@@ -97,17 +103,21 @@ def hopper_mxfp4_matmul_kernel(
         else:
             a = tl.load(a_rows + (k_start + ks)[None, :], mask=(k_start + ks < K)[None, :], other=0.0)
         a_t = tl.trans(a.to(COMPUTE_DTYPE))
-        w = _weight_tile(data_base, scale_base, gate_blocks, k_start, num_chunks, EVEN_K, NB, C, PACKED_DECODE,
-                         COMPUTE_DTYPE)
+        w = _weight_tile(data_base, scale_base, gate_blocks, k_start, num_chunks, EVEN_K, NB, C, B_SCALE,
+                         PACKED_DECODE, COMPUTE_DTYPE)
         acc = tl.dot(w, a_t, acc)
         if EPILOGUE == "swiglu":
-            w_up = _weight_tile(data_base, scale_base, up_blocks, k_start, num_chunks, EVEN_K, NB, C, PACKED_DECODE,
-                                COMPUTE_DTYPE)
+            w_up = _weight_tile(data_base, scale_base, up_blocks, k_start, num_chunks, EVEN_K, NB, C, B_SCALE,
+                                PACKED_DECODE, COMPUTE_DTYPE)
             up_acc = tl.dot(w_up, a_t, up_acc)
 
     multiplier = 1.0
+    if A_GLOBAL_SCALE:
+        multiplier = multiplier * tl.load(a_global_scale_ptr)
+    if B_GLOBAL_SCALE:
+        multiplier = multiplier * tl.load(b_global_scale_ptr)
     if HAS_EXPERT_SCALES:
-        multiplier = tl.load(expert_scales_ptr + expert)
+        multiplier = multiplier * tl.load(expert_scales_ptr + expert)
     if EPILOGUE == "user":  # the user's function sees the [BLOCK_M, BLOCK_N] tile it is documented to
         result = tl.trans(apply_epilogue(tl.trans(acc), acc, multiplier, rows[:, None], cols[None, :], EPILOGUE,
                                          EPILOGUE_FN))
