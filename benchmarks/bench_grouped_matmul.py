@@ -59,6 +59,8 @@ OURS = {
     "ours bf16 x mxfp4 hopper": ("bf16", "mxfp4 hopper"),
     "ours mxfp4 x mxfp4 hopper": ("mxfp4", "mxfp4 hopper"),
     "ours nvfp4": ("nvfp4", "nvfp4"),
+    "ours bf16 x nvfp4 hopper": ("bf16", "nvfp4 hopper"),
+    "ours nvfp4 x nvfp4 hopper": ("nvfp4", "nvfp4 hopper"),
 }
 PEER_BF16, PEER_FP8 = "torch._grouped_mm bf16", "torch._scaled_grouped_mm fp8"
 PEER_TK_MXFP4, PEER_TK_BF16 = "triton_kernels bf16 x mxfp4", "triton_kernels bf16"
