@@ -29,9 +29,11 @@ MODELS = {  # name: (experts, hidden, intermediate, top_k, routing)
     "gpt-oss-120b": (128, 2880, 2880, 4, dict(scoring="softmax")),
 }
 TOKENS = (1, 8, 64, 512, 2048, 8192)
-# label: (weight format, activation format, weight layout; None: from_float's default, "hopper" for mxfp4 on Hopper)
+# label: (weight format, activation format, weight layout; None: from_float's default, "hopper" for mxfp4 and
+# nvfp4 on Hopper)
 FORMATS = (("ours mxfp8", "mxfp8", None, None), ("ours bf16 x mxfp4", "mxfp4", "bf16", None),
-           ("ours bf16 x mxfp4 row layout", "mxfp4", "bf16", "row"), ("ours bf16", "bf16", None, None))
+           ("ours bf16 x mxfp4 row layout", "mxfp4", "bf16", "row"), ("ours nvfp4", "nvfp4", None, None),
+           ("ours nvfp4 row layout", "nvfp4", None, "row"), ("ours bf16", "bf16", None, None))
 
 
 class GroupedMMBlock:

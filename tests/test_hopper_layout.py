@@ -109,9 +109,10 @@ def _check(a, w, offsets, ids, scales, rows, *, epilogue=None, reference_epilogu
     expected = lk.grouped_matmul_reference(a, w, offsets, ids, scales, epilogue=reference_epilogue or epilogue)
     assert_close_relative(out[:rows].float(), expected[:rows], TOLERANCE[out_dtype])
     assert out[rows:].isnan().all(), "rows outside every group were written"
-    if interpreting():
+    if interpreting():  # the same K steps in both layouts: the same float32 sums
+        row_config = config or gm_config.hopper_config(a.shape[0], ids.numel(), offsets.device)
         row_layout = lk.grouped_matmul(a, w, offsets, ids, scales, epilogue=epilogue, out_dtype=out_dtype,
-                                       config=config)
+                                       config=row_config)
         assert torch.equal(out[:rows], row_layout[:rows])
 
 
@@ -178,7 +179,7 @@ def test_default_launches_split_by_size_in_the_interpreter(device):
     if not interpreting():
         pytest.skip("size classes split there; on the GPU from 1 GiB of weights")
     launches = gm_config.default_launches(100, 10, 64, 128, device, "bf16", "e2m1", 0, False, 32, "hopper")
-    assert len(launches) == 3 and all(c.block_k >= 64 and c.ab_swapped for c, _, _ in launches)
+    assert len(launches) == 3 and all(c.block_k >= 128 and c.ab_swapped for c, _, _ in launches)
 
 
 def test_hopper_tiles_by_tokens_per_group():
@@ -188,7 +189,11 @@ def test_hopper_tiles_by_tokens_per_group():
         for tokens, block_m in ((128, 16), (128 * 40, 64), (128 * 256, 128)):
             config = gm_config.hopper_config(tokens, 128, cuda)
             assert (config.block_m, config.block_n, config.block_k) == (block_m, 128, 128)
+            assert gm_config.hopper_config(tokens, 128, cuda, b_scale_block=16).block_m == (
+                256 if block_m == 128 else block_m)
         assert gm_config.hopper_config(128, 128, cuda, swiglu=True).block_n == 64
+        nvfp4_swiglu = gm_config.hopper_config(128 * 256, 128, cuda, swiglu=True, b_scale_block=16)
+        assert (nvfp4_swiglu.block_m, nvfp4_swiglu.block_n, nvfp4_swiglu.num_warps) == (64, 64, 4)
 
 
 def test_argument_errors(device):
@@ -201,8 +206,9 @@ def test_argument_errors(device):
         lk.grouped_matmul(lk.quantize(x, "mxfp4", scale_layout="hopper"), hopper, offsets, ids)
     with pytest.raises(ValueError, match="multiple of 16"):
         lk.grouped_matmul(a, hopper, offsets, ids, epilogue="swiglu")  # N / 2 = 24
-    with pytest.raises(ValueError, match="block_k"):
-        lk.grouped_matmul(a, hopper, offsets, ids, config=lk.BlockScaledMatmulConfig(block_k=32))
+    for block_k in (32, 64):  # 64-wide steps gave wrong results on the H100 (NOTES, session 11)
+        with pytest.raises(ValueError, match="block_k"):
+            lk.grouped_matmul(a, hopper, offsets, ids, config=lk.BlockScaledMatmulConfig(block_k=block_k))
     with pytest.raises(ValueError, match="mma"):
         lk.grouped_matmul(a, hopper, offsets, ids, config=lk.BlockScaledMatmulConfig(mma="dot_scaled"))
     grouped_a = lk.quantize(x, "mxfp8", scale_layout="128x4", group_offsets=offsets)
@@ -249,16 +255,23 @@ def test_moe_default_layout_follows_the_gpu(device, monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("fmt", HOPPER_FORMATS)
 @pytest.mark.parametrize("tokens_per_expert", [1, 16, 40, 200])
 @pytest.mark.parametrize("epilogue", [None, "swiglu"])
-def test_realistic_shapes_default_tiles(tokens_per_expert, epilogue, device):
-    """The default tiles (decode and compute regimes) on model-like shapes, with ragged and empty groups."""
+def test_realistic_shapes_default_tiles(tokens_per_expert, epilogue, fmt, device):
+    """The default tiles (decode and compute regimes) on model-like shapes, with ragged and empty groups;
+    repeated calls agree bit for bit (a race in a compiled pipeline showed as NaN and run-to-run differences,
+    NOTES session 11)."""
     experts, n, k = 16, 1024, 2880
     sizes = torch.full((experts,), tokens_per_expert)
     sizes[3], sizes[7] = 0, 3 * tokens_per_expert + 5
-    w = lk.quantize(torch.randn(experts, n, k, device=device) / k**0.5, "mxfp4")
+    w = lk.quantize(torch.randn(experts, n, k, device=device) / k**0.5, fmt)
     x = torch.randn(int(sizes.sum()) + 2, k, device=device)
     offsets = random_group_offsets(sizes.tolist(), device=device)
     ids = torch.randperm(experts, device=device).int()
-    _check(x.bfloat16(), w, offsets, ids, torch.rand(experts, device=device) + 0.5, int(sizes.sum()),
-           epilogue=epilogue, out_dtype=torch.bfloat16)
+    scales = torch.rand(experts, device=device) + 0.5
+    _check(x.bfloat16(), w, offsets, ids, scales, int(sizes.sum()), epilogue=epilogue, out_dtype=torch.bfloat16)
+    hopper = w.to_layout("hopper")
+    runs = [lk.grouped_matmul(x.bfloat16(), hopper, offsets, ids, scales, epilogue=epilogue)[:int(sizes.sum())]
+            for _ in range(3)]
+    assert all(torch.equal(run, runs[0]) for run in runs[1:])

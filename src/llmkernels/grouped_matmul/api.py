@@ -15,7 +15,7 @@ from .._runtime import (check_device, check_out, cuda_capability, describe, firs
 from ..formats import ScaledTensor
 from ..formats.kernel import upcast_rows_kernel
 from . import hopper_kernel, kernel
-from .config import ALL_GROUP_SIZES, BlockScaledMatmulConfig, default_launches
+from .config import ALL_GROUP_SIZES, HOPPER_MIN_BLOCK_K, BlockScaledMatmulConfig, default_launches
 
 __all__ = ["grouped_matmul", "check_grouped_matmul", "EPILOGUES"]
 
@@ -102,7 +102,7 @@ def _check_metadata(a_offsets, expert_ids, expert_scales, num_experts: int):
 
 def _check_hopper_weights(a: _Operand, n_out: int, epilogue_kind: str, config) -> None:
     """What the kernel for weights in the hopper layout takes: bf16 activations or quantized ones it decodes
-    ahead to bf16 (row or 128x4 scales), SwiGLU halves on 16-row blocks, K steps of whole 64-wide chunks."""
+    ahead to bf16 (row or 128x4 scales), SwiGLU halves on 16-row blocks, K steps of at least 128."""
     if a.element == "fp16":
         raise TypeError("b in the hopper layout decodes to bf16: a must be bf16 or a ScaledTensor, not fp16")
     if a.scale_layout == "128x4_grouped":
@@ -111,8 +111,9 @@ def _check_hopper_weights(a: _Operand, n_out: int, epilogue_kind: str, config) -
     if epilogue_kind == "swiglu" and n_out % 16:
         raise ValueError(f"swiglu on b in the hopper layout needs N / 2 to be a multiple of 16 (the layout's "
                          f"row blocks), got N / 2 = {n_out}")
-    if config is not None and (config.block_k < 64 or config.mma == "dot_scaled"):
-        raise ValueError(f"b in the hopper layout needs config.block_k >= 64 and mma 'auto' or 'dequant', got "
+    if config is not None and (config.block_k < HOPPER_MIN_BLOCK_K or config.mma == "dot_scaled"):
+        raise ValueError(f"b in the hopper layout needs config.block_k >= {HOPPER_MIN_BLOCK_K} (64-wide K steps "
+                         f"gave wrong results on the H100) and mma 'auto' or 'dequant', got "
                          f"block_k={config.block_k}, mma={config.mma!r}")
 
 

@@ -9,7 +9,11 @@ import torch
 
 from .._runtime import cuda_capability, interpreting, num_programs_hint
 
-__all__ = ["BlockScaledMatmulConfig", "ALL_GROUP_SIZES", "default_config", "default_launches", "hopper_config"]
+__all__ = ["BlockScaledMatmulConfig", "ALL_GROUP_SIZES", "default_config", "default_launches", "hopper_config",
+           "HOPPER_MIN_BLOCK_K"]
+# The Hopper-layout kernel's smallest K step: 64-wide steps gave NaN and run-to-run differences on the H100
+# (Triton 3.6) at some tiles and shapes, under ptxas 12.8 and 13.4 alike (benchmarks/NOTES.md, session 11).
+HOPPER_MIN_BLOCK_K = 128
 
 _MMA_PATHS = ("auto", "dot_scaled", "dequant")
 ALL_GROUP_SIZES = (-1, 2**31 - 1)  # (min exclusive, max inclusive) rows of the groups a launch takes
@@ -110,7 +114,7 @@ def default_config(num_tokens: int, num_groups: int, n_out: int, k: int, device:
     is in ``benchmarks/NOTES.md``.
     """
     if b_layout == "hopper":
-        return hopper_config(num_tokens, num_groups, device, swiglu)
+        return hopper_config(num_tokens, num_groups, device, swiglu, b_scale_block)
     config = _measured_config(num_tokens, num_groups, n_out, k, device, a_element, b_element, b_scale_block)
     if swiglu and config.block_m == 256:
         # Two e2m1 products per step: the packed register decode beats tl.dot_scaled's upcast there
@@ -126,21 +130,26 @@ def default_config(num_tokens: int, num_groups: int, n_out: int, k: int, device:
     return dataclasses.replace(config, block_n=max(16, config.block_n // 2))
 
 
-def hopper_config(num_tokens: int, num_groups: int, device: torch.device, swiglu: bool = False
-                  ) -> BlockScaledMatmulConfig:
-    """The tiles of MXFP4 and NVFP4 weights in the Hopper layout (``grouped_matmul/hopper_kernel.py``; measured
-    in ``benchmarks/NOTES.md``, issue 21): 128 weight rows per step (``block_n``, 64 gate and 64 up rows under
-    SwiGLU) against 16, 64 or 128 tokens by the average group, ``block_k`` 128, 3 stages, 4 warps (the
-    128-token SwiGLU tile spills 168 bytes per thread there, yet 8 warps without spills made the MoE block
-    1.2-1.4x slower at 2048-8192 tokens). Of the config's fields the kernel reads the tile, warps and stages
-    (its grid is not persistent and its product always swapped); small tiles in the interpreter."""
+def hopper_config(num_tokens: int, num_groups: int, device: torch.device, swiglu: bool = False,
+                  b_scale_block: int = 32) -> BlockScaledMatmulConfig:
+    """The tiles of MXFP4 (``b_scale_block`` 32) and NVFP4 (16) weights in the Hopper layout
+    (``grouped_matmul/hopper_kernel.py``; measured in ``benchmarks/NOTES.md``, issue 21): 128 weight rows per
+    step (``block_n``, 64 gate and 64 up rows under SwiGLU) against 16, 64 or 128 tokens by the average group,
+    ``block_k`` 128, 3 stages, 4 warps (the 128-token SwiGLU tile spills 168 bytes per thread there, yet 8
+    warps without spills made the MoE block 1.2-1.4x slower at 2048-8192 tokens). NVFP4 above 64 tokens per
+    group: 256 tokens over 8 warps in 2 stages (plain), 64-token SwiGLU tiles; its 128-token tiles of 4 warps
+    were 1.3-1.45x slower. Of the config's fields the kernel reads the tile, warps and stages (its grid is not
+    persistent and its product always swapped); small tiles in the interpreter."""
     if device.type != "cuda" or interpreting():
-        return BlockScaledMatmulConfig(block_m=16, block_n=32, block_k=64, num_stages=1, num_warps=4,
-                                       ab_swapped=True, mma="dequant")
+        return BlockScaledMatmulConfig(block_m=16, block_n=32, block_k=HOPPER_MIN_BLOCK_K, num_stages=1,
+                                       num_warps=4, ab_swapped=True, mma="dequant")
     tokens_per_group = num_tokens / max(num_groups, 1)
     block_m = 16 if tokens_per_group <= 16 else 64 if tokens_per_group <= 64 else 128
-    return BlockScaledMatmulConfig(block_m, 64 if swiglu else 128, 128, num_stages=3, num_warps=4, ab_swapped=True,
-                                   mma="dequant")
+    block_n, warps, stages = (64 if swiglu else 128), 4, 3
+    if b_scale_block == 16 and block_m == 128:
+        block_m, warps, stages = (64, 4, 3) if swiglu else (256, 8, 2)
+    return BlockScaledMatmulConfig(block_m, block_n, HOPPER_MIN_BLOCK_K, num_stages=stages, num_warps=warps,
+                                   ab_swapped=True, mma="dequant")
 
 
 def _measured_config(num_tokens: int, num_groups: int, n_out: int, k: int, device: torch.device,
