@@ -415,7 +415,7 @@ def decode_fragment_tile(data, scale_bytes, NB: tl.constexpr, C: tl.constexpr, P
     """A tile of MXFP4 or NVFP4 weights in the Hopper fragment layout → ``[NB * 16, C * 64]`` in (n, k) order,
     bf16 (``DTYPE`` float32 without PACKED_DECODE: the interpreter flushes bf16 subnormals, float32 keeps them).
 
-    ``data`` uint8 ``[NB, C, 8, 4, 16]`` and ``scale_bytes`` uint8 ``[NB, C, 8, 2, S]`` as
+    ``data`` uint8 ``[NB, C, 8, 4, 16]`` and ``scale_bytes`` uint8 ``[NB, C, 8, 2, S]`` (or ``[NB, C, 8, 2 S]``) as
     :func:`llmkernels.formats.fragments.to_hopper_fragments` lays them out: ``SCALE`` ``"e8m0"`` with S = 2
     (MXFP4) or ``"e4m3"`` with S = 4 (NVFP4; the global scale is the caller's). An e2m1 value times either
     scale has at most 6 significant bits in bf16's range: exact. With PACKED_DECODE (NVIDIA GPUs) each

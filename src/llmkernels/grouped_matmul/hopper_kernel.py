@@ -24,16 +24,16 @@ def _weight_tile(data_base, scale_base, blocks, k_start, num_chunks, EVEN_K: tl.
     data_offsets = ((blocks[:, None] * num_chunks + chunks[None, :]) * _CHUNK_BYTES)[:, :, None, None, None] \
         + (tl.arange(0, 8) * 64)[None, None, :, None, None] + (tl.arange(0, 4) * 16)[None, None, None, :, None] \
         + tl.arange(0, 16)[None, None, None, None, :]
-    scale_offsets = ((blocks[:, None] * num_chunks + chunks[None, :]) * (16 * S))[:, :, None, None, None] \
-        + (tl.arange(0, 8) * (2 * S))[None, None, :, None, None] + (tl.arange(0, 2) * S)[None, None, None, :, None] \
-        + tl.arange(0, S)[None, None, None, None, :]
+    # one run of 2·S bytes per (block, chunk, g): one or two words a thread loads whole
+    scale_offsets = ((blocks[:, None] * num_chunks + chunks[None, :]) * (16 * S))[:, :, None, None] \
+        + (tl.arange(0, 8) * (2 * S))[None, None, :, None] + tl.arange(0, 2 * S)[None, None, None, :]
     if EVEN_K:
         data = tl.load(data_base + data_offsets)
         scales = tl.load(scale_base + scale_offsets)
     else:  # chunks past K's last: zero codes under unit scales
         in_k = (chunks < num_chunks)[None, :]
         data = tl.load(data_base + data_offsets, mask=in_k[:, :, None, None, None], other=0)
-        scales = tl.load(scale_base + scale_offsets, mask=in_k[:, :, None, None, None],
+        scales = tl.load(scale_base + scale_offsets, mask=in_k[:, :, None, None],
                          other=127 if SCALE == "e8m0" else 0x38)
     return decode_fragment_tile(data, scales, NB, C, PACKED_DECODE, COMPUTE_DTYPE, SCALE)  # bf16 whenever packed
 
