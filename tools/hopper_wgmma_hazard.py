@@ -48,13 +48,14 @@ def main():
     parser.add_argument("--timing", action="store_true", help="also time each tile (CUDA-graph replay)")
     parser.add_argument("--tiles", default=",".join(TILES), help="comma-separated names of TILES")
     parser.add_argument("--shapes", default="0,1,2,3", help="comma-separated indices into SHAPES")
+    parser.add_argument("--formats", default="mxfp4,nvfp4")
     args = parser.parse_args()
     tiles = {name: TILES[name] for name in args.tiles.split(",")}
     print(f"# {torch.cuda.get_device_name()}, Triton {triton.__version__}, ptxas for sm_90: {_assembler()}")
     torch.manual_seed(0)
     for experts, n, k, tokens in (SHAPES[int(i)] for i in args.shapes.split(",")):
         w = torch.randn(experts, n, k, device="cuda") * k**-0.5
-        for fmt in ("mxfp4", "nvfp4"):
+        for fmt in args.formats.split(","):
             q = lk.quantize(w, fmt)
             hopper, w_ref = q.to_layout("hopper"), lk.dequantize(q)
             del q
