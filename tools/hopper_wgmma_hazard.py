@@ -84,7 +84,7 @@ def main():
                     errors = [((o - reference).norm() / reference.norm()).item() for o in outs]
                     same = all(torch.equal(o, outs[0]) for o in outs[1:])
                     shown = config or gm_config.hopper_config(experts * tokens, experts, x.device,
-                                                              epilogue == "swiglu")
+                                                              epilogue == "swiglu", hopper.spec.block)
                     line = (f"E={experts} N={n} K={k} T={tokens} {fmt} {epilogue or 'plain'} {name} "
                             f"({shown.block_m}x{shown.block_n}x{shown.block_k} w{shown.num_warps} "
                             f"s{shown.num_stages}): max rel err {max(errors):.2e}, runs equal {same}")
