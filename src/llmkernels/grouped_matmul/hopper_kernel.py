@@ -16,9 +16,10 @@ _CHUNK_BYTES = tl.constexpr(512)  # one (16 rows, 64-wide K chunk) block of the 
 
 
 @triton.jit
-def _weight_tile(data_base, scale_base, blocks, k_start, num_chunks, EVEN_K: tl.constexpr, NB: tl.constexpr,
+def _weight_tile(data_base, scale_base, blocks, k_start, num_chunks, live, EVEN_K: tl.constexpr, NB: tl.constexpr,
                  C: tl.constexpr, SCALE: tl.constexpr, PACKED_DECODE: tl.constexpr, COMPUTE_DTYPE: tl.constexpr):
-    """The decoded ``[NB * 16, BLOCK_K]`` weights of fragment blocks ``blocks`` ``[NB]`` at K ``k_start``."""
+    """The decoded ``[NB * 16, BLOCK_K]`` weights of fragment blocks ``blocks`` ``[NB]`` at K ``k_start``; all
+    zero codes under unit scales where ``live`` (``[1]``) is false."""
     S: tl.constexpr = 2 if SCALE == "e8m0" else 4  # scales per row and chunk
     chunks = k_start // 64 + tl.arange(0, C)
     data_offsets = ((blocks[:, None] * num_chunks + chunks[None, :]) * _CHUNK_BYTES)[:, :, None, None, None] \
@@ -27,14 +28,14 @@ def _weight_tile(data_base, scale_base, blocks, k_start, num_chunks, EVEN_K: tl.
     # one run of 2·S bytes per (block, chunk, g): one or two words a thread loads whole
     scale_offsets = ((blocks[:, None] * num_chunks + chunks[None, :]) * (16 * S))[:, :, None, None] \
         + (tl.arange(0, 8) * (2 * S))[None, None, :, None] + tl.arange(0, 2 * S)[None, None, None, :]
+    unit_scale: tl.constexpr = 127 if SCALE == "e8m0" else 0x38
     if EVEN_K:
-        data = tl.load(data_base + data_offsets)
-        scales = tl.load(scale_base + scale_offsets)
+        data = tl.load(data_base + data_offsets, mask=live, other=0)
+        scales = tl.load(scale_base + scale_offsets, mask=live, other=unit_scale)
     else:  # chunks past K's last: zero codes under unit scales
-        in_k = (chunks < num_chunks)[None, :]
+        in_k = ((chunks < num_chunks) & live)[None, :]
         data = tl.load(data_base + data_offsets, mask=in_k[:, :, None, None, None], other=0)
-        scales = tl.load(scale_base + scale_offsets, mask=in_k[:, :, None, None],
-                         other=127 if SCALE == "e8m0" else 0x38)
+        scales = tl.load(scale_base + scale_offsets, mask=in_k[:, :, None, None], other=unit_scale)
     return decode_fragment_tile(data, scales, NB, C, PACKED_DECODE, COMPUTE_DTYPE, SCALE)  # bf16 whenever packed
 
 
@@ -97,18 +98,23 @@ def hopper_fp4_matmul_kernel(
     up_acc = acc
     ks = tl.arange(0, BLOCK_K)
     a_rows = a_ptr + load_rows[:, None].to(tl.int64) * stride_a_row
-    for k_start in range(0, tl.where(expert_ok, num_chunks * 64, 0), BLOCK_K):
+    k_end = tl.where(expert_ok, num_chunks * 64, 0)
+    # At least one step, whose loads are masked off when there is nothing to multiply (K = 0 or a bad expert
+    # id). A loop the compiler cannot prove runs makes ptxas serialize every wgmma on Hopper (its C7515: the
+    # zero-trip path defines the accumulators before the pipeline's last wait); see benchmarks/NOTES.md.
+    for k_start in range(0, tl.maximum(k_end, 1), BLOCK_K):
+        live = tl.full((1,), k_start, tl.int32) < k_end  # [1]: the interpreter takes no scalar mask
         if EVEN_K:
-            a = tl.load(a_rows + (k_start + ks)[None, :])
+            a = tl.load(a_rows + (k_start + ks)[None, :], mask=live, other=0.0)
         else:
-            a = tl.load(a_rows + (k_start + ks)[None, :], mask=(k_start + ks < K)[None, :], other=0.0)
+            a = tl.load(a_rows + (k_start + ks)[None, :], mask=(k_start + ks < K)[None, :] & live, other=0.0)
         a_t = tl.trans(a.to(COMPUTE_DTYPE))
-        w = _weight_tile(data_base, scale_base, gate_blocks, k_start, num_chunks, EVEN_K, NB, C, B_SCALE,
+        w = _weight_tile(data_base, scale_base, gate_blocks, k_start, num_chunks, live, EVEN_K, NB, C, B_SCALE,
                          PACKED_DECODE, COMPUTE_DTYPE)
         acc = tl.dot(w, a_t, acc)
         if EPILOGUE == "swiglu":
-            w_up = _weight_tile(data_base, scale_base, up_blocks, k_start, num_chunks, EVEN_K, NB, C, B_SCALE,
-                                PACKED_DECODE, COMPUTE_DTYPE)
+            w_up = _weight_tile(data_base, scale_base, up_blocks, k_start, num_chunks, live, EVEN_K, NB, C,
+                                B_SCALE, PACKED_DECODE, COMPUTE_DTYPE)
             up_acc = tl.dot(w_up, a_t, up_acc)
 
     multiplier = 1.0
