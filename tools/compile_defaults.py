@@ -98,6 +98,8 @@ class Result:
     mma: str = ""
     fa4: str = ""  # attention: the FA4 features the compiled code shows (fa4_features)
     error: str = ""
+    hgmma: int = 0  # Hopper: HGMMA instructions in the SASS
+    hgmma_waits: int = 0  # Hopper: full waits on them (WARPGROUP.DEPBAR.LE gsb0, 0x0)
 
 
 def expected_mma(arch: int, mma_m: int, a_scale: str = "none", b_scale: str = "none", a_element: str = "bf16",
@@ -322,7 +324,9 @@ def compile_case(case: Case, arch: int) -> Result:
         return Result(compiled.metadata.shared, error="compiled to a trap instruction")
     registers, stack = _registers_and_stack(compiled.asm["cubin"])
     fa4 = fa4_features(compiled.asm["ttgir"], ptx) if case.family == "attention" and case.mma_m else ""
-    return Result(compiled.metadata.shared, registers, stack, mma_kinds(ptx), fa4)
+    hgmma, hgmma_waits = _hgmma_waits(compiled.asm["cubin"]) if arch == 90 else (0, 0)
+    return Result(compiled.metadata.shared, registers, stack, mma_kinds(ptx), fa4, hgmma=hgmma,
+                  hgmma_waits=hgmma_waits)
 
 
 _POLY_EXP2_COEFFICIENT = "0f3D9DD09C"  # exp2_poly's cubic coefficient (0.0770580...) as a PTX float
@@ -358,21 +362,34 @@ def mma_kinds(ptx: str) -> str:
     return ",".join(found) or "none"
 
 
-def _registers_and_stack(cubin: bytes) -> tuple[int, int]:
-    """Registers per thread and stack bytes per thread (ptxas spills land on the stack) of a cubin,
-    read with cuobjdump; PTX shows no ptxas spills."""
+def _sass(cubin: bytes, *flags: str) -> str:
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as file:
         file.write(cubin)
         file.flush()
-        usage = subprocess.run([tool, "-res-usage", file.name], capture_output=True, text=True, check=True).stdout
+        return subprocess.run([tool, *flags, file.name], capture_output=True, text=True, check=True).stdout
+
+
+def _hgmma_waits(cubin: bytes) -> tuple[int, int]:
+    """HGMMA instructions and full waits on them in a Hopper cubin. When ptxas cannot prove a wgmma
+    pipeline safe it serializes it (its C7515 note, which Triton does not show): a full wait after every
+    HGMMA, so a warpgroup's tensor cores idle while it decodes the next operand."""
+    sass = _sass(cubin, "-sass")
+    return sass.count("HGMMA."), sass.count("WARPGROUP.DEPBAR.LE gsb0, 0x0")
+
+
+def _registers_and_stack(cubin: bytes) -> tuple[int, int]:
+    """Registers per thread and stack bytes per thread (ptxas spills land on the stack) of a cubin,
+    read with cuobjdump; PTX shows no ptxas spills."""
+    usage = _sass(cubin, "-res-usage")
     match = re.search(r"REG:(\d+) STACK:(\d+)", usage)
     return int(match.group(1)), int(match.group(2))
 
 
 def problems(case: Case, result: Result, arch: int) -> list[str]:
     """What is wrong with a compiled case: a compiler error, another MMA than expected, shared memory over
-    the block limit, registers that do not let one program run on an SM."""
+    the block limit, registers that do not let one program run on an SM, a grouped matmul whose wgmma
+    ptxas serialized."""
     if result.error:
         return [result.error]
     found = []
@@ -383,6 +400,8 @@ def problems(case: Case, result: Result, arch: int) -> list[str]:
         found.append(f"shared {result.shared} > {limits['shared']}")
     if result.registers * 32 * case.num_warps > limits["registers"]:
         found.append(f"registers {result.registers} x {32 * case.num_warps} threads > {limits['registers']}")
+    if case.family == "grouped_matmul" and result.hgmma_waits > 2 and 2 * result.hgmma_waits >= result.hgmma:
+        found.append(f"wgmma serialized by ptxas ({result.hgmma_waits} full waits for {result.hgmma} HGMMA)")
     return found
 
 
@@ -435,8 +454,9 @@ def main():
         for case, result in compile_all(arch, args.family.split(","), tuple(args.pairs.split(",")), args.jobs):
             found = problems(case, result, arch)
             failures += bool(found)
+            waits = f"HGMMA {result.hgmma:3d} waits {result.hgmma_waits:3d} " if result.hgmma else ""
             figures = (f"shared {result.shared:6d} registers {result.registers:3d} stack {result.stack:4d} "
-                       f"{result.mma:26s}{result.fa4}") if not result.error else ""
+                       f"{waits}{result.mma:26s}{result.fa4}") if not result.error else ""
             print(f"{case.family:14s} {case.label} {figures} {'; '.join(found) or 'ok'}", flush=True)
     sys.exit(1 if failures else 0)
 
