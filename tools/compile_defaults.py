@@ -26,7 +26,9 @@ from dataclasses import dataclass, field
 
 os.environ["TRITON_INTERPRET"] = "0"
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import sass_hazards  # noqa: E402
 import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
@@ -100,6 +102,7 @@ class Result:
     error: str = ""
     hgmma: int = 0  # Hopper: HGMMA instructions in the SASS
     hgmma_waits: int = 0  # Hopper: full waits on them (WARPGROUP.DEPBAR.LE gsb0, 0x0)
+    hgmma_hazards: int = 0  # Hopper: writes to the A registers of an HGMMA in flight (tools/sass_hazards.py)
 
 
 def expected_mma(arch: int, mma_m: int, a_scale: str = "none", b_scale: str = "none", a_element: str = "bf16",
@@ -219,8 +222,9 @@ def _grouped_matmul_case(pair, config, swiglu, arch, device, a_format, b_format,
         A_GLOBAL_SCALE=a_global, B_GLOBAL_SCALE=b_sc == "e4m3",
         HAS_EXPERT_SCALES=True, EPILOGUE="swiglu" if swiglu else "none", EPILOGUE_FN=None,
         USE_DOT_SCALED=dot_scaled, SWAP_AB=config.ab_swapped, PREFETCH_SCALES=config.prefetch_scales,
-        SCALE_WORDS=config.scale_words, PACKED_DECODE=True, COMPUTE_DTYPE=tl.bfloat16,
-        BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, BLOCK_GROUPS=16)
+        SCALE_WORDS=config.scale_words, PACKED_DECODE=True,
+        RETIRE_MMA=gm_api._retire_mma(device, (b_el if config.ab_swapped else a_el) not in ("bf16", "fp16")),
+        COMPUTE_DTYPE=tl.bfloat16, BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, BLOCK_GROUPS=16)
     kinds = {name: "*i32" for name in fn.arg_names if name.endswith("_ptr")}
     kinds.update(a_ptr=POINTER[a_el], b_ptr=POINTER[b_el], out_ptr="*bf16", a_scales_ptr="*u8",
                  b_scales_ptr="*u8", a_global_scale_ptr="*fp32", b_global_scale_ptr="*fp32",
@@ -243,7 +247,8 @@ def _hopper_layout_case(pair, config, swiglu, arch, device, a_format, b_format, 
     nvfp4 = b_format == "nvfp4"
     constexprs = dict(B_SCALE="e4m3" if nvfp4 else "e8m0", A_GLOBAL_SCALE=False, B_GLOBAL_SCALE=nvfp4,
                       HAS_EXPERT_SCALES=True, EPILOGUE="swiglu" if swiglu else "none", EPILOGUE_FN=None,
-                      EVEN_K=GM_K % config.block_k == 0, PACKED_DECODE=True, COMPUTE_DTYPE=tl.bfloat16,
+                      EVEN_K=GM_K % config.block_k == 0, PACKED_DECODE=True,
+                      RETIRE_MMA=gm_api._retire_mma(device, True), COMPUTE_DTYPE=tl.bfloat16,
                       BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, BLOCK_GROUPS=64)
     kinds = {name: "*i32" for name in fn.arg_names if name.endswith("_ptr")}
     kinds.update(a_ptr="*bf16", b_ptr="*u8", b_scales_ptr="*u8", out_ptr="*bf16", expert_scales_ptr="*fp32",
@@ -324,9 +329,9 @@ def compile_case(case: Case, arch: int) -> Result:
         return Result(compiled.metadata.shared, error="compiled to a trap instruction")
     registers, stack = _registers_and_stack(compiled.asm["cubin"])
     fa4 = fa4_features(compiled.asm["ttgir"], ptx) if case.family == "attention" and case.mma_m else ""
-    hgmma, hgmma_waits = _hgmma_waits(compiled.asm["cubin"]) if arch == 90 else (0, 0)
+    hgmma, hgmma_waits, hazards = _hgmma_waits(compiled.asm["cubin"]) if arch == 90 else (0, 0, 0)
     return Result(compiled.metadata.shared, registers, stack, mma_kinds(ptx), fa4, hgmma=hgmma,
-                  hgmma_waits=hgmma_waits)
+                  hgmma_waits=hgmma_waits, hgmma_hazards=hazards)
 
 
 _POLY_EXP2_COEFFICIENT = "0f3D9DD09C"  # exp2_poly's cubic coefficient (0.0770580...) as a PTX float
@@ -370,12 +375,14 @@ def _sass(cubin: bytes, *flags: str) -> str:
         return subprocess.run([tool, *flags, file.name], capture_output=True, text=True, check=True).stdout
 
 
-def _hgmma_waits(cubin: bytes) -> tuple[int, int]:
-    """HGMMA instructions and full waits on them in a Hopper cubin. When ptxas cannot prove a wgmma
-    pipeline safe it serializes it (its C7515 note, which Triton does not show): a full wait after every
-    HGMMA, so a warpgroup's tensor cores idle while it decodes the next operand."""
+def _hgmma_waits(cubin: bytes) -> tuple[int, int, int]:
+    """HGMMA instructions, full waits on them and register-operand hazards in a Hopper cubin. When ptxas
+    cannot prove a wgmma pipeline safe it serializes it (its C7515 note, which Triton does not show): a full
+    wait after every HGMMA, so a warpgroup's tensor cores idle while it decodes the next operand. A hazard
+    (``sass_hazards``) is a write to the A registers of an HGMMA that may still be reading them."""
     sass = _sass(cubin, "-sass")
-    return sass.count("HGMMA."), sass.count("WARPGROUP.DEPBAR.LE gsb0, 0x0")
+    return (sass.count("HGMMA."), sass.count("WARPGROUP.DEPBAR.LE gsb0, 0x0"),
+            len(sass_hazards.hazards(sass)))
 
 
 def _registers_and_stack(cubin: bytes) -> tuple[int, int]:
@@ -388,8 +395,8 @@ def _registers_and_stack(cubin: bytes) -> tuple[int, int]:
 
 def problems(case: Case, result: Result, arch: int) -> list[str]:
     """What is wrong with a compiled case: a compiler error, another MMA than expected, shared memory over
-    the block limit, registers that do not let one program run on an SM, a grouped matmul whose wgmma
-    ptxas serialized."""
+    the block limit, registers that do not let one program run on an SM, a register-operand HGMMA whose A
+    registers are overwritten in flight, a grouped matmul whose wgmma ptxas serialized."""
     if result.error:
         return [result.error]
     found = []
@@ -400,6 +407,8 @@ def problems(case: Case, result: Result, arch: int) -> list[str]:
         found.append(f"shared {result.shared} > {limits['shared']}")
     if result.registers * 32 * case.num_warps > limits["registers"]:
         found.append(f"registers {result.registers} x {32 * case.num_warps} threads > {limits['registers']}")
+    if result.hgmma_hazards:
+        found.append(f"{result.hgmma_hazards} writes to the A registers of an HGMMA in flight (sass_hazards)")
     if case.family == "grouped_matmul" and result.hgmma_waits > 2 and 2 * result.hgmma_waits >= result.hgmma:
         found.append(f"wgmma serialized by ptxas ({result.hgmma_waits} full waits for {result.hgmma} HGMMA)")
     return found
@@ -454,7 +463,8 @@ def main():
         for case, result in compile_all(arch, args.family.split(","), tuple(args.pairs.split(",")), args.jobs):
             found = problems(case, result, arch)
             failures += bool(found)
-            waits = f"HGMMA {result.hgmma:3d} waits {result.hgmma_waits:3d} " if result.hgmma else ""
+            waits = (f"HGMMA {result.hgmma:3d} waits {result.hgmma_waits:3d} hazards {result.hgmma_hazards:3d} "
+                     if result.hgmma else "")
             figures = (f"shared {result.shared:6d} registers {result.registers:3d} stack {result.stack:4d} "
                        f"{waits}{result.mma:26s}{result.fa4}") if not result.error else ""
             print(f"{case.family:14s} {case.label} {figures} {'; '.join(found) or 'ok'}", flush=True)
