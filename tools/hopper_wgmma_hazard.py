@@ -5,9 +5,11 @@ bit for bit (a race in the compiled pipeline shows as NaN/inf and runs that diff
     PYTHONPATH=src python tools/hopper_wgmma_hazard.py [--timing] [--tiles default,...] [--shapes 0,1]
 
 Written for a wrong tile found in session 11 (128x128x64, 4 warps: NaN and run-to-run differences on the
-H100 with Triton 3.6 under its ptxas 12.8 and under ptxas 13.4 alike, so not the register-operand wgmma bug
-of ptxas before 13.3, triton-lang/triton#9433). Run it under another assembler with ``TRITON_PTXAS_PATH``
-and a fresh ``TRITON_CACHE_DIR``. Figures: ``benchmarks/NOTES.md``.
+H100 with Triton 3.6, under ptxas 12.8 and 13.4 alike). Session 12 found the cause: Triton 3.6 leaves a K
+step's register-operand wgmmas in flight while the next step's decode writes their A registers
+(triton-lang/triton#9433; ``tools/sass_hazards.py`` shows it in the SASS, ``kernel.retire_mma`` is the
+fix). Run it under another assembler with ``TRITON_PTXAS_PATH`` and a fresh ``TRITON_CACHE_DIR``.
+Figures: ``benchmarks/NOTES.md``.
 """
 from __future__ import annotations
 

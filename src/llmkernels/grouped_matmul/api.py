@@ -453,8 +453,9 @@ class _Launch:
             USE_DOT_SCALED=self.use_dot_scaled, SWAP_AB=config.ab_swapped, PREFETCH_SCALES=config.prefetch_scales,
             SCALE_WORDS=config.scale_words and _scale_words(a_op, config.block_k, k)
             and _scale_words(b_op, config.block_k, k),
-            PACKED_DECODE=_packed_decode(plan.compute_dtype, plan.device), COMPUTE_DTYPE=plan.compute_dtype,
-            BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+            PACKED_DECODE=_packed_decode(plan.compute_dtype, plan.device),
+            RETIRE_MMA=_retire_mma(plan.device, (b_op if config.ab_swapped else a_op).element not in ("bf16", "fp16")),
+            COMPUTE_DTYPE=plan.compute_dtype, BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
             BLOCK_GROUPS=max(16, next_power_of_2(num_groups)),
             num_warps=config.num_warps, num_stages=config.num_stages,
         )
@@ -476,7 +477,8 @@ class _Launch:
             self.max_rows, B_SCALE=plan.b.scale, A_GLOBAL_SCALE=plan.a.has_global_scale,
             B_GLOBAL_SCALE=plan.b.has_global_scale, HAS_EXPERT_SCALES=plan.has_expert_scales,
             EPILOGUE=plan.epilogue_kind, EPILOGUE_FN=plan.epilogue_fn, EVEN_K=plan.k % config.block_k == 0,
-            PACKED_DECODE=_packed_decode(plan.compute_dtype, plan.device), COMPUTE_DTYPE=plan.compute_dtype,
+            PACKED_DECODE=_packed_decode(plan.compute_dtype, plan.device),
+            RETIRE_MMA=_retire_mma(plan.device, True), COMPUTE_DTYPE=plan.compute_dtype,
             BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
             BLOCK_GROUPS=max(16, next_power_of_2(plan.num_groups)),
             num_warps=config.num_warps, num_stages=config.num_stages,
@@ -505,6 +507,15 @@ def _packed_decode(compute_dtype, device: torch.device) -> bool:
     """Whether e2m1 tiles take the packed PTX decode: bf16 tiles compiled for an NVIDIA GPU."""
     return (compute_dtype == tl.bfloat16 and device.type == "cuda"
             and torch.version.hip is None and not interpreting())
+
+
+def _retire_mma(device: torch.device, decoded_left_operand: bool) -> bool:
+    """Whether each K step waits for its wgmmas (``kernel.retire_mma``): on Hopper under Triton < 3.9 when
+    the MMA's left operand is decoded in registers. Triton 3.6's PTX leaves such wgmmas reading registers
+    that the next step overwrites (``tools/sass_hazards.py`` finds it in its SASS); 3.9's PTX waits for
+    them itself. 3.7 and 3.8 are not checked, so they take the wait too."""
+    return (decoded_left_operand and device.type == "cuda" and torch.version.hip is None and not interpreting()
+            and cuda_capability(device)[0] == 9 and _runtime._triton_version() < (3, 9))
 
 
 class _Upcast:

@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 
 from ..formats.kernel import decode_fragment_tile
-from .kernel import apply_epilogue, find_group, group_tiles
+from .kernel import apply_epilogue, find_group, group_tiles, retire_mma
 
 _CHUNK_BYTES = tl.constexpr(512)  # one (16 rows, 64-wide K chunk) block of the data layout
 
@@ -46,7 +46,7 @@ def hopper_fp4_matmul_kernel(
     num_tokens, num_groups, num_experts, N, K, min_group_rows, max_group_rows,
     B_SCALE: tl.constexpr, A_GLOBAL_SCALE: tl.constexpr, B_GLOBAL_SCALE: tl.constexpr,
     HAS_EXPERT_SCALES: tl.constexpr, EPILOGUE: tl.constexpr, EPILOGUE_FN: tl.constexpr,
-    EVEN_K: tl.constexpr, PACKED_DECODE: tl.constexpr, COMPUTE_DTYPE: tl.constexpr,
+    EVEN_K: tl.constexpr, PACKED_DECODE: tl.constexpr, RETIRE_MMA: tl.constexpr, COMPUTE_DTYPE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_GROUPS: tl.constexpr,
 ):
     """``out[rows of g] = epilogue(a_global · b_global · expert_scales[e] · A[rows of g] @ B[e]ᵀ)``,
@@ -115,7 +115,8 @@ def hopper_fp4_matmul_kernel(
         if EPILOGUE == "swiglu":
             w_up = _weight_tile(data_base, scale_base, up_blocks, k_start, num_chunks, live, EVEN_K, NB, C,
                                 B_SCALE, PACKED_DECODE, COMPUTE_DTYPE)
-            up_acc = tl.dot(w_up, a_t, up_acc)
+            up_acc = retire_mma(tl.dot(w_up, a_t, up_acc), RETIRE_MMA)
+        acc = retire_mma(acc, RETIRE_MMA)
 
     multiplier = 1.0
     if A_GLOBAL_SCALE:

@@ -111,6 +111,21 @@ def _dot_scales(scale_bits, SCALE: tl.constexpr):
 
 
 @triton.jit
+def retire_mma(acc, RETIRE_MMA: tl.constexpr):
+    """``acc`` once the MMAs that wrote it have finished, where ``RETIRE_MMA`` (Triton < 3.9 on Hopper).
+
+    Triton 3.6's pipeliner leaves a K step's register-operand wgmmas in flight into the next step, whose
+    decode then writes registers ptxas may have given to their A fragments (undefined in PTX,
+    triton-lang/triton#9433): results that change from run to run. A use of ``acc`` outside an MMA makes
+    Triton wait for them at the end of the step; the empty asm is that use, at no instruction. Found by
+    ``tools/sass_hazards.py``; see benchmarks/NOTES.md (issue 21, session 12)."""
+    if RETIRE_MMA:
+        return tl.inline_asm_elementwise("", "=f,0", [acc], dtype=tl.float32, is_pure=True, pack=1)
+    else:
+        return acc
+
+
+@triton.jit
 def _mma_step(acc, a_data, a_scale_bits, b_data, b_scale_bits,
               A_ELEMENT: tl.constexpr, A_SCALE: tl.constexpr, A_SCALE_BLOCK: tl.constexpr,
               B_ELEMENT: tl.constexpr, B_SCALE: tl.constexpr, B_SCALE_BLOCK: tl.constexpr,
@@ -158,7 +173,7 @@ def grouped_matmul_kernel(
     A_GLOBAL_SCALE: tl.constexpr, B_GLOBAL_SCALE: tl.constexpr,
     HAS_EXPERT_SCALES: tl.constexpr, EPILOGUE: tl.constexpr, EPILOGUE_FN: tl.constexpr,
     USE_DOT_SCALED: tl.constexpr, SWAP_AB: tl.constexpr, PREFETCH_SCALES: tl.constexpr, SCALE_WORDS: tl.constexpr,
-    PACKED_DECODE: tl.constexpr,
+    PACKED_DECODE: tl.constexpr, RETIRE_MMA: tl.constexpr,
     COMPUTE_DTYPE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_GROUPS: tl.constexpr,
 ):
     """Persistent grouped matmul.
@@ -274,6 +289,8 @@ def grouped_matmul_kernel(
                 up_acc = _mma_step(up_acc, a_data, a_scale_bits, up_data, up_scale_bits,
                                    A_ELEMENT, A_SCALE, A_SCALE_BLOCK, B_ELEMENT, B_SCALE, B_SCALE_BLOCK,
                                    USE_DOT_SCALED, SWAP_AB, BLOCK_M, BLOCK_N, BLOCK_K, COMPUTE_DTYPE, PACKED_DECODE)
+                up_acc = retire_mma(up_acc, RETIRE_MMA)
+            acc = retire_mma(acc, RETIRE_MMA)
 
         if SWAP_AB:
             acc = tl.trans(acc)
