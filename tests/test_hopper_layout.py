@@ -188,12 +188,12 @@ def test_hopper_tiles_by_tokens_per_group():
         patch.setattr(gm_config, "interpreting", lambda: False)
         for tokens, block_m in ((128, 16), (128 * 40, 64), (128 * 256, 128)):
             config = gm_config.hopper_config(tokens, 128, cuda)
-            assert (config.block_m, config.block_n, config.block_k) == (block_m, 128, 128)
-            assert gm_config.hopper_config(tokens, 128, cuda, b_scale_block=16).block_m == (
-                256 if block_m == 128 else block_m)
-        assert gm_config.hopper_config(128, 128, cuda, swiglu=True).block_n == 64
-        nvfp4_swiglu = gm_config.hopper_config(128 * 256, 128, cuda, swiglu=True, b_scale_block=16)
-        assert (nvfp4_swiglu.block_m, nvfp4_swiglu.block_n, nvfp4_swiglu.num_warps) == (64, 64, 4)
+            assert (config.block_m, config.block_n, config.block_k, config.num_warps) == (block_m, 128, 128, 4)
+            swiglu = gm_config.hopper_config(tokens, 128, cuda, swiglu=True)
+            assert (swiglu.block_m, swiglu.block_n, swiglu.num_stages) == (block_m, 64, 3)
+        assert gm_config.hopper_config(128, 128, cuda).num_stages == 4
+        assert gm_config.hopper_config(128 * 256, 128, cuda).num_stages == 3
+        assert gm_config.hopper_config(128 * 256, 128, cuda, b_scale_block=16).num_stages == 2
 
 
 def test_argument_errors(device):
