@@ -191,7 +191,7 @@ def test_hopper_tiles_by_tokens_per_group():
             assert (config.block_m, config.block_n, config.block_k, config.num_warps) == (block_m, 128, 128, 4)
             swiglu = gm_config.hopper_config(tokens, 128, cuda, swiglu=True)
             assert (swiglu.block_m, swiglu.block_n, swiglu.num_stages) == (block_m, 64, 3)
-        assert gm_config.hopper_config(128, 128, cuda).num_stages == 4
+        assert gm_config.hopper_config(128, 128, cuda).num_stages == 3
         assert gm_config.hopper_config(128 * 256, 128, cuda).num_stages == 3
         assert gm_config.hopper_config(128 * 256, 128, cuda, b_scale_block=16).num_stages == 2
 
@@ -211,6 +211,9 @@ def test_argument_errors(device):
             lk.grouped_matmul(a, hopper, offsets, ids, config=lk.BlockScaledMatmulConfig(block_k=block_k))
     with pytest.raises(ValueError, match="mma"):
         lk.grouped_matmul(a, hopper, offsets, ids, config=lk.BlockScaledMatmulConfig(mma="dot_scaled"))
+    if offsets.is_cuda and not interpreting():  # 32-row SwiGLU halves gave wrong results on the H100
+        with pytest.raises(ValueError, match="block_n"):
+            lk.grouped_matmul(a, hopper, offsets, ids, config=lk.BlockScaledMatmulConfig(block_n=32))
     grouped_a = lk.quantize(x, "mxfp8", scale_layout="128x4", group_offsets=offsets)
     with pytest.raises(ValueError, match="per group"):
         lk.grouped_matmul(grouped_a, hopper, offsets, ids)

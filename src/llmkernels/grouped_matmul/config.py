@@ -135,7 +135,7 @@ def hopper_config(num_tokens: int, num_groups: int, device: torch.device, swiglu
     """The tiles of MXFP4 (``b_scale_block`` 32) and NVFP4 (16) weights in the Hopper layout
     (``grouped_matmul/hopper_kernel.py``; measured in ``benchmarks/NOTES.md``, issue 21): 128 weight rows per
     step (``block_n``, 64 gate and 64 up rows under SwiGLU) against 16, 64 or 128 tokens by the average group,
-    ``block_k`` 128, 4 warps, 3 stages (4 for the plain 16-token tile). NVFP4's 128-token tiles take 2
+    ``block_k`` 128, 4 warps, 3 stages (4 lost 12% at K 2048 with 16 tokens). NVFP4's 128-token tiles take 2
     stages: with 3, its scale buffers leave room for one program per SM instead of two (1.3x slower). Since
     each K step waits for its MMAs under Triton 3.6 (``kernel.retire_mma``), 8-warp tiles lose 1.2x or more.
     Of the config's fields the kernel reads the tile, warps and stages (its grid is not persistent and its
@@ -145,7 +145,7 @@ def hopper_config(num_tokens: int, num_groups: int, device: torch.device, swiglu
                                        num_warps=4, ab_swapped=True, mma="dequant")
     tokens_per_group = num_tokens / max(num_groups, 1)
     block_m = 16 if tokens_per_group <= 16 else 64 if tokens_per_group <= 64 else 128
-    stages = 4 if block_m == 16 and not swiglu else 2 if block_m == 128 and b_scale_block == 16 else 3
+    stages = 2 if block_m == 128 and b_scale_block == 16 else 3
     return BlockScaledMatmulConfig(block_m, 64 if swiglu else 128, HOPPER_MIN_BLOCK_K, num_stages=stages,
                                    num_warps=4, ab_swapped=True, mma="dequant")
 
