@@ -169,9 +169,11 @@ def test_quantized_activations_are_decoded_ahead(a_format, a_layout, b_format, d
     _check(a, w, offsets, ids, scales, rows)
 
 
-def test_explicit_config(device):
-    x, w, offsets, ids, scales, rows = _problem("size_classes", n=64, k=128, device=device)
-    config = lk.BlockScaledMatmulConfig(block_m=32, block_n=64, block_k=128, num_stages=2, num_warps=4)
+@pytest.mark.parametrize("fmt", HOPPER_FORMATS)
+@pytest.mark.parametrize("block_k, k", [(128, 128), (64, 192), (64, 160)], ids=["k128", "k64", "k64_partial"])
+def test_explicit_config(block_k, k, fmt, device):
+    x, w, offsets, ids, scales, rows = _problem("size_classes", n=64, k=k, device=device, fmt=fmt)
+    config = lk.BlockScaledMatmulConfig(block_m=32, block_n=64, block_k=block_k, num_stages=2, num_warps=4)
     _check(x.bfloat16(), w, offsets, ids, scales, rows, config=config)
 
 
@@ -193,7 +195,10 @@ def test_hopper_tiles_by_tokens_per_group():
             assert (swiglu.block_m, swiglu.block_n, swiglu.num_stages) == (block_m, 64, 3)
         assert gm_config.hopper_config(128, 128, cuda).num_stages == 3
         assert gm_config.hopper_config(128 * 256, 128, cuda).num_stages == 3
-        assert gm_config.hopper_config(128 * 256, 128, cuda, b_scale_block=16).num_stages == 2
+        nvfp4 = gm_config.hopper_config(128 * 256, 128, cuda, b_scale_block=16)
+        assert (nvfp4.block_k, nvfp4.num_stages) == (64, 3)
+        nvfp4 = gm_config.hopper_config(128 * 256, 128, cuda, swiglu=True, b_scale_block=16)
+        assert (nvfp4.block_k, nvfp4.num_stages) == (128, 2)
 
 
 def test_argument_errors(device):
@@ -206,9 +211,8 @@ def test_argument_errors(device):
         lk.grouped_matmul(lk.quantize(x, "mxfp4", scale_layout="hopper"), hopper, offsets, ids)
     with pytest.raises(ValueError, match="multiple of 16"):
         lk.grouped_matmul(a, hopper, offsets, ids, epilogue="swiglu")  # N / 2 = 24
-    for block_k in (32, 64):  # 64-wide steps gave wrong results on the H100 (NOTES, session 11)
-        with pytest.raises(ValueError, match="block_k"):
-            lk.grouped_matmul(a, hopper, offsets, ids, config=lk.BlockScaledMatmulConfig(block_k=block_k))
+    with pytest.raises(ValueError, match="block_k"):  # the layout's K chunks are 64 wide
+        lk.grouped_matmul(a, hopper, offsets, ids, config=lk.BlockScaledMatmulConfig(block_k=32))
     with pytest.raises(ValueError, match="mma"):
         lk.grouped_matmul(a, hopper, offsets, ids, config=lk.BlockScaledMatmulConfig(mma="dot_scaled"))
     if offsets.is_cuda and not interpreting():  # 32-row SwiGLU halves gave wrong results on the H100

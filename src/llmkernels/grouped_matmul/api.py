@@ -102,7 +102,8 @@ def _check_metadata(a_offsets, expert_ids, expert_scales, num_experts: int):
 
 def _check_hopper_weights(a: _Operand, n_out: int, epilogue_kind: str, config) -> None:
     """What the kernel for weights in the hopper layout takes: bf16 activations or quantized ones it decodes
-    ahead to bf16 (row or 128x4 scales), SwiGLU halves on 16-row blocks, K steps of at least 128."""
+    ahead to bf16 (row or 128x4 scales), SwiGLU halves on 16-row blocks, K steps of whole 64-wide chunks,
+    at least 64 weight rows per MMA on the GPU."""
     if a.element == "fp16":
         raise TypeError("b in the hopper layout decodes to bf16: a must be bf16 or a ScaledTensor, not fp16")
     if a.scale_layout == "128x4_grouped":
@@ -112,8 +113,8 @@ def _check_hopper_weights(a: _Operand, n_out: int, epilogue_kind: str, config) -
         raise ValueError(f"swiglu on b in the hopper layout needs N / 2 to be a multiple of 16 (the layout's "
                          f"row blocks), got N / 2 = {n_out}")
     if config is not None and (config.block_k < HOPPER_MIN_BLOCK_K or config.mma == "dot_scaled"):
-        raise ValueError(f"b in the hopper layout needs config.block_k >= {HOPPER_MIN_BLOCK_K} (64-wide K steps "
-                         f"gave wrong results on the H100) and mma 'auto' or 'dequant', got "
+        raise ValueError(f"b in the hopper layout needs config.block_k >= {HOPPER_MIN_BLOCK_K} (its 64-wide K "
+                         f"chunks) and mma 'auto' or 'dequant', got "
                          f"block_k={config.block_k}, mma={config.mma!r}")
     if config is not None and config.block_n < 64 and a.data.device.type == "cuda" and not interpreting():
         # wgmma's M is 64 rows: SwiGLU halves of 32 rows gave wrong results on the H100 (benchmarks/NOTES.md,

@@ -11,9 +11,10 @@ from .._runtime import cuda_capability, interpreting, num_programs_hint
 
 __all__ = ["BlockScaledMatmulConfig", "ALL_GROUP_SIZES", "default_config", "default_launches", "hopper_config",
            "HOPPER_MIN_BLOCK_K"]
-# The Hopper-layout kernel's smallest K step: 64-wide steps gave NaN and run-to-run differences on the H100
-# (Triton 3.6) at some tiles and shapes, under ptxas 12.8 and 13.4 alike (benchmarks/NOTES.md, session 11).
-HOPPER_MIN_BLOCK_K = 128
+# The Hopper-layout kernel's smallest K step: one 64-wide chunk of the layout. (Session 11 saw such steps give
+# wrong results on the H100; session 12 traced that to Triton 3.6's register-operand wgmma pipeline, fixed by
+# kernel.retire_mma: benchmarks/NOTES.md.)
+HOPPER_MIN_BLOCK_K = 64
 
 _MMA_PATHS = ("auto", "dot_scaled", "dequant")
 ALL_GROUP_SIZES = (-1, 2**31 - 1)  # (min exclusive, max inclusive) rows of the groups a launch takes
@@ -135,19 +136,22 @@ def hopper_config(num_tokens: int, num_groups: int, device: torch.device, swiglu
     """The tiles of MXFP4 (``b_scale_block`` 32) and NVFP4 (16) weights in the Hopper layout
     (``grouped_matmul/hopper_kernel.py``; measured in ``benchmarks/NOTES.md``, issue 21): 128 weight rows per
     step (``block_n``, 64 gate and 64 up rows under SwiGLU) against 16, 64 or 128 tokens by the average group,
-    ``block_k`` 128, 4 warps, 3 stages (4 lost 12% at K 2048 with 16 tokens). NVFP4's 128-token tiles take 2
-    stages: with 3, its scale buffers leave room for one program per SM instead of two (1.3x slower). Since
+    ``block_k`` 128, 4 warps, 3 stages (4 lost 12% at K 2048 with 16 tokens). NVFP4's 128-token tiles: plain
+    ones step 64 along K (1.1x faster there, 1.2x slower for MXFP4), SwiGLU ones take 2 stages (with 3 its
+    scale buffers leave room for one program per SM instead of two: 1.3x slower). Since
     each K step waits for its MMAs under Triton 3.6 (``kernel.retire_mma``), 8-warp tiles lose 1.2x or more.
     Of the config's fields the kernel reads the tile, warps and stages (its grid is not persistent and its
     product always swapped); small tiles in the interpreter."""
     if device.type != "cuda" or interpreting():
-        return BlockScaledMatmulConfig(block_m=16, block_n=32, block_k=HOPPER_MIN_BLOCK_K, num_stages=1,
+        return BlockScaledMatmulConfig(block_m=16, block_n=32, block_k=128, num_stages=1,
                                        num_warps=4, ab_swapped=True, mma="dequant")
     tokens_per_group = num_tokens / max(num_groups, 1)
     block_m = 16 if tokens_per_group <= 16 else 64 if tokens_per_group <= 64 else 128
-    stages = 2 if block_m == 128 and b_scale_block == 16 else 3
-    return BlockScaledMatmulConfig(block_m, 64 if swiglu else 128, HOPPER_MIN_BLOCK_K, num_stages=stages,
-                                   num_warps=4, ab_swapped=True, mma="dequant")
+    block_k, stages = 128, 3
+    if block_m == 128 and b_scale_block == 16:
+        block_k, stages = (128, 2) if swiglu else (64, 3)
+    return BlockScaledMatmulConfig(block_m, 64 if swiglu else 128, block_k, num_stages=stages, num_warps=4,
+                                   ab_swapped=True, mma="dequant")
 
 
 def _measured_config(num_tokens: int, num_groups: int, n_out: int, k: int, device: torch.device,
