@@ -2,6 +2,7 @@
 
     ncu --clock-control none --set full -k regex:grouped_matmul -s 2 -c 1 \\
         python -m benchmarks profile_grouped_matmul --pair mxfp8,mxfp8 --shape 128,16,4096,7168
+    (``--layout hopper``: MXFP4 or NVFP4 weights in the Hopper layout, kernel regex ``hopper_fp4``)
 
 Prints the median time; ``--config`` takes BlockScaledMatmulConfig fields as ``block_m=16,ab_swapped=1``.
 """
@@ -26,6 +27,7 @@ def main():
     parser.add_argument("--shape", default="128,16,4096,7168", help="experts,tokens per expert,N,K")
     parser.add_argument("--config", default="", help="BlockScaledMatmulConfig overrides, e.g. block_n=64,num_warps=8")
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--layout", default="row", choices=("row", "hopper"), help="the weights' layout")
     args = parser.parse_args()
     fa, fb = args.pair.split(",")
     num_experts, tokens_per_expert, n, k = (int(v) for v in args.shape.split(","))
@@ -33,6 +35,8 @@ def main():
     w = torch.randn(num_experts, n, k, device="cuda", dtype=torch.bfloat16) * k**-0.5
     a = x if fa == "bf16" else lk.quantize(x, fa)
     b = w if fb == "bf16" else lk.quantize(w, fb)
+    if args.layout == "hopper":
+        b = b.to_layout("hopper")
     offsets = torch.arange(num_experts + 1, dtype=torch.int32, device="cuda") * tokens_per_expert
     ids = torch.arange(num_experts, dtype=torch.int32, device="cuda")
     config = None

@@ -472,9 +472,13 @@ class _Launch:
         a_data, _, a_global_scale, b_data, b_scales, b_global_scale, out, a_offsets, _, expert_ids, expert_scales = \
             pointers
         config = self.config
-        # An upper bound of the launch's (group, M tile) pairs (each holds at least one of the T rows, and
-        # there are at most cdiv(T, block_m) + G): the programs past the last return at once.
-        m_tiles = min(-(-plan.num_tokens // config.block_m) + plan.num_groups, plan.num_tokens)
+        # An upper bound of the launch's (group, M tile) pairs: each holds at least one of the T rows, and
+        # there are at most cdiv(T, block_m) plus one per group of this launch's size class, of which there
+        # are at most T / (min_rows + 1). The programs past the last return at once, but an empty class
+        # launched over cdiv(T, block_m) + G tiles cost 15 us (E128 x 1 token, H100).
+        class_groups = plan.num_groups if self.min_rows < 0 else min(plan.num_groups,
+                                                                     plan.num_tokens // (self.min_rows + 1))
+        m_tiles = min(-(-plan.num_tokens // config.block_m) + class_groups, plan.num_tokens)
         grid = (m_tiles * -(-plan.n_out // config.block_n),)
         bound = bind(
             hopper_kernel.hopper_fp4_matmul_kernel, grid, a_data, a_global_scale, b_data, b_scales, b_global_scale,

@@ -62,8 +62,8 @@ def hopper_fp4_matmul_kernel(
     Non-persistent: program ``p`` takes output tile ``p // n_tiles`` of the launch's (group, M tile) order
     and weight columns ``p % n_tiles``; the host launches an upper bound of programs and the ones past the
     last tile return. Metadata is read as :func:`group_tiles` clamps it; an expert id outside
-    ``[0, num_experts)`` writes zeros. Rows of the last M tile past the group's end read the group's rows
-    again (unmasked loads; their results are not stored).
+    ``[0, num_experts)`` writes zeros. Rows of the last M tile past the group's end are not stored (16-row
+    tiles do not load them; taller ones read the group's rows again).
     """
     NB: tl.constexpr = BLOCK_N // 16
     C: tl.constexpr = BLOCK_K // 64
@@ -98,6 +98,10 @@ def hopper_fp4_matmul_kernel(
     up_acc = acc
     ks = tl.arange(0, BLOCK_K)
     a_rows = a_ptr + load_rows[:, None].to(tl.int64) * stride_a_row
+    # 16-row tiles load no row past the group's end: with one token per expert the other 15 rows would stream
+    # from L2 half as many bytes as the weights (ncu, E128 x 1 token). Taller tiles (groups of 17 rows and
+    # more) load them again unmasked: a mask per row costs their pipeline 40 registers or a spill.
+    a_row_ok = row_mask if BLOCK_M <= 16 else tl.full((BLOCK_M,), 1, tl.int1)
     k_end = tl.where(expert_ok, num_chunks * 64, 0)
     # At least one step, whose loads are masked off when there is nothing to multiply (K = 0 or a bad expert
     # id). A loop the compiler cannot prove runs makes ptxas serialize every wgmma on Hopper (its C7515: the
@@ -105,9 +109,10 @@ def hopper_fp4_matmul_kernel(
     for k_start in range(0, tl.maximum(k_end, 1), BLOCK_K):
         live = tl.full((1,), k_start, tl.int32) < k_end  # [1]: the interpreter takes no scalar mask
         if EVEN_K:
-            a = tl.load(a_rows + (k_start + ks)[None, :], mask=live, other=0.0)
+            a = tl.load(a_rows + (k_start + ks)[None, :], mask=a_row_ok[:, None] & live, other=0.0)
         else:
-            a = tl.load(a_rows + (k_start + ks)[None, :], mask=(k_start + ks < K)[None, :] & live, other=0.0)
+            a = tl.load(a_rows + (k_start + ks)[None, :], mask=a_row_ok[:, None] & (k_start + ks < K)[None, :] & live,
+                        other=0.0)
         a_t = tl.trans(a.to(COMPUTE_DTYPE))
         w = _weight_tile(data_base, scale_base, gate_blocks, k_start, num_chunks, live, EVEN_K, NB, C, B_SCALE,
                          PACKED_DECODE, COMPUTE_DTYPE)
