@@ -1,7 +1,6 @@
-"""The Hopper register-fragment layout of MXFP4, NVFP4 and MXFP8 weights (``llmkernels.formats.fragments``): exact
-round trips at odd shapes, zero/unit padding, and the decode contract a kernel relies on (masks and shifts of each
-word give bf16 lanes that times 2^126 are the e2m1 values of the documented rows and columns; each e4m3 byte sits at
-its documented row and column)."""
+"""The Hopper register-fragment layout of MXFP4 and NVFP4 weights (``llmkernels.formats.fragments``): exact round trips
+at odd shapes, zero/unit padding, and the decode contract a kernel relies on (masks and shifts of each word
+give bf16 lanes that times 2^126 are the e2m1 values of the documented rows and columns)."""
 import pytest
 import torch
 import triton
@@ -9,7 +8,7 @@ import triton.language as tl
 
 from llmkernels._runtime import interpreting
 from llmkernels.formats.fragments import SLOT_BITS, from_hopper_fragments, to_hopper_fragments
-from llmkernels.formats.kernel import decode_e4m3_fragment_tile, decode_fragment_tile
+from llmkernels.formats.kernel import decode_fragment_tile
 
 E2M1 = torch.tensor([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6], dtype=torch.float64)
 
@@ -33,32 +32,6 @@ def test_round_trip_is_exact(lead, n, k, block):
     assert fragment_scales.shape == (*lead, nb, kc, 8, 2, 64 // block) and fragment_scales.dtype == torch.uint8
     back_data, back_scales = from_hopper_fragments(fragment_data, fragment_scales, n, k)
     assert torch.equal(back_data, data) and torch.equal(back_scales, scales)
-
-
-@pytest.mark.parametrize("lead", [(), (3,)])
-@pytest.mark.parametrize("n, k", [(16, 64), (1, 32), (17, 96), (33, 160)])
-def test_e4m3_round_trip_is_exact(lead, n, k):
-    generator = torch.Generator().manual_seed(4)
-    data = torch.randint(0, 256, (*lead, n, k), dtype=torch.uint8, generator=generator)
-    scales = torch.randint(0, 256, (*lead, n, k // 32), dtype=torch.uint8, generator=generator)
-    fragment_data, fragment_scales = to_hopper_fragments(data.view(torch.float8_e4m3fn), scales, 32, 127, "e4m3")
-    nb, kc = -(-n // 16), -(-k // 64)
-    assert fragment_data.shape == (*lead, nb, kc, 2, 8, 4, 16) and fragment_scales.shape == (*lead, nb, kc, 8, 2, 2)
-    back_data, back_scales = from_hopper_fragments(fragment_data, fragment_scales, n, k, "e4m3")
-    assert torch.equal(back_data, data) and torch.equal(back_scales, scales)
-    padded, _ = from_hopper_fragments(fragment_data, fragment_scales, 16 * nb, 64 * kc, "e4m3")
-    assert not padded[..., n:, :].any() and not padded[..., k:].any()
-
-
-def test_e4m3_bytes_sit_at_their_rows_and_columns():
-    n, k = 32, 128
-    values = torch.arange(n * k).reshape(n, k)
-    fragment_data, _ = to_hopper_fragments((values % 256).to(torch.uint8), torch.zeros(n, k // 32, dtype=torch.uint8),
-                                           32, 127, "e4m3")
-    nb, c, h, g, t, i = torch.meshgrid(*(torch.arange(s) for s in fragment_data.shape), indexing="ij")
-    j, bh, bl = i // 4, i // 2 % 2, i % 2
-    expected = values[16 * nb + 8 * h + g, 64 * c + 16 * j + 8 * bh + 2 * t + bl] % 256
-    assert torch.equal(fragment_data.long(), expected)
 
 
 def _decode(words: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -163,47 +136,3 @@ def test_kernel_tile_decode_gives_the_dequantized_weights(scale, device):
     assert expected.isnan().any()
     assert torch.equal(out.cpu().double().isnan(), expected.isnan())
     assert torch.equal(out.cpu().double().nan_to_num(), expected.nan_to_num())
-
-
-@triton.jit
-def _decode_whole_e4m3(data_ptr, scales_ptr, out_ptr, NB: tl.constexpr, C: tl.constexpr, PACKED_DECODE: tl.constexpr,
-                       DTYPE: tl.constexpr):
-    """Decodes a whole e4m3 fragment tensor ``[NB, C, 2, 8, 4, 16]`` as one tile into ``out [NB * 16, C * 64]``."""
-    a = tl.arange(0, NB)[:, None, None, None, None] * C + tl.arange(0, C)[None, :, None, None, None]
-    data_offsets = a * 1024 + (tl.arange(0, 8)[None, None, :, None, None] * 4
-                               + tl.arange(0, 4)[None, None, None, :, None]) * 16 \
-        + tl.arange(0, 16)[None, None, None, None, :]
-    scale_offsets = ((a * 8 + tl.arange(0, 8)[None, None, :, None, None]) * 2
-                     + tl.arange(0, 2)[None, None, None, :, None]) * 2 + tl.arange(0, 2)[None, None, None, None, :]
-    values = decode_e4m3_fragment_tile(tl.load(data_ptr + data_offsets), tl.load(data_ptr + 512 + data_offsets),
-                                       tl.load(scales_ptr + scale_offsets), NB, C, PACKED_DECODE, DTYPE)
-    rows, cols = tl.arange(0, NB * 16), tl.arange(0, C * 64)
-    tl.store(out_ptr + rows[:, None] * (C * 64) + cols[None, :], values.to(tl.float32))
-
-
-def test_kernel_e4m3_tile_decode_gives_the_dequantized_weights(device):
-    """The device decode of an e4m3 fragment tile (bf16 on a GPU, float32 in the interpreter, as the kernel) equals
-    the dequantized row-layout weights element for element: all 256 codes (subnormals, ±448, NaN 0x7F / 0xFF, -0) under e8m0 scales at 2^-127 (0), NaN (255), 2^127
-    (254) and in between."""
-    nb, c = 2, 2
-    n, k = 16 * nb, 64 * c
-    generator = torch.Generator().manual_seed(5)
-    data = torch.randint(0, 256, (n, k), dtype=torch.uint8, generator=generator)
-    data[:2] = torch.arange(256, dtype=torch.uint8).reshape(2, k)  # every code
-    data[8:10] = torch.arange(256, dtype=torch.uint8).reshape(2, k)  # again, under the row-g + 8 half
-    scales = torch.randint(110, 140, (n, k // 32), dtype=torch.uint8, generator=generator)
-    scales[0, 0], scales[1, 1], scales[9, 2], scales[3, 3] = 0, 255, 254, 127
-    fragment_data, fragment_scales = to_hopper_fragments(data, scales, 32, 127, "e4m3")
-    out = torch.full((n, k), float("nan"), device=device)
-    _decode_whole_e4m3[(1,)](fragment_data.to(device), fragment_scales.to(device), out, nb, c,
-                             PACKED_DECODE=not interpreting(), DTYPE=tl.float32 if interpreting() else tl.bfloat16)
-    scale_values = torch.where(scales == 255, float("nan"), torch.exp2(scales.double() - 127))
-    # in float32's range, as lk.dequantize (448 · 2^127 overflows there and in bf16)
-    expected = (data.view(torch.float8_e4m3fn).double() * scale_values.repeat_interleave(32, dim=1)).float().double()
-    if not interpreting():  # bf16 on the GPU: values under its smallest subnormal (2^-133) round as bf16 rounds
-        expected = expected.float().bfloat16().double()
-    assert expected.isnan().any() and expected.isinf().any()
-    assert torch.equal(out.cpu().double().isnan(), expected.isnan())
-    assert torch.equal(out.cpu().double().nan_to_num(), expected.nan_to_num())
-    numbers = ~expected.isnan()  # -0 keeps its sign (a NaN's sign is not specified)
-    assert torch.equal(out.cpu().double().signbit()[numbers], expected.signbit()[numbers])

@@ -59,7 +59,6 @@ PAIRS = {
     "bf16xnvfp4": ("bf16", "none", 1, "e2m1", "e4m3", 16),
     "bf16xmxfp4@hopper": ("bf16", "none", 1, "e2m1", "e8m0", 32),  # b in the hopper layout: hopper_kernel
     "bf16xnvfp4@hopper": ("bf16", "none", 1, "e2m1", "e4m3", 16),
-    "bf16xmxfp8@hopper": ("bf16", "none", 1, "e4m3", "e8m0", 32),
 }
 POINTER = {"bf16": "*bf16", "e4m3": "*u8", "e2m1": "*u8"}  # the API passes MX data as bytes
 # The problem the grouped-matmul defaults are asked for: DeepSeek-V3-sized experts
@@ -242,11 +241,11 @@ def _grouped_matmul_case(pair, config, swiglu, arch, device, a_format, b_format,
 
 
 def _hopper_layout_case(pair, config, swiglu, arch, device, a_format, b_format, tokens_per_group) -> Case:
-    """A launch of ``hopper_kernel`` (bf16 activations × MXFP4, NVFP4 or MXFP8 weights in the hopper layout): the weight
+    """A launch of ``hopper_kernel`` (bf16 activations × MXFP4 or NVFP4 weights in the hopper layout): the weight
     tile is the MMA's M side (``block_n`` rows), decoded in registers."""
-    fn = gm_hopper_kernel.hopper_matmul_kernel
+    fn = gm_hopper_kernel.hopper_fp4_matmul_kernel
     nvfp4 = b_format == "nvfp4"
-    constexprs = dict(B_ELEMENT="e4m3" if b_format == "mxfp8" else "e2m1", B_SCALE="e4m3" if nvfp4 else "e8m0", A_GLOBAL_SCALE=False, B_GLOBAL_SCALE=nvfp4,
+    constexprs = dict(B_SCALE="e4m3" if nvfp4 else "e8m0", A_GLOBAL_SCALE=False, B_GLOBAL_SCALE=nvfp4,
                       HAS_EXPERT_SCALES=True, EPILOGUE="swiglu" if swiglu else "none", EPILOGUE_FN=None,
                       EVEN_K=GM_K % config.block_k == 0, PACKED_DECODE=True,
                       RETIRE_MMA=gm_api._retire_mma(device, True), COMPUTE_DTYPE=tl.bfloat16,

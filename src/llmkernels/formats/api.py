@@ -39,7 +39,7 @@ def quantize(
         global_scale: nvfp4 only: float32 scalar decode scale; default ``amax(|x|) / (448 · 6)``,
             floored at 2^-126, computed on the device (:func:`nvfp4_global_scale`).
         scale_layout: ``"row"`` (``[..., K / block]``, the default), ``"128x4"`` (tensor-core tiles) or
-            ``"hopper"`` (mxfp4, nvfp4 or mxfp8 of at least 2 dims: data and scales in wgmma fragment order, what the
+            ``"hopper"`` (mxfp4 or nvfp4 of at least 2 dims: data and scales in wgmma fragment order, what the
             grouped matmul reads fastest on Hopper; see :class:`ScaledTensor`).
         group_offsets: int32 ``[G + 1]`` for a 2D x with ``scale_layout="128x4"``: pad the scale tiles
             per group, the layout of the seed's A operand.
@@ -57,7 +57,8 @@ def quantize(
     Raises:
         TypeError: x is not a floating tensor of a supported dtype; rows or group_offsets of another dtype.
         ValueError: unknown format or scale_layout, K not a multiple of the block, bad global_scale,
-            group_offsets without ``scale_layout="128x4"`` or with x not 2D, ``"hopper"`` for a 1D x, tensors on different devices,
+            group_offsets without ``scale_layout="128x4"`` or with x not 2D, ``"hopper"`` for mxfp8 or a
+            1D x, tensors on different devices,
             x or global_scale requiring grad (quantize is forward-only).
     """
     key, plan = _PLANS.lookup(x, format, global_scale, scale_layout, group_offsets, rows)
@@ -140,7 +141,7 @@ def check_quantize(x, format, global_scale, scale_layout, group_offsets, rows):
     elif scale_layout == "128x4" and x.dim() < 2:
         raise ValueError(f"128x4 scales need an x of at least 2 dims, got shape {tuple(x.shape)}")
     if scale_layout == "hopper" and (format not in HOPPER_FORMATS or (x.dim() if rows is None else 2) < 2):
-        raise ValueError(f"scale_layout='hopper' holds {', '.join(HOPPER_FORMATS)} tensors of at least 2 dims, got {format} "
+        raise ValueError(f"scale_layout='hopper' holds mxfp4 and nvfp4 tensors of at least 2 dims, got {format} "
                          f"of shape {tuple(x.shape)}")
     if global_scale is not None:
         if not spec.has_global_scale:

@@ -1,7 +1,6 @@
-"""MXFP4, NVFP4 and MXFP8 weights in Hopper's wgmma register-fragment order: a one-time, exact rearrangement of
-the bytes of an e2m1 or e4m3 tensor and its scales (e8m0 per 32 or e4m3 per 16), so that a kernel that loads 16
-bytes per thread (two loads for e4m3) holds exactly its part of wgmma's A operand once decoded in registers (no
-shared-memory round trip between decode and MMA).
+"""MXFP4 and NVFP4 weights in Hopper's wgmma register-fragment order: a one-time, exact rearrangement of the
+bytes of an e2m1 tensor and its scales (e8m0 per 32 or e4m3 per 16), so that a kernel that loads 16 bytes per thread holds exactly its part of
+wgmma's A operand once decoded in registers (no shared-memory round trip between decode and MMA).
 
 The fragment: lane ``4g + t`` of a warp holds, for each 16-wide K step ``j`` of its 16 rows, rows ``g`` and
 ``g + 8`` at ``k = 16j + 2t + {0, 1}`` and ``16j + 2t + 8 + {0, 1}``. Weights ``[..., N, K]`` become
@@ -11,9 +10,6 @@ The fragment: lane ``4g + t`` of a warp holds, for each 16-wide K step ``j`` of 
   row g at k = 2t, 2t+1, 2t+8, 2t+9 (slots 0, 0, 1, 1 of lanes low, high, low, high) and row g + 8 at the same
   k (slots 2, 2, 3, 3). The sign, e1, e0 and m bits of a slot's value sit at :data:`SLOT_BITS` of its 16-bit
   lane, so that a mask and shifts put them at bf16 bits 15, 8, 7 and 6, which times 2^126 is the value;
-* e4m3 data (MXFP8) uint8 ``[..., N/16, K/64, 2 (h), 8 (g), 4 (t), 16]``: per (16 rows, 64-wide K chunk) 1024
-  bytes; thread ``(g, t)``'s 16 bytes at ``h`` are row ``g + 8h``'s values at ``k = 16j + 8bh + 2t + bl``, byte
-  ``4j + 2bh + bl`` (the e4m3 codes unchanged);
 * scales uint8 ``[..., N/16, K/64, 8 (g), 2 (h), S]``, ``S = 64 / block`` scales per row and chunk: the scale
   of row ``16 nb + 8h + g`` and block ``S c + s`` of chunk c, the one of K steps ``j`` with ``j // (4 / S) = s``.
   MXFP4 (block 32, S = 2): one 4-byte word per thread and chunk; NVFP4 (block 16, S = 4): two.
@@ -26,8 +22,8 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["SLOT_BITS", "FRAGMENT_ROWS", "FRAGMENT_K", "fragment_scales_per_chunk", "fragment_data_dims",
-           "to_hopper_fragments", "from_hopper_fragments"]
+__all__ = ["SLOT_BITS", "FRAGMENT_ROWS", "FRAGMENT_K", "fragment_scales_per_chunk", "to_hopper_fragments",
+           "from_hopper_fragments"]
 
 FRAGMENT_ROWS, FRAGMENT_K = 16, 64
 # (sign, e1, e0, m) bit positions of the four value slots of a 16-bit lane
@@ -39,14 +35,6 @@ def fragment_scales_per_chunk(block: int) -> int:
     if block not in (16, 32):
         raise ValueError(f"the hopper layout takes scale blocks of 16 or 32 elements, got {block}")
     return FRAGMENT_K // block
-
-
-def fragment_data_dims(element: str) -> tuple[int, ...]:
-    """The trailing dims of the fragment data after ``[..., N/16, K/64]``: e2m1 ``(8, 4, 16)``, e4m3
-    ``(2, 8, 4, 16)``."""
-    if element not in ("e2m1", "e4m3"):
-        raise ValueError(f"the hopper layout holds e2m1 or e4m3 data, got {element!r}")
-    return (8, 4, 16) if element == "e2m1" else (2, 8, 4, 16)
 
 
 def _place(codes: torch.Tensor, slot: int, lane: int) -> torch.Tensor:
@@ -81,40 +69,21 @@ def _per_leading_index(convert, data: torch.Tensor, scales: torch.Tensor) -> tup
     return outputs
 
 
-def to_hopper_fragments(data: torch.Tensor, scales: torch.Tensor, block: int = 32, scale_fill: int = 127,
-                        element: str = "e2m1") -> tuple[torch.Tensor, torch.Tensor]:
-    """Row-layout data and scales ``[..., N, K/block]`` (one byte each, any 8-bit dtype) → fragment data uint8
-    ``[..., N'/16, K'/64, *fragment_data_dims(element)]`` and scales uint8 ``[..., N'/16, K'/64, 8, 2, 64/block]``,
-    N' and K' padded to 16 and 64 (zero codes; padding scales ``scale_fill``). Data: packed e2m1 bytes
-    ``[..., N, K/2]`` (low nibble = even k) or e4m3 bytes ``[..., N, K]``. Exact; runs on the tensors' device."""
+def to_hopper_fragments(data: torch.Tensor, scales: torch.Tensor, block: int = 32,
+                        scale_fill: int = 127) -> tuple[torch.Tensor, torch.Tensor]:
+    """Packed e2m1 bytes ``[..., N, K/2]`` (low nibble = even k) and their scales ``[..., N, K/block]`` (one byte
+    each, any 8-bit dtype) → fragment data uint8 ``[..., N'/16, K'/64, 8, 4, 16]`` and scales uint8
+    ``[..., N'/16, K'/64, 8, 2, 64/block]``, N' and K' padded to 16 and 64 (padding scales ``scale_fill``).
+    Exact; runs on the tensors' device."""
     data, scales = data.view(torch.uint8), scales.view(torch.uint8)
-    fragment_data_dims(element)
-    *lead, n, row_bytes = data.shape
-    k = 2 * row_bytes if element == "e2m1" else row_bytes
+    *lead, n, half_k = data.shape
+    k = 2 * half_k
     per_chunk = fragment_scales_per_chunk(block)
     if tuple(scales.shape) != (*lead, n, k // block) or k % block:
-        raise ValueError(f"scales {tuple(scales.shape)} do not fit {element} data {tuple(data.shape)} (one per {block})")
+        raise ValueError(f"scales {tuple(scales.shape)} do not fit e2m1 data {tuple(data.shape)} (one per {block})")
     if lead and lead[0] > 1:  # one leading index (expert) at a time: the temporaries hold 8 bytes per value
-        return _per_leading_index(lambda d, s: to_hopper_fragments(d, s, block, scale_fill, element), data, scales)
+        return _per_leading_index(lambda d, s: to_hopper_fragments(d, s, block, scale_fill), data, scales)
     nb, kc = -(-n // FRAGMENT_ROWS), -(-k // FRAGMENT_K)
-    lead_dims = len(lead)
-    if element == "e4m3":
-        codes = _padded(data, nb * FRAGMENT_ROWS, kc * FRAGMENT_K, 0)
-        # (..., nb, h, g, c, j, bh, t, bl) → (..., nb, c, h, g, t, j, bh, bl)
-        codes = codes.reshape(*lead, nb, 2, 8, kc, 4, 2, 4, 2)
-        codes = codes.permute(*range(lead_dims), *(lead_dims + d for d in (0, 3, 1, 2, 6, 4, 5, 7)))
-        fragment_data = codes.reshape(*lead, nb, kc, 2, 8, 4, 16).contiguous()
-    else:
-        fragment_data = _e2m1_words(data, lead, n, k, nb, kc)
-    padded_scales = _padded(scales, nb * FRAGMENT_ROWS, kc * per_chunk, scale_fill)
-    # (..., nb, h, g, c, s) → (..., nb, c, g, h, s)
-    padded_scales = padded_scales.reshape(*lead, nb, 2, 8, kc, per_chunk)
-    fragment_scales = padded_scales.permute(*range(lead_dims), *(lead_dims + d for d in (0, 3, 2, 1, 4)))
-    return fragment_data, fragment_scales.contiguous()
-
-
-def _e2m1_words(data: torch.Tensor, lead: list, n: int, k: int, nb: int, kc: int) -> torch.Tensor:
-    """Packed e2m1 bytes ``[..., n, k/2]`` → the e2m1 fragment data ``[..., nb, kc, 8, 4, 16]``."""
     codes = torch.stack([data & 0xF, data >> 4], dim=-1).reshape(*lead, n, k)
     codes = _padded(codes, nb * FRAGMENT_ROWS, kc * FRAGMENT_K, 0).to(torch.int64)
     lead_dims = len(lead)
@@ -127,33 +96,23 @@ def _e2m1_words(data: torch.Tensor, lead: list, n: int, k: int, nb: int, kc: int
         for lane in range(2):
             words |= _place(rows[..., slot % 2, lane], slot, lane)
     word_bytes = torch.stack([(words >> shift) & 0xFF for shift in (0, 8, 16, 24)], dim=-1)  # little-endian
-    return word_bytes.to(torch.uint8).reshape(*lead, nb, kc, 8, 4, 16)
+    fragment_data = word_bytes.to(torch.uint8).reshape(*lead, nb, kc, 8, 4, 16)
+    padded_scales = _padded(scales, nb * FRAGMENT_ROWS, kc * per_chunk, scale_fill)
+    # (..., nb, h, g, c, s) → (..., nb, c, g, h, s)
+    padded_scales = padded_scales.reshape(*lead, nb, 2, 8, kc, per_chunk)
+    fragment_scales = padded_scales.permute(*range(lead_dims), *(lead_dims + d for d in (0, 3, 2, 1, 4)))
+    return fragment_data, fragment_scales.contiguous()
 
 
-def from_hopper_fragments(fragment_data: torch.Tensor, fragment_scales: torch.Tensor, n: int, k: int,
-                          element: str = "e2m1") -> tuple[torch.Tensor, torch.Tensor]:
-    """The inverse of :func:`to_hopper_fragments`: the row-layout data (packed e2m1 ``[..., n, k/2]`` or e4m3
-    bytes ``[..., n, k]``) and uint8 scales ``[..., n, k/block]`` of the logical ``[..., n, k]`` tensor (padding
-    dropped; the block is read from the scales' last dim)."""
-    *lead, nb, kc = fragment_data.shape[:-len(fragment_data_dims(element))]
+def from_hopper_fragments(fragment_data: torch.Tensor, fragment_scales: torch.Tensor, n: int,
+                          k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The inverse of :func:`to_hopper_fragments`: packed e2m1 bytes ``[..., n, k/2]`` and uint8 scales
+    ``[..., n, k/block]`` of the logical ``[..., n, k]`` tensor (padding dropped; the block is read from the
+    scales' last dim)."""
+    *lead, nb, kc, _, _, _ = fragment_data.shape
     per_chunk = fragment_scales.shape[-1]
     if lead and lead[0] > 1:
-        return _per_leading_index(lambda d, s: from_hopper_fragments(d, s, n, k, element), fragment_data,
-                                  fragment_scales)
-    lead_dims = len(lead)
-    if element == "e4m3":
-        codes = fragment_data.reshape(*lead, nb, kc, 2, 8, 4, 4, 2, 2)  # (..., nb, c, h, g, t, j, bh, bl)
-        codes = codes.permute(*range(lead_dims), *(lead_dims + d for d in (0, 2, 3, 1, 5, 6, 4, 7)))
-        data = codes.reshape(*lead, nb * FRAGMENT_ROWS, kc * FRAGMENT_K)[..., :n, :k].contiguous()
-    else:
-        data = _e2m1_bytes(fragment_data, lead, n, k, nb, kc)
-    scales = fragment_scales.permute(*range(lead_dims), *(lead_dims + d for d in (0, 3, 2, 1, 4)))
-    scales = scales.reshape(*lead, nb * FRAGMENT_ROWS, kc * per_chunk)[..., :n, :k * per_chunk // FRAGMENT_K]
-    return data, scales.contiguous()
-
-
-def _e2m1_bytes(fragment_data: torch.Tensor, lead: list, n: int, k: int, nb: int, kc: int) -> torch.Tensor:
-    """The e2m1 fragment data ``[..., nb, kc, 8, 4, 16]`` → packed bytes ``[..., n, k/2]``."""
+        return _per_leading_index(lambda d, s: from_hopper_fragments(d, s, n, k), fragment_data, fragment_scales)
     lead_dims = len(lead)
     # little-endian words from the bytes, whatever the view's offset (an int32 view needs 4-byte alignment)
     byte_values = fragment_data.reshape(*fragment_data.shape[:-1], 4, 4).to(torch.int64)
@@ -164,4 +123,7 @@ def _e2m1_bytes(fragment_data: torch.Tensor, lead: list, n: int, k: int, nb: int
     codes = torch.stack([rows_g, rows_g8], lead_dims + 1)  # (..., nb, h, c, g, t, j, bh, bl)
     codes = codes.permute(*range(lead_dims), *(lead_dims + d for d in (0, 1, 3, 2, 5, 6, 4, 7)))
     codes = codes.reshape(*lead, nb * FRAGMENT_ROWS, kc * FRAGMENT_K)[..., :n, :k].to(torch.uint8)
-    return (codes[..., 0::2] | (codes[..., 1::2] << 4)).contiguous()
+    data = codes[..., 0::2] | (codes[..., 1::2] << 4)
+    scales = fragment_scales.permute(*range(lead_dims), *(lead_dims + d for d in (0, 3, 2, 1, 4)))
+    scales = scales.reshape(*lead, nb * FRAGMENT_ROWS, kc * per_chunk)[..., :n, :k * per_chunk // FRAGMENT_K]
+    return data.contiguous(), scales.contiguous()

@@ -409,72 +409,6 @@ def _fragment_codes(words, slot, lane):
     return (sign << 3) | (e1 << 2) | (e0 << 1) | m
 
 
-# $2: four e4m3 codes of one row (k = 2t, 2t + 1, 2t + 8, 2t + 9); $3-$4: their bf16x2 scales. Outputs $0-$1: the
-# four values. Each code goes to the high byte of a 16-bit lane and its magnitude 4 bits down under its sign: that
-# bf16 times 2^120 is the e4m3 value (subnormals included). A NaN code (magnitude 0x7F, which would read 480) gets
-# 0xFFFF, a NaN: magnitude + 1 carries into the lane's top bit, which prmt replicates over the lane.
-_E4M3_FRAGMENT_PTX = tl.constexpr("""
-{
-.reg .b32 bias, minus_zero, x, m, v, nan;
-mov.b32 bias, 0x7B807B80;
-mov.b32 minus_zero, 0x80008000;
-prmt.b32 x, $2, 0, 0x1404;
-and.b32 m, x, 0x7F007F00;
-shr.u32 v, m, 4;
-and.b32 x, x, 0x80008000;
-or.b32 v, v, x;
-add.u32 nan, m, 0x01000100;
-prmt.b32 nan, nan, 0, 0xBB99;
-fma.rn.bf16x2 v, v, bias, minus_zero;
-fma.rn.bf16x2 v, v, $3, minus_zero;
-or.b32 $0, v, nan;
-prmt.b32 x, $2, 0, 0x3424;
-and.b32 m, x, 0x7F007F00;
-shr.u32 v, m, 4;
-and.b32 x, x, 0x80008000;
-or.b32 v, v, x;
-add.u32 nan, m, 0x01000100;
-prmt.b32 nan, nan, 0, 0xBB99;
-fma.rn.bf16x2 v, v, bias, minus_zero;
-fma.rn.bf16x2 v, v, $4, minus_zero;
-or.b32 $1, v, nan;
-}
-""")
-
-
-@triton.jit
-def _fragment_scales(scale_bytes, NB: tl.constexpr, C: tl.constexpr, PACKED_DECODE: tl.constexpr,
-                     SCALE: tl.constexpr):
-    """The scales of rows g and g + 8, one per byte of each thread's 16 (bf16 when PACKED_DECODE, else float32):
-    two ``[NB, C, 8, 4, 16]``; words j share scale j // (4 / S)."""
-    S: tl.constexpr = 2 if SCALE == "e8m0" else 4
-    if PACKED_DECODE:
-        if SCALE == "e8m0":
-            scales = tl.inline_asm_elementwise(_E8M0_TO_BF16_PTX, "=r,=r,r", [tl.reshape(scale_bytes, (NB, C, 8, 4))],
-                                               dtype=tl.bfloat16, is_pure=True, pack=4)
-        else:
-            scales = scale_bytes.to(tl.float8e4nv, bitcast=True).to(tl.bfloat16)
-    else:
-        scales = decode_scale(scale_bytes, SCALE)
-    scales = tl.permute(tl.reshape(scales, (NB, C, 8, 2, S)), (0, 1, 2, 4, 3))  # (.., s, h)
-    scale_g, scale_g8 = tl.split(scales)  # rows g and g + 8: [NB, C, 8, S]
-    scale_g = tl.reshape(tl.broadcast_to(scale_g[:, :, :, None, :, None], (NB, C, 8, 4, S, 16 // S)),
-                         (NB, C, 8, 4, 16))
-    scale_g8 = tl.reshape(tl.broadcast_to(scale_g8[:, :, :, None, :, None], (NB, C, 8, 4, S, 16 // S)),
-                          (NB, C, 8, 4, 16))
-    return scale_g, scale_g8
-
-
-@triton.jit
-def _fragment_rows_to_tile(low, high, NB: tl.constexpr, C: tl.constexpr):
-    """Rows g (``low``) and g + 8 (``high``) of each thread, ``[NB, C, 8, 4, 16]`` in (j, bh, bl) order → the
-    ``[NB * 16, C * 64]`` tile in (n, k) order (on Hopper a relabeling of registers)."""
-    low = tl.reshape(low, (NB, C, 8, 4, 4, 2, 2))  # (nb, c, g, t, j, bh, bl): k = 64c + 16j + 8bh + 2t + bl
-    high = tl.reshape(high, (NB, C, 8, 4, 4, 2, 2))
-    both = tl.permute(tl.join(low, high), (0, 7, 2, 1, 4, 5, 3, 6))  # (nb, h, g, c, j, bh, t, bl)
-    return tl.reshape(both, (NB * 16, C * 64))
-
-
 @triton.jit
 def decode_fragment_tile(data, scale_bytes, NB: tl.constexpr, C: tl.constexpr, PACKED_DECODE: tl.constexpr,
                          DTYPE: tl.constexpr = tl.bfloat16, SCALE: tl.constexpr = "e8m0"):
@@ -489,8 +423,22 @@ def decode_fragment_tile(data, scale_bytes, NB: tl.constexpr, C: tl.constexpr, P
     below only relabel registers: on Hopper the result is already in wgmma's A-operand layout. Otherwise
     (the interpreter) the same values come from integer ops.
     """
-    scale_g, scale_g8 = _fragment_scales(scale_bytes, NB, C, PACKED_DECODE, SCALE)
+    S: tl.constexpr = 2 if SCALE == "e8m0" else 4
     if PACKED_DECODE:
+        if SCALE == "e8m0":
+            scales = tl.inline_asm_elementwise(_E8M0_TO_BF16_PTX, "=r,=r,r", [tl.reshape(scale_bytes, (NB, C, 8, 4))],
+                                               dtype=tl.bfloat16, is_pure=True, pack=4)
+        else:
+            scales = scale_bytes.to(tl.float8e4nv, bitcast=True).to(tl.bfloat16)
+    else:
+        scales = decode_scale(scale_bytes, SCALE)
+    scales = tl.permute(tl.reshape(scales, (NB, C, 8, 2, S)), (0, 1, 2, 4, 3))  # (.., s, h)
+    scale_g, scale_g8 = tl.split(scales)  # rows g and g + 8: [NB, C, 8, S]
+    if PACKED_DECODE:  # one scale per byte of each thread's 16: words j share scale j // (4 / S)
+        scale_g = tl.reshape(tl.broadcast_to(scale_g[:, :, :, None, :, None], (NB, C, 8, 4, S, 16 // S)),
+                             (NB, C, 8, 4, 16))
+        scale_g8 = tl.reshape(tl.broadcast_to(scale_g8[:, :, :, None, :, None], (NB, C, 8, 4, S, 16 // S)),
+                              (NB, C, 8, 4, 16))
         low, high = tl.inline_asm_elementwise(_E2M1_FRAGMENT_PTX, "=r,=r,=r,=r,r,r,r,r,r", [data, scale_g, scale_g8],
                                               dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
     else:
@@ -498,31 +446,13 @@ def decode_fragment_tile(data, scale_bytes, NB: tl.constexpr, C: tl.constexpr, P
         words = tl.sum(tl.reshape(data, (NB, C, 8, 4, 4, 4)).to(tl.int32) << byte_shifts, axis=5)  # (.., t, j)
         value = tl.arange(0, 4)  # of a word's four per row: lanes low, high of slots 0-1 (row g) or 2-3 (g + 8)
         words = words[:, :, :, :, :, None]
-        low = tl.reshape(decode_e2m1(_fragment_codes(words, value // 2, value % 2)), (NB, C, 8, 4, 16))
-        high = tl.reshape(decode_e2m1(_fragment_codes(words, 2 + value // 2, value % 2)), (NB, C, 8, 4, 16))
-        low = (low * scale_g).to(DTYPE)
-        high = (high * scale_g8).to(DTYPE)
-    return _fragment_rows_to_tile(low, high, NB, C)
-
-
-@triton.jit
-def decode_e4m3_fragment_tile(data_g, data_g8, scale_bytes, NB: tl.constexpr, C: tl.constexpr,
-                              PACKED_DECODE: tl.constexpr, DTYPE: tl.constexpr = tl.bfloat16):
-    """A tile of MXFP8 weights in the Hopper fragment layout → ``[NB * 16, C * 64]`` in (n, k) order, bf16
-    (``DTYPE`` without PACKED_DECODE, as :func:`decode_fragment_tile`).
-
-    ``data_g`` / ``data_g8`` uint8 ``[NB, C, 8, 4, 16]``: the layout's halves h = 0 and 1 (rows g and g + 8);
-    ``scale_bytes`` uint8 e8m0 ``[NB, C, 8, 2, 2]`` (:func:`llmkernels.formats.fragments.to_hopper_fragments`).
-    An e4m3 value times an e8m0 scale has 4 significant bits: exact in bf16's range. With PACKED_DECODE each
-    thread's words go through PTX (a byte permute, masks, a shift and two bf16x2 multiplies per value pair)
-    into wgmma's A-operand layout, as the e2m1 decode."""
-    scale_g, scale_g8 = _fragment_scales(scale_bytes, NB, C, PACKED_DECODE, "e8m0")
-    if PACKED_DECODE:
-        low = tl.inline_asm_elementwise(_E4M3_FRAGMENT_PTX, "=r,=r,r,r,r", [data_g, scale_g], dtype=tl.bfloat16,
-                                        is_pure=True, pack=4)
-        high = tl.inline_asm_elementwise(_E4M3_FRAGMENT_PTX, "=r,=r,r,r,r", [data_g8, scale_g8], dtype=tl.bfloat16,
-                                         is_pure=True, pack=4)
-    else:
-        low = (decode_scale(data_g, "e4m3") * scale_g).to(DTYPE)  # an e4m3 code decodes as an e4m3 scale does
-        high = (decode_scale(data_g8, "e4m3") * scale_g8).to(DTYPE)
-    return _fragment_rows_to_tile(low, high, NB, C)
+        low = decode_e2m1(_fragment_codes(words, value // 2, value % 2))
+        high = decode_e2m1(_fragment_codes(words, 2 + value // 2, value % 2))
+        low = tl.reshape(low, (NB, C, 8, 4, S, 4 // S, 4)) * scale_g[:, :, :, None, :, None, None]
+        high = tl.reshape(high, (NB, C, 8, 4, S, 4 // S, 4)) * scale_g8[:, :, :, None, :, None, None]
+        low = tl.reshape(low, (NB, C, 8, 4, 16)).to(DTYPE)
+        high = tl.reshape(high, (NB, C, 8, 4, 16)).to(DTYPE)
+    low = tl.reshape(low, (NB, C, 8, 4, 4, 2, 2))  # (nb, c, g, t, j, bh, bl): k = 64c + 16j + 8bh + 2t + bl
+    high = tl.reshape(high, (NB, C, 8, 4, 4, 2, 2))
+    both = tl.permute(tl.join(low, high), (0, 7, 2, 1, 4, 5, 3, 6))  # (nb, h, g, c, j, bh, t, bl)
+    return tl.reshape(both, (NB * 16, C * 64))

@@ -8,8 +8,8 @@ import torch
 from .._launch import value_key
 from .._runtime import describe
 from . import layout as scale_layouts
-from .fragments import (FRAGMENT_K, FRAGMENT_ROWS, fragment_data_dims, fragment_scales_per_chunk,
-                        from_hopper_fragments, to_hopper_fragments)
+from .fragments import (FRAGMENT_K, FRAGMENT_ROWS, fragment_scales_per_chunk, from_hopper_fragments,
+                        to_hopper_fragments)
 from .layout import TILE_ROWS, TILE_SCALE_COLS
 from .spec import FormatSpec, format_spec
 
@@ -17,7 +17,7 @@ __all__ = ["ScaledTensor", "SCALE_LAYOUTS", "HOPPER_FORMATS", "OFFSET_DTYPES", "
            "scaled_tensor_from_parts"]
 
 SCALE_LAYOUTS = ("row", "128x4", "hopper")
-HOPPER_FORMATS = ("mxfp4", "nvfp4", "mxfp8")  # what the hopper layout holds
+HOPPER_FORMATS = ("mxfp4", "nvfp4")  # what the hopper layout holds (e2m1 data)
 PLAIN_FORMATS = ("bf16", "fp16")  # what scaled_tensor_parts calls a plain bf16 / fp16 tensor
 OFFSET_DTYPES = (torch.int32, torch.uint32, torch.int64)  # of group offsets
 
@@ -36,11 +36,10 @@ class ScaledTensor:
         format: ``"mxfp8"``, ``"mxfp4"`` or ``"nvfp4"``.
         global_scale: nvfp4 only, float32 scalar tensor: the **decode** scale,
             ``x ≈ e2m1 · block_scale · global_scale``.
-        scale_layout: ``"row"``, ``"128x4"`` or ``"hopper"``. ``"hopper"`` (MXFP4, NVFP4 and MXFP8, at least
-            2D) rearranges the data too: both in Hopper's wgmma register-fragment order
-            (:mod:`llmkernels.formats.fragments`), data uint8 ``[..., ceil(N/16), ceil(K/64), 8, 4, 16]`` (e2m1;
-            MXFP8 ``[..., ceil(N/16), ceil(K/64), 2, 8, 4, 16]``, float8_e4m3fn) and scales
-            ``[..., ceil(N/16), ceil(K/64), 8, 2, 64 / block]`` (2 for MX, 4 for NVFP4) of the logical
+        scale_layout: ``"row"``, ``"128x4"`` or ``"hopper"``. ``"hopper"`` (MXFP4 and NVFP4, at least 2D)
+            rearranges the data too: both in Hopper's wgmma register-fragment order
+            (:mod:`llmkernels.formats.fragments`), data uint8 ``[..., ceil(N/16), ceil(K/64), 8, 4, 16]`` and
+            scales ``[..., ceil(N/16), ceil(K/64), 8, 2, 64 / block]`` (2 for MXFP4, 4 for NVFP4) of the logical
             ``[..., N, K]``, padded with zero codes and unit scales. Made once from the row layout by :meth:`to_layout`; the grouped matmul's Hopper
             kernel reads it without a shared-memory round trip.
         group_offsets, group_scale_offsets: set only for a 2D tensor whose 128x4 scales are padded per
@@ -110,19 +109,18 @@ class ScaledTensor:
     def _check_hopper(self) -> None:
         shape = self.logical_shape
         if self.scale_layout != "hopper" or self.format not in HOPPER_FORMATS:
-            raise ValueError(f"logical_shape goes with scale_layout='hopper', which holds {', '.join(HOPPER_FORMATS)}; got "
+            raise ValueError(f"logical_shape goes with scale_layout='hopper', which holds mxfp4 and nvfp4; got "
                              f"{self.format} with scale_layout={self.scale_layout!r}")
         if (not isinstance(shape, tuple) or len(shape) < 2
                 or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)):
             raise ValueError(f"the hopper layout needs logical_shape, a tuple of >= 2 non-negative ints [..., N, K], "
                              f"got {shape!r}")
         *lead, n, k = shape
-        blocks = (*lead, -(-n // FRAGMENT_ROWS), -(-k // FRAGMENT_K))
-        data_shape = (*blocks, *fragment_data_dims(self.spec.element))
-        scale_shape = (*blocks, 8, 2, fragment_scales_per_chunk(self.spec.block))
-        if tuple(self.data.shape) != data_shape or tuple(self.scales.shape) != scale_shape:
+        blocks = (*lead, -(-n // FRAGMENT_ROWS), -(-k // FRAGMENT_K), 8)
+        scale_shape = (*blocks, 2, fragment_scales_per_chunk(self.spec.block))
+        if tuple(self.data.shape) != (*blocks, 4, 16) or tuple(self.scales.shape) != scale_shape:
             raise ValueError(f"hopper-layout parts of shapes {tuple(self.data.shape)} and {tuple(self.scales.shape)} "
-                             f"do not fit logical shape {shape} (expected {data_shape} and {scale_shape})")
+                             f"do not fit logical shape {shape} (expected {(*blocks, 4, 16)} and {scale_shape})")
         if self.group_offsets is not None or self.group_scale_offsets is not None:
             raise ValueError("group offsets go with 128x4 scales, not the hopper layout")
 
@@ -201,8 +199,7 @@ class ScaledTensor:
 
     def _from_hopper(self) -> tuple[torch.Tensor, torch.Tensor]:
         *_, n, k = self.shape
-        return from_hopper_fragments(self.data.view(torch.uint8), self.scales.view(torch.uint8), n, k,
-                                     self.spec.element)
+        return from_hopper_fragments(self.data.view(torch.uint8), self.scales.view(torch.uint8), n, k)
 
     def row_scales(self) -> torch.Tensor:
         """The scales in the row-major layout ``[..., R, K / block]`` (a copy unless already row-major)."""
@@ -217,14 +214,13 @@ class ScaledTensor:
 
     def to_layout(self, layout: str, group_offsets: torch.Tensor | None = None) -> "ScaledTensor":
         """The same tensor in ``layout``: ``"row"`` or ``"128x4"`` (scales), or ``"hopper"`` (data and scales
-        of an MXFP4, NVFP4 or MXFP8 tensor of at least 2 dims in wgmma fragment order; see the class). Exact both
-        ways.
+        of an MXFP4 or NVFP4 tensor of at least 2 dims in wgmma fragment order; see the class). Exact both ways.
 
         ``group_offsets`` (int32 ``[G + 1]``, 2D tensors only): pad the 128x4 scales per group, as the
         seed's A operand needs (see :func:`llmkernels.formats.to_grouped_blocked_scales`).
 
         Raises:
-            ValueError: an unknown layout, ``"hopper"`` for a 1D tensor or with group offsets.
+            ValueError: an unknown layout, ``"hopper"`` for mxfp8, a 1D tensor or with group offsets.
         """
         if layout not in SCALE_LAYOUTS:
             raise ValueError(f"layout must be one of {SCALE_LAYOUTS}, got {layout!r}")
@@ -239,11 +235,11 @@ class ScaledTensor:
             return ScaledTensor(data, row_scales, self.format, self.global_scale)
         if layout == "hopper":
             if self.format not in HOPPER_FORMATS or self.dim() < 2 or group_offsets is not None:
-                raise ValueError(f"the hopper layout holds {', '.join(HOPPER_FORMATS)} tensors of at least 2 dims "
+                raise ValueError(f"the hopper layout holds mxfp4 and nvfp4 tensors of at least 2 dims "
                                  f"without group offsets, got {self.format} of shape {tuple(self.shape)}")
             fragment_data, fragment_scales = to_hopper_fragments(data, row_scales, self.spec.block,
-                                                                 self.spec.scale_one_bits, self.spec.element)
-            return ScaledTensor(fragment_data.view(self.spec.data_dtype), fragment_scales.view(self.spec.scale_dtype), self.format,
+                                                                 self.spec.scale_one_bits)
+            return ScaledTensor(fragment_data, fragment_scales.view(self.spec.scale_dtype), self.format,
                                 self.global_scale, scale_layout="hopper", logical_shape=tuple(self.shape))
         if group_offsets is None:
             return ScaledTensor(data, scale_layouts.to_blocked_scales(row_scales), self.format, self.global_scale,

@@ -481,10 +481,10 @@ class _Launch:
         m_tiles = min(-(-plan.num_tokens // config.block_m) + class_groups, plan.num_tokens)
         grid = (m_tiles * -(-plan.n_out // config.block_n),)
         bound = bind(
-            hopper_kernel.hopper_matmul_kernel, grid, a_data, a_global_scale, b_data, b_scales, b_global_scale,
+            hopper_kernel.hopper_fp4_matmul_kernel, grid, a_data, a_global_scale, b_data, b_scales, b_global_scale,
             out, a_offsets, expert_ids, expert_scales, a_data.stride(0), b_data.stride(0), b_scales.stride(0),
             out.stride(0), plan.num_tokens, plan.num_groups, plan.num_experts, plan.n, plan.k, self.min_rows,
-            self.max_rows, B_ELEMENT=plan.b.element, B_SCALE=plan.b.scale, A_GLOBAL_SCALE=plan.a.has_global_scale,
+            self.max_rows, B_SCALE=plan.b.scale, A_GLOBAL_SCALE=plan.a.has_global_scale,
             B_GLOBAL_SCALE=plan.b.has_global_scale, HAS_EXPERT_SCALES=plan.has_expert_scales,
             EPILOGUE=plan.epilogue_kind, EPILOGUE_FN=plan.epilogue_fn, EVEN_K=plan.k % config.block_k == 0,
             PACKED_DECODE=_packed_decode(plan.compute_dtype, plan.device),

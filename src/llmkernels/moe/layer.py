@@ -136,13 +136,13 @@ class MoEFeedForward(nn.Module):
             weight_format: ``"mxfp8"``, ``"mxfp4"``, ``"nvfp4"`` or ``"bf16"``.
             activation_format: default: mxfp8 activations for mxfp8 weights, nvfp4 for nvfp4, bf16
                 otherwise (mxfp4 weights run weight-only, as gpt-oss does on Hopper).
-            weight_layout: ``"row"`` or ``"hopper"`` (quantized weights: :meth:`ScaledTensor.to_layout`). Default:
-                ``"hopper"`` for quantized weights on a Hopper GPU (compute capability 9.x; the layout is
+            weight_layout: ``"row"`` or ``"hopper"`` (mxfp4 and nvfp4: :meth:`ScaledTensor.to_layout`). Default:
+                ``"hopper"`` for mxfp4 and nvfp4 weights on a Hopper GPU (compute capability 9.x; the layout is
                 chosen on the router weight's device, not again by ``.to()``), ``"row"`` otherwise.
             routing: keyword arguments of :func:`llmkernels.moe.route`.
 
         Raises:
-            ValueError: an unknown weight_layout, or ``"hopper"`` for bf16 weights.
+            ValueError: an unknown weight_layout, or ``"hopper"`` for mxfp8 or bf16 weights.
         """
         if activation_format is None:
             activation_format = weight_format if weight_format in ("mxfp8", "nvfp4") else "bf16"
@@ -150,7 +150,7 @@ class MoEFeedForward(nn.Module):
         if weight_layout is None:
             weight_layout = "hopper" if in_layout and _is_hopper(router_weight.device) else "row"
         if weight_layout not in ("row", "hopper") or (weight_layout == "hopper" and not in_layout):
-            raise ValueError(f"weight_layout must be 'row', or 'hopper' for {', '.join(HOPPER_FORMATS)} weights, got "
+            raise ValueError(f"weight_layout must be 'row', or 'hopper' for mxfp4 and nvfp4 weights, got "
                              f"{weight_layout!r} for {weight_format}")
 
         def convert(w):
