@@ -1,0 +1,235 @@
+"""``llmkernels.flash_attn``: flash-attn 2.8's API over our attention. The plain and varlen calls must give the bits of
+the equivalent ``lk.attention`` call; ``flash_attn_with_kvcache`` (append in place, rotary, cache_batch_idx, dense
+and paged caches) is checked against a float64 model of flash-attn's documented behaviour written here."""
+import math
+
+import pytest
+import torch
+
+import llmkernels as lk
+from llmkernels._testing import assert_close_relative
+from llmkernels.flash_attn import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache
+
+TOLERANCE = 2e-2  # bf16 inputs, float64 reference, relative error over the whole output
+
+
+def _randn(*shape, device, dtype=torch.bfloat16):
+    return torch.randn(*shape, device=device).to(dtype)
+
+
+@pytest.mark.parametrize("case", ["plain", "causal", "window", "softcap", "alibi", "sink", "chunk"])
+def test_func_is_attention(case, device):
+    q, k, v = _randn(2, 9, 4, 32, device=device), _randn(2, 13, 2, 32, device=device), _randn(2, 13, 2, 32, device=device)
+    kwargs, ours = {}, {}
+    if case == "causal":
+        kwargs, ours = dict(causal=True), dict(causal=True)
+    elif case == "window":
+        kwargs, ours = dict(causal=True, window_size=(3, 0)), dict(causal=True, mask=lk.SlidingWindow(3, 0))
+    elif case == "softcap":
+        kwargs, ours = dict(softcap=2.0), dict(score_mod=lk.softcap(2.0))
+    elif case == "alibi":
+        slopes = torch.rand(4, device=device)
+        kwargs, ours = dict(alibi_slopes=slopes), dict(score_mod=lk.alibi(slopes))
+    elif case == "sink":
+        sinks = torch.randn(4, device=device)
+        kwargs, ours = dict(learnable_sink=sinks.bfloat16()), dict(sinks=sinks.bfloat16().float())
+    elif case == "chunk":
+        kwargs, ours = dict(attention_chunk=4), dict(mask=lk.Chunked(4))
+    out = flash_attn_func(q, k, v, **kwargs)
+    assert torch.equal(out, lk.attention(q, k, v, **ours))
+    out2, lse, probs = flash_attn_func(q, k, v, return_attn_probs=True, **kwargs)
+    expected_out, expected_lse = lk.attention(q, k, v, return_lse=True, **ours)
+    assert probs is None and lse.shape == (2, 4, 9) and lse.dtype == torch.float32
+    assert torch.equal(out2, expected_out) and torch.equal(lse, expected_lse)
+
+
+def _ragged(lengths, heads, device):
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=device)
+    return _randn(int(cu[-1]), heads, 32, device=device), cu
+
+
+def test_varlen_is_ragged_attention(device):
+    q, cu_q = _ragged([3, 0, 8], 4, device)
+    k, cu_k = _ragged([5, 4, 8], 2, device)
+    v = _randn(*k.shape, device=device)
+    out, lse, probs = flash_attn_varlen_func(q, k, v, cu_q, cu_k, 8, 8, causal=True, return_attn_probs=True)
+    expected, expected_lse = lk.attention(q, k, v, causal=True, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=8,
+                                          max_seqlen_k=8, return_lse=True)
+    assert probs is None and lse.shape == (4, q.shape[0])
+    assert torch.equal(out, expected) and torch.equal(lse, expected_lse)
+
+
+@pytest.mark.parametrize("table", ["block_table", "page_table"])
+def test_varlen_over_pages_equals_ragged(table, device):
+    """K / V as shuffled pages with block_table (or FA3's page_table): the ragged result, seqused_k included."""
+    page, lengths = 16, [20, 0, 33]
+    q, cu_q = _ragged([2, 1, 5], 4, device)
+    k, cu_k = _ragged(lengths, 2, device)
+    v = _randn(*k.shape, device=device)
+    pages_per_seq = 3
+    order = torch.randperm(len(lengths) * pages_per_seq, device=device).int()
+    block_table = order.view(len(lengths), pages_per_seq)
+    k_pages = torch.zeros(len(order), page, 2, 32, dtype=k.dtype, device=device)
+    v_pages = torch.zeros_like(k_pages)
+    for b, length in enumerate(lengths):
+        for j in range(length):
+            page_id = int(block_table[b, j // page])
+            k_pages[page_id, j % page] = k[int(cu_k[b]) + j]
+            v_pages[page_id, j % page] = v[int(cu_k[b]) + j]
+    expected = flash_attn_varlen_func(q, k, v, cu_q, cu_k, 5, 33, causal=True)
+    out = flash_attn_varlen_func(q, k_pages, v_pages, cu_q, cu_k, 5, 33, causal=True, **{table: block_table})
+    assert_close_relative(out.float(), expected.float(), 1e-2)
+    seqused = torch.tensor(lengths, dtype=torch.int32, device=device)
+    bogus_cu_k = torch.zeros_like(cu_k)  # seqused_k wins over cu_seqlens_k's differences
+    out = flash_attn_varlen_func(q, k_pages, v_pages, cu_q, bogus_cu_k, 5, 33, causal=True, seqused_k=seqused,
+                                 **{table: block_table})
+    assert_close_relative(out.float(), expected.float(), 1e-2)
+
+
+def _rotate(x, cos, sin, positions, interleaved):
+    """float64 rotary of x ``[B, S, H, D]`` at positions ``[B, S]`` (flash-attn's apply_rotary_emb)."""
+    half = cos.shape[1]
+    c = cos.double()[positions][:, :, None, :]
+    s = sin.double()[positions][:, :, None, :]
+    x = x.double()
+    rot, rest = x[..., :2 * half], x[..., 2 * half:]
+    if interleaved:
+        x1, x2 = rot[..., 0::2], rot[..., 1::2]
+        rotated = torch.stack([x1 * c - x2 * s, x1 * s + x2 * c], -1).flatten(-2)
+    else:
+        x1, x2 = rot[..., :half], rot[..., half:]
+        rotated = torch.cat([x1 * c - x2 * s, x1 * s + x2 * c], -1)
+    return torch.cat([rotated, rest], -1)
+
+
+def _attend(q, k, v, lengths, causal, window):
+    """float64 attention of q ``[B, Sq, Hq, D]`` over the first ``lengths[b]`` keys of k, v ``[B, S, Hkv, D]``,
+    bottom-right aligned."""
+    batch, seqlen_q, heads, dim = q.shape
+    group = heads // k.shape[2]
+    out = torch.zeros(q.shape, dtype=torch.float64, device=q.device)
+    for b in range(batch):
+        n = int(lengths[b])
+        keys = k[b, :n].double().repeat_interleave(group, 1)
+        values = v[b, :n].double().repeat_interleave(group, 1)
+        scores = torch.einsum("qhd,khd->hqk", q[b].double(), keys) / math.sqrt(dim)
+        pos = torch.arange(seqlen_q, device=q.device)[:, None] + n - seqlen_q
+        key = torch.arange(n, device=q.device)[None, :]
+        visible = torch.ones(seqlen_q, n, dtype=torch.bool, device=q.device)
+        if causal:
+            visible &= key <= pos
+        if window[0] >= 0:
+            visible &= key >= pos - window[0]
+        if window[1] >= 0:
+            visible &= key <= pos + window[1]
+        scores = scores.masked_fill(~visible, float("-inf"))
+        weights = torch.softmax(scores, -1).nan_to_num(0.0)
+        out[b] = torch.einsum("hqk,khd->qhd", weights, values)
+    return out
+
+
+@pytest.mark.parametrize("cache", ["dense", "dense_odd_length", "paged"])
+@pytest.mark.parametrize("rotary", [None, "interleaved", "neox"])
+@pytest.mark.parametrize("causal,window", [(True, (-1, -1)), (False, (-1, -1)), (True, (5, 0))],
+                         ids=["causal", "full", "window"])
+def test_with_kvcache(cache, rotary, causal, window, device):
+    batch, seqlen_q, new, heads, kv_heads, dim = 3, 2, 2, 4, 2, 32
+    capacity = 48 if cache != "dense_odd_length" else 41
+    cache_seqlens = torch.tensor([0, 17, capacity - new], dtype=torch.int32, device=device)
+    q = _randn(batch, seqlen_q, heads, dim, device=device)
+    k_new, v_new = (_randn(batch, new, kv_heads, dim, device=device) for _ in range(2))
+    rotary_kwargs = {}
+    if rotary is not None:
+        angle = torch.rand(capacity, 8, device=device) * 2 * math.pi
+        rotary_kwargs = dict(rotary_cos=angle.cos().bfloat16(), rotary_sin=angle.sin().bfloat16(),
+                             rotary_interleaved=rotary == "interleaved")
+    if cache == "paged":
+        page, pages_per_seq = 16, 3
+        k_cache = _randn(batch * pages_per_seq + 2, page, kv_heads, dim, device=device)
+        v_cache = _randn(*k_cache.shape, device=device)
+        block_table = torch.randperm(k_cache.shape[0], device=device)[:batch * pages_per_seq].int()
+        block_table = block_table.view(batch, pages_per_seq)
+        cache_kwargs = dict(block_table=block_table)
+        logical = lambda c: c[block_table.long()].flatten(1, 2)  # noqa: E731 - [B, capacity, Hkv, D]
+    else:
+        k_cache = _randn(batch + 1, capacity, kv_heads, dim, device=device)
+        v_cache = _randn(*k_cache.shape, device=device)
+        cache_batch_idx = torch.tensor([3, 0, 1], dtype=torch.int32, device=device)
+        cache_kwargs = dict(cache_batch_idx=cache_batch_idx)
+        logical = lambda c: c[cache_batch_idx.long()]  # noqa: E731
+    k_before, v_before = k_cache.clone(), v_cache.clone()
+    # the model: rotate the new keys, write them at cache_seqlens + i, rotate q, attend
+    positions = cache_seqlens[:, None].long() + torch.arange(new, device=device)[None, :]
+    expected_k, expected_v = logical(k_before).double(), logical(v_before).double()
+    k_written = k_new.double() if rotary is None else _rotate(k_new, rotary_kwargs["rotary_cos"],
+                                                              rotary_kwargs["rotary_sin"], positions,
+                                                              rotary == "interleaved")
+    for b in range(batch):
+        expected_k[b, positions[b]] = k_written[b]
+        expected_v[b, positions[b]] = v_new[b].double()
+    q_model = q.double()
+    if rotary is not None:
+        per_token = causal or window != (-1, -1)
+        q_positions = cache_seqlens[:, None].long() + (torch.arange(seqlen_q, device=device)[None, :] if per_token
+                                                       else torch.zeros(1, seqlen_q, dtype=torch.long, device=device))
+        q_model = _rotate(q, rotary_kwargs["rotary_cos"], rotary_kwargs["rotary_sin"], q_positions,
+                          rotary == "interleaved")
+    expected = _attend(q_model.to(torch.bfloat16), expected_k.to(torch.bfloat16), expected_v.to(torch.bfloat16),
+                       cache_seqlens + new, causal, window)
+
+    out, lse = flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens=cache_seqlens, causal=causal,
+                                       window_size=window, return_softmax_lse=True, **rotary_kwargs, **cache_kwargs)
+    assert out.shape == q.shape and lse.shape == (batch, heads, seqlen_q)
+    assert_close_relative(out.float(), expected, TOLERANCE)
+    assert torch.equal(logical(v_cache).double(), expected_v)
+    assert_close_relative(logical(k_cache).double(), expected_k, 1e-2)
+    # nothing else of the cache moved: rows outside the appended positions keep their bits
+    touched_k, touched_v = logical(k_cache).clone(), logical(v_cache).clone()
+    for b in range(batch):
+        touched_k[b, positions[b]] = logical(k_before)[b, positions[b]]
+        touched_v[b, positions[b]] = logical(v_before)[b, positions[b]]
+    assert torch.equal(touched_k, logical(k_before)) and torch.equal(touched_v, logical(v_before))
+    if cache != "paged":  # the sequence no batch row maps to is untouched
+        assert torch.equal(k_cache[2], k_before[2]) and torch.equal(v_cache[2], v_before[2])
+
+
+def test_kvcache_without_new_keys_and_past_the_end(device):
+    """No k / v: attention over cache_seqlens keys (an int too); new keys past the cache's end are dropped."""
+    q = _randn(2, 1, 4, 32, device=device)
+    k_cache, v_cache = _randn(2, 32, 2, 32, device=device), _randn(2, 32, 2, 32, device=device)
+    out = flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=20)
+    expected = _attend(q, k_cache, v_cache, [20, 20], False, (-1, -1))
+    assert_close_relative(out.float(), expected, TOLERANCE)
+    before = k_cache.clone()
+    k_new, v_new = _randn(2, 3, 2, 32, device=device), _randn(2, 3, 2, 32, device=device)
+    flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens=torch.tensor([31, 30], dtype=torch.int32,
+                                                                                          device=device))
+    assert torch.equal(k_cache[0, 31], k_new[0, 0]) and torch.equal(k_cache[1, 30:], k_new[1, :2])
+    assert torch.equal(k_cache[0, :31], before[0, :31]) and torch.equal(k_cache[1, :30], before[1, :30])
+
+
+def test_errors_name_the_argument(device):
+    q, k, v = _randn(1, 4, 2, 32, device=device), _randn(1, 4, 2, 32, device=device), _randn(1, 4, 2, 32, device=device)
+    with pytest.raises(ValueError, match="dropout_p"):
+        flash_attn_func(q, k, v, dropout_p=0.1)
+    with pytest.raises(ValueError, match="window_size"):
+        flash_attn_func(q, k, v, window_size=3)
+    with pytest.raises(NotImplementedError, match="alibi_slopes"):
+        flash_attn_func(q, k, v, alibi_slopes=torch.rand(1, 2, device=device))
+    with pytest.raises(NotImplementedError, match="softcap"):
+        flash_attn_func(q, k, v, softcap=1.0, alibi_slopes=torch.rand(2, device=device))
+    cache = _randn(1, 16, 2, 32, device=device)
+    with pytest.raises(NotImplementedError, match="cache_leftpad"):
+        flash_attn_with_kvcache(q, cache, cache, cache_leftpad=torch.zeros(1, dtype=torch.int32, device=device))
+    with pytest.raises(ValueError, match="k and v"):
+        flash_attn_with_kvcache(q, cache, cache, k=k)
+    table = torch.zeros(1, 1, dtype=torch.int32, device=device)
+    with pytest.raises(ValueError, match="page_table"):
+        flash_attn_with_kvcache(q, cache, cache, block_table=table, page_table=table)
+    with pytest.raises(ValueError, match="cache_batch_idx"):
+        flash_attn_with_kvcache(q, cache, cache, block_table=table, cache_batch_idx=table[0])
+    cu = torch.tensor([0, 4], dtype=torch.int32, device=device)
+    with pytest.raises(NotImplementedError, match="seqused_k"):
+        flash_attn_varlen_func(q[0], k[0], v[0], cu, cu, 4, 4, seqused_k=cu[1:])
+    with pytest.raises(ValueError, match="grad"):
+        flash_attn_func(q.requires_grad_(), k, v)
