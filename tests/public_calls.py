@@ -200,7 +200,8 @@ def _attention_call(mode: str) -> Call:
                              "kv_cache.v_pages": rand(num_pages, page_size, kv_heads, HEAD_DIM),
                              "kv_cache.block_table": torch.tensor([[4, 1, 6], [0, 5, 2]], dtype=torch.int32,
                                                                   device=device),
-                             "kv_cache.seqlens": torch.tensor([40, 23], dtype=torch.int32, device=device)})
+                             "kv_cache.seqlens": torch.tensor([40, 23], dtype=torch.int32, device=device),
+                             "kv_cache.starts": torch.tensor([3, 0], dtype=torch.int32, device=device)})
         if mode in ("dense", "decode", "dense-decode"):
             leaves["sinks"] = torch.randn(heads, device=device)
         if mode == "dense":
@@ -211,7 +212,7 @@ def _attention_call(mode: str) -> Call:
         kv_cache = None
         if "kv_cache.k_pages" in leaves:
             kv_cache = PagedKVCache(*(leaves[f"kv_cache.{field}"] for field in
-                                      ("k_pages", "v_pages", "block_table", "seqlens")))
+                                      ("k_pages", "v_pages", "block_table", "seqlens", "starts")))
         ragged = "cu_seqlens_q" in leaves
         return lk.attention(
             leaves["q"], leaves.get("k"), leaves.get("v"), causal=mode != "ragged",

@@ -262,6 +262,30 @@ def test_paged_matches_dense(device):
     assert torch.equal(paged, dense)
 
 
+@pytest.mark.parametrize("split", [1, 3])
+def test_paged_starts_skip_leading_positions(device, split):
+    """``PagedKVCache.starts`` (flash-attn's cache_leftpad): sequence b attends cache positions starts[b] ..
+    seqlens[b] - 1 as its keys 0, 1, ... (causal alignment from there); a start past the end clamps (no keys)."""
+    seqlens, starts = [40, 7, 65, 20], [5, 7, 0, 30]
+    cache = _paged_cache(seqlens, 16, 2, 32, torch.float16, device)
+    cache = PagedKVCache(cache.k_pages, cache.v_pages, cache.block_table, cache.seqlens,
+                         torch.tensor(starts, dtype=torch.int32, device=device))
+    q = torch.randn(4, 6, 8, 32, dtype=torch.float16, device=device)
+    _check(q, None, None, kv_cache=cache, causal=True, config=CPU_CONFIG, num_splits=split, what="paged starts")
+    out = attention(q, None, None, kv_cache=cache, causal=True, config=CPU_CONFIG, num_splits=split)
+    for b in (0, 2):  # against the dense call on the same keys
+        k, v = _paged_to_dense(cache, b, seqlens[b])
+        dense = attention(q[b:b + 1], k[starts[b]:][None], v[starts[b]:][None], causal=True, config=CPU_CONFIG,
+                          num_splits=split)
+        assert_close_relative(out[b:b + 1].float(), dense.float(), 1e-3)
+    assert not out[1].any() and not out[3].any()  # no keys: zero output
+    with pytest.raises(ValueError, match="starts"):
+        attention(q, None, None, kv_cache=PagedKVCache(cache.k_pages, cache.v_pages, cache.block_table,
+                                                        cache.seqlens, cache.starts + 50), validate=True)
+    with pytest.raises(TypeError, match="starts"):
+        PagedKVCache(cache.k_pages, cache.v_pages, cache.block_table, cache.seqlens, cache.starts.long())
+
+
 # --------------------------------------------------------------------------- masks and score mods
 
 MASKS = {

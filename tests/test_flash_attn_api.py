@@ -59,6 +59,22 @@ def test_varlen_is_ragged_attention(device):
     assert torch.equal(out, expected) and torch.equal(lse, expected_lse)
 
 
+@pytest.mark.parametrize("total_k", [48, 45], ids=["pages_view", "padded_copy"])
+def test_varlen_seqused_k(total_k, device):
+    """FA3's seqused_k on ragged K: sequence b attends rows cu_seqlens_k[b] .. + seqused_k[b] only."""
+    q, cu_q = _ragged([3, 2, 4], 4, device)
+    k, v = _randn(total_k, 2, 32, device=device), _randn(total_k, 2, 32, device=device)
+    cu_k = torch.tensor([0, 20, 20, total_k], dtype=torch.int32, device=device)
+    used = [17, 0, total_k - 25]
+    seqused = torch.tensor(used, dtype=torch.int32, device=device)
+    out = flash_attn_varlen_func(q, k, v, cu_q, cu_k, 4, total_k, causal=True, seqused_k=seqused)
+    kept = torch.cat([k[int(cu_k[b]):int(cu_k[b]) + n] for b, n in enumerate(used)])
+    kept_v = torch.cat([v[int(cu_k[b]):int(cu_k[b]) + n] for b, n in enumerate(used)])
+    cu_kept = torch.tensor([0, *torch.tensor(used).cumsum(0).tolist()], dtype=torch.int32, device=device)
+    expected = flash_attn_varlen_func(q, kept, kept_v, cu_q, cu_kept, 4, total_k, causal=True)
+    assert_close_relative(out.float(), expected.float(), 1e-2)
+
+
 @pytest.mark.parametrize("table", ["block_table", "page_table"])
 def test_varlen_over_pages_equals_ragged(table, device):
     """K / V as shuffled pages with block_table (or FA3's page_table): the ragged result, seqused_k included."""
@@ -102,16 +118,17 @@ def _rotate(x, cos, sin, positions, interleaved):
     return torch.cat([rotated, rest], -1)
 
 
-def _attend(q, k, v, lengths, causal, window):
-    """float64 attention of q ``[B, Sq, Hq, D]`` over the first ``lengths[b]`` keys of k, v ``[B, S, Hkv, D]``,
-    bottom-right aligned."""
+def _attend(q, k, v, lengths, causal, window, starts=None):
+    """float64 attention of q ``[B, Sq, Hq, D]`` over keys ``starts[b] .. lengths[b] - 1`` of k, v ``[B, S, Hkv,
+    D]``, bottom-right aligned."""
     batch, seqlen_q, heads, dim = q.shape
     group = heads // k.shape[2]
     out = torch.zeros(q.shape, dtype=torch.float64, device=q.device)
     for b in range(batch):
-        n = int(lengths[b])
-        keys = k[b, :n].double().repeat_interleave(group, 1)
-        values = v[b, :n].double().repeat_interleave(group, 1)
+        first = 0 if starts is None else int(starts[b])
+        n = int(lengths[b]) - first
+        keys = k[b, first:first + n].double().repeat_interleave(group, 1)
+        values = v[b, first:first + n].double().repeat_interleave(group, 1)
         scores = torch.einsum("qhd,khd->hqk", q[b].double(), keys) / math.sqrt(dim)
         pos = torch.arange(seqlen_q, device=q.device)[:, None] + n - seqlen_q
         key = torch.arange(n, device=q.device)[None, :]
@@ -128,7 +145,7 @@ def _attend(q, k, v, lengths, causal, window):
     return out
 
 
-@pytest.mark.parametrize("cache", ["dense", "dense_odd_length", "paged"])
+@pytest.mark.parametrize("cache", ["dense", "dense_odd_length", "paged", "dense_leftpad", "paged_leftpad"])
 @pytest.mark.parametrize("rotary", [None, "interleaved", "neox"])
 @pytest.mark.parametrize("causal,window", [(True, (-1, -1)), (False, (-1, -1)), (True, (5, 0))],
                          ids=["causal", "full", "window"])
@@ -143,7 +160,8 @@ def test_with_kvcache(cache, rotary, causal, window, device):
         angle = torch.rand(capacity, 8, device=device) * 2 * math.pi
         rotary_kwargs = dict(rotary_cos=angle.cos().bfloat16(), rotary_sin=angle.sin().bfloat16(),
                              rotary_interleaved=rotary == "interleaved")
-    if cache == "paged":
+    leftpad = torch.tensor([0, 3, 10], dtype=torch.int32, device=device) if cache.endswith("leftpad") else None
+    if cache.startswith("paged"):
         page, pages_per_seq = 16, 3
         k_cache = _randn(batch * pages_per_seq + 2, page, kv_heads, dim, device=device)
         v_cache = _randn(*k_cache.shape, device=device)
@@ -175,10 +193,11 @@ def test_with_kvcache(cache, rotary, causal, window, device):
         q_model = _rotate(q, rotary_kwargs["rotary_cos"], rotary_kwargs["rotary_sin"], q_positions,
                           rotary == "interleaved")
     expected = _attend(q_model.to(torch.bfloat16), expected_k.to(torch.bfloat16), expected_v.to(torch.bfloat16),
-                       cache_seqlens + new, causal, window)
+                       cache_seqlens + new, causal, window, leftpad)
 
     out, lse = flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens=cache_seqlens, causal=causal,
-                                       window_size=window, return_softmax_lse=True, **rotary_kwargs, **cache_kwargs)
+                                       window_size=window, return_softmax_lse=True, cache_leftpad=leftpad,
+                                       **rotary_kwargs, **cache_kwargs)
     assert out.shape == q.shape and lse.shape == (batch, heads, seqlen_q)
     assert_close_relative(out.float(), expected, TOLERANCE)
     assert torch.equal(logical(v_cache).double(), expected_v)
@@ -189,7 +208,7 @@ def test_with_kvcache(cache, rotary, causal, window, device):
         touched_k[b, positions[b]] = logical(k_before)[b, positions[b]]
         touched_v[b, positions[b]] = logical(v_before)[b, positions[b]]
     assert torch.equal(touched_k, logical(k_before)) and torch.equal(touched_v, logical(v_before))
-    if cache != "paged":  # the sequence no batch row maps to is untouched
+    if not cache.startswith("paged"):  # the sequence no batch row maps to is untouched
         assert torch.equal(k_cache[2], k_before[2]) and torch.equal(v_cache[2], v_before[2])
 
 
@@ -219,8 +238,6 @@ def test_errors_name_the_argument(device):
     with pytest.raises(NotImplementedError, match="softcap"):
         flash_attn_func(q, k, v, softcap=1.0, alibi_slopes=torch.rand(2, device=device))
     cache = _randn(1, 16, 2, 32, device=device)
-    with pytest.raises(NotImplementedError, match="cache_leftpad"):
-        flash_attn_with_kvcache(q, cache, cache, cache_leftpad=torch.zeros(1, dtype=torch.int32, device=device))
     with pytest.raises(ValueError, match="k and v"):
         flash_attn_with_kvcache(q, cache, cache, k=k)
     table = torch.zeros(1, 1, dtype=torch.int32, device=device)
@@ -228,8 +245,5 @@ def test_errors_name_the_argument(device):
         flash_attn_with_kvcache(q, cache, cache, block_table=table, page_table=table)
     with pytest.raises(ValueError, match="cache_batch_idx"):
         flash_attn_with_kvcache(q, cache, cache, block_table=table, cache_batch_idx=table[0])
-    cu = torch.tensor([0, 4], dtype=torch.int32, device=device)
-    with pytest.raises(NotImplementedError, match="seqused_k"):
-        flash_attn_varlen_func(q[0], k[0], v[0], cu, cu, 4, 4, seqused_k=cu[1:])
     with pytest.raises(ValueError, match="grad"):
         flash_attn_func(q.requires_grad_(), k, v)

@@ -7,8 +7,8 @@ arguments, names, defaults, layouts and return values, plus FA3's ``attention_ch
 Forward only: ``dropout_p > 0`` and inputs that require grad raise. ``return_attn_probs=True`` returns
 ``(out, softmax_lse, None)``: the probabilities are not materialized.
 
-Not yet supported, each raising ``NotImplementedError`` that names the argument: ``cache_leftpad``,
-``seqused_k`` without a paged cache, per-batch ``alibi_slopes`` ``[B, H]``, softcap together with ALiBi.
+Not yet supported, each raising ``NotImplementedError`` that names the argument: per-batch ``alibi_slopes``
+``[B, H]``, softcap together with ALiBi.
 """
 from __future__ import annotations
 
@@ -89,13 +89,14 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                            page_table=None, attention_chunk=0, num_splits=0, learnable_sink=None):
     """flash-attn's ``flash_attn_varlen_func``: q ``[total_q, Hq, D]``, k / v ``[total_k, Hkv, D]`` with int32
     ``cu_seqlens_q`` / ``cu_seqlens_k`` ``[B + 1]`` → out ``[total_q, Hq, D]``; with ``return_attn_probs``
-    ``(out, lse [Hq, total_q], None)``. With ``block_table`` (or ``page_table``) int32 ``[B, max_pages]``, k / v
-    are pages ``[num_pages, page_size, Hkv, D]`` and sequence b holds ``seqused_k[b]`` keys (default
-    ``cu_seqlens_k[b + 1] - cu_seqlens_k[b]``). The other arguments as :func:`flash_attn_func`.
+    ``(out, lse [Hq, total_q], None)``. ``seqused_k`` int32 ``[B]`` (FA3): sequence b attends only its first
+    ``seqused_k[b]`` keys (from row ``cu_seqlens_k[b]``; k / v are then read as pages, a copy when ``total_k``
+    is not a multiple of 16). With ``block_table`` (or ``page_table``) int32 ``[B, max_pages]``, k / v are pages
+    ``[num_pages, page_size, Hkv, D]`` and sequence b holds ``seqused_k[b]`` keys (default ``cu_seqlens_k[b + 1]
+    - cu_seqlens_k[b]``). The other arguments as :func:`flash_attn_func`.
 
     Raises:
-        ValueError / NotImplementedError: as :func:`flash_attn_func`; both ``block_table`` and ``page_table``;
-            ``seqused_k`` without a paged cache (not yet).
+        ValueError / NotImplementedError: as :func:`flash_attn_func`; both ``block_table`` and ``page_table``.
     """
     mask, score_mod = _modifiers(causal, window_size, softcap, alibi_slopes, attention_chunk, dropout_p)
     if block_table is not None and page_table is not None:
@@ -104,15 +105,26 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     common = dict(causal=causal, mask=mask, score_mod=score_mod, sinks=_sinks(learnable_sink),
                   softmax_scale=softmax_scale, num_splits=_splits(num_splits), return_lse=return_attn_probs,
                   cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
-    if block_table is None:
-        if seqused_k is not None:
-            raise NotImplementedError("seqused_k without a paged cache (block_table / page_table) is not supported "
-                                      "yet")
+    if block_table is None and seqused_k is None:
         result = attention(q, k, v, cu_seqlens_k=cu_seqlens_k, **common)
+    elif block_table is None:  # rows cu_seqlens_k[b] .. + seqused_k[b]: one run of pages every sequence shares
+        k_pages, v_pages = _rows_as_pages(k), _rows_as_pages(v)
+        starts = cu_seqlens_k[:-1].to(torch.int32)
+        shared = torch.arange(k_pages.shape[0], dtype=torch.int32, device=q.device)
+        kv_cache = PagedKVCache(k_pages, v_pages, shared.expand(starts.shape[0], -1),
+                                (starts + seqused_k).to(torch.int32), starts)
+        result = attention(q, None, None, kv_cache=kv_cache, **common)
     else:
         seqlens = seqused_k if seqused_k is not None else (cu_seqlens_k[1:] - cu_seqlens_k[:-1]).to(torch.int32)
         result = attention(q, None, None, kv_cache=PagedKVCache(k, v, block_table, seqlens), **common)
     return _results(result, return_attn_probs, True)
+
+
+def _rows_as_pages(rows: torch.Tensor) -> torch.Tensor:
+    """Ragged rows ``[total, Hkv, D]`` as pages ``[total / P, P, Hkv, D]`` (a view; zero-padded copy when total is
+    not a multiple of the smallest page)."""
+    pages, _ = _dense_cache_pages(rows[None])
+    return pages
 
 
 def _dense_cache_pages(cache: torch.Tensor) -> tuple[torch.Tensor, int]:
@@ -143,7 +155,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     + i`` (positions past the cache are dropped), then attended with the cache. ``rotary_cos`` / ``rotary_sin``
     ``[seqlen_ro, rotary_dim / 2]``: the new keys are rotated at their positions and q at ``cache_seqlens[b] +
     i`` when causal or windowed, else at ``cache_seqlens[b]`` (flash-attn's rule); ``rotary_interleaved`` picks
-    GPT-J (True) or GPT-NeoX pairs. The other arguments as :func:`flash_attn_func`.
+    GPT-J (True) or GPT-NeoX pairs. ``cache_leftpad`` int32 ``[B]``: sequence b's keys start at that cache
+    position (left padding; positions and rotary stay absolute, causal alignment and windows count from it).
+    The other arguments as :func:`flash_attn_func`.
 
     Returns:
         out ``[B, Sq, Hq, D]``, or ``(out, lse [B, Hq, Sq])`` with ``return_softmax_lse``.
@@ -151,14 +165,12 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     Raises:
         ValueError: both ``block_table`` and ``page_table``, ``cache_batch_idx`` with a paged cache, k without
             v, rotary without new keys' partner (cos without sin), and what :func:`llmkernels.attention` raises.
-        NotImplementedError: ``cache_leftpad`` (not yet), and as :func:`flash_attn_func`.
+        NotImplementedError: as :func:`flash_attn_func`.
     """
     mask, score_mod = _modifiers(causal, window_size, softcap, alibi_slopes, attention_chunk)
     if block_table is not None and page_table is not None:
         raise ValueError("pass block_table or page_table (its FA3 name), not both")
     block_table = block_table if block_table is not None else page_table
-    if cache_leftpad is not None:
-        raise NotImplementedError("cache_leftpad is not supported yet")
     if (k is None) != (v is None):
         raise ValueError("k and v come together: pass both new keys and new values, or neither")
     if (rotary_cos is None) != (rotary_sin is None):
@@ -191,7 +203,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                        + torch.arange(pages_per_sequence, dtype=torch.int32, device=q.device)[None, :])
     else:
         k_pages, v_pages = k_cache, v_cache
-    result = attention(q, None, None, kv_cache=PagedKVCache(k_pages, v_pages, block_table, seqlens.to(torch.int32)),
+    starts = cache_leftpad.to(torch.int32) if cache_leftpad is not None else None
+    kv_cache = PagedKVCache(k_pages, v_pages, block_table, seqlens.to(torch.int32), starts)
+    result = attention(q, None, None, kv_cache=kv_cache,
                        causal=causal, mask=mask, score_mod=score_mod, sinks=_sinks(learnable_sink),
                        softmax_scale=softmax_scale, num_splits=_splits(num_splits), return_lse=return_softmax_lse)
     return _results(result, return_softmax_lse, False)

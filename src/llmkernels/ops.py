@@ -88,7 +88,7 @@ def attention_op(
     cu_seqlens_q: torch.Tensor | None, cu_seqlens_k: torch.Tensor | None,
     max_seqlen_q: int | None, max_seqlen_k: int | None,
     k_pages: torch.Tensor | None, v_pages: torch.Tensor | None, block_table: torch.Tensor | None,
-    seqlens: torch.Tensor | None, num_splits: int | None, return_lse: bool,
+    seqlens: torch.Tensor | None, num_splits: int | None, return_lse: bool, kv_starts: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`llmkernels.attention` with its mask and score modifier as plain values: a window
     (``-1`` = unbounded side; causal is the window's ``right = 0``), a chunk size (0: none), a
@@ -107,7 +107,7 @@ def attention_op(
     if chunk_size > 0:
         mask.append(Chunked(chunk_size))
     score_mod = make_softcap(softcap) if softcap > 0 else alibi(alibi_slopes) if alibi_slopes is not None else None
-    kv_cache = PagedKVCache(k_pages, v_pages, block_table, seqlens) if k_pages is not None else None
+    kv_cache = PagedKVCache(k_pages, v_pages, block_table, seqlens, kv_starts) if k_pages is not None else None
     result = attention_api.attention(q, k, v, mask=tuple(mask) or None, score_mod=score_mod, sinks=sinks,
                        softmax_scale=softmax_scale, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                        max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, kv_cache=kv_cache,
@@ -120,7 +120,7 @@ def attention_op(
 @attention_op.register_fake
 def _attention_fake(q, k, v, has_window, window_left, window_right, chunk_size, softcap, alibi_slopes, sinks,
                     softmax_scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, k_pages, v_pages,
-                    block_table, seqlens, num_splits, return_lse):
+                    block_table, seqlens, num_splits, return_lse, kv_starts=None):
     out = torch.empty_like(q)
     if not return_lse:
         return out, q.new_empty(0, dtype=torch.float32)
@@ -223,7 +223,8 @@ def _attention_through_op(q, k, v, call, sinks, cu_seqlens_q, cu_seqlens_k, max_
         mask_spec.chunk_size if mask_spec.has_chunk else 0, mod_spec.cap if mod_spec.kind == SCORE_MOD_SOFTCAP else 0.0,
         mod_spec.slopes, sinks, call.softmax_scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
         kv_cache.k_pages if paged else None, kv_cache.v_pages if paged else None,
-        kv_cache.block_table if paged else None, kv_cache.seqlens if paged else None, num_splits, return_lse)
+        kv_cache.block_table if paged else None, kv_cache.seqlens if paged else None, num_splits, return_lse,
+        kv_cache.starts if paged else None)
     return result if return_lse else result[0]
 
 

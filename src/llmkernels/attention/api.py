@@ -108,6 +108,12 @@ def _validate_metadata_on_host(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, m
         _check_cu_seqlens_values("cu_seqlens_k", cu_k, k.shape[0], "keys", max_seqlen_k, "max_seqlen_k")
     if paged:
         _check_paged_values(seqlens, block_table, kv_cache.num_pages, kv_cache.page_size, max_seqlen_k)
+        if kv_cache.starts is not None:
+            starts = kv_cache.starts.cpu()
+            first = first_true((starts < 0) | (starts > seqlens))
+            if first is not None:
+                b = first[0]
+                raise ValueError(f"kv_cache.starts[{b}] = {int(starts[b])} not in [0, seqlens[{b}] = {int(seqlens[b])}]")
 
 
 def _empty(shape, dtype, device) -> torch.Tensor:
@@ -466,9 +472,11 @@ class _Plan:
             block_table = kv_cache.block_table
             block_table = block_table if block_table.stride(1) == 1 else block_table.contiguous()
             seqlens = kv_cache.seqlens.contiguous()
+            kv_starts = kv_cache.starts.contiguous() if kv_cache.starts is not None else int_dummy
+            self.kv_starts = kv_cache.starts is not None  # part of the plan's key
         else:
             k, v = unit_last_stride(k), unit_last_stride(v)
-            block_table = seqlens = int_dummy
+            block_table = seqlens = kv_starts = int_dummy
         sinks = sinks.contiguous() if sinks is not None else float_dummy
         slopes = score_mod.slopes.contiguous() if self.has_slopes else float_dummy
         if self.split:
@@ -480,7 +488,7 @@ class _Plan:
         pointers = (q, k, v, target_out, target_lse,
                     cu_seqlens_q.contiguous() if self.ragged else int_dummy,
                     cu_seqlens_k.contiguous() if self.ragged and not self.paged else int_dummy,
-                    seqlens, block_table, sinks, slopes, k, v)
+                    seqlens, kv_starts, block_table, sinks, slopes, k, v)
         (self.forward or self._bind_forward(pointers, out, lse))(*pointers)
         if self.split:
             pointers = (o_partial, lse_partial, out, lse if lse is not None else float_dummy, sinks)
@@ -492,16 +500,17 @@ class _Plan:
         ragged, paged, split, config, mask_spec = self.ragged, self.paged, self.split, self.config, self.mask_spec
         if paged:
             stride_k, stride_v = (k.stride(0), k.stride(1), k.stride(2)), (v.stride(0), v.stride(1), v.stride(2))
-            stride_block_table, seqlen_k_dense, page_size = pointers[8].stride(0), 0, k.shape[1]
+            block_table = pointers[9]
+            stride_block_table, seqlen_k_dense, page_size = block_table.stride(0), 0, k.shape[1]
             num_pages = k.shape[0]
-            paged_seqlen_bound = pointers[8].shape[1] * page_size if num_pages > 0 else 0  # no pages: no keys
+            paged_seqlen_bound = block_table.shape[1] * page_size if num_pages > 0 else 0  # no pages: no keys
         else:
             stride_k, stride_v = _strides3(k, ragged), _strides3(v, ragged)
             seqlen_k_dense = 0 if ragged else k.shape[1]
             stride_block_table, page_size, num_pages, paged_seqlen_bound = 0, 16, 0, 0
         descriptors = _kv_token_descriptors(k, v, ragged, config.BN) if self.tma_kv else None
         if descriptors is not None:
-            pointers = (*pointers[:11], *descriptors)
+            pointers = (*pointers[:12], *descriptors)
         # out / lse strides as (b, token, head) and (b, head, token); ragged has no batch stride
         stride_o = _strides3(out, ragged)
         stride_lse = _strides3(lse, ragged) if lse is not None else (0, 0, 0)
@@ -532,7 +541,7 @@ class _Plan:
             REVERSE_Q_BLOCKS=mask_spec.has_window and not split,
             RESCALE_THRESHOLD=config.rescale_threshold, POLY_EXP2_FRACTION=config.poly_exp2_fraction,
             TMA_KV=descriptors is not None,
-            UPCAST=interpreting(),
+            UPCAST=interpreting(), KV_STARTS=paged and self.kv_starts,
             num_warps=config.num_warps, num_stages=config.num_kv_stages,
         )
         return self.forward

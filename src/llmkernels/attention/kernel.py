@@ -121,13 +121,15 @@ def load_kv_tile(base_ptr, batch_offset, kv_start, kv_raw, seqlen_k, head_offset
                  MASKED: tl.constexpr):
     """K or V rows ``kv_raw`` ``[N]`` of one KV head -> ``[N, HEAD_DIM_PAD]`` (zeros past seqlen_k / HEAD_DIM).
 
-    ``PAGED``: block-table entries are clamped to ``[0, num_pages - 1]`` (``seqlen_k`` is already clamped
-    to the table's width), so no table content can make the load leave the pages."""
+    ``PAGED``: key ``kv_raw`` sits at cache position ``kv_start + kv_raw``; block-table entries are clamped to
+    ``[0, num_pages - 1]`` (``kv_start + seqlen_k`` is already clamped to the table's width), so no table content
+    can make the load leave the pages."""
     in_range = kv_raw < seqlen_k
     if PAGED:
-        page = tl.load(block_table_row + kv_raw // PAGE_SIZE, mask=in_range, other=0)
+        position = kv_start + kv_raw
+        page = tl.load(block_table_row + position // PAGE_SIZE, mask=in_range, other=0)
         page = tl.minimum(tl.maximum(page, 0), num_pages - 1)
-        rows = page.to(tl.int64) * stride_page + (kv_raw % PAGE_SIZE) * stride_row
+        rows = page.to(tl.int64) * stride_page + (position % PAGE_SIZE) * stride_row
     else:
         rows = batch_offset + (kv_start.to(tl.int64) + kv_raw) * stride_row
     ptrs = base_ptr + rows[:, None] + head_offset + dims[None, :]
@@ -306,7 +308,7 @@ def ragged_bounds(cu_seqlens_ptr, batch, total, BLOCK_BATCH: tl.constexpr):
 @triton.jit
 def attention_fwd_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr,
-    cu_seqlens_q_ptr, cu_seqlens_k_ptr, seqlens_k_ptr, block_table_ptr, sinks_ptr, alibi_slopes_ptr,
+    cu_seqlens_q_ptr, cu_seqlens_k_ptr, seqlens_k_ptr, kv_starts_ptr, block_table_ptr, sinks_ptr, alibi_slopes_ptr,
     k_desc, v_desc,
     stride_qb, stride_qs, stride_qh,
     stride_kb, stride_ks, stride_kh,
@@ -324,14 +326,15 @@ def attention_fwd_kernel(
     SCORE_MOD_KIND: tl.constexpr, SCORE_MOD: tl.constexpr, HAS_SINKS: tl.constexpr,
     SPLIT: tl.constexpr, RETURN_LSE: tl.constexpr, REVERSE_Q_BLOCKS: tl.constexpr,
     RESCALE_THRESHOLD: tl.constexpr, POLY_EXP2_FRACTION: tl.constexpr, TMA_KV: tl.constexpr,
-    UPCAST: tl.constexpr,
+    UPCAST: tl.constexpr, KV_STARTS: tl.constexpr = False,
 ):
     """Attention forward for one (Q block, batch x KV head x head tile) pair and one split.
 
     Layouts (element strides; ``*_b`` is 0 for ragged tensors whose rows are tokens):
       q ``[B, Sq, Hq, D]`` / ``[total_q, Hq, D]``; k, v ``[B, Skv, Hkv, D]`` / ``[total_k, Hkv, D]`` or,
       ``PAGED``, pages ``[num_pages, PAGE_SIZE, Hkv, D]`` (``stride_kb`` = page stride) with
-      ``block_table`` int32 ``[B, max_pages]`` and ``seqlens_k`` int32 ``[B]``;
+      ``block_table`` int32 ``[B, max_pages]`` and ``seqlens_k`` int32 ``[B]`` (the end position of sequence b;
+      with ``KV_STARTS`` its keys start at position ``kv_starts[b]``, int32 ``[B]``, else at 0);
       out like q (``SPLIT``: float32 with a leading split dim, ``stride_o_split``);
       lse ``[B, Hq, Sq]`` / ``[Hq, total_q]`` (``SPLIT``: float32 base-2 with a leading split dim).
       ``TMA_KV`` (dense or ragged K/V, not paged, ``HEAD_DIM == HEAD_DIM_PAD``): ``k_desc`` / ``v_desc`` are
@@ -340,7 +343,8 @@ def attention_fwd_kernel(
 
     Metadata is never trusted with an address: ragged bounds come from :func:`ragged_bounds` (rows
     ``total_q`` / ``total_k``), ``seqlens_k[b]`` is clamped to ``[0, paged_seqlen_bound]`` (the block
-    table's width in keys, 0 without pages) and page ids to ``[0, num_pages - 1]``.
+    table's width in keys, 0 without pages), ``kv_starts[b]`` to ``[0, seqlens_k[b]]`` and page ids to
+    ``[0, num_pages - 1]``.
     """
     BLOCK_M: tl.constexpr = BLOCK_Q * HEADS_PER_TILE
     # axis 0 = (q block, batch x KV head x head tile) with the q block slowest, axis 1 = split
@@ -363,6 +367,9 @@ def attention_fwd_kernel(
     if PAGED:
         kv_start = batch * 0
         seqlen_k = tl.minimum(tl.maximum(tl.load(seqlens_k_ptr + batch), 0), paged_seqlen_bound)
+        if KV_STARTS:  # keys from position kv_starts[b] (clamped to the end) on
+            kv_start = tl.minimum(tl.maximum(tl.load(kv_starts_ptr + batch), 0), seqlen_k)
+            seqlen_k = seqlen_k - kv_start
     elif RAGGED_K:
         kv_start, seqlen_k = ragged_bounds(cu_seqlens_k_ptr, batch, total_k, BLOCK_BATCH)
     else:

@@ -22,14 +22,19 @@ class PagedKVCache:
         block_table: int32 ``[B, max_pages]``: ``block_table[b, i]`` is the page holding keys
             ``i * page_size ... (i + 1) * page_size - 1`` of sequence b (pages in any order).
             Entries past a sequence's last page are never read.
-        seqlens: int32 ``[B]``: keys of sequence b in the cache, the new tokens included.
+        seqlens: int32 ``[B]``: keys of sequence b in the cache, the new tokens included (with ``starts``: the
+            end position, one past its last key).
+        starts: optional int32 ``[B]``: sequence b's keys are cache positions ``starts[b] .. seqlens[b] - 1``
+            (flash-attn's ``cache_leftpad``); default: from position 0. Positions count from the start of the
+            sequence's first page; key indices (causal alignment, windows, score mods) from ``starts[b]``.
 
     Every tensor may be any view (strided, expanded, offset; pages whose head dim is not unit-stride are
     copied by :func:`attention`). The tensors are checked for shape, dtype and device here; their contents (page indices in range,
     ``0 <= seqlens[b] <= max_pages * page_size``) are the caller's contract and are not read on the host
     (``attention(..., validate=True)`` checks them, with one sync). The kernels never trust them with an
     address: ``seqlens[b]`` is read clamped to ``[0, max_pages * page_size]`` (negative: no keys, a fully
-    masked row with output 0 and LSE -inf) and a block-table entry clamped to ``[0, num_pages - 1]``, so a
+    masked row with output 0 and LSE -inf), ``starts[b]`` clamped to ``[0, seqlens[b]]`` and a block-table entry
+    clamped to ``[0, num_pages - 1]``, so a
     bad entry reads the wrong page of this cache but never memory outside ``k_pages`` / ``v_pages``.
 
     Raises:
@@ -41,6 +46,7 @@ class PagedKVCache:
     v_pages: torch.Tensor
     block_table: torch.Tensor
     seqlens: torch.Tensor
+    starts: torch.Tensor | None = None
 
     def __post_init__(self):
         for name in ("k_pages", "v_pages", "block_table", "seqlens"):
@@ -63,16 +69,22 @@ class PagedKVCache:
                             f"{tuple(self.block_table.shape)}")
         if self.seqlens.dtype != torch.int32 or self.seqlens.dim() != 1:
             raise TypeError(f"PagedKVCache.seqlens must be int32 [B], got {self.seqlens.dtype} {tuple(self.seqlens.shape)}")
+        if self.starts is not None and (not isinstance(self.starts, torch.Tensor) or self.starts.dtype != torch.int32
+                                        or tuple(self.starts.shape) != tuple(self.seqlens.shape)):
+            raise TypeError(f"PagedKVCache.starts must be None or int32 [B] like seqlens, got "
+                            f"{getattr(self.starts, 'dtype', type(self.starts).__name__)} "
+                            f"{tuple(getattr(self.starts, 'shape', ()))}")
         if self.seqlens.shape[0] != self.block_table.shape[0]:
             raise ValueError(f"PagedKVCache.seqlens has {self.seqlens.shape[0]} entries but block_table has "
                              f"{self.block_table.shape[0]} rows")
-        devices = {t.device for t in (k_pages, v_pages, self.block_table, self.seqlens)}
+        devices = {t.device for t in (k_pages, v_pages, self.block_table, self.seqlens, self.starts) if t is not None}
         if len(devices) != 1:
             raise ValueError(f"PagedKVCache tensors must share one device, got {sorted(map(str, devices))}")
 
     def plan_key(self) -> tuple:
-        """What a plan depends on (:func:`llmkernels._launch.value_key`): the four tensors' signatures."""
-        return ("PagedKVCache", *map(tensor_key, (self.k_pages, self.v_pages, self.block_table, self.seqlens)))
+        """What a plan depends on (:func:`llmkernels._launch.value_key`): the tensors' signatures."""
+        key = ("PagedKVCache", *map(tensor_key, (self.k_pages, self.v_pages, self.block_table, self.seqlens)))
+        return key if self.starts is None else (*key, tensor_key(self.starts))
 
     @property
     def page_size(self) -> int:

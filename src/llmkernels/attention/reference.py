@@ -37,11 +37,12 @@ def _split_mask(mask):
     return tuple(builtin), user
 
 
-def _paged_to_dense(kv_cache: PagedKVCache, batch: int, length: int):
+def _paged_to_dense(kv_cache: PagedKVCache, batch: int, length: int, start: int = 0):
+    """Keys and values of cache positions ``start .. length - 1`` of sequence ``batch``."""
     pages_needed = -(-length // kv_cache.page_size)
     page_ids = kv_cache.block_table[batch, :pages_needed].long()
-    k = kv_cache.k_pages[page_ids].reshape(-1, kv_cache.num_kv_heads, kv_cache.head_dim)[:length]
-    v = kv_cache.v_pages[page_ids].reshape(-1, kv_cache.num_kv_heads, kv_cache.head_dim)[:length]
+    k = kv_cache.k_pages[page_ids].reshape(-1, kv_cache.num_kv_heads, kv_cache.head_dim)[start:length]
+    v = kv_cache.v_pages[page_ids].reshape(-1, kv_cache.num_kv_heads, kv_cache.head_dim)[start:length]
     return k, v
 
 
@@ -75,6 +76,8 @@ def attention_reference(q, k, v, *, causal=False, mask=None, score_mod=None, sin
     if kv_cache is None and ragged:
         starts_k = cu_seqlens_k.tolist()
     seqlens_cache = kv_cache.seqlens.tolist() if kv_cache is not None else None
+    starts_cache = (kv_cache.starts.tolist() if kv_cache is not None and kv_cache.starts is not None
+                    else [0] * batch)
 
     out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
     lse_shape = (num_q_heads, q.shape[0]) if ragged else (q.shape[0], num_q_heads, q.shape[1])
@@ -82,7 +85,7 @@ def attention_reference(q, k, v, *, causal=False, mask=None, score_mod=None, sin
     for b in range(batch):
         qb = q[starts_q[b]:starts_q[b + 1]] if ragged else q[b]
         if kv_cache is not None:
-            kb, vb = _paged_to_dense(kv_cache, b, seqlens_cache[b])
+            kb, vb = _paged_to_dense(kv_cache, b, seqlens_cache[b], min(max(starts_cache[b], 0), seqlens_cache[b]))
         elif ragged:
             kb, vb = k[starts_k[b]:starts_k[b + 1]], v[starts_k[b]:starts_k[b + 1]]
         else:
