@@ -247,3 +247,38 @@ def test_errors_name_the_argument(device):
         flash_attn_with_kvcache(q, cache, cache, block_table=table, cache_batch_idx=table[0])
     with pytest.raises(ValueError, match="grad"):
         flash_attn_func(q.requires_grad_(), k, v)
+
+
+@pytest.mark.gpu
+def test_kvcache_decode_step_replays_in_a_cuda_graph(device):
+    """A decode step (append with rotary, attend) captured once reads cache_seqlens on the device: replays with
+    new lengths equal eager calls."""
+    batch, heads, kv_heads, dim, capacity = 4, 8, 2, 64, 256
+    k_cache, v_cache = _randn(batch, capacity, kv_heads, dim, device=device), _randn(batch, capacity, kv_heads, dim,
+                                                                                    device=device)
+    angle = torch.rand(capacity, dim // 2, device=device) * 2 * math.pi
+    cos, sin = angle.cos().bfloat16(), angle.sin().bfloat16()
+    q, k, v = (_randn(batch, 1, h, dim, device=device) for h in (heads, kv_heads, kv_heads))
+    seqlens = torch.tensor([0, 5, 100, 200], dtype=torch.int32, device=device)
+    out = torch.empty_like(q)
+
+    def step():
+        out.copy_(flash_attn_with_kvcache(q, k_cache, v_cache, k, v, rotary_cos=cos, rotary_sin=sin,
+                                          cache_seqlens=seqlens, causal=True))
+
+    caches = (k_cache.clone(), v_cache.clone())
+    step()  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    for lengths in ([7, 0, 255, 31], [1, 2, 3, 4]):
+        seqlens.copy_(torch.tensor(lengths, dtype=torch.int32, device=device))
+        k_cache.copy_(caches[0])
+        v_cache.copy_(caches[1])
+        graph.replay()
+        replayed, replayed_cache = out.clone(), k_cache.clone()
+        k_cache.copy_(caches[0])
+        v_cache.copy_(caches[1])
+        eager = flash_attn_with_kvcache(q, k_cache, v_cache, k, v, rotary_cos=cos, rotary_sin=sin,
+                                        cache_seqlens=seqlens, causal=True)
+        assert torch.equal(replayed, eager) and torch.equal(replayed_cache, k_cache)
