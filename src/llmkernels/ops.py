@@ -23,7 +23,7 @@ from .attention import api as attention_api
 from .attention.masks import SCORE_MOD_SOFTCAP, UNBOUNDED, Chunked, SlidingWindow, alibi
 from .attention.masks import softcap as make_softcap
 from .attention.paged import PagedKVCache
-from .formats import ScaledTensor, nvfp4_global_scale, scaled_tensor_from_parts, scaled_tensor_parts
+from .formats import ScaledTensor, nvfp4_global_scale, scaled_tensor_from_parts, scaled_tensor_parts, unwrap_torchao
 from .formats import api as formats_api
 from .formats.spec import format_spec
 from .grouped_matmul import api as grouped_matmul_api
@@ -180,6 +180,7 @@ def quantize(x, format, *, global_scale=None, scale_layout="row", group_offsets=
 @functools.wraps(grouped_matmul_api.grouped_matmul)
 def grouped_matmul(a, b, a_offsets, expert_ids, expert_scales=None, *, epilogue=None, out_dtype=torch.bfloat16,
                    out=None, config=None, validate=False):
+    a, b = unwrap_torchao(a), unwrap_torchao(b)  # torchao's MXTensor / NVFP4Tensor: views as ScaledTensors
     call = None
     if torch.compiler.is_compiling() and out is None and config is None and not validate:
         call = grouped_matmul_api.check_grouped_matmul(a, b, a_offsets, expert_ids, expert_scales, epilogue,

@@ -4,9 +4,11 @@ from .layout import from_blocked_scales, from_grouped_blocked_scales, to_blocked
 from .reference import dequantize, nvfp4_global_scale, quantize_reference
 from .scaled_tensor import HOPPER_FORMATS, SCALE_LAYOUTS, ScaledTensor, scaled_tensor_from_parts, scaled_tensor_parts
 from .spec import FORMATS, FormatSpec, format_spec
+from .torchao import from_torchao, is_torchao_tensor, to_torchao, unwrap_torchao
 
 __all__ = [
     "ScaledTensor", "quantize", "dequantize", "quantize_reference", "nvfp4_global_scale",
     "to_blocked_scales", "from_blocked_scales", "to_grouped_blocked_scales", "from_grouped_blocked_scales",
     "FORMATS", "FormatSpec", "format_spec", "SCALE_LAYOUTS", "HOPPER_FORMATS", "scaled_tensor_parts", "scaled_tensor_from_parts",
+    "from_torchao", "to_torchao", "is_torchao_tensor", "unwrap_torchao",
 ]

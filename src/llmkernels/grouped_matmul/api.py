@@ -12,7 +12,7 @@ from .. import _runtime
 from .._launch import BoundKernel, PlanCache, bind
 from .._runtime import (check_device, check_out, cuda_capability, describe, first_bad_prefix_sum, first_true,
                         forward_only, interpreting, next_power_of_2, num_programs_hint, unit_last_stride)
-from ..formats import ScaledTensor
+from ..formats import ScaledTensor, unwrap_torchao
 from ..formats.kernel import upcast_rows_kernel
 from . import hopper_kernel, kernel
 from .config import ALL_GROUP_SIZES, HOPPER_MIN_BLOCK_K, BlockScaledMatmulConfig, default_launches
@@ -296,6 +296,7 @@ def grouped_matmul(    a,
             memory with an input, an input that requires grad (forward-only), and with ``validate=True``
             bad offsets or expert ids.
     """
+    a, b = unwrap_torchao(a), unwrap_torchao(b)
     key, plan = _PLANS.lookup(a, b, a_offsets, expert_ids, expert_scales, epilogue, out_dtype, out, config)
     if plan is None:
         call = check_grouped_matmul(a, b, a_offsets, expert_ids, expert_scales, epilogue, out_dtype, out, config)

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from .._runtime import cuda_capability, forward_only, interpreting
-from ..formats import FORMATS, HOPPER_FORMATS, ScaledTensor
+from ..formats import FORMATS, HOPPER_FORMATS, ScaledTensor, unwrap_torchao
 from ..formats.spec import format_spec
 from ..ops import combine, dispatch, grouped_matmul, quantize
 from ..routing import check_correction_bias, route, select_experts
@@ -49,6 +49,7 @@ class MoEFeedForward(nn.Module):
         if router_weight.dim() != 2:
             raise ValueError(f"router_weight must be [E, H], got shape {tuple(router_weight.shape)}")
         num_experts, hidden = router_weight.shape
+        w_gate_up, w_down = unwrap_torchao(w_gate_up), unwrap_torchao(w_down)  # torchao tensors: as ScaledTensors
         for name, weight in (("w_gate_up", w_gate_up), ("w_down", w_down)):
             if not isinstance(weight, (torch.Tensor, ScaledTensor)):
                 raise TypeError(f"{name} must be a ScaledTensor or a bf16 tensor, got {type(weight).__name__}")
