@@ -179,8 +179,9 @@ def _grouped_matmul_call(a_format: str, b_format: str, a_layout: str = "row", b_
 # ----------------------------------------------------------------------------- attention
 
 def _attention_call(mode: str) -> Call:
-    """mode: "dense" (causal window, sinks, ALiBi), "ragged" (cu_seqlens, sliding window), "paged"
-    (one pass, shuffled pages), "decode" (paged, split-KV with sinks), "dense-decode" (split-KV, sinks)."""
+    """mode: "dense" (causal window, sinks, ALiBi, an additive mask tensor), "ragged" (cu_seqlens, sliding
+    window), "paged" (one pass, shuffled pages, starts), "decode" (paged, split-KV with sinks), "dense-decode"
+    (split-KV, sinks, a bool mask tensor)."""
     heads, kv_heads, dtype = 4, 2, torch.float16
 
     def make(device):
@@ -206,6 +207,9 @@ def _attention_call(mode: str) -> Call:
             leaves["sinks"] = torch.randn(heads, device=device)
         if mode == "dense":
             leaves["score_mod.slopes"] = torch.rand(heads, device=device) / 4
+            leaves["mask.tensor"] = torch.randn(2, 1, 20, 37, device=device)  # an additive bias
+        if mode == "dense-decode":
+            leaves["mask.tensor"] = torch.rand(2, heads, 1, 37, device=device) > 0.2
         return leaves
 
     def run(leaves):
@@ -216,7 +220,7 @@ def _attention_call(mode: str) -> Call:
         ragged = "cu_seqlens_q" in leaves
         return lk.attention(
             leaves["q"], leaves.get("k"), leaves.get("v"), causal=mode != "ragged",
-            mask=lk.SlidingWindow(12, 3) if mode == "ragged" else None,
+            mask=lk.SlidingWindow(12, 3) if mode == "ragged" else leaves.get("mask.tensor"),
             score_mod=lk.alibi(leaves["score_mod.slopes"]) if "score_mod.slopes" in leaves else None,
             sinks=leaves.get("sinks"), cu_seqlens_q=leaves.get("cu_seqlens_q"), cu_seqlens_k=leaves.get("cu_seqlens_k"),
             max_seqlen_q=20 if ragged else None, max_seqlen_k=24 if ragged else None, kv_cache=kv_cache,

@@ -286,6 +286,70 @@ def test_paged_starts_skip_leading_positions(device, split):
         PagedKVCache(cache.k_pages, cache.v_pages, cache.block_table, cache.seqlens, cache.starts.long())
 
 
+# --------------------------------------------------------------------------- materialized masks (SDPA's attn_mask)
+
+def _mask_inputs(device, batch=3, seqlen_q=37, seqlen_k=53, heads=4, kv_heads=2, dim=32):
+    q = torch.randn(batch, seqlen_q, heads, dim, dtype=torch.float16, device=device)
+    k = torch.randn(batch, seqlen_k, kv_heads, dim, dtype=torch.float16, device=device)
+    v = torch.randn(batch, seqlen_k, kv_heads, dim, dtype=torch.float16, device=device)
+    return q, k, v
+
+
+@pytest.mark.parametrize("split", [1, 3])
+def test_bool_padding_mask(device, split):
+    """[B, 1, 1, Skv] key padding (one sequence with no key left: output 0, LSE -inf), with causal."""
+    q, k, v = _mask_inputs(device)
+    keep = torch.ones(3, 1, 1, 53, dtype=torch.bool, device=device)
+    keep[0, ..., 40:] = False
+    keep[1] = False
+    keep[2, ..., ::3] = False
+    out, lse = _check(q, k, v, mask=keep, causal=True, config=CPU_CONFIG, num_splits=split, what="padding")
+    assert not out[1].any() and torch.isneginf(lse[1]).all()
+
+
+def test_additive_bias_with_window_sinks_and_gqa(device):
+    """A float bias [1, Hq, Sq, Skv] (some -inf) added to the scaled scores, under a window, sinks and GQA."""
+    q, k, v = _mask_inputs(device)
+    bias = torch.randn(1, 4, 37, 53, device=device)
+    bias[..., 5] = float("-inf")
+    sinks = torch.randn(4, device=device)
+    _check(q, k, v, mask=(bias, SlidingWindow(12, 4)), sinks=sinks, config=CPU_CONFIG, num_splits=1, what="bias")
+    _check(q, k, v, mask=bias.to(torch.bfloat16), causal=True, config=CPU_CONFIG, num_splits=2, what="bf16 bias")
+
+
+def test_mask_views_and_paged_decode(device):
+    """A full [B, Hq, Sq, Skv] bool mask as a transposed view and as an expanded one; paged decode with a mask
+    over the block table's width."""
+    q, k, v = _mask_inputs(device)
+    dense = torch.rand(3, 4, 53, 37, device=device).transpose(-1, -2) > 0.3
+    _check(q, k, v, mask=dense, config=CPU_CONFIG, num_splits=1, what="transposed mask")
+    expanded = (torch.rand(1, 1, 37, 53, device=device) > 0.5).expand(3, 4, 37, 53)
+    assert torch.equal(attention(q, k, v, mask=expanded, config=CPU_CONFIG, num_splits=1),
+                       attention(q, k, v, mask=expanded.contiguous(), config=CPU_CONFIG, num_splits=1))
+    cache = _paged_cache([40, 7, 65], 16, 2, 32, torch.float16, device)
+    q1 = torch.randn(3, 2, 4, 32, dtype=torch.float16, device=device)
+    keep = torch.rand(3, 1, 2, cache.max_seqlen_bound, device=device) > 0.4
+    _check(q1, None, None, kv_cache=cache, mask=keep, causal=True, config=CPU_CONFIG, num_splits=3, what="paged mask")
+
+
+def test_mask_tensor_errors(device):
+    q, k, v = _mask_inputs(device)
+    with pytest.raises(ValueError, match="broadcast"):
+        attention(q, k, v, mask=torch.ones(3, 4, 37, 52, dtype=torch.bool, device=device))
+    with pytest.raises(TypeError, match="mask tensor"):
+        attention(q, k, v, mask=torch.ones(1, 53, dtype=torch.int32, device=device))
+    with pytest.raises(ValueError, match="at most one"):
+        keep = torch.ones(53, dtype=torch.bool, device=device)
+        attention(q, k, v, mask=(keep, keep))
+    with pytest.raises(ValueError, match="grad"):
+        attention(q, k, v, mask=torch.zeros(53, device=device, requires_grad=True))
+    ragged_q = q.reshape(-1, 4, 32)
+    cu = _cu_seqlens([37, 37, 37], device)
+    with pytest.raises(ValueError, match="dense q"):
+        attention(ragged_q, k.reshape(-1, 2, 32)[:111], v.reshape(-1, 2, 32)[:111], cu_seqlens_q=cu, cu_seqlens_k=cu,
+                  mask=torch.ones(53, dtype=torch.bool, device=device))
+
+
 # --------------------------------------------------------------------------- masks and score mods
 
 MASKS = {

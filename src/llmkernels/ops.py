@@ -20,7 +20,7 @@ import functools
 import torch
 
 from .attention import api as attention_api
-from .attention.masks import SCORE_MOD_SOFTCAP, UNBOUNDED, Chunked, SlidingWindow, alibi
+from .attention.masks import SCORE_MOD_SOFTCAP, UNBOUNDED, Chunked, SlidingWindow, alibi, split_mask_tensor
 from .attention.masks import softcap as make_softcap
 from .attention.paged import PagedKVCache
 from .formats import ScaledTensor, nvfp4_global_scale, scaled_tensor_from_parts, scaled_tensor_parts, unwrap_torchao
@@ -89,6 +89,7 @@ def attention_op(
     max_seqlen_q: int | None, max_seqlen_k: int | None,
     k_pages: torch.Tensor | None, v_pages: torch.Tensor | None, block_table: torch.Tensor | None,
     seqlens: torch.Tensor | None, num_splits: int | None, return_lse: bool, kv_starts: torch.Tensor | None = None,
+    attn_mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`llmkernels.attention` with its mask and score modifier as plain values: a window
     (``-1`` = unbounded side; causal is the window's ``right = 0``), a chunk size (0: none), a
@@ -101,7 +102,7 @@ def attention_op(
         raise ValueError(f"chunk_size must be >= 0 (0: no chunking), got {chunk_size}")
     if not softcap >= 0.0:
         raise ValueError(f"softcap must be >= 0 (0: no softcap), got {softcap}")
-    mask = []
+    mask = [] if attn_mask is None else [attn_mask]
     if has_window:
         mask.append(SlidingWindow(window_left, window_right))
     if chunk_size > 0:
@@ -120,7 +121,7 @@ def attention_op(
 @attention_op.register_fake
 def _attention_fake(q, k, v, has_window, window_left, window_right, chunk_size, softcap, alibi_slopes, sinks,
                     softmax_scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, k_pages, v_pages,
-                    block_table, seqlens, num_splits, return_lse, kv_starts=None):
+                    block_table, seqlens, num_splits, return_lse, kv_starts=None, attn_mask=None):
     out = torch.empty_like(q)
     if not return_lse:
         return out, q.new_empty(0, dtype=torch.float32)
@@ -203,7 +204,7 @@ def attention(q, k, v, *, causal=False, mask=None, score_mod=None, sinks=None, s
                                              return_lse, config, validate)
         if call.mask_spec.mask_mod is None and call.mod_spec.fn is None:  # Python callables cannot cross the op
             return _attention_through_op(q, k, v, call, sinks, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                         kv_cache, num_splits, return_lse)
+                                         kv_cache, num_splits, return_lse, split_mask_tensor(mask)[1])
     return attention_api.attention(q, k, v, causal=causal, mask=mask, score_mod=score_mod, sinks=sinks,
                                    softmax_scale=softmax_scale, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                                    max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, kv_cache=kv_cache,
@@ -211,7 +212,7 @@ def attention(q, k, v, *, causal=False, mask=None, score_mod=None, sinks=None, s
 
 
 def _attention_through_op(q, k, v, call, sinks, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, kv_cache,
-                          num_splits, return_lse):
+                          num_splits, return_lse, attn_mask=None):
     """The custom op's call for checked arguments: mask and score modifier as plain values."""
     mask_spec, mod_spec = call.mask_spec, call.mod_spec
 
@@ -225,7 +226,7 @@ def _attention_through_op(q, k, v, call, sinks, cu_seqlens_q, cu_seqlens_k, max_
         mod_spec.slopes, sinks, call.softmax_scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
         kv_cache.k_pages if paged else None, kv_cache.v_pages if paged else None,
         kv_cache.block_table if paged else None, kv_cache.seqlens if paged else None, num_splits, return_lse,
-        kv_cache.starts if paged else None)
+        kv_cache.starts if paged else None, attn_mask)
     return result if return_lse else result[0]
 
 

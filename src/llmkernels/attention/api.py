@@ -16,7 +16,8 @@ from .._runtime import (cdiv, check_device, cuda_capability, first_bad_prefix_su
 from . import split_kv
 from .config import SUPPORTED_HEAD_DIMS, FA4Config, default_config
 from .kernel import attention_fwd_kernel
-from .masks import SCORE_MOD_ALIBI, UNBOUNDED, MaskSpec, ScoreModSpec, resolve_mask, resolve_score_mod
+from .masks import (MASK_TENSOR_DTYPES, SCORE_MOD_ALIBI, UNBOUNDED, MaskSpec, ScoreModSpec, mask_tensor_kind,
+                    resolve_mask, resolve_score_mod, split_mask_tensor)
 from .paged import PagedKVCache
 
 __all__ = ["attention", "check_attention"]
@@ -172,6 +173,7 @@ class CheckedCall:
     mod_spec: ScoreModSpec
     softmax_scale: float
     device: torch.device
+    mask_kind: str = "none"  # the materialized mask: "none", "bool" or "additive"
 
 
 def check_attention(q, k, v, causal, mask, score_mod, sinks, softmax_scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
@@ -254,7 +256,11 @@ def check_attention(q, k, v, causal, mask, score_mod, sinks, softmax_scale, cu_s
         raise TypeError(f"return_lse must be a bool, got {type(return_lse).__name__}")
     if not isinstance(validate, bool):
         raise TypeError(f"validate must be a bool, got {type(validate).__name__}")
+    mask, attn_mask = split_mask_tensor(mask)
     mask_spec = resolve_mask(causal, mask)
+    if attn_mask is not None:
+        _check_mask_tensor(attn_mask, ragged, batch, num_q_heads, q_bound,
+                           kv_cache.max_seqlen_bound if paged else (k.shape[1] if not ragged else None))
     mod_spec = resolve_score_mod(score_mod)
     if mod_spec.kind == SCORE_MOD_ALIBI and mod_spec.slopes.shape[0] != num_q_heads:
         raise ValueError(f"alibi slopes must be [Hq] = [{num_q_heads}], got {tuple(mod_spec.slopes.shape)}")
@@ -280,15 +286,28 @@ def check_attention(q, k, v, causal, mask, score_mod, sinks, softmax_scale, cu_s
             raise ValueError(f"config.page_size={config.page_size} but kv_cache has page size {kv_cache.page_size}")
     device = check_device(
         q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, sinks=sinks,
-        alibi_slopes=mod_spec.slopes,
+        alibi_slopes=mod_spec.slopes, mask=attn_mask,
         k_pages=kv_cache.k_pages if paged else None,
         block_table=kv_cache.block_table if paged else None,
         seqlens=kv_cache.seqlens if paged else None)
-    forward_only("attention", q=q, k=k, v=v, sinks=sinks, alibi_slopes=mod_spec.slopes,
+    forward_only("attention", q=q, k=k, v=v, sinks=sinks, alibi_slopes=mod_spec.slopes, mask=attn_mask,
                  k_pages=kv_cache.k_pages if paged else None, v_pages=kv_cache.v_pages if paged else None)
 
     return CheckedCall(ragged, paged, batch, num_q_heads, num_kv_heads, head_dim, group, q_bound, kv_bound, mask_spec,
-                       mod_spec, softmax_scale, device)
+                       mod_spec, softmax_scale, device, mask_tensor_kind(attn_mask))
+
+
+def _check_mask_tensor(attn_mask, ragged: bool, batch: int, num_q_heads: int, seqlen_q: int, seqlen_k) -> None:
+    """A materialized mask broadcastable to ``[B, Hq, Sq, Skv]`` (Skv: k's keys, or the block table's width)."""
+    if attn_mask.dtype not in MASK_TENSOR_DTYPES:
+        raise TypeError(f"mask tensor must be bool or float32/float16/bfloat16, got {attn_mask.dtype}")
+    if ragged:
+        raise ValueError("a mask tensor needs dense q [B, Sq, Hq, D] (ragged q: not supported)")
+    full = (batch, num_q_heads, seqlen_q, seqlen_k)
+    shape = (1,) * (4 - attn_mask.dim()) + tuple(attn_mask.shape)
+    if attn_mask.dim() > 4 or any(size not in (1, want) for size, want in zip(shape, full)):
+        raise ValueError(f"mask tensor of shape {tuple(attn_mask.shape)} does not broadcast to [B, Hq, Sq, Skv] = "
+                         f"{list(full)}")
 
 
 def attention(
@@ -348,7 +367,12 @@ def attention(
     Args:
         causal: bottom-right aligned: query i of Sq sees keys ``j <= i + Skv - Sq``.
         mask: None, :class:`SlidingWindow`, :class:`Chunked`, a ``@triton.jit`` ``mask_mod(b, h, q_idx,
-            kv_idx) -> bool``, or a tuple of those (ANDed); see :mod:`llmkernels.attention.masks`.
+            kv_idx) -> bool``, a materialized mask tensor, or a tuple of those (ANDed); see
+            :mod:`llmkernels.attention.masks`. The tensor is SDPA's ``attn_mask``: bool (True: attend) or
+            float32/float16/bfloat16 (natural-log bias added to the scaled score, after ``score_mod``),
+            broadcastable to ``[B, Hq, Sq, Skv]`` (Skv: k's keys, or ``block_table.shape[1] * page_size``
+            with a paged cache; key index j counts from the sequence's first key), any strides; read tile by
+            tile (broadcast dims by stride 0, never expanded in memory). Dense q only.
         score_mod: None, :func:`softcap`, :func:`alibi` or a ``@triton.jit`` ``score_mod(score, b, h, q_idx,
             kv_idx) -> score`` applied to the scaled score.
         sinks: float32 ``[Hq]`` natural-log sink logits (not scaled): they join each row's softmax
@@ -394,7 +418,7 @@ def attention(
     if validate:
         _validate_metadata_on_host(q, k, cu_seqlens_q, cu_seqlens_k if kv_cache is None else None,
                                    max_seqlen_q if cu_seqlens_q is not None else None, max_seqlen_k, kv_cache)
-    return plan(q, k, v, kv_cache, cu_seqlens_q, cu_seqlens_k, sinks, score_mod)
+    return plan(q, k, v, kv_cache, cu_seqlens_q, cu_seqlens_k, sinks, score_mod, split_mask_tensor(mask)[1])
 
 
 _PLANS = PlanCache("attention")
@@ -414,6 +438,7 @@ class _Plan:
         self.ragged, self.paged, self.device, self.has_sinks = call.ragged, call.paged, call.device, has_sinks
         self.mask_spec, self.mod_spec = call.mask_spec, dataclasses.replace(call.mod_spec, slopes=None)
         self.has_slopes = call.mod_spec.slopes is not None
+        self.mask_kind = call.mask_kind
         self.softmax_scale, self.return_lse = call.softmax_scale, return_lse
         self.num_q_heads, self.num_kv_heads, self.head_dim = call.num_q_heads, call.num_kv_heads, call.head_dim
         self.q_shape, self.q_dtype = q.shape, q.dtype
@@ -456,7 +481,7 @@ class _Plan:
         # one-element tensors for the pointers a compiled variant never reads (shared, never written)
         self.dummies = (_dummy(call.device, torch.int32), _dummy(call.device, torch.float32))
 
-    def __call__(self, q, k, v, kv_cache, cu_seqlens_q, cu_seqlens_k, sinks, score_mod):
+    def __call__(self, q, k, v, kv_cache, cu_seqlens_q, cu_seqlens_k, sinks, score_mod, attn_mask=None):
         device = self.device
         out = _empty(self.q_shape, self.q_dtype, device)
         lse = _empty(self.lse_shape, torch.float32, device) if self.return_lse else None
@@ -479,6 +504,13 @@ class _Plan:
             block_table = seqlens = kv_starts = int_dummy
         sinks = sinks.contiguous() if sinks is not None else float_dummy
         slopes = score_mod.slopes.contiguous() if self.has_slopes else float_dummy
+        if attn_mask is not None:  # broadcast by strides (0 on size-1 dims), bool read as its bytes
+            attn_mask = attn_mask.view(torch.uint8) if attn_mask.dtype == torch.bool else attn_mask
+            attn_mask = attn_mask.reshape((1,) * (4 - attn_mask.dim()) + tuple(attn_mask.shape))
+            self.mask_strides = tuple(0 if size == 1 else stride
+                                      for size, stride in zip(attn_mask.shape, attn_mask.stride()))
+        else:
+            attn_mask = float_dummy
         if self.split:
             o_partial = _empty(self.partial_shapes[0], torch.float32, device)
             lse_partial = _empty(self.partial_shapes[1], torch.float32, device)
@@ -488,7 +520,7 @@ class _Plan:
         pointers = (q, k, v, target_out, target_lse,
                     cu_seqlens_q.contiguous() if self.ragged else int_dummy,
                     cu_seqlens_k.contiguous() if self.ragged and not self.paged else int_dummy,
-                    seqlens, kv_starts, block_table, sinks, slopes, k, v)
+                    seqlens, kv_starts, block_table, sinks, slopes, attn_mask, k, v)
         (self.forward or self._bind_forward(pointers, out, lse))(*pointers)
         if self.split:
             pointers = (o_partial, lse_partial, out, lse if lse is not None else float_dummy, sinks)
@@ -510,7 +542,7 @@ class _Plan:
             stride_block_table, page_size, num_pages, paged_seqlen_bound = 0, 16, 0, 0
         descriptors = _kv_token_descriptors(k, v, ragged, config.BN) if self.tma_kv else None
         if descriptors is not None:
-            pointers = (*pointers[:12], *descriptors)
+            pointers = (*pointers[:13], *descriptors)
         # out / lse strides as (b, token, head) and (b, head, token); ragged has no batch stride
         stride_o = _strides3(out, ragged)
         stride_lse = _strides3(lse, ragged) if lse is not None else (0, 0, 0)
@@ -525,7 +557,7 @@ class _Plan:
             *_strides3(q, ragged), *stride_k, *stride_v,
             *stride_target_o, stride_o_split,
             *stride_target_lse, stride_lse_split,
-            stride_block_table,
+            stride_block_table, *(self.mask_strides if self.mask_kind != "none" else (0, 0, 0, 0)),
             0 if ragged else q.shape[1], seqlen_k_dense, q.shape[0], k.shape[0], num_pages, paged_seqlen_bound,
             self.num_kv_heads, self.num_q_heads // self.num_kv_heads, self.num_splits, self.num_head_programs,
             float(self.softmax_scale), mask_spec.window_left, mask_spec.window_right, mask_spec.chunk_size,
@@ -541,7 +573,7 @@ class _Plan:
             REVERSE_Q_BLOCKS=mask_spec.has_window and not split,
             RESCALE_THRESHOLD=config.rescale_threshold, POLY_EXP2_FRACTION=config.poly_exp2_fraction,
             TMA_KV=descriptors is not None,
-            UPCAST=interpreting(), KV_STARTS=paged and self.kv_starts,
+            UPCAST=interpreting(), KV_STARTS=paged and self.kv_starts, MASK_TENSOR=self.mask_kind,
             num_warps=config.num_warps, num_stages=config.num_kv_stages,
         )
         return self.forward

@@ -162,14 +162,20 @@ def update_q_tile(acc, row_sum, row_max, q, k, v, batch, heads, q_idx_mod, q_pos
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
                   HAS_WINDOW: tl.constexpr, HAS_CHUNK: tl.constexpr, HAS_MASK_MOD: tl.constexpr,
                   MASK_MOD: tl.constexpr, SCORE_MOD_KIND: tl.constexpr, SCORE_MOD: tl.constexpr,
-                  RESCALE_THRESHOLD: tl.constexpr, POLY_EXP2_FRACTION: tl.constexpr, UPCAST: tl.constexpr):
-    """QK^T, score mod, mask, online softmax and PV of one Q tile against one K/V tile."""
+                  RESCALE_THRESHOLD: tl.constexpr, POLY_EXP2_FRACTION: tl.constexpr, UPCAST: tl.constexpr,
+                  mask_tile=0.0, MASK_TENSOR: tl.constexpr = "none"):
+    """QK^T, score mod, mask, online softmax and PV of one Q tile against one K/V tile (``mask_tile``
+    ``[M, N]``: the materialized mask's values, ``MASK_TENSOR`` ``"bool"`` or ``"additive"``)."""
     scores = log2_scores(mma(q, tl.trans(k), None, UPCAST), batch, heads, q_idx_mod, q_pos, alibi_slopes, kv_mod,
                          softmax_scale, qk_scale_log2, softcap_value, SCORE_MOD_KIND, SCORE_MOD)
+    if MASK_TENSOR == "additive":  # natural-log bias on the scaled score, as SDPA's float attn_mask
+        scores = scores + mask_tile.to(tl.float32) * LOG2E
     if MASKED:
         visible = visible_mask(batch, heads[:, None], q_idx_mod[:, None], kv_mod[None, :], q_pos[:, None],
                                kv_raw[None, :], seqlen_k, window_left, window_right, chunk_size,
                                HAS_WINDOW, HAS_CHUNK, HAS_MASK_MOD, MASK_MOD)
+        if MASK_TENSOR == "bool":
+            visible = visible & (mask_tile != 0)
         scores = tl.where(visible, scores, float("-inf"))
     return online_softmax_update(acc, row_sum, row_max, scores, v, BLOCK_M, BLOCK_N,
                                  RESCALE_THRESHOLD, POLY_EXP2_FRACTION, UPCAST)
@@ -201,8 +207,11 @@ def attend_kv_range(acc_a, sum_a, max_a, acc_b, sum_b, max_b, q_a, q_b,
                     MASKED: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_CHUNK: tl.constexpr,
                     HAS_MASK_MOD: tl.constexpr, MASK_MOD: tl.constexpr, SCORE_MOD_KIND: tl.constexpr,
                     SCORE_MOD: tl.constexpr, RESCALE_THRESHOLD: tl.constexpr, POLY_EXP2_FRACTION: tl.constexpr,
-                    TMA_KV: tl.constexpr, UPCAST: tl.constexpr):
+                    TMA_KV: tl.constexpr, UPCAST: tl.constexpr,
+                    mask_rows_a=0, mask_rows_b=0, stride_mask_k=0, MASK_TENSOR: tl.constexpr = "none"):
     """Keys ``[kv_lo, kv_hi)`` (kv_lo a multiple of BLOCK_N): each K/V tile is loaded once for both Q tiles.
+    ``MASK_TENSOR``: row pointers ``mask_rows_a`` / ``_b`` ``[BLOCK_M]`` into the materialized mask, whose
+    key stride is ``stride_mask_k``; keys past ``seqlen_k`` are not read.
 
     ``TMA_KV`` and not ``MASKED`` (the fully visible band, whose tiles lie inside the sequence): K/V
     tiles come through the tensor descriptors ``k_desc`` / ``v_desc`` over ``[tokens, Hkv * D]``, at row
@@ -227,17 +236,25 @@ def attend_kv_range(acc_a, sum_a, max_a, acc_b, sum_b, max_b, q_a, q_b,
             kv_mod = tl.minimum(kv_raw, tl.maximum(seqlen_k - 1, 0))
         else:
             kv_mod = kv_raw
+        mask_a = 0.0
+        mask_b = 0.0
+        if MASK_TENSOR != "none":
+            key_offsets = (kv_raw.to(tl.int64) * stride_mask_k)[None, :]
+            key_ok = (kv_raw < seqlen_k)[None, :]
+            mask_a = tl.load(mask_rows_a[:, None] + key_offsets, mask=key_ok, other=0)
+            if NUM_Q_TILES == 2:
+                mask_b = tl.load(mask_rows_b[:, None] + key_offsets, mask=key_ok, other=0)
         acc_a, sum_a, max_a = update_q_tile(
             acc_a, sum_a, max_a, q_a, k, v, batch, heads, q_idx_mod_a, q_pos_a, alibi_slopes,
             kv_raw, kv_mod, seqlen_k, softmax_scale, qk_scale_log2, window_left, window_right, chunk_size,
             softcap_value, BLOCK_M, BLOCK_N, MASKED, HAS_WINDOW, HAS_CHUNK, HAS_MASK_MOD, MASK_MOD,
-            SCORE_MOD_KIND, SCORE_MOD, RESCALE_THRESHOLD, POLY_EXP2_FRACTION, UPCAST)
+            SCORE_MOD_KIND, SCORE_MOD, RESCALE_THRESHOLD, POLY_EXP2_FRACTION, UPCAST, mask_a, MASK_TENSOR)
         if NUM_Q_TILES == 2:
             acc_b, sum_b, max_b = update_q_tile(
                 acc_b, sum_b, max_b, q_b, k, v, batch, heads, q_idx_mod_b, q_pos_b, alibi_slopes,
                 kv_raw, kv_mod, seqlen_k, softmax_scale, qk_scale_log2, window_left, window_right, chunk_size,
                 softcap_value, BLOCK_M, BLOCK_N, MASKED, HAS_WINDOW, HAS_CHUNK, HAS_MASK_MOD, MASK_MOD,
-                SCORE_MOD_KIND, SCORE_MOD, RESCALE_THRESHOLD, POLY_EXP2_FRACTION, UPCAST)
+                SCORE_MOD_KIND, SCORE_MOD, RESCALE_THRESHOLD, POLY_EXP2_FRACTION, UPCAST, mask_b, MASK_TENSOR)
     return acc_a, sum_a, max_a, acc_b, sum_b, max_b
 
 
@@ -309,13 +326,13 @@ def ragged_bounds(cu_seqlens_ptr, batch, total, BLOCK_BATCH: tl.constexpr):
 def attention_fwd_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr,
     cu_seqlens_q_ptr, cu_seqlens_k_ptr, seqlens_k_ptr, kv_starts_ptr, block_table_ptr, sinks_ptr, alibi_slopes_ptr,
-    k_desc, v_desc,
+    attn_mask_ptr, k_desc, v_desc,
     stride_qb, stride_qs, stride_qh,
     stride_kb, stride_ks, stride_kh,
     stride_vb, stride_vs, stride_vh,
     stride_ob, stride_os, stride_oh, stride_o_split,
     stride_lse_b, stride_lse_h, stride_lse_s, stride_lse_split,
-    stride_block_table,
+    stride_block_table, stride_mask_b, stride_mask_h, stride_mask_q, stride_mask_k,
     seqlen_q_dense, seqlen_k_dense, total_q, total_k, num_pages, paged_seqlen_bound,
     num_kv_heads, group, num_splits, num_head_programs,
     softmax_scale, window_left, window_right, chunk_size, softcap_value,
@@ -326,7 +343,7 @@ def attention_fwd_kernel(
     SCORE_MOD_KIND: tl.constexpr, SCORE_MOD: tl.constexpr, HAS_SINKS: tl.constexpr,
     SPLIT: tl.constexpr, RETURN_LSE: tl.constexpr, REVERSE_Q_BLOCKS: tl.constexpr,
     RESCALE_THRESHOLD: tl.constexpr, POLY_EXP2_FRACTION: tl.constexpr, TMA_KV: tl.constexpr,
-    UPCAST: tl.constexpr, KV_STARTS: tl.constexpr = False,
+    UPCAST: tl.constexpr, KV_STARTS: tl.constexpr = False, MASK_TENSOR: tl.constexpr = "none",
 ):
     """Attention forward for one (Q block, batch x KV head x head tile) pair and one split.
 
@@ -402,7 +419,7 @@ def attention_fwd_kernel(
         kv_hi = tl.minimum(kv_hi, (chunk_last + 1) * chunk_size)
         full_lo = tl.maximum(full_lo, chunk_last * chunk_size)
         full_hi = tl.minimum(full_hi, tl.where(pos_first >= 0, (chunk_first + 1) * chunk_size, 0))
-    if HAS_MASK_MOD:
+    if HAS_MASK_MOD or MASK_TENSOR != "none":
         full_hi = tl.minimum(full_hi, 0)  # opaque mask: every tile is masked per element
     lo = (kv_lo // BLOCK_N) * BLOCK_N
     hi = tl.maximum(kv_hi, lo)
@@ -432,6 +449,13 @@ def attention_fwd_kernel(
         q_b = q_a
     q_idx_mod_a = tl.minimum(q_idx_a, tl.maximum(seqlen_q - 1, 0))
     q_idx_mod_b = tl.minimum(q_idx_b, tl.maximum(seqlen_q - 1, 0))
+    mask_rows_a = attn_mask_ptr
+    mask_rows_b = attn_mask_ptr
+    if MASK_TENSOR != "none":  # rows clamped into the mask: a padded row reads a real one, never stored
+        mask_row_base = attn_mask_ptr + batch.to(tl.int64) * stride_mask_b \
+            + tl.minimum(heads, kv_head * group + group - 1).to(tl.int64) * stride_mask_h
+        mask_rows_a = mask_row_base + q_idx_mod_a.to(tl.int64) * stride_mask_q
+        mask_rows_b = mask_row_base + q_idx_mod_b.to(tl.int64) * stride_mask_q
     if SCORE_MOD_KIND == "alibi":
         alibi_slopes = tl.load(alibi_slopes_ptr + heads, mask=head_valid, other=0.0)
     else:
@@ -478,7 +502,8 @@ def attention_fwd_kernel(
             seqlen_k, batch, lo, hi, softmax_scale, qk_scale_log2, window_left, window_right, chunk_size, softcap_value,
             HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, BLOCK_N, NUM_Q_TILES, PAGED, PAGE_SIZE, phase != 1,
             HAS_WINDOW, HAS_CHUNK, HAS_MASK_MOD, MASK_MOD, SCORE_MOD_KIND, SCORE_MOD,
-            RESCALE_THRESHOLD, POLY_EXP2_FRACTION, TMA_KV, UPCAST)
+            RESCALE_THRESHOLD, POLY_EXP2_FRACTION, TMA_KV, UPCAST, mask_rows_a, mask_rows_b, stride_mask_k,
+            MASK_TENSOR)
 
     store_q_tile(acc_a, sum_a, max_a, out_ptr, lse_ptr, sinks_ptr, batch, split, q_start, q_idx_a, heads, valid_a,
                  dims, stride_ob, stride_os, stride_oh, stride_o_split,

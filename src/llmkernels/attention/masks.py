@@ -198,6 +198,30 @@ def _clamp_size(value: int) -> int:
     return UNBOUNDED if value < 0 else min(value, UNBOUNDED)
 
 
+MASK_TENSOR_DTYPES = (torch.bool, torch.float32, torch.float16, torch.bfloat16)
+
+
+def split_mask_tensor(mask):
+    """``(mask without its tensor part, the tensor or None)``: a torch.Tensor in ``mask`` (alone or in a tuple)
+    is a materialized mask, SDPA's ``attn_mask``. Raises ValueError for more than one."""
+    parts = () if mask is None else (tuple(mask) if isinstance(mask, (tuple, list)) else (mask,))
+    tensors = [part for part in parts if isinstance(part, torch.Tensor)]
+    if len(tensors) > 1:
+        raise ValueError("mask: at most one materialized mask tensor")
+    if not tensors:
+        return mask, None
+    rest = tuple(part for part in parts if not isinstance(part, torch.Tensor))
+    return (rest if len(rest) > 1 else rest[0] if rest else None), tensors[0]
+
+
+def mask_tensor_kind(tensor) -> str:
+    """The kernel's ``MASK_TENSOR``: ``"none"``, ``"bool"`` (True: attend) or ``"additive"`` (added to the
+    scaled score)."""
+    if tensor is None:
+        return "none"
+    return "bool" if tensor.dtype == torch.bool else "additive"
+
+
 def resolve_mask(causal: bool, mask) -> MaskSpec:
     """Folds ``causal`` and ``mask`` into one :class:`MaskSpec`. Raises TypeError/ValueError naming ``mask``.
 

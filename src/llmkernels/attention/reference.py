@@ -9,7 +9,7 @@ import math
 import torch
 
 from .masks import (SCORE_MOD_ALIBI, SCORE_MOD_SOFTCAP, UNBOUNDED, Chunked, ScoreMod, SlidingWindow,
-                    is_jit_function, resolve_mask, resolve_score_mod)
+                    is_jit_function, resolve_mask, resolve_score_mod, split_mask_tensor)
 from .paged import PagedKVCache
 
 __all__ = ["attention_reference"]
@@ -56,6 +56,7 @@ def attention_reference(q, k, v, *, causal=False, mask=None, score_mod=None, sin
     called through its Python body. Extra keyword arguments of :func:`attention` (``num_splits``,
     ``config``, ``max_seqlen_*``) are accepted and ignored. Reads lengths on the host (it syncs).
     """
+    mask, attn_mask = split_mask_tensor(mask)
     builtin_mask, user_mask = _split_mask(mask)
     spec = resolve_mask(causal, builtin_mask if builtin_mask else None)
     user_score = None
@@ -119,6 +120,15 @@ def attention_reference(q, k, v, *, causal=False, mask=None, score_mod=None, sin
                                      == torch.div(kv_idx, spec.chunk_size, rounding_mode="floor"))
         if user_mask is not None:
             visible &= user_mask(b, heads, q_idx, kv_idx).bool()
+        if attn_mask is not None:  # SDPA's attn_mask, broadcast to [B, Hq, Sq, Skv]
+            full = attn_mask.reshape((1,) * (4 - attn_mask.dim()) + tuple(attn_mask.shape))
+            mask_b = full[b if full.shape[0] > 1 else 0]
+            mask_b = mask_b.expand(num_q_heads, seqlen_q, full.shape[-1])[:, :, :seqlen_k] if full.shape[-1] > 1 \
+                else mask_b.expand(num_q_heads, seqlen_q, seqlen_k)
+            if attn_mask.dtype == torch.bool:
+                visible &= mask_b
+            else:
+                scores = scores + mask_b.float()
         scores = scores.masked_fill(~visible, float("-inf"))
         logits = scores
         if sinks is not None:
