@@ -15,15 +15,16 @@ def _snippets() -> list[str]:
 
 
 def test_the_section_has_its_snippets():
-    assert len(_snippets()) == 3
+    assert len(_snippets()) == 4
 
 
-@pytest.mark.parametrize("index", range(3), ids=["flash_attn", "fused_experts", "torchao"])
+@pytest.mark.parametrize("index", range(4), ids=["flash_attn", "fused_experts", "torchao", "transformers"])
 def test_snippet_runs(index, device):
     code = _snippets()[index]
     assert 'device = "cuda"' in code
-    if "torchao" in code:
-        pytest.importorskip("torchao")
+    for package in ("torchao", "transformers"):
+        if f"import {package}" in code or f"from {package}" in code:
+            pytest.importorskip(package)
     namespace = {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -13,7 +13,7 @@ from llmkernels.integrations import transformers as lk_transformers  # noqa: E40
 TOLERANCE = 2e-2  # bf16 attention against transformers' eager bf16 attention, relative over the logits
 
 
-def _models(device, config_class, model_class, **fields):
+def _models(device, config_class, model_class, experts=None, **fields):
     lk_transformers.register()
     torch.manual_seed(0)
     config = config_class(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -22,7 +22,8 @@ def _models(device, config_class, model_class, **fields):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         eager = model_class._from_config(copy.deepcopy(config), attn_implementation="eager")
-        ours = model_class._from_config(copy.deepcopy(config), attn_implementation="llmkernels")
+        extra = {} if experts is None else {"experts_implementation": experts}
+        ours = model_class._from_config(copy.deepcopy(config), attn_implementation="llmkernels", **extra)
     eager = eager.to(device=device, dtype=torch.bfloat16).eval()
     ours = ours.to(device=device, dtype=torch.bfloat16).eval()
     ours.load_state_dict(eager.state_dict())
@@ -30,7 +31,7 @@ def _models(device, config_class, model_class, **fields):
     return eager, ours
 
 
-def _compare(eager, ours, device):
+def _compare(eager, ours, device, tolerance=TOLERANCE):
     ids = torch.randint(0, 128, (2, 9), device=device)
     padding = torch.ones_like(ids)
     padding[1, :3] = 0  # left padding: those query rows see no key (ours: 0, eager: uniform weights)
@@ -54,7 +55,7 @@ def _compare(eager, ours, device):
     assert torch.equal(tokens, expected)
     keep = padding.bool()
     error = (logits[keep] - expected_logits[keep]).norm() / expected_logits[keep].norm()
-    assert error < TOLERANCE, f"logits differ by {error:.2e}"
+    assert error < tolerance, f"logits differ by {error:.2e}"
 
 
 def test_llama_like(device):
@@ -68,6 +69,36 @@ def test_gpt_oss_like_sinks_and_sliding_windows(device):
     with torch.no_grad():  # non-zero sinks, so that they matter
         for layer in (*eager.model.layers, *ours.model.layers):
             layer.self_attn.sinks.copy_(torch.linspace(-1, 1, 4))
+    _compare(eager, ours, device)
+
+
+def test_qwen3_moe_like_experts(device):
+    """Experts through ``experts_implementation="llmkernels"`` (bf16, then MXFP4 from ``quantize_experts``
+    against an eager model on the dequantized weights). Every token takes every expert (no routing flips)."""
+    import llmkernels as lk
+
+    eager, ours = _models(device, transformers.Qwen3MoeConfig, transformers.Qwen3MoeForCausalLM, experts="llmkernels",
+                          moe_intermediate_size=32, num_experts=4, num_experts_per_tok=4)
+    assert ours.config._experts_implementation == "llmkernels"
+    calls = []
+    forward = lk_transformers.experts_forward
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return forward(*args, **kwargs)
+
+    transformers.integrations.moe.ExpertsInterface.register("llmkernels", counted)
+    try:
+        _compare(eager, ours, device)
+    finally:
+        lk_transformers.register()
+    assert calls, "the llmkernels experts were not called"
+    assert lk_transformers.quantize_experts(ours, "mxfp4") == 2
+    with torch.no_grad():  # the eager model on the weights the quantized one holds
+        for module, reference in zip(ours.modules(), eager.modules()):
+            if hasattr(module, "llmkernels_weights"):
+                reference.gate_up_proj.copy_(lk.dequantize(module.llmkernels_weights[0]))
+                reference.down_proj.copy_(lk.dequantize(module.llmkernels_weights[1]))
     _compare(eager, ours, device)
 
 
