@@ -1,6 +1,8 @@
 """transformers with ``attn_implementation="llmkernels"`` (``llmkernels.integrations.transformers.register``): tiny
-Llama-like and gpt-oss-like models built from configs (no download) generate the same greedy tokens as
-``"eager"`` on the same bf16 weights, and their logits agree at every non-padding position."""
+Llama-like, gpt-oss-like and Qwen3-MoE-like models built from configs (no download) generate the same greedy
+tokens as ``"eager"`` on the same bf16 weights (a differing token only where eager's top two logits are within
+twice the logits' difference: a near-tie of random tiny models, checked), and their logits agree at every
+non-padding position."""
 import copy
 import warnings
 
@@ -52,10 +54,21 @@ def _compare(eager, ours, device, tolerance=TOLERANCE):
     finally:
         lk_transformers.register()
     assert calls, "the llmkernels attention was not called"
-    assert torch.equal(tokens, expected)
     keep = padding.bool()
     error = (logits[keep] - expected_logits[keep]).norm() / expected_logits[keep].norm()
     assert error < tolerance, f"logits differ by {error:.2e}"
+    if not torch.equal(tokens, expected):  # only a near-tie of the eager logits may flip a greedy token
+        row, step = next((r, s) for r in range(tokens.shape[0]) for s in range(tokens.shape[1])
+                         if tokens[r, s] != expected[r, s])
+        prefix = expected[row:row + 1, :step]
+        prefix_mask = torch.ones_like(prefix)
+        prefix_mask[0, :padding.shape[1]] = padding[row]
+        with torch.no_grad():
+            step_logits = eager(prefix, attention_mask=prefix_mask).logits[0, -1].float()
+            ours_logits = ours(prefix, attention_mask=prefix_mask).logits[0, -1].float()
+        gap = (step_logits[expected[row, step]] - step_logits[tokens[row, step]]).item()
+        assert gap <= 2 * (ours_logits - step_logits).abs().max().item(), (
+            f"token {step} of row {row} differs where eager's choice leads by {gap:.3f}: not a near-tie")
 
 
 def test_llama_like(device):

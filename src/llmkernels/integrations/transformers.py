@@ -53,8 +53,9 @@ def _fusable(experts: torch.nn.Module) -> bool:
     """SiLU-gated experts in transformers' default layout (what :func:`fused_experts` computes)."""
     from transformers.integrations.moe import _default_apply_gate
 
-    return (getattr(experts, "has_gate", False) and not experts.has_bias and not experts.is_transposed
-            and experts.is_concatenated and not experts.has_post_expert_norm
+    return (getattr(experts, "has_gate", False) and not getattr(experts, "has_bias", False)
+            and not getattr(experts, "is_transposed", False) and getattr(experts, "is_concatenated", True)
+            and not getattr(experts, "has_post_expert_norm", False)
             and type(experts)._apply_gate is _default_apply_gate
             and type(getattr(experts, "act_fn", None)).__name__ in ("SiLU", "SiLUActivation"))
 
