@@ -49,6 +49,13 @@ def _modifiers(causal, window_size, softcap, alibi_slopes, attention_chunk, drop
     return mask, score_mod
 
 
+def _block_table(block_table, page_table):
+    """flash-attn's ``block_table`` or FA3's name for it, ``page_table``."""
+    if block_table is not None and page_table is not None:
+        raise ValueError("pass block_table or page_table (its FA3 name), not both")
+    return block_table if block_table is not None else page_table
+
+
 def _sinks(learnable_sink):
     return None if learnable_sink is None else learnable_sink.float()
 
@@ -99,9 +106,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         ValueError / NotImplementedError: as :func:`flash_attn_func`; both ``block_table`` and ``page_table``.
     """
     mask, score_mod = _modifiers(causal, window_size, softcap, alibi_slopes, attention_chunk, dropout_p)
-    if block_table is not None and page_table is not None:
-        raise ValueError("pass block_table or page_table (its FA3 name), not both")
-    block_table = block_table if block_table is not None else page_table
+    block_table = _block_table(block_table, page_table)
     common = dict(causal=causal, mask=mask, score_mod=score_mod, sinks=_sinks(learnable_sink),
                   softmax_scale=softmax_scale, num_splits=_splits(num_splits), return_lse=return_attn_probs,
                   cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
@@ -168,9 +173,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         NotImplementedError: as :func:`flash_attn_func`.
     """
     mask, score_mod = _modifiers(causal, window_size, softcap, alibi_slopes, attention_chunk)
-    if block_table is not None and page_table is not None:
-        raise ValueError("pass block_table or page_table (its FA3 name), not both")
-    block_table = block_table if block_table is not None else page_table
+    block_table = _block_table(block_table, page_table)
     if (k is None) != (v is None):
         raise ValueError("k and v come together: pass both new keys and new values, or neither")
     if (rotary_cos is None) != (rotary_sin is None):

@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._runtime import interpreting
+from .._runtime import interpreting, unit_last_stride
 
 __all__ = ["apply_rotary", "append_to_cache"]
 
@@ -82,10 +82,6 @@ def _rotary_copy_kernel(
     tl.store(dst_row + heads * stride_dst_h + dims, x.to(dst_ptr.dtype.element_ty), mask=keep)
 
 
-def _unit_last(x: torch.Tensor) -> torch.Tensor:
-    return x if x.stride(-1) == 1 else x.contiguous()
-
-
 def _launch(src, dst, cos, sin, start, dst_batch, block_table, interleaved, per_token, to_cache, paged,
             page_size, capacity, num_pages):
     batch, seqlen_new, num_heads, head_dim = src.shape
@@ -111,10 +107,10 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, start: t
                  per_token: bool) -> torch.Tensor:
     """``x`` ``[B, S, H, D]`` rotated at positions ``start[b] + i`` (``start[b]`` for every token without
     ``per_token``): a new tensor of x's shape and dtype. ``start`` int32 ``[B]``; cos / sin ``[seqlen_ro, R / 2]``."""
-    x = _unit_last(x)
+    x = unit_last_stride(x)
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    _launch(x, out, _unit_last(cos), _unit_last(sin), start, None, None, interleaved, per_token, False, False, 1,
-            0, 1)
+    _launch(x, out, unit_last_stride(cos), unit_last_stride(sin), start, None, None, interleaved, per_token, False,
+            False, 1, 0, 1)
     return out
 
 
@@ -126,10 +122,10 @@ def append_to_cache(new: torch.Tensor, cache: torch.Tensor, start: torch.Tensor,
     ``cache_batch_idx[b]``, default b) or pages ``[num_pages, page_size, Hkv, D]`` through ``block_table``
     int32 ``[B, max_pages]``. Positions outside the cache's capacity (S, or ``max_pages * page_size``) are not
     written; page ids and ``cache_batch_idx`` entries are clamped to the cache."""
-    new = _unit_last(new)
+    new = unit_last_stride(new)
     if cache.stride(-1) != 1:
         raise ValueError("the KV cache must have a unit-stride head dim to be written in place")
-    cos, sin = (None, None) if cos is None else (_unit_last(cos), _unit_last(sin))
+    cos, sin = (None, None) if cos is None else (unit_last_stride(cos), unit_last_stride(sin))
     if block_table is not None:
         page_size = cache.shape[1]
         _launch(new, cache, cos, sin, start, None, block_table, interleaved, True, True, True, page_size,
