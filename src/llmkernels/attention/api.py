@@ -16,8 +16,8 @@ from .._runtime import (cdiv, check_device, cuda_capability, first_bad_prefix_su
 from . import split_kv
 from .config import SUPPORTED_HEAD_DIMS, FA4Config, default_config
 from .kernel import attention_fwd_kernel
-from .masks import (MASK_TENSOR_DTYPES, SCORE_MOD_ALIBI, UNBOUNDED, MaskSpec, ScoreModSpec, mask_tensor_kind,
-                    resolve_mask, resolve_score_mod, split_mask_tensor)
+from .masks import (MASK_TENSOR_DTYPES, SCORE_MOD_ALIBI, UNBOUNDED, MaskSpec, ScoreModSpec, mask_tensor_4d,
+                    mask_tensor_kind, resolve_mask, resolve_score_mod, split_mask_tensor)
 from .paged import PagedKVCache
 
 __all__ = ["attention", "check_attention"]
@@ -101,20 +101,21 @@ def _check_paged_values(seqlens: torch.Tensor, block_table: torch.Tensor, num_pa
 def _validate_metadata_on_host(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, kv_cache) -> None:
     """The checks that need the metadata's values (one device sync); only with ``validate=True``."""
     paged = kv_cache is not None
-    cu_q, cu_k, seqlens, block_table = _to_host(
-        cu_seqlens_q, cu_seqlens_k, kv_cache.seqlens if paged else None, kv_cache.block_table if paged else None)
+    cu_q, cu_k, seqlens, block_table, starts = _to_host(
+        cu_seqlens_q, cu_seqlens_k, kv_cache.seqlens if paged else None, kv_cache.block_table if paged else None,
+        kv_cache.starts if paged else None)
     if cu_q is not None:
         _check_cu_seqlens_values("cu_seqlens_q", cu_q, q.shape[0], "queries", max_seqlen_q, "max_seqlen_q")
     if cu_k is not None:
         _check_cu_seqlens_values("cu_seqlens_k", cu_k, k.shape[0], "keys", max_seqlen_k, "max_seqlen_k")
     if paged:
         _check_paged_values(seqlens, block_table, kv_cache.num_pages, kv_cache.page_size, max_seqlen_k)
-        if kv_cache.starts is not None:
-            starts = kv_cache.starts.cpu()
+        if starts is not None:
             first = first_true((starts < 0) | (starts > seqlens))
             if first is not None:
                 b = first[0]
-                raise ValueError(f"kv_cache.starts[{b}] = {int(starts[b])} not in [0, seqlens[{b}] = {int(seqlens[b])}]")
+                raise ValueError(f"kv_cache.starts[{b}] = {int(starts[b])} not in "
+                                 f"[0, seqlens[{b}] = {int(seqlens[b])}]")
 
 
 def _empty(shape, dtype, device) -> torch.Tensor:
@@ -174,6 +175,7 @@ class CheckedCall:
     softmax_scale: float
     device: torch.device
     mask_kind: str = "none"  # the materialized mask: "none", "bool" or "additive"
+    kv_starts: bool = False  # the paged cache has per-sequence key starts
 
 
 def check_attention(q, k, v, causal, mask, score_mod, sinks, softmax_scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
@@ -294,7 +296,8 @@ def check_attention(q, k, v, causal, mask, score_mod, sinks, softmax_scale, cu_s
                  k_pages=kv_cache.k_pages if paged else None, v_pages=kv_cache.v_pages if paged else None)
 
     return CheckedCall(ragged, paged, batch, num_q_heads, num_kv_heads, head_dim, group, q_bound, kv_bound, mask_spec,
-                       mod_spec, softmax_scale, device, mask_tensor_kind(attn_mask))
+                       mod_spec, softmax_scale, device, mask_tensor_kind(attn_mask),
+                       paged and kv_cache.starts is not None)
 
 
 def _check_mask_tensor(attn_mask, ragged: bool, batch: int, num_q_heads: int, seqlen_q: int, seqlen_k) -> None:
@@ -304,8 +307,7 @@ def _check_mask_tensor(attn_mask, ragged: bool, batch: int, num_q_heads: int, se
     if ragged:
         raise ValueError("a mask tensor needs dense q [B, Sq, Hq, D] (ragged q: not supported)")
     full = (batch, num_q_heads, seqlen_q, seqlen_k)
-    shape = (1,) * (4 - attn_mask.dim()) + tuple(attn_mask.shape)
-    if attn_mask.dim() > 4 or any(size not in (1, want) for size, want in zip(shape, full)):
+    if attn_mask.dim() > 4 or any(size not in (1, want) for size, want in zip(mask_tensor_4d(attn_mask).shape, full)):
         raise ValueError(f"mask tensor of shape {tuple(attn_mask.shape)} does not broadcast to [B, Hq, Sq, Skv] = "
                          f"{list(full)}")
 
@@ -438,7 +440,7 @@ class _Plan:
         self.ragged, self.paged, self.device, self.has_sinks = call.ragged, call.paged, call.device, has_sinks
         self.mask_spec, self.mod_spec = call.mask_spec, dataclasses.replace(call.mod_spec, slopes=None)
         self.has_slopes = call.mod_spec.slopes is not None
-        self.mask_kind = call.mask_kind
+        self.mask_kind, self.kv_starts = call.mask_kind, call.kv_starts
         self.softmax_scale, self.return_lse = call.softmax_scale, return_lse
         self.num_q_heads, self.num_kv_heads, self.head_dim = call.num_q_heads, call.num_kv_heads, call.head_dim
         self.q_shape, self.q_dtype = q.shape, q.dtype
@@ -497,18 +499,14 @@ class _Plan:
             block_table = kv_cache.block_table
             block_table = block_table if block_table.stride(1) == 1 else block_table.contiguous()
             seqlens = kv_cache.seqlens.contiguous()
-            kv_starts = kv_cache.starts.contiguous() if kv_cache.starts is not None else int_dummy
-            self.kv_starts = kv_cache.starts is not None  # part of the plan's key
+            kv_starts = kv_cache.starts.contiguous() if self.kv_starts else int_dummy
         else:
             k, v = unit_last_stride(k), unit_last_stride(v)
             block_table = seqlens = kv_starts = int_dummy
         sinks = sinks.contiguous() if sinks is not None else float_dummy
         slopes = score_mod.slopes.contiguous() if self.has_slopes else float_dummy
-        if attn_mask is not None:  # broadcast by strides (0 on size-1 dims), bool read as its bytes
-            attn_mask = attn_mask.view(torch.uint8) if attn_mask.dtype == torch.bool else attn_mask
-            attn_mask = attn_mask.reshape((1,) * (4 - attn_mask.dim()) + tuple(attn_mask.shape))
-            self.mask_strides = tuple(0 if size == 1 else stride
-                                      for size, stride in zip(attn_mask.shape, attn_mask.stride()))
+        if attn_mask is not None:  # 4D, broadcast by strides (see _bind_forward); bool read as its bytes
+            attn_mask = mask_tensor_4d(attn_mask.view(torch.uint8) if attn_mask.dtype == torch.bool else attn_mask)
         else:
             attn_mask = float_dummy
         if self.split:
@@ -540,6 +538,11 @@ class _Plan:
             stride_k, stride_v = _strides3(k, ragged), _strides3(v, ragged)
             seqlen_k_dense = 0 if ragged else k.shape[1]
             stride_block_table, page_size, num_pages, paged_seqlen_bound = 0, 16, 0, 0
+        attn_mask = pointers[12]  # [B|1, Hq|1, Sq|1, Skv|1]: a size-1 dim broadcasts with stride 0
+        mask_strides = (0, 0, 0, 0)
+        if self.mask_kind != "none":
+            mask_strides = tuple(0 if size == 1 else stride
+                                 for size, stride in zip(attn_mask.shape, attn_mask.stride()))
         descriptors = _kv_token_descriptors(k, v, ragged, config.BN) if self.tma_kv else None
         if descriptors is not None:
             pointers = (*pointers[:13], *descriptors)
@@ -557,7 +560,7 @@ class _Plan:
             *_strides3(q, ragged), *stride_k, *stride_v,
             *stride_target_o, stride_o_split,
             *stride_target_lse, stride_lse_split,
-            stride_block_table, *(self.mask_strides if self.mask_kind != "none" else (0, 0, 0, 0)),
+            stride_block_table, *mask_strides,
             0 if ragged else q.shape[1], seqlen_k_dense, q.shape[0], k.shape[0], num_pages, paged_seqlen_bound,
             self.num_kv_heads, self.num_q_heads // self.num_kv_heads, self.num_splits, self.num_head_programs,
             float(self.softmax_scale), mask_spec.window_left, mask_spec.window_right, mask_spec.chunk_size,
@@ -573,7 +576,7 @@ class _Plan:
             REVERSE_Q_BLOCKS=mask_spec.has_window and not split,
             RESCALE_THRESHOLD=config.rescale_threshold, POLY_EXP2_FRACTION=config.poly_exp2_fraction,
             TMA_KV=descriptors is not None,
-            UPCAST=interpreting(), KV_STARTS=paged and self.kv_starts, MASK_TENSOR=self.mask_kind,
+            UPCAST=interpreting(), KV_STARTS=self.kv_starts, MASK_TENSOR=self.mask_kind,
             num_warps=config.num_warps, num_stages=config.num_kv_stages,
         )
         return self.forward

@@ -214,6 +214,11 @@ def split_mask_tensor(mask):
     return (rest if len(rest) > 1 else rest[0] if rest else None), tensors[0]
 
 
+def mask_tensor_4d(tensor: torch.Tensor) -> torch.Tensor:
+    """A materialized mask of at most 4 dims as the 4D view ``[B|1, Hq|1, Sq|1, Skv|1]`` it broadcasts as."""
+    return tensor.reshape((1,) * (4 - tensor.dim()) + tuple(tensor.shape))
+
+
 def mask_tensor_kind(tensor) -> str:
     """The kernel's ``MASK_TENSOR``: ``"none"``, ``"bool"`` (True: attend) or ``"additive"`` (added to the
     scaled score)."""

@@ -9,7 +9,7 @@ import math
 import torch
 
 from .masks import (SCORE_MOD_ALIBI, SCORE_MOD_SOFTCAP, UNBOUNDED, Chunked, ScoreMod, SlidingWindow,
-                    is_jit_function, resolve_mask, resolve_score_mod, split_mask_tensor)
+                    is_jit_function, mask_tensor_4d, resolve_mask, resolve_score_mod, split_mask_tensor)
 from .paged import PagedKVCache
 
 __all__ = ["attention_reference"]
@@ -121,7 +121,7 @@ def attention_reference(q, k, v, *, causal=False, mask=None, score_mod=None, sin
         if user_mask is not None:
             visible &= user_mask(b, heads, q_idx, kv_idx).bool()
         if attn_mask is not None:  # SDPA's attn_mask, broadcast to [B, Hq, Sq, Skv]
-            full = attn_mask.reshape((1,) * (4 - attn_mask.dim()) + tuple(attn_mask.shape))
+            full = mask_tensor_4d(attn_mask)
             mask_b = full[b if full.shape[0] > 1 else 0]
             mask_b = mask_b.expand(num_q_heads, seqlen_q, full.shape[-1])[:, :, :seqlen_k] if full.shape[-1] > 1 \
                 else mask_b.expand(num_q_heads, seqlen_q, seqlen_k)
