@@ -139,7 +139,7 @@ def _to_layout_call() -> Call:
 # ----------------------------------------------------------------------------- grouped matmul
 
 def _grouped_matmul_call(a_format: str, b_format: str, a_layout: str = "row", b_layout: str = "row",
-                         epilogue=None) -> Call:
+                         epilogue=None, bias: bool = False) -> Call:
     sizes, experts, n, k = [5, 0, 9, 3], 3, 32, 64
 
     def make(device):
@@ -148,6 +148,8 @@ def _grouped_matmul_call(a_format: str, b_format: str, a_layout: str = "row", b_
         leaves = {"a_offsets": _offsets(sizes, device),
                   "expert_ids": torch.tensor([2, 0, 1, -1], dtype=torch.int32, device=device),
                   "expert_scales": torch.rand(experts, device=device) + 0.5}
+        if bias:
+            leaves["bias"] = torch.randn(experts, n, device=device)
         if a_format == "bf16":
             leaves["a"] = x.bfloat16()
         else:
@@ -160,7 +162,7 @@ def _grouped_matmul_call(a_format: str, b_format: str, a_layout: str = "row", b_
         else:
             b = lk.quantize(w, b_format)
             leaves.update(scaled_leaves("b", b.to_layout(b_layout) if b_layout != "row" else b))
-        n_out = n // 2 if epilogue == "swiglu" else n
+        n_out = n // 2 if epilogue == "swiglu" or isinstance(epilogue, lk.SwiGLU) else n
         leaves["out"] = torch.full((x.shape[0], n_out), float("nan"), dtype=torch.bfloat16, device=device)
         return leaves
 
@@ -170,9 +172,10 @@ def _grouped_matmul_call(a_format: str, b_format: str, a_layout: str = "row", b_
         b = leaves["b"] if b_format == "bf16" else scaled_from(leaves, "b", b_format, b_layout,
                                                                  (experts, n, k) if b_layout == "hopper" else None)
         return lk.grouped_matmul(a, b, leaves["a_offsets"], leaves["expert_ids"], leaves["expert_scales"],
-                                 epilogue=epilogue, out=leaves["out"])
+                                 epilogue=epilogue, bias=leaves.get("bias"), out=leaves["out"])
 
-    name = f"grouped_matmul[{a_format} ({a_layout}) x {b_format} ({b_layout}){', ' + epilogue if epilogue else ''}]"
+    name = (f"grouped_matmul[{a_format} ({a_layout}) x {b_format} ({b_layout}){f', {epilogue}' if epilogue else ''}"
+            f"{', bias' if bias else ''}]")
     return Call(name, ("grouped_matmul", "ScaledTensor"), make, run)
 
 
@@ -310,6 +313,8 @@ CALLS = [
     _grouped_matmul_call("bf16", "mxfp4", b_layout="hopper", epilogue="swiglu"),
     _grouped_matmul_call("mxfp4", "mxfp4", b_layout="hopper"),
     _grouped_matmul_call("nvfp4", "nvfp4", a_layout="128x4", b_layout="hopper", epilogue="swiglu"),
+    _grouped_matmul_call("bf16", "mxfp4", epilogue=lk.GPT_OSS_SWIGLU, bias=True),
+    _grouped_matmul_call("bf16", "nvfp4", b_layout="hopper", epilogue=lk.SwiGLU(alpha=1.702, limit=0.5), bias=True),
     _attention_call("dense"),
     _attention_call("dense-decode"),
     _attention_call("ragged"),

@@ -11,8 +11,15 @@ from llmkernels.moe import fused_experts
 TOLERANCE = {"bf16": 2e-2, "mxfp8": 3e-2, "mxfp4": 3e-2, "nvfp4": 3e-2}
 
 
-def _reference(x, w1, w2, topk_weights, topk_ids, on_input=False, expert_map=None):
-    """float64: for each token and slot, the expert's SwiGLU MLP, weighted (on its input or its output)."""
+def _swigluoai(h):
+    """vLLM's / gpt-oss' activation on interleaved gate and up values."""
+    gate, up = h[0::2].clamp(max=7.0), h[1::2].clamp(-7.0, 7.0)
+    return gate * torch.sigmoid(1.702 * gate) * (up + 1)
+
+
+def _reference(x, w1, w2, topk_weights, topk_ids, on_input=False, expert_map=None, b1=None, b2=None,
+               activation="silu"):
+    """float64: for each token and slot, the expert's gated MLP, weighted (on its input or its output)."""
     x, w1, w2 = x.double(), w1.double(), w2.double()
     n = w2.shape[2]
     out = torch.zeros_like(x)
@@ -25,8 +32,9 @@ def _reference(x, w1, w2, topk_weights, topk_ids, on_input=False, expert_map=Non
                     continue
             weight = float(topk_weights[t, slot])
             token = x[t] * weight if on_input else x[t]
-            h = w1[e] @ token
-            y = w2[e] @ (torch.nn.functional.silu(h[:n]) * h[n:])
+            h = w1[e] @ token + (0 if b1 is None else b1[e].double())
+            act = _swigluoai(h) if activation == "swigluoai" else torch.nn.functional.silu(h[:n]) * h[n:]
+            y = w2[e] @ act + (0 if b2 is None else b2[e].double())
             out[t] += y if on_input else weight * y
     return out
 
@@ -51,6 +59,22 @@ def test_matches_the_reference(fmt, device):
     out = fused_experts(x, b1, b2, topk_weights, topk_ids)
     assert out.shape == x.shape and out.dtype == x.dtype
     assert_close_relative(out.float(), _reference(x, r1, r2, topk_weights, topk_ids), TOLERANCE[fmt])
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "mxfp4"])
+def test_swigluoai_with_biases(fmt, device):
+    """gpt-oss through vLLM's call: interleaved w1 rows, ``activation="swigluoai"``, ``w1_bias`` / ``w2_bias``; values
+    large enough that the clamp at 7 bites."""
+    x, w1, w2, topk_weights, topk_ids = _problem(device, top_k=3)
+    w1 = w1 * 8
+    b1, b2 = torch.randn(w1.shape[:2], device=device), torch.randn(w2.shape[:2], device=device)
+    q1, q2 = (w1, w2) if fmt == "bf16" else (lk.quantize(w1, fmt), lk.quantize(w2, fmt))
+    out = fused_experts(x, q1, q2, topk_weights, topk_ids, activation="swigluoai", w1_bias=b1, w2_bias=b2)
+    r1, r2 = (w1, w2) if fmt == "bf16" else (lk.dequantize(q1), lk.dequantize(q2))
+    h = r1.float() @ x.float().T
+    assert (h.abs() > 7).any(), "the clamp never bites"
+    expected = _reference(x, r1, r2, topk_weights, topk_ids, b1=b1, b2=b2, activation="swigluoai")
+    assert_close_relative(out.float(), expected, TOLERANCE[fmt])
 
 
 def test_expert_map_inplace_and_weights_on_input(device):
@@ -81,3 +105,8 @@ def test_errors(device):
         fused_experts(x, w1, w2, topk_weights, topk_ids[:, :1])
     with pytest.raises(TypeError, match="topk_ids"):
         fused_experts(x, w1, w2, topk_weights, topk_ids.float())
+    with pytest.raises(ValueError, match="w1_bias must be a \\[E, 64\\]"):
+        fused_experts(x, w1, w2, topk_weights, topk_ids, w1_bias=torch.zeros(4, 32, device=device))
+    with pytest.raises(ValueError, match="interleaved"):
+        fused_experts(x, lk.quantize(w1, "mxfp4", scale_layout="hopper"), w2, topk_weights, topk_ids,
+                      activation="swigluoai")

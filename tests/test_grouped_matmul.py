@@ -59,15 +59,15 @@ def _problem(grouping: str, k: int, n: int, device, trailing_rows: int = 3):
 
 
 def _check(a, b, a_offsets, expert_ids, expert_scales, rows_in_groups, *, out_dtype=torch.float32,
-           epilogue=None, reference_epilogue=None, config=SMALL, validate=False):
+           epilogue=None, reference_epilogue=None, config=SMALL, validate=False, bias=None):
     num_tokens = a.shape[0]
-    n_out = b.shape[1] // 2 if epilogue == "swiglu" else b.shape[1]
+    n_out = b.shape[1] // 2 if epilogue == "swiglu" or isinstance(epilogue, lk.SwiGLU) else b.shape[1]
     out = poison(torch.empty(num_tokens, n_out, dtype=out_dtype, device=a_offsets.device))
-    result = lk.grouped_matmul(a, b, a_offsets, expert_ids, expert_scales, epilogue=epilogue, out_dtype=out_dtype,
-                               out=out, config=config, validate=validate)
+    result = lk.grouped_matmul(a, b, a_offsets, expert_ids, expert_scales, epilogue=epilogue, bias=bias,
+                               out_dtype=out_dtype, out=out, config=config, validate=validate)
     assert result is out
     expected = lk.grouped_matmul_reference(a, b, a_offsets, expert_ids, expert_scales,
-                                           epilogue=reference_epilogue or epilogue)
+                                           epilogue=reference_epilogue or epilogue, bias=bias)
     assert_close_relative(out[:rows_in_groups].float(), expected[:rows_in_groups], TOLERANCE[out_dtype])
     assert out[rows_in_groups:].isnan().all(), "rows outside every group were written"
 
@@ -175,6 +175,50 @@ def test_epilogues_and_out_dtypes(epilogue, out_dtype, device):
     x, w, offsets, ids, scales, rows = _problem("ragged", k=64, n=64, device=device)
     _check(lk.quantize(x, "mxfp4"), lk.quantize(w, "mxfp4"), offsets, ids, scales, rows, out_dtype=out_dtype,
            epilogue=epilogue)
+
+
+# gpt-oss' activation, and one whose clamp and shift bite on these values (|pre-activation| ~ 1)
+SWIGLUS = {"gpt_oss": lk.GPT_OSS_SWIGLU, "clamped": lk.SwiGLU(alpha=1.702, limit=0.5, up_shift=-0.25),
+           "clamped_interleaved": lk.SwiGLU(alpha=0.5, limit=0.75, up_shift=1.0, interleaved=True)}
+
+
+@pytest.mark.parametrize("format", ["bf16", "mxfp8", "mxfp4", "nvfp4"])
+@pytest.mark.parametrize("epilogue", [None, "silu", "swiglu", *SWIGLUS], ids=str)
+@pytest.mark.parametrize("bias_dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_bias_and_gated_epilogues(format, epilogue, bias_dtype, device):
+    """A per-expert bias before the activation; SwiGLU's slope, clamp (NaN kept) and shift, on [gate | up]
+    halves or interleaved rows, in the grouped kernel."""
+    epilogue = SWIGLUS.get(epilogue, epilogue)
+    x, w, offsets, ids, scales, rows = _problem("minus_one", k=64, n=64, device=device)
+    bias = (torch.randn(w.shape[:2], device=device) * 0.5).to(bias_dtype)
+    _check(_make_operand(x, "bf16" if format == "bf16" else format), _make_operand(w, format), offsets, ids,
+           scales, rows, epilogue=epilogue, bias=bias)
+
+
+@pytest.mark.parametrize("format", ["mxfp4", "nvfp4"])
+@pytest.mark.parametrize("epilogue", [None, "swiglu", "clamped"], ids=str)
+def test_bias_and_gated_epilogues_hopper_layout(format, epilogue, device):
+    epilogue = SWIGLUS.get(epilogue, epilogue)
+    x, w, offsets, ids, scales, rows = _problem("ragged", k=128, n=64, device=device)
+    bias = torch.randn(w.shape[:2], device=device) * 0.5
+    b = lk.quantize(w, format, scale_layout="hopper")
+    _check(x.bfloat16(), b, offsets, ids, scales, rows, epilogue=epilogue, bias=bias,
+           config=lk.BlockScaledMatmulConfig(block_m=16, block_n=32, block_k=64, num_stages=1, num_warps=4)
+           if interpreting() else None)
+
+
+def test_swiglu_clamp_keeps_nan(device):
+    x = torch.ones(4, 64, device=device).bfloat16()
+    w = torch.zeros(1, 64, 64, device=device).bfloat16()
+    bias = torch.zeros(1, 64, device=device)
+    bias[0, 3] = float("nan")  # the up row of output column 1 (rows alternate gate, up)
+    bias[0, 1] = float("inf")  # the up row of output column 0: clamped to the limit
+    offsets = torch.tensor([0, 4], dtype=torch.int32, device=device)
+    ids = torch.zeros(1, dtype=torch.int32, device=device)
+    out = lk.grouped_matmul(x, w, offsets, ids, epilogue=lk.GPT_OSS_SWIGLU, bias=bias, out_dtype=torch.float32)
+    expected = lk.grouped_matmul_reference(x, w, offsets, ids, epilogue=lk.GPT_OSS_SWIGLU, bias=bias)
+    assert out[:, 1].isnan().all() and not out[:, 0].isnan().any()
+    torch.testing.assert_close(out, expected, equal_nan=True)
 
 
 @triton.jit
@@ -301,6 +345,10 @@ def _bad_input_cases(device):
         (ValueError, "expert_scales must have shape", dict(ok, expert_scales=torch.ones(3, device=device))),
         (TypeError, "expert_scales must be", dict(ok, expert_scales=torch.ones(2, device=device, dtype=torch.float16))),
         (ValueError, "epilogue must be", dict(ok, epilogue="relu")),
+        (ValueError, "bias must have shape", dict(ok, bias=torch.zeros(2, 16, device=device))),
+        (TypeError, "bias must be a float32", dict(ok, bias=torch.zeros(2, 32, device=device, dtype=torch.int32))),
+        (ValueError, "interleaved", dict(ok, a=x.bfloat16(), b=lk.quantize(w, "mxfp4", scale_layout="hopper"),
+                                         epilogue=lk.GPT_OSS_SWIGLU)),
         (ValueError, "out must have shape", dict(ok, out=torch.empty(8, 31, device=device, dtype=torch.bfloat16))),
         (TypeError, "out_dtype", dict(ok, out_dtype=torch.int32)),
         (ValueError, "even N", dict(ok, b=lk.quantize(torch.randn(2, 33, 64, device=device), "mxfp8"),
@@ -308,6 +356,15 @@ def _bad_input_cases(device):
         (ValueError, "mma='dot_scaled'", dict(ok, a=lk.quantize(x, "nvfp4"), b=lk.quantize(w, "nvfp4"),
                                               config=lk.BlockScaledMatmulConfig(mma="dot_scaled"))),
     ]
+
+
+@pytest.mark.parametrize("fields, message", [
+    (dict(limit=0.0), "limit must be None or a finite number > 0"), (dict(limit=float("inf")), "limit"),
+    (dict(alpha=float("nan")), "alpha must be a finite"), (dict(up_shift="1"), "up_shift"),
+    (dict(interleaved=1), "interleaved must be a bool")])
+def test_swiglu_fields_are_checked(fields, message):
+    with pytest.raises((TypeError, ValueError), match=message):
+        lk.SwiGLU(**fields)
 
 
 def test_bad_input_raises_before_launch(device):

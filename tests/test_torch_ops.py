@@ -25,7 +25,8 @@ def test_grouped_matmul_opcheck(formats, device):
     a = x.to(torch.bfloat16) if formats[0] == "bf16" else lk.quantize(x, formats[0])
     b = w.to(torch.bfloat16) if formats[1] == "bf16" else lk.quantize(w, formats[1])
     b_parts = scaled_tensor_parts(b)
-    args = (*scaled_tensor_parts(a)[:7], *b_parts[:5], b_parts[7], offsets, ids, scales, "swiglu", torch.bfloat16)
+    args = (*scaled_tensor_parts(a)[:7], *b_parts[:5], b_parts[7], offsets, ids, scales, "swiglu", torch.bfloat16,
+            torch.randn(w.shape[:2], device=device), 1.702, 7.0, 1.0, True)
     # rows past the groups are left unwritten, so compare only the checks that do not read them
     torch.library.opcheck(torch.ops.llmkernels.grouped_matmul.default, args,
                           test_utils=("test_schema", "test_faketensor"))
@@ -49,6 +50,21 @@ def test_compile_fullgraph_matches_eager(device):
     compiled = torch.compile(_moe_block, fullgraph=True, backend="aot_eager")(x, w_q, offsets, ids, scales)
     assert compiled.shape == eager.shape and compiled.dtype == eager.dtype
     assert torch.equal(compiled[:rows], eager[:rows])
+
+
+def _gpt_oss_block(x, w_gate_up, offsets, ids, bias):
+    return lk.grouped_matmul(x, w_gate_up, offsets, ids, epilogue=lk.GPT_OSS_SWIGLU, bias=bias)
+
+
+def test_compile_fullgraph_bias_and_swiglu_parameters(device):
+    """A SwiGLU epilogue and a bias cross the custom op (as its fields) and give the eager call's bits."""
+    x, w, offsets, ids, _, rows = _moe_problem(device)
+    x, w_q, bias = x.bfloat16(), lk.quantize(w * 8, "mxfp4"), torch.randn(w.shape[:2], device=device)
+    eager = _gpt_oss_block(x, w_q, offsets, ids, bias)
+    compiled = torch.compile(_gpt_oss_block, fullgraph=True, backend="aot_eager")(x, w_q, offsets, ids, bias)
+    assert torch.equal(compiled[:rows], eager[:rows])
+    plain = lk.grouped_matmul(x, w_q, offsets, ids, epilogue="swiglu")
+    assert not torch.equal(plain[:rows], eager[:rows])  # the parameters made a difference
 
 
 @pytest.mark.gpu

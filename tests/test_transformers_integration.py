@@ -1,8 +1,9 @@
-"""transformers with ``attn_implementation="llmkernels"`` (``llmkernels.integrations.transformers.register``): tiny
-Llama-like, gpt-oss-like and Qwen3-MoE-like models built from configs (no download) generate the same greedy
-tokens as ``"eager"`` on the same bf16 weights (a differing token only where eager's top two logits are within
-twice the logits' difference: a near-tie of random tiny models, checked), and their logits agree at every
-non-padding position."""
+"""transformers with ``attn_implementation="llmkernels"`` and ``experts_implementation="llmkernels"``
+(``llmkernels.integrations.transformers.register``): tiny Llama-like, gpt-oss-like, Qwen3-MoE-like, Mixtral-like and
+DeepSeek-V3-like models built from configs (no download) generate the same greedy tokens as ``"eager"`` on the same
+bf16 weights (a differing token only where eager's top two logits are within twice the logits' difference: a
+near-tie of random tiny models, checked), and their logits agree at every non-padding position. With MXFP4 experts
+(``quantize_experts``) the logits agree with an eager model on the dequantized weights within ``TOLERANCE``."""
 import copy
 import warnings
 
@@ -18,9 +19,9 @@ TOLERANCE = 2e-2  # bf16 attention against transformers' eager bf16 attention, r
 def _models(device, config_class, model_class, experts=None, **fields):
     lk_transformers.register()
     torch.manual_seed(0)
-    config = config_class(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                          num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=64,
-                          **fields)
+    sizes = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, head_dim=16, max_position_embeddings=64)
+    config = config_class(**{**sizes, **fields})
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         eager = model_class._from_config(copy.deepcopy(config), attn_implementation="eager")
@@ -33,18 +34,24 @@ def _models(device, config_class, model_class, experts=None, **fields):
     return eager, ours
 
 
-def _compare(eager, ours, device, tolerance=TOLERANCE):
+def _counted(calls: dict, name: str, forward):
+    def counted(*args, **kwargs):
+        calls[name] = calls.get(name, 0) + 1
+        return forward(*args, **kwargs)
+    return counted
+
+
+def _compare(eager, ours, device, tolerance=TOLERANCE, experts=False):
+    """Greedy tokens and logits of ``ours`` against ``eager``; every attention call (and with ``experts``
+    every experts call) must reach llmkernels."""
     ids = torch.randint(0, 128, (2, 9), device=device)
     padding = torch.ones_like(ids)
     padding[1, :3] = 0  # left padding: those query rows see no key (ours: 0, eager: uniform weights)
-    calls = []
-    forward = lk_transformers.attention_forward
-
-    def counted(*args, **kwargs):
-        calls.append(1)
-        return forward(*args, **kwargs)
-
-    transformers.AttentionInterface.register("llmkernels", counted)
+    calls = {}
+    transformers.AttentionInterface.register("llmkernels", _counted(calls, "attention",
+                                                                    lk_transformers.attention_forward))
+    transformers.integrations.moe.ExpertsInterface.register("llmkernels", _counted(calls, "experts",
+                                                                                   lk_transformers.experts_forward))
     try:
         with torch.no_grad():
             expected = eager.generate(ids, attention_mask=padding, max_new_tokens=8, do_sample=False)
@@ -53,7 +60,8 @@ def _compare(eager, ours, device, tolerance=TOLERANCE):
             logits = ours(ids, attention_mask=padding).logits.float()
     finally:
         lk_transformers.register()
-    assert calls, "the llmkernels attention was not called"
+    assert calls.get("attention"), "the llmkernels attention was not called"
+    assert calls.get("experts") if experts else True, "the llmkernels experts were not called"
     keep = padding.bool()
     error = (logits[keep] - expected_logits[keep]).norm() / expected_logits[keep].norm()
     assert error < tolerance, f"logits differ by {error:.2e}"
@@ -75,44 +83,68 @@ def test_llama_like(device):
     _compare(*_models(device, transformers.LlamaConfig, transformers.LlamaForCausalLM), device)
 
 
-def test_gpt_oss_like_sinks_and_sliding_windows(device):
-    # every token takes both experts: a routing decision flipped by bf16 noise would swamp the comparison
-    eager, ours = _models(device, transformers.GptOssConfig, transformers.GptOssForCausalLM, num_local_experts=2,
-                          num_experts_per_tok=2, sliding_window=4, layer_types=["sliding_attention", "full_attention"])
-    with torch.no_grad():  # non-zero sinks, so that they matter
-        for layer in (*eager.model.layers, *ours.model.layers):
-            layer.self_attn.sinks.copy_(torch.linspace(-1, 1, 4))
-    _compare(eager, ours, device)
-
-
-def test_qwen3_moe_like_experts(device):
-    """Experts through ``experts_implementation="llmkernels"`` (bf16, then MXFP4 from ``quantize_experts``
-    against an eager model on the dequantized weights). Every token takes every expert (no routing flips)."""
+def _quantized_twin(eager, ours, weight_format="mxfp4"):
+    """Quantizes ours' experts and writes their dequantized values into eager's, in eager's own layout."""
     import llmkernels as lk
 
-    eager, ours = _models(device, transformers.Qwen3MoeConfig, transformers.Qwen3MoeForCausalLM, experts="llmkernels",
-                          moe_intermediate_size=32, num_experts=4, num_experts_per_tok=4)
-    assert ours.config._experts_implementation == "llmkernels"
-    calls = []
-    forward = lk_transformers.experts_forward
-
-    def counted(*args, **kwargs):
-        calls.append(1)
-        return forward(*args, **kwargs)
-
-    transformers.integrations.moe.ExpertsInterface.register("llmkernels", counted)
-    try:
-        _compare(eager, ours, device)
-    finally:
-        lk_transformers.register()
-    assert calls, "the llmkernels experts were not called"
-    assert lk_transformers.quantize_experts(ours, "mxfp4") == 2
-    with torch.no_grad():  # the eager model on the weights the quantized one holds
+    count = lk_transformers.quantize_experts(ours, weight_format)
+    with torch.no_grad():
         for module, reference in zip(ours.modules(), eager.modules()):
-            if hasattr(module, "llmkernels_weights"):
-                reference.gate_up_proj.copy_(lk.dequantize(module.llmkernels_weights[0]))
-                reference.down_proj.copy_(lk.dequantize(module.llmkernels_weights[1]))
-    _compare(eager, ours, device)
+            weights = module.__dict__.get("llmkernels_weights")
+            if weights is None:
+                continue
+            w1, w2 = lk.dequantize(weights.w1), lk.dequantize(weights.w2)
+            if reference.is_transposed:  # gpt-oss: [gate | up] rows back to interleaved columns
+                half = w1.shape[1] // 2
+                w1 = torch.stack((w1[:, :half], w1[:, half:]), 2).flatten(1, 2)
+                w1, w2 = w1.transpose(1, 2), w2.transpose(1, 2)
+            reference.gate_up_proj.copy_(w1)
+            reference.down_proj.copy_(w2)
+    return count
+
+
+def test_gpt_oss_like_sinks_sliding_windows_and_experts(device):
+    """Sinks, per-layer sliding windows, and gpt-oss' experts fused (interleaved, transposed, biased, the clamped
+    SwiGLU), bf16 then MXFP4."""
+    # every token takes both experts: a routing decision flipped by bf16 noise would swamp the comparison
+    eager, ours = _models(device, transformers.GptOssConfig, transformers.GptOssForCausalLM, experts="llmkernels",
+                          num_local_experts=2, num_experts_per_tok=2, sliding_window=4,
+                          layer_types=["sliding_attention", "full_attention"], swiglu_limit=1.0)
+    with torch.no_grad():  # non-zero sinks and biases, so that they matter
+        for layer in (*eager.model.layers, *ours.model.layers):
+            layer.self_attn.sinks.copy_(torch.linspace(-1, 1, 4))
+        for module, twin in zip(eager.modules(), ours.modules()):
+            if hasattr(module, "gate_up_proj_bias"):
+                for name in ("gate_up_proj_bias", "down_proj_bias"):
+                    bias = torch.randn_like(getattr(module, name)) * 0.5
+                    getattr(module, name).copy_(bias)
+                    getattr(twin, name).copy_(bias)
+    _compare(eager, ours, device, experts=True)
+    assert _quantized_twin(eager, ours) == 2
+    _compare(eager, ours, device, experts=True)
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "mixtral", "deepseek_v3"])
+def test_moe_experts(family, device):
+    """Experts in transformers' default layout through ``experts_implementation="llmkernels"`` (bf16, then
+    MXFP4 from ``quantize_experts`` against an eager model on the dequantized weights). Every token takes every
+    routed expert (no routing flips)."""
+    if family == "qwen3_moe":
+        models = _models(device, transformers.Qwen3MoeConfig, transformers.Qwen3MoeForCausalLM, experts="llmkernels",
+                         moe_intermediate_size=32, num_experts=4, num_experts_per_tok=4)
+    elif family == "mixtral":
+        models = _models(device, transformers.MixtralConfig, transformers.MixtralForCausalLM, experts="llmkernels",
+                         intermediate_size=32, num_local_experts=4, num_experts_per_tok=4)
+    else:  # one dense layer, one MoE layer with a shared expert and grouped routing
+        models = _models(device, transformers.DeepseekV3Config, transformers.DeepseekV3ForCausalLM,
+                         experts="llmkernels", moe_intermediate_size=32, n_routed_experts=4, num_experts_per_tok=4,
+                         n_group=2, topk_group=2, first_k_dense_replace=1, n_shared_experts=1, q_lora_rank=32,
+                         kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16, head_dim=8, num_key_value_heads=4)
+    eager, ours = models
+    assert ours.config._experts_implementation == "llmkernels"
+    _compare(eager, ours, device, experts=True)
+    assert _quantized_twin(eager, ours) == (1 if family == "deepseek_v3" else 2)
+    _compare(eager, ours, device, experts=True)
 
 
 def test_dropout_is_refused(device):

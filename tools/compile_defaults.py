@@ -206,6 +206,10 @@ def b200_bound(pair: str, tokens_per_group: int, swiglu: bool, mma: str) -> str:
     return f"{max(compute_s, memory_s) * 1e6:.0f} us {which} ({flops / 1e12:.2f} TFLOP, {moved / 1e9:.2f} GB)"
 
 
+# what a call without bias and with epilogue "swiglu" (or none) passes
+_NO_BIAS_PLAIN_GLU = dict(HAS_BIAS=False, GLU_ALPHA=1.0, GLU_LIMIT=None, GLU_UP_SHIFT=0.0)
+
+
 def _grouped_matmul_case(pair, config, swiglu, arch, device, a_format, b_format, tokens_per_group) -> Case:
     a_el, a_sc, a_blk, b_el, b_sc, b_blk = PAIRS[pair]
     a_op = gm_api._Operand(None, None, None, a_el, a_sc, a_blk, "row", a_format, a_sc == "e4m3")
@@ -220,7 +224,8 @@ def _grouped_matmul_case(pair, config, swiglu, arch, device, a_format, b_format,
         A_ELEMENT=a_el, A_SCALE=a_sc, A_SCALE_BLOCK=a_blk, A_SCALE_LAYOUT="row",
         B_ELEMENT=b_el, B_SCALE=b_sc, B_SCALE_BLOCK=b_blk, B_SCALE_LAYOUT="row",
         A_GLOBAL_SCALE=a_global, B_GLOBAL_SCALE=b_sc == "e4m3",
-        HAS_EXPERT_SCALES=True, EPILOGUE="swiglu" if swiglu else "none", EPILOGUE_FN=None,
+        HAS_EXPERT_SCALES=True, EPILOGUE="swiglu" if swiglu else "none", EPILOGUE_FN=None, **_NO_BIAS_PLAIN_GLU,
+        GLU_INTERLEAVED=False,
         USE_DOT_SCALED=dot_scaled, SWAP_AB=config.ab_swapped, PREFETCH_SCALES=config.prefetch_scales,
         SCALE_WORDS=config.scale_words, PACKED_DECODE=True,
         RETIRE_MMA=gm_api._retire_mma(device, (b_el if config.ab_swapped else a_el) not in ("bf16", "fp16")),
@@ -247,7 +252,7 @@ def _hopper_layout_case(pair, config, swiglu, arch, device, a_format, b_format, 
     nvfp4 = b_format == "nvfp4"
     constexprs = dict(B_SCALE="e4m3" if nvfp4 else "e8m0", A_GLOBAL_SCALE=False, B_GLOBAL_SCALE=nvfp4,
                       HAS_EXPERT_SCALES=True, EPILOGUE="swiglu" if swiglu else "none", EPILOGUE_FN=None,
-                      EVEN_K=GM_K % config.block_k == 0, PACKED_DECODE=True,
+                      **_NO_BIAS_PLAIN_GLU, EVEN_K=GM_K % config.block_k == 0, PACKED_DECODE=True,
                       RETIRE_MMA=gm_api._retire_mma(device, True), COMPUTE_DTYPE=tl.bfloat16,
                       BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, BLOCK_GROUPS=64)
     kinds = {name: "*i32" for name in fn.arg_names if name.endswith("_ptr")}

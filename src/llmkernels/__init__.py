@@ -5,7 +5,7 @@
 * :func:`attention`: FA4-style attention forward (dense, ragged, paged KV; masks, score mods, sinks, split-KV).
 """
 from .formats import FORMATS, ScaledTensor, dequantize, quantize_reference
-from .grouped_matmul import BlockScaledMatmulConfig, grouped_matmul_reference
+from .grouped_matmul import GPT_OSS_SWIGLU, BlockScaledMatmulConfig, SwiGLU, grouped_matmul_reference
 from .attention import FA4Config, Chunked, PagedKVCache, SlidingWindow, alibi, attention_reference, softcap
 from .ops import attention, grouped_matmul, quantize  # also registers torch.ops.llmkernels.*
 from . import moe
@@ -14,6 +14,6 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ScaledTensor", "quantize", "dequantize", "quantize_reference", "FORMATS",
-    "grouped_matmul", "grouped_matmul_reference", "BlockScaledMatmulConfig",
+    "grouped_matmul", "grouped_matmul_reference", "BlockScaledMatmulConfig", "SwiGLU", "GPT_OSS_SWIGLU",
     "attention", "attention_reference", "FA4Config", "PagedKVCache", "SlidingWindow", "Chunked", "softcap", "alibi",
 ]

@@ -26,6 +26,7 @@ from .attention.paged import PagedKVCache
 from .formats import ScaledTensor, nvfp4_global_scale, scaled_tensor_from_parts, scaled_tensor_parts, unwrap_torchao
 from .formats import api as formats_api
 from .formats.spec import format_spec
+from .grouped_matmul import SwiGLU
 from .grouped_matmul import api as grouped_matmul_api
 from .routing.combine import check_combine
 from .routing.combine import combine as eager_combine
@@ -43,20 +44,26 @@ def grouped_matmul_op(
     b_data: torch.Tensor, b_scales: torch.Tensor | None, b_global_scale: torch.Tensor | None, b_format: str,
     b_scale_layout: str, b_shape: list[int], a_offsets: torch.Tensor, expert_ids: torch.Tensor,
     expert_scales: torch.Tensor | None, epilogue: str | None, out_dtype: torch.dtype,
+    bias: torch.Tensor | None = None, glu_alpha: float = 1.0, glu_limit: float = 0.0, glu_up_shift: float = 0.0,
+    glu_interleaved: bool = False,
 ) -> torch.Tensor:
     """:func:`llmkernels.grouped_matmul` on the parts of its operands (``b_shape``: b's logical ``[E, N, K]``);
-    returns ``[T, N_out]``."""
+    returns ``[T, N_out]``. A :class:`SwiGLU` epilogue crosses as ``epilogue="swiglu"`` and its fields
+    (``glu_limit`` 0: no clamp)."""
     a = scaled_tensor_from_parts(a_data, a_scales, a_global_scale, a_format, a_scale_layout, a_group_offsets,
                                  a_group_scale_offsets)
     b = scaled_tensor_from_parts(b_data, b_scales, b_global_scale, b_format, b_scale_layout, shape=b_shape)
+    if epilogue == "swiglu":
+        epilogue = SwiGLU(glu_alpha, glu_limit or None, glu_up_shift, glu_interleaved)
     return grouped_matmul_api.grouped_matmul(a, b, a_offsets, expert_ids, expert_scales, epilogue=epilogue,
-                                             out_dtype=out_dtype)
+                                             bias=bias, out_dtype=out_dtype)
 
 
 @grouped_matmul_op.register_fake
 def _grouped_matmul_fake(a_data, a_scales, a_global_scale, a_format, a_scale_layout, a_group_offsets,
                          a_group_scale_offsets, b_data, b_scales, b_global_scale, b_format, b_scale_layout, b_shape,
-                         a_offsets, expert_ids, expert_scales, epilogue, out_dtype):
+                         a_offsets, expert_ids, expert_scales, epilogue, out_dtype, bias=None, glu_alpha=1.0,
+                         glu_limit=0.0, glu_up_shift=0.0, glu_interleaved=False):
     n = b_shape[1]
     return a_data.new_empty((a_data.shape[0], n // 2 if epilogue == "swiglu" else n), dtype=out_dtype)
 
@@ -179,19 +186,22 @@ def quantize(x, format, *, global_scale=None, scale_layout="row", group_offsets=
 
 
 @functools.wraps(grouped_matmul_api.grouped_matmul)
-def grouped_matmul(a, b, a_offsets, expert_ids, expert_scales=None, *, epilogue=None, out_dtype=torch.bfloat16,
-                   out=None, config=None, validate=False):
+def grouped_matmul(a, b, a_offsets, expert_ids, expert_scales=None, *, epilogue=None, bias=None,
+                   out_dtype=torch.bfloat16, out=None, config=None, validate=False):
     a, b = unwrap_torchao(a), unwrap_torchao(b)  # torchao's MXTensor / NVFP4Tensor: views as ScaledTensors
     call = None
     if torch.compiler.is_compiling() and out is None and config is None and not validate:
         call = grouped_matmul_api.check_grouped_matmul(a, b, a_offsets, expert_ids, expert_scales, epilogue,
-                                                       out_dtype, out, config)
+                                                       out_dtype, out, config, bias)
     if call is None or call.epilogue_fn is not None:
         return grouped_matmul_api.grouped_matmul(a, b, a_offsets, expert_ids, expert_scales, epilogue=epilogue,
-                                                 out_dtype=out_dtype, out=out, config=config, validate=validate)
+                                                 bias=bias, out_dtype=out_dtype, out=out, config=config,
+                                                 validate=validate)
     b_parts = scaled_tensor_parts(b)
+    glu = call.glu or SwiGLU()
     return grouped_matmul_op(*scaled_tensor_parts(a)[:7], *b_parts[:5], b_parts[7], call.a_offsets, call.expert_ids,
-                             call.expert_scales, epilogue, out_dtype)
+                             call.expert_scales, call.epilogue_kind if call.epilogue_kind != "none" else None,
+                             out_dtype, call.bias, glu.alpha, glu.limit or 0.0, glu.up_shift, glu.interleaved)
 
 
 @functools.wraps(attention_api.attention)

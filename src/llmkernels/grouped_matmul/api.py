@@ -16,10 +16,11 @@ from ..formats import ScaledTensor, unwrap_torchao
 from ..formats.kernel import upcast_rows_kernel
 from . import hopper_kernel, kernel
 from .config import ALL_GROUP_SIZES, HOPPER_MIN_BLOCK_K, BlockScaledMatmulConfig, default_launches
+from .epilogue import EPILOGUES, SwiGLU
 
 __all__ = ["grouped_matmul", "check_grouped_matmul", "EPILOGUES"]
 
-EPILOGUES = ("silu", "gelu", "swiglu")
+_BIAS_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _PLAIN_DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 _OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _OFFSET_DTYPES = (torch.int32, torch.uint32)
@@ -123,16 +124,31 @@ def _check_hopper_weights(a: _Operand, n_out: int, epilogue_kind: str, config) -
                          f"under swiglu per half), got block_n={config.block_n}")
 
 
-def _epilogue_kind(epilogue) -> tuple[str, object]:
+def _epilogue_kind(epilogue) -> tuple[str, object, SwiGLU | None]:
+    """``(kind, user function, SwiGLU parameters)`` of an ``epilogue`` argument."""
     if epilogue is None:
-        return "none", None
+        return "none", None, None
+    if isinstance(epilogue, SwiGLU):
+        return "swiglu", None, epilogue
     if isinstance(epilogue, str):
         if epilogue not in EPILOGUES:
-            raise ValueError(f"epilogue must be None, one of {EPILOGUES} or a @triton.jit function, got {epilogue!r}")
-        return epilogue, None
+            raise ValueError(f"epilogue must be None, one of {EPILOGUES}, a SwiGLU or a @triton.jit function, "
+                             f"got {epilogue!r}")
+        return epilogue, None, SwiGLU() if epilogue == "swiglu" else None
     if callable(getattr(epilogue, "fn", None)):  # a @triton.jit function (or its interpreted twin)
-        return "user", epilogue
-    raise TypeError(f"epilogue must be None, one of {EPILOGUES} or a @triton.jit function, got {type(epilogue).__name__}")
+        return "user", epilogue, None
+    raise TypeError(f"epilogue must be None, one of {EPILOGUES}, a SwiGLU or a @triton.jit function, "
+                    f"got {type(epilogue).__name__}")
+
+
+def _check_bias(bias, num_experts: int, n: int) -> None:
+    if bias is None:
+        return
+    if not isinstance(bias, torch.Tensor) or bias.dtype not in _BIAS_DTYPES:
+        raise TypeError(f"bias must be a float32, bf16 or fp16 tensor, got {describe(bias)}")
+    if tuple(bias.shape) != (num_experts, n):
+        raise ValueError(f"bias must have shape (E, N) = ({num_experts}, {n}) (one row per expert, in b's row "
+                         f"order), got {tuple(bias.shape)}")
 
 
 def _validate_metadata_on_host(a_offsets, expert_ids, num_tokens: int, num_experts: int, a: ScaledTensor | None):
@@ -196,24 +212,32 @@ class CheckedCall:
     num_groups: int
     epilogue_kind: str
     epilogue_fn: object
+    glu: SwiGLU | None
+    bias: torch.Tensor | None
     device: torch.device
 
 
-def check_grouped_matmul(a, b, a_offsets, expert_ids, expert_scales, epilogue, out_dtype, out, config) -> CheckedCall:
+def check_grouped_matmul(a, b, a_offsets, expert_ids, expert_scales, epilogue, out_dtype, out, config,
+                         bias=None) -> CheckedCall:
     """The checks of :func:`grouped_matmul` (no launch, no sync; safe while torch.compile traces)."""
     a_op, b_op = _operand(a, "a", 2), _operand(b, "b", 3)
     _check_format_pair(a_op, b_op)
     forward_only("grouped_matmul", a=a_op.data, a_scales=a_op.scales, a_global_scale=a_op.global_scale,
                  b=b_op.data, b_scales=b_op.scales, b_global_scale=b_op.global_scale,
-                 expert_scales=expert_scales, out=out)
+                 expert_scales=expert_scales, bias=bias, out=out)
     num_tokens, k = a.shape
     num_experts, n, k_b = b.shape
     if k != k_b:
         raise ValueError(f"a has K = {k} but b has K = {k_b}")
     num_groups = _check_metadata(a_offsets, expert_ids, expert_scales, num_experts)
-    epilogue_kind, epilogue_fn = _epilogue_kind(epilogue)
+    epilogue_kind, epilogue_fn, glu = _epilogue_kind(epilogue)
     if epilogue_kind == "swiglu" and n % 2:
         raise ValueError(f"swiglu needs an even N (gate and up halves), got N = {n}")
+    if glu is not None and glu.interleaved and b_op.scale_layout != "row":
+        raise ValueError(f"SwiGLU(interleaved=True) reads gate and up rows in place, which b's "
+                         f"{b_op.scale_layout} layout cannot address: de-interleave b's rows into [gate | up] "
+                         f"halves before making that layout")
+    _check_bias(bias, num_experts, n)
     n_out = n // 2 if epilogue_kind == "swiglu" else n
     if out_dtype not in _OUT_DTYPES:
         raise TypeError(f"out_dtype must be bf16, fp16 or fp32, got {out_dtype}")
@@ -223,10 +247,12 @@ def check_grouped_matmul(a, b, a_offsets, expert_ids, expert_scales, epilogue, o
         _check_hopper_weights(a_op, n_out, epilogue_kind, config)
     if out is not None:
         check_out(out, (num_tokens, n_out), out_dtype, a=a_op.data, a_scales=a_op.scales, b=b_op.data,
-                  b_scales=b_op.scales, a_offsets=a_offsets, expert_ids=expert_ids, expert_scales=expert_scales)
+                  b_scales=b_op.scales, a_offsets=a_offsets, expert_ids=expert_ids, expert_scales=expert_scales,
+                  bias=bias)
     a_scale_offsets = a.group_scale_offsets if isinstance(a, ScaledTensor) else None
     device = check_device(a=a_op.data, a_scales=a_op.scales, b=b_op.data, b_scales=b_op.scales, a_offsets=a_offsets,
-                          expert_ids=expert_ids, expert_scales=expert_scales, out=out, a_scale_offsets=a_scale_offsets,
+                          expert_ids=expert_ids, expert_scales=expert_scales, bias=bias, out=out,
+                          a_scale_offsets=a_scale_offsets,
                           a_global_scale=a_op.global_scale, b_global_scale=b_op.global_scale)
     if a_scale_offsets is not None and a_scale_offsets.numel() != num_groups:
         raise ValueError(f"a's group_scale_offsets has {a_scale_offsets.numel()} entries for {num_groups} groups")
@@ -234,8 +260,9 @@ def check_grouped_matmul(a, b, a_offsets, expert_ids, expert_scales, epilogue, o
     a_offsets, expert_ids = a_offsets.contiguous(), expert_ids.contiguous()
     expert_scales = expert_scales.contiguous() if expert_scales is not None else None
     a_scale_offsets = a_scale_offsets.contiguous() if a_scale_offsets is not None else None
+    bias = unit_last_stride(bias) if bias is not None else None
     return CheckedCall(a_op, b_op, a_offsets, expert_ids, expert_scales, a_scale_offsets, num_tokens, k, num_experts,
-                       n, n_out, num_groups, epilogue_kind, epilogue_fn, device)
+                       n, n_out, num_groups, epilogue_kind, epilogue_fn, glu, bias, device)
 
 
 def grouped_matmul(    a,
@@ -245,6 +272,7 @@ def grouped_matmul(    a,
     expert_scales: torch.Tensor | None = None,
     *,
     epilogue=None,
+    bias: torch.Tensor | None = None,
     out_dtype: torch.dtype = torch.bfloat16,
     out: torch.Tensor | None = None,
     config: BlockScaledMatmulConfig | None = None,
@@ -253,7 +281,7 @@ def grouped_matmul(    a,
     """Grouped 1D-1D block-scaled matmul for Mixture-of-Experts (the seed's Grouped1D1DMatmulKernel).
 
     For every group g with rows ``a_offsets[g]:a_offsets[g+1]`` and expert ``e = expert_ids[g]``:
-    ``out[rows] = epilogue(expert_scales[e] · (A[rows] @ B[e]ᵀ))``, computed in fp32.
+    ``out[rows] = epilogue(expert_scales[e] · (A[rows] @ B[e]ᵀ) + bias[e])``, computed in fp32.
 
     Args:
         a: ``[T, K]`` tokens of all groups: a ScaledTensor (mxfp8, mxfp4, nvfp4; row or 128x4 scales,
@@ -268,9 +296,12 @@ def grouped_matmul(    a,
         expert_ids: int32 ``[G]``; ``-1`` writes the group's rows as zeros.
         expert_scales: optional float32 ``[E]``, multiplies the accumulator before the epilogue.
         epilogue: ``None``, ``"silu"``, ``"gelu"`` (erf form), ``"swiglu"`` (B's N rows are
-            ``[gate | up]``; output ``silu(gate) · up`` of width N / 2), or a ``@triton.jit`` function
+            ``[gate | up]``; output ``silu(gate) · up`` of width N / 2), a :class:`SwiGLU` (slope, clamp,
+            shift of up, interleaved rows: gpt-oss' is ``GPT_OSS_SWIGLU``), or a ``@triton.jit`` function
             ``fn(value, row, col) -> value`` on the fp32 ``[BLOCK_M, BLOCK_N]`` tile with the global
             row (token) and column indices.
+        bias: optional float32/bf16/fp16 ``[E, N]``, a row per expert in B's row order (gate and up rows
+            alike for SwiGLU), added after ``expert_scales`` and before the activation.
         out_dtype: bf16 (default), fp16 or fp32.
         out: optional ``[T, N_out]`` tensor of ``out_dtype`` to write into (returned).
         config: a :class:`BlockScaledMatmulConfig`; default from the shapes.
@@ -297,9 +328,10 @@ def grouped_matmul(    a,
             bad offsets or expert ids.
     """
     a, b = unwrap_torchao(a), unwrap_torchao(b)
-    key, plan = _PLANS.lookup(a, b, a_offsets, expert_ids, expert_scales, epilogue, out_dtype, out, config)
+    key, plan = _PLANS.lookup(a, b, a_offsets, expert_ids, expert_scales, epilogue, bias, out_dtype, out, config)
     if plan is None:
-        call = check_grouped_matmul(a, b, a_offsets, expert_ids, expert_scales, epilogue, out_dtype, out, config)
+        call = check_grouped_matmul(a, b, a_offsets, expert_ids, expert_scales, epilogue, out_dtype, out, config,
+                                    bias)
         plan = _PLANS.put(key, _Plan(call, out_dtype, config))
         out_checked = True
     else:  # where out lies is not part of the signature: the plan checks it again
@@ -307,7 +339,7 @@ def grouped_matmul(    a,
     if validate:
         _validate_metadata_on_host(a_offsets, expert_ids, plan.num_tokens, plan.num_experts,
                                    a if isinstance(a, ScaledTensor) else None)
-    return plan(a, b, a_offsets, expert_ids, expert_scales, out, out_checked)
+    return plan(a, b, a_offsets, expert_ids, expert_scales, bias, out, out_checked)
 
 
 _PLANS = PlanCache("grouped_matmul")
@@ -349,7 +381,9 @@ class _Plan:
         self.n, self.k, self.n_out = call.n, call.k, call.n_out
         self.out_dtype, self.device = out_dtype, device
         self.epilogue_kind, self.epilogue_fn = call.epilogue_kind, call.epilogue_fn
+        self.glu = call.glu or SwiGLU()  # the kernels' GLU_* constexprs (unread by other epilogues)
         self.has_expert_scales = call.expert_scales is not None
+        self.has_bias = call.bias is not None
         self.empty = call.num_tokens == 0 or call.num_groups == 0 or call.n_out == 0
         if config is not None:
             configs = [(config, *ALL_GROUP_SIZES)]
@@ -377,7 +411,7 @@ class _Plan:
         self.upcasts = {launch.upcast_dtype: _Upcast(self.a, launch.upcast_dtype, self.num_tokens, self.k, device)
                         for launch in self.launches if launch.upcast_dtype is not None}
 
-    def __call__(self, a, b, a_offsets, expert_ids, expert_scales, out, out_checked: bool) -> torch.Tensor:
+    def __call__(self, a, b, a_offsets, expert_ids, expert_scales, bias, out, out_checked: bool) -> torch.Tensor:
         """``out_checked``: False when ``out`` was given to a cached plan (whether it shares memory with an
         input is checked here, on the tensors the kernel reads, before any launch)."""
         a_data, a_scales, a_global_scale = _operand_tensors(a)
@@ -386,7 +420,7 @@ class _Plan:
             out = _runtime.new_buffer((self.num_tokens, self.n_out), self.out_dtype, self.device)
         elif not out_checked:
             check_out(out, out.shape, out.dtype, a=a_data, a_scales=a_scales, b=b_data, b_scales=b_scales,
-                      a_offsets=a_offsets, expert_ids=expert_ids, expert_scales=expert_scales)
+                      a_offsets=a_offsets, expert_ids=expert_ids, expert_scales=expert_scales, bias=bias)
         if self.empty:
             return out
         # The kernel reads the metadata as dense vectors: views of any strides are copied (a few bytes).
@@ -401,8 +435,9 @@ class _Plan:
         dummy = a_offsets  # for the pointers a compiled variant never reads
         b_parts = (b_data, b_scales if b_scales is not None else dummy,
                    b_global_scale if b_global_scale is not None else dummy)
+        bias = unit_last_stride(bias) if bias is not None else dummy
         rest = (target, a_offsets, a_scale_offsets if a_scale_offsets is not None else dummy, expert_ids,
-                expert_scales if expert_scales is not None else dummy)
+                expert_scales if expert_scales is not None else dummy, bias)
         a_global_part = a_global_scale if a_global_scale is not None else dummy
         for launch in self.launches:
             if launch.upcast_dtype is None:
@@ -429,7 +464,7 @@ class _Launch:
         """The compiled kernel, bound on the first call's tensors (``pointers`` in the kernel's order)."""
         if plan.hopper:
             return self._bind_hopper(plan, pointers)
-        a_data, a_scales, a_global_scale, b_data, b_scales, _, out, *_ = pointers
+        a_data, a_scales, a_global_scale, b_data, b_scales, _, out, *_, bias = pointers
         if self.upcast_dtype is None:
             a_op = dataclasses.replace(plan.a, data=a_data, scales=a_scales)
         else:  # A decoded ahead: plain, loaded by its pointer's dtype, with A's global scale for the epilogue
@@ -448,7 +483,7 @@ class _Launch:
             a_data.stride(0), a_scales.stride(0) if a_row_scales else 0,
             b_data.stride(0), b_data.stride(1),
             b_scales.stride(0) if b_row_scales else 0, b_scales.stride(1) if b_row_scales else 0,
-            out.stride(0),
+            out.stride(0), bias.stride(0) if plan.has_bias else 0,
             num_tokens, num_groups, plan.num_experts, plan.n, k, self.min_rows, self.max_rows,
             a_scales.shape[0] if a_op.scale_layout == "128x4_grouped" else 0,
             A_ELEMENT=a_op.element, A_SCALE=a_op.scale, A_SCALE_BLOCK=a_op.scale_block,
@@ -457,6 +492,8 @@ class _Launch:
             B_SCALE_LAYOUT=b_op.scale_layout,
             A_GLOBAL_SCALE=plan.a.has_global_scale, B_GLOBAL_SCALE=plan.b.has_global_scale,
             HAS_EXPERT_SCALES=plan.has_expert_scales, EPILOGUE=plan.epilogue_kind, EPILOGUE_FN=plan.epilogue_fn,
+            HAS_BIAS=plan.has_bias, GLU_ALPHA=plan.glu.alpha, GLU_LIMIT=plan.glu.limit,
+            GLU_UP_SHIFT=plan.glu.up_shift, GLU_INTERLEAVED=plan.glu.interleaved,
             USE_DOT_SCALED=self.use_dot_scaled, SWAP_AB=config.ab_swapped, PREFETCH_SCALES=config.prefetch_scales,
             SCALE_WORDS=config.scale_words and _scale_words(a_op, config.block_k, k)
             and _scale_words(b_op, config.block_k, k),
@@ -470,8 +507,8 @@ class _Launch:
 
     def _bind_hopper(self, plan: _Plan, pointers: tuple) -> BoundKernel:
         """The kernel for weights in the hopper layout (``hopper_kernel``), on the grouped kernel's pointers."""
-        a_data, _, a_global_scale, b_data, b_scales, b_global_scale, out, a_offsets, _, expert_ids, expert_scales = \
-            pointers
+        (a_data, _, a_global_scale, b_data, b_scales, b_global_scale, out, a_offsets, _, expert_ids, expert_scales,
+         bias) = pointers
         config = self.config
         # An upper bound of the launch's (group, M tile) pairs: each holds at least one of the T rows, and
         # there are at most cdiv(T, block_m) plus one per group of this launch's size class, of which there
@@ -483,11 +520,12 @@ class _Launch:
         grid = (m_tiles * -(-plan.n_out // config.block_n),)
         bound = bind(
             hopper_kernel.hopper_fp4_matmul_kernel, grid, a_data, a_global_scale, b_data, b_scales, b_global_scale,
-            out, a_offsets, expert_ids, expert_scales, a_data.stride(0), b_data.stride(0), b_scales.stride(0),
-            out.stride(0), plan.num_tokens, plan.num_groups, plan.num_experts, plan.n, plan.k, self.min_rows,
+            out, a_offsets, expert_ids, expert_scales, bias, a_data.stride(0), b_data.stride(0), b_scales.stride(0),
+            out.stride(0), bias.stride(0) if plan.has_bias else 0, plan.num_tokens, plan.num_groups, plan.num_experts, plan.n, plan.k, self.min_rows,
             self.max_rows, B_SCALE=plan.b.scale, A_GLOBAL_SCALE=plan.a.has_global_scale,
             B_GLOBAL_SCALE=plan.b.has_global_scale, HAS_EXPERT_SCALES=plan.has_expert_scales,
-            EPILOGUE=plan.epilogue_kind, EPILOGUE_FN=plan.epilogue_fn, EVEN_K=plan.k % config.block_k == 0,
+            EPILOGUE=plan.epilogue_kind, EPILOGUE_FN=plan.epilogue_fn, HAS_BIAS=plan.has_bias,
+            GLU_ALPHA=plan.glu.alpha, GLU_LIMIT=plan.glu.limit, GLU_UP_SHIFT=plan.glu.up_shift, EVEN_K=plan.k % config.block_k == 0,
             PACKED_DECODE=_packed_decode(plan.compute_dtype, plan.device),
             RETIRE_MMA=_retire_mma(plan.device, True), COMPUTE_DTYPE=plan.compute_dtype,
             BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
@@ -495,8 +533,8 @@ class _Launch:
             num_warps=config.num_warps, num_stages=config.num_stages,
         )
         # the grouped kernel's pointer order, as the plan calls every launch
-        self.bound = lambda a, a_s, a_g, b, b_s, b_g, o, offsets, a_so, ids, scales: bound(
-            a, a_g, b, b_s, b_g, o, offsets, ids, scales)
+        self.bound = lambda a, a_s, a_g, b, b_s, b_g, o, offsets, a_so, ids, scales, bias: bound(
+            a, a_g, b, b_s, b_g, o, offsets, ids, scales, bias)
         return self.bound
 
 

@@ -42,14 +42,16 @@ def _weight_tile(data_base, scale_base, blocks, k_start, num_chunks, live, EVEN_
 @triton.jit
 def hopper_fp4_matmul_kernel(
     a_ptr, a_global_scale_ptr, b_ptr, b_scales_ptr, b_global_scale_ptr, out_ptr, a_offsets_ptr, expert_ids_ptr,
-    expert_scales_ptr, stride_a_row, stride_b_expert, stride_b_scale_expert, stride_out_row,
+    expert_scales_ptr, bias_ptr, stride_a_row, stride_b_expert, stride_b_scale_expert, stride_out_row,
+    stride_bias_expert,
     num_tokens, num_groups, num_experts, N, K, min_group_rows, max_group_rows,
     B_SCALE: tl.constexpr, A_GLOBAL_SCALE: tl.constexpr, B_GLOBAL_SCALE: tl.constexpr,
-    HAS_EXPERT_SCALES: tl.constexpr, EPILOGUE: tl.constexpr, EPILOGUE_FN: tl.constexpr,
+    HAS_EXPERT_SCALES: tl.constexpr, EPILOGUE: tl.constexpr, EPILOGUE_FN: tl.constexpr, HAS_BIAS: tl.constexpr,
+    GLU_ALPHA: tl.constexpr, GLU_LIMIT: tl.constexpr, GLU_UP_SHIFT: tl.constexpr,
     EVEN_K: tl.constexpr, PACKED_DECODE: tl.constexpr, RETIRE_MMA: tl.constexpr, COMPUTE_DTYPE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_GROUPS: tl.constexpr,
 ):
-    """``out[rows of g] = epilogue(a_global · b_global · expert_scales[e] · A[rows of g] @ B[e]ᵀ)``,
+    """``out[rows of g] = epilogue(a_global · b_global · expert_scales[e] · A[rows of g] @ B[e]ᵀ + bias[e])``,
     ``e = expert_ids[g]``.
 
     a: bf16 ``[num_tokens, K]`` (float32 in the interpreter); b: uint8 ``[E, ceil(N/16), ceil(K/64), 8, 4, 16]``
@@ -57,7 +59,8 @@ def hopper_fp4_matmul_kernel(
     ``"e8m0"`` with S = 2 for MXFP4, ``"e4m3"`` with S = 4 for NVFP4), each expert's blocks contiguous;
     a_global_scale / b_global_scale: float32 scalars (NVFP4's decode scales) read when A_GLOBAL_SCALE /
     B_GLOBAL_SCALE; out ``[num_tokens, N_out]`` (N_out = N / 2 for SwiGLU, whose up rows start at
-    fragment block ``N_out / 16``); a_offsets ``[G + 1]``, expert_ids int32 ``[G]``.
+    fragment block ``N_out / 16``); bias ``[E, N]`` (HAS_BIAS) in B's row order, unit column stride;
+    a_offsets ``[G + 1]``, expert_ids int32 ``[G]``.
 
     Non-persistent: program ``p`` takes output tile ``p // n_tiles`` of the launch's (group, M tile) order
     and weight columns ``p % n_tiles``; the host launches an upper bound of programs and the ones past the
@@ -130,11 +133,24 @@ def hopper_fp4_matmul_kernel(
         multiplier = multiplier * tl.load(b_global_scale_ptr)
     if HAS_EXPERT_SCALES:
         multiplier = multiplier * tl.load(expert_scales_ptr + expert)
+    bias = 0.0
+    up_bias = 0.0
+    if HAS_BIAS:
+        bias_row = bias_ptr + expert * stride_bias_expert
+        bias = tl.load(bias_row + cols, mask=cols < n_out, other=0.0).to(tl.float32)
+        if EPILOGUE == "user":  # along the transposed tile's columns
+            bias = bias[None, :]
+        else:
+            bias = bias[:, None]
+        if EPILOGUE == "swiglu":
+            up_bias = tl.load(bias_row + n_out + cols, mask=cols < n_out, other=0.0).to(tl.float32)[:, None]
     if EPILOGUE == "user":  # the user's function sees the [BLOCK_M, BLOCK_N] tile it is documented to
-        result = tl.trans(apply_epilogue(tl.trans(acc), acc, multiplier, rows[:, None], cols[None, :], EPILOGUE,
-                                         EPILOGUE_FN))
+        result = tl.trans(apply_epilogue(tl.trans(acc), acc, multiplier, bias, up_bias, rows[:, None],
+                                         cols[None, :], EPILOGUE, EPILOGUE_FN, HAS_BIAS, GLU_ALPHA, GLU_LIMIT,
+                                         GLU_UP_SHIFT))
     else:
-        result = apply_epilogue(acc, up_acc, multiplier, rows[None, :], cols[:, None], EPILOGUE, EPILOGUE_FN)
+        result = apply_epilogue(acc, up_acc, multiplier, bias, up_bias, rows[None, :], cols[:, None], EPILOGUE,
+                                EPILOGUE_FN, HAS_BIAS, GLU_ALPHA, GLU_LIMIT, GLU_UP_SHIFT)
     result = tl.where(expert_ok, result, 0.0)
     out_offsets = rows[None, :].to(tl.int64) * stride_out_row + cols[:, None]
     tl.store(out_ptr + out_offsets, result.to(out_ptr.dtype.element_ty),

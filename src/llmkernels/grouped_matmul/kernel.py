@@ -1,6 +1,6 @@
 """Triton kernel of the grouped 1D-1D block-scaled matmul (the seed's Grouped1D1DMatmulKernel).
 
-``out[rows of g] = epilogue(expert_scales[e] · global scales · A[rows of g] @ B[e].T)`` with
+``out[rows of g] = epilogue(expert_scales[e] · global scales · A[rows of g] @ B[e].T + bias[e])`` with
 ``e = expert_ids[g]``, for all groups in one persistent launch. Operands are plain bf16/fp16,
 MX (e4m3 or packed e2m1 data with e8m0 scales per 32) or NVFP4 (packed e2m1, e4m3 scales per 16,
 a float32 global scale). Scales sit in the row-major layout or in 128x4 tensor-core tiles.
@@ -56,16 +56,34 @@ def find_group(tile, group_ids, starts, ends, tiles, tiles_through):
 
 
 @triton.jit
-def apply_epilogue(acc, up_acc, multiplier, rows, cols, EPILOGUE: tl.constexpr, EPILOGUE_FN: tl.constexpr):
-    """The epilogue on the fp32 accumulator: ``multiplier`` (global and expert scales), then the activation.
-    ``rows`` and ``cols`` broadcast against ``acc`` (the user function's row and column indices)."""
+def apply_epilogue(acc, up_acc, multiplier, bias, up_bias, rows, cols, EPILOGUE: tl.constexpr,
+                   EPILOGUE_FN: tl.constexpr, HAS_BIAS: tl.constexpr, GLU_ALPHA: tl.constexpr,
+                   GLU_LIMIT: tl.constexpr, GLU_UP_SHIFT: tl.constexpr):
+    """The epilogue on the fp32 accumulator: ``multiplier`` (global and expert scales), the bias (``bias`` and,
+    for SwiGLU, ``up_bias`` broadcast against ``acc``), then the activation (SwiGLU's parameters as
+    :class:`SwiGLU` holds them, GLU_LIMIT None for no clamp). ``rows`` and ``cols`` broadcast against ``acc``
+    (the user function's row and column indices)."""
     acc = acc * multiplier
+    if HAS_BIAS:
+        acc = acc + bias
     if EPILOGUE == "silu":
         acc = acc * tl.sigmoid(acc)
     elif EPILOGUE == "gelu":
         acc = 0.5 * acc * (1.0 + tl.erf(acc * 0.7071067811865476))
     elif EPILOGUE == "swiglu":
-        acc = acc * tl.sigmoid(acc) * (up_acc * multiplier)
+        up = up_acc * multiplier
+        if HAS_BIAS:
+            up = up + up_bias
+        if GLU_LIMIT is not None:  # NaN stays NaN, as torch.clamp keeps it
+            acc = tl.minimum(acc, GLU_LIMIT, propagate_nan=tl.PropagateNan.ALL)
+            up = tl.minimum(tl.maximum(up, -GLU_LIMIT, propagate_nan=tl.PropagateNan.ALL), GLU_LIMIT,
+                            propagate_nan=tl.PropagateNan.ALL)
+        if GLU_UP_SHIFT != 0.0:
+            up = up + GLU_UP_SHIFT
+        if GLU_ALPHA != 1.0:
+            acc = acc * tl.sigmoid(acc * GLU_ALPHA) * up
+        else:
+            acc = acc * tl.sigmoid(acc) * up
     elif EPILOGUE == "user":
         acc = EPILOGUE_FN(acc, rows, cols)
     return acc
@@ -163,15 +181,16 @@ def _mma_step(acc, a_data, a_scale_bits, b_data, b_scale_bits,
 def grouped_matmul_kernel(
     a_ptr, a_scales_ptr, a_global_scale_ptr,
     b_ptr, b_scales_ptr, b_global_scale_ptr,
-    out_ptr, a_offsets_ptr, a_scale_offsets_ptr, expert_ids_ptr, expert_scales_ptr,
+    out_ptr, a_offsets_ptr, a_scale_offsets_ptr, expert_ids_ptr, expert_scales_ptr, bias_ptr,
     stride_a_row, stride_a_scale_row,
     stride_b_expert, stride_b_row, stride_b_scale_expert, stride_b_scale_row,
-    stride_out_row,
+    stride_out_row, stride_bias_expert,
     num_tokens, num_groups, num_experts, N, K, min_group_rows, max_group_rows, num_a_scale_tile_rows,
     A_ELEMENT: tl.constexpr, A_SCALE: tl.constexpr, A_SCALE_BLOCK: tl.constexpr, A_SCALE_LAYOUT: tl.constexpr,
     B_ELEMENT: tl.constexpr, B_SCALE: tl.constexpr, B_SCALE_BLOCK: tl.constexpr, B_SCALE_LAYOUT: tl.constexpr,
     A_GLOBAL_SCALE: tl.constexpr, B_GLOBAL_SCALE: tl.constexpr,
-    HAS_EXPERT_SCALES: tl.constexpr, EPILOGUE: tl.constexpr, EPILOGUE_FN: tl.constexpr,
+    HAS_EXPERT_SCALES: tl.constexpr, EPILOGUE: tl.constexpr, EPILOGUE_FN: tl.constexpr, HAS_BIAS: tl.constexpr,
+    GLU_ALPHA: tl.constexpr, GLU_LIMIT: tl.constexpr, GLU_UP_SHIFT: tl.constexpr, GLU_INTERLEAVED: tl.constexpr,
     USE_DOT_SCALED: tl.constexpr, SWAP_AB: tl.constexpr, PREFETCH_SCALES: tl.constexpr, SCALE_WORDS: tl.constexpr,
     PACKED_DECODE: tl.constexpr, RETIRE_MMA: tl.constexpr,
     COMPUTE_DTYPE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_GROUPS: tl.constexpr,
@@ -179,7 +198,9 @@ def grouped_matmul_kernel(
     """Persistent grouped matmul.
 
     a: ``[num_tokens, K]`` (bytes ``[num_tokens, K/2]`` for e2m1); b: ``[num_experts, N, K]``;
-    out: ``[num_tokens, N_out]`` with ``N_out = N / 2`` for SwiGLU, else N. a_offsets: ``[G + 1]``,
+    out: ``[num_tokens, N_out]`` with ``N_out = N / 2`` for SwiGLU, else N; bias (HAS_BIAS): ``[num_experts, N]``
+    in B's row order, unit column stride. SwiGLU reads gate and up rows as ``[gate | up]`` halves of B, or
+    alternating (GLU_INTERLEAVED; row scales only). a_offsets: ``[G + 1]``,
     expert_ids: int32 ``[G]``, a_scale_offsets: int32 ``[G]`` (grouped 128x4 A scales only).
     Element types: ``"bf16" | "fp16" | "e4m3" | "e2m1"``; scales ``"none" | "e8m0" | "e4m3"``;
     A scale layouts ``"row" | "128x4" | "128x4_grouped"``, B ``"row" | "128x4"``. ``*_GLOBAL_SCALE``:
@@ -239,14 +260,17 @@ def grouped_matmul_kernel(
                                                 K // A_SCALE_BLOCK)
 
         b_rows = cols
+        up_rows = cols + n_out  # SwiGLU: B's rows are [gate | up] halves ...
+        if GLU_INTERLEAVED:  # ... or alternate gate and up
+            b_rows = 2 * cols
+            up_rows = b_rows + 1
         b_row_offsets = expert * stride_b_expert + b_rows * stride_b_row
         b_scale_rows = expert * stride_b_scale_expert + b_rows * stride_b_scale_row
         if B_SCALE_LAYOUT == "128x4":
             b_scale_rows = tile_scale_row_base(expert * tl.cdiv(N, 128) + b_rows // 128, b_rows % 128,
                                                 K // B_SCALE_BLOCK)
         up_scale_rows = b_scale_rows
-        if EPILOGUE == "swiglu":  # B's rows are [gate | up]: the up rows sit n_out further
-            up_rows = cols + n_out
+        if EPILOGUE == "swiglu":
             up_row_offsets = expert * stride_b_expert + up_rows * stride_b_row
             up_scale_rows = expert * stride_b_scale_expert + up_rows * stride_b_scale_row
             if B_SCALE_LAYOUT == "128x4":
@@ -298,7 +322,15 @@ def grouped_matmul_kernel(
         multiplier = a_global_scale * b_global_scale
         if HAS_EXPERT_SCALES:
             multiplier = multiplier * tl.load(expert_scales_ptr + expert)
-        acc = apply_epilogue(acc, up_acc, multiplier, rows[:, None], cols[None, :], EPILOGUE, EPILOGUE_FN)
+        bias = 0.0
+        up_bias = 0.0
+        if HAS_BIAS:
+            bias_row = bias_ptr + expert * stride_bias_expert
+            bias = tl.load(bias_row + b_rows, mask=col_mask, other=0.0).to(tl.float32)[None, :]
+            if EPILOGUE == "swiglu":
+                up_bias = tl.load(bias_row + up_rows, mask=col_mask, other=0.0).to(tl.float32)[None, :]
+        acc = apply_epilogue(acc, up_acc, multiplier, bias, up_bias, rows[:, None], cols[None, :], EPILOGUE,
+                             EPILOGUE_FN, HAS_BIAS, GLU_ALPHA, GLU_LIMIT, GLU_UP_SHIFT)
         acc = tl.where(expert_ok, acc, 0.0)
         if A_SCALE_LAYOUT == "128x4_grouped":  # rows whose scales lie outside A's scale tensor
             acc = tl.where(a_scale_mask[:, None] | ~row_mask[:, None], acc, float("nan"))

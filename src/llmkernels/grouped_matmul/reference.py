@@ -6,6 +6,7 @@ import math
 import torch
 
 from ..formats import ScaledTensor, dequantize
+from .epilogue import SwiGLU
 
 __all__ = ["grouped_matmul_reference", "REFERENCE_EPILOGUES"]
 
@@ -15,10 +16,11 @@ REFERENCE_EPILOGUES = {
 }
 
 
-def grouped_matmul_reference(a, b, a_offsets, expert_ids, expert_scales=None, *, epilogue=None) -> torch.Tensor:
+def grouped_matmul_reference(a, b, a_offsets, expert_ids, expert_scales=None, *, epilogue=None,
+                             bias=None) -> torch.Tensor:
     """float32 ``[T, N_out]`` reference of :func:`llmkernels.grouped_matmul` on the same arguments.
 
-    ``epilogue``: ``None``, ``"silu"``, ``"gelu"``, ``"swiglu"`` or a PyTorch function
+    ``epilogue``: ``None``, ``"silu"``, ``"gelu"``, ``"swiglu"``, a :class:`SwiGLU` or a PyTorch function
     ``fn(value [rows, N_out], row [rows, 1], col [1, N_out]) -> value`` mirroring a user's jit epilogue.
     Rows outside every group are NaN (the kernel leaves them unwritten). Loops over groups on the
     host: for checking, not for speed.
@@ -27,7 +29,8 @@ def grouped_matmul_reference(a, b, a_offsets, expert_ids, expert_scales=None, *,
     b_values = dequantize(b) if isinstance(b, ScaledTensor) else b.float()
     num_tokens = a_values.shape[0]
     num_experts, n, _ = b_values.shape
-    n_out = n // 2 if epilogue == "swiglu" else n
+    glu = SwiGLU() if epilogue == "swiglu" else epilogue if isinstance(epilogue, SwiGLU) else None
+    n_out = n // 2 if glu is not None else n
     out = torch.full((num_tokens, n_out), float("nan"), dtype=torch.float32, device=a_values.device)
     # Clamped to [0, T] and made non-decreasing, as the kernel reads them.
     offsets = torch.cummax(a_offsets.to(torch.int64).clamp(0, num_tokens), 0).values.tolist()
@@ -42,8 +45,10 @@ def grouped_matmul_reference(a, b, a_offsets, expert_ids, expert_scales=None, *,
         acc = (a_values[start:end].double() @ b_values[expert].double().T).float()
         if expert_scales is not None:
             acc = acc * expert_scales[expert].float()
-        if epilogue == "swiglu":
-            acc = torch.nn.functional.silu(acc[:, :n_out]) * acc[:, n_out:]
+        if bias is not None:
+            acc = acc + bias[expert].float()
+        if glu is not None:
+            acc = _swiglu(acc, glu)
         elif isinstance(epilogue, str):
             acc = REFERENCE_EPILOGUES[epilogue](acc)
         elif epilogue is not None:
@@ -52,3 +57,12 @@ def grouped_matmul_reference(a, b, a_offsets, expert_ids, expert_scales=None, *,
             acc = epilogue(acc, rows, cols)
         out[start:end] = acc
     return out
+
+
+def _swiglu(acc: torch.Tensor, glu: SwiGLU) -> torch.Tensor:
+    """``[rows, N] → [rows, N / 2]``: the gated epilogue on B's gate and up columns."""
+    n_out = acc.shape[1] // 2
+    gate, up = (acc[:, 0::2], acc[:, 1::2]) if glu.interleaved else (acc[:, :n_out], acc[:, n_out:])
+    if glu.limit is not None:
+        gate, up = gate.clamp(max=glu.limit), up.clamp(-glu.limit, glu.limit)
+    return gate * torch.sigmoid(glu.alpha * gate) * (up + glu.up_shift)

@@ -7,21 +7,24 @@ The mask entry is transformers' own SDPA mask (a bool ``[B, 1, Sq, Skv]`` with p
 None when plain causal attention says it all): :func:`llmkernels.attention` reads it tile by tile. gpt-oss' sinks
 (``s_aux``) become ``sinks``, ``softcap`` a softcap score mod. Forward only (inference).
 
-Experts: SiLU-gated experts in transformers' default layout (``gate_up_proj [E, 2I, H]`` gate rows first,
-``down_proj [E, H, I]``, no bias: the experts of Mixtral, Qwen3-MoE or DeepSeek-V3) run fused; other
-layouts (gpt-oss' interleaved, transposed, biased experts with their clamped gate) fall back, documented, to
-transformers' own ``grouped_mm`` path: not yet fused.
+Experts run fused (gated activation and biases in the grouped matmuls' epilogues) in two layouts: SiLU-gated
+experts in transformers' default layout (``gate_up_proj [E, 2I, H]`` gate rows first, ``down_proj [E, H, I]``,
+no bias: Mixtral, Qwen3-MoE, DeepSeek-V3), and gpt-oss' (``gate_up_proj [E, H, 2I]`` gate and up columns
+interleaved, ``down_proj [E, I, H]``, biases, the clamped SwiGLU), whose weights are rearranged once. Other
+layouts run transformers' own ``grouped_mm`` path.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
 from ..attention import softcap as softcap_mod
-from ..formats import ScaledTensor
+from ..grouped_matmul import SwiGLU
 from ..moe import fused_experts
 from ..ops import attention, quantize
 
-__all__ = ["register", "attention_forward", "experts_forward", "quantize_experts", "NAME"]
+__all__ = ["register", "attention_forward", "experts_forward", "quantize_experts", "ExpertWeights", "NAME"]
 
 NAME = "llmkernels"
 
@@ -49,43 +52,96 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     return out, None
 
 
-def _fusable(experts: torch.nn.Module) -> bool:
-    """SiLU-gated experts in transformers' default layout (what :func:`fused_experts` computes)."""
+@dataclass(frozen=True)
+class ExpertWeights:
+    """An experts module's weights as :func:`fused_experts` takes them: ``w1 [E, 2I, H]`` gate rows first, ``w2
+    [E, H, I]`` (bf16 tensors or ScaledTensors), optional biases ``[E, 2I]`` / ``[E, H]``, the gated activation,
+    and ``source``: the parameters' ``(version, address)`` they were made from (None: quantized, kept until
+    :func:`quantize_experts` runs again)."""
+
+    w1: object
+    w2: object
+    w1_bias: torch.Tensor | None
+    w2_bias: torch.Tensor | None
+    activation: SwiGLU
+    source: tuple | None
+
+
+def _layout(experts: torch.nn.Module) -> str | None:
+    """``"default"``: SiLU-gated experts in transformers' default layout (Mixtral, Qwen3-MoE, DeepSeek-V3);
+    ``"gpt_oss"``: gpt-oss' transposed, interleaved, biased experts and its clamped SwiGLU; None: other."""
     from transformers.integrations.moe import _default_apply_gate
 
-    return (getattr(experts, "has_gate", False) and not getattr(experts, "has_bias", False)
+    if not getattr(experts, "has_gate", False) or getattr(experts, "has_post_expert_norm", False):
+        return None
+    apply_gate = type(experts)._apply_gate
+    if (apply_gate is _default_apply_gate and not getattr(experts, "has_bias", False)
             and not getattr(experts, "is_transposed", False) and getattr(experts, "is_concatenated", True)
-            and not getattr(experts, "has_post_expert_norm", False)
-            and type(experts)._apply_gate is _default_apply_gate
-            and type(getattr(experts, "act_fn", None)).__name__ in ("SiLU", "SiLUActivation"))
+            and type(getattr(experts, "act_fn", None)).__name__ in ("SiLU", "SiLUActivation")):
+        return "default"
+    if (apply_gate.__qualname__ == "GptOssExperts._apply_gate" and getattr(experts, "has_bias", False)
+            and getattr(experts, "is_transposed", False) and not getattr(experts, "is_concatenated", True)):
+        return "gpt_oss"
+    return None
+
+
+def _source(experts: torch.nn.Module) -> tuple:
+    return tuple((p._version, p.data_ptr()) for p in experts.parameters(recurse=False))
+
+
+def _deinterleave(t: torch.Tensor) -> torch.Tensor:
+    """gpt-oss' ``gate 0, up 0, gate 1, ...`` along dim 1 → ``[gate | up]`` halves."""
+    return torch.cat((t[:, 0::2], t[:, 1::2]), 1)
+
+
+def _expert_weights(experts: torch.nn.Module, layout: str, weight_format: str | None = None,
+                    scale_layout: str = "row") -> ExpertWeights:
+    """The module's weights in :func:`fused_experts`' layout, bf16 or quantized (one copy, made once)."""
+    with torch.no_grad():
+        if layout == "default":
+            w1, w2, b1, b2, activation = experts.gate_up_proj, experts.down_proj, None, None, SwiGLU()
+        else:  # gpt-oss: [E, H, 2I] interleaved and [E, I, H] -> K-major, [gate | up] halves
+            w1 = _deinterleave(experts.gate_up_proj.transpose(1, 2))
+            w2 = experts.down_proj.transpose(1, 2)
+            b1, b2 = _deinterleave(experts.gate_up_proj_bias).float(), experts.down_proj_bias.float()
+            activation = SwiGLU(alpha=float(experts.alpha), limit=float(experts.limit), up_shift=1.0)
+        w1, w2 = (w.detach().to(torch.bfloat16).contiguous() for w in (w1, w2))
+        if weight_format is not None:
+            w1, w2 = (quantize(w, weight_format, scale_layout=scale_layout) for w in (w1, w2))
+    return ExpertWeights(w1, w2, b1, b2, activation, None if weight_format is not None else _source(experts))
 
 
 def experts_forward(self: torch.nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
                     top_k_weights: torch.Tensor) -> torch.Tensor:
     """transformers' experts-function signature: ``hidden_states [T, H]``, ``top_k_index`` / ``top_k_weights``
-    ``[T, k]`` → ``[T, H]``. Quantized weights set by :func:`quantize_experts` are used when present; expert ids
-    outside ``[0, E)`` (expert parallelism's sentinels) contribute nothing."""
-    if not _fusable(self):
+    ``[T, k]`` → ``[T, H]``. Runs :func:`fused_experts` on the weights :func:`quantize_experts` stored, or on
+    bf16 copies in its layout made at the first call (made again when a parameter changes). Expert ids
+    outside ``[0, E)`` (expert parallelism's sentinels) contribute nothing. Layouts other than the two fused
+    ones run transformers' ``grouped_mm`` path."""
+    layout = _layout(self)
+    if layout is None:
         from transformers.integrations.moe import grouped_mm_experts_forward
 
         return grouped_mm_experts_forward(self, hidden_states, top_k_index, top_k_weights)
-    w_gate_up, w_down = getattr(self, "llmkernels_weights", (self.gate_up_proj, self.down_proj))
-    if not isinstance(w_gate_up, ScaledTensor):
-        w_gate_up, w_down = w_gate_up.to(torch.bfloat16), w_down.to(torch.bfloat16)
-    return fused_experts(hidden_states, w_gate_up, w_down, top_k_weights, top_k_index)
+    weights = self.__dict__.get("llmkernels_weights")
+    if weights is None or (weights.source is not None and weights.source != _source(self)):
+        weights = self.llmkernels_weights = _expert_weights(self, layout)
+    return fused_experts(hidden_states, weights.w1, weights.w2, top_k_weights, top_k_index,
+                         activation=weights.activation, w1_bias=weights.w1_bias, w2_bias=weights.w2_bias)
 
 
 def quantize_experts(model: torch.nn.Module, weight_format: str = "mxfp4", scale_layout: str = "row") -> int:
-    """Quantizes, once, the weights of every fusable experts module of ``model`` to ``weight_format``
-    (``"mxfp4"``, ``"mxfp8"``, ``"nvfp4"``; ``scale_layout`` ``"row"`` or ``"hopper"``) and stores them as its
-    ``llmkernels_weights``, which ``experts_implementation="llmkernels"`` reads (the bf16 parameters stay, for
-    the other implementations). Returns how many modules were quantized."""
+    """Quantizes, once, the weights of every experts module of ``model`` that runs fused (transformers'
+    default layout and gpt-oss') to ``weight_format`` (``"mxfp4"``, ``"mxfp8"``, ``"nvfp4"``; ``scale_layout``
+    ``"row"`` or ``"hopper"``) and stores them as its ``llmkernels_weights`` (an :class:`ExpertWeights`),
+    which ``experts_implementation="llmkernels"`` reads. The bf16 parameters stay, for the other
+    implementations; call it again after changing them or moving the model. Returns how many modules were
+    quantized."""
     count = 0
     for module in model.modules():
-        if hasattr(module, "gate_up_proj") and hasattr(module, "has_gate") and _fusable(module):
-            module.llmkernels_weights = tuple(
-                quantize(weight.detach().contiguous(), weight_format, scale_layout=scale_layout)
-                for weight in (module.gate_up_proj, module.down_proj))
+        layout = _layout(module) if hasattr(module, "gate_up_proj") else None
+        if layout is not None:
+            module.llmkernels_weights = _expert_weights(module, layout, weight_format, scale_layout)
             count += 1
     return count
 
