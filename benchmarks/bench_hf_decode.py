@@ -87,8 +87,14 @@ def _decode_step(model, batch: int):
               use_cache=True)
     token = torch.randint(0, VOCAB, (batch, 1), device="cuda")
     position = torch.tensor([PROMPT], device="cuda")
+    # static layers count their tokens on the device and write at that count: set it back before every step,
+    # so that each timed step (eager or replayed) writes position PROMPT again
+    counters = [layer.cumulative_length for layer in getattr(cache, "layers", ())
+                if isinstance(getattr(layer, "cumulative_length", None), torch.Tensor)]
 
     def step():
+        for counter in counters:
+            counter.fill_(PROMPT)
         with torch.no_grad():
             return model(input_ids=token, past_key_values=cache, cache_position=position, use_cache=True).logits
 
