@@ -145,24 +145,35 @@ def _attend(q, k, v, lengths, causal, window, starts=None):
     return out
 
 
+# flash-attn's test_flash_attn_kvcache sizes on the GPU: (seqlen_q, new keys, head dim, capacity, page size,
+# rotary dims / 2); its seqlen_q > new case too (queries past the appended keys see them causally)
+KVCACHE_SIZES = {"small": (2, 2, 32, 48, 16, 8), "decode": (1, 1, 128, 1024, 64, 32),
+                 "spec": (3, 3, 64, 832, 16, 16), "chunk": (128, 128, 128, 2048, 64, 64),
+                 "q_past_new": (4, 1, 64, 512, 16, 32)}
+
+
+@pytest.mark.parametrize("size", ["small", *(pytest.param(size, marks=pytest.mark.gpu) for size in KVCACHE_SIZES
+                                             if size != "small")])
 @pytest.mark.parametrize("cache", ["dense", "dense_odd_length", "paged", "dense_leftpad", "paged_leftpad"])
 @pytest.mark.parametrize("rotary", [None, "interleaved", "neox"])
 @pytest.mark.parametrize("causal,window", [(True, (-1, -1)), (False, (-1, -1)), (True, (5, 0))],
                          ids=["causal", "full", "window"])
-def test_with_kvcache(cache, rotary, causal, window, device):
-    batch, seqlen_q, new, heads, kv_heads, dim = 3, 2, 2, 4, 2, 32
-    capacity = 48 if cache != "dense_odd_length" else 41
-    cache_seqlens = torch.tensor([0, 17, capacity - new], dtype=torch.int32, device=device)
+def test_with_kvcache(size, cache, rotary, causal, window, device):
+    seqlen_q, new, dim, capacity, page, rotary_half = KVCACHE_SIZES[size]
+    batch, heads, kv_heads = 3, 4, 2
+    capacity = capacity if cache != "dense_odd_length" else capacity - 7
+    cache_seqlens = torch.tensor([0, capacity // 3, capacity - new], dtype=torch.int32, device=device)
     q = _randn(batch, seqlen_q, heads, dim, device=device)
     k_new, v_new = (_randn(batch, new, kv_heads, dim, device=device) for _ in range(2))
     rotary_kwargs = {}
     if rotary is not None:
-        angle = torch.rand(capacity, 8, device=device) * 2 * math.pi
+        angle = torch.rand(capacity + seqlen_q, rotary_half, device=device) * 2 * math.pi
         rotary_kwargs = dict(rotary_cos=angle.cos().bfloat16(), rotary_sin=angle.sin().bfloat16(),
                              rotary_interleaved=rotary == "interleaved")
-    leftpad = torch.tensor([0, 3, 10], dtype=torch.int32, device=device) if cache.endswith("leftpad") else None
+    leftpad = (torch.tensor([0, 3, capacity // 4], dtype=torch.int32, device=device) if cache.endswith("leftpad")
+               else None)
     if cache.startswith("paged"):
-        page, pages_per_seq = 16, 3
+        pages_per_seq = capacity // page
         k_cache = _randn(batch * pages_per_seq + 2, page, kv_heads, dim, device=device)
         v_cache = _randn(*k_cache.shape, device=device)
         block_table = torch.randperm(k_cache.shape[0], device=device)[:batch * pages_per_seq].int()

@@ -5,7 +5,9 @@
 arguments, names, defaults, layouts and return values, plus FA3's ``attention_chunk``, ``num_splits``,
 ``seqused_k`` and ``page_table`` (an alias of ``block_table``) and FA4's ``learnable_sink`` (keyword-only).
 Forward only: ``dropout_p > 0`` and inputs that require grad raise. ``return_attn_probs=True`` returns
-``(out, softmax_lse, None)``: the probabilities are not materialized.
+``(out, softmax_lse, None)``: the probabilities are not materialized. Head dims that are not a multiple of 16
+(our kernels' unit) are zero-padded on the way in by the dense and varlen functions (a copy of q, k and v);
+``flash_attn_with_kvcache`` needs a multiple of 16 (padding would copy the whole cache every call).
 
 Not yet supported, each raising ``NotImplementedError`` that names the argument: per-batch ``alibi_slopes``
 ``[B, H]``, softcap together with ALiBi.
@@ -64,11 +66,26 @@ def _splits(num_splits):
     return None if not num_splits or num_splits <= 0 else int(num_splits)
 
 
-def _results(result, return_lse: bool, attn_probs: bool):
+def _results(result, return_lse: bool, attn_probs: bool, head_dim: int | None = None):
+    """flash-attn's return forms; ``head_dim``: the caller's, when the inputs were padded past it."""
+    out, lse = result if return_lse else (result, None)
+    if head_dim is not None and out.shape[-1] != head_dim:
+        out = out[..., :head_dim].contiguous()
     if not return_lse:
-        return result
-    out, lse = result
+        return out
     return (out, lse, None) if attn_probs else (out, lse)
+
+
+def _pad_head_dim(q, k, v, softmax_scale):
+    """flash-attn takes any head dim up to 256, our kernels multiples of 16: q, k, v zero-padded to the next
+    one (a copy of each; the scores are unchanged, the padded output columns are dropped), the softmax scale
+    kept at ``1 / sqrt(D)`` of the caller's D."""
+    head_dim = q.shape[-1]
+    if head_dim % 16 == 0 or head_dim > 256 or any(not isinstance(t, torch.Tensor) for t in (q, k, v)):
+        return q, k, v, softmax_scale  # what llmkernels.attention accepts or names in its error
+    pad = -head_dim % 16
+    scale = softmax_scale if softmax_scale is not None else head_dim ** -0.5
+    return F.pad(q, (0, pad)), F.pad(k, (0, pad)), F.pad(v, (0, pad)), scale
 
 
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
@@ -85,9 +102,11 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
         NotImplementedError: ``[B, H]`` alibi slopes, softcap with ALiBi.
     """
     mask, score_mod = _modifiers(causal, window_size, softcap, alibi_slopes, attention_chunk, dropout_p)
+    head_dim = q.shape[-1]
+    q, k, v, softmax_scale = _pad_head_dim(q, k, v, softmax_scale)
     result = attention(q, k, v, causal=causal, mask=mask, score_mod=score_mod, sinks=_sinks(learnable_sink),
                        softmax_scale=softmax_scale, num_splits=_splits(num_splits), return_lse=return_attn_probs)
-    return _results(result, return_attn_probs, True)
+    return _results(result, return_attn_probs, True, head_dim)
 
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
@@ -107,6 +126,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     """
     mask, score_mod = _modifiers(causal, window_size, softcap, alibi_slopes, attention_chunk, dropout_p)
     block_table = _block_table(block_table, page_table)
+    head_dim = q.shape[-1]
+    q, k, v, softmax_scale = _pad_head_dim(q, k, v, softmax_scale)
     common = dict(causal=causal, mask=mask, score_mod=score_mod, sinks=_sinks(learnable_sink),
                   softmax_scale=softmax_scale, num_splits=_splits(num_splits), return_lse=return_attn_probs,
                   cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
@@ -122,7 +143,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     else:
         seqlens = seqused_k if seqused_k is not None else (cu_seqlens_k[1:] - cu_seqlens_k[:-1]).to(torch.int32)
         result = attention(q, None, None, kv_cache=PagedKVCache(k, v, block_table, seqlens), **common)
-    return _results(result, return_attn_probs, True)
+    return _results(result, return_attn_probs, True, head_dim)
 
 
 def _rows_as_pages(rows: torch.Tensor) -> torch.Tensor:
