@@ -115,7 +115,8 @@ def experts_forward(self: torch.nn.Module, hidden_states: torch.Tensor, top_k_in
                     top_k_weights: torch.Tensor) -> torch.Tensor:
     """transformers' experts-function signature: ``hidden_states [T, H]``, ``top_k_index`` / ``top_k_weights``
     ``[T, k]`` → ``[T, H]``. Runs :func:`fused_experts` on the weights :func:`quantize_experts` stored, or on
-    bf16 copies in its layout made at the first call (made again when a parameter changes). Expert ids
+    bf16 copies in its layout made at the first call (made again when a parameter changes; gpt-oss' copy
+    doubles its experts' memory, which :func:`quantize_experts` avoids; the default layout is used in place). Expert ids
     outside ``[0, E)`` (expert parallelism's sentinels) contribute nothing. Layouts other than the two fused
     ones run transformers' ``grouped_mm`` path."""
     layout = _layout(self)
