@@ -108,10 +108,9 @@ class PlanCache:
 
 
 def clear_plans() -> None:
-    """Forgets every plan of every family and every bound launch (tests that patch a planning rule call it)."""
+    """Forgets every plan of every family (tests that patch a planning rule call it)."""
     for cache in _CACHES:
         cache.clear()
-    _BOUND.clear()
 
 
 def _is_descriptor(value) -> bool:
@@ -287,77 +286,17 @@ def _hook(hook):
     return None if hook is None or getattr(hook, "calls", True) == [] else hook
 
 
-class _Parameters:
-    """A kernel's parameter names and defaults: binds a call's arguments in a tuple without
-    ``inspect.Signature.bind`` (a fifth of the host time of a call that misses its plan, measured on the H100)."""
-
-    _MISSING = object()
-
-    def __init__(self, fn):
-        parameters = inspect.signature(fn.fn).parameters
-        self.names = tuple(parameters)
-        self.index = {name: i for i, name in enumerate(self.names)}
-        self.defaults = tuple(parameter.default for parameter in parameters.values())
-
-    def bind(self, fn_name: str, args: tuple, kwargs: dict) -> tuple:
-        if len(args) > len(self.names):
-            raise TypeError(f"{fn_name}: {len(args)} positional arguments for {len(self.names)} parameters")
-        values = [*args, *(self._MISSING,) * (len(self.names) - len(args))]
-        for name, value in kwargs.items():
-            i = self.index[name]
-            if i < len(args):
-                raise TypeError(f"{fn_name}: argument {name!r} given twice")
-            values[i] = value
-        for i, value in enumerate(values):
-            if value is self._MISSING:
-                if self.defaults[i] is inspect.Parameter.empty:
-                    raise TypeError(f"{fn_name}: missing argument {self.names[i]!r}")
-                values[i] = self.defaults[i]
-        return tuple(values)
-
-
-_PARAMETERS: dict = {}
-# Bound kernels by launch signature: a plan that misses (a new shape) often binds a launch another plan already
-# bound (split-KV's combine does not depend on the key length). Bounded: cleared when full.
-_BOUND: dict = {}
-_MAX_BOUND = 4096
-
-
-def _bound_key(fn, grid, values, options):
-    """What a bound launch depends on (tensors as :func:`tensor_key`, the rest by value), or None when an
-    argument has no such key (a tensor descriptor, whose TMA template holds its shape; an unhashable value)."""
-    parts = []
-    for value in values:
-        if isinstance(value, torch.Tensor):
-            parts.append(tensor_key(value))
-        elif _is_descriptor(value):
-            return None
-        else:
-            parts.append((type(value), value))
-    key = (fn, tuple(grid), tuple(parts), tuple(sorted(options.items())))
-    try:
-        hash(key)
-    except TypeError:
-        return None
-    return key
+_SIGNATURES: dict = {}
 
 
 def bind(fn, grid, *args, **kwargs) -> BoundKernel:
     """The launch ``fn[grid](*args, **kwargs)`` as a :class:`BoundKernel` (compiled now on a GPU; nothing is
-    launched). ``kwargs`` holds the kernel's keyword arguments and Triton's options (``num_warps``, ...).
-    A launch of the same signature bound before is returned again."""
-    parameters = _PARAMETERS.get(fn)
-    if parameters is None:
-        parameters = _PARAMETERS.setdefault(fn, _Parameters(fn))
-    params = {name: value for name, value in kwargs.items() if name in parameters.index}
-    options = {name: value for name, value in kwargs.items() if name not in parameters.index}
-    values = parameters.bind(fn.__name__, args, params)
-    key = _bound_key(fn, grid, values, options)
-    bound = _BOUND.get(key) if key is not None else None
-    if bound is None:
-        bound = BoundKernel(fn, grid, parameters.names, values, options)
-        if key is not None:
-            if len(_BOUND) >= _MAX_BOUND:
-                _BOUND.clear()
-            _BOUND[key] = bound
-    return bound
+    launched). ``kwargs`` holds the kernel's keyword arguments and Triton's options (``num_warps``, ...)."""
+    signature = _SIGNATURES.get(fn)
+    if signature is None:
+        signature = _SIGNATURES.setdefault(fn, inspect.signature(fn.fn))
+    params = {name: value for name, value in kwargs.items() if name in signature.parameters}
+    options = {name: value for name, value in kwargs.items() if name not in signature.parameters}
+    bound = signature.bind(*args, **params)
+    bound.apply_defaults()
+    return BoundKernel(fn, grid, tuple(bound.arguments), tuple(bound.arguments.values()), options)
