@@ -13,8 +13,9 @@ being issued before the current tile is computed. ``S = Q K^T`` is a ``wgmma`` w
 memory; the online softmax runs in fp32 on ``exp2`` with ``softmax_scale * log2(e)`` folded into one
 multiply; ``P`` (bf16) is the register A operand of the ``O += P V`` ``wgmma``.
 
-Known limits of the prototype: both wgmmas are waited for in every iteration (no overlap of softmax with the
-next ``Q K^T``); the causal mask is applied to every tile; K/V tiles past ``Skv`` read the next sequence's
+Only the tiles a block sees in part (the causal diagonal, the last tile past Skv) are masked; causal blocks run
+longest first. Known limits of the prototype: both wgmmas are waited for in every iteration (no overlap of softmax
+with the next ``Q K^T``); K/V tiles past ``Skv`` read the next sequence's
 rows through the 2-D descriptors (their scores are masked, but an inf or NaN value there would reach the
 output as ``0 · inf``): the product kernel needs per-sequence (3-D) descriptors that zero-fill.
 """
@@ -63,6 +64,49 @@ def _store_layout(head_dim, num_warps):
 
 
 @gluon.jit
+def _attend_tile(j, num_tiles, k_desc, v_desc, k_smem, v_smem, kv_bars, q_smem, kv_row, kv_col, rows, m_i, l_i, acc,
+                 s_zero, seqlen_kv, qk_scale, MASKED: gl.constexpr, CAUSAL: gl.constexpr, p_layout: gl.constexpr,
+                 o_row_layout: gl.constexpr, s_col_layout: gl.constexpr):
+    """K/V tile ``j`` of ``num_tiles``: prefetch tile j + 1, then ``S = Q K^T``, the online softmax update and
+    ``O += P V``. Returns ``(m_i, l_i, acc)``. MASKED: apply the ``key < Skv`` (and causal) mask."""
+    NUM_STAGES: gl.constexpr = k_smem.shape[0]
+    BLOCK_N: gl.constexpr = k_smem.shape[1]
+    stage = j % NUM_STAGES
+    # Prefetch tile j + 1 into the other stage. Its previous tile (j - 1) is no longer read: both of that
+    # iteration's wgmmas were waited for before it ended.
+    if j + 1 < num_tiles:
+        next_stage = (j + 1) % NUM_STAGES
+        next_row = kv_row + (j + 1) * BLOCK_N
+        mbarrier.expect(kv_bars.index(next_stage), k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+        _tma_load(k_desc, [next_row, kv_col], kv_bars.index(next_stage), k_smem.index(next_stage))
+        _tma_load(v_desc, [next_row, kv_col], kv_bars.index(next_stage), v_smem.index(next_stage))
+    mbarrier.wait(kv_bars.index(stage), (j // NUM_STAGES) & 1)
+
+    s = warpgroup_mma(q_smem, k_smem.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
+    s = s * qk_scale
+    if MASKED:
+        cols = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=s_col_layout)
+        valid = gl.expand_dims(cols < seqlen_kv, 0)
+        if CAUSAL:
+            valid = valid & (gl.expand_dims(cols, 0) <= gl.expand_dims(rows, 1))
+        s = gl.where(valid, s, float("-inf"))
+
+    # Every row sees key 0 in the first tile (causal or not), so m_new is finite from then on and
+    # exp2(-inf - m_new) is a clean 0 for masked keys and for the first alpha.
+    m_new = gl.maximum(m_i, gl.max(s, axis=1))
+    alpha = gl.exp2(m_i - m_new)
+    p = gl.exp2(s - gl.expand_dims(m_new, 1))
+    l_i = l_i * alpha + gl.sum(p, axis=1)
+
+    acc = acc * gl.expand_dims(gl.convert_layout(alpha, o_row_layout), 1)
+    p_op = gl.convert_layout(p.to(q_smem.dtype), p_layout)
+    acc = warpgroup_mma(p_op, v_smem.index(stage), acc, is_async=True)
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+    return m_new, l_i, acc
+
+
+@gluon.jit
 def _attention_fwd_kernel(q_desc, k_desc, v_desc, out_ptr, seqlen_q, seqlen_kv, num_q_heads, group_size,
                           qk_scale, CAUSAL: gl.constexpr):
     """One 128-row Q block of one (batch, q head).
@@ -94,6 +138,8 @@ def _attention_fwd_kernel(q_desc, k_desc, v_desc, out_ptr, seqlen_q, seqlen_kv, 
     o_row_layout: gl.constexpr = gl.SliceLayout(1, o_layout)
 
     pid_m = gl.program_id(0)
+    if CAUSAL:  # the longest rows (most key tiles) first, so that the last wave is of short ones
+        pid_m = gl.num_programs(0) - 1 - pid_m
     pid_bh = gl.program_id(1)
     batch = pid_bh // num_q_heads
     head = pid_bh % num_q_heads
@@ -135,41 +181,21 @@ def _attention_fwd_kernel(q_desc, k_desc, v_desc, out_ptr, seqlen_q, seqlen_kv, 
     s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
 
     mbarrier.wait(q_bar, 0)
-    for j in range(num_tiles):
-        stage = j % NUM_STAGES
-        # Prefetch tile j + 1 into the other stage. Its previous tile (j - 1) is no longer read: both of
-        # that iteration's wgmmas were waited for before the iteration ended.
-        if j + 1 < num_tiles:
-            next_stage = (j + 1) % NUM_STAGES
-            next_row = kv_row + (j + 1) * BLOCK_N
-            mbarrier.expect(kv_bars.index(next_stage), kv_bytes)
-            _tma_load(k_desc, [next_row, kv_col], kv_bars.index(next_stage), k_smem.index(next_stage))
-            _tma_load(v_desc, [next_row, kv_col], kv_bars.index(next_stage), v_smem.index(next_stage))
-        mbarrier.wait(kv_bars.index(stage), (j // NUM_STAGES) & 1)
-
-        k_tile = k_smem.index(stage)
-        v_tile = v_smem.index(stage)
-        s = warpgroup_mma(q_smem, k_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
-
-        cols = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=s_col_layout)
-        valid = gl.expand_dims(cols < seqlen_kv, 0)
-        if CAUSAL:
-            valid = valid & (gl.expand_dims(cols, 0) <= gl.expand_dims(rows, 1))
-        s = gl.where(valid, s * qk_scale, float("-inf"))
-
-        # Every row sees key 0 in the first tile (causal or not), so m_new is finite from then on and
-        # exp2(-inf - m_new) is a clean 0 for masked keys and for the first alpha.
-        m_new = gl.maximum(m_i, gl.max(s, axis=1))
-        alpha = gl.exp2(m_i - m_new)
-        p = gl.exp2(s - gl.expand_dims(m_new, 1))
-        l_i = l_i * alpha + gl.sum(p, axis=1)
-        m_i = m_new
-
-        acc = acc * gl.expand_dims(gl.convert_layout(alpha, o_row_layout), 1)
-        p_op = gl.convert_layout(p.to(dtype), p_layout)
-        acc = warpgroup_mma(p_op, v_tile, acc, is_async=True)
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+    # Tiles every row of the block sees whole (keys below the block's first row, or all keys inside Skv when not
+    # causal) skip the mask; the rest (the diagonal, the partial last tile) take it.
+    if CAUSAL:
+        full_end = gl.minimum(q_start + 1, seqlen_kv)
+    else:
+        full_end = seqlen_kv
+    num_full = full_end // BLOCK_N
+    for j in range(num_full):
+        m_i, l_i, acc = _attend_tile(j, num_tiles, k_desc, v_desc, k_smem, v_smem, kv_bars, q_smem, kv_row, kv_col,
+                                     rows, m_i, l_i, acc, s_zero, seqlen_kv, qk_scale, False, CAUSAL, p_layout,
+                                     o_row_layout, s_col_layout)
+    for j in range(num_full, num_tiles):
+        m_i, l_i, acc = _attend_tile(j, num_tiles, k_desc, v_desc, k_smem, v_smem, kv_bars, q_smem, kv_row, kv_col,
+                                     rows, m_i, l_i, acc, s_zero, seqlen_kv, qk_scale, True, CAUSAL, p_layout,
+                                     o_row_layout, s_col_layout)
 
     mbarrier.invalidate(q_bar)
     for i in gl.static_range(NUM_STAGES):
