@@ -59,6 +59,16 @@ def test_other_shapes(batch, seqlen_q, seqlen_kv, q_heads, kv_heads, head_dim, c
     _check(out, q, k, v, causal, head_dim ** -0.5 if scale is None else scale)
 
 
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_next_sequence_is_never_read(head_dim):
+    """A sequence's last K/V tile runs past Skv: the rows there must be zeros, not the next sequence's. Sequence
+    1 holds NaN and inf (its own output is garbage); sequence 0's must be exact."""
+    q, k, v = _inputs(2, 100, 1000, 4, 2, head_dim)
+    k[1], v[1] = float("nan"), float("inf")
+    out = gluon_attention(q, k, v)
+    _check(out[:1], q[:1], k[:1], v[:1], False, head_dim ** -0.5)
+
+
 def test_empty_query():
     q, k, v = _inputs(2, 0, 16, 4, 2, 64)
     assert gluon_attention(q, k, v).shape == q.shape

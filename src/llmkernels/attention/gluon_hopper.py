@@ -15,9 +15,8 @@ multiply; ``P`` (bf16) is the register A operand of the ``O += P V`` ``wgmma``.
 
 Only the tiles a block sees in part (the causal diagonal, the last tile past Skv) are masked; causal blocks run
 longest first. Known limits of the prototype: both wgmmas are waited for in every iteration (no overlap of softmax
-with the next ``Q K^T``); K/V tiles past ``Skv`` read the next sequence's
-rows through the 2-D descriptors (their scores are masked, but an inf or NaN value there would reach the
-output as ``0 · inf``): the product kernel needs per-sequence (3-D) descriptors that zero-fill.
+with the next ``Q K^T``). TMA descriptors are per sequence (``[B, S, H·D]``), so a tile past ``S`` reads
+zeros, never the next sequence's rows.
 """
 from __future__ import annotations
 
@@ -64,7 +63,13 @@ def _store_layout(head_dim, num_warps):
 
 
 @gluon.jit
-def _attend_tile(j, num_tiles, k_desc, v_desc, k_smem, v_smem, kv_bars, q_smem, kv_row, kv_col, rows, m_i, l_i, acc,
+def _as_box(buffer):
+    """A ``[rows, D]`` shared-memory tile as the ``[1, rows, D]`` box of a per-sequence (3-D) TMA descriptor."""
+    return buffer.reshape([1, buffer.shape[0], buffer.shape[1]])
+
+
+@gluon.jit
+def _attend_tile(j, num_tiles, k_desc, v_desc, k_smem, v_smem, kv_bars, q_smem, batch, kv_col, rows, m_i, l_i, acc,
                  s_zero, seqlen_kv, qk_scale, MASKED: gl.constexpr, CAUSAL: gl.constexpr, p_layout: gl.constexpr,
                  o_row_layout: gl.constexpr, s_col_layout: gl.constexpr):
     """K/V tile ``j`` of ``num_tiles``: prefetch tile j + 1, then ``S = Q K^T``, the online softmax update and
@@ -76,10 +81,10 @@ def _attend_tile(j, num_tiles, k_desc, v_desc, k_smem, v_smem, kv_bars, q_smem, 
     # iteration's wgmmas were waited for before it ended.
     if j + 1 < num_tiles:
         next_stage = (j + 1) % NUM_STAGES
-        next_row = kv_row + (j + 1) * BLOCK_N
+        next_row = (j + 1) * BLOCK_N
         mbarrier.expect(kv_bars.index(next_stage), k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-        _tma_load(k_desc, [next_row, kv_col], kv_bars.index(next_stage), k_smem.index(next_stage))
-        _tma_load(v_desc, [next_row, kv_col], kv_bars.index(next_stage), v_smem.index(next_stage))
+        _tma_load(k_desc, [batch, next_row, kv_col], kv_bars.index(next_stage), _as_box(k_smem.index(next_stage)))
+        _tma_load(v_desc, [batch, next_row, kv_col], kv_bars.index(next_stage), _as_box(v_smem.index(next_stage)))
     mbarrier.wait(kv_bars.index(stage), (j // NUM_STAGES) & 1)
 
     s = warpgroup_mma(q_smem, k_smem.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
@@ -108,20 +113,22 @@ def _attend_tile(j, num_tiles, k_desc, v_desc, k_smem, v_smem, kv_bars, q_smem, 
 
 @gluon.jit
 def _attention_fwd_kernel(q_desc, k_desc, v_desc, out_ptr, seqlen_q, seqlen_kv, num_q_heads, group_size,
-                          qk_scale, CAUSAL: gl.constexpr):
+                          qk_scale, CAUSAL: gl.constexpr, Q_LAYOUT: gl.constexpr, KV_LAYOUT: gl.constexpr):
     """One 128-row Q block of one (batch, q head).
 
-    q_desc: TMA descriptor over q viewed as ``[B * Sq, Hq * D]`` bf16, block ``[BLOCK_M, D]``.
-    k_desc, v_desc: TMA descriptors over k/v viewed as ``[B * Skv, Hkv * D]`` bf16, block ``[BLOCK_N, D]``.
+    q_desc: TMA descriptor over q viewed as ``[B, Sq, Hq * D]`` bf16, block ``[1, BLOCK_M, D]``.
+    k_desc, v_desc: TMA descriptors over k/v viewed as ``[B, Skv, Hkv * D]`` bf16, block ``[1, BLOCK_N, D]``
+    (per sequence: rows past S are zero-filled).
+    Q_LAYOUT, KV_LAYOUT: the shared layouts of the ``[BLOCK_M, D]`` and ``[BLOCK_N, D]`` tiles.
     out_ptr: bf16 ``[B, Sq, Hq, D]``, contiguous.
     seqlen_q, seqlen_kv, num_q_heads: Sq, Skv, Hq. group_size: Hq // Hkv (q heads per KV head).
     qk_scale: fp32, ``softmax_scale * log2(e)``.
     CAUSAL: mask key ``j > query i`` (top-left aligned; the host requires ``Sq == Skv``).
     Grid: ``(cdiv(Sq, BLOCK_M), B * Hq)``.
     """
-    BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
-    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
-    BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
+    BLOCK_M: gl.constexpr = q_desc.block_type.shape[1]
+    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[2]
+    BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
     NUM_STAGES: gl.constexpr = 2
     dtype: gl.constexpr = q_desc.dtype
     gl.static_assert(gl.num_warps() == 4, "the prototype runs one warpgroup")
@@ -144,14 +151,12 @@ def _attention_fwd_kernel(q_desc, k_desc, v_desc, out_ptr, seqlen_q, seqlen_kv, 
     batch = pid_bh // num_q_heads
     head = pid_bh % num_q_heads
     q_start = pid_m * BLOCK_M
-    q_row = batch * seqlen_q + q_start
-    kv_row = batch * seqlen_kv
     q_col = head * HEAD_DIM
     kv_col = (head // group_size) * HEAD_DIM
 
-    q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], q_desc.layout)
-    k_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
-    v_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
+    q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], Q_LAYOUT)
+    k_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], KV_LAYOUT)
+    v_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], KV_LAYOUT)
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     kv_bars = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     mbarrier.init(q_bar, count=1)
@@ -165,14 +170,14 @@ def _attention_fwd_kernel(q_desc, k_desc, v_desc, out_ptr, seqlen_q, seqlen_kv, 
         kv_end = seqlen_kv
     num_tiles = gl.cdiv(kv_end, BLOCK_N)
 
-    # Rows past Sq in the 2-D view belong to the next batch (or are zero-filled by TMA past the end); they
-    # are computed and never stored. The same goes for keys past Skv, which the mask below removes.
+    # Query rows past Sq and keys past Skv arrive as zeros (per-sequence descriptors): the rows are computed and
+    # never stored, the keys masked.
     mbarrier.expect(q_bar, q_desc.block_type.nbytes)
-    _tma_load(q_desc, [q_row, q_col], q_bar, q_smem)
+    _tma_load(q_desc, [batch, q_start, q_col], q_bar, _as_box(q_smem))
     kv_bytes: gl.constexpr = k_desc.block_type.nbytes + v_desc.block_type.nbytes
     mbarrier.expect(kv_bars.index(0), kv_bytes)
-    _tma_load(k_desc, [kv_row, kv_col], kv_bars.index(0), k_smem.index(0))
-    _tma_load(v_desc, [kv_row, kv_col], kv_bars.index(0), v_smem.index(0))
+    _tma_load(k_desc, [batch, 0, kv_col], kv_bars.index(0), _as_box(k_smem.index(0)))
+    _tma_load(v_desc, [batch, 0, kv_col], kv_bars.index(0), _as_box(v_smem.index(0)))
 
     rows = q_start + gl.arange(0, BLOCK_M, layout=s_row_layout)
     m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=s_row_layout)
@@ -189,11 +194,11 @@ def _attention_fwd_kernel(q_desc, k_desc, v_desc, out_ptr, seqlen_q, seqlen_kv, 
         full_end = seqlen_kv
     num_full = full_end // BLOCK_N
     for j in range(num_full):
-        m_i, l_i, acc = _attend_tile(j, num_tiles, k_desc, v_desc, k_smem, v_smem, kv_bars, q_smem, kv_row, kv_col,
+        m_i, l_i, acc = _attend_tile(j, num_tiles, k_desc, v_desc, k_smem, v_smem, kv_bars, q_smem, batch, kv_col,
                                      rows, m_i, l_i, acc, s_zero, seqlen_kv, qk_scale, False, CAUSAL, p_layout,
                                      o_row_layout, s_col_layout)
     for j in range(num_full, num_tiles):
-        m_i, l_i, acc = _attend_tile(j, num_tiles, k_desc, v_desc, k_smem, v_smem, kv_bars, q_smem, kv_row, kv_col,
+        m_i, l_i, acc = _attend_tile(j, num_tiles, k_desc, v_desc, k_smem, v_smem, kv_bars, q_smem, batch, kv_col,
                                      rows, m_i, l_i, acc, s_zero, seqlen_kv, qk_scale, True, CAUSAL, p_layout,
                                      o_row_layout, s_col_layout)
 
@@ -286,9 +291,10 @@ def gluon_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     block_n = _block_n(head_dim)
 
     def descriptor(x, seqlen, heads, block_rows):
-        shape = [x.shape[0] * seqlen, heads * head_dim]
-        block = [block_rows, head_dim]
-        return TensorDescriptor(x.view(shape), shape, [shape[1], 1], block, _nvmma_layout(block))
+        # per sequence [B, S, H * D]: a box past S is zero-filled, never the next sequence's rows
+        shape = [x.shape[0], seqlen, heads * head_dim]
+        block = [1, block_rows, head_dim]
+        return TensorDescriptor(x.view(shape), shape, [seqlen * shape[2], shape[2], 1], block, _nvmma_layout(block))
 
     q_desc = descriptor(q, seqlen_q, num_q_heads, BLOCK_M)
     k_desc = descriptor(k, seqlen_kv, num_kv_heads, block_n)
@@ -297,7 +303,8 @@ def gluon_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     with torch.cuda.device(q.device):
         _attention_fwd_kernel[grid](q_desc, k_desc, v_desc, out, seqlen_q, seqlen_kv, num_q_heads,
                                     num_q_heads // num_kv_heads, softmax_scale * LOG2E, CAUSAL=causal,
-                                    num_warps=NUM_WARPS)
+                                    Q_LAYOUT=_nvmma_layout([BLOCK_M, head_dim]),
+                                    KV_LAYOUT=_nvmma_layout([block_n, head_dim]), num_warps=NUM_WARPS)
     return out
 
 
@@ -318,16 +325,19 @@ def compile_for_sm90(head_dim: int, causal: bool) -> dict:
         raise ValueError(f"head_dim must be one of {HEAD_DIMS}, got {head_dim}")
 
     def descriptor_type(block):
-        return f"tensordesc<bf16[{block[0]}, {block[1]}],{_nvmma_layout(block)!r}>"
+        return f"tensordesc<bf16[{', '.join(map(str, block))}],{_nvmma_layout(block)!r}>"
 
     block_n = _block_n(head_dim)
-    q_type = descriptor_type([BLOCK_M, head_dim])
-    kv_type = descriptor_type([block_n, head_dim])
+    q_type = descriptor_type([1, BLOCK_M, head_dim])
+    kv_type = descriptor_type([1, block_n, head_dim])
     kinds = dict(q_desc=q_type, k_desc=kv_type, v_desc=kv_type, out_ptr="*bf16", qk_scale="fp32",
-                 CAUSAL="constexpr")
+                 CAUSAL="constexpr", Q_LAYOUT="constexpr", KV_LAYOUT="constexpr")
     fn = _attention_fwd_kernel
     signature = {name: kinds.get(name, "i32") for name in fn.arg_names}
-    source = GluonASTSource(fn, signature, constexprs={(fn.arg_names.index("CAUSAL"), ): bool(causal)},
+    constexprs = {(fn.arg_names.index("CAUSAL"), ): bool(causal),
+                  (fn.arg_names.index("Q_LAYOUT"), ): _nvmma_layout([BLOCK_M, head_dim]),
+                  (fn.arg_names.index("KV_LAYOUT"), ): _nvmma_layout([block_n, head_dim])}
+    source = GluonASTSource(fn, signature, constexprs=constexprs,
                             attrs={(fn.arg_names.index("out_ptr"), ): [["tt.divisibility", 16]]})
     compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=NUM_WARPS))
     return compiled.asm
