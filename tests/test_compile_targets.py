@@ -122,3 +122,23 @@ def test_old_triton_is_refused(monkeypatch, capability, version, refused):
             _runtime.check_triton(device)
     finally:
         _runtime._triton_problem.cache_clear()
+
+
+def test_gluon_hopper_prototype_compiles_to_wgmma_and_tma():
+    """The Gluon attention prototype (``attention/gluon_hopper.py``, issue 23) builds for sm_90a with this Triton:
+    to wgmmas and per-sequence (3-D) TMA loads."""
+    if not _compilable(90):
+        pytest.skip("this Triton does not compile for sm_90a")
+    script = ("from llmkernels.attention.gluon_hopper import compile_for_sm90\n"
+              "for d in (64, 128):\n"
+              "    for causal in (False, True):\n"
+              "        ptx = compile_for_sm90(d, causal)['ptx']\n"
+              "        print(d, causal, ptx.count('wgmma.mma_async'), ptx.count('cp.async.bulk.tensor.3d'))\n")
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[1] / "src"), env.get("PYTHONPATH", "")])
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = [line.split() for line in done.stdout.splitlines()]
+    assert len(rows) == 4
+    for head_dim, causal, wgmmas, tma_loads in rows:
+        assert int(wgmmas) > 0 and int(tma_loads) > 0, (head_dim, causal, wgmmas, tma_loads)
