@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import llmkernels as lk
+from flash_attn_model import flash_attn_model
 from llmkernels._testing import assert_close_relative
 from llmkernels.flash_attn import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache
 
@@ -121,28 +122,10 @@ def _rotate(x, cos, sin, positions, interleaved):
 def _attend(q, k, v, lengths, causal, window, starts=None):
     """float64 attention of q ``[B, Sq, Hq, D]`` over keys ``starts[b] .. lengths[b] - 1`` of k, v ``[B, S, Hkv,
     D]``, bottom-right aligned."""
-    batch, seqlen_q, heads, dim = q.shape
-    group = heads // k.shape[2]
-    out = torch.zeros(q.shape, dtype=torch.float64, device=q.device)
-    for b in range(batch):
-        first = 0 if starts is None else int(starts[b])
-        n = int(lengths[b]) - first
-        keys = k[b, first:first + n].double().repeat_interleave(group, 1)
-        values = v[b, first:first + n].double().repeat_interleave(group, 1)
-        scores = torch.einsum("qhd,khd->hqk", q[b].double(), keys) / math.sqrt(dim)
-        pos = torch.arange(seqlen_q, device=q.device)[:, None] + n - seqlen_q
-        key = torch.arange(n, device=q.device)[None, :]
-        visible = torch.ones(seqlen_q, n, dtype=torch.bool, device=q.device)
-        if causal:
-            visible &= key <= pos
-        if window[0] >= 0:
-            visible &= key >= pos - window[0]
-        if window[1] >= 0:
-            visible &= key <= pos + window[1]
-        scores = scores.masked_fill(~visible, float("-inf"))
-        weights = torch.softmax(scores, -1).nan_to_num(0.0)
-        out[b] = torch.einsum("hqk,khd->qhd", weights, values)
-    return out
+    key = torch.arange(k.shape[1], device=q.device)
+    first = torch.as_tensor(0 if starts is None else starts, device=q.device).reshape(-1, 1)
+    key_keep = (key >= first) & (key < torch.as_tensor(lengths, device=q.device).reshape(-1, 1))
+    return flash_attn_model(q, k, v, causal, window, 0.0, None, key_keep=key_keep)
 
 
 # flash-attn's test_flash_attn_kvcache sizes on the GPU: (seqlen_q, new keys, head dim, capacity, page size,

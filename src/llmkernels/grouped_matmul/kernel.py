@@ -80,10 +80,10 @@ def apply_epilogue(acc, up_acc, multiplier, bias, up_bias, rows, cols, EPILOGUE:
                             propagate_nan=tl.PropagateNan.ALL)
         if GLU_UP_SHIFT != 0.0:
             up = up + GLU_UP_SHIFT
+        slope = acc
         if GLU_ALPHA != 1.0:
-            acc = acc * tl.sigmoid(acc * GLU_ALPHA) * up
-        else:
-            acc = acc * tl.sigmoid(acc) * up
+            slope = acc * GLU_ALPHA
+        acc = acc * tl.sigmoid(slope) * up
     elif EPILOGUE == "user":
         acc = EPILOGUE_FN(acc, rows, cols)
     return acc

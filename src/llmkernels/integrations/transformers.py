@@ -116,16 +116,16 @@ def experts_forward(self: torch.nn.Module, hidden_states: torch.Tensor, top_k_in
     """transformers' experts-function signature: ``hidden_states [T, H]``, ``top_k_index`` / ``top_k_weights``
     ``[T, k]`` → ``[T, H]``. Runs :func:`fused_experts` on the weights :func:`quantize_experts` stored, or on
     bf16 copies in its layout made at the first call (made again when a parameter changes; gpt-oss' copy
-    doubles its experts' memory, which :func:`quantize_experts` avoids; the default layout is used in place). Expert ids
-    outside ``[0, E)`` (expert parallelism's sentinels) contribute nothing. Layouts other than the two fused
-    ones run transformers' ``grouped_mm`` path."""
-    layout = _layout(self)
-    if layout is None:
-        from transformers.integrations.moe import grouped_mm_experts_forward
-
-        return grouped_mm_experts_forward(self, hidden_states, top_k_index, top_k_weights)
+    doubles its experts' memory, which :func:`quantize_experts` avoids; the default layout is used in place).
+    Expert ids outside ``[0, E)`` (expert parallelism's sentinels) contribute nothing. Layouts other than the
+    two fused ones run transformers' ``grouped_mm`` path."""
     weights = self.__dict__.get("llmkernels_weights")
     if weights is None or (weights.source is not None and weights.source != _source(self)):
+        layout = _layout(self)
+        if layout is None:
+            from transformers.integrations.moe import grouped_mm_experts_forward
+
+            return grouped_mm_experts_forward(self, hidden_states, top_k_index, top_k_weights)
         weights = self.llmkernels_weights = _expert_weights(self, layout)
     return fused_experts(hidden_states, weights.w1, weights.w2, top_k_weights, top_k_index,
                          activation=weights.activation, w1_bias=weights.w1_bias, w2_bias=weights.w2_bias)

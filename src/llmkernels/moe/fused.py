@@ -42,8 +42,10 @@ def _check(hidden_states, w1, w2, topk_weights, topk_ids, expert_map, w1_bias, w
         raise ValueError(f"topk_weights and topk_ids must both be [T={hidden_states.shape[0]}, top_k], got "
                          f"{tuple(topk_weights.shape)} and {tuple(topk_ids.shape)}")
     for name, bias, rows in (("w1_bias", w1_bias, two_n), ("w2_bias", w2_bias, k)):
-        if bias is not None and (not isinstance(bias, torch.Tensor) or tuple(bias.shape) != (num_experts, rows)):
-            raise ValueError(f"{name} must be a [E, {rows}] tensor, got {getattr(bias, 'shape', type(bias).__name__)}")
+        if bias is not None and not isinstance(bias, torch.Tensor):
+            raise TypeError(f"{name} must be a [E, {rows}] tensor or None, got {type(bias).__name__}")
+        if bias is not None and tuple(bias.shape) != (num_experts, rows):
+            raise ValueError(f"{name} must be a [E, {rows}] tensor, got {tuple(bias.shape)}")
     if expert_map is not None and (not isinstance(expert_map, torch.Tensor) or expert_map.dim() != 1
                                    or expert_map.dtype not in (torch.int32, torch.int64)):
         raise TypeError("expert_map must be an int32/int64 [global_num_experts] tensor (-1: not on this rank)")
