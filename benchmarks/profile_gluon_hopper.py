@@ -1,6 +1,6 @@
 """One launch of the warp-specialized Gluon attention kernel for Nsight Compute (issue 23's profile evidence).
 
-    ncu --set full -k regex:_attention_ws_kernel -c 1 python -m benchmarks.profile_gluon_hopper \
+    ncu --set full -k regex:_attention_fwd_kernel -c 1 python -m benchmarks.profile_gluon_hopper \
         --batch 4 --seqlen 4096 --heads 16 --head-dim 128 [--causal] [--no-pingpong]
 """
 from __future__ import annotations
@@ -9,7 +9,7 @@ import argparse
 
 import torch
 
-from llmkernels.attention.gluon_hopper_ws import gluon_attention_ws
+from llmkernels.attention.gluon_hopper import gluon_attention
 
 
 def main(argv=None):
@@ -24,7 +24,7 @@ def main(argv=None):
     q, k, v = (torch.randn(args.batch, args.seqlen, args.heads, args.head_dim, device="cuda", dtype=torch.bfloat16)
                for _ in range(3))
     for _ in range(2):
-        gluon_attention_ws(q, k, v, causal=args.causal, pingpong=not args.no_pingpong)
+        gluon_attention(q, k, v, causal=args.causal, pingpong=not args.no_pingpong)
     torch.cuda.synchronize()
 
 

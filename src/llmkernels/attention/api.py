@@ -16,8 +16,8 @@ from .._runtime import (cdiv, check_device, cuda_capability, first_bad_prefix_su
 from . import split_kv
 from .config import SUPPORTED_HEAD_DIMS, FA4Config, default_config
 from .kernel import attention_fwd_kernel
-from .masks import (MASK_TENSOR_DTYPES, SCORE_MOD_ALIBI, UNBOUNDED, MaskSpec, ScoreModSpec, mask_tensor_4d,
-                    mask_tensor_kind, resolve_mask, resolve_score_mod, split_mask_tensor)
+from .masks import (MASK_TENSOR_DTYPES, SCORE_MOD_ALIBI, SCORE_MOD_NONE, UNBOUNDED, MaskSpec, ScoreModSpec,
+                    mask_tensor_4d, mask_tensor_kind, resolve_mask, resolve_score_mod, split_mask_tensor)
 from .paged import PagedKVCache
 
 __all__ = ["attention", "check_attention"]
@@ -347,6 +347,12 @@ def attention(
           ``max_seqlen_k`` is optional (bound: ``block_table.shape[1] * page_size``).
         D: any multiple of 16 up to 256 (64, 128, 256 are the tuned ones); the same for q, k and v.
 
+    Kernels: on an sm_90 GPU, a dense call of more than 16 queries with D 64 or 128, no mask but ``causal``, no
+    ``score_mod``, sinks or mask tensor, and no ``config``, runs the warp-specialized Gluon kernel
+    (:mod:`llmkernels.attention.gluon_hopper`: a load warp and two consumer warpgroups in ping-pong; heads must be
+    contiguous within a token, or the call takes the portable kernel). Every other call, and every call on
+    other GPUs or in the interpreter, runs the portable Triton kernel.
+
     Bad metadata (read on the device, never trusted with an address; ``validate=True`` reports it instead):
         * ``cu_seqlens_q`` / ``cu_seqlens_k`` are read as ``clamp(cummax(cu_seqlens), 0, total)`` (total =
           q's / k's rows): valid prefix sums are unchanged, a sequence never reaches past the tensor, a
@@ -416,7 +422,7 @@ def attention(
     if plan is None:
         call = check_attention(q, k, v, causal, mask, score_mod, sinks, softmax_scale, cu_seqlens_q, cu_seqlens_k,
                                max_seqlen_q, max_seqlen_k, kv_cache, num_splits, return_lse, config, validate)
-        plan = _PLANS.put(key, _Plan(call, q, sinks is not None, num_splits, return_lse, config))
+        plan = _PLANS.put(key, _Plan(call, q, k, v, sinks is not None, num_splits, return_lse, config))
     if validate:
         _validate_metadata_on_host(q, k, cu_seqlens_q, cu_seqlens_k if kv_cache is None else None,
                                    max_seqlen_q if cu_seqlens_q is not None else None, max_seqlen_k, kv_cache)
@@ -432,11 +438,28 @@ def _strides3(t: torch.Tensor, ragged: bool) -> tuple[int, int, int]:
     return (0, t.stride(0), t.stride(1)) if ragged else (t.stride(0), t.stride(1), t.stride(2))
 
 
-class _Plan:
-    """Path (one pass, or split-KV + combine), config, tiles, grid and the bound kernels of one call
-    signature. Holds no tensor: the kernels bind at the first run, on its tensors."""
+def _gluon_hopper(call: CheckedCall, q, k, v, split: bool, has_sinks: bool, config):
+    """The warp-specialized Gluon kernel module (``gluon_hopper``) when it runs this call, else None: an sm_90
+    GPU (not the interpreter), dense q/k/v, one pass, no config given, no mask but causal, no score_mod, sinks
+    or mask tensor, and what :func:`gluon_hopper.supports` asks of dtypes, head dim and strides."""
+    spec = call.mask_spec
+    causal_only = not spec.has_window or (spec.window_left == UNBOUNDED and spec.window_right == 0)
+    if (interpreting() or call.ragged or call.paged or split or has_sinks or config is not None
+            or not causal_only or spec.has_chunk or spec.mask_mod is not None or call.mask_kind != "none"
+            or call.mod_spec.kind != SCORE_MOD_NONE or cuda_capability(call.device) != (9, 0)):
+        return None
+    try:  # Gluon's Hopper modules (Triton >= 3.5); without them the portable kernel runs
+        from . import gluon_hopper
+    except ImportError:
+        return None
+    return gluon_hopper if gluon_hopper.supports(q, k, v, spec.has_window, call.softmax_scale) else None
 
-    def __init__(self, call: CheckedCall, q, has_sinks: bool, num_splits, return_lse: bool, config):
+
+class _Plan:
+    """Path (the Gluon kernel on Hopper, one pass, or split-KV + combine), config, tiles, grid and the bound
+    kernels of one call signature. Holds no tensor: the kernels bind at the first run, on its tensors."""
+
+    def __init__(self, call: CheckedCall, q, k, v, has_sinks: bool, num_splits, return_lse: bool, config):
         self.ragged, self.paged, self.device, self.has_sinks = call.ragged, call.paged, call.device, has_sinks
         self.mask_spec, self.mod_spec = call.mask_spec, dataclasses.replace(call.mod_spec, slopes=None)
         self.has_slopes = call.mod_spec.slopes is not None
@@ -449,10 +472,12 @@ class _Plan:
         self.empty = q.numel() == 0 or batch == 0 or q_bound == 0
         self.split = (num_splits is not None and num_splits > 1) or (
             num_splits is None and q_bound <= split_kv.MAX_DECODE_QUERIES)
+        self.gluon = _gluon_hopper(call, q, k, v, self.split, has_sinks, config)
         if config is None:
             config = default_config(call.head_dim, q.dtype, call.device, decode=self.split,
                                     num_q_heads=call.num_q_heads, num_kv_heads=call.num_kv_heads,
                                     visible_band=call.mask_spec.visible_band)
+        self.causal = call.mask_spec.has_window
         self.config = config
         self.head_dim_pad = next_power_of_2(call.head_dim)
         if self.split:
@@ -488,6 +513,10 @@ class _Plan:
         out = _empty(self.q_shape, self.q_dtype, device)
         lse = _empty(self.lse_shape, torch.float32, device) if self.return_lse else None
         if self.empty:
+            return (out, lse) if self.return_lse else out
+        if self.gluon is not None:
+            with torch.cuda.device(device):
+                self.gluon.launch(q, k, v, out, lse, self.causal, float(self.softmax_scale))
             return (out, lse) if self.return_lse else out
         # Token / head / batch strides of q, k, v and the pages go to the kernel (zero ones included); a
         # head dim that is not unit-stride is copied. The kernel reads metadata vectors as dense: views of

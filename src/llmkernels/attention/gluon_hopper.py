@@ -1,22 +1,26 @@
-"""Attention forward in Gluon for Hopper (sm_90a): a first, single-warpgroup prototype.
+"""Attention forward in Gluon for Hopper (sm_90a), warp-specialized on FA3's schedule.
 
-Not part of the public API yet; it is the starting point of a warp-specialized FA3-style kernel.
+:func:`gluon_attention` is the prefill path of :func:`llmkernels.attention` on an sm_90 GPU for dense fp16/bf16
+inputs with head dim 64 or 128, causal (bottom-right aligned) or not, MHA/GQA/MQA, optionally with the LSE.
+:func:`supports` says whether a call qualifies; everything else runs the portable Triton kernel.
 
-* :func:`gluon_attention`: dense bf16 attention forward, non-causal or causal (``Sq == Skv``), head dim 64
-  or 128, MHA/GQA/MQA, on q ``[B, Sq, Hq, D]`` and k/v ``[B, Skv, Hkv, D]``.
-* :func:`compile_for_sm90`: compiles the kernel for sm_90a without a GPU and returns its ``asm`` dict
-  (``ttgir``, ``ptx``, ``cubin``, ...), so CPU tests can inspect the generated code.
+One program computes a 128-row Q block of one (batch, q head) with three roles (``gl.warp_specialize``):
 
-Kernel structure: one program (one warpgroup, 4 warps) per (128-row Q block, batch * q head). The Q tile is
-loaded once by TMA; K/V tiles go through a 2-stage shared-memory ring fed by TMA, the next tile's loads
-being issued before the current tile is computed. ``S = Q K^T`` is a ``wgmma`` with both operands in shared
-memory; the online softmax runs in fp32 on ``exp2`` with ``softmax_scale * log2(e)`` folded into one
-multiply; ``P`` (bf16) is the register A operand of the ``O += P V`` ``wgmma``.
+* a **load warp** issues the TMA loads: the two 64-row Q halves once, then K and V tiles through two separate
+  ``STAGES``-deep shared-memory rings (``*_ready`` / ``*_empty`` mbarriers), so that K tile ``j + 1`` can land
+  while V tile ``j`` is still read;
+* two **consumer warpgroups** (the default partition and one worker, 240 registers each), each owning 64 Q
+  rows. Each issues ``S_j = Q K_j^T`` and ``O += P_{j-1} V_{j-1}`` as asynchronous wgmmas, then runs the
+  online softmax of ``S_j`` once the first is done (``P`` stays in registers as the A operand of ``P V``);
+* **ping-pong** (``PINGPONG``): the consumers take turns issuing their pair of wgmmas (two ``turn``
+  mbarriers), so that one warpgroup's softmax runs while the other's matmuls hold the tensor cores.
 
-Only the tiles a block sees in part (the causal diagonal, the last tile past Skv) are masked; causal blocks run
-longest first. Known limits of the prototype: both wgmmas are waited for in every iteration (no overlap of softmax
-with the next ``Q K^T``). TMA descriptors are per sequence (``[B, S, H·D]``), so a tile past ``S`` reads
-zeros, never the next sequence's rows.
+Scores stay unscaled until the exponent: ``p = exp2(s * c - m * c)`` with ``c = softmax_scale * log2(e) > 0``
+is one FMA per score. Only tiles a consumer sees in part (the causal diagonal, the last tile past Skv) are
+masked; causal blocks run longest first. TMA descriptors are per sequence (``[B, S, H·D]`` with the tensors'
+own batch and token strides), so tiles past ``S`` read zeros, never the next sequence's rows.
+
+:func:`compile_for_sm90` builds the kernel without a GPU, so that CPU tests can inspect its PTX.
 """
 from __future__ import annotations
 
@@ -27,36 +31,34 @@ import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import (
-    mbarrier,
-    tma,
-    warpgroup_mma,
-    warpgroup_mma_wait,
-)
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-__all__ = ["gluon_attention", "compile_for_sm90"]
+__all__ = ["gluon_attention", "supports", "compile_for_sm90"]
 
 LOG2E = 1.4426950408889634
-BLOCK_M = 128  # query rows per program: two m64 wgmma row blocks of the one warpgroup
-NUM_WARPS = 4  # one warpgroup
+LN2 = 0.6931471805599453
+CONSUMER_ROWS = 64  # Q rows per consumer warpgroup: one m64 wgmma row block
+BLOCK_M = 2 * CONSUMER_ROWS
+BLOCK_N = 128  # keys per K/V tile: S (64 fp32 per thread), P and O fit the consumers' 240 registers
 HEAD_DIMS = (64, 128)
+DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
 MAX_GRID_Y = 65535  # CUDA's limit on grid dimension y, which holds batch * q heads
-# The TMA global -> shared copy: ``async_copy_global_to_shared`` in Triton 3.6, renamed ``async_load`` later
+# Registers per thread: the two consumer warpgroups get 240 each, the load warp's warpgroup 24; 12 warps in
+# all (4 + 4 + 1, rounded up to warpgroups) share the SM's 64K registers.
+CONSUMER_REGS = gl.constexpr(240)
+LOADER_REGS = gl.constexpr(24)
+MAX_REGS = 168  # 65536 / (12 * 32), rounded down to a multiple of 8; the default partition gets the rest
+
+# The TMA global -> shared copy: ``async_copy_global_to_shared`` in Triton 3.6, ``async_load`` in later ones
 # (3.9 removed the old name), so that the kernel also compiles with the newer Triton of a CPU test machine.
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 
 
-def _block_n(head_dim: int) -> int:
-    """Keys per K/V tile. With one warpgroup holding 128 rows, each thread keeps S (BLOCK_N / 2 fp32), P and
-    O (head_dim / 2 fp32) in registers: 64 keys keep head dim 128 within the 255-register limit."""
-    return 128 if head_dim <= 64 else 64
-
-
 @gluon.constexpr_function
 def _store_layout(head_dim, num_warps):
-    """A blocked layout for ``[rows, head_dim]`` bf16 with 16-byte vectors per thread, so that the output
-    store is coalesced (rows of one warp are contiguous in memory only within a head)."""
+    """A blocked layout for ``[rows, head_dim]`` 16-bit values with 16-byte vectors per thread (coalesced
+    stores: rows of one warp are contiguous in memory only within a head)."""
     vector = 8
     threads_per_row = head_dim // vector
     return gl.BlockedLayout([1, vector], [32 // threads_per_row, threads_per_row], [num_warps, 1], [1, 0])
@@ -69,147 +71,179 @@ def _as_box(buffer):
 
 
 @gluon.jit
-def _attend_tile(j, num_tiles, k_desc, v_desc, k_smem, v_smem, kv_bars, q_smem, batch, kv_col, rows, m_i, l_i, acc,
-                 s_zero, seqlen_kv, qk_scale, MASKED: gl.constexpr, CAUSAL: gl.constexpr, p_layout: gl.constexpr,
-                 o_row_layout: gl.constexpr, s_col_layout: gl.constexpr):
-    """K/V tile ``j`` of ``num_tiles``: prefetch tile j + 1, then ``S = Q K^T``, the online softmax update and
-    ``O += P V``. Returns ``(m_i, l_i, acc)``. MASKED: apply the ``key < Skv`` (and causal) mask."""
-    NUM_STAGES: gl.constexpr = k_smem.shape[0]
-    BLOCK_N: gl.constexpr = k_smem.shape[1]
-    stage = j % NUM_STAGES
-    # Prefetch tile j + 1 into the other stage. Its previous tile (j - 1) is no longer read: both of that
-    # iteration's wgmmas were waited for before it ended.
-    if j + 1 < num_tiles:
-        next_stage = (j + 1) % NUM_STAGES
-        next_row = (j + 1) * BLOCK_N
-        mbarrier.expect(kv_bars.index(next_stage), k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-        _tma_load(k_desc, [batch, next_row, kv_col], kv_bars.index(next_stage), _as_box(k_smem.index(next_stage)))
-        _tma_load(v_desc, [batch, next_row, kv_col], kv_bars.index(next_stage), _as_box(v_smem.index(next_stage)))
-    mbarrier.wait(kv_bars.index(stage), (j // NUM_STAGES) & 1)
-
-    s = warpgroup_mma(q_smem, k_smem.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-    s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
-    s = s * qk_scale
-    if MASKED:
-        cols = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=s_col_layout)
-        valid = gl.expand_dims(cols < seqlen_kv, 0)
-        if CAUSAL:
-            valid = valid & (gl.expand_dims(cols, 0) <= gl.expand_dims(rows, 1))
-        s = gl.where(valid, s, float("-inf"))
-
-    # Every row sees key 0 in the first tile (causal or not), so m_new is finite from then on and
-    # exp2(-inf - m_new) is a clean 0 for masked keys and for the first alpha.
-    m_new = gl.maximum(m_i, gl.max(s, axis=1))
-    alpha = gl.exp2(m_i - m_new)
-    p = gl.exp2(s - gl.expand_dims(m_new, 1))
-    l_i = l_i * alpha + gl.sum(p, axis=1)
-
-    acc = acc * gl.expand_dims(gl.convert_layout(alpha, o_row_layout), 1)
-    p_op = gl.convert_layout(p.to(q_smem.dtype), p_layout)
-    acc = warpgroup_mma(p_op, v_smem.index(stage), acc, is_async=True)
-    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-    return m_new, l_i, acc
-
-
-@gluon.jit
-def _attention_fwd_kernel(q_desc, k_desc, v_desc, out_ptr, seqlen_q, seqlen_kv, num_q_heads, group_size,
-                          qk_scale, CAUSAL: gl.constexpr, Q_LAYOUT: gl.constexpr, KV_LAYOUT: gl.constexpr):
-    """One 128-row Q block of one (batch, q head).
-
-    q_desc: TMA descriptor over q viewed as ``[B, Sq, Hq * D]`` bf16, block ``[1, BLOCK_M, D]``.
-    k_desc, v_desc: TMA descriptors over k/v viewed as ``[B, Skv, Hkv * D]`` bf16, block ``[1, BLOCK_N, D]``
-    (per sequence: rows past S are zero-filled).
-    Q_LAYOUT, KV_LAYOUT: the shared layouts of the ``[BLOCK_M, D]`` and ``[BLOCK_N, D]`` tiles.
-    out_ptr: bf16 ``[B, Sq, Hq, D]``, contiguous.
-    seqlen_q, seqlen_kv, num_q_heads: Sq, Skv, Hq. group_size: Hq // Hkv (q heads per KV head).
-    qk_scale: fp32, ``softmax_scale * log2(e)``.
-    CAUSAL: mask key ``j > query i`` (top-left aligned; the host requires ``Sq == Skv``).
-    Grid: ``(cdiv(Sq, BLOCK_M), B * Hq)``.
-    """
-    BLOCK_M: gl.constexpr = q_desc.block_type.shape[1]
-    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[2]
-    BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
-    NUM_STAGES: gl.constexpr = 2
-    dtype: gl.constexpr = q_desc.dtype
-    gl.static_assert(gl.num_warps() == 4, "the prototype runs one warpgroup")
-
-    # wgmma accumulator layouts: m64 per instruction, the 4 warps of the warpgroup stacked along M, one
-    # instruction covering all N (BLOCK_N keys for S, HEAD_DIM for O); k is 16 for bf16.
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, BLOCK_N, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, HEAD_DIM, 16])
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-    s_row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
-    s_col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
-    o_row_layout: gl.constexpr = gl.SliceLayout(1, o_layout)
-
+def _program_block(seqlen_kv, causal_offset, num_q_heads, group_size, CAUSAL: gl.constexpr):
+    """(batch, q head, kv head, first Q row, number of K/V tiles) of this program; every role computes it."""
     pid_m = gl.program_id(0)
     if CAUSAL:  # the longest rows (most key tiles) first, so that the last wave is of short ones
         pid_m = gl.num_programs(0) - 1 - pid_m
     pid_bh = gl.program_id(1)
     batch = pid_bh // num_q_heads
     head = pid_bh % num_q_heads
-    q_start = pid_m * BLOCK_M
-    q_col = head * HEAD_DIM
-    kv_col = (head // group_size) * HEAD_DIM
-
-    q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], Q_LAYOUT)
-    k_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], KV_LAYOUT)
-    v_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], KV_LAYOUT)
-    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    kv_bars = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(q_bar, count=1)
-    for i in gl.static_range(NUM_STAGES):
-        mbarrier.init(kv_bars.index(i), count=1)
-
-    # Keys this Q block attends to: all of them, or (causal, Sq == Skv) up to its last row.
-    if CAUSAL:
-        kv_end = gl.minimum(seqlen_kv, q_start + BLOCK_M)
+    q_start = pid_m * (2 * 64)
+    if CAUSAL:  # query i sees keys j <= i + causal_offset
+        kv_end = gl.minimum(seqlen_kv, q_start + 2 * 64 + causal_offset)
     else:
         kv_end = seqlen_kv
-    num_tiles = gl.cdiv(kv_end, BLOCK_N)
+    return batch, head, head // group_size, q_start, gl.cdiv(kv_end, 128)
 
-    # Query rows past Sq and keys past Skv arrive as zeros (per-sequence descriptors): the rows are computed and
-    # never stored, the keys masked.
-    mbarrier.expect(q_bar, q_desc.block_type.nbytes)
-    _tma_load(q_desc, [batch, q_start, q_col], q_bar, _as_box(q_smem))
-    kv_bytes: gl.constexpr = k_desc.block_type.nbytes + v_desc.block_type.nbytes
-    mbarrier.expect(kv_bars.index(0), kv_bytes)
-    _tma_load(k_desc, [batch, 0, kv_col], kv_bars.index(0), _as_box(k_smem.index(0)))
-    _tma_load(v_desc, [batch, 0, kv_col], kv_bars.index(0), _as_box(v_smem.index(0)))
 
-    rows = q_start + gl.arange(0, BLOCK_M, layout=s_row_layout)
-    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=s_row_layout)
-    l_i = gl.full([BLOCK_M], 0.0, gl.float32, layout=s_row_layout)
-    acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=o_layout)
-    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
+@gluon.jit
+def _load_partition(descs, smem, bars, seqlen_kv, causal_offset, num_q_heads, group_size, CAUSAL: gl.constexpr):
+    """The load warp: Q's two halves, then K_j and V_j for every tile, each into its ring once released."""
+    q_desc, k_desc, v_desc = descs
+    q_smem, k_smem, v_smem = smem
+    q_ready, k_ready, k_empty, v_ready, v_empty, turns = bars
+    TILE_N: gl.constexpr = k_smem.shape[1]
+    HEAD_DIM: gl.constexpr = k_smem.shape[2]
+    STAGES: gl.constexpr = k_smem.shape[0]
+    batch, head, kv_head, q_start, num_tiles = _program_block(seqlen_kv, causal_offset, num_q_heads, group_size,
+                                                              CAUSAL)
+    for c in gl.static_range(2):
+        mbarrier.expect(q_ready.index(c), q_desc.block_type.nbytes)
+        _tma_load(q_desc, [batch, q_start + c * 64, head * HEAD_DIM], q_ready.index(c), _as_box(q_smem.index(c)))
+    for j in range(num_tiles):
+        stage = j % STAGES
+        phase = (j // STAGES) & 1
+        # Fresh mbarriers count as having completed the phase before 0: the first lap does not wait.
+        mbarrier.wait(k_empty.index(stage), phase ^ 1)
+        mbarrier.expect(k_ready.index(stage), k_desc.block_type.nbytes)
+        _tma_load(k_desc, [batch, j * TILE_N, kv_head * HEAD_DIM], k_ready.index(stage), _as_box(k_smem.index(stage)))
+        mbarrier.wait(v_empty.index(stage), phase ^ 1)
+        mbarrier.expect(v_ready.index(stage), v_desc.block_type.nbytes)
+        _tma_load(v_desc, [batch, j * TILE_N, kv_head * HEAD_DIM], v_ready.index(stage), _as_box(v_smem.index(stage)))
 
-    mbarrier.wait(q_bar, 0)
-    # Tiles every row of the block sees whole (keys below the block's first row, or all keys inside Skv when not
-    # causal) skip the mask; the rest (the diagonal, the partial last tile) take it.
+
+@gluon.jit
+def _softmax_tile(s, m_i, l_i, j, rows, seqlen_kv, causal_offset, qk_scale, MASKED: gl.constexpr,
+                  CAUSAL: gl.constexpr):
+    """Online softmax of the raw scores ``s`` of tile ``j``: returns ``(p, m_new, l_new, alpha)``, with ``m``
+    the running max of raw scores and ``alpha = exp2((m_i - m_new) * qk_scale)`` the factor for O."""
+    TILE_N: gl.constexpr = s.shape[1]
+    if MASKED:
+        cols = j * TILE_N + gl.arange(0, TILE_N, layout=gl.SliceLayout(0, s.type.layout))
+        valid = gl.expand_dims(cols < seqlen_kv, 0)
+        if CAUSAL:
+            valid = valid & (gl.expand_dims(cols, 0) <= gl.expand_dims(rows + causal_offset, 1))
+        s = gl.where(valid, s, float("-inf"))
+    # Tile 0 holds key 0, which every row sees (causal_offset >= 0): m_new is finite from then on, and exp2 of
+    # -inf (a masked key, or the first alpha) is a clean 0.
+    m_new = gl.maximum(m_i, gl.max(s, axis=1))
+    m_scaled = m_new * qk_scale
+    alpha = gl.exp2(m_i * qk_scale - m_scaled)
+    p = gl.exp2(gl.fma(s, qk_scale, -gl.expand_dims(m_scaled, 1)))
+    l_new = l_i * alpha + gl.sum(p, axis=1)
+    return p, m_new, l_new, alpha
+
+
+@gluon.jit
+def _consumer_step(j, q, smem, bars, my_turn, other_turn, turn, p, m_i, l_i, acc, rows, s_zero, seqlen_kv,
+                   causal_offset, qk_scale, MASKED: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr):
+    """Tile j >= 1: issue ``S_j = Q K_j^T`` and ``O += P_{j-1} V_{j-1}``, run the softmax of ``S_j`` once the
+    first is done, then rescale O. Returns ``(p_j, m, l, acc, turn)``."""
+    q_smem, k_smem, v_smem = smem
+    q_ready, k_ready, k_empty, v_ready, v_empty, turns = bars
+    STAGES: gl.constexpr = k_smem.shape[0]
+    stage = j % STAGES
+    prev = (j - 1) % STAGES
+    mbarrier.wait(k_ready.index(stage), (j // STAGES) & 1)
+    if PINGPONG:
+        mbarrier.wait(my_turn, turn & 1)
+    s = warpgroup_mma(q, k_smem.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
+    acc = warpgroup_mma(p, v_smem.index(prev), acc, is_async=True)
+    if PINGPONG:
+        mbarrier.arrive(other_turn)
+    s = warpgroup_mma_wait(num_outstanding=1, deps=(s, ))
+    mbarrier.arrive(k_empty.index(stage))
+    p_new, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, j, rows, seqlen_kv, causal_offset, qk_scale, MASKED, CAUSAL)
+    p_new = gl.convert_layout(p_new.to(p.dtype), p.type.layout)
+    # The softmax's results pass through the wait, so that LLVM keeps them before it (ptxas still hoists the
+    # wait above most of the exponentials: NOTES, issue 23, session 15).
+    acc, p_new, l_i, alpha = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_new, l_i, alpha))
+    mbarrier.arrive(v_empty.index(prev))
+    acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout)), 1)
+    return p_new, m_i, l_i, acc, turn + 1
+
+
+@gluon.jit
+def _consumer_partition(smem, bars, out_ptr, lse_ptr, seqlen_q, seqlen_kv, causal_offset, num_q_heads, group_size,
+                        qk_scale, CONSUMER: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr,
+                        RETURN_LSE: gl.constexpr):
+    """One consumer warpgroup: 64 Q rows (half ``CONSUMER`` of the block) against every K/V tile."""
+    q_smem, k_smem, v_smem = smem
+    q_ready, k_ready, k_empty, v_ready, v_empty, turns = bars
+    TILE_N: gl.constexpr = k_smem.shape[1]
+    HEAD_DIM: gl.constexpr = k_smem.shape[2]
+    STAGES: gl.constexpr = k_smem.shape[0]
+    dtype: gl.constexpr = q_smem.dtype
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, TILE_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, HEAD_DIM, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
+
+    batch, head, kv_head, q_start, num_tiles = _program_block(seqlen_kv, causal_offset, num_q_heads, group_size,
+                                                              CAUSAL)
+    first_row = q_start + CONSUMER * 64
+    rows = first_row + gl.arange(0, 64, layout=row_layout)
+    my_turn = turns.index(CONSUMER)
+    other_turn = turns.index(1 - CONSUMER)
+    # Consumer 0 issues first: its first wait is on the phase before 0, which a fresh mbarrier has completed.
+    turn = 1 - CONSUMER
+
+    q = q_smem.index(CONSUMER)
+    mbarrier.wait(q_ready.index(CONSUMER), 0)
+    s_zero = gl.zeros([64, TILE_N], gl.float32, layout=s_layout)
+    acc = gl.zeros([64, HEAD_DIM], gl.float32, layout=o_layout)
+
+    # Tile 0 alone: S_0 and its softmax (masked: it may be the diagonal or the last tile).
+    mbarrier.wait(k_ready.index(0), 0)
+    if PINGPONG:
+        mbarrier.wait(my_turn, turn & 1)
+    s = warpgroup_mma(q, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    if PINGPONG:
+        mbarrier.arrive(other_turn)
+    turn += 1
+    s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
+    mbarrier.arrive(k_empty.index(0))
+    m_i = gl.full([64], float("-inf"), gl.float32, layout=row_layout)
+    l_i = gl.full([64], 0.0, gl.float32, layout=row_layout)
+    p, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, 0, rows, seqlen_kv, causal_offset, qk_scale, True, CAUSAL)
+    p = gl.convert_layout(p.to(dtype), p_layout)
+
+    # Tiles every row of this consumer sees whole skip the mask.
     if CAUSAL:
-        full_end = gl.minimum(q_start + 1, seqlen_kv)
+        full_end = gl.minimum(first_row + 1 + causal_offset, seqlen_kv)
     else:
         full_end = seqlen_kv
-    num_full = full_end // BLOCK_N
-    for j in range(num_full):
-        m_i, l_i, acc = _attend_tile(j, num_tiles, k_desc, v_desc, k_smem, v_smem, kv_bars, q_smem, batch, kv_col,
-                                     rows, m_i, l_i, acc, s_zero, seqlen_kv, qk_scale, False, CAUSAL, p_layout,
-                                     o_row_layout, s_col_layout)
+    num_full = gl.maximum(full_end // TILE_N, 1)
+    for j in range(1, num_full):
+        p, m_i, l_i, acc, turn = _consumer_step(j, q, smem, bars, my_turn, other_turn, turn, p, m_i, l_i, acc, rows,
+                                                s_zero, seqlen_kv, causal_offset, qk_scale, False, CAUSAL, PINGPONG)
     for j in range(num_full, num_tiles):
-        m_i, l_i, acc = _attend_tile(j, num_tiles, k_desc, v_desc, k_smem, v_smem, kv_bars, q_smem, batch, kv_col,
-                                     rows, m_i, l_i, acc, s_zero, seqlen_kv, qk_scale, True, CAUSAL, p_layout,
-                                     o_row_layout, s_col_layout)
+        p, m_i, l_i, acc, turn = _consumer_step(j, q, smem, bars, my_turn, other_turn, turn, p, m_i, l_i, acc, rows,
+                                                s_zero, seqlen_kv, causal_offset, qk_scale, True, CAUSAL, PINGPONG)
 
-    mbarrier.invalidate(q_bar)
-    for i in gl.static_range(NUM_STAGES):
-        mbarrier.invalidate(kv_bars.index(i))
+    # The last tile's P V.
+    last = num_tiles - 1
+    mbarrier.wait(v_ready.index(last % STAGES), (last // STAGES) & 1)
+    if PINGPONG:
+        mbarrier.wait(my_turn, turn & 1)
+    acc = warpgroup_mma(p, v_smem.index(last % STAGES), acc, is_async=True)
+    if PINGPONG:
+        mbarrier.arrive(other_turn)
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+    mbarrier.arrive(v_empty.index(last % STAGES))
 
-    out = acc / gl.expand_dims(gl.convert_layout(l_i, o_row_layout), 1)
+    if RETURN_LSE:  # natural log, [B, Hq, Sq] contiguous
+        lse = (m_i * qk_scale + gl.log2(l_i)) * 0.6931471805599453
+        lse_offsets = (batch * num_q_heads + head).to(gl.int64) * seqlen_q + rows
+        gl.store(lse_ptr + lse_offsets, lse, mask=rows < seqlen_q)
+    out = acc / gl.expand_dims(gl.convert_layout(l_i, gl.SliceLayout(1, o_layout)), 1)
     store_layout: gl.constexpr = _store_layout(HEAD_DIM, 4)
     out = gl.convert_layout(out.to(dtype), store_layout)
-    out_rows = q_start + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, store_layout))
+    out_rows = first_row + gl.arange(0, 64, layout=gl.SliceLayout(1, store_layout))
     out_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, store_layout))
     # int64: B * Sq * Hq * D can exceed 2**31 elements.
     row_offsets = ((batch * seqlen_q + out_rows).to(gl.int64) * num_q_heads + head) * HEAD_DIM
@@ -217,107 +251,158 @@ def _attention_fwd_kernel(q_desc, k_desc, v_desc, out_ptr, seqlen_q, seqlen_kv, 
     gl.store(out_ptr + offsets, out, mask=gl.expand_dims(out_rows < seqlen_q, 1))
 
 
-def _nvmma_layout(block_shape):
-    return gl.NVMMASharedLayout.get_default_for(block_shape, gl.bfloat16)
+@gluon.jit
+def _attention_fwd_kernel(q_desc, k_desc, v_desc, out_ptr, lse_ptr, seqlen_q, seqlen_kv, causal_offset, num_q_heads,
+                          group_size, qk_scale, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, STAGES: gl.constexpr,
+                          RETURN_LSE: gl.constexpr, Q_LAYOUT: gl.constexpr, KV_LAYOUT: gl.constexpr):
+    """One 128-row Q block of one (batch, q head).
+
+    q_desc: TMA descriptor over q viewed as ``[B, Sq, Hq * D]`` (16-bit floats), block ``[1, 64, D]``.
+    k_desc, v_desc: over k / v viewed as ``[B, Skv, Hkv * D]``, block ``[1, 128, D]``.
+    out_ptr: ``[B, Sq, Hq, D]`` in q's dtype, contiguous. lse_ptr: float32 ``[B, Hq, Sq]`` (RETURN_LSE).
+    causal_offset: ``Skv - Sq >= 0``; with CAUSAL, query i sees keys ``j <= i + causal_offset``.
+    group_size: Hq // Hkv. qk_scale: ``softmax_scale * log2(e)`` (> 0).
+    Q_LAYOUT, KV_LAYOUT: the shared layouts of the ``[64, D]`` and ``[128, D]`` tiles.
+    Grid: ``(cdiv(Sq, 128), B * Hq)``; ``num_warps=4`` (the default partition, consumer 0).
+    """
+    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[2]
+    TILE_N: gl.constexpr = k_desc.block_type.shape[1]
+    dtype: gl.constexpr = q_desc.dtype
+    q_smem = gl.allocate_shared_memory(dtype, [2, 64, HEAD_DIM], Q_LAYOUT)
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES, TILE_N, HEAD_DIM], KV_LAYOUT)
+    v_smem = gl.allocate_shared_memory(dtype, [STAGES, TILE_N, HEAD_DIM], KV_LAYOUT)
+    q_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    turns = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(2):
+        mbarrier.init(q_ready.index(i), count=1)
+        mbarrier.init(turns.index(i), count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(k_ready.index(i), count=1)
+        mbarrier.init(v_ready.index(i), count=1)
+        mbarrier.init(k_empty.index(i), count=2)  # both consumers release a tile
+        mbarrier.init(v_empty.index(i), count=2)
+    smem = (q_smem, k_smem, v_smem)
+    bars = (q_ready, k_ready, k_empty, v_ready, v_empty, turns)
+    gl.warp_specialize([
+        (_consumer_partition, (smem, bars, out_ptr, lse_ptr, seqlen_q, seqlen_kv, causal_offset, num_q_heads,
+                               group_size, qk_scale, 0, CAUSAL, PINGPONG, RETURN_LSE)),
+        (_consumer_partition, (smem, bars, out_ptr, lse_ptr, seqlen_q, seqlen_kv, causal_offset, num_q_heads,
+                               group_size, qk_scale, 1, CAUSAL, PINGPONG, RETURN_LSE)),
+        (_load_partition, ((q_desc, k_desc, v_desc), smem, bars, seqlen_kv, causal_offset, num_q_heads, group_size,
+                           CAUSAL)),
+    ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
 
 
-def _check_inputs(q, k, v, causal, softmax_scale):
-    for name, tensor in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(tensor, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
-        if tensor.dtype != torch.bfloat16:
-            raise TypeError(f"{name} must be bfloat16, got {tensor.dtype}")
-        if tensor.dim() != 4:
-            raise ValueError(f"{name} must have 4 dimensions [batch, seqlen, heads, head_dim], got shape "
-                             f"{tuple(tensor.shape)}")
-        if tensor.device.type != "cuda":
-            raise ValueError(f"{name} must be on a CUDA device, got {tensor.device}")
-        if tensor.device != q.device:
-            raise ValueError(f"{name} is on {tensor.device} but q is on {q.device}")
-        if not tensor.is_contiguous():
-            raise ValueError(f"{name} must be contiguous, got strides {tensor.stride()}")
-        if tensor.data_ptr() % 16:
-            raise ValueError(f"{name} must start at a 16-byte aligned address (TMA)")
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
-    if softmax_scale is not None:
-        if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, numbers.Real):
-            raise TypeError(f"softmax_scale must be a real number or None, got {type(softmax_scale).__name__}")
-        if not math.isfinite(softmax_scale):
-            raise ValueError(f"softmax_scale must be finite, got {softmax_scale}")
+def _nvmma_layout(block_shape, dtype=gl.bfloat16):
+    return gl.NVMMASharedLayout.get_default_for(block_shape, dtype)
 
-    batch, seqlen_q, num_q_heads, head_dim = q.shape
-    if k.shape != v.shape:
-        raise ValueError(f"v must have the shape of k {tuple(k.shape)}, got {tuple(v.shape)}")
-    if k.shape[0] != batch:
-        raise ValueError(f"k has batch size {k.shape[0]} but q has {batch}")
-    if k.shape[3] != head_dim:
-        raise ValueError(f"k has head dim {k.shape[3]} but q has {head_dim}")
-    if head_dim not in HEAD_DIMS:
-        raise ValueError(f"q has head dim {head_dim}; supported: {HEAD_DIMS}")
+
+def _tma_ready(t: torch.Tensor) -> bool:
+    """A ``[B, S, H, D]`` tensor that TMA can read as ``[B, S, H·D]``: heads contiguous in a token row, batch and
+    token strides positive multiples of 16 bytes, a 16-byte aligned start."""
+    batch_stride, token_stride, head_stride, unit = t.stride()
+    size = t.element_size()
+    return (unit == 1 and head_stride == t.shape[3] and token_stride > 0 and batch_stride > 0
+            and (token_stride * size) % 16 == 0 and (batch_stride * size) % 16 == 0 and t.data_ptr() % 16 == 0)
+
+
+def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, softmax_scale: float) -> bool:
+    """Whether :func:`gluon_attention` runs this dense call: an sm_90 GPU, fp16/bf16 ``[B, S, H, D]`` q, k, v of
+    one dtype with D in {64, 128} and TMA-readable strides (:func:`_tma_ready`), ``B * Hq <= 65535``, a
+    positive scale, and (causal) ``Sq <= Skv``."""
+    if q.dtype not in DTYPES or k.dtype != q.dtype or v.dtype != q.dtype or q.dim() != 4 or k.dim() != 4:
+        return False
+    if q.shape[3] not in HEAD_DIMS or k.shape[3] != q.shape[3] or v.shape != k.shape or k.shape[0] != q.shape[0]:
+        return False
+    if q.device.type != "cuda" or torch.cuda.get_device_capability(q.device) != (9, 0):
+        return False
+    batch, seqlen_q, num_q_heads, _ = q.shape
     seqlen_kv, num_kv_heads = k.shape[1], k.shape[2]
-    if num_kv_heads < 1 or num_q_heads % num_kv_heads:
-        raise ValueError(f"q's {num_q_heads} heads must be a multiple of k's {num_kv_heads} heads")
-    if seqlen_kv < 1:
-        raise ValueError("k must have at least one key (seqlen dimension 1)")
-    if causal and seqlen_q != seqlen_kv:
-        raise ValueError(f"causal needs q and k of equal seqlen, got {seqlen_q} and {seqlen_kv}")
-    if batch * num_q_heads > MAX_GRID_Y:
-        raise ValueError(f"q has batch * heads = {batch * num_q_heads}; at most {MAX_GRID_Y} supported")
+    if num_kv_heads < 1 or num_q_heads % num_kv_heads or batch * num_q_heads > MAX_GRID_Y or seqlen_kv < 1:
+        return False
+    if not softmax_scale > 0 or (causal and seqlen_q > seqlen_kv):
+        return False
+    return all(_tma_ready(t) for t in (q, k, v))
+
+
+def _descriptor(t: torch.Tensor, block_rows: int) -> TensorDescriptor:
+    """Per sequence ``[B, S, H * D]`` with t's own batch and token strides: a box past S is zero-filled, never
+    the next sequence's rows."""
+    batch, seqlen, heads, head_dim = t.shape
+    shape = [batch, seqlen, heads * head_dim]
+    block = [1, block_rows, head_dim]
+    return TensorDescriptor(t, shape, [t.stride(0), t.stride(1), 1], block, _nvmma_layout(block, DTYPES[t.dtype]))
+
+
+def launch(q, k, v, out, lse, causal: bool, softmax_scale: float, *, pingpong: bool = True, stages: int = 2) -> None:
+    """Runs the kernel on inputs :func:`supports` accepts: ``out`` contiguous ``[B, Sq, Hq, D]`` in q's dtype,
+    ``lse`` None or float32 contiguous ``[B, Hq, Sq]``. No checks, no sync (CUDA-graph capturable)."""
+    batch, seqlen_q, num_q_heads, head_dim = q.shape
+    seqlen_kv, num_kv_heads = k.shape[1], k.shape[2]
+    dtype = DTYPES[q.dtype]
+    grid = (triton.cdiv(seqlen_q, BLOCK_M), batch * num_q_heads)
+    _attention_fwd_kernel[grid](
+        _descriptor(q, CONSUMER_ROWS), _descriptor(k, BLOCK_N), _descriptor(v, BLOCK_N), out,
+        lse if lse is not None else out, seqlen_q, seqlen_kv, seqlen_kv - seqlen_q, num_q_heads,
+        num_q_heads // num_kv_heads, softmax_scale * LOG2E, CAUSAL=causal, PINGPONG=pingpong, STAGES=stages,
+        RETURN_LSE=lse is not None, Q_LAYOUT=_nvmma_layout([CONSUMER_ROWS, head_dim], dtype),
+        KV_LAYOUT=_nvmma_layout([BLOCK_N, head_dim], dtype), num_warps=4, maxnreg=MAX_REGS)
 
 
 def gluon_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
-                    softmax_scale: float | None = None) -> torch.Tensor:
-    """Attention forward ``softmax(scale * q k^T) v`` on an sm_90 GPU.
+                    softmax_scale: float | None = None, *, return_lse: bool = False, pingpong: bool = True,
+                    stages: int = 2):
+    """Attention forward ``softmax(scale * q k^T) v`` on an sm_90 GPU, warp-specialized (the kernel alone:
+    :func:`llmkernels.attention` is the public entry, which takes this path when it can).
 
-    q: bf16 ``[B, Sq, Hq, D]``; k, v: bf16 ``[B, Skv, Hkv, D]``; all contiguous, on one CUDA device, with
-    ``D`` in {64, 128} and ``Hq`` a multiple of ``Hkv`` (q head ``h`` reads KV head ``h // (Hq // Hkv)``).
-    causal: query ``i`` sees keys ``j <= i``; requires ``Sq == Skv``.
-    softmax_scale: defaults to ``1 / sqrt(D)``.
-    Returns bf16 ``[B, Sq, Hq, D]``.
-    Raises TypeError / ValueError naming the offending argument, RuntimeError on a GPU other than sm_90.
+    q: fp16/bf16 ``[B, Sq, Hq, D]``; k, v: ``[B, Skv, Hkv, D]`` of q's dtype; ``D`` in {64, 128}, ``Hq`` a multiple
+    of ``Hkv`` (q head h reads KV head ``h // (Hq / Hkv)``); heads contiguous within a token (any batch and token
+    strides that are multiples of 16 bytes). causal: bottom-right aligned, query i sees keys ``j <= i + Skv -
+    Sq`` (needs ``Sq <= Skv``). softmax_scale: > 0, default ``1 / sqrt(D)``.
+    pingpong, stages (2; 3 for D = 64): the schedule's switches, for the ablation.
+    Returns out ``[B, Sq, Hq, D]`` contiguous in q's dtype, or ``(out, lse)`` with float32 natural-log ``lse``
+    ``[B, Hq, Sq]``.
+    Raises TypeError / ValueError naming the argument when :func:`supports` refuses the call.
     """
-    _check_inputs(q, k, v, causal, softmax_scale)
-    if torch.cuda.get_device_capability(q.device) != (9, 0):
-        raise RuntimeError(f"gluon_attention needs an sm_90 GPU, got {torch.cuda.get_device_name(q.device)}")
-    batch, seqlen_q, num_q_heads, head_dim = q.shape
-    seqlen_kv, num_kv_heads = k.shape[1], k.shape[2]
+    for name, tensor in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
+        if tensor.dtype not in DTYPES:
+            raise TypeError(f"{name} must be float16 or bfloat16, got {tensor.dtype}")
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
     if softmax_scale is None:
-        softmax_scale = head_dim ** -0.5
-    out = torch.empty_like(q)
-    if out.numel() == 0:
-        return out
-
-    block_n = _block_n(head_dim)
-
-    def descriptor(x, seqlen, heads, block_rows):
-        # per sequence [B, S, H * D]: a box past S is zero-filled, never the next sequence's rows
-        shape = [x.shape[0], seqlen, heads * head_dim]
-        block = [1, block_rows, head_dim]
-        return TensorDescriptor(x.view(shape), shape, [seqlen * shape[2], shape[2], 1], block, _nvmma_layout(block))
-
-    q_desc = descriptor(q, seqlen_q, num_q_heads, BLOCK_M)
-    k_desc = descriptor(k, seqlen_kv, num_kv_heads, block_n)
-    v_desc = descriptor(v, seqlen_kv, num_kv_heads, block_n)
-    grid = (triton.cdiv(seqlen_q, BLOCK_M), batch * num_q_heads)
-    with torch.cuda.device(q.device):
-        _attention_fwd_kernel[grid](q_desc, k_desc, v_desc, out, seqlen_q, seqlen_kv, num_q_heads,
-                                    num_q_heads // num_kv_heads, softmax_scale * LOG2E, CAUSAL=causal,
-                                    Q_LAYOUT=_nvmma_layout([BLOCK_M, head_dim]),
-                                    KV_LAYOUT=_nvmma_layout([block_n, head_dim]), num_warps=NUM_WARPS)
-    return out
+        softmax_scale = q.shape[-1] ** -0.5 if q.dim() == 4 else 1.0
+    elif isinstance(softmax_scale, bool) or not isinstance(softmax_scale, numbers.Real):
+        raise TypeError(f"softmax_scale must be a real number or None, got {type(softmax_scale).__name__}")
+    if not (math.isfinite(softmax_scale) and softmax_scale > 0):
+        raise ValueError(f"softmax_scale must be finite and > 0, got {softmax_scale}")
+    if stages not in (2, 3) or (stages == 3 and q.shape[-1] > 64):
+        raise ValueError(f"stages must be 2, or 3 for head dim 64 (shared memory), got {stages}")
+    if not supports(q, k, v, causal, softmax_scale):
+        raise ValueError(f"gluon_attention does not run q {tuple(q.shape)} {q.dtype} strides {q.stride()}, "
+                         f"k {tuple(k.shape)} {k.dtype} strides {k.stride()}, v strides {v.stride()}, causal={causal} "
+                         f"on {q.device} (see supports())")
+    batch, seqlen_q, num_q_heads, head_dim = q.shape
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty((batch, num_q_heads, seqlen_q), dtype=torch.float32, device=q.device) if return_lse else None
+    if seqlen_q > 0 and batch > 0 and num_q_heads > 0:
+        with torch.cuda.device(q.device):
+            launch(q, k, v, out, lse, causal, float(softmax_scale), pingpong=pingpong, stages=stages)
+    return (out, lse) if return_lse else out
 
 
-def compile_for_sm90(head_dim: int, causal: bool) -> dict:
-    """Compiles the kernel for sm_90a (no GPU needed: ptxas from the Triton wheel runs, nothing launches)
-    and returns the compiled kernel's ``asm`` dict (``source``, ``ttgir``, ``llir``, ``ptx``, ``cubin``; newer
-    Tritons add ``glir``).
-
-    The launch is specialized as a typical call is: 16-byte aligned output pointer, and descriptors over
-    bf16 with the blocks :func:`gluon_attention` uses for ``head_dim``. Run it with ``TRITON_INTERPRET``
-    unset or 0 (e.g. in a subprocess, as ``tests/test_compile_targets.py`` does): in interpreter mode
-    Triton turns gl's own ``@jit`` helpers (``gl.max``, ``gl.sum``) into interpreted functions, which the
-    compiler then refuses."""
+def compile_for_sm90(head_dim: int, causal: bool, *, pingpong: bool = True, stages: int = 2,
+                     return_lse: bool = False) -> dict:
+    """Compiles the kernel for sm_90a without a GPU (ptxas from the Triton wheel runs, nothing launches) and
+    returns the compiled kernel's ``asm`` dict (``ttgir``, ``ptx``, ``cubin``, ...), specialized as a typical
+    bf16 call is. Run it with ``TRITON_INTERPRET`` unset or 0 (e.g. in a subprocess, as
+    ``tests/test_compile_targets.py`` does): in interpreter mode Triton turns gl's own ``@jit`` helpers into
+    interpreted functions, which the compiler then refuses."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
@@ -327,17 +412,15 @@ def compile_for_sm90(head_dim: int, causal: bool) -> dict:
     def descriptor_type(block):
         return f"tensordesc<bf16[{', '.join(map(str, block))}],{_nvmma_layout(block)!r}>"
 
-    block_n = _block_n(head_dim)
-    q_type = descriptor_type([1, BLOCK_M, head_dim])
-    kv_type = descriptor_type([1, block_n, head_dim])
-    kinds = dict(q_desc=q_type, k_desc=kv_type, v_desc=kv_type, out_ptr="*bf16", qk_scale="fp32",
-                 CAUSAL="constexpr", Q_LAYOUT="constexpr", KV_LAYOUT="constexpr")
+    kv_type = descriptor_type([1, BLOCK_N, head_dim])
+    constexprs = dict(CAUSAL=bool(causal), PINGPONG=bool(pingpong), STAGES=int(stages), RETURN_LSE=bool(return_lse),
+                      Q_LAYOUT=_nvmma_layout([CONSUMER_ROWS, head_dim]), KV_LAYOUT=_nvmma_layout([BLOCK_N, head_dim]))
+    kinds = dict(q_desc=descriptor_type([1, CONSUMER_ROWS, head_dim]), k_desc=kv_type, v_desc=kv_type,
+                 out_ptr="*bf16", lse_ptr="*fp32", qk_scale="fp32", **dict.fromkeys(constexprs, "constexpr"))
     fn = _attention_fwd_kernel
     signature = {name: kinds.get(name, "i32") for name in fn.arg_names}
-    constexprs = {(fn.arg_names.index("CAUSAL"), ): bool(causal),
-                  (fn.arg_names.index("Q_LAYOUT"), ): _nvmma_layout([BLOCK_M, head_dim]),
-                  (fn.arg_names.index("KV_LAYOUT"), ): _nvmma_layout([block_n, head_dim])}
-    source = GluonASTSource(fn, signature, constexprs=constexprs,
+    source = GluonASTSource(fn, signature, constexprs={(fn.arg_names.index(name), ): value
+                                                       for name, value in constexprs.items()},
                             attrs={(fn.arg_names.index("out_ptr"), ): [["tt.divisibility", 16]]})
-    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=NUM_WARPS))
+    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4, maxnreg=MAX_REGS))
     return compiled.asm
