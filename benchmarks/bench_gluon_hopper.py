@@ -3,7 +3,7 @@ kernel, one run, CUDA-graph replay times (GPU time, no host overhead), with the 
 
     python -m benchmarks bench_gluon_hopper [--out DIR]
 
-bf16, B·S = 16k tokens, 16 heads, D 64 and 128, causal and not. Systems: ``sdpa_cudnn``; ``portable_triton``
+bf16, B·S = 16k tokens, 16 heads (8 at D = 256), D 64, 128 and 256, causal and not. Systems: ``sdpa_cudnn``; ``portable_triton``
 (``lk.attention`` with an explicit default config, which keeps the Triton-language kernel); ``lk_attention`` (the
 public call: the Gluon kernel on an H100); ``gluon_no_pingpong`` and ``gluon_3_stages`` (D = 64 only), the
 switches of the schedule. Each output is checked against cuDNN's first (relative error). Writes
@@ -22,7 +22,7 @@ import llmkernels as lk
 from llmkernels.attention.config import default_config
 from llmkernels.attention.gluon_hopper import gluon_attention
 
-SHAPES = [(8, 2048, 16, 64), (4, 4096, 16, 64), (4, 4096, 16, 128), (2, 8192, 16, 128)]
+SHAPES = [(8, 2048, 16, 64), (4, 4096, 16, 64), (4, 4096, 16, 128), (2, 8192, 16, 128), (4, 4096, 8, 256)]
 
 
 def systems_of(q, k, v, causal):

@@ -75,7 +75,7 @@ def _check(result, q, k, v, causal, softmax_scale):
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize("seqlen", [128, 1000, 2048])
 def test_matches_reference(attend, seqlen, head_dim, causal):
     q, k, v = _inputs(2, seqlen, seqlen, 8, 2, head_dim)
@@ -91,8 +91,9 @@ def test_matches_reference(attend, seqlen, head_dim, causal):
     (1, 1, 300, 2, 1, 64, True, 1.0, None, torch.bfloat16),  # one query sees every key
     (2, 640, 640, 4, 4, 128, True, 1.0, None, torch.float16),
     (1, 3000, 3000, 2, 1, 64, False, 1.0, None, torch.float16),
+    (2, 333, 900, 4, 1, 256, True, 4.0, None, torch.bfloat16),  # D = 256: 64-key tiles
 ], ids=["mqa-one-query", "mha-short-kv", "peaked-causal", "scale", "causal-bottom-right", "causal-one-query",
-        "fp16-causal", "fp16-long"])
+        "fp16-causal", "fp16-long", "d256-causal-bottom-right"])
 def test_other_shapes(attend, batch, seqlen_q, seqlen_kv, q_heads, kv_heads, head_dim, causal, q_gain, scale, dtype):
     q, k, v = _inputs(batch, seqlen_q, seqlen_kv, q_heads, kv_heads, head_dim, q_gain, dtype)
     result = attend(q, k, v, causal=causal, softmax_scale=scale, return_lse=True)
@@ -111,7 +112,7 @@ def test_strided_views(attend):
     _check((out, lse), q, k, v, True, 128 ** -0.5)
 
 
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
 def test_next_sequence_is_never_read(attend, head_dim):
     """A sequence's last K/V tile runs past Skv: the rows there must be zeros, not the next sequence's. Sequence
     1 holds NaN and inf (its own output is garbage); sequence 0's must be exact."""

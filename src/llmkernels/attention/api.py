@@ -347,7 +347,7 @@ def attention(
           ``max_seqlen_k`` is optional (bound: ``block_table.shape[1] * page_size``).
         D: any multiple of 16 up to 256 (64, 128, 256 are the tuned ones); the same for q, k and v.
 
-    Kernels: on an sm_90 GPU, a dense call of more than 16 queries with D 64 or 128, no mask but ``causal``, no
+    Kernels: on an sm_90 GPU, a dense call of more than 16 queries with D 64, 128 or 256, no mask but ``causal``, no
     ``score_mod``, sinks or mask tensor, and no ``config``, runs the warp-specialized Gluon kernel
     (:mod:`llmkernels.attention.gluon_hopper`: a load warp and two consumer warpgroups in ping-pong; heads must be
     contiguous within a token, or the call takes the portable kernel). Every other call, and every call on

@@ -1,7 +1,7 @@
 """Attention forward in Gluon for Hopper (sm_90a), warp-specialized on FA3's schedule.
 
 :func:`gluon_attention` is the prefill path of :func:`llmkernels.attention` on an sm_90 GPU for dense fp16/bf16
-inputs with head dim 64 or 128, causal (bottom-right aligned) or not, MHA/GQA/MQA, optionally with the LSE.
+inputs with head dim 64, 128 or 256, causal (bottom-right aligned) or not, MHA/GQA/MQA, optionally with the LSE.
 :func:`supports` says whether a call qualifies; everything else runs the portable Triton kernel.
 
 One program computes a 128-row Q block of one (batch, q head) with three roles (``gl.warp_specialize``):
@@ -40,8 +40,15 @@ LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 CONSUMER_ROWS = 64  # Q rows per consumer warpgroup: one m64 wgmma row block
 BLOCK_M = 2 * CONSUMER_ROWS
-BLOCK_N = 128  # keys per K/V tile: S (64 fp32 per thread), P and O fit the consumers' 240 registers
-HEAD_DIMS = (64, 128)
+HEAD_DIMS = (64, 128, 256)
+
+
+def _block_n(head_dim: int) -> int:
+    """Keys per K/V tile: S (block_n / 2 fp32 per thread), P and O (head_dim / 2) fit the consumers' 240
+    registers, and Q plus two stages of K and V the 227 KiB of shared memory."""
+    return 64 if head_dim > 128 else 128
+
+
 DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
 MAX_GRID_Y = 65535  # CUDA's limit on grid dimension y, which holds batch * q heads
 # Registers per thread: the two consumer warpgroups get 240 each, the load warp's warpgroup 24; 12 warps in
@@ -71,7 +78,7 @@ def _as_box(buffer):
 
 
 @gluon.jit
-def _program_block(seqlen_kv, causal_offset, num_q_heads, group_size, CAUSAL: gl.constexpr):
+def _program_block(seqlen_kv, causal_offset, num_q_heads, group_size, CAUSAL: gl.constexpr, TILE_N: gl.constexpr):
     """(batch, q head, kv head, first Q row, number of K/V tiles) of this program; every role computes it."""
     pid_m = gl.program_id(0)
     if CAUSAL:  # the longest rows (most key tiles) first, so that the last wave is of short ones
@@ -84,7 +91,7 @@ def _program_block(seqlen_kv, causal_offset, num_q_heads, group_size, CAUSAL: gl
         kv_end = gl.minimum(seqlen_kv, q_start + 2 * 64 + causal_offset)
     else:
         kv_end = seqlen_kv
-    return batch, head, head // group_size, q_start, gl.cdiv(kv_end, 128)
+    return batch, head, head // group_size, q_start, gl.cdiv(kv_end, TILE_N)
 
 
 @gluon.jit
@@ -97,7 +104,7 @@ def _load_partition(descs, smem, bars, seqlen_kv, causal_offset, num_q_heads, gr
     HEAD_DIM: gl.constexpr = k_smem.shape[2]
     STAGES: gl.constexpr = k_smem.shape[0]
     batch, head, kv_head, q_start, num_tiles = _program_block(seqlen_kv, causal_offset, num_q_heads, group_size,
-                                                              CAUSAL)
+                                                              CAUSAL, TILE_N)
     for c in gl.static_range(2):
         mbarrier.expect(q_ready.index(c), q_desc.block_type.nbytes)
         _tma_load(q_desc, [batch, q_start + c * 64, head * HEAD_DIM], q_ready.index(c), _as_box(q_smem.index(c)))
@@ -184,7 +191,7 @@ def _consumer_partition(smem, bars, out_ptr, lse_ptr, seqlen_q, seqlen_kv, causa
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
 
     batch, head, kv_head, q_start, num_tiles = _program_block(seqlen_kv, causal_offset, num_q_heads, group_size,
-                                                              CAUSAL)
+                                                              CAUSAL, TILE_N)
     first_row = q_start + CONSUMER * 64
     rows = first_row + gl.arange(0, 64, layout=row_layout)
     my_turn = turns.index(CONSUMER)
@@ -258,11 +265,11 @@ def _attention_fwd_kernel(q_desc, k_desc, v_desc, out_ptr, lse_ptr, seqlen_q, se
     """One 128-row Q block of one (batch, q head).
 
     q_desc: TMA descriptor over q viewed as ``[B, Sq, Hq * D]`` (16-bit floats), block ``[1, 64, D]``.
-    k_desc, v_desc: over k / v viewed as ``[B, Skv, Hkv * D]``, block ``[1, 128, D]``.
+    k_desc, v_desc: over k / v viewed as ``[B, Skv, Hkv * D]``, block ``[1, TILE_N, D]`` (128 keys; 64 at D = 256).
     out_ptr: ``[B, Sq, Hq, D]`` in q's dtype, contiguous. lse_ptr: float32 ``[B, Hq, Sq]`` (RETURN_LSE).
     causal_offset: ``Skv - Sq >= 0``; with CAUSAL, query i sees keys ``j <= i + causal_offset``.
     group_size: Hq // Hkv. qk_scale: ``softmax_scale * log2(e)`` (> 0).
-    Q_LAYOUT, KV_LAYOUT: the shared layouts of the ``[64, D]`` and ``[128, D]`` tiles.
+    Q_LAYOUT, KV_LAYOUT: the shared layouts of the ``[64, D]`` and ``[TILE_N, D]`` tiles.
     Grid: ``(cdiv(Sq, 128), B * Hq)``; ``num_warps=4`` (the default partition, consumer 0).
     """
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[2]
@@ -346,11 +353,11 @@ def launch(q, k, v, out, lse, causal: bool, softmax_scale: float, *, pingpong: b
     dtype = DTYPES[q.dtype]
     grid = (triton.cdiv(seqlen_q, BLOCK_M), batch * num_q_heads)
     _attention_fwd_kernel[grid](
-        _descriptor(q, CONSUMER_ROWS), _descriptor(k, BLOCK_N), _descriptor(v, BLOCK_N), out,
+        _descriptor(q, CONSUMER_ROWS), _descriptor(k, _block_n(head_dim)), _descriptor(v, _block_n(head_dim)), out,
         lse if lse is not None else out, seqlen_q, seqlen_kv, seqlen_kv - seqlen_q, num_q_heads,
         num_q_heads // num_kv_heads, softmax_scale * LOG2E, CAUSAL=causal, PINGPONG=pingpong, STAGES=stages,
         RETURN_LSE=lse is not None, Q_LAYOUT=_nvmma_layout([CONSUMER_ROWS, head_dim], dtype),
-        KV_LAYOUT=_nvmma_layout([BLOCK_N, head_dim], dtype), num_warps=4, maxnreg=MAX_REGS)
+        KV_LAYOUT=_nvmma_layout([_block_n(head_dim), head_dim], dtype), num_warps=4, maxnreg=MAX_REGS)
 
 
 def gluon_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
@@ -412,9 +419,10 @@ def compile_for_sm90(head_dim: int, causal: bool, *, pingpong: bool = True, stag
     def descriptor_type(block):
         return f"tensordesc<bf16[{', '.join(map(str, block))}],{_nvmma_layout(block)!r}>"
 
-    kv_type = descriptor_type([1, BLOCK_N, head_dim])
+    kv_type = descriptor_type([1, _block_n(head_dim), head_dim])
     constexprs = dict(CAUSAL=bool(causal), PINGPONG=bool(pingpong), STAGES=int(stages), RETURN_LSE=bool(return_lse),
-                      Q_LAYOUT=_nvmma_layout([CONSUMER_ROWS, head_dim]), KV_LAYOUT=_nvmma_layout([BLOCK_N, head_dim]))
+                      Q_LAYOUT=_nvmma_layout([CONSUMER_ROWS, head_dim]),
+                      KV_LAYOUT=_nvmma_layout([_block_n(head_dim), head_dim]))
     kinds = dict(q_desc=descriptor_type([1, CONSUMER_ROWS, head_dim]), k_desc=kv_type, v_desc=kv_type,
                  out_ptr="*bf16", lse_ptr="*fp32", qk_scale="fp32", **dict.fromkeys(constexprs, "constexpr"))
     fn = _attention_fwd_kernel
