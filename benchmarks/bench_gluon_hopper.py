@@ -1,13 +1,12 @@
 """The warp-specialized Gluon attention for Hopper (issue 23) against SDPA's cuDNN backend and our portable Triton
-kernel, one run, CUDA-graph replay times (GPU time, no host overhead), with the schedule's ablation.
+kernel, one run, CUDA-graph replay times (GPU time, no host overhead).
 
     python -m benchmarks bench_gluon_hopper [--out DIR]
 
 bf16, B·S = 16k tokens, 16 heads (8 at D = 256), D 64, 128 and 256, causal and not. Systems: ``sdpa_cudnn``; ``portable_triton``
 (``lk.attention`` with an explicit default config, which keeps the Triton-language kernel); ``lk_attention`` (the
-public call: the Gluon kernel on an H100); ``gluon_no_pingpong`` and ``gluon_3_stages`` (D = 64 only), the
-switches of the schedule. Each output is checked against cuDNN's first (relative error). Writes
-gluon_hopper.{csv,md,png} to DIR.
+public call: the Gluon kernel on an H100). Each output is checked against cuDNN's first (relative error). Writes
+gluon_hopper.{csv,md,png} to DIR. (Session 15's ablation of ping-pong and a third stage: NOTES.)
 """
 from __future__ import annotations
 
@@ -20,7 +19,6 @@ from benchmarks.peers import sdpa_runner
 
 import llmkernels as lk
 from llmkernels.attention.config import default_config
-from llmkernels.attention.gluon_hopper import gluon_attention
 
 SHAPES = [(8, 2048, 16, 64), (4, 4096, 16, 64), (4, 4096, 16, 128), (2, 8192, 16, 128), (4, 4096, 8, 256)]
 
@@ -31,11 +29,7 @@ def systems_of(q, k, v, causal):
     cudnn = sdpa_runner("cudnn", *(t.transpose(1, 2) for t in (q, k, v)), causal=causal)
     systems = {"sdpa_cudnn": lambda: cudnn().transpose(1, 2),
                "portable_triton": lambda: lk.attention(q, k, v, causal=causal, config=portable),
-               "lk_attention": lambda: lk.attention(q, k, v, causal=causal),
-               "gluon_no_pingpong": lambda: gluon_attention(q, k, v, causal=causal, pingpong=False),
-               "gluon_3_stages": lambda: gluon_attention(q, k, v, causal=causal, stages=3)}
-    if dim > 64:  # three stages of 128-key K and V tiles and Q exceed the 227 KiB of shared memory
-        del systems["gluon_3_stages"]
+               "lk_attention": lambda: lk.attention(q, k, v, causal=causal)}
     return systems
 
 

@@ -1,7 +1,7 @@
 """One launch of the warp-specialized Gluon attention kernel for Nsight Compute (issue 23's profile evidence).
 
     ncu --set full -k regex:_attention_fwd_kernel -c 1 python -m benchmarks.profile_gluon_hopper \
-        --batch 4 --seqlen 4096 --heads 16 --head-dim 128 [--causal] [--no-pingpong]
+        --batch 4 --seqlen 4096 --heads 16 --head-dim 128 [--causal]
 """
 from __future__ import annotations
 
@@ -19,12 +19,11 @@ def main(argv=None):
     parser.add_argument("--heads", type=int, default=16)
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--causal", action="store_true")
-    parser.add_argument("--no-pingpong", action="store_true")
     args = parser.parse_args(argv)
     q, k, v = (torch.randn(args.batch, args.seqlen, args.heads, args.head_dim, device="cuda", dtype=torch.bfloat16)
                for _ in range(3))
     for _ in range(2):
-        gluon_attention(q, k, v, causal=args.causal, pingpong=not args.no_pingpong)
+        gluon_attention(q, k, v, causal=args.causal)
     torch.cuda.synchronize()
 
 

@@ -1,8 +1,7 @@
 """The warp-specialized Gluon attention kernel for Hopper (``llmkernels.attention.gluon_hopper``) against a float32
 PyTorch reference, on an sm_90 GPU (the kernel uses TMA, wgmma and warp specialization: it cannot run elsewhere,
-nor in the interpreter); its schedule's switches (ping-pong off, 3 stages) included. ``lk.attention`` takes this
-path on such a GPU: tests/test_attention*.py cover it there too."""
-import functools
+nor in the interpreter). ``lk.attention`` takes this path on such a GPU: tests/test_attention*.py cover it there
+too."""
 import math
 
 import pytest
@@ -18,23 +17,14 @@ def _on_sm90() -> bool:
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not _on_sm90(), reason="needs an sm_90 (Hopper) GPU")]
 
-KERNELS = {"ws": gluon_attention,
-           "ws-no-pingpong": functools.partial(gluon_attention, pingpong=False),
-           "ws-3-stages": functools.partial(gluon_attention, stages=3)}
-
-
-@pytest.fixture(params=list(KERNELS))
-def attend(request):
+@pytest.fixture
+def attend():
     """The kernel, called after NaN was written to the memory its outputs will likely take (the caching
     allocator hands back the blocks just freed), so that an element it leaves unwritten fails the check."""
-    kernel = KERNELS[request.param]
-
     def poisoned_call(q, k, v, **kwargs):
-        if request.param == "ws-3-stages" and q.shape[-1] > 64:
-            pytest.skip("three stages fit shared memory at head dim 64 only")
         torch.full(q.shape, float("nan"), dtype=q.dtype, device=q.device)
         torch.full((q.shape[0], q.shape[2], q.shape[1]), float("nan"), device=q.device)
-        return kernel(q, k, v, **kwargs)
+        return gluon_attention(q, k, v, **kwargs)
     return poisoned_call
 
 
@@ -132,6 +122,7 @@ def test_supports():
     assert supports(q, k, v, False, 0.1)
     assert not supports(q.float(), k.float(), v.float(), False, 0.1)  # dtype
     assert not supports(q[..., :32], k[..., :32], v[..., :32], False, 0.1)  # head dim 32
+    assert supports(*_inputs(1, 64, 64, 4, 2, 256), True, 0.1)
     assert not supports(q, k, v, False, -0.1)  # scale
     assert not supports(q, k[:, :32], v[:, :32], True, 0.1)  # causal with Sq > Skv
     assert not supports(q.transpose(1, 2).contiguous().transpose(1, 2), k, v, False, 0.1)  # heads not contiguous
@@ -154,8 +145,6 @@ def test_rejects_bad_arguments():
         gluon_attention(q, k, v, softmax_scale=-0.1)
     with pytest.raises(ValueError, match="softmax_scale must be finite and > 0"):
         gluon_attention(q, k, v, softmax_scale=math.inf)
-    with pytest.raises(ValueError, match="stages must be 2, or 3 for head dim 64"):
-        gluon_attention(*_inputs(1, 64, 64, 4, 2, 128), stages=3)
     with pytest.raises(ValueError, match="does not run"):
         gluon_attention(q, k[:, :32].contiguous(), v[:, :32].contiguous(), causal=True)
     with pytest.raises(ValueError, match="does not run"):

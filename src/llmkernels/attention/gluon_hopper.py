@@ -7,13 +7,14 @@ inputs with head dim 64, 128 or 256, causal (bottom-right aligned) or not, MHA/G
 One program computes a 128-row Q block of one (batch, q head) with three roles (``gl.warp_specialize``):
 
 * a **load warp** issues the TMA loads: the two 64-row Q halves once, then K and V tiles through two separate
-  ``STAGES``-deep shared-memory rings (``*_ready`` / ``*_empty`` mbarriers), so that K tile ``j + 1`` can land
+  two-stage shared-memory rings (``*_ready`` / ``*_empty`` mbarriers), so that K tile ``j + 1`` can land
   while V tile ``j`` is still read;
 * two **consumer warpgroups** (the default partition and one worker, 240 registers each), each owning 64 Q
   rows. Each issues ``S_j = Q K_j^T`` and ``O += P_{j-1} V_{j-1}`` as asynchronous wgmmas, then runs the
-  online softmax of ``S_j`` once the first is done (``P`` stays in registers as the A operand of ``P V``);
-* **ping-pong** (``PINGPONG``): the consumers take turns issuing their pair of wgmmas (two ``turn``
-  mbarriers), so that one warpgroup's softmax runs while the other's matmuls hold the tensor cores.
+  online softmax of ``S_j`` once the first is done (``P`` stays in registers as the A operand of ``P V``).
+  The warp schedulers interleave the two: one warpgroup's softmax runs while the other's matmuls hold the
+  tensor cores. An explicit ping-pong (the consumers taking turns through mbarriers, FA3's) measured no
+  faster on the H100 and left (NOTES, issue 23, session 15).
 
 Scores stay unscaled until the exponent: ``p = exp2(s * c - m * c)`` with ``c = softmax_scale * log2(e) > 0``
 is one FMA per score. Only tiles a consumer sees in part (the causal diagonal, the last tile past Skv) are
@@ -99,7 +100,7 @@ def _load_partition(descs, smem, bars, seqlen_kv, causal_offset, num_q_heads, gr
     """The load warp: Q's two halves, then K_j and V_j for every tile, each into its ring once released."""
     q_desc, k_desc, v_desc = descs
     q_smem, k_smem, v_smem = smem
-    q_ready, k_ready, k_empty, v_ready, v_empty, turns = bars
+    q_ready, k_ready, k_empty, v_ready, v_empty = bars
     TILE_N: gl.constexpr = k_smem.shape[1]
     HEAD_DIM: gl.constexpr = k_smem.shape[2]
     STAGES: gl.constexpr = k_smem.shape[0]
@@ -143,23 +144,19 @@ def _softmax_tile(s, m_i, l_i, j, rows, seqlen_kv, causal_offset, qk_scale, MASK
 
 
 @gluon.jit
-def _consumer_step(j, q, smem, bars, my_turn, other_turn, turn, p, m_i, l_i, acc, rows, s_zero, seqlen_kv,
-                   causal_offset, qk_scale, MASKED: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr):
+def _consumer_step(j, q, smem, bars, p, m_i, l_i, acc, rows, s_zero, seqlen_kv, causal_offset, qk_scale,
+                   MASKED: gl.constexpr, CAUSAL: gl.constexpr):
     """Tile j >= 1: issue ``S_j = Q K_j^T`` and ``O += P_{j-1} V_{j-1}``, run the softmax of ``S_j`` once the
-    first is done, then rescale O. Returns ``(p_j, m, l, acc, turn)``."""
+    first is done, then rescale O. Returns ``(p_j, m, l, acc)``."""
     q_smem, k_smem, v_smem = smem
-    q_ready, k_ready, k_empty, v_ready, v_empty, turns = bars
+    q_ready, k_ready, k_empty, v_ready, v_empty = bars
     STAGES: gl.constexpr = k_smem.shape[0]
     stage = j % STAGES
     prev = (j - 1) % STAGES
     mbarrier.wait(k_ready.index(stage), (j // STAGES) & 1)
-    if PINGPONG:
-        mbarrier.wait(my_turn, turn & 1)
     s = warpgroup_mma(q, k_smem.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
     mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
     acc = warpgroup_mma(p, v_smem.index(prev), acc, is_async=True)
-    if PINGPONG:
-        mbarrier.arrive(other_turn)
     s = warpgroup_mma_wait(num_outstanding=1, deps=(s, ))
     mbarrier.arrive(k_empty.index(stage))
     p_new, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, j, rows, seqlen_kv, causal_offset, qk_scale, MASKED, CAUSAL)
@@ -169,16 +166,15 @@ def _consumer_step(j, q, smem, bars, my_turn, other_turn, turn, p, m_i, l_i, acc
     acc, p_new, l_i, alpha = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_new, l_i, alpha))
     mbarrier.arrive(v_empty.index(prev))
     acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout)), 1)
-    return p_new, m_i, l_i, acc, turn + 1
+    return p_new, m_i, l_i, acc
 
 
 @gluon.jit
 def _consumer_partition(smem, bars, out_ptr, lse_ptr, seqlen_q, seqlen_kv, causal_offset, num_q_heads, group_size,
-                        qk_scale, CONSUMER: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr,
-                        RETURN_LSE: gl.constexpr):
+                        qk_scale, CONSUMER: gl.constexpr, CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr):
     """One consumer warpgroup: 64 Q rows (half ``CONSUMER`` of the block) against every K/V tile."""
     q_smem, k_smem, v_smem = smem
-    q_ready, k_ready, k_empty, v_ready, v_empty, turns = bars
+    q_ready, k_ready, k_empty, v_ready, v_empty = bars
     TILE_N: gl.constexpr = k_smem.shape[1]
     HEAD_DIM: gl.constexpr = k_smem.shape[2]
     STAGES: gl.constexpr = k_smem.shape[0]
@@ -194,10 +190,6 @@ def _consumer_partition(smem, bars, out_ptr, lse_ptr, seqlen_q, seqlen_kv, causa
                                                               CAUSAL, TILE_N)
     first_row = q_start + CONSUMER * 64
     rows = first_row + gl.arange(0, 64, layout=row_layout)
-    my_turn = turns.index(CONSUMER)
-    other_turn = turns.index(1 - CONSUMER)
-    # Consumer 0 issues first: its first wait is on the phase before 0, which a fresh mbarrier has completed.
-    turn = 1 - CONSUMER
 
     q = q_smem.index(CONSUMER)
     mbarrier.wait(q_ready.index(CONSUMER), 0)
@@ -206,12 +198,7 @@ def _consumer_partition(smem, bars, out_ptr, lse_ptr, seqlen_q, seqlen_kv, causa
 
     # Tile 0 alone: S_0 and its softmax (masked: it may be the diagonal or the last tile).
     mbarrier.wait(k_ready.index(0), 0)
-    if PINGPONG:
-        mbarrier.wait(my_turn, turn & 1)
     s = warpgroup_mma(q, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-    if PINGPONG:
-        mbarrier.arrive(other_turn)
-    turn += 1
     s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
     mbarrier.arrive(k_empty.index(0))
     m_i = gl.full([64], float("-inf"), gl.float32, layout=row_layout)
@@ -226,20 +213,16 @@ def _consumer_partition(smem, bars, out_ptr, lse_ptr, seqlen_q, seqlen_kv, causa
         full_end = seqlen_kv
     num_full = gl.maximum(full_end // TILE_N, 1)
     for j in range(1, num_full):
-        p, m_i, l_i, acc, turn = _consumer_step(j, q, smem, bars, my_turn, other_turn, turn, p, m_i, l_i, acc, rows,
-                                                s_zero, seqlen_kv, causal_offset, qk_scale, False, CAUSAL, PINGPONG)
+        p, m_i, l_i, acc = _consumer_step(j, q, smem, bars, p, m_i, l_i, acc, rows, s_zero, seqlen_kv, causal_offset,
+                                          qk_scale, False, CAUSAL)
     for j in range(num_full, num_tiles):
-        p, m_i, l_i, acc, turn = _consumer_step(j, q, smem, bars, my_turn, other_turn, turn, p, m_i, l_i, acc, rows,
-                                                s_zero, seqlen_kv, causal_offset, qk_scale, True, CAUSAL, PINGPONG)
+        p, m_i, l_i, acc = _consumer_step(j, q, smem, bars, p, m_i, l_i, acc, rows, s_zero, seqlen_kv, causal_offset,
+                                          qk_scale, True, CAUSAL)
 
     # The last tile's P V.
     last = num_tiles - 1
     mbarrier.wait(v_ready.index(last % STAGES), (last // STAGES) & 1)
-    if PINGPONG:
-        mbarrier.wait(my_turn, turn & 1)
     acc = warpgroup_mma(p, v_smem.index(last % STAGES), acc, is_async=True)
-    if PINGPONG:
-        mbarrier.arrive(other_turn)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
     mbarrier.arrive(v_empty.index(last % STAGES))
 
@@ -260,8 +243,8 @@ def _consumer_partition(smem, bars, out_ptr, lse_ptr, seqlen_q, seqlen_kv, causa
 
 @gluon.jit
 def _attention_fwd_kernel(q_desc, k_desc, v_desc, out_ptr, lse_ptr, seqlen_q, seqlen_kv, causal_offset, num_q_heads,
-                          group_size, qk_scale, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, STAGES: gl.constexpr,
-                          RETURN_LSE: gl.constexpr, Q_LAYOUT: gl.constexpr, KV_LAYOUT: gl.constexpr):
+                          group_size, qk_scale, CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr, Q_LAYOUT: gl.constexpr,
+                          KV_LAYOUT: gl.constexpr):
     """One 128-row Q block of one (batch, q head).
 
     q_desc: TMA descriptor over q viewed as ``[B, Sq, Hq * D]`` (16-bit floats), block ``[1, 64, D]``.
@@ -275,30 +258,29 @@ def _attention_fwd_kernel(q_desc, k_desc, v_desc, out_ptr, lse_ptr, seqlen_q, se
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[2]
     TILE_N: gl.constexpr = k_desc.block_type.shape[1]
     dtype: gl.constexpr = q_desc.dtype
+    STAGES: gl.constexpr = 2  # a third stage measured no faster at D = 64 and does not fit larger D
     q_smem = gl.allocate_shared_memory(dtype, [2, 64, HEAD_DIM], Q_LAYOUT)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, TILE_N, HEAD_DIM], KV_LAYOUT)
     v_smem = gl.allocate_shared_memory(dtype, [STAGES, TILE_N, HEAD_DIM], KV_LAYOUT)
     q_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    turns = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(2):
         mbarrier.init(q_ready.index(i), count=1)
-        mbarrier.init(turns.index(i), count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(v_ready.index(i), count=1)
         mbarrier.init(k_empty.index(i), count=2)  # both consumers release a tile
         mbarrier.init(v_empty.index(i), count=2)
     smem = (q_smem, k_smem, v_smem)
-    bars = (q_ready, k_ready, k_empty, v_ready, v_empty, turns)
+    bars = (q_ready, k_ready, k_empty, v_ready, v_empty)
     gl.warp_specialize([
         (_consumer_partition, (smem, bars, out_ptr, lse_ptr, seqlen_q, seqlen_kv, causal_offset, num_q_heads,
-                               group_size, qk_scale, 0, CAUSAL, PINGPONG, RETURN_LSE)),
+                               group_size, qk_scale, 0, CAUSAL, RETURN_LSE)),
         (_consumer_partition, (smem, bars, out_ptr, lse_ptr, seqlen_q, seqlen_kv, causal_offset, num_q_heads,
-                               group_size, qk_scale, 1, CAUSAL, PINGPONG, RETURN_LSE)),
+                               group_size, qk_scale, 1, CAUSAL, RETURN_LSE)),
         (_load_partition, ((q_desc, k_desc, v_desc), smem, bars, seqlen_kv, causal_offset, num_q_heads, group_size,
                            CAUSAL)),
     ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
@@ -345,7 +327,7 @@ def _descriptor(t: torch.Tensor, block_rows: int) -> TensorDescriptor:
     return TensorDescriptor(t, shape, [t.stride(0), t.stride(1), 1], block, _nvmma_layout(block, DTYPES[t.dtype]))
 
 
-def launch(q, k, v, out, lse, causal: bool, softmax_scale: float, *, pingpong: bool = True, stages: int = 2) -> None:
+def launch(q, k, v, out, lse, causal: bool, softmax_scale: float) -> None:
     """Runs the kernel on inputs :func:`supports` accepts: ``out`` contiguous ``[B, Sq, Hq, D]`` in q's dtype,
     ``lse`` None or float32 contiguous ``[B, Hq, Sq]``. No checks, no sync (CUDA-graph capturable)."""
     batch, seqlen_q, num_q_heads, head_dim = q.shape
@@ -355,14 +337,12 @@ def launch(q, k, v, out, lse, causal: bool, softmax_scale: float, *, pingpong: b
     _attention_fwd_kernel[grid](
         _descriptor(q, CONSUMER_ROWS), _descriptor(k, _block_n(head_dim)), _descriptor(v, _block_n(head_dim)), out,
         lse if lse is not None else out, seqlen_q, seqlen_kv, seqlen_kv - seqlen_q, num_q_heads,
-        num_q_heads // num_kv_heads, softmax_scale * LOG2E, CAUSAL=causal, PINGPONG=pingpong, STAGES=stages,
-        RETURN_LSE=lse is not None, Q_LAYOUT=_nvmma_layout([CONSUMER_ROWS, head_dim], dtype),
+        num_q_heads // num_kv_heads, softmax_scale * LOG2E, CAUSAL=causal, RETURN_LSE=lse is not None, Q_LAYOUT=_nvmma_layout([CONSUMER_ROWS, head_dim], dtype),
         KV_LAYOUT=_nvmma_layout([_block_n(head_dim), head_dim], dtype), num_warps=4, maxnreg=MAX_REGS)
 
 
 def gluon_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
-                    softmax_scale: float | None = None, *, return_lse: bool = False, pingpong: bool = True,
-                    stages: int = 2):
+                    softmax_scale: float | None = None, *, return_lse: bool = False):
     """Attention forward ``softmax(scale * q k^T) v`` on an sm_90 GPU, warp-specialized (the kernel alone:
     :func:`llmkernels.attention` is the public entry, which takes this path when it can).
 
@@ -370,7 +350,6 @@ def gluon_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     of ``Hkv`` (q head h reads KV head ``h // (Hq / Hkv)``); heads contiguous within a token (any batch and token
     strides that are multiples of 16 bytes). causal: bottom-right aligned, query i sees keys ``j <= i + Skv -
     Sq`` (needs ``Sq <= Skv``). softmax_scale: > 0, default ``1 / sqrt(D)``.
-    pingpong, stages (2; 3 for D = 64): the schedule's switches, for the ablation.
     Returns out ``[B, Sq, Hq, D]`` contiguous in q's dtype, or ``(out, lse)`` with float32 natural-log ``lse``
     ``[B, Hq, Sq]``.
     Raises TypeError / ValueError naming the argument when :func:`supports` refuses the call.
@@ -388,8 +367,6 @@ def gluon_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
         raise TypeError(f"softmax_scale must be a real number or None, got {type(softmax_scale).__name__}")
     if not (math.isfinite(softmax_scale) and softmax_scale > 0):
         raise ValueError(f"softmax_scale must be finite and > 0, got {softmax_scale}")
-    if stages not in (2, 3) or (stages == 3 and q.shape[-1] > 64):
-        raise ValueError(f"stages must be 2, or 3 for head dim 64 (shared memory), got {stages}")
     if not supports(q, k, v, causal, softmax_scale):
         raise ValueError(f"gluon_attention does not run q {tuple(q.shape)} {q.dtype} strides {q.stride()}, "
                          f"k {tuple(k.shape)} {k.dtype} strides {k.stride()}, v strides {v.stride()}, causal={causal} "
@@ -399,12 +376,11 @@ def gluon_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     lse = torch.empty((batch, num_q_heads, seqlen_q), dtype=torch.float32, device=q.device) if return_lse else None
     if seqlen_q > 0 and batch > 0 and num_q_heads > 0:
         with torch.cuda.device(q.device):
-            launch(q, k, v, out, lse, causal, float(softmax_scale), pingpong=pingpong, stages=stages)
+            launch(q, k, v, out, lse, causal, float(softmax_scale))
     return (out, lse) if return_lse else out
 
 
-def compile_for_sm90(head_dim: int, causal: bool, *, pingpong: bool = True, stages: int = 2,
-                     return_lse: bool = False) -> dict:
+def compile_for_sm90(head_dim: int, causal: bool, *, return_lse: bool = False) -> dict:
     """Compiles the kernel for sm_90a without a GPU (ptxas from the Triton wheel runs, nothing launches) and
     returns the compiled kernel's ``asm`` dict (``ttgir``, ``ptx``, ``cubin``, ...), specialized as a typical
     bf16 call is. Run it with ``TRITON_INTERPRET`` unset or 0 (e.g. in a subprocess, as
@@ -420,7 +396,7 @@ def compile_for_sm90(head_dim: int, causal: bool, *, pingpong: bool = True, stag
         return f"tensordesc<bf16[{', '.join(map(str, block))}],{_nvmma_layout(block)!r}>"
 
     kv_type = descriptor_type([1, _block_n(head_dim), head_dim])
-    constexprs = dict(CAUSAL=bool(causal), PINGPONG=bool(pingpong), STAGES=int(stages), RETURN_LSE=bool(return_lse),
+    constexprs = dict(CAUSAL=bool(causal), RETURN_LSE=bool(return_lse),
                       Q_LAYOUT=_nvmma_layout([CONSUMER_ROWS, head_dim]),
                       KV_LAYOUT=_nvmma_layout([_block_n(head_dim), head_dim]))
     kinds = dict(q_desc=descriptor_type([1, CONSUMER_ROWS, head_dim]), k_desc=kv_type, v_desc=kv_type,
