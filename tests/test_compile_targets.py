@@ -132,10 +132,10 @@ def test_gluon_hopper_attention_compiles_to_warp_specialized_wgmma():
         pytest.skip("this Triton does not compile for sm_90a")
     script = ("import re\n"
               "from llmkernels.attention.gluon_hopper import compile_for_sm90\n"
-              "for d, causal, lse in ((64, False, False), (128, True, True), (256, True, False)):\n"
-              "    ptx = compile_for_sm90(d, causal, return_lse=lse)['ptx']\n"
+              "for d, window, lse in ((64, False, False), (128, True, True), (256, True, False)):\n"
+              "    ptx = compile_for_sm90(d, window, return_lse=lse)['ptx']\n"
               "    regs = sorted(set(re.findall(r'setmaxnreg\\.\\w+\\.sync\\.aligned\\.u32\\s+(\\d+)', ptx)), key=int)\n"
-              "    print(d, causal, ptx.count('wgmma.mma_async'), ptx.count('cp.async.bulk.tensor.3d'), ','.join(regs))\n")
+              "    print(d, window, ptx.count('wgmma.mma_async'), ptx.count('cp.async.bulk.tensor.3d'), ','.join(regs))\n")
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[1] / "src"), env.get("PYTHONPATH", "")])
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=600)

@@ -31,19 +31,29 @@ def attend():
 TOLERANCE = 1e-2  # relative error (Frobenius norms) of 16-bit inputs, P and output
 
 
-def _reference(q, k, v, causal, softmax_scale):
-    """float32 (out [B, Sq, Hq, D], natural-log lse [B, Hq, Sq]); causal bottom-right aligned."""
+def _reference(q, k, v, causal, softmax_scale, window=None):
+    """float32 (out [B, Sq, Hq, D], natural-log lse [B, Hq, Sq]); masks bottom-right aligned, a row that sees no
+    key gives 0 and -inf."""
     qf, kf, vf = (x.float().transpose(1, 2) for x in (q, k, v))
     kf = kf.repeat_interleave(q.shape[2] // k.shape[2], dim=1)
     vf = vf.repeat_interleave(q.shape[2] // k.shape[2], dim=1)
     scores = softmax_scale * qf @ kf.transpose(-1, -2)
+    seqlen_q, seqlen_kv = q.shape[1], k.shape[1]
+    pos = torch.arange(seqlen_q, device=q.device)[:, None] + seqlen_kv - seqlen_q
+    cols = torch.arange(seqlen_kv, device=q.device)[None, :]
+    hidden = torch.zeros(seqlen_q, seqlen_kv, dtype=torch.bool, device=q.device)
     if causal:
-        seqlen_q, seqlen_kv = q.shape[1], k.shape[1]
-        rows = torch.arange(seqlen_q, device=q.device)[:, None]
-        cols = torch.arange(seqlen_kv, device=q.device)[None, :]
-        scores = scores.masked_fill(cols > rows + seqlen_kv - seqlen_q, float("-inf"))
+        hidden |= cols > pos
+    if window is not None:
+        left, right = window
+        if left >= 0:
+            hidden |= cols < pos - left
+        if right >= 0:
+            hidden |= cols > pos + right
+    scores = scores.masked_fill(hidden, float("-inf"))
     lse = scores.logsumexp(-1)
-    return (torch.softmax(scores, -1) @ vf).transpose(1, 2), lse
+    out = (torch.softmax(scores, -1).nan_to_num(0.0) @ vf).transpose(1, 2)
+    return out, lse
 
 
 def _inputs(batch, seqlen_q, seqlen_kv, q_heads, kv_heads, head_dim, q_gain=1.0, dtype=torch.bfloat16):
@@ -53,15 +63,17 @@ def _inputs(batch, seqlen_q, seqlen_kv, q_heads, kv_heads, head_dim, q_gain=1.0,
     return q, k, v
 
 
-def _check(result, q, k, v, causal, softmax_scale):
+def _check(result, q, k, v, causal, softmax_scale, window=None):
     out, lse = result
     assert out.dtype == q.dtype and out.shape == q.shape and out.is_contiguous()
     assert not torch.isnan(out).any(), "NaN in the output"
-    ref, ref_lse = _reference(q, k, v, causal, softmax_scale)
-    error = ((out.float() - ref).norm() / ref.norm()).item()
+    ref, ref_lse = _reference(q, k, v, causal, softmax_scale, window)
+    error = ((out.float() - ref).norm() / ref.norm().clamp_min(1e-6)).item()
     assert error < TOLERANCE, f"relative error {error:.2e}"
     assert lse.shape == ref_lse.shape and lse.dtype == torch.float32
     torch.testing.assert_close(lse, ref_lse, atol=2e-2, rtol=1e-3)
+    blind = torch.isinf(ref_lse).transpose(1, 2)  # [B, Sq, Hq]: rows that see no key
+    assert (out[blind] == 0).all(), "a row that sees no key must give 0"
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
@@ -90,12 +102,30 @@ def test_other_shapes(attend, batch, seqlen_q, seqlen_kv, q_heads, kv_heads, hea
     _check(result, q, k, v, causal, head_dim ** -0.5 if scale is None else scale)
 
 
+@pytest.mark.parametrize("window", [(0, 0), (100, 50), (300, -1), (-1, 200), (128, 0), (1, 5000)],
+                         ids=lambda w: f"window{w[0]}_{w[1]}")
+@pytest.mark.parametrize("causal", [False, True], ids=["", "causal"])
+@pytest.mark.parametrize("seqlen_q, seqlen_kv", [(700, 700), (300, 1000), (1000, 300)])
+def test_sliding_window(attend, seqlen_q, seqlen_kv, causal, window):
+    """flash-attn's window_size, with and without causal, Sq below, equal to and above Skv (rows before the
+    first key see nothing: output 0, LSE -inf)."""
+    q, k, v = _inputs(2, seqlen_q, seqlen_kv, 4, 2, 128 if seqlen_q == 700 else 64)
+    result = attend(q, k, v, causal=causal, window=window, return_lse=True)
+    _check(result, q, k, v, causal, q.shape[-1] ** -0.5, window)
+
+
+def test_causal_rows_before_the_first_key(attend):
+    """Causal with Sq > Skv: the first Sq - Skv queries see no key (0, LSE -inf); whole 128-row blocks of them."""
+    q, k, v = _inputs(2, 1000, 200, 4, 4, 128)
+    _check(attend(q, k, v, causal=True, return_lse=True), q, k, v, True, 128 ** -0.5)
+
+
 def test_strided_views(attend):
     """q, k, v as slices of one packed [B, S, 3, H, D] tensor (token stride 3·H·D) and of a longer batch; the
     result equals the contiguous call's bit for bit."""
     packed = torch.randn(3, 700, 3, 4, 128, device="cuda", dtype=torch.bfloat16)
     q, k, v = packed[1:, :, 0], packed[1:, :, 1], packed[1:, :, 2]
-    assert supports(q, k, v, True, 0.1)
+    assert supports(q, k, v, 0.1)
     out, lse = attend(q, k, v, causal=True, return_lse=True)
     expected, expected_lse = attend(q.contiguous(), k.contiguous(), v.contiguous(), causal=True, return_lse=True)
     assert torch.equal(out, expected) and torch.equal(lse, expected_lse)
@@ -119,16 +149,17 @@ def test_empty_query(attend):
 
 def test_supports():
     q, k, v = _inputs(1, 64, 64, 4, 2, 64)
-    assert supports(q, k, v, False, 0.1)
-    assert not supports(q.float(), k.float(), v.float(), False, 0.1)  # dtype
-    assert not supports(q[..., :32], k[..., :32], v[..., :32], False, 0.1)  # head dim 32
-    assert supports(*_inputs(1, 64, 64, 4, 2, 256), True, 0.1)
-    assert not supports(q, k, v, False, -0.1)  # scale
-    assert not supports(q, k[:, :32], v[:, :32], True, 0.1)  # causal with Sq > Skv
-    assert not supports(q.transpose(1, 2).contiguous().transpose(1, 2), k, v, False, 0.1)  # heads not contiguous
+    assert supports(q, k, v, 0.1)
+    assert supports(q, k[:, :32], v[:, :32], 0.1)  # Sq > Skv
+    assert supports(*_inputs(1, 64, 64, 4, 2, 256), 0.1)
+    assert not supports(q.float(), k.float(), v.float(), 0.1)  # dtype
+    assert not supports(q[..., :32], k[..., :32], v[..., :32], 0.1)  # head dim 32
+    assert not supports(q, k, v, -0.1)  # scale
+    assert not supports(q, k[:, :0], v[:, :0], 0.1)  # no key
+    assert not supports(q.transpose(1, 2).contiguous().transpose(1, 2), k, v, 0.1)  # heads not contiguous
     q2 = torch.cat([q, q])
-    assert not supports(q2, k.expand(2, -1, -1, -1), v.expand(2, -1, -1, -1), False, 0.1)  # batch stride 0
-    assert not supports(q.cpu(), k.cpu(), v.cpu(), False, 0.1)
+    assert not supports(q2, k.expand(2, -1, -1, -1), v.expand(2, -1, -1, -1), 0.1)  # batch stride 0
+    assert not supports(q.cpu(), k.cpu(), v.cpu(), 0.1)
 
 
 def test_rejects_bad_arguments():
@@ -145,15 +176,17 @@ def test_rejects_bad_arguments():
         gluon_attention(q, k, v, softmax_scale=-0.1)
     with pytest.raises(ValueError, match="softmax_scale must be finite and > 0"):
         gluon_attention(q, k, v, softmax_scale=math.inf)
+    with pytest.raises(TypeError, match="window must be None or a"):
+        gluon_attention(q, k, v, window=(1, 2, 3))
     with pytest.raises(ValueError, match="does not run"):
-        gluon_attention(q, k[:, :32].contiguous(), v[:, :32].contiguous(), causal=True)
+        gluon_attention(q, k[:, :0], v[:, :0])
     with pytest.raises(ValueError, match="does not run"):
         gluon_attention(q[..., :32].contiguous(), k[..., :32].contiguous(), v[..., :32].contiguous())
 
 
 def test_lk_attention_takes_this_kernel():
-    """``lk.attention`` runs this kernel for dense causal / unmasked calls (same bits, LSE included), and the
-    portable kernel when given a config."""
+    """``lk.attention`` runs this kernel for dense causal / windowed / unmasked calls (same bits, LSE included),
+    and the portable kernel when given a config."""
     import llmkernels as lk
     from llmkernels.attention.config import default_config
 
@@ -162,5 +195,7 @@ def test_lk_attention_takes_this_kernel():
         out, lse = lk.attention(q, k, v, causal=causal, return_lse=True)
         expected, expected_lse = gluon_attention(q, k, v, causal=causal, return_lse=True)
         assert torch.equal(out, expected) and torch.equal(lse, expected_lse)
+    out = lk.attention(q, k, v, causal=True, mask=lk.SlidingWindow(100, 0))
+    assert torch.equal(out, gluon_attention(q, k, v, causal=True, window=(100, 0)))
     portable = lk.attention(q, k, v, causal=True, config=default_config(128, q.dtype, q.device))
     assert not torch.equal(portable, gluon_attention(q, k, v, causal=True))

@@ -347,11 +347,11 @@ def attention(
           ``max_seqlen_k`` is optional (bound: ``block_table.shape[1] * page_size``).
         D: any multiple of 16 up to 256 (64, 128, 256 are the tuned ones); the same for q, k and v.
 
-    Kernels: on an sm_90 GPU, a dense call of more than 16 queries with D 64, 128 or 256, no mask but ``causal``, no
-    ``score_mod``, sinks or mask tensor, and no ``config``, runs the warp-specialized Gluon kernel
-    (:mod:`llmkernels.attention.gluon_hopper`: a load warp and two consumer warpgroups in ping-pong; heads must be
-    contiguous within a token, or the call takes the portable kernel). Every other call, and every call on
-    other GPUs or in the interpreter, runs the portable Triton kernel.
+    Kernels: on an sm_90 GPU, a dense call of more than 16 queries with D 64, 128 or 256, no mask but ``causal``
+    and / or a :class:`SlidingWindow`, no ``score_mod``, sinks or mask tensor, and no ``config``, runs the
+    warp-specialized Gluon kernel (:mod:`llmkernels.attention.gluon_hopper`: a load warp and two consumer
+    warpgroups; heads must be contiguous within a token, or the call takes the portable kernel). Every other
+    call, and every call on other GPUs or in the interpreter, runs the portable Triton kernel.
 
     Bad metadata (read on the device, never trusted with an address; ``validate=True`` reports it instead):
         * ``cu_seqlens_q`` / ``cu_seqlens_k`` are read as ``clamp(cummax(cu_seqlens), 0, total)`` (total =
@@ -440,19 +440,19 @@ def _strides3(t: torch.Tensor, ragged: bool) -> tuple[int, int, int]:
 
 def _gluon_hopper(call: CheckedCall, q, k, v, split: bool, has_sinks: bool, config):
     """The warp-specialized Gluon kernel module (``gluon_hopper``) when it runs this call, else None: an sm_90
-    GPU (not the interpreter), dense q/k/v, one pass, no config given, no mask but causal, no score_mod, sinks
-    or mask tensor, and what :func:`gluon_hopper.supports` asks of dtypes, head dim and strides."""
+    GPU (not the interpreter), dense q/k/v, one pass, no config given, no mask but causal / a sliding window,
+    no score_mod, sinks or mask tensor, and what :func:`gluon_hopper.supports` asks of dtypes, head dim and
+    strides."""
     spec = call.mask_spec
-    causal_only = not spec.has_window or (spec.window_left == UNBOUNDED and spec.window_right == 0)
-    if (interpreting() or call.ragged or call.paged or split or has_sinks or config is not None
-            or not causal_only or spec.has_chunk or spec.mask_mod is not None or call.mask_kind != "none"
-            or call.mod_spec.kind != SCORE_MOD_NONE or cuda_capability(call.device) != (9, 0)):
+    if (interpreting() or call.ragged or call.paged or split or has_sinks or config is not None or spec.has_chunk
+            or spec.mask_mod is not None or call.mask_kind != "none" or call.mod_spec.kind != SCORE_MOD_NONE
+            or cuda_capability(call.device) != (9, 0)):
         return None
     try:  # Gluon's Hopper modules (Triton >= 3.5); without them the portable kernel runs
         from . import gluon_hopper
     except ImportError:
         return None
-    return gluon_hopper if gluon_hopper.supports(q, k, v, spec.has_window, call.softmax_scale) else None
+    return gluon_hopper if gluon_hopper.supports(q, k, v, call.softmax_scale) else None
 
 
 class _Plan:
@@ -477,7 +477,8 @@ class _Plan:
             config = default_config(call.head_dim, q.dtype, call.device, decode=self.split,
                                     num_q_heads=call.num_q_heads, num_kv_heads=call.num_kv_heads,
                                     visible_band=call.mask_spec.visible_band)
-        self.causal = call.mask_spec.has_window
+        spec = call.mask_spec
+        self.window = (spec.window_left, spec.window_right) if spec.has_window else None
         self.config = config
         self.head_dim_pad = next_power_of_2(call.head_dim)
         if self.split:
@@ -516,7 +517,7 @@ class _Plan:
             return (out, lse) if self.return_lse else out
         if self.gluon is not None:
             with torch.cuda.device(device):
-                self.gluon.launch(q, k, v, out, lse, self.causal, float(self.softmax_scale))
+                self.gluon.launch(q, k, v, out, lse, self.window, float(self.softmax_scale))
             return (out, lse) if self.return_lse else out
         # Token / head / batch strides of q, k, v and the pages go to the kernel (zero ones included); a
         # head dim that is not unit-stride is copied. The kernel reads metadata vectors as dense: views of

@@ -1,7 +1,8 @@
 """Attention forward in Gluon for Hopper (sm_90a), warp-specialized on FA3's schedule.
 
 :func:`gluon_attention` is the prefill path of :func:`llmkernels.attention` on an sm_90 GPU for dense fp16/bf16
-inputs with head dim 64, 128 or 256, causal (bottom-right aligned) or not, MHA/GQA/MQA, optionally with the LSE.
+inputs with head dim 64, 128 or 256, causal and / or a sliding window (bottom-right aligned) or neither,
+MHA/GQA/MQA, optionally with the LSE.
 :func:`supports` says whether a call qualifies; everything else runs the portable Triton kernel.
 
 One program computes a 128-row Q block of one (batch, q head) with three roles (``gl.warp_specialize``):
@@ -17,8 +18,8 @@ One program computes a 128-row Q block of one (batch, q head) with three roles (
   faster on the H100 and left (NOTES, issue 23, session 15).
 
 Scores stay unscaled until the exponent: ``p = exp2(s * c - m * c)`` with ``c = softmax_scale * log2(e) > 0``
-is one FMA per score. Only tiles a consumer sees in part (the causal diagonal, the last tile past Skv) are
-masked; causal blocks run longest first. TMA descriptors are per sequence (``[B, S, H·D]`` with the tensors'
+is one FMA per score. A block visits only the key tiles some of its rows see; only tiles a consumer sees in part
+(the window's edges, the last tile past Skv) are masked; masked blocks run longest first. TMA descriptors are per sequence (``[B, S, H·D]`` with the tensors'
 own batch and token strides), so tiles past ``S`` read zeros, never the next sequence's rows.
 
 :func:`compile_for_sm90` builds the kernel without a GPU, so that CPU tests can inspect its PTX.
@@ -34,6 +35,8 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from .masks import UNBOUNDED
 
 __all__ = ["gluon_attention", "supports", "compile_for_sm90"]
 
@@ -79,24 +82,31 @@ def _as_box(buffer):
 
 
 @gluon.jit
-def _program_block(seqlen_kv, causal_offset, num_q_heads, group_size, CAUSAL: gl.constexpr, TILE_N: gl.constexpr):
-    """(batch, q head, kv head, first Q row, number of K/V tiles) of this program; every role computes it."""
+def _program_block(geometry, num_q_heads, group_size, WINDOW: gl.constexpr, TILE_N: gl.constexpr):
+    """(batch, q head, kv head, first Q row, first K/V tile, number of K/V tiles) of this program; every role
+    computes it. geometry: ``(Sq, Skv, shift = Skv - Sq, window left, window right)``. At least one tile, so that
+    a block that sees no key still runs (and writes zeros)."""
+    seqlen_q, seqlen_kv, shift, window_left, window_right = geometry
     pid_m = gl.program_id(0)
-    if CAUSAL:  # the longest rows (most key tiles) first, so that the last wave is of short ones
+    if WINDOW:  # causal: the longest rows (most key tiles) first, so that the last wave is of short ones
         pid_m = gl.num_programs(0) - 1 - pid_m
     pid_bh = gl.program_id(1)
     batch = pid_bh // num_q_heads
     head = pid_bh % num_q_heads
     q_start = pid_m * (2 * 64)
-    if CAUSAL:  # query i sees keys j <= i + causal_offset
-        kv_end = gl.minimum(seqlen_kv, q_start + 2 * 64 + causal_offset)
-    else:
-        kv_end = seqlen_kv
-    return batch, head, head // group_size, q_start, gl.cdiv(kv_end, TILE_N)
+    first_tile = q_start * 0
+    end_tile = gl.cdiv(seqlen_kv, TILE_N)
+    if WINDOW:  # keys some row of the block sees: [pos_first - left, pos_last + right]
+        q_last = gl.minimum(q_start + 2 * 64, seqlen_q) - 1
+        kv_lo = gl.maximum(q_start + shift - window_left, 0)
+        kv_hi = gl.minimum(q_last + shift + window_right + 1, seqlen_kv)
+        first_tile = gl.minimum(kv_lo // TILE_N, end_tile - 1)
+        end_tile = gl.maximum(gl.cdiv(kv_hi, TILE_N), first_tile + 1)
+    return batch, head, head // group_size, q_start, first_tile, end_tile - first_tile
 
 
 @gluon.jit
-def _load_partition(descs, smem, bars, seqlen_kv, causal_offset, num_q_heads, group_size, CAUSAL: gl.constexpr):
+def _load_partition(descs, smem, bars, geometry, num_q_heads, group_size, WINDOW: gl.constexpr):
     """The load warp: Q's two halves, then K_j and V_j for every tile, each into its ring once released."""
     q_desc, k_desc, v_desc = descs
     q_smem, k_smem, v_smem = smem
@@ -104,39 +114,41 @@ def _load_partition(descs, smem, bars, seqlen_kv, causal_offset, num_q_heads, gr
     TILE_N: gl.constexpr = k_smem.shape[1]
     HEAD_DIM: gl.constexpr = k_smem.shape[2]
     STAGES: gl.constexpr = k_smem.shape[0]
-    batch, head, kv_head, q_start, num_tiles = _program_block(seqlen_kv, causal_offset, num_q_heads, group_size,
-                                                              CAUSAL, TILE_N)
+    batch, head, kv_head, q_start, first_tile, num_tiles = _program_block(geometry, num_q_heads, group_size, WINDOW,
+                                                                          TILE_N)
     for c in gl.static_range(2):
         mbarrier.expect(q_ready.index(c), q_desc.block_type.nbytes)
         _tma_load(q_desc, [batch, q_start + c * 64, head * HEAD_DIM], q_ready.index(c), _as_box(q_smem.index(c)))
-    for j in range(num_tiles):
-        stage = j % STAGES
-        phase = (j // STAGES) & 1
+    for i in range(num_tiles):
+        stage = i % STAGES
+        phase = (i // STAGES) & 1
+        key = (first_tile + i) * TILE_N
         # Fresh mbarriers count as having completed the phase before 0: the first lap does not wait.
         mbarrier.wait(k_empty.index(stage), phase ^ 1)
         mbarrier.expect(k_ready.index(stage), k_desc.block_type.nbytes)
-        _tma_load(k_desc, [batch, j * TILE_N, kv_head * HEAD_DIM], k_ready.index(stage), _as_box(k_smem.index(stage)))
+        _tma_load(k_desc, [batch, key, kv_head * HEAD_DIM], k_ready.index(stage), _as_box(k_smem.index(stage)))
         mbarrier.wait(v_empty.index(stage), phase ^ 1)
         mbarrier.expect(v_ready.index(stage), v_desc.block_type.nbytes)
-        _tma_load(v_desc, [batch, j * TILE_N, kv_head * HEAD_DIM], v_ready.index(stage), _as_box(v_smem.index(stage)))
+        _tma_load(v_desc, [batch, key, kv_head * HEAD_DIM], v_ready.index(stage), _as_box(v_smem.index(stage)))
 
 
 @gluon.jit
-def _softmax_tile(s, m_i, l_i, j, rows, seqlen_kv, causal_offset, qk_scale, MASKED: gl.constexpr,
-                  CAUSAL: gl.constexpr):
+def _softmax_tile(s, m_i, l_i, j, rows, geometry, qk_scale, MASKED: gl.constexpr, WINDOW: gl.constexpr):
     """Online softmax of the raw scores ``s`` of tile ``j``: returns ``(p, m_new, l_new, alpha)``, with ``m``
     the running max of raw scores and ``alpha = exp2((m_i - m_new) * qk_scale)`` the factor for O."""
+    seqlen_q, seqlen_kv, shift, window_left, window_right = geometry
     TILE_N: gl.constexpr = s.shape[1]
     if MASKED:
-        cols = j * TILE_N + gl.arange(0, TILE_N, layout=gl.SliceLayout(0, s.type.layout))
-        valid = gl.expand_dims(cols < seqlen_kv, 0)
-        if CAUSAL:
-            valid = valid & (gl.expand_dims(cols, 0) <= gl.expand_dims(rows + causal_offset, 1))
+        cols = gl.expand_dims(j * TILE_N + gl.arange(0, TILE_N, layout=gl.SliceLayout(0, s.type.layout)), 0)
+        valid = cols < seqlen_kv
+        if WINDOW:  # int32 is enough: sides are <= 2**30 and |pos| < 2**30
+            pos = gl.expand_dims(rows + shift, 1)
+            valid = valid & (cols <= pos + window_right) & (cols >= pos - window_left)
         s = gl.where(valid, s, float("-inf"))
-    # Tile 0 holds key 0, which every row sees (causal_offset >= 0): m_new is finite from then on, and exp2 of
-    # -inf (a masked key, or the first alpha) is a clean 0.
     m_new = gl.maximum(m_i, gl.max(s, axis=1))
     m_scaled = m_new * qk_scale
+    if MASKED:  # a row that has seen no key yet: exp2(-inf - 0) = 0 for its alpha and p, not NaN
+        m_scaled = gl.where(m_new == float("-inf"), 0.0, m_scaled)
     alpha = gl.exp2(m_i * qk_scale - m_scaled)
     p = gl.exp2(gl.fma(s, qk_scale, -gl.expand_dims(m_scaled, 1)))
     l_new = l_i * alpha + gl.sum(p, axis=1)
@@ -144,22 +156,22 @@ def _softmax_tile(s, m_i, l_i, j, rows, seqlen_kv, causal_offset, qk_scale, MASK
 
 
 @gluon.jit
-def _consumer_step(j, q, smem, bars, p, m_i, l_i, acc, rows, s_zero, seqlen_kv, causal_offset, qk_scale,
-                   MASKED: gl.constexpr, CAUSAL: gl.constexpr):
-    """Tile j >= 1: issue ``S_j = Q K_j^T`` and ``O += P_{j-1} V_{j-1}``, run the softmax of ``S_j`` once the
-    first is done, then rescale O. Returns ``(p_j, m, l, acc)``."""
+def _consumer_step(i, j, q, smem, bars, p, m_i, l_i, acc, rows, s_zero, geometry, qk_scale, MASKED: gl.constexpr,
+                   WINDOW: gl.constexpr):
+    """The block's tile i >= 1 (key tile j): issue ``S_j = Q K_j^T`` and ``O += P_{j-1} V_{j-1}``, run the softmax
+    of ``S_j`` once the first is done, then rescale O. Returns ``(p_j, m, l, acc)``."""
     q_smem, k_smem, v_smem = smem
     q_ready, k_ready, k_empty, v_ready, v_empty = bars
     STAGES: gl.constexpr = k_smem.shape[0]
-    stage = j % STAGES
-    prev = (j - 1) % STAGES
-    mbarrier.wait(k_ready.index(stage), (j // STAGES) & 1)
+    stage = i % STAGES
+    prev = (i - 1) % STAGES
+    mbarrier.wait(k_ready.index(stage), (i // STAGES) & 1)
     s = warpgroup_mma(q, k_smem.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-    mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
+    mbarrier.wait(v_ready.index(prev), ((i - 1) // STAGES) & 1)
     acc = warpgroup_mma(p, v_smem.index(prev), acc, is_async=True)
     s = warpgroup_mma_wait(num_outstanding=1, deps=(s, ))
     mbarrier.arrive(k_empty.index(stage))
-    p_new, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, j, rows, seqlen_kv, causal_offset, qk_scale, MASKED, CAUSAL)
+    p_new, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, j, rows, geometry, qk_scale, MASKED, WINDOW)
     p_new = gl.convert_layout(p_new.to(p.dtype), p.type.layout)
     # The softmax's results pass through the wait, so that LLVM keeps them before it (ptxas still hoists the
     # wait above most of the exponentials: NOTES, issue 23, session 15).
@@ -170,9 +182,10 @@ def _consumer_step(j, q, smem, bars, p, m_i, l_i, acc, rows, s_zero, seqlen_kv, 
 
 
 @gluon.jit
-def _consumer_partition(smem, bars, out_ptr, lse_ptr, seqlen_q, seqlen_kv, causal_offset, num_q_heads, group_size,
-                        qk_scale, CONSUMER: gl.constexpr, CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr):
-    """One consumer warpgroup: 64 Q rows (half ``CONSUMER`` of the block) against every K/V tile."""
+def _consumer_partition(smem, bars, out_ptr, lse_ptr, geometry, num_q_heads, group_size, qk_scale,
+                        CONSUMER: gl.constexpr, WINDOW: gl.constexpr, RETURN_LSE: gl.constexpr):
+    """One consumer warpgroup: 64 Q rows (half ``CONSUMER`` of the block) against the block's K/V tiles."""
+    seqlen_q, seqlen_kv, shift, window_left, window_right = geometry
     q_smem, k_smem, v_smem = smem
     q_ready, k_ready, k_empty, v_ready, v_empty = bars
     TILE_N: gl.constexpr = k_smem.shape[1]
@@ -186,38 +199,47 @@ def _consumer_partition(smem, bars, out_ptr, lse_ptr, seqlen_q, seqlen_kv, causa
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
 
-    batch, head, kv_head, q_start, num_tiles = _program_block(seqlen_kv, causal_offset, num_q_heads, group_size,
-                                                              CAUSAL, TILE_N)
+    batch, head, kv_head, q_start, first_tile, num_tiles = _program_block(geometry, num_q_heads, group_size, WINDOW,
+                                                                          TILE_N)
     first_row = q_start + CONSUMER * 64
     rows = first_row + gl.arange(0, 64, layout=row_layout)
+    end_tile = first_tile + num_tiles
+    # The tiles every row of this consumer sees whole, [band_lo, band_hi), skip the mask; tile first_tile (run
+    # alone below) always takes it.
+    if WINDOW:
+        last_row = gl.minimum(first_row + 64, seqlen_q) - 1
+        full_lo = gl.maximum(last_row + shift - window_left, 0)
+        full_hi = gl.minimum(first_row + shift + window_right + 1, seqlen_kv)
+    else:
+        full_lo = first_row * 0
+        full_hi = seqlen_kv
+    band_lo = gl.minimum(gl.maximum(gl.cdiv(full_lo, TILE_N), first_tile + 1), end_tile)
+    band_hi = gl.maximum(gl.minimum(gl.maximum(full_hi, 0) // TILE_N, end_tile), band_lo)
 
     q = q_smem.index(CONSUMER)
     mbarrier.wait(q_ready.index(CONSUMER), 0)
     s_zero = gl.zeros([64, TILE_N], gl.float32, layout=s_layout)
     acc = gl.zeros([64, HEAD_DIM], gl.float32, layout=o_layout)
 
-    # Tile 0 alone: S_0 and its softmax (masked: it may be the diagonal or the last tile).
+    # The first tile alone: S and its softmax.
     mbarrier.wait(k_ready.index(0), 0)
     s = warpgroup_mma(q, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
     s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
     mbarrier.arrive(k_empty.index(0))
     m_i = gl.full([64], float("-inf"), gl.float32, layout=row_layout)
     l_i = gl.full([64], 0.0, gl.float32, layout=row_layout)
-    p, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, 0, rows, seqlen_kv, causal_offset, qk_scale, True, CAUSAL)
+    p, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, first_tile, rows, geometry, qk_scale, True, WINDOW)
     p = gl.convert_layout(p.to(dtype), p_layout)
 
-    # Tiles every row of this consumer sees whole skip the mask.
-    if CAUSAL:
-        full_end = gl.minimum(first_row + 1 + causal_offset, seqlen_kv)
-    else:
-        full_end = seqlen_kv
-    num_full = gl.maximum(full_end // TILE_N, 1)
-    for j in range(1, num_full):
-        p, m_i, l_i, acc = _consumer_step(j, q, smem, bars, p, m_i, l_i, acc, rows, s_zero, seqlen_kv, causal_offset,
-                                          qk_scale, False, CAUSAL)
-    for j in range(num_full, num_tiles):
-        p, m_i, l_i, acc = _consumer_step(j, q, smem, bars, p, m_i, l_i, acc, rows, s_zero, seqlen_kv, causal_offset,
-                                          qk_scale, True, CAUSAL)
+    for j in range(first_tile + 1, band_lo):
+        p, m_i, l_i, acc = _consumer_step(j - first_tile, j, q, smem, bars, p, m_i, l_i, acc, rows, s_zero, geometry,
+                                          qk_scale, True, WINDOW)
+    for j in range(band_lo, band_hi):
+        p, m_i, l_i, acc = _consumer_step(j - first_tile, j, q, smem, bars, p, m_i, l_i, acc, rows, s_zero, geometry,
+                                          qk_scale, False, WINDOW)
+    for j in range(band_hi, end_tile):
+        p, m_i, l_i, acc = _consumer_step(j - first_tile, j, q, smem, bars, p, m_i, l_i, acc, rows, s_zero, geometry,
+                                          qk_scale, True, WINDOW)
 
     # The last tile's P V.
     last = num_tiles - 1
@@ -226,11 +248,12 @@ def _consumer_partition(smem, bars, out_ptr, lse_ptr, seqlen_q, seqlen_kv, causa
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
     mbarrier.arrive(v_empty.index(last % STAGES))
 
-    if RETURN_LSE:  # natural log, [B, Hq, Sq] contiguous
+    if RETURN_LSE:  # natural log, [B, Hq, Sq] contiguous; -inf for a row that saw no key
         lse = (m_i * qk_scale + gl.log2(l_i)) * 0.6931471805599453
         lse_offsets = (batch * num_q_heads + head).to(gl.int64) * seqlen_q + rows
         gl.store(lse_ptr + lse_offsets, lse, mask=rows < seqlen_q)
-    out = acc / gl.expand_dims(gl.convert_layout(l_i, gl.SliceLayout(1, o_layout)), 1)
+    l_safe = gl.where(l_i == 0.0, 1.0, l_i)  # a row that saw no key: output 0
+    out = acc / gl.expand_dims(gl.convert_layout(l_safe, gl.SliceLayout(1, o_layout)), 1)
     store_layout: gl.constexpr = _store_layout(HEAD_DIM, 4)
     out = gl.convert_layout(out.to(dtype), store_layout)
     out_rows = first_row + gl.arange(0, 64, layout=gl.SliceLayout(1, store_layout))
@@ -242,15 +265,16 @@ def _consumer_partition(smem, bars, out_ptr, lse_ptr, seqlen_q, seqlen_kv, causa
 
 
 @gluon.jit
-def _attention_fwd_kernel(q_desc, k_desc, v_desc, out_ptr, lse_ptr, seqlen_q, seqlen_kv, causal_offset, num_q_heads,
-                          group_size, qk_scale, CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr, Q_LAYOUT: gl.constexpr,
-                          KV_LAYOUT: gl.constexpr):
+def _attention_fwd_kernel(q_desc, k_desc, v_desc, out_ptr, lse_ptr, seqlen_q, seqlen_kv, window_left, window_right,
+                          num_q_heads, group_size, qk_scale, WINDOW: gl.constexpr, RETURN_LSE: gl.constexpr,
+                          Q_LAYOUT: gl.constexpr, KV_LAYOUT: gl.constexpr):
     """One 128-row Q block of one (batch, q head).
 
     q_desc: TMA descriptor over q viewed as ``[B, Sq, Hq * D]`` (16-bit floats), block ``[1, 64, D]``.
     k_desc, v_desc: over k / v viewed as ``[B, Skv, Hkv * D]``, block ``[1, TILE_N, D]`` (128 keys; 64 at D = 256).
     out_ptr: ``[B, Sq, Hq, D]`` in q's dtype, contiguous. lse_ptr: float32 ``[B, Hq, Sq]`` (RETURN_LSE).
-    causal_offset: ``Skv - Sq >= 0``; with CAUSAL, query i sees keys ``j <= i + causal_offset``.
+    WINDOW: query i sees keys ``i + Skv - Sq - window_left <= j <= i + Skv - Sq + window_right`` (bottom-right
+    aligned; sides in ``[0, 2**30]``, 2**30 unbounded; causal is ``(2**30, 0)``); otherwise every key.
     group_size: Hq // Hkv. qk_scale: ``softmax_scale * log2(e)`` (> 0).
     Q_LAYOUT, KV_LAYOUT: the shared layouts of the ``[64, D]`` and ``[TILE_N, D]`` tiles.
     Grid: ``(cdiv(Sq, 128), B * Hq)``; ``num_warps=4`` (the default partition, consumer 0).
@@ -276,13 +300,13 @@ def _attention_fwd_kernel(q_desc, k_desc, v_desc, out_ptr, lse_ptr, seqlen_q, se
         mbarrier.init(v_empty.index(i), count=2)
     smem = (q_smem, k_smem, v_smem)
     bars = (q_ready, k_ready, k_empty, v_ready, v_empty)
+    geometry = (seqlen_q, seqlen_kv, seqlen_kv - seqlen_q, window_left, window_right)
     gl.warp_specialize([
-        (_consumer_partition, (smem, bars, out_ptr, lse_ptr, seqlen_q, seqlen_kv, causal_offset, num_q_heads,
-                               group_size, qk_scale, 0, CAUSAL, RETURN_LSE)),
-        (_consumer_partition, (smem, bars, out_ptr, lse_ptr, seqlen_q, seqlen_kv, causal_offset, num_q_heads,
-                               group_size, qk_scale, 1, CAUSAL, RETURN_LSE)),
-        (_load_partition, ((q_desc, k_desc, v_desc), smem, bars, seqlen_kv, causal_offset, num_q_heads, group_size,
-                           CAUSAL)),
+        (_consumer_partition, (smem, bars, out_ptr, lse_ptr, geometry, num_q_heads, group_size, qk_scale, 0, WINDOW,
+                               RETURN_LSE)),
+        (_consumer_partition, (smem, bars, out_ptr, lse_ptr, geometry, num_q_heads, group_size, qk_scale, 1, WINDOW,
+                               RETURN_LSE)),
+        (_load_partition, ((q_desc, k_desc, v_desc), smem, bars, geometry, num_q_heads, group_size, WINDOW)),
     ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
 
 
@@ -299,10 +323,10 @@ def _tma_ready(t: torch.Tensor) -> bool:
             and (token_stride * size) % 16 == 0 and (batch_stride * size) % 16 == 0 and t.data_ptr() % 16 == 0)
 
 
-def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, softmax_scale: float) -> bool:
+def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float) -> bool:
     """Whether :func:`gluon_attention` runs this dense call: an sm_90 GPU, fp16/bf16 ``[B, S, H, D]`` q, k, v of
-    one dtype with D in {64, 128} and TMA-readable strides (:func:`_tma_ready`), ``B * Hq <= 65535``, a
-    positive scale, and (causal) ``Sq <= Skv``."""
+    one dtype with D in {64, 128, 256} and TMA-readable strides (:func:`_tma_ready`), at least one key,
+    ``B * Hq <= 65535`` and a positive scale."""
     if q.dtype not in DTYPES or k.dtype != q.dtype or v.dtype != q.dtype or q.dim() != 4 or k.dim() != 4:
         return False
     if q.shape[3] not in HEAD_DIMS or k.shape[3] != q.shape[3] or v.shape != k.shape or k.shape[0] != q.shape[0]:
@@ -313,9 +337,7 @@ def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, so
     seqlen_kv, num_kv_heads = k.shape[1], k.shape[2]
     if num_kv_heads < 1 or num_q_heads % num_kv_heads or batch * num_q_heads > MAX_GRID_Y or seqlen_kv < 1:
         return False
-    if not softmax_scale > 0 or (causal and seqlen_q > seqlen_kv):
-        return False
-    return all(_tma_ready(t) for t in (q, k, v))
+    return softmax_scale > 0 and all(_tma_ready(t) for t in (q, k, v))
 
 
 def _descriptor(t: torch.Tensor, block_rows: int) -> TensorDescriptor:
@@ -327,29 +349,36 @@ def _descriptor(t: torch.Tensor, block_rows: int) -> TensorDescriptor:
     return TensorDescriptor(t, shape, [t.stride(0), t.stride(1), 1], block, _nvmma_layout(block, DTYPES[t.dtype]))
 
 
-def launch(q, k, v, out, lse, causal: bool, softmax_scale: float) -> None:
+def launch(q, k, v, out, lse, window: tuple[int, int] | None, softmax_scale: float) -> None:
     """Runs the kernel on inputs :func:`supports` accepts: ``out`` contiguous ``[B, Sq, Hq, D]`` in q's dtype,
-    ``lse`` None or float32 contiguous ``[B, Hq, Sq]``. No checks, no sync (CUDA-graph capturable)."""
+    ``lse`` None or float32 contiguous ``[B, Hq, Sq]``, ``window`` None (every key) or ``(left, right)`` sides in
+    ``[0, UNBOUNDED]`` (causal: ``(UNBOUNDED, 0)``). No checks, no sync (CUDA-graph capturable)."""
     batch, seqlen_q, num_q_heads, head_dim = q.shape
     seqlen_kv, num_kv_heads = k.shape[1], k.shape[2]
     dtype = DTYPES[q.dtype]
+    block_n = _block_n(head_dim)
+    left, right = window if window is not None else (UNBOUNDED, UNBOUNDED)
     grid = (triton.cdiv(seqlen_q, BLOCK_M), batch * num_q_heads)
     _attention_fwd_kernel[grid](
-        _descriptor(q, CONSUMER_ROWS), _descriptor(k, _block_n(head_dim)), _descriptor(v, _block_n(head_dim)), out,
-        lse if lse is not None else out, seqlen_q, seqlen_kv, seqlen_kv - seqlen_q, num_q_heads,
-        num_q_heads // num_kv_heads, softmax_scale * LOG2E, CAUSAL=causal, RETURN_LSE=lse is not None, Q_LAYOUT=_nvmma_layout([CONSUMER_ROWS, head_dim], dtype),
-        KV_LAYOUT=_nvmma_layout([_block_n(head_dim), head_dim], dtype), num_warps=4, maxnreg=MAX_REGS)
+        _descriptor(q, CONSUMER_ROWS), _descriptor(k, block_n), _descriptor(v, block_n), out,
+        lse if lse is not None else out, seqlen_q, seqlen_kv, left, right, num_q_heads, num_q_heads // num_kv_heads,
+        softmax_scale * LOG2E, WINDOW=window is not None, RETURN_LSE=lse is not None,
+        Q_LAYOUT=_nvmma_layout([CONSUMER_ROWS, head_dim], dtype), KV_LAYOUT=_nvmma_layout([block_n, head_dim], dtype),
+        num_warps=4, maxnreg=MAX_REGS)
 
 
 def gluon_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
-                    softmax_scale: float | None = None, *, return_lse: bool = False):
+                    softmax_scale: float | None = None, *, window: tuple[int, int] | None = None,
+                    return_lse: bool = False):
     """Attention forward ``softmax(scale * q k^T) v`` on an sm_90 GPU, warp-specialized (the kernel alone:
     :func:`llmkernels.attention` is the public entry, which takes this path when it can).
 
-    q: fp16/bf16 ``[B, Sq, Hq, D]``; k, v: ``[B, Skv, Hkv, D]`` of q's dtype; ``D`` in {64, 128}, ``Hq`` a multiple
-    of ``Hkv`` (q head h reads KV head ``h // (Hq / Hkv)``); heads contiguous within a token (any batch and token
-    strides that are multiples of 16 bytes). causal: bottom-right aligned, query i sees keys ``j <= i + Skv -
-    Sq`` (needs ``Sq <= Skv``). softmax_scale: > 0, default ``1 / sqrt(D)``.
+    q: fp16/bf16 ``[B, Sq, Hq, D]``; k, v: ``[B, Skv, Hkv, D]`` of q's dtype; ``D`` in {64, 128, 256}, ``Hq`` a
+    multiple of ``Hkv`` (q head h reads KV head ``h // (Hq / Hkv)``); heads contiguous within a token (any batch
+    and token strides that are multiples of 16 bytes). Masks are bottom-right aligned (position ``i + Skv - Sq``
+    of query i): causal sees keys ``j <= pos``; window ``(left, right)`` (flash-attn's ``window_size``, a negative
+    side unbounded) keys ``pos - left <= j <= pos + right``; both together intersect. A query that sees no key
+    gets output 0 and LSE -inf. softmax_scale: > 0, default ``1 / sqrt(D)``.
     Returns out ``[B, Sq, Hq, D]`` contiguous in q's dtype, or ``(out, lse)`` with float32 natural-log ``lse``
     ``[B, Hq, Sq]``.
     Raises TypeError / ValueError naming the argument when :func:`supports` refuses the call.
@@ -361,31 +390,40 @@ def gluon_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
             raise TypeError(f"{name} must be float16 or bfloat16, got {tensor.dtype}")
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    if window is not None and (not isinstance(window, tuple) or len(window) != 2
+                               or not all(isinstance(side, int) and not isinstance(side, bool) for side in window)):
+        raise TypeError(f"window must be None or a (left, right) tuple of ints, got {window!r}")
     if softmax_scale is None:
         softmax_scale = q.shape[-1] ** -0.5 if q.dim() == 4 else 1.0
     elif isinstance(softmax_scale, bool) or not isinstance(softmax_scale, numbers.Real):
         raise TypeError(f"softmax_scale must be a real number or None, got {type(softmax_scale).__name__}")
     if not (math.isfinite(softmax_scale) and softmax_scale > 0):
         raise ValueError(f"softmax_scale must be finite and > 0, got {softmax_scale}")
-    if not supports(q, k, v, causal, softmax_scale):
+    if not supports(q, k, v, softmax_scale):
         raise ValueError(f"gluon_attention does not run q {tuple(q.shape)} {q.dtype} strides {q.stride()}, "
-                         f"k {tuple(k.shape)} {k.dtype} strides {k.stride()}, v strides {v.stride()}, causal={causal} "
-                         f"on {q.device} (see supports())")
+                         f"k {tuple(k.shape)} {k.dtype} strides {k.stride()}, v strides {v.stride()} on {q.device} "
+                         "(see supports())")
+    sides = None
+    if causal or window is not None:
+        left, right = window if window is not None else (-1, -1)
+        left = UNBOUNDED if left < 0 else min(left, UNBOUNDED)
+        right = UNBOUNDED if right < 0 else min(right, UNBOUNDED)
+        sides = (left, min(right, 0) if causal else right)
     batch, seqlen_q, num_q_heads, head_dim = q.shape
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty((batch, num_q_heads, seqlen_q), dtype=torch.float32, device=q.device) if return_lse else None
     if seqlen_q > 0 and batch > 0 and num_q_heads > 0:
         with torch.cuda.device(q.device):
-            launch(q, k, v, out, lse, causal, float(softmax_scale))
+            launch(q, k, v, out, lse, sides, float(softmax_scale))
     return (out, lse) if return_lse else out
 
 
-def compile_for_sm90(head_dim: int, causal: bool, *, return_lse: bool = False) -> dict:
+def compile_for_sm90(head_dim: int, window: bool, *, return_lse: bool = False) -> dict:
     """Compiles the kernel for sm_90a without a GPU (ptxas from the Triton wheel runs, nothing launches) and
     returns the compiled kernel's ``asm`` dict (``ttgir``, ``ptx``, ``cubin``, ...), specialized as a typical
-    bf16 call is. Run it with ``TRITON_INTERPRET`` unset or 0 (e.g. in a subprocess, as
-    ``tests/test_compile_targets.py`` does): in interpreter mode Triton turns gl's own ``@jit`` helpers into
-    interpreted functions, which the compiler then refuses."""
+    bf16 call is; ``window``: the masked variant (causal or a sliding window). Run it with ``TRITON_INTERPRET``
+    unset or 0 (e.g. in a subprocess, as ``tests/test_compile_targets.py`` does): in interpreter mode Triton
+    turns gl's own ``@jit`` helpers into interpreted functions, which the compiler then refuses."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
@@ -396,7 +434,7 @@ def compile_for_sm90(head_dim: int, causal: bool, *, return_lse: bool = False) -
         return f"tensordesc<bf16[{', '.join(map(str, block))}],{_nvmma_layout(block)!r}>"
 
     kv_type = descriptor_type([1, _block_n(head_dim), head_dim])
-    constexprs = dict(CAUSAL=bool(causal), RETURN_LSE=bool(return_lse),
+    constexprs = dict(WINDOW=bool(window), RETURN_LSE=bool(return_lse),
                       Q_LAYOUT=_nvmma_layout([CONSUMER_ROWS, head_dim]),
                       KV_LAYOUT=_nvmma_layout([_block_n(head_dim), head_dim]))
     kinds = dict(q_desc=descriptor_type([1, CONSUMER_ROWS, head_dim]), k_desc=kv_type, v_desc=kv_type,
