@@ -3,9 +3,10 @@ kernel, one run, CUDA-graph replay times (GPU time, no host overhead).
 
     python -m benchmarks bench_gluon_hopper [--out DIR]
 
-bf16, B·S = 16k tokens, 16 heads (8 at D = 256), D 64, 128 and 256, causal and not. Systems: ``sdpa_cudnn``; ``portable_triton``
-(``lk.attention`` with an explicit default config, which keeps the Triton-language kernel); ``lk_attention`` (the
-public call: the Gluon kernel on an H100). Each output is checked against cuDNN's first (relative error). Writes
+bf16, B·S = 16k tokens, 16 heads (8 at D = 256), D 64, 128 and 256, causal and not. Systems: ``sdpa_cudnn``;
+``portable_triton`` (``lk.attention`` with an explicit default config, which keeps the Triton-language kernel);
+``lk_attention`` (the public call: the Gluon kernel on an H100); at D = 64 ``gluon_2_consumers`` (the kernel with
+two consumer warpgroups instead of three). Each output is checked against cuDNN's first (relative error). Writes
 gluon_hopper.{csv,md,png} to DIR. (Session 15's ablation of ping-pong and a third stage: NOTES.)
 """
 from __future__ import annotations
@@ -18,6 +19,7 @@ from benchmarks.common import bar_plot, default_out_dir, graph_time_ms, write_ta
 from benchmarks.peers import sdpa_runner
 
 import llmkernels as lk
+from llmkernels.attention.gluon_hopper import gluon_attention
 from llmkernels.attention.config import default_config
 
 SHAPES = [(8, 2048, 16, 64), (4, 4096, 16, 64), (4, 4096, 16, 128), (2, 8192, 16, 128), (4, 4096, 8, 256)]
@@ -30,6 +32,8 @@ def systems_of(q, k, v, causal):
     systems = {"sdpa_cudnn": lambda: cudnn().transpose(1, 2),
                "portable_triton": lambda: lk.attention(q, k, v, causal=causal, config=portable),
                "lk_attention": lambda: lk.attention(q, k, v, causal=causal)}
+    if dim == 64:  # the default runs three consumer warpgroups there
+        systems["gluon_2_consumers"] = lambda: gluon_attention(q, k, v, causal=causal, consumers=2)
     return systems
 
 

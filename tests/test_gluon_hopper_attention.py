@@ -78,7 +78,7 @@ def _check(result, q, k, v, causal, softmax_scale, window=None):
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
-@pytest.mark.parametrize("seqlen", [128, 1000, 2048])
+@pytest.mark.parametrize("seqlen", [128, 1000, 2048, 4500])
 def test_matches_reference(attend, seqlen, head_dim, causal):
     q, k, v = _inputs(2, seqlen, seqlen, 8, 2, head_dim)
     _check(attend(q, k, v, causal=causal, return_lse=True), q, k, v, causal, head_dim ** -0.5)
@@ -112,6 +112,16 @@ def test_sliding_window(attend, seqlen_q, seqlen_kv, causal, window):
     q, k, v = _inputs(2, seqlen_q, seqlen_kv, 4, 2, 128 if seqlen_q == 700 else 64)
     result = attend(q, k, v, causal=causal, window=window, return_lse=True)
     _check(result, q, k, v, causal, q.shape[-1] ** -0.5, window)
+
+
+@pytest.mark.parametrize("consumers", [2, 3])
+@pytest.mark.parametrize("causal, window", [(False, None), (True, None), (False, (100, 50)), (True, (300, -1))],
+                         ids=["full", "causal", "window", "causal-window"])
+def test_consumer_counts(attend, consumers, causal, window):
+    """Head dim 64 runs two or three consumer warpgroups per block (192-row blocks with three)."""
+    q, k, v = _inputs(2, 1000, 1200, 4, 2, 64)
+    result = attend(q, k, v, causal=causal, window=window, return_lse=True, consumers=consumers)
+    _check(result, q, k, v, causal, 64 ** -0.5, window)
 
 
 def test_causal_rows_before_the_first_key(attend):
@@ -176,6 +186,8 @@ def test_rejects_bad_arguments():
         gluon_attention(q, k, v, softmax_scale=-0.1)
     with pytest.raises(ValueError, match="softmax_scale must be finite and > 0"):
         gluon_attention(q, k, v, softmax_scale=math.inf)
+    with pytest.raises(ValueError, match="consumers must be None"):
+        gluon_attention(*_inputs(1, 64, 64, 4, 2, 128), consumers=3)
     with pytest.raises(TypeError, match="window must be None or a"):
         gluon_attention(q, k, v, window=(1, 2, 3))
     with pytest.raises(ValueError, match="does not run"):

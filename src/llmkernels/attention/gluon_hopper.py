@@ -5,22 +5,25 @@ inputs with head dim 64, 128 or 256, causal and / or a sliding window (bottom-ri
 MHA/GQA/MQA, optionally with the LSE.
 :func:`supports` says whether a call qualifies; everything else runs the portable Triton kernel.
 
-One program computes a 128-row Q block of one (batch, q head) with three roles (``gl.warp_specialize``):
+One program computes a Q block of one (batch, q head) with these roles (``gl.warp_specialize``):
 
-* a **load warp** issues the TMA loads: the two 64-row Q halves once, then K and V tiles through two separate
+* a **load warp** issues the TMA loads: the block's 64-row Q tiles once, then K and V tiles through two separate
   two-stage shared-memory rings (``*_ready`` / ``*_empty`` mbarriers), so that K tile ``j + 1`` can land
   while V tile ``j`` is still read;
-* two **consumer warpgroups** (the default partition and one worker, 240 registers each), each owning 64 Q
-  rows. Each issues ``S_j = Q K_j^T`` and ``O += P_{j-1} V_{j-1}`` as asynchronous wgmmas, then runs the
-  online softmax of ``S_j`` once the first is done (``P`` stays in registers as the A operand of ``P V``).
-  The warp schedulers interleave the two: one warpgroup's softmax runs while the other's matmuls hold the
-  tensor cores. An explicit ping-pong (the consumers taking turns through mbarriers, FA3's) measured no
+* two or three **consumer warpgroups** (the default partition and workers), each owning 64 Q rows. Each
+  issues ``S_j = Q K_j^T`` and ``O += P_{j-1} V_{j-1}`` as asynchronous wgmmas, then runs the online softmax
+  of ``S_j`` once the first is done (``P`` stays in registers as the A operand of ``P V``). The warp
+  schedulers interleave the consumers: one warpgroup's softmax runs while another's matmuls hold the tensor
+  cores. An explicit ping-pong (the consumers taking turns through mbarriers, FA3's) measured no
   faster on the H100 and left (NOTES, issue 23, session 15).
 
 Scores stay unscaled until the exponent: ``p = exp2(s * c - m * c)`` with ``c = softmax_scale * log2(e) > 0``
 is one FMA per score. A block visits only the key tiles some of its rows see; only tiles a consumer sees in part
-(the window's edges, the last tile past Skv) are masked; masked blocks run longest first. TMA descriptors are per sequence (``[B, S, H·D]`` with the tensors'
-own batch and token strides), so tiles past ``S`` read zeros, never the next sequence's rows.
+(the window's edges, the last tile past Skv) are masked; masked blocks run longest first. TMA descriptors are
+per sequence (``[B, S, H·D]`` with the tensors' own batch and token strides), so tiles past ``S`` read zeros,
+never the next sequence's rows. At D = 64 three consumer warpgroups share each block (192 rows, 160 registers
+each: FA3's choice there; two for masked calls of fewer than 4096 queries), at D 128 and 256 two (128 rows,
+240 registers).
 
 :func:`compile_for_sm90` builds the kernel without a GPU, so that CPU tests can inspect its PTX.
 """
@@ -41,9 +44,7 @@ from .masks import UNBOUNDED
 __all__ = ["gluon_attention", "supports", "compile_for_sm90"]
 
 LOG2E = 1.4426950408889634
-LN2 = 0.6931471805599453
 CONSUMER_ROWS = 64  # Q rows per consumer warpgroup: one m64 wgmma row block
-BLOCK_M = 2 * CONSUMER_ROWS
 HEAD_DIMS = (64, 128, 256)
 
 
@@ -58,6 +59,9 @@ MAX_GRID_Y = 65535  # CUDA's limit on grid dimension y, which holds batch * q he
 # Registers per thread: the two consumer warpgroups get 240 each, the load warp's warpgroup 24; 12 warps in
 # all (4 + 4 + 1, rounded up to warpgroups) share the SM's 64K registers.
 CONSUMER_REGS = gl.constexpr(240)
+# With three consumer warpgroups (FA3's choice at D = 64): 16 warps, 128 registers each on average; 160 for the
+# consumers, 24 for the load warp.
+CONSUMER_REGS_3 = gl.constexpr(160)
 LOADER_REGS = gl.constexpr(24)
 MAX_REGS = 168  # 65536 / (12 * 32), rounded down to a multiple of 8; the default partition gets the rest
 
@@ -82,7 +86,8 @@ def _as_box(buffer):
 
 
 @gluon.jit
-def _program_block(geometry, num_q_heads, group_size, WINDOW: gl.constexpr, TILE_N: gl.constexpr):
+def _program_block(geometry, num_q_heads, group_size, WINDOW: gl.constexpr, TILE_N: gl.constexpr,
+                   CONSUMERS: gl.constexpr):
     """(batch, q head, kv head, first Q row, first K/V tile, number of K/V tiles) of this program; every role
     computes it. geometry: ``(Sq, Skv, shift = Skv - Sq, window left, window right)``. At least one tile, so that
     a block that sees no key still runs (and writes zeros)."""
@@ -93,11 +98,11 @@ def _program_block(geometry, num_q_heads, group_size, WINDOW: gl.constexpr, TILE
     pid_bh = gl.program_id(1)
     batch = pid_bh // num_q_heads
     head = pid_bh % num_q_heads
-    q_start = pid_m * (2 * 64)
+    q_start = pid_m * (CONSUMERS * 64)
     first_tile = q_start * 0
     end_tile = gl.cdiv(seqlen_kv, TILE_N)
     if WINDOW:  # keys some row of the block sees: [pos_first - left, pos_last + right]
-        q_last = gl.minimum(q_start + 2 * 64, seqlen_q) - 1
+        q_last = gl.minimum(q_start + CONSUMERS * 64, seqlen_q) - 1
         kv_lo = gl.maximum(q_start + shift - window_left, 0)
         kv_hi = gl.minimum(q_last + shift + window_right + 1, seqlen_kv)
         first_tile = gl.minimum(kv_lo // TILE_N, end_tile - 1)
@@ -115,8 +120,9 @@ def _load_partition(descs, smem, bars, geometry, num_q_heads, group_size, WINDOW
     HEAD_DIM: gl.constexpr = k_smem.shape[2]
     STAGES: gl.constexpr = k_smem.shape[0]
     batch, head, kv_head, q_start, first_tile, num_tiles = _program_block(geometry, num_q_heads, group_size, WINDOW,
-                                                                          TILE_N)
-    for c in gl.static_range(2):
+                                                                          TILE_N, q_smem.shape[0])
+    CONSUMERS: gl.constexpr = q_smem.shape[0]
+    for c in gl.static_range(CONSUMERS):
         mbarrier.expect(q_ready.index(c), q_desc.block_type.nbytes)
         _tma_load(q_desc, [batch, q_start + c * 64, head * HEAD_DIM], q_ready.index(c), _as_box(q_smem.index(c)))
     for i in range(num_tiles):
@@ -184,7 +190,7 @@ def _consumer_step(i, j, q, smem, bars, p, m_i, l_i, acc, rows, s_zero, geometry
 @gluon.jit
 def _consumer_partition(smem, bars, out_ptr, lse_ptr, geometry, num_q_heads, group_size, qk_scale,
                         CONSUMER: gl.constexpr, WINDOW: gl.constexpr, RETURN_LSE: gl.constexpr):
-    """One consumer warpgroup: 64 Q rows (half ``CONSUMER`` of the block) against the block's K/V tiles."""
+    """One consumer warpgroup: the block's Q rows ``[64 * CONSUMER, 64 * CONSUMER + 64)`` against its K/V tiles."""
     seqlen_q, seqlen_kv, shift, window_left, window_right = geometry
     q_smem, k_smem, v_smem = smem
     q_ready, k_ready, k_empty, v_ready, v_empty = bars
@@ -200,7 +206,7 @@ def _consumer_partition(smem, bars, out_ptr, lse_ptr, geometry, num_q_heads, gro
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
 
     batch, head, kv_head, q_start, first_tile, num_tiles = _program_block(geometry, num_q_heads, group_size, WINDOW,
-                                                                          TILE_N)
+                                                                          TILE_N, q_smem.shape[0])
     first_row = q_start + CONSUMER * 64
     rows = first_row + gl.arange(0, 64, layout=row_layout)
     end_tile = first_tile + num_tiles
@@ -267,8 +273,8 @@ def _consumer_partition(smem, bars, out_ptr, lse_ptr, geometry, num_q_heads, gro
 @gluon.jit
 def _attention_fwd_kernel(q_desc, k_desc, v_desc, out_ptr, lse_ptr, seqlen_q, seqlen_kv, window_left, window_right,
                           num_q_heads, group_size, qk_scale, WINDOW: gl.constexpr, RETURN_LSE: gl.constexpr,
-                          Q_LAYOUT: gl.constexpr, KV_LAYOUT: gl.constexpr):
-    """One 128-row Q block of one (batch, q head).
+                          CONSUMERS: gl.constexpr, Q_LAYOUT: gl.constexpr, KV_LAYOUT: gl.constexpr):
+    """One Q block (``CONSUMERS`` x 64 rows) of one (batch, q head).
 
     q_desc: TMA descriptor over q viewed as ``[B, Sq, Hq * D]`` (16-bit floats), block ``[1, 64, D]``.
     k_desc, v_desc: over k / v viewed as ``[B, Skv, Hkv * D]``, block ``[1, TILE_N, D]`` (128 keys; 64 at D = 256).
@@ -277,37 +283,49 @@ def _attention_fwd_kernel(q_desc, k_desc, v_desc, out_ptr, lse_ptr, seqlen_q, se
     aligned; sides in ``[0, 2**30]``, 2**30 unbounded; causal is ``(2**30, 0)``); otherwise every key.
     group_size: Hq // Hkv. qk_scale: ``softmax_scale * log2(e)`` (> 0).
     Q_LAYOUT, KV_LAYOUT: the shared layouts of the ``[64, D]`` and ``[TILE_N, D]`` tiles.
-    Grid: ``(cdiv(Sq, 128), B * Hq)``; ``num_warps=4`` (the default partition, consumer 0).
+    CONSUMERS: 2 or 3 consumer warpgroups (launched with ``maxnreg`` 168 or 128: 240 or 160 registers each).
+    Grid: ``(cdiv(Sq, CONSUMERS * 64), B * Hq)``; ``num_warps=4`` (the default partition, consumer 0).
     """
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[2]
     TILE_N: gl.constexpr = k_desc.block_type.shape[1]
     dtype: gl.constexpr = q_desc.dtype
     STAGES: gl.constexpr = 2  # a third stage measured no faster at D = 64 and does not fit larger D
-    q_smem = gl.allocate_shared_memory(dtype, [2, 64, HEAD_DIM], Q_LAYOUT)
+    q_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, 64, HEAD_DIM], Q_LAYOUT)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, TILE_N, HEAD_DIM], KV_LAYOUT)
     v_smem = gl.allocate_shared_memory(dtype, [STAGES, TILE_N, HEAD_DIM], KV_LAYOUT)
-    q_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    q_ready = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(2):
+    for i in gl.static_range(CONSUMERS):
         mbarrier.init(q_ready.index(i), count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(v_ready.index(i), count=1)
-        mbarrier.init(k_empty.index(i), count=2)  # both consumers release a tile
-        mbarrier.init(v_empty.index(i), count=2)
+        mbarrier.init(k_empty.index(i), count=CONSUMERS)  # every consumer releases a tile
+        mbarrier.init(v_empty.index(i), count=CONSUMERS)
     smem = (q_smem, k_smem, v_smem)
     bars = (q_ready, k_ready, k_empty, v_ready, v_empty)
     geometry = (seqlen_q, seqlen_kv, seqlen_kv - seqlen_q, window_left, window_right)
-    gl.warp_specialize([
-        (_consumer_partition, (smem, bars, out_ptr, lse_ptr, geometry, num_q_heads, group_size, qk_scale, 0, WINDOW,
-                               RETURN_LSE)),
-        (_consumer_partition, (smem, bars, out_ptr, lse_ptr, geometry, num_q_heads, group_size, qk_scale, 1, WINDOW,
-                               RETURN_LSE)),
-        (_load_partition, ((q_desc, k_desc, v_desc), smem, bars, geometry, num_q_heads, group_size, WINDOW)),
-    ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
+    if CONSUMERS == 3:
+        gl.warp_specialize([
+            (_consumer_partition, (smem, bars, out_ptr, lse_ptr, geometry, num_q_heads, group_size, qk_scale, 0,
+                                   WINDOW, RETURN_LSE)),
+            (_consumer_partition, (smem, bars, out_ptr, lse_ptr, geometry, num_q_heads, group_size, qk_scale, 1,
+                                   WINDOW, RETURN_LSE)),
+            (_consumer_partition, (smem, bars, out_ptr, lse_ptr, geometry, num_q_heads, group_size, qk_scale, 2,
+                                   WINDOW, RETURN_LSE)),
+            (_load_partition, ((q_desc, k_desc, v_desc), smem, bars, geometry, num_q_heads, group_size, WINDOW)),
+        ], [4, 4, 1], [CONSUMER_REGS_3, CONSUMER_REGS_3, LOADER_REGS])
+    else:
+        gl.warp_specialize([
+            (_consumer_partition, (smem, bars, out_ptr, lse_ptr, geometry, num_q_heads, group_size, qk_scale, 0,
+                                   WINDOW, RETURN_LSE)),
+            (_consumer_partition, (smem, bars, out_ptr, lse_ptr, geometry, num_q_heads, group_size, qk_scale, 1,
+                                   WINDOW, RETURN_LSE)),
+            (_load_partition, ((q_desc, k_desc, v_desc), smem, bars, geometry, num_q_heads, group_size, WINDOW)),
+        ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
 
 
 def _nvmma_layout(block_shape, dtype=gl.bfloat16):
@@ -349,7 +367,15 @@ def _descriptor(t: torch.Tensor, block_rows: int) -> TensorDescriptor:
     return TensorDescriptor(t, shape, [t.stride(0), t.stride(1), 1], block, _nvmma_layout(block, DTYPES[t.dtype]))
 
 
-def launch(q, k, v, out, lse, window: tuple[int, int] | None, softmax_scale: float) -> None:
+def _consumers(head_dim: int, seqlen_q: int, window) -> int:
+    """Consumer warpgroups per block: three at D = 64 (FA3's choice; 160 registers fit S, P and O there), except
+    for masked calls below 4096 queries, where a 192-row block's diagonal tiles waste more than three consumers
+    gain (H100, NOTES, issue 23, session 15); two elsewhere."""
+    return 3 if head_dim == 64 and (window is None or seqlen_q >= 4096) else 2
+
+
+def launch(q, k, v, out, lse, window: tuple[int, int] | None, softmax_scale: float, *,
+           consumers: int | None = None) -> None:
     """Runs the kernel on inputs :func:`supports` accepts: ``out`` contiguous ``[B, Sq, Hq, D]`` in q's dtype,
     ``lse`` None or float32 contiguous ``[B, Hq, Sq]``, ``window`` None (every key) or ``(left, right)`` sides in
     ``[0, UNBOUNDED]`` (causal: ``(UNBOUNDED, 0)``). No checks, no sync (CUDA-graph capturable)."""
@@ -358,18 +384,19 @@ def launch(q, k, v, out, lse, window: tuple[int, int] | None, softmax_scale: flo
     dtype = DTYPES[q.dtype]
     block_n = _block_n(head_dim)
     left, right = window if window is not None else (UNBOUNDED, UNBOUNDED)
-    grid = (triton.cdiv(seqlen_q, BLOCK_M), batch * num_q_heads)
+    consumers = consumers or _consumers(head_dim, seqlen_q, window)
+    grid = (triton.cdiv(seqlen_q, consumers * CONSUMER_ROWS), batch * num_q_heads)
     _attention_fwd_kernel[grid](
         _descriptor(q, CONSUMER_ROWS), _descriptor(k, block_n), _descriptor(v, block_n), out,
         lse if lse is not None else out, seqlen_q, seqlen_kv, left, right, num_q_heads, num_q_heads // num_kv_heads,
-        softmax_scale * LOG2E, WINDOW=window is not None, RETURN_LSE=lse is not None,
+        softmax_scale * LOG2E, WINDOW=window is not None, RETURN_LSE=lse is not None, CONSUMERS=consumers,
         Q_LAYOUT=_nvmma_layout([CONSUMER_ROWS, head_dim], dtype), KV_LAYOUT=_nvmma_layout([block_n, head_dim], dtype),
-        num_warps=4, maxnreg=MAX_REGS)
+        num_warps=4, maxnreg=MAX_REGS if consumers == 2 else 128)
 
 
 def gluon_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
                     softmax_scale: float | None = None, *, window: tuple[int, int] | None = None,
-                    return_lse: bool = False):
+                    return_lse: bool = False, consumers: int | None = None):
     """Attention forward ``softmax(scale * q k^T) v`` on an sm_90 GPU, warp-specialized (the kernel alone:
     :func:`llmkernels.attention` is the public entry, which takes this path when it can).
 
@@ -378,7 +405,8 @@ def gluon_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     and token strides that are multiples of 16 bytes). Masks are bottom-right aligned (position ``i + Skv - Sq``
     of query i): causal sees keys ``j <= pos``; window ``(left, right)`` (flash-attn's ``window_size``, a negative
     side unbounded) keys ``pos - left <= j <= pos + right``; both together intersect. A query that sees no key
-    gets output 0 and LSE -inf. softmax_scale: > 0, default ``1 / sqrt(D)``.
+    gets output 0 and LSE -inf. softmax_scale: > 0, default ``1 / sqrt(D)``. consumers: consumer warpgroups
+    per block (None: :func:`_consumers`'s choice; 3 only at D = 64).
     Returns out ``[B, Sq, Hq, D]`` contiguous in q's dtype, or ``(out, lse)`` with float32 natural-log ``lse``
     ``[B, Hq, Sq]``.
     Raises TypeError / ValueError naming the argument when :func:`supports` refuses the call.
@@ -399,6 +427,8 @@ def gluon_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
         raise TypeError(f"softmax_scale must be a real number or None, got {type(softmax_scale).__name__}")
     if not (math.isfinite(softmax_scale) and softmax_scale > 0):
         raise ValueError(f"softmax_scale must be finite and > 0, got {softmax_scale}")
+    if consumers not in (None, 2, 3) or (consumers == 3 and q.shape[-1] != 64):
+        raise ValueError(f"consumers must be None (the default), 2, or 3 at head dim 64, got {consumers!r}")
     if not supports(q, k, v, softmax_scale):
         raise ValueError(f"gluon_attention does not run q {tuple(q.shape)} {q.dtype} strides {q.stride()}, "
                          f"k {tuple(k.shape)} {k.dtype} strides {k.stride()}, v strides {v.stride()} on {q.device} "
@@ -414,11 +444,12 @@ def gluon_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     lse = torch.empty((batch, num_q_heads, seqlen_q), dtype=torch.float32, device=q.device) if return_lse else None
     if seqlen_q > 0 and batch > 0 and num_q_heads > 0:
         with torch.cuda.device(q.device):
-            launch(q, k, v, out, lse, sides, float(softmax_scale))
+            launch(q, k, v, out, lse, sides, float(softmax_scale), consumers=consumers)
     return (out, lse) if return_lse else out
 
 
-def compile_for_sm90(head_dim: int, window: bool, *, return_lse: bool = False) -> dict:
+def compile_for_sm90(head_dim: int, window: bool, *, return_lse: bool = False,
+                     consumers: int | None = None) -> dict:
     """Compiles the kernel for sm_90a without a GPU (ptxas from the Triton wheel runs, nothing launches) and
     returns the compiled kernel's ``asm`` dict (``ttgir``, ``ptx``, ``cubin``, ...), specialized as a typical
     bf16 call is; ``window``: the masked variant (causal or a sliding window). Run it with ``TRITON_INTERPRET``
@@ -434,7 +465,8 @@ def compile_for_sm90(head_dim: int, window: bool, *, return_lse: bool = False) -
         return f"tensordesc<bf16[{', '.join(map(str, block))}],{_nvmma_layout(block)!r}>"
 
     kv_type = descriptor_type([1, _block_n(head_dim), head_dim])
-    constexprs = dict(WINDOW=bool(window), RETURN_LSE=bool(return_lse),
+    consumers = consumers or _consumers(head_dim, 0, None)
+    constexprs = dict(WINDOW=bool(window), RETURN_LSE=bool(return_lse), CONSUMERS=consumers,
                       Q_LAYOUT=_nvmma_layout([CONSUMER_ROWS, head_dim]),
                       KV_LAYOUT=_nvmma_layout([_block_n(head_dim), head_dim]))
     kinds = dict(q_desc=descriptor_type([1, CONSUMER_ROWS, head_dim]), k_desc=kv_type, v_desc=kv_type,
@@ -444,5 +476,6 @@ def compile_for_sm90(head_dim: int, window: bool, *, return_lse: bool = False) -
     source = GluonASTSource(fn, signature, constexprs={(fn.arg_names.index(name), ): value
                                                        for name, value in constexprs.items()},
                             attrs={(fn.arg_names.index("out_ptr"), ): [["tt.divisibility", 16]]})
-    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4, maxnreg=MAX_REGS))
+    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32),
+                              options=dict(num_warps=4, maxnreg=MAX_REGS if consumers == 2 else 128))
     return compiled.asm
