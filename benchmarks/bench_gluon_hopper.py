@@ -5,8 +5,8 @@ kernel, one run, CUDA-graph replay times (GPU time, no host overhead).
 
 bf16, B·S = 16k tokens, 16 heads (8 at D = 256), D 64, 128 and 256, causal and not. Systems: ``sdpa_cudnn``;
 ``portable_triton`` (``lk.attention`` with an explicit default config, which keeps the Triton-language kernel);
-``lk_attention`` (the public call: the Gluon kernel on an H100); at D = 64 ``gluon_2_consumers`` (the kernel with
-two consumer warpgroups instead of three). Each output is checked against cuDNN's first (relative error). Writes
+``lk_attention`` (the public call: the Gluon kernel on an H100); at D = 64 ``gluon_2_consumers`` and
+``gluon_3_consumers`` (the kernel with that many consumer warpgroups per block). Each output is checked against cuDNN's first (relative error). Writes
 gluon_hopper.{csv,md,png} to DIR. (Session 15's ablation of ping-pong and a third stage: NOTES.)
 """
 from __future__ import annotations
@@ -32,8 +32,9 @@ def systems_of(q, k, v, causal):
     systems = {"sdpa_cudnn": lambda: cudnn().transpose(1, 2),
                "portable_triton": lambda: lk.attention(q, k, v, causal=causal, config=portable),
                "lk_attention": lambda: lk.attention(q, k, v, causal=causal)}
-    if dim == 64:  # the default runs three consumer warpgroups there
+    if dim == 64:  # the default runs two or three consumer warpgroups there (gluon_hopper._consumers)
         systems["gluon_2_consumers"] = lambda: gluon_attention(q, k, v, causal=causal, consumers=2)
+        systems["gluon_3_consumers"] = lambda: gluon_attention(q, k, v, causal=causal, consumers=3)
     return systems
 
 
