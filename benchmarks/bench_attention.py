@@ -128,7 +128,7 @@ def prefill_rows(shapes, ablation: bool):
                 expected = attention_reference(q, k, v, causal=causal).transpose(1, 2)
             variants = {"llmkernels": None}
             if ablation and ON_GPU and (batch, heads, seqlen, head_dim) == PREFILL_SHAPES[0]:
-                base = default_config(head_dim, DTYPE, DEVICE)
+                base = default_config(head_dim, DTYPE, DEVICE).replace(warp_specialized=False)  # portable
                 variants.update({
                     "llmk two_q_tiles": base.replace(BM=max(base.BM, 128), num_q_tiles=2),
                     "llmk threshold=0": base.replace(rescale_threshold=0.0),

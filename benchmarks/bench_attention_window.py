@@ -92,7 +92,7 @@ def main():
         row = dict(mask=name, visible_pairs_m=pairs / 1e6, ms=ms, ns_per_m_pairs=ms * 1e6 / (pairs / 1e6),
                    tflops=4 * pairs * dim / ms / 1e9, flex_ms="not run")
         if args.tiles and ON_GPU:
-            base = default_config(dim, q.dtype, q.device)
+            base = default_config(dim, q.dtype, q.device).replace(warp_specialized=False)  # portable
             for label, config in (("ms_bm128_bn64", base.replace(BN=64)),
                                   ("ms_bm64_bn64", base.replace(BM=64, BN=64, num_warps=4))):
                 try:

@@ -4,10 +4,11 @@ kernel, one run, CUDA-graph replay times (GPU time, no host overhead).
     python -m benchmarks bench_gluon_hopper [--out DIR]
 
 bf16, B·S = 16k tokens, 16 heads (8 at D = 256), D 64, 128 and 256, causal and not. Systems: ``sdpa_cudnn``;
-``portable_triton`` (``lk.attention`` with an explicit default config, which keeps the Triton-language kernel);
+``portable_triton`` (``lk.attention`` with the default config but ``warp_specialized=False``: the Triton kernel);
 ``lk_attention`` (the public call: the Gluon kernel on an H100); at D = 64 ``gluon_2_consumers`` and
-``gluon_3_consumers`` (the kernel with that many consumer warpgroups per block). Each output is checked against cuDNN's first (relative error). Writes
-gluon_hopper.{csv,md,png} to DIR. (Session 15's ablation of ping-pong and a third stage: NOTES.)
+``gluon_3_consumers`` (the kernel with that many consumer warpgroups per block). Each output is checked against
+cuDNN's first (relative error). Writes gluon_hopper.{csv,md,png} to DIR. (Session 15's ablation of ping-pong
+and a third stage: NOTES.)
 """
 from __future__ import annotations
 
@@ -27,7 +28,8 @@ SHAPES = [(8, 2048, 16, 64), (4, 4096, 16, 64), (4, 4096, 16, 128), (2, 8192, 16
 
 def systems_of(q, k, v, causal):
     dim, heads = q.shape[-1], q.shape[2]
-    portable = default_config(dim, q.dtype, q.device, num_q_heads=heads, num_kv_heads=k.shape[2])
+    portable = default_config(dim, q.dtype, q.device, num_q_heads=heads,
+                              num_kv_heads=k.shape[2]).replace(warp_specialized=False)
     cudnn = sdpa_runner("cudnn", *(t.transpose(1, 2) for t in (q, k, v)), causal=causal)
     systems = {"sdpa_cudnn": lambda: cudnn().transpose(1, 2),
                "portable_triton": lambda: lk.attention(q, k, v, causal=causal, config=portable),

@@ -539,7 +539,9 @@ def test_config_validation():
              ("rescale_threshold", dict(rescale_threshold=-1.0)), ("rescale_threshold", dict(rescale_threshold=20.0)),
              ("poly_exp2_fraction", dict(poly_exp2_fraction=0.3)), ("num_q_heads", dict(num_q_heads=6, num_kv_heads=4)),
              ("page_size", dict(page_size=8)), ("pack_gqa_heads", dict(pack_gqa_heads=3)),
-             ("padded_depth", dict(depth=64, padded_depth=32))]
+             ("padded_depth", dict(depth=64, padded_depth=32)), ("warp_specialized", dict(warp_specialized=1)),
+             ("consumer_warpgroups", dict(consumer_warpgroups=4)),
+             ("consumer_warpgroups", dict(depth=128, consumer_warpgroups=3))]
     for field, kwargs in cases:
         with pytest.raises(ValueError, match=field):
             FA4Config(**kwargs)

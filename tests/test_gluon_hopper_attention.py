@@ -198,9 +198,9 @@ def test_rejects_bad_arguments():
 
 def test_lk_attention_takes_this_kernel():
     """``lk.attention`` runs this kernel for dense causal / windowed / unmasked calls (same bits, LSE included),
-    and the portable kernel when given a config."""
+    with the config's consumer count, and the portable kernel for a config without ``warp_specialized``."""
     import llmkernels as lk
-    from llmkernels.attention.config import default_config
+    from llmkernels.attention.config import FA4Config, default_config
 
     q, k, v = _inputs(2, 1000, 1000, 8, 2, 128)
     for causal in (False, True):
@@ -209,5 +209,13 @@ def test_lk_attention_takes_this_kernel():
         assert torch.equal(out, expected) and torch.equal(lse, expected_lse)
     out = lk.attention(q, k, v, causal=True, mask=lk.SlidingWindow(100, 0))
     assert torch.equal(out, gluon_attention(q, k, v, causal=True, window=(100, 0)))
-    portable = lk.attention(q, k, v, causal=True, config=default_config(128, q.dtype, q.device))
+    default = default_config(128, q.dtype, q.device)
+    assert default.warp_specialized
+    portable = lk.attention(q, k, v, causal=True, config=default.replace(warp_specialized=False))
     assert not torch.equal(portable, gluon_attention(q, k, v, causal=True))
+    q, k, v = _inputs(2, 1000, 1000, 4, 2, 64)
+    for consumers in (2, 3):
+        config = default_config(64, q.dtype, q.device).replace(consumer_warpgroups=consumers)
+        assert torch.equal(lk.attention(q, k, v, config=config), gluon_attention(q, k, v, consumers=consumers))
+    with pytest.raises(ValueError, match="consumer_warpgroups=3 needs head dim 64"):
+        lk.attention(*_inputs(1, 64, 64, 2, 2, 128), config=FA4Config(consumer_warpgroups=3))

@@ -284,6 +284,8 @@ def check_attention(q, k, v, causal, mask, score_mod, sinks, softmax_scale, cu_s
             expected = getattr(config, field)
             if expected is not None and expected != actual:
                 raise ValueError(f"config.{field}={expected} but the inputs have {actual}")
+        if config.consumer_warpgroups == 3 and head_dim != 64:
+            raise ValueError(f"config.consumer_warpgroups=3 needs head dim 64, the inputs have {head_dim}")
         if paged and config.page_size is not None and config.page_size != kv_cache.page_size:
             raise ValueError(f"config.page_size={config.page_size} but kv_cache has page size {kv_cache.page_size}")
     device = check_device(
@@ -348,10 +350,10 @@ def attention(
         D: any multiple of 16 up to 256 (64, 128, 256 are the tuned ones); the same for q, k and v.
 
     Kernels: on an sm_90 GPU, a dense call of more than 16 queries with D 64, 128 or 256, no mask but ``causal``
-    and / or a :class:`SlidingWindow`, no ``score_mod``, sinks or mask tensor, and no ``config``, runs the
-    warp-specialized Gluon kernel (:mod:`llmkernels.attention.gluon_hopper`: a load warp and two consumer
-    warpgroups; heads must be contiguous within a token, or the call takes the portable kernel). Every other
-    call, and every call on other GPUs or in the interpreter, runs the portable Triton kernel.
+    and / or a :class:`SlidingWindow`, no ``score_mod``, sinks or mask tensor, runs the warp-specialized Gluon
+    kernel (:mod:`llmkernels.attention.gluon_hopper`: a load warp and two or three consumer warpgroups; heads
+    must be contiguous within a token) when the config has ``warp_specialized`` (the default there). Every
+    other call, and every call on other GPUs or in the interpreter, runs the portable Triton kernel.
 
     Bad metadata (read on the device, never trusted with an address; ``validate=True`` reports it instead):
         * ``cu_seqlens_q`` / ``cu_seqlens_k`` are read as ``clamp(cummax(cu_seqlens), 0, total)`` (total =
@@ -438,13 +440,14 @@ def _strides3(t: torch.Tensor, ragged: bool) -> tuple[int, int, int]:
     return (0, t.stride(0), t.stride(1)) if ragged else (t.stride(0), t.stride(1), t.stride(2))
 
 
-def _gluon_hopper(call: CheckedCall, q, k, v, split: bool, has_sinks: bool, config):
-    """The warp-specialized Gluon kernel module (``gluon_hopper``) when it runs this call, else None: an sm_90
-    GPU (not the interpreter), dense q/k/v, one pass, no config given, no mask but causal / a sliding window,
-    no score_mod, sinks or mask tensor, and what :func:`gluon_hopper.supports` asks of dtypes, head dim and
-    strides."""
+def _gluon_hopper(call: CheckedCall, q, k, v, split: bool, has_sinks: bool, config: FA4Config):
+    """The warp-specialized Gluon kernel module (``gluon_hopper``) when it runs this call, else None: a config
+    with ``warp_specialized`` (sm_90's default), an sm_90 GPU (not the interpreter), dense q/k/v, one pass, no
+    mask but causal / a sliding window, no score_mod, sinks or mask tensor, and what
+    :func:`gluon_hopper.supports` asks of dtypes, head dim and strides."""
     spec = call.mask_spec
-    if (interpreting() or call.ragged or call.paged or split or has_sinks or config is not None or spec.has_chunk
+    if (not config.warp_specialized or interpreting() or call.ragged or call.paged or split or has_sinks
+            or spec.has_chunk
             or spec.mask_mod is not None or call.mask_kind != "none" or call.mod_spec.kind != SCORE_MOD_NONE
             or cuda_capability(call.device) != (9, 0)):
         return None
@@ -472,11 +475,11 @@ class _Plan:
         self.empty = q.numel() == 0 or batch == 0 or q_bound == 0
         self.split = (num_splits is not None and num_splits > 1) or (
             num_splits is None and q_bound <= split_kv.MAX_DECODE_QUERIES)
-        self.gluon = _gluon_hopper(call, q, k, v, self.split, has_sinks, config)
         if config is None:
             config = default_config(call.head_dim, q.dtype, call.device, decode=self.split,
                                     num_q_heads=call.num_q_heads, num_kv_heads=call.num_kv_heads,
                                     visible_band=call.mask_spec.visible_band)
+        self.gluon = _gluon_hopper(call, q, k, v, self.split, has_sinks, config)
         spec = call.mask_spec
         self.window = (spec.window_left, spec.window_right) if spec.has_window else None
         self.config = config
@@ -517,7 +520,8 @@ class _Plan:
             return (out, lse) if self.return_lse else out
         if self.gluon is not None:
             with torch.cuda.device(device):
-                self.gluon.launch(q, k, v, out, lse, self.window, float(self.softmax_scale))
+                self.gluon.launch(q, k, v, out, lse, self.window, float(self.softmax_scale),
+                                  consumers=self.config.consumer_warpgroups)
             return (out, lse) if self.return_lse else out
         # Token / head / batch strides of q, k, v and the pages go to the kernel (zero ones included); a
         # head dim that is not unit-stride is copied. The kernel reads metadata vectors as dense: views of

@@ -33,14 +33,30 @@ FA4 switches
 ``pack_gqa_heads``     split-KV/decode only: q heads of one KV head packed into one tile (rows are
                        (query, head) pairs) so that K/V is read once per KV head. 0 = automatic.
 
+Hopper's warp-specialized schedule
+----------------------------------
+``warp_specialized``     run the Gluon kernel of ``gluon_hopper.py`` where it applies (an sm_90 GPU, dense
+                         fp16/bf16 prefill, D 64/128/256, no mask but causal / a sliding window, no score_mod,
+                         sinks or mask tensor): the seed's warp roles made explicit, a TMA **load warp** (K and
+                         V through two-stage rings, the seed's ``num_kv_stages`` = 2) and consumer warpgroups
+                         that each issue their own wgmmas and run their own softmax (on Hopper the warpgroup
+                         that issues a wgmma owns its accumulator, so the seed's MMA and softmax roles merge;
+                         the warp schedulers interleave the consumers, FA3's ping-pong without barriers). Its
+                         tiles are fixed: 64 Q rows per consumer, 128 keys (64 at D = 256); the fields above
+                         apply to the portable kernel, which runs every call the Gluon kernel does not take.
+                         The default on sm_90 (prefill); False elsewhere.
+``consumer_warpgroups``  consumers per block with ``warp_specialized``: 2 (128 rows, 240 registers each) or 3
+                         (192 rows, 160 registers; D = 64 only); None = the measured rule (3 at D = 64 except
+                         masked calls of fewer than 4096 queries).
+
 Seed fields fixed by the Triton compiler
 -----------------------------------------
 ``BK0`` (K-chunk of QK^T: the whole ``padded_depth``; the compiler splits it into MMA instructions),
 ``BK1`` (``BN`` for PV), ``num_qk_stages`` / ``num_pv_stages`` (MMA pipelining inside one tile),
-``swizzle_mode`` (shared-memory layouts are chosen by the compiler), and the warp roles (load / MMA /
-softmax / correction warpgroups): Triton schedules one program's warps itself. What each of the
-other FA4 ideas measured on the H100 (warp specialization, a software-pipelined ``Q K^T``) is in
-``benchmarks/NOTES.md``; neither won, so neither is a switch here.
+``swizzle_mode`` (shared-memory layouts are chosen by the compiler), and, in the portable kernel, the warp
+roles (load / MMA / softmax / correction warpgroups): Triton schedules one program's warps itself (its
+automatic warp specialization and a software-pipelined ``Q K^T`` both lost on the H100, ``benchmarks/NOTES.md``);
+the Gluon kernel's roles are explicit (``warp_specialized`` above).
 """
 from __future__ import annotations
 
@@ -86,6 +102,8 @@ class FA4Config:
     pack_gqa_heads: int = 0
     tma_kv: bool = True
     page_size: int | None = None
+    warp_specialized: bool = False
+    consumer_warpgroups: int | None = None
 
     def __post_init__(self):
         if not _is_power_of_2(self.num_q_tiles) or self.num_q_tiles > 2:
@@ -127,6 +145,11 @@ class FA4Config:
             raise ValueError(f"tma_kv must be a bool, got {self.tma_kv!r}")
         if self.page_size is not None and (not _is_power_of_2(self.page_size) or not 16 <= self.page_size <= 256):
             raise ValueError(f"page_size must be a power of two in [16, 256], got {self.page_size!r}")
+        if not isinstance(self.warp_specialized, bool):
+            raise ValueError(f"warp_specialized must be a bool, got {self.warp_specialized!r}")
+        if self.consumer_warpgroups not in (None, 2, 3) or isinstance(self.consumer_warpgroups, bool) or (
+                self.consumer_warpgroups == 3 and self.depth is not None and self.depth != 64):
+            raise ValueError(f"consumer_warpgroups must be None, 2, or 3 at depth 64, got {self.consumer_warpgroups!r}")
 
     # -- derived and compiler-fixed fields (the seed's names) ------------------------------------
     @property
@@ -155,8 +178,9 @@ def default_config(depth: int, dtype: torch.dtype, device: torch.device, *, deco
     ``visible_band``: the most keys a query can see under a sliding window or chunk, None if unbounded).
 
     CPU (Triton interpreter): small tiles, both FA4 tiles on, so the default exercises the FA4 paths.
-    Hopper (sm90): one Q tile of 128 rows (a warpgroup per 64 rows already gives the 2Q overlap),
-    MUFU exp2 only, classic rescaling (all three measured faster there). Blackwell (sm100+): the seed's
+    Hopper (sm90): prefill ``warp_specialized`` (the Gluon kernel where it applies); for the portable kernel
+    one Q tile of 128 rows (a warpgroup per 64 rows already gives the 2Q overlap), MUFU exp2 only, classic
+    rescaling (all three measured faster there). Blackwell (sm100+): the seed's
     2 x 128 rows and a quarter of exp2 on FMA units.
     """
     common = dict(depth=depth, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads)
@@ -183,9 +207,12 @@ def default_config(depth: int, dtype: torch.dtype, device: torch.device, *, deco
         return FA4Config(BM=128, BN=64, num_q_tiles=2, num_kv_stages=2, num_warps=8,
                          rescale_threshold=8.0, poly_exp2_fraction=0.25, **common)
     if major == 9:
-        # The best tiles of the H100 sweep (benchmarks/NOTES.md). The conditional rescale's block-uniform
-        # branch splits the MMA pipeline here, so the threshold is 0; TMA loads of 512-byte rows (D=256)
-        # lost to pointer loads, so they are off there.
+        # Prefill takes the warp-specialized Gluon kernel where it applies (0.68-1.16x cuDNN against the
+        # portable kernel's 0.53-0.96x on the H100 grid, benchmarks/NOTES.md); the tiles below are the
+        # portable kernel's, the best of the H100 sweep, for every other call. The conditional rescale's
+        # block-uniform branch splits the MMA pipeline here, so the threshold is 0; TMA loads of 512-byte
+        # rows (D=256) lost to pointer loads, so they are off there.
+        common["warp_specialized"] = True
         if depth <= 64:
             return FA4Config(BM=128, BN=64, num_q_tiles=1, num_kv_stages=3, num_warps=4,
                              rescale_threshold=0.0, **common)
