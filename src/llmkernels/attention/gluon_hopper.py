@@ -44,8 +44,19 @@ from .masks import UNBOUNDED
 __all__ = ["gluon_attention", "supports", "compile_for_sm90"]
 
 LOG2E = 1.4426950408889634
+LN2 = gl.constexpr(0.6931471805599453)
 CONSUMER_ROWS = 64  # Q rows per consumer warpgroup: one m64 wgmma row block
 HEAD_DIMS = (64, 128, 256)
+DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
+MAX_GRID_Y = 65535  # CUDA's limit on grid dimension y, which holds batch * q heads
+# Registers per thread. Two consumer warpgroups: 240 each and 24 for the load warp's warpgroup, 12 warps in all
+# (4 + 4 + 1, rounded up to warpgroups) sharing the SM's 64K registers: the launch's maxnreg is 65536 / (12 * 32)
+# rounded down to a multiple of 8, and the default partition gets what the workers leave. Three consumers
+# (FA3's choice at D = 64): 16 warps, maxnreg 128, 160 per consumer.
+CONSUMER_REGS = gl.constexpr(240)
+CONSUMER_REGS_3 = gl.constexpr(160)
+LOADER_REGS = gl.constexpr(24)
+MAX_REGS = {2: 168, 3: 128}
 
 
 def _block_n(head_dim: int) -> int:
@@ -53,17 +64,6 @@ def _block_n(head_dim: int) -> int:
     registers, and Q plus two stages of K and V the 227 KiB of shared memory."""
     return 64 if head_dim > 128 else 128
 
-
-DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
-MAX_GRID_Y = 65535  # CUDA's limit on grid dimension y, which holds batch * q heads
-# Registers per thread: the two consumer warpgroups get 240 each, the load warp's warpgroup 24; 12 warps in
-# all (4 + 4 + 1, rounded up to warpgroups) share the SM's 64K registers.
-CONSUMER_REGS = gl.constexpr(240)
-# With three consumer warpgroups (FA3's choice at D = 64): 16 warps, 128 registers each on average; 160 for the
-# consumers, 24 for the load warp.
-CONSUMER_REGS_3 = gl.constexpr(160)
-LOADER_REGS = gl.constexpr(24)
-MAX_REGS = 168  # 65536 / (12 * 32), rounded down to a multiple of 8; the default partition gets the rest
 
 # The TMA global -> shared copy: ``async_copy_global_to_shared`` in Triton 3.6, ``async_load`` in later ones
 # (3.9 removed the old name), so that the kernel also compiles with the newer Triton of a CPU test machine.
@@ -255,7 +255,7 @@ def _consumer_partition(smem, bars, out_ptr, lse_ptr, geometry, num_q_heads, gro
     mbarrier.arrive(v_empty.index(last % STAGES))
 
     if RETURN_LSE:  # natural log, [B, Hq, Sq] contiguous; -inf for a row that saw no key
-        lse = (m_i * qk_scale + gl.log2(l_i)) * 0.6931471805599453
+        lse = (m_i * qk_scale + gl.log2(l_i)) * LN2
         lse_offsets = (batch * num_q_heads + head).to(gl.int64) * seqlen_q + rows
         gl.store(lse_ptr + lse_offsets, lse, mask=rows < seqlen_q)
     l_safe = gl.where(l_i == 0.0, 1.0, l_i)  # a row that saw no key: output 0
@@ -391,7 +391,7 @@ def launch(q, k, v, out, lse, window: tuple[int, int] | None, softmax_scale: flo
         lse if lse is not None else out, seqlen_q, seqlen_kv, left, right, num_q_heads, num_q_heads // num_kv_heads,
         softmax_scale * LOG2E, WINDOW=window is not None, RETURN_LSE=lse is not None, CONSUMERS=consumers,
         Q_LAYOUT=_nvmma_layout([CONSUMER_ROWS, head_dim], dtype), KV_LAYOUT=_nvmma_layout([block_n, head_dim], dtype),
-        num_warps=4, maxnreg=MAX_REGS if consumers == 2 else 128)
+        num_warps=4, maxnreg=MAX_REGS[consumers])
 
 
 def gluon_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
@@ -477,5 +477,5 @@ def compile_for_sm90(head_dim: int, window: bool, *, return_lse: bool = False,
                                                        for name, value in constexprs.items()},
                             attrs={(fn.arg_names.index("out_ptr"), ): [["tt.divisibility", 16]]})
     compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32),
-                              options=dict(num_warps=4, maxnreg=MAX_REGS if consumers == 2 else 128))
+                              options=dict(num_warps=4, maxnreg=MAX_REGS[consumers]))
     return compiled.asm
