@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from llmkernels.attention.gluon_hopper import gluon_attention, supports
+from llmkernels.attention.gluon_hopper import gluon_attention, supports, tma_ready
 
 
 def _on_sm90() -> bool:
@@ -166,10 +166,31 @@ def test_supports():
     assert not supports(q[..., :32], k[..., :32], v[..., :32], 0.1)  # head dim 32
     assert not supports(q, k, v, -0.1)  # scale
     assert not supports(q, k[:, :0], v[:, :0], 0.1)  # no key
-    assert not supports(q.transpose(1, 2).contiguous().transpose(1, 2), k, v, 0.1)  # heads not contiguous
-    q2 = torch.cat([q, q])
-    assert not supports(q2, k.expand(2, -1, -1, -1), v.expand(2, -1, -1, -1), 0.1)  # batch stride 0
     assert not supports(q.cpu(), k.cpu(), v.cpu(), 0.1)
+    heads_apart = q.transpose(1, 2).contiguous().transpose(1, 2)
+    assert supports(heads_apart, k, v, 0.1) and not tma_ready(heads_apart)  # copied, then read by TMA
+    assert tma_ready(q) and not tma_ready(q.expand(2, -1, -1, -1))  # batch stride 0
+
+
+@pytest.mark.parametrize("view", ["heads-apart", "batch-expanded", "offset", "odd-token-stride"])
+def test_views_tma_cannot_read_give_the_contiguous_bits(view):
+    """Views TMA cannot read in place are copied first: the kernel and lk.attention give the contiguous call's
+    bits (the library's any-strides convention)."""
+    import llmkernels as lk
+
+    q, k, v = _inputs(2, 700, 700, 4, 2, 128)
+    if view == "heads-apart":
+        k = k.transpose(1, 2).contiguous().transpose(1, 2)
+    elif view == "batch-expanded":
+        k = k[:1].expand(2, -1, -1, -1)
+    elif view == "offset":
+        k = torch.empty(k.numel() + 1, dtype=k.dtype, device=k.device)[1:].view(k.shape).copy_(k)
+    else:  # heads contiguous, but a token stride of 257 elements (514 bytes)
+        k = torch.empty(2, 700, 257, dtype=k.dtype, device=k.device)[..., :256].unflatten(-1, (2, 128)).copy_(k)
+    assert not tma_ready(k)
+    expected = gluon_attention(q, k.contiguous(), v, causal=True)
+    assert torch.equal(gluon_attention(q, k, v, causal=True), expected)
+    assert torch.equal(lk.attention(q, k, v, causal=True), expected)
 
 
 def test_rejects_bad_arguments():

@@ -351,9 +351,9 @@ def attention(
 
     Kernels: on an sm_90 GPU, a dense call of more than 16 queries with D 64, 128 or 256, no mask but ``causal``
     and / or a :class:`SlidingWindow`, no ``score_mod``, sinks or mask tensor, runs the warp-specialized Gluon
-    kernel (:mod:`llmkernels.attention.gluon_hopper`: a load warp and two or three consumer warpgroups; heads
-    must be contiguous within a token) when the config has ``warp_specialized`` (the default there). Every
-    other call, and every call on other GPUs or in the interpreter, runs the portable Triton kernel.
+    kernel (:mod:`llmkernels.attention.gluon_hopper`: a load warp and two or three consumer warpgroups; q, k, v
+    in a layout TMA cannot read are copied first) when the config has ``warp_specialized`` (the default there).
+    Every other call, and every call on other GPUs or in the interpreter, runs the portable Triton kernel.
 
     Bad metadata (read on the device, never trusted with an address; ``validate=True`` reports it instead):
         * ``cu_seqlens_q`` / ``cu_seqlens_k`` are read as ``clamp(cummax(cu_seqlens), 0, total)`` (total =
@@ -480,6 +480,8 @@ class _Plan:
                                     num_q_heads=call.num_q_heads, num_kv_heads=call.num_kv_heads,
                                     visible_band=call.mask_spec.visible_band)
         self.gluon = _gluon_hopper(call, q, k, v, self.split, has_sinks, config)
+        # which of q, k, v TMA cannot read in place (strides and 16-byte alignment are in the plan's key)
+        self.gluon_copies = tuple(not self.gluon.tma_ready(t) for t in (q, k, v)) if self.gluon else ()
         spec = call.mask_spec
         self.window = (spec.window_left, spec.window_right) if spec.has_window else None
         self.config = config
@@ -519,6 +521,9 @@ class _Plan:
         if self.empty:
             return (out, lse) if self.return_lse else out
         if self.gluon is not None:
+            if any(self.gluon_copies):  # the same values in a layout TMA reads: the contiguous call's bits
+                q, k, v = (t.clone(memory_format=torch.contiguous_format) if copy else t
+                           for t, copy in zip((q, k, v), self.gluon_copies))
             with torch.cuda.device(device):
                 self.gluon.launch(q, k, v, out, lse, self.window, float(self.softmax_scale),
                                   consumers=self.config.consumer_warpgroups)

@@ -41,7 +41,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from .masks import UNBOUNDED
 
-__all__ = ["gluon_attention", "supports", "compile_for_sm90"]
+__all__ = ["gluon_attention", "supports", "tma_ready", "as_tma_ready", "launch", "compile_for_sm90"]
 
 LOG2E = 1.4426950408889634
 LN2 = gl.constexpr(0.6931471805599453)
@@ -332,19 +332,26 @@ def _nvmma_layout(block_shape, dtype=gl.bfloat16):
     return gl.NVMMASharedLayout.get_default_for(block_shape, dtype)
 
 
-def _tma_ready(t: torch.Tensor) -> bool:
-    """A ``[B, S, H, D]`` tensor that TMA can read as ``[B, S, H·D]``: heads contiguous in a token row, batch and
-    token strides positive multiples of 16 bytes, a 16-byte aligned start."""
+def tma_ready(t: torch.Tensor) -> bool:
+    """Whether TMA can read a ``[B, S, H, D]`` tensor in place as ``[B, S, H·D]``: heads contiguous in a token row,
+    batch and token strides positive multiples of 16 bytes, a 16-byte aligned start. Other layouts are copied
+    (:func:`as_tma_ready`)."""
     batch_stride, token_stride, head_stride, unit = t.stride()
     size = t.element_size()
     return (unit == 1 and head_stride == t.shape[3] and token_stride > 0 and batch_stride > 0
             and (token_stride * size) % 16 == 0 and (batch_stride * size) % 16 == 0 and t.data_ptr() % 16 == 0)
 
 
+def as_tma_ready(t: torch.Tensor) -> torch.Tensor:
+    """``t``, or a contiguous copy in fresh (aligned) memory when TMA cannot read it in place: the kernel then
+    sees the same values in the same order, so any view gives the bits of the contiguous call."""
+    return t if tma_ready(t) else t.clone(memory_format=torch.contiguous_format)
+
+
 def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float) -> bool:
     """Whether :func:`gluon_attention` runs this dense call: an sm_90 GPU, fp16/bf16 ``[B, S, H, D]`` q, k, v of
-    one dtype with D in {64, 128, 256} and TMA-readable strides (:func:`_tma_ready`), at least one key,
-    ``B * Hq <= 65535`` and a positive scale."""
+    one dtype with D in {64, 128, 256}, at least one key, ``B * Hq <= 65535`` and a positive scale (any strides:
+    layouts TMA cannot read are copied)."""
     if q.dtype not in DTYPES or k.dtype != q.dtype or v.dtype != q.dtype or q.dim() != 4 or k.dim() != 4:
         return False
     if q.shape[3] not in HEAD_DIMS or k.shape[3] != q.shape[3] or v.shape != k.shape or k.shape[0] != q.shape[0]:
@@ -355,7 +362,7 @@ def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: f
     seqlen_kv, num_kv_heads = k.shape[1], k.shape[2]
     if num_kv_heads < 1 or num_q_heads % num_kv_heads or batch * num_q_heads > MAX_GRID_Y or seqlen_kv < 1:
         return False
-    return softmax_scale > 0 and all(_tma_ready(t) for t in (q, k, v))
+    return softmax_scale > 0
 
 
 def _descriptor(t: torch.Tensor, block_rows: int) -> TensorDescriptor:
@@ -376,7 +383,8 @@ def _consumers(head_dim: int, seqlen_q: int, window) -> int:
 
 def launch(q, k, v, out, lse, window: tuple[int, int] | None, softmax_scale: float, *,
            consumers: int | None = None) -> None:
-    """Runs the kernel on inputs :func:`supports` accepts: ``out`` contiguous ``[B, Sq, Hq, D]`` in q's dtype,
+    """Runs the kernel on inputs :func:`supports` accepts and :func:`tma_ready` passes (see
+    :func:`as_tma_ready`): ``out`` contiguous ``[B, Sq, Hq, D]`` in q's dtype,
     ``lse`` None or float32 contiguous ``[B, Hq, Sq]``, ``window`` None (every key) or ``(left, right)`` sides in
     ``[0, UNBOUNDED]`` (causal: ``(UNBOUNDED, 0)``). No checks, no sync (CUDA-graph capturable)."""
     batch, seqlen_q, num_q_heads, head_dim = q.shape
@@ -401,8 +409,9 @@ def gluon_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     :func:`llmkernels.attention` is the public entry, which takes this path when it can).
 
     q: fp16/bf16 ``[B, Sq, Hq, D]``; k, v: ``[B, Skv, Hkv, D]`` of q's dtype; ``D`` in {64, 128, 256}, ``Hq`` a
-    multiple of ``Hkv`` (q head h reads KV head ``h // (Hq / Hkv)``); heads contiguous within a token (any batch
-    and token strides that are multiples of 16 bytes). Masks are bottom-right aligned (position ``i + Skv - Sq``
+    multiple of ``Hkv`` (q head h reads KV head ``h // (Hq / Hkv)``); any strides (read in place when heads are
+    contiguous within a token and the other strides are multiples of 16 bytes, else copied). Masks are bottom-right
+    aligned (position ``i + Skv - Sq``
     of query i): causal sees keys ``j <= pos``; window ``(left, right)`` (flash-attn's ``window_size``, a negative
     side unbounded) keys ``pos - left <= j <= pos + right``; both together intersect. A query that sees no key
     gets output 0 and LSE -inf. softmax_scale: > 0, default ``1 / sqrt(D)``. consumers: consumer warpgroups
@@ -439,6 +448,7 @@ def gluon_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
         left = UNBOUNDED if left < 0 else min(left, UNBOUNDED)
         right = UNBOUNDED if right < 0 else min(right, UNBOUNDED)
         sides = (left, min(right, 0) if causal else right)
+    q, k, v = as_tma_ready(q), as_tma_ready(k), as_tma_ready(v)
     batch, seqlen_q, num_q_heads, head_dim = q.shape
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty((batch, num_q_heads, seqlen_q), dtype=torch.float32, device=q.device) if return_lse else None
