@@ -640,3 +640,38 @@ def test_gpu_ragged_masks(device):
                    dict(mask=checker_mask), dict(score_mod=biased_score)):
         _check(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=2048, max_seqlen_k=2048,
                tolerance=TOLERANCE["gpu_bf16"], what=str(kwargs), **kwargs)
+
+
+def test_gluon_dispatch_hands_over_tma_readable_tensors(monkeypatch):
+    """The plan's hand-over to the Hopper Gluon kernel, checked on the CPU with a stand-in module: the window
+    (causal: ``(UNBOUNDED, 0)``), the config's consumer count, and q/k/v that TMA could not read in place (here:
+    every non-contiguous view) replaced by contiguous copies with the same values, so any view gives the
+    contiguous call's bits; a readable tensor is passed as is."""
+    import contextlib
+    from llmkernels.attention.masks import UNBOUNDED
+
+    seen = {}
+
+    class StandIn:
+        @staticmethod
+        def tma_ready(t):
+            return t.is_contiguous()
+
+        @staticmethod
+        def launch(q, k, v, out, lse, window, softmax_scale, consumers=None):
+            seen.update(q=q, k=k, v=v, window=window, consumers=consumers, scale=softmax_scale)
+            out.fill_(1.0)
+
+    monkeypatch.setattr(attention_api, "_gluon_hopper", lambda *args: StandIn)
+    monkeypatch.setattr(attention_api.torch.cuda, "device", lambda device: contextlib.nullcontext())
+    q = torch.randn(2, 40, 4, 64, dtype=torch.bfloat16)
+    k = torch.randn(2, 4, 50, 64, dtype=torch.bfloat16).transpose(1, 2)[:, :, :2]  # heads apart, a slice
+    v = torch.randn(2, 50, 2, 64, dtype=torch.bfloat16)
+    config = FA4Config(warp_specialized=True, consumer_warpgroups=3)
+    out = attention(q, k, v, causal=True, config=config, softmax_scale=0.25)
+    assert torch.equal(out, torch.ones_like(q))
+    assert seen["q"] is q and seen["v"] is v
+    assert seen["k"].is_contiguous() and torch.equal(seen["k"], k) and seen["k"].data_ptr() != k.data_ptr()
+    assert seen["window"] == (UNBOUNDED, 0) and seen["consumers"] == 3 and seen["scale"] == 0.25
+    attention(q, k, v, mask=SlidingWindow(7, 2), config=config)
+    assert seen["window"] == (7, 2)
