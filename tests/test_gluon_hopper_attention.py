@@ -6,7 +6,6 @@ import math
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from llmkernels.attention.gluon_hopper import gluon_attention, supports, tma_ready
 
@@ -16,6 +15,7 @@ def _on_sm90() -> bool:
 
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not _on_sm90(), reason="needs an sm_90 (Hopper) GPU")]
+
 
 @pytest.fixture
 def attend():
