@@ -2,7 +2,10 @@
 weighted combine; everything on the device, no host sync."""
 from __future__ import annotations
 
+import hashlib
+
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from .._runtime import cuda_capability, forward_only, interpreting
@@ -10,12 +13,45 @@ from ..formats import FORMATS, HOPPER_FORMATS, ScaledTensor, unwrap_torchao
 from ..formats.spec import format_spec
 from ..ops import combine, dispatch, grouped_matmul, quantize
 from ..routing import check_correction_bias, route, select_experts
+from .expert_parallel import ExpertExchange
 
 __all__ = ["MoEFeedForward"]
 
 
 def _is_hopper(device: torch.device) -> bool:
     return device.type == "cuda" and not interpreting() and cuda_capability(device)[0] == 9
+
+
+def _local_expert_count(process_group, capacity, num_experts: int) -> int:
+    """E without a process group, else E / W; checks the expert-parallel arguments before any collective."""
+    if capacity is not None and (isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1):
+        raise ValueError(f"capacity must be None (exact mode) or an int >= 1, got {capacity!r}")
+    if process_group is None:
+        if capacity is not None:
+            raise ValueError("capacity needs a process_group (expert parallelism)")
+        return num_experts
+    world = dist.get_world_size(process_group)
+    if num_experts % world:
+        raise ValueError(f"the process group's {world} ranks must divide the E = {num_experts} experts")
+    return num_experts // world
+
+
+def _check_same_config_on_every_rank(process_group, block, device: torch.device) -> None:
+    """One small all_gather at construction: ranks built with different sizes, formats or modes all raise
+    (the same ValueError on every rank, never a hang in a later all-to-all)."""
+    formats = (block.activation_format, block._weight_formats["w_gate_up"], block._weight_formats["w_down"])
+    signature = [block.num_experts, block.hidden, block.intermediate, block.top_k,
+                 -1 if block.exchange.capacity is None else block.exchange.capacity,
+                 int.from_bytes(hashlib.sha256(repr((formats, block.routing)).encode()).digest()[:7], "little")]
+    mine = torch.tensor(signature, dtype=torch.int64, device=device)
+    every = [torch.empty_like(mine) for _ in range(block.exchange.world)]
+    dist.all_gather(every, mine, group=process_group)
+    names = ("E", "H", "I", "top_k", "capacity", "formats and routing")
+    for rank, theirs in enumerate(every):
+        differ = [name for name, a, b in zip(names, mine.tolist(), theirs.tolist()) if a != b]
+        if differ:
+            raise ValueError(f"expert-parallel ranks disagree: rank {rank} has another {', '.join(differ)} than "
+                             f"rank {block.exchange.rank}")
 
 PLAIN = ("bf16",)
 
@@ -37,7 +73,7 @@ class MoEFeedForward(nn.Module):
     def __init__(self, router_weight: torch.Tensor, w_gate_up, w_down, top_k: int, *,
                  activation_format: str = "bf16", scoring: str = "softmax", renormalize: bool = True,
                  num_groups: int | None = None, topk_groups: int | None = None,
-                 correction_bias: torch.Tensor | None = None):
+                 correction_bias: torch.Tensor | None = None, process_group=None, capacity: int | None = None):
         super().__init__()
         self._weight_formats = {}
         self._weight_layouts = {}  # name -> (scale_layout, logical shape)
@@ -49,16 +85,18 @@ class MoEFeedForward(nn.Module):
         if router_weight.dim() != 2:
             raise ValueError(f"router_weight must be [E, H], got shape {tuple(router_weight.shape)}")
         num_experts, hidden = router_weight.shape
+        num_local = _local_expert_count(process_group, capacity, num_experts)
         w_gate_up, w_down = unwrap_torchao(w_gate_up), unwrap_torchao(w_down)  # torchao tensors: as ScaledTensors
         for name, weight in (("w_gate_up", w_gate_up), ("w_down", w_down)):
             if not isinstance(weight, (torch.Tensor, ScaledTensor)):
                 raise TypeError(f"{name} must be a ScaledTensor or a bf16 tensor, got {type(weight).__name__}")
-        if (len(w_gate_up.shape) != 3 or w_gate_up.shape[0] != num_experts or w_gate_up.shape[2] != hidden
+        local = "" if process_group is None else " (this rank's experts: E / world size)"
+        if (len(w_gate_up.shape) != 3 or w_gate_up.shape[0] != num_local or w_gate_up.shape[2] != hidden
                 or w_gate_up.shape[1] % 2):
-            raise ValueError(f"w_gate_up must be [E={num_experts}, 2I, H={hidden}], got {tuple(w_gate_up.shape)}")
+            raise ValueError(f"w_gate_up must be [{num_local}{local}, 2I, H={hidden}], got {tuple(w_gate_up.shape)}")
         intermediate = w_gate_up.shape[1] // 2
-        if tuple(w_down.shape) != (num_experts, hidden, intermediate):
-            raise ValueError(f"w_down must be [E, H, I] = [{num_experts}, {hidden}, {intermediate}], "
+        if tuple(w_down.shape) != (num_local, hidden, intermediate):
+            raise ValueError(f"w_down must be [E, H, I] = [{num_local}{local}, {hidden}, {intermediate}], "
                              f"got {tuple(w_down.shape)}")
         if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= num_experts:
             raise ValueError(f"top_k must be an int in [1, E={num_experts}], got {top_k!r}")
@@ -71,7 +109,11 @@ class MoEFeedForward(nn.Module):
         self.num_experts, self.hidden, self.intermediate, self.top_k = num_experts, hidden, intermediate, top_k
         self.activation_format = activation_format
         self.register_buffer("correction_bias", None if correction_bias is None else correction_bias.detach().contiguous())
-        self.register_buffer("expert_ids", torch.arange(num_experts, dtype=torch.int32, device=router_weight.device))
+        self.register_buffer("expert_ids", torch.arange(num_local, dtype=torch.int32, device=router_weight.device))
+        self.exchange = None
+        if process_group is not None:
+            self.exchange = ExpertExchange(process_group, num_experts, capacity)
+            _check_same_config_on_every_rank(process_group, self, router_weight.device)
 
     def _register_weight(self, name: str, weight) -> None:
         """Buffers of the weight's bytes: ``.to(device)`` moves them, and ``.half()`` and friends
@@ -129,21 +171,35 @@ class MoEFeedForward(nn.Module):
     @classmethod
     def from_float(cls, router_weight: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, top_k: int, *,
                    weight_format: str = "mxfp8", activation_format: str | None = None, weight_layout: str | None = None,
-                   **routing) -> "MoEFeedForward":
+                   process_group=None, capacity: int | None = None, **routing) -> "MoEFeedForward":
         """Quantizes float expert weights once.
 
         Args:
-            router_weight: ``[E, H]``; w_gate_up: ``[E, 2I, H]`` (``[gate | up]``); w_down: ``[E, H, I]``.
+            router_weight: ``[E, H]``; w_gate_up: ``[E, 2I, H]`` (``[gate | up]``); w_down: ``[E, H, I]``. With a
+                ``process_group`` of W ranks, w_gate_up and w_down hold only this rank's ``E / W`` experts
+                (rank r: experts ``r·E/W … (r+1)·E/W − 1``) while router_weight stays the full ``[E, H]``.
             weight_format: ``"mxfp8"``, ``"mxfp4"``, ``"nvfp4"`` or ``"bf16"``.
             activation_format: default: mxfp8 activations for mxfp8 weights, nvfp4 for nvfp4, bf16
                 otherwise (mxfp4 weights run weight-only, as gpt-oss does on Hopper).
             weight_layout: ``"row"`` or ``"hopper"`` (mxfp4 and nvfp4: :meth:`ScaledTensor.to_layout`). Default:
                 ``"hopper"`` for mxfp4 and nvfp4 weights on a Hopper GPU (compute capability 9.x; the layout is
                 chosen on the router weight's device, not again by ``.to()``), ``"row"`` otherwise.
+            process_group: None (one process holds every expert), or a ``torch.distributed`` group: expert
+                parallelism (:mod:`llmkernels.moe.expert_parallel`); ``forward`` then takes this rank's own tokens
+                and returns their outputs in their order. Every rank must build the block with the same sizes,
+                formats, routing and capacity (checked by one all_gather here; a mismatch raises ValueError on
+                every rank). Collectives wait for every rank: set the group's ``timeout`` (e.g.
+                ``init_process_group(..., timeout=timedelta(minutes=2))``) so that a rank that died ends the
+                others' wait with an error.
+            capacity: with a process_group: None for the exact mode (the per-rank counts are read on the host:
+                one sync per forward), or the rows each rank sends to each rank (bounded mode: no sync, CUDA-graph
+                capturable; copies beyond it are dropped and counted in ``block.exchange.dropped``).
             routing: keyword arguments of :func:`llmkernels.moe.route`.
 
         Raises:
-            ValueError: an unknown weight_layout, or ``"hopper"`` for mxfp8 or bf16 weights.
+            ValueError: an unknown weight_layout, ``"hopper"`` for mxfp8 or bf16 weights, a world size that does
+                not divide E, local weights of another expert count, a capacity below 1 or without a group,
+                ranks that disagree.
         """
         if activation_format is None:
             activation_format = weight_format if weight_format in ("mxfp8", "nvfp4") else "bf16"
@@ -158,8 +214,9 @@ class MoEFeedForward(nn.Module):
             if weight_format == "bf16":
                 return w.to(torch.bfloat16)
             return quantize(w.contiguous(), weight_format, scale_layout=weight_layout)
-        return cls(router_weight, convert(w_gate_up), convert(w_down), top_k,
-                   activation_format=activation_format, **routing)
+        _local_expert_count(process_group, capacity, router_weight.shape[0])  # before quantizing anything
+        return cls(router_weight, convert(w_gate_up), convert(w_down), top_k, activation_format=activation_format,
+                   process_group=process_group, capacity=capacity, **routing)
 
     def _activations(self, x: torch.Tensor, rows: torch.Tensor | None = None):
         """``x`` (or ``x[rows]``) as the grouped matmul's A: bf16, or quantized with the gather
@@ -188,8 +245,21 @@ class MoEFeedForward(nn.Module):
                                                  correction_bias=self.correction_bias)
         else:
             weights, expert_ids = route(logits, self.top_k, correction_bias=self.correction_bias, **self.routing)
-        token_of_row, a_offsets, row_of_copy = dispatch(expert_ids, self.num_experts)
-        a = self._activations(x.to(torch.bfloat16), token_of_row)
+        if self.exchange is None:
+            y, row_of_copy = self._experts(x.to(torch.bfloat16), expert_ids, self.num_experts)
+            return combine(y, row_of_copy, weights, hidden_states.dtype).reshape(hidden_states.shape)
+        rows, local_ids, state = self.exchange.send(x.to(torch.bfloat16), expert_ids)
+        y, row_of_row = self._experts(rows, local_ids.view(-1, 1), len(self.expert_ids))
+        ones = torch.ones(rows.shape[0], 1, dtype=torch.float32, device=rows.device)
+        outputs = combine(y, row_of_row, ones, torch.bfloat16)  # back in the order the rows arrived
+        results, row_of_copy = self.exchange.receive(outputs, state)
+        return combine(results, row_of_copy.view(weights.shape), weights,
+                       hidden_states.dtype).reshape(hidden_states.shape)
+
+    def _experts(self, x: torch.Tensor, expert_ids: torch.Tensor, num_experts: int):
+        """This rank's experts on bf16 ``x [T, H]`` routed by local ``expert_ids [T, k]``: ``(y, row_of_copy)``,
+        the outputs in expert-sorted rows and the row of each (token, slot) copy."""
+        token_of_row, a_offsets, row_of_copy = dispatch(expert_ids, num_experts)
+        a = self._activations(x, token_of_row)
         h = grouped_matmul(a, self.w_gate_up, a_offsets, self.expert_ids, epilogue="swiglu")
-        y = grouped_matmul(self._activations(h), self.w_down, a_offsets, self.expert_ids)
-        return combine(y, row_of_copy, weights, hidden_states.dtype).reshape(hidden_states.shape)
+        return grouped_matmul(self._activations(h), self.w_down, a_offsets, self.expert_ids), row_of_copy

@@ -1,0 +1,130 @@
+"""The ranks of tests/test_expert_parallel.py: ``python tests/ep_worker.py WORLD PORT CASE FORMAT CAPACITY OUT``
+spawns WORLD processes on the CPU (gloo, Triton's interpreter); each builds the expert-parallel MoE block with its
+own experts and the single-process block with all of them, runs its own tokens through both, and writes what it
+found to ``OUT.<rank>.json``.
+
+Cases: ``balanced`` (random routing), ``skewed`` (one hot expert), ``no-tokens`` (rank 0 has no token),
+``idle-experts`` (no token goes to the last rank's experts), ``disagree`` (rank 0 is built with another top_k: every
+rank must raise the same ValueError at construction), ``bad-inputs`` (errors raised before any collective).
+"""
+import json
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+NUM_EXPERTS, HIDDEN, INTERMEDIATE, TOP_K = 8, 64, 32, 2
+TOKENS_PER_RANK = 12
+
+
+def _problem(world: int, case: str):
+    """The same weights and tokens on every rank (one seed): router, w_gate_up, w_down, x of every rank."""
+    generator = torch.Generator().manual_seed(1234)
+    router = torch.randn(NUM_EXPERTS, HIDDEN, generator=generator)
+    w_gate_up = torch.randn(NUM_EXPERTS, 2 * INTERMEDIATE, HIDDEN, generator=generator) / HIDDEN ** 0.5
+    w_down = torch.randn(NUM_EXPERTS, HIDDEN, INTERMEDIATE, generator=generator) / INTERMEDIATE ** 0.5
+    counts = [0 if case == "no-tokens" and rank == 0 else TOKENS_PER_RANK + 3 * rank for rank in range(world)]
+    x = torch.randn(sum(counts), HIDDEN, generator=generator)
+    if case in ("skewed", "idle-experts"):  # every token leans towards expert 0
+        x = x + 4 * router[0] / router[0].norm()
+    if case == "idle-experts":  # the last rank's experts point away from every token
+        per_rank = NUM_EXPERTS // world
+        router[NUM_EXPERTS - per_rank:] = -router[0].abs().sum() * router[0] / router[0].norm() ** 2
+    return router, w_gate_up, w_down, list(torch.split(x.to(torch.bfloat16), counts))
+
+
+def _kept_copies(router, xs, rank: int, world: int, capacity: int | None):
+    """bool ``[T, k]``: the copies of ``rank``'s tokens that the bounded mode keeps (the first ``capacity`` copies to
+    each destination in (token, slot) order), from the same top-k the block computes."""
+    logits = xs[rank].float() @ router.float().t()
+    expert_ids = torch.topk(logits, TOP_K, dim=-1).indices
+    dest = (expert_ids // (NUM_EXPERTS // world)).reshape(-1)
+    kept = torch.ones_like(dest, dtype=torch.bool)
+    if capacity is not None:
+        for d in range(world):
+            where = (dest == d).nonzero().flatten()
+            kept[where[capacity:]] = False
+    return kept.view(-1, TOP_K)
+
+
+def _copies_to(router, x, world: int) -> list:
+    """How many of x's (token, slot) copies go to each rank (the top-k the block computes)."""
+    expert_ids = torch.topk(x.float() @ router.float().t(), TOP_K, dim=-1).indices
+    return torch.bincount((expert_ids // (NUM_EXPERTS // world)).flatten(), minlength=world).tolist()
+
+
+def _bad_inputs(router, w_gate_up, w_down, mine, x) -> list:
+    """The messages of the ValueErrors that bad arguments raise; each before any collective (a collective
+    reached by one rank only would hang this process, and the test's timeout would fail it)."""
+    from llmkernels.moe import MoEFeedForward
+
+    group = dist.group.WORLD
+    attempts = [
+        lambda: MoEFeedForward.from_float(router[:7], w_gate_up[:3], w_down[:3], TOP_K, weight_format="bf16",
+                                          process_group=group),  # 7 experts over 2 ranks
+        lambda: MoEFeedForward.from_float(router, w_gate_up, w_down, TOP_K, weight_format="bf16",
+                                          process_group=group),  # every expert given to one rank
+        lambda: MoEFeedForward.from_float(router, w_gate_up[mine], w_down[mine], TOP_K, weight_format="bf16",
+                                          process_group=group, capacity=0),
+        lambda: MoEFeedForward.from_float(router, w_gate_up, w_down, TOP_K, weight_format="bf16", capacity=4),
+    ]
+    errors = []
+    for attempt in attempts:
+        try:
+            attempt()
+            errors.append(None)
+        except ValueError as error:
+            errors.append(str(error))
+    block = MoEFeedForward.from_float(router, w_gate_up[mine], w_down[mine], TOP_K, weight_format="bf16",
+                                      process_group=group)  # a good block (its construction check is collective)
+    try:
+        block(x[:, :-1])
+        errors.append(None)
+    except ValueError as error:
+        errors.append(str(error))
+    return errors
+
+
+def _run(rank: int, world: int, port: int, case: str, weight_format: str, capacity: int | None, out: str):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), TRITON_INTERPRET="1")
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    from llmkernels.moe import MoEFeedForward
+
+    router, w_gate_up, w_down, xs = _problem(world, case)
+    per_rank = NUM_EXPERTS // world
+    mine = slice(rank * per_rank, (rank + 1) * per_rank)
+    report = {"rank": rank}
+    if case == "bad-inputs":
+        report["errors"] = _bad_inputs(router, w_gate_up, w_down, mine, xs[rank])
+        with open(f"{out}.{rank}.json", "w") as file:
+            json.dump(report, file)
+        dist.destroy_process_group()
+        return
+    try:
+        top_k = TOP_K + 1 if case == "disagree" and rank == 0 else TOP_K
+        block = MoEFeedForward.from_float(router, w_gate_up[mine], w_down[mine], top_k, weight_format=weight_format,
+                                          process_group=dist.group.WORLD, capacity=capacity)
+    except ValueError as error:
+        report["error"] = str(error)
+    else:
+        whole = MoEFeedForward.from_float(router, w_gate_up, w_down, TOP_K, weight_format=weight_format)
+        x = xs[rank]
+        got, expected = block(x).float(), whole(x).float()
+        kept = _kept_copies(router, xs, rank, world, capacity).all(dim=1)  # tokens with every copy computed
+        difference = (got[kept] - expected[kept]).norm().item()
+        report.update(tokens=x.shape[0], tokens_whole=int(kept.sum()), finite=bool(torch.isfinite(got).all()),
+                      rel_error=difference / max(expected[kept].norm().item(), 1e-30), shape_ok=got.shape == x.shape,
+                      dropped=None if block.exchange.dropped is None else int(block.exchange.dropped),
+                      dropped_expected=int((~_kept_copies(router, xs, rank, world, capacity)).sum()),
+                      copies_to=_copies_to(router, x, world))
+    with open(f"{out}.{rank}.json", "w") as file:
+        json.dump(report, file)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    world, port, case, weight_format, capacity, out = sys.argv[1:7]
+    mp.spawn(_run, args=(int(world), int(port), case, weight_format, None if capacity == "none" else int(capacity),
+                         out), nprocs=int(world))
