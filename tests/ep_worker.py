@@ -98,9 +98,7 @@ def _run(rank: int, world: int, port: int, case: str, weight_format: str, capaci
     report = {"rank": rank}
     if case == "bad-inputs":
         report["errors"] = _bad_inputs(router, w_gate_up, w_down, mine, xs[rank])
-        with open(f"{out}.{rank}.json", "w") as file:
-            json.dump(report, file)
-        dist.destroy_process_group()
+        _finish(report, out, rank)
         return
     try:
         top_k = TOP_K + 1 if case == "disagree" and rank == 0 else TOP_K
@@ -119,8 +117,15 @@ def _run(rank: int, world: int, port: int, case: str, weight_format: str, capaci
                       dropped=None if block.exchange.dropped is None else int(block.exchange.dropped),
                       dropped_expected=int((~_kept_copies(router, xs, rank, world, capacity)).sum()),
                       copies_to=_copies_to(router, x, world))
+    _finish(report, out, rank)
+
+
+def _finish(report: dict, out: str, rank: int) -> None:
+    """Writes the report, then leaves the group together with the other ranks (a rank that tore its group down
+    while another still used it aborted the process now and then)."""
     with open(f"{out}.{rank}.json", "w") as file:
         json.dump(report, file)
+    dist.barrier()
     dist.destroy_process_group()
 
 

@@ -64,7 +64,8 @@ NON_TENSOR_ARGUMENTS = {
     "select_experts": {"top_k", "scoring", "renormalize"},
     "dispatch": {"num_experts"},
     "combine": {"out_dtype"},
-    "MoEFeedForward": {"top_k", "activation_format", "scoring", "renormalize", "num_groups", "topk_groups"},
+    "MoEFeedForward": {"top_k", "activation_format", "scoring", "renormalize", "num_groups", "topk_groups",
+                       "process_group", "capacity"},
     "MoEFeedForward.forward": {"self"},
 }
 
