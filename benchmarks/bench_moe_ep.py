@@ -1,0 +1,187 @@
+"""The expert-parallel MoE block (issue 24) on W ranks against one GPU holding every expert, one run.
+
+    torchrun --nproc-per-node W -m benchmarks.bench_moe_ep [--out DIR] [--experts 64] [--hidden 7168]
+        [--intermediate 2048] [--top-k 8] [--weight-format mxfp4] [--tokens 4096]
+    python -m benchmarks bench_moe_ep --cpu-smoke     (2 gloo ranks on the CPU, tiny shapes: checks the script)
+
+Each rank holds E / W experts and routes its own ``--tokens`` tokens. Rank 0 reports:
+
+* **prefill**: MoE-block tokens/s of the W ranks (exact mode; W·T tokens per forward) against rank 0 alone running
+  the one-process block with every expert on the same W·T tokens, and the ratio;
+* **all-to-all**: the time of one ``all_to_all_single`` of a forward's dispatch volume against the bandwidth this
+  run measures for the group (a large all-to-all), i.e. how close the exchange runs to the link;
+* **decode**: bounded-mode latency at 1 to 64 tokens per rank (capacity = tokens · top_k, so nothing is dropped),
+  under CUDA-graph replay on GPUs.
+
+Writes ``moe_ep.{csv,md,png}`` under DIR (default ``benchmarks/results/<gpu>/``). With W = 1 (one GPU) the
+exchange degenerates to local copies: the baseline and the block's overhead, not a scaling figure.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import torch
+import torch.distributed as dist
+
+
+def _timer(device: torch.device):
+    """``time_ms(fn, reps)``: mean milliseconds per call, CUDA events on a GPU, wall clock on the CPU; every rank
+    enters it together (a barrier first), so collective calls line up."""
+    def time_ms(fn, reps: int) -> float:
+        fn()
+        dist.barrier()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(reps):
+                fn()
+            end.record()
+            torch.cuda.synchronize()
+            return start.elapsed_time(end) / reps
+        started = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        return (time.perf_counter() - started) * 1e3 / reps
+    return time_ms
+
+
+def _graphed(fn, device: torch.device):
+    """``fn`` replayed from a CUDA graph on a GPU (no host time), ``fn`` itself elsewhere."""
+    if device.type != "cuda":
+        return fn
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=None)
+    parser.add_argument("--experts", type=int, default=64)
+    parser.add_argument("--hidden", type=int, default=7168)
+    parser.add_argument("--intermediate", type=int, default=2048)
+    parser.add_argument("--top-k", type=int, default=8)
+    parser.add_argument("--weight-format", default="mxfp4")
+    parser.add_argument("--tokens", type=int, default=4096, help="tokens per rank (prefill)")
+    parser.add_argument("--cpu-smoke", action="store_true", help="2 gloo ranks, tiny shapes, the interpreter")
+    args = parser.parse_args(argv)
+    if args.cpu_smoke:
+        import torch.multiprocessing as mp
+
+        os.environ.update(TRITON_INTERPRET="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ.get("MASTER_PORT",
+                                                                                                   "29631"))
+        small = dict(experts=8, hidden=64, intermediate=32, top_k=2, tokens=16, weight_format=args.weight_format,
+                     out=args.out or "/tmp/moe_ep_smoke")
+        mp.spawn(_smoke_rank, args=(small,), nprocs=2)
+        return
+    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    run(vars(args))
+    dist.destroy_process_group()
+
+
+def _smoke_rank(rank: int, options: dict):
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    run(options, decode_tokens=(1, 4))
+    dist.destroy_process_group()
+
+
+def run(options: dict, decode_tokens=(1, 2, 4, 8, 16, 32, 64)) -> None:
+    from benchmarks.common import bar_plot, default_out_dir, write_table
+    from llmkernels.moe import MoEFeedForward
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank))) if torch.cuda.is_available() else (
+        torch.device("cpu"))
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    num_experts, hidden, intermediate, top_k = (options[key] for key in ("experts", "hidden", "intermediate",
+                                                                         "top_k"))
+    tokens, weight_format = options["tokens"], options["weight_format"]
+    generator = torch.Generator(device=device).manual_seed(0)  # the same weights on every rank
+    router = torch.randn(num_experts, hidden, device=device, generator=generator)
+    w_gate_up = torch.randn(num_experts, 2 * intermediate, hidden, device=device, generator=generator) / hidden**0.5
+    w_down = torch.randn(num_experts, hidden, intermediate, device=device, generator=generator) / intermediate**0.5
+    per_rank = num_experts // world
+    mine = slice(rank * per_rank, (rank + 1) * per_rank)
+    block = MoEFeedForward.from_float(router, w_gate_up[mine], w_down[mine], top_k, weight_format=weight_format,
+                                      process_group=dist.group.WORLD)
+    x_all = torch.randn(world * tokens, hidden, device=device, generator=generator).to(torch.bfloat16)
+    x = x_all[rank * tokens:(rank + 1) * tokens]
+    time_ms = _timer(device)
+    reps = 3 if device.type == "cpu" else 20
+    rows = []
+
+    # prefill: W ranks (exact mode) against rank 0 alone with every expert on all W·T tokens
+    ep_ms = time_ms(lambda: block(x), reps)
+    whole_ms = float("nan")
+    if rank == 0:
+        whole = MoEFeedForward.from_float(router, w_gate_up, w_down, top_k, weight_format=weight_format)
+        started = _timer_local(device)
+        whole_ms = started(lambda: whole(x_all), reps)
+        del whole
+    rows.append(dict(part="prefill", tokens_per_rank=tokens, ranks=world, ms=ep_ms,
+                     tokens_per_s=world * tokens / ep_ms * 1e3, one_gpu_ms=whole_ms,
+                     one_gpu_tokens_per_s=world * tokens / whole_ms * 1e3,
+                     speedup=whole_ms / ep_ms))
+
+    # all-to-all: a forward's dispatch volume against the group's measured bandwidth
+    dispatch_bytes = tokens * top_k * hidden * 2  # bf16 rows sent by one rank (upper bound: all to others)
+    big = torch.empty(64 * 2**20 // 2 * world, dtype=torch.bfloat16, device=device)
+    big_out = torch.empty_like(big)
+    big_ms = time_ms(lambda: dist.all_to_all_single(big_out, big), reps)
+    link_gbps = big.numel() * 2 * (world - 1) / world / big_ms / 1e6  # bytes leaving each rank
+    rows_x = torch.empty(tokens * top_k, hidden, dtype=torch.bfloat16, device=device)
+    rows_out = torch.empty_like(rows_x)
+    a2a_ms = time_ms(lambda: dist.all_to_all_single(rows_out, rows_x), reps)
+    rows.append(dict(part="all_to_all", tokens_per_rank=tokens, ranks=world, ms=a2a_ms,
+                     bytes_per_rank=dispatch_bytes, link_gbps=link_gbps,
+                     at_link_ms=dispatch_bytes * (world - 1) / world / link_gbps / 1e6 if world > 1 else 0.0))
+
+    # decode: bounded mode, capacity = tokens · top_k (nothing dropped), graph replay on GPUs
+    for n in decode_tokens:
+        decode_block = MoEFeedForward.from_float(router, w_gate_up[mine], w_down[mine], top_k,
+                                                 weight_format=weight_format, process_group=dist.group.WORLD,
+                                                 capacity=n * top_k)
+        xd = x[:n].contiguous()
+        ms = time_ms(_graphed(lambda: decode_block(xd), device), reps)
+        rows.append(dict(part="decode", tokens_per_rank=n, ranks=world, ms=ms, tokens_per_s=world * n / ms * 1e3))
+
+    columns = list(dict.fromkeys(key for row in rows for key in row))
+    rows = [{key: row.get(key, "") for key in columns} for row in rows]
+    if rank == 0:
+        out_dir = options.get("out") or default_out_dir()
+        name = torch.cuda.get_device_name() if device.type == "cuda" else "CPU (gloo, interpreter)"
+        print(write_table(rows, out_dir, "moe_ep", "Expert-parallel MoE block",
+                          f"{world} ranks of {name}, torch {torch.__version__}; E={num_experts}, H={hidden}, "
+                          f"I={intermediate}, top-{top_k}, {weight_format} weights; mean times per call."))
+        decode = [r for r in rows if r["part"] == "decode"]
+        bar_plot([str(r["tokens_per_rank"]) for r in decode], {"decode ms": [r["ms"] for r in decode]},
+                 "ms per forward", os.path.join(out_dir, "moe_ep.png"), "Expert-parallel decode latency")
+
+
+def _timer_local(device: torch.device):
+    """Like :func:`_timer` for one rank alone (no barrier: the other ranks do not take part)."""
+    def time_ms(fn, reps: int) -> float:
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        started = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        return (time.perf_counter() - started) * 1e3 / reps
+    return time_ms
+
+
+if __name__ == "__main__":
+    main()
