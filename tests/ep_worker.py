@@ -110,12 +110,13 @@ def _run(rank: int, world: int, port: int, case: str, weight_format: str, capaci
         whole = MoEFeedForward.from_float(router, w_gate_up, w_down, TOP_K, weight_format=weight_format)
         x = xs[rank]
         got, expected = block(x).float(), whole(x).float()
-        kept = _kept_copies(router, xs, rank, world, capacity).all(dim=1)  # tokens with every copy computed
+        kept_copies = _kept_copies(router, xs, rank, world, capacity)
+        kept = kept_copies.all(dim=1)  # tokens with every copy computed
         difference = (got[kept] - expected[kept]).norm().item()
         report.update(tokens=x.shape[0], tokens_whole=int(kept.sum()), finite=bool(torch.isfinite(got).all()),
                       rel_error=difference / max(expected[kept].norm().item(), 1e-30), shape_ok=got.shape == x.shape,
                       dropped=None if block.exchange.dropped is None else int(block.exchange.dropped),
-                      dropped_expected=int((~_kept_copies(router, xs, rank, world, capacity)).sum()),
+                      dropped_expected=int((~kept_copies).sum()),
                       copies_to=_copies_to(router, x, world))
     _finish(report, out, rank)
 

@@ -658,6 +658,10 @@ def test_gluon_dispatch_hands_over_tma_readable_tensors(monkeypatch):
             return t.is_contiguous()
 
         @staticmethod
+        def as_tma_ready(t):
+            return t if t.is_contiguous() else t.clone(memory_format=torch.contiguous_format)
+
+        @staticmethod
         def launch(q, k, v, out, lse, window, softmax_scale, consumers=None):
             seen.update(q=q, k=k, v=v, window=window, consumers=consumers, scale=softmax_scale)
             out.fill_(1.0)

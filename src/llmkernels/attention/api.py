@@ -522,8 +522,7 @@ class _Plan:
             return (out, lse) if self.return_lse else out
         if self.gluon is not None:
             if any(self.gluon_copies):  # the same values in a layout TMA reads: the contiguous call's bits
-                q, k, v = (t.clone(memory_format=torch.contiguous_format) if copy else t
-                           for t, copy in zip((q, k, v), self.gluon_copies))
+                q, k, v = (self.gluon.as_tma_ready(t) if copy else t for t, copy in zip((q, k, v), self.gluon_copies))
             with torch.cuda.device(device):
                 self.gluon.launch(q, k, v, out, lse, self.window, float(self.softmax_scale),
                                   consumers=self.config.consumer_warpgroups)

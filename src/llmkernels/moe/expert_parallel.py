@@ -43,7 +43,7 @@ class ExpertExchange:
         """x: bf16 ``[T, H]`` this rank's tokens; expert_ids: int ``[T, k]`` global expert ids. Returns
         ``(rows [R, H] bf16, local_ids [R] int32, state)``: the copies this rank's experts run (padding rows of the
         bounded mode are zeros with local id 0) and what :meth:`receive` needs."""
-        num_tokens, top_k = expert_ids.shape
+        top_k = expert_ids.shape[1]
         dest = (expert_ids.reshape(-1) // self.experts_per_rank).to(torch.int64)  # [T·k] destination rank
         order = torch.argsort(dest, stable=True)  # copies grouped by destination, token order within
         dest_sorted = dest[order]

@@ -47,8 +47,8 @@ def _check_same_config_on_every_rank(process_group, block, device: torch.device)
     every = [torch.empty_like(mine) for _ in range(block.exchange.world)]
     dist.all_gather(every, mine, group=process_group)
     names = ("E", "H", "I", "top_k", "capacity", "formats and routing")
-    for rank, theirs in enumerate(every):
-        differ = [name for name, a, b in zip(names, mine.tolist(), theirs.tolist()) if a != b]
+    for rank, theirs in enumerate(torch.stack(every).tolist()):  # one read of the gathered signatures
+        differ = [name for name, a, b in zip(names, signature, theirs) if a != b]
         if differ:
             raise ValueError(f"expert-parallel ranks disagree: rank {rank} has another {', '.join(differ)} than "
                              f"rank {block.exchange.rank}")
@@ -250,9 +250,7 @@ class MoEFeedForward(nn.Module):
             return combine(y, row_of_copy, weights, hidden_states.dtype).reshape(hidden_states.shape)
         rows, local_ids, state = self.exchange.send(x.to(torch.bfloat16), expert_ids)
         y, row_of_row = self._experts(rows, local_ids.view(-1, 1), len(self.expert_ids))
-        ones = torch.ones(rows.shape[0], 1, dtype=torch.float32, device=rows.device)
-        outputs = combine(y, row_of_row, ones, torch.bfloat16)  # back in the order the rows arrived
-        results, row_of_copy = self.exchange.receive(outputs, state)
+        results, row_of_copy = self.exchange.receive(y[row_of_row.view(-1)], state)  # rows in arrival order
         return combine(results, row_of_copy.view(weights.shape), weights,
                        hidden_states.dtype).reshape(hidden_states.shape)
 
