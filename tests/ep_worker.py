@@ -1,11 +1,13 @@
 """The ranks of tests/test_expert_parallel.py: ``python tests/ep_worker.py WORLD PORT CASE FORMAT CAPACITY OUT``
 spawns WORLD processes on the CPU (gloo, Triton's interpreter); each builds the expert-parallel MoE block with its
 own experts and the single-process block with all of them, runs its own tokens through both, and writes what it
-found to ``OUT.<rank>.json``.
+found to ``OUT.<rank>.json``. With ``EP_DEVICE=cuda`` the ranks run on GPUs through NCCL (rank r on GPU r) and the
+compiled kernels instead.
 
 Cases: ``balanced`` (random routing), ``skewed`` (one hot expert), ``no-tokens`` (rank 0 has no token),
 ``idle-experts`` (no token goes to the last rank's experts), ``disagree`` (rank 0 is built with another top_k: every
-rank must raise the same ValueError at construction), ``bad-inputs`` (errors raised before any collective).
+rank must raise the same ValueError at construction), ``bad-inputs`` (errors raised before any collective),
+``graph`` (GPUs only: the bounded block captured in a CUDA graph and replayed on new tokens equals the eager block).
 """
 import json
 import os
@@ -87,12 +89,36 @@ def _bad_inputs(router, w_gate_up, w_down, mine, x) -> list:
     return errors
 
 
+def _graph_replay(block, x: torch.Tensor) -> torch.Tensor:
+    """``block(x)`` captured in a CUDA graph on other tokens of x's shape, then replayed on x's."""
+    static = torch.randn_like(x)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        block(static)  # warm-up outside the capture: compiles, allocates, opens the communicator
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = block(static)
+    static.copy_(x)
+    graph.replay()
+    return static_out.clone()
+
+
 def _run(rank: int, world: int, port: int, case: str, weight_format: str, capacity: int | None, out: str):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), TRITON_INTERPRET="1")
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    on_gpu = os.environ.get("EP_DEVICE", "cpu") == "cuda"
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    if on_gpu:
+        torch.cuda.set_device(rank)
+    else:
+        os.environ["TRITON_INTERPRET"] = "1"
+    dist.init_process_group("nccl" if on_gpu else "gloo", rank=rank, world_size=world,
+                            device_id=torch.device("cuda", rank) if on_gpu else None)
     from llmkernels.moe import MoEFeedForward
 
-    router, w_gate_up, w_down, xs = _problem(world, case)
+    device = torch.device("cuda", rank) if on_gpu else torch.device("cpu")
+    router, w_gate_up, w_down, xs = (tensor.to(device) if isinstance(tensor, torch.Tensor) else
+                                     [x.to(device) for x in tensor] for tensor in _problem(world, case))
     per_rank = NUM_EXPERTS // world
     mine = slice(rank * per_rank, (rank + 1) * per_rank)
     report = {"rank": rank}
@@ -110,6 +136,8 @@ def _run(rank: int, world: int, port: int, case: str, weight_format: str, capaci
         whole = MoEFeedForward.from_float(router, w_gate_up, w_down, TOP_K, weight_format=weight_format)
         x = xs[rank]
         got, expected = block(x).float(), whole(x).float()
+        if case == "graph":
+            report["graph_equal"] = bool(torch.equal(_graph_replay(block, xs[rank]).float(), got))
         kept_copies = _kept_copies(router, xs, rank, world, capacity)
         kept = kept_copies.all(dim=1)  # tokens with every copy computed
         difference = (got[kept] - expected[kept]).norm().item()

@@ -127,7 +127,8 @@ def test_old_triton_is_refused(monkeypatch, capability, version, refused):
 def test_gluon_hopper_attention_compiles_to_warp_specialized_wgmma():
     """The Gluon attention for Hopper (``attention/gluon_hopper.py``, issue 23) builds for sm_90a with this Triton:
     wgmmas, per-sequence (3-D) TMA loads, and the consumer warpgroups raised to 240 registers (160 with three
-    of them) and the load warp lowered to 24 (setmaxnreg), at every head dim, with and without the LSE output."""
+    of them) and the load warp lowered to 24 (setmaxnreg), at every head dim, with and without the LSE output; the
+    masked variants' load warp takes work tiles from an atomic counter."""
     if not _compilable(90):
         pytest.skip("this Triton does not compile for sm_90a")
     script = ("import re\n"
@@ -136,13 +137,16 @@ def test_gluon_hopper_attention_compiles_to_warp_specialized_wgmma():
               "                                  (256, True, False, 2)):\n"
               "    ptx = compile_for_sm90(d, window, return_lse=lse, consumers=consumers)['ptx']\n"
               "    regs = sorted(set(re.findall(r'setmaxnreg\\.\\w+\\.sync\\.aligned\\.u32\\s+(\\d+)', ptx)), key=int)\n"
-              "    print(d, window, ptx.count('wgmma.mma_async'), ptx.count('cp.async.bulk.tensor.3d'), ','.join(regs))\n")
+              "    print(d, window, ptx.count('wgmma.mma_async'), ptx.count('cp.async.bulk.tensor.3d'), ','.join(regs),\n"
+              "          ptx.count('atom.global'))\n")
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[1] / "src"), env.get("PYTHONPATH", "")])
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     rows = [line.split() for line in done.stdout.splitlines()]
     assert len(rows) == 4
-    for (head_dim, window, wgmmas, tma_loads, regs), consumers in zip(rows, (3, 2, 2, 2)):
+    for (head_dim, window, wgmmas, tma_loads, regs, atomics), consumers in zip(rows, (3, 2, 2, 2)):
         assert int(wgmmas) > 0 and int(tma_loads) > 0, (head_dim, window, wgmmas, tma_loads)
+        # persistent: masked variants take work tiles from a counter, unmasked ones stride the grid
+        assert int(atomics) == (1 if window == "True" else 0), (head_dim, window, atomics)
         assert {"24", "240" if consumers == 2 else "160"} <= set(regs.split(",")), regs

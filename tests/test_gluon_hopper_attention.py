@@ -152,6 +152,35 @@ def test_next_sequence_is_never_read(attend, head_dim):
     _check((out[:1], lse[:1]), q[:1], k[:1], v[:1], False, head_dim ** -0.5)
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["strided", "counter"])
+def test_more_work_tiles_than_a_grid_dimension_held(attend, causal):
+    """70400 (batch, head) pairs, over the 65535 a grid's y dimension held before the kernel went persistent: every
+    program runs hundreds of work tiles, handed out by striding (unmasked) or the counter (causal)."""
+    q, k, v = _inputs(1100, 20, 20, 64, 16, 64)
+    result = attend(q, k, v, causal=causal, return_lse=True)
+    _check(result, q, k, v, causal, 64 ** -0.5)
+
+
+def test_repeated_masked_calls_start_from_a_fresh_counter(attend):
+    """The counter of masked calls starts at zero every call: the same call twice gives the same bits, under a
+    CUDA graph replayed twice too."""
+    q, k, v = _inputs(4, 1000, 1000, 8, 8, 128)
+    first = attend(q, k, v, causal=True)
+    assert torch.equal(first, attend(q, k, v, causal=True))
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        gluon_attention(q, k, v, causal=True)
+        with torch.cuda.graph(graph):
+            captured = gluon_attention(q, k, v, causal=True)
+    torch.cuda.current_stream().wait_stream(stream)
+    for _ in range(2):
+        captured.fill_(float("nan"))
+        graph.replay()
+        assert torch.equal(captured, first)
+
+
 def test_empty_query(attend):
     q, k, v = _inputs(2, 0, 16, 4, 2, 64)
     assert attend(q, k, v).shape == q.shape

@@ -5,11 +5,16 @@ inputs with head dim 64, 128 or 256, causal and / or a sliding window (bottom-ri
 MHA/GQA/MQA, optionally with the LSE.
 :func:`supports` says whether a call qualifies; everything else runs the portable Triton kernel.
 
-One program computes a Q block of one (batch, q head) with these roles (``gl.warp_specialize``):
+The kernel is persistent: one program per SM runs work tiles (a Q block of one (batch, q head)) until none is
+left, in head-major order so that the blocks running together share their heads' K/V in L2. Unmasked calls
+stride the grid; masked ones (causal, windows), whose blocks differ in length, hand tiles out through an atomic
+counter, longest first within a head. Roles (``gl.warp_specialize``):
 
-* a **load warp** issues the TMA loads: the block's 64-row Q tiles once, then K and V tiles through two separate
-  two-stage shared-memory rings (``*_ready`` / ``*_empty`` mbarriers), so that K tile ``j + 1`` can land
-  while V tile ``j`` is still read;
+* a **load warp** picks the work tiles and passes each to the consumers through a two-slot shared-memory ring,
+  then issues its TMA loads: the block's 64-row Q tiles (once the consumers released the last block's), then K
+  and V tiles through two separate two-stage rings (``*_ready`` / ``*_empty`` mbarriers), so that K tile
+  ``j + 1`` can land while V tile ``j`` is still read, and the next block's first tiles while the consumers
+  finish this one;
 * two or three **consumer warpgroups** (the default partition and workers), each owning 64 Q rows. Each
   issues ``S_j = Q K_j^T`` and ``O += P_{j-1} V_{j-1}`` as asynchronous wgmmas, then runs the online softmax
   of ``S_j`` once the first is done (``P`` stays in registers as the A operand of ``P V``). The warp
@@ -19,7 +24,7 @@ One program computes a Q block of one (batch, q head) with these roles (``gl.war
 
 Scores stay unscaled until the exponent: ``p = exp2(s * c - m * c)`` with ``c = softmax_scale * log2(e) > 0``
 is one FMA per score. A block visits only the key tiles some of its rows see; only tiles a consumer sees in part
-(the window's edges, the last tile past Skv) are masked; masked blocks run longest first. TMA descriptors are
+(the window's edges, the last tile past Skv) are masked. TMA descriptors are
 per sequence (``[B, S, H·D]`` with the tensors' own batch and token strides), so tiles past ``S`` read zeros,
 never the next sequence's rows. At D = 64 three consumer warpgroups share each block (192 rows, 160 registers
 each: FA3's choice there; two for masked calls of fewer than 4096 queries), at D 128 and 256 two (128 rows,
@@ -29,6 +34,7 @@ each: FA3's choice there; two for masked calls of fewer than 4096 queries), at D
 """
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 
@@ -47,8 +53,8 @@ LOG2E = 1.4426950408889634
 LN2 = gl.constexpr(0.6931471805599453)
 CONSUMER_ROWS = 64  # Q rows per consumer warpgroup: one m64 wgmma row block
 HEAD_DIMS = (64, 128, 256)
+MAX_WORK_TILES = 2**31 - 2**20  # work-tile indices (and the counter, which overshoots by a grid) stay in int32
 DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
-MAX_GRID_Y = 65535  # CUDA's limit on grid dimension y, which holds batch * q heads
 # Registers per thread. Two consumer warpgroups: 240 each and 24 for the load warp's warpgroup, 12 warps in all
 # (4 + 4 + 1, rounded up to warpgroups) sharing the SM's 64K registers: the launch's maxnreg is 65536 / (12 * 32)
 # rounded down to a multiple of 8, and the default partition gets what the workers leave. Three consumers
@@ -86,16 +92,18 @@ def _as_box(buffer):
 
 
 @gluon.jit
-def _program_block(geometry, num_q_heads, group_size, WINDOW: gl.constexpr, TILE_N: gl.constexpr,
-                   CONSUMERS: gl.constexpr):
-    """(batch, q head, kv head, first Q row, first K/V tile, number of K/V tiles) of this program; every role
-    computes it. geometry: ``(Sq, Skv, shift = Skv - Sq, window left, window right)``. At least one tile, so that
-    a block that sees no key still runs (and writes zeros)."""
+def _tile_block(tile, geometry, num_q_heads, group_size, num_m_blocks, WINDOW: gl.constexpr, TILE_N: gl.constexpr,
+                CONSUMERS: gl.constexpr):
+    """(batch, q head, kv head, first Q row, first K/V tile, number of K/V tiles) of work tile ``tile``; every role
+    computes it. Tiles are head-major, so that the blocks running together share their heads' K/V in L2; masked
+    blocks of a head run longest first, so that the last ones to finish are short. geometry: ``(Sq, Skv,
+    shift = Skv - Sq, window left, window right)``. At least one K/V tile, so that a block that sees no key still
+    runs (and writes zeros)."""
     seqlen_q, seqlen_kv, shift, window_left, window_right = geometry
-    pid_m = gl.program_id(0)
-    if WINDOW:  # causal: the longest rows (most key tiles) first, so that the last wave is of short ones
-        pid_m = gl.num_programs(0) - 1 - pid_m
-    pid_bh = gl.program_id(1)
+    pid_bh = tile // num_m_blocks
+    pid_m = tile % num_m_blocks
+    if WINDOW:
+        pid_m = num_m_blocks - 1 - pid_m
     batch = pid_bh // num_q_heads
     head = pid_bh % num_q_heads
     q_start = pid_m * (CONSUMERS * 64)
@@ -111,31 +119,69 @@ def _program_block(geometry, num_q_heads, group_size, WINDOW: gl.constexpr, TILE
 
 
 @gluon.jit
-def _load_partition(descs, smem, bars, geometry, num_q_heads, group_size, WINDOW: gl.constexpr):
-    """The load warp: Q's two halves, then K_j and V_j for every tile, each into its ring once released."""
+def _publish_tile(tile, count, schedule):
+    """The load warp hands work tile ``tile`` (its ``count``-th) to the consumers through a 2-slot ring."""
+    tile_smem, tile_ready, tile_empty = schedule
+    slot = count % 2
+    mbarrier.wait(tile_empty.index(slot), ((count // 2) & 1) ^ 1)
+    tile_smem.index(slot).store(gl.full([1], tile, gl.int32, layout=gl.BlockedLayout([1], [32], [1], [0])))
+    mbarrier.arrive(tile_ready.index(slot))
+
+
+@gluon.jit
+def _receive_tile(count, schedule):
+    """A consumer's ``count``-th work tile, as the load warp published it (>= the tile count: no more work)."""
+    tile_smem, tile_ready, tile_empty = schedule
+    slot = count % 2
+    mbarrier.wait(tile_ready.index(slot), (count // 2) & 1)
+    tile = gl.max(tile_smem.index(slot).load(gl.BlockedLayout([1], [32], [4], [0])), axis=0)
+    mbarrier.arrive(tile_empty.index(slot))
+    return tile
+
+
+@gluon.jit
+def _load_partition(descs, smem, bars, schedule, geometry, num_q_heads, group_size, num_m_blocks, num_work_tiles,
+                    tile_counter, DYNAMIC: gl.constexpr, WINDOW: gl.constexpr):
+    """The load warp: for each work tile of this program, publishes it, loads its Q tiles once the consumers
+    released the last ones, then K_j and V_j for every key tile into the rings, once released. The next work tile
+    comes from ``tile_counter`` (DYNAMIC: the first program to ask gets the next one) or by striding the grid."""
     q_desc, k_desc, v_desc = descs
     q_smem, k_smem, v_smem = smem
-    q_ready, k_ready, k_empty, v_ready, v_empty = bars
+    q_ready, q_empty, k_ready, k_empty, v_ready, v_empty = bars
     TILE_N: gl.constexpr = k_smem.shape[1]
     HEAD_DIM: gl.constexpr = k_smem.shape[2]
     STAGES: gl.constexpr = k_smem.shape[0]
-    batch, head, kv_head, q_start, first_tile, num_tiles = _program_block(geometry, num_q_heads, group_size, WINDOW,
-                                                                          TILE_N, q_smem.shape[0])
     CONSUMERS: gl.constexpr = q_smem.shape[0]
-    for c in gl.static_range(CONSUMERS):
-        mbarrier.expect(q_ready.index(c), q_desc.block_type.nbytes)
-        _tma_load(q_desc, [batch, q_start + c * 64, head * HEAD_DIM], q_ready.index(c), _as_box(q_smem.index(c)))
-    for i in range(num_tiles):
-        stage = i % STAGES
-        phase = (i // STAGES) & 1
-        key = (first_tile + i) * TILE_N
-        # Fresh mbarriers count as having completed the phase before 0: the first lap does not wait.
-        mbarrier.wait(k_empty.index(stage), phase ^ 1)
-        mbarrier.expect(k_ready.index(stage), k_desc.block_type.nbytes)
-        _tma_load(k_desc, [batch, key, kv_head * HEAD_DIM], k_ready.index(stage), _as_box(k_smem.index(stage)))
-        mbarrier.wait(v_empty.index(stage), phase ^ 1)
-        mbarrier.expect(v_ready.index(stage), v_desc.block_type.nbytes)
-        _tma_load(v_desc, [batch, key, kv_head * HEAD_DIM], v_ready.index(stage), _as_box(v_smem.index(stage)))
+    tile = gl.program_id(0)
+    count = 0
+    loaded = 0  # K/V tiles loaded by this program so far: the rings' position
+    while tile < num_work_tiles:
+        _publish_tile(tile, count, schedule)
+        batch, head, kv_head, q_start, first_tile, num_tiles = _tile_block(tile, geometry, num_q_heads, group_size,
+                                                                           num_m_blocks, WINDOW, TILE_N, CONSUMERS)
+        for c in gl.static_range(CONSUMERS):
+            # Fresh mbarriers count as having completed the phase before 0: the first lap does not wait.
+            mbarrier.wait(q_empty.index(c), (count & 1) ^ 1)
+            mbarrier.expect(q_ready.index(c), q_desc.block_type.nbytes)
+            _tma_load(q_desc, [batch, q_start + c * 64, head * HEAD_DIM], q_ready.index(c),
+                      _as_box(q_smem.index(c)))
+        for i in range(num_tiles):
+            stage = (loaded + i) % STAGES
+            phase = ((loaded + i) // STAGES) & 1
+            key = (first_tile + i) * TILE_N
+            mbarrier.wait(k_empty.index(stage), phase ^ 1)
+            mbarrier.expect(k_ready.index(stage), k_desc.block_type.nbytes)
+            _tma_load(k_desc, [batch, key, kv_head * HEAD_DIM], k_ready.index(stage), _as_box(k_smem.index(stage)))
+            mbarrier.wait(v_empty.index(stage), phase ^ 1)
+            mbarrier.expect(v_ready.index(stage), v_desc.block_type.nbytes)
+            _tma_load(v_desc, [batch, key, kv_head * HEAD_DIM], v_ready.index(stage), _as_box(v_smem.index(stage)))
+        loaded += num_tiles
+        count += 1
+        if DYNAMIC:
+            tile = gl.num_programs(0) + gl.atomic_add(tile_counter, 1)
+        else:
+            tile += gl.num_programs(0)
+    _publish_tile(num_work_tiles, count, schedule)  # no more work
 
 
 @gluon.jit
@@ -164,10 +210,10 @@ def _softmax_tile(s, m_i, l_i, j, rows, geometry, qk_scale, MASKED: gl.constexpr
 @gluon.jit
 def _consumer_step(i, j, q, smem, bars, p, m_i, l_i, acc, rows, s_zero, geometry, qk_scale, MASKED: gl.constexpr,
                    WINDOW: gl.constexpr):
-    """The block's tile i >= 1 (key tile j): issue ``S_j = Q K_j^T`` and ``O += P_{j-1} V_{j-1}``, run the softmax
+    """Ring position i (the block's tiles follow the program's earlier blocks' tiles; key tile j): issue ``S_j = Q K_j^T`` and ``O += P_{j-1} V_{j-1}``, run the softmax
     of ``S_j`` once the first is done, then rescale O. Returns ``(p_j, m, l, acc)``."""
     q_smem, k_smem, v_smem = smem
-    q_ready, k_ready, k_empty, v_ready, v_empty = bars
+    q_ready, q_empty, k_ready, k_empty, v_ready, v_empty = bars
     STAGES: gl.constexpr = k_smem.shape[0]
     stage = i % STAGES
     prev = (i - 1) % STAGES
@@ -188,12 +234,14 @@ def _consumer_step(i, j, q, smem, bars, p, m_i, l_i, acc, rows, s_zero, geometry
 
 
 @gluon.jit
-def _consumer_partition(smem, bars, out_ptr, lse_ptr, geometry, num_q_heads, group_size, qk_scale,
-                        CONSUMER: gl.constexpr, WINDOW: gl.constexpr, RETURN_LSE: gl.constexpr):
-    """One consumer warpgroup: the block's Q rows ``[64 * CONSUMER, 64 * CONSUMER + 64)`` against its K/V tiles."""
+def _consumer_block(tile, count, base, smem, bars, out_ptr, lse_ptr, geometry, num_q_heads, group_size,
+                    num_m_blocks, qk_scale, CONSUMER: gl.constexpr, WINDOW: gl.constexpr, RETURN_LSE: gl.constexpr):
+    """One consumer warpgroup on work tile ``tile`` (this program's ``count``-th, its K/V tiles from ring position
+    ``base``): the block's Q rows ``[64 * CONSUMER, 64 * CONSUMER + 64)`` against its K/V tiles. Returns the number
+    of K/V tiles it used."""
     seqlen_q, seqlen_kv, shift, window_left, window_right = geometry
     q_smem, k_smem, v_smem = smem
-    q_ready, k_ready, k_empty, v_ready, v_empty = bars
+    q_ready, q_empty, k_ready, k_empty, v_ready, v_empty = bars
     TILE_N: gl.constexpr = k_smem.shape[1]
     HEAD_DIM: gl.constexpr = k_smem.shape[2]
     STAGES: gl.constexpr = k_smem.shape[0]
@@ -205,8 +253,8 @@ def _consumer_partition(smem, bars, out_ptr, lse_ptr, geometry, num_q_heads, gro
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
 
-    batch, head, kv_head, q_start, first_tile, num_tiles = _program_block(geometry, num_q_heads, group_size, WINDOW,
-                                                                          TILE_N, q_smem.shape[0])
+    batch, head, kv_head, q_start, first_tile, num_tiles = _tile_block(tile, geometry, num_q_heads, group_size,
+                                                                       num_m_blocks, WINDOW, TILE_N, q_smem.shape[0])
     first_row = q_start + CONSUMER * 64
     rows = first_row + gl.arange(0, 64, layout=row_layout)
     end_tile = first_tile + num_tiles
@@ -221,34 +269,37 @@ def _consumer_partition(smem, bars, out_ptr, lse_ptr, geometry, num_q_heads, gro
         full_hi = seqlen_kv
     band_lo = gl.minimum(gl.maximum(gl.cdiv(full_lo, TILE_N), first_tile + 1), end_tile)
     band_hi = gl.maximum(gl.minimum(gl.maximum(full_hi, 0) // TILE_N, end_tile), band_lo)
+    # ring position of key tile j: base + j - first_tile
+    offset = base - first_tile
 
     q = q_smem.index(CONSUMER)
-    mbarrier.wait(q_ready.index(CONSUMER), 0)
+    mbarrier.wait(q_ready.index(CONSUMER), count & 1)
     s_zero = gl.zeros([64, TILE_N], gl.float32, layout=s_layout)
     acc = gl.zeros([64, HEAD_DIM], gl.float32, layout=o_layout)
 
     # The first tile alone: S and its softmax.
-    mbarrier.wait(k_ready.index(0), 0)
-    s = warpgroup_mma(q, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    mbarrier.wait(k_ready.index(base % STAGES), (base // STAGES) & 1)
+    s = warpgroup_mma(q, k_smem.index(base % STAGES).permute((1, 0)), s_zero, use_acc=False, is_async=True)
     s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
-    mbarrier.arrive(k_empty.index(0))
+    mbarrier.arrive(k_empty.index(base % STAGES))
     m_i = gl.full([64], float("-inf"), gl.float32, layout=row_layout)
     l_i = gl.full([64], 0.0, gl.float32, layout=row_layout)
     p, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, first_tile, rows, geometry, qk_scale, True, WINDOW)
     p = gl.convert_layout(p.to(dtype), p_layout)
 
     for j in range(first_tile + 1, band_lo):
-        p, m_i, l_i, acc = _consumer_step(j - first_tile, j, q, smem, bars, p, m_i, l_i, acc, rows, s_zero, geometry,
+        p, m_i, l_i, acc = _consumer_step(offset + j, j, q, smem, bars, p, m_i, l_i, acc, rows, s_zero, geometry,
                                           qk_scale, True, WINDOW)
     for j in range(band_lo, band_hi):
-        p, m_i, l_i, acc = _consumer_step(j - first_tile, j, q, smem, bars, p, m_i, l_i, acc, rows, s_zero, geometry,
+        p, m_i, l_i, acc = _consumer_step(offset + j, j, q, smem, bars, p, m_i, l_i, acc, rows, s_zero, geometry,
                                           qk_scale, False, WINDOW)
     for j in range(band_hi, end_tile):
-        p, m_i, l_i, acc = _consumer_step(j - first_tile, j, q, smem, bars, p, m_i, l_i, acc, rows, s_zero, geometry,
+        p, m_i, l_i, acc = _consumer_step(offset + j, j, q, smem, bars, p, m_i, l_i, acc, rows, s_zero, geometry,
                                           qk_scale, True, WINDOW)
+    mbarrier.arrive(q_empty.index(CONSUMER))  # every S of the block is done: the next block's Q may land
 
     # The last tile's P V.
-    last = num_tiles - 1
+    last = base + num_tiles - 1
     mbarrier.wait(v_ready.index(last % STAGES), (last // STAGES) & 1)
     acc = warpgroup_mma(p, v_smem.index(last % STAGES), acc, is_async=True)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
@@ -268,23 +319,44 @@ def _consumer_partition(smem, bars, out_ptr, lse_ptr, geometry, num_q_heads, gro
     row_offsets = ((batch * seqlen_q + out_rows).to(gl.int64) * num_q_heads + head) * HEAD_DIM
     offsets = gl.expand_dims(row_offsets, 1) + gl.expand_dims(out_cols, 0)
     gl.store(out_ptr + offsets, out, mask=gl.expand_dims(out_rows < seqlen_q, 1))
+    return num_tiles
 
 
 @gluon.jit
-def _attention_fwd_kernel(q_desc, k_desc, v_desc, out_ptr, lse_ptr, seqlen_q, seqlen_kv, window_left, window_right,
-                          num_q_heads, group_size, qk_scale, WINDOW: gl.constexpr, RETURN_LSE: gl.constexpr,
-                          CONSUMERS: gl.constexpr, Q_LAYOUT: gl.constexpr, KV_LAYOUT: gl.constexpr):
-    """One Q block (``CONSUMERS`` x 64 rows) of one (batch, q head).
+def _consumer_partition(smem, bars, schedule, out_ptr, lse_ptr, geometry, num_q_heads, group_size, num_m_blocks,
+                        num_work_tiles, qk_scale, CONSUMER: gl.constexpr, WINDOW: gl.constexpr,
+                        RETURN_LSE: gl.constexpr):
+    """One consumer warpgroup: every work tile the load warp hands this program, in turn."""
+    count = 0
+    base = 0
+    tile = _receive_tile(count, schedule)
+    while tile < num_work_tiles:
+        base += _consumer_block(tile, count, base, smem, bars, out_ptr, lse_ptr, geometry, num_q_heads, group_size,
+                                num_m_blocks, qk_scale, CONSUMER, WINDOW, RETURN_LSE)
+        count += 1
+        tile = _receive_tile(count, schedule)
+
+
+@gluon.jit
+def _attention_fwd_kernel(q_desc, k_desc, v_desc, out_ptr, lse_ptr, tile_counter, seqlen_q, seqlen_kv, window_left,
+                          window_right, num_q_heads, group_size, num_m_blocks, num_work_tiles, qk_scale,
+                          WINDOW: gl.constexpr, RETURN_LSE: gl.constexpr, CONSUMERS: gl.constexpr,
+                          Q_LAYOUT: gl.constexpr, KV_LAYOUT: gl.constexpr):
+    """Persistent: each program runs work tiles (a Q block of ``CONSUMERS`` x 64 rows of one (batch, q head))
+    until none is left.
 
     q_desc: TMA descriptor over q viewed as ``[B, Sq, Hq * D]`` (16-bit floats), block ``[1, 64, D]``.
     k_desc, v_desc: over k / v viewed as ``[B, Skv, Hkv * D]``, block ``[1, TILE_N, D]`` (128 keys; 64 at D = 256).
     out_ptr: ``[B, Sq, Hq, D]`` in q's dtype, contiguous. lse_ptr: float32 ``[B, Hq, Sq]`` (RETURN_LSE).
+    tile_counter: int32 ``[1]`` zero (WINDOW: work tiles are handed out in order as programs ask for them, since
+    masked blocks differ in length; otherwise program p runs tiles p, p + grid, ...).
     WINDOW: query i sees keys ``i + Skv - Sq - window_left <= j <= i + Skv - Sq + window_right`` (bottom-right
     aligned; sides in ``[0, 2**30]``, 2**30 unbounded; causal is ``(2**30, 0)``); otherwise every key.
-    group_size: Hq // Hkv. qk_scale: ``softmax_scale * log2(e)`` (> 0).
+    group_size: Hq // Hkv. num_m_blocks: ``cdiv(Sq, CONSUMERS * 64)``; num_work_tiles: ``num_m_blocks * B * Hq``.
+    qk_scale: ``softmax_scale * log2(e)`` (> 0).
     Q_LAYOUT, KV_LAYOUT: the shared layouts of the ``[64, D]`` and ``[TILE_N, D]`` tiles.
     CONSUMERS: 2 or 3 consumer warpgroups (launched with ``maxnreg`` 168 or 128: 240 or 160 registers each).
-    Grid: ``(cdiv(Sq, CONSUMERS * 64), B * Hq)``; ``num_warps=4`` (the default partition, consumer 0).
+    Grid: ``(min(num_work_tiles, SMs),)``; ``num_warps=4`` (the default partition, consumer 0).
     """
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[2]
     TILE_N: gl.constexpr = k_desc.block_type.shape[1]
@@ -293,38 +365,49 @@ def _attention_fwd_kernel(q_desc, k_desc, v_desc, out_ptr, lse_ptr, seqlen_q, se
     q_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, 64, HEAD_DIM], Q_LAYOUT)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, TILE_N, HEAD_DIM], KV_LAYOUT)
     v_smem = gl.allocate_shared_memory(dtype, [STAGES, TILE_N, HEAD_DIM], KV_LAYOUT)
+    tile_smem = gl.allocate_shared_memory(gl.int32, [2, 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     q_ready = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    tile_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    tile_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(CONSUMERS):
         mbarrier.init(q_ready.index(i), count=1)
+        mbarrier.init(q_empty.index(i), count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(v_ready.index(i), count=1)
         mbarrier.init(k_empty.index(i), count=CONSUMERS)  # every consumer releases a tile
         mbarrier.init(v_empty.index(i), count=CONSUMERS)
+    for i in gl.static_range(2):
+        mbarrier.init(tile_ready.index(i), count=1)
+        mbarrier.init(tile_empty.index(i), count=CONSUMERS)
     smem = (q_smem, k_smem, v_smem)
-    bars = (q_ready, k_ready, k_empty, v_ready, v_empty)
+    bars = (q_ready, q_empty, k_ready, k_empty, v_ready, v_empty)
+    schedule = (tile_smem, tile_ready, tile_empty)
     geometry = (seqlen_q, seqlen_kv, seqlen_kv - seqlen_q, window_left, window_right)
     if CONSUMERS == 3:
         gl.warp_specialize([
-            (_consumer_partition, (smem, bars, out_ptr, lse_ptr, geometry, num_q_heads, group_size, qk_scale, 0,
-                                   WINDOW, RETURN_LSE)),
-            (_consumer_partition, (smem, bars, out_ptr, lse_ptr, geometry, num_q_heads, group_size, qk_scale, 1,
-                                   WINDOW, RETURN_LSE)),
-            (_consumer_partition, (smem, bars, out_ptr, lse_ptr, geometry, num_q_heads, group_size, qk_scale, 2,
-                                   WINDOW, RETURN_LSE)),
-            (_load_partition, ((q_desc, k_desc, v_desc), smem, bars, geometry, num_q_heads, group_size, WINDOW)),
+            (_consumer_partition, (smem, bars, schedule, out_ptr, lse_ptr, geometry, num_q_heads, group_size,
+                                   num_m_blocks, num_work_tiles, qk_scale, 0, WINDOW, RETURN_LSE)),
+            (_consumer_partition, (smem, bars, schedule, out_ptr, lse_ptr, geometry, num_q_heads, group_size,
+                                   num_m_blocks, num_work_tiles, qk_scale, 1, WINDOW, RETURN_LSE)),
+            (_consumer_partition, (smem, bars, schedule, out_ptr, lse_ptr, geometry, num_q_heads, group_size,
+                                   num_m_blocks, num_work_tiles, qk_scale, 2, WINDOW, RETURN_LSE)),
+            (_load_partition, ((q_desc, k_desc, v_desc), smem, bars, schedule, geometry, num_q_heads, group_size,
+                               num_m_blocks, num_work_tiles, tile_counter, WINDOW, WINDOW)),
         ], [4, 4, 1], [CONSUMER_REGS_3, CONSUMER_REGS_3, LOADER_REGS])
     else:
         gl.warp_specialize([
-            (_consumer_partition, (smem, bars, out_ptr, lse_ptr, geometry, num_q_heads, group_size, qk_scale, 0,
-                                   WINDOW, RETURN_LSE)),
-            (_consumer_partition, (smem, bars, out_ptr, lse_ptr, geometry, num_q_heads, group_size, qk_scale, 1,
-                                   WINDOW, RETURN_LSE)),
-            (_load_partition, ((q_desc, k_desc, v_desc), smem, bars, geometry, num_q_heads, group_size, WINDOW)),
+            (_consumer_partition, (smem, bars, schedule, out_ptr, lse_ptr, geometry, num_q_heads, group_size,
+                                   num_m_blocks, num_work_tiles, qk_scale, 0, WINDOW, RETURN_LSE)),
+            (_consumer_partition, (smem, bars, schedule, out_ptr, lse_ptr, geometry, num_q_heads, group_size,
+                                   num_m_blocks, num_work_tiles, qk_scale, 1, WINDOW, RETURN_LSE)),
+            (_load_partition, ((q_desc, k_desc, v_desc), smem, bars, schedule, geometry, num_q_heads, group_size,
+                               num_m_blocks, num_work_tiles, tile_counter, WINDOW, WINDOW)),
         ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
 
 
@@ -350,7 +433,8 @@ def as_tma_ready(t: torch.Tensor) -> torch.Tensor:
 
 def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float) -> bool:
     """Whether :func:`gluon_attention` runs this dense call: an sm_90 GPU, fp16/bf16 ``[B, S, H, D]`` q, k, v of
-    one dtype with D in {64, 128, 256}, at least one key, ``B * Hq <= 65535`` and a positive scale (any strides:
+    one dtype with D in {64, 128, 256}, at least one key, fewer than 2**31 - 2**20 Q blocks of 128 rows
+    (``cdiv(Sq, 128) * B * Hq``) and a positive scale (any strides:
     layouts TMA cannot read are copied)."""
     if q.dtype not in DTYPES or k.dtype != q.dtype or v.dtype != q.dtype or q.dim() != 4 or k.dim() != 4:
         return False
@@ -360,7 +444,8 @@ def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: f
         return False
     batch, seqlen_q, num_q_heads, _ = q.shape
     seqlen_kv, num_kv_heads = k.shape[1], k.shape[2]
-    if num_kv_heads < 1 or num_q_heads % num_kv_heads or batch * num_q_heads > MAX_GRID_Y or seqlen_kv < 1:
+    work_tiles = triton.cdiv(seqlen_q, 2 * CONSUMER_ROWS) * batch * num_q_heads
+    if num_kv_heads < 1 or num_q_heads % num_kv_heads or work_tiles > MAX_WORK_TILES or seqlen_kv < 1:
         return False
     return softmax_scale > 0
 
@@ -381,6 +466,11 @@ def _consumers(head_dim: int, seqlen_q: int, window) -> int:
     return 3 if head_dim == 64 and (window is None or seqlen_q >= 4096) else 2
 
 
+@functools.cache
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
 def launch(q, k, v, out, lse, window: tuple[int, int] | None, softmax_scale: float, *,
            consumers: int | None = None) -> None:
     """Runs the kernel on inputs :func:`supports` accepts and :func:`tma_ready` passes (see
@@ -393,11 +483,16 @@ def launch(q, k, v, out, lse, window: tuple[int, int] | None, softmax_scale: flo
     block_n = _block_n(head_dim)
     left, right = window if window is not None else (UNBOUNDED, UNBOUNDED)
     consumers = consumers or _consumers(head_dim, seqlen_q, window)
-    grid = (triton.cdiv(seqlen_q, consumers * CONSUMER_ROWS), batch * num_q_heads)
+    num_m_blocks = triton.cdiv(seqlen_q, consumers * CONSUMER_ROWS)
+    num_work_tiles = num_m_blocks * batch * num_q_heads
+    # masked calls hand tiles out through a counter, which must start at zero: a fresh one per call (a memset;
+    # calls on several streams never share it)
+    tile_counter = torch.zeros(1, dtype=torch.int32, device=q.device) if window is not None else out
+    grid = (min(num_work_tiles, _sm_count(q.device)), )
     _attention_fwd_kernel[grid](
         _descriptor(q, CONSUMER_ROWS), _descriptor(k, block_n), _descriptor(v, block_n), out,
-        lse if lse is not None else out, seqlen_q, seqlen_kv, left, right, num_q_heads, num_q_heads // num_kv_heads,
-        softmax_scale * LOG2E, WINDOW=window is not None, RETURN_LSE=lse is not None, CONSUMERS=consumers,
+        lse if lse is not None else out, tile_counter, seqlen_q, seqlen_kv, left, right, num_q_heads,
+        num_q_heads // num_kv_heads, num_m_blocks, num_work_tiles, softmax_scale * LOG2E, WINDOW=window is not None, RETURN_LSE=lse is not None, CONSUMERS=consumers,
         Q_LAYOUT=_nvmma_layout([CONSUMER_ROWS, head_dim], dtype), KV_LAYOUT=_nvmma_layout([block_n, head_dim], dtype),
         num_warps=4, maxnreg=MAX_REGS[consumers])
 
@@ -480,7 +575,8 @@ def compile_for_sm90(head_dim: int, window: bool, *, return_lse: bool = False,
                       Q_LAYOUT=_nvmma_layout([CONSUMER_ROWS, head_dim]),
                       KV_LAYOUT=_nvmma_layout([_block_n(head_dim), head_dim]))
     kinds = dict(q_desc=descriptor_type([1, CONSUMER_ROWS, head_dim]), k_desc=kv_type, v_desc=kv_type,
-                 out_ptr="*bf16", lse_ptr="*fp32", qk_scale="fp32", **dict.fromkeys(constexprs, "constexpr"))
+                 out_ptr="*bf16", lse_ptr="*fp32", qk_scale="fp32",
+                 tile_counter="*i32" if window else "*bf16", **dict.fromkeys(constexprs, "constexpr"))
     fn = _attention_fwd_kernel
     signature = {name: kinds.get(name, "i32") for name in fn.arg_names}
     source = GluonASTSource(fn, signature, constexprs={(fn.arg_names.index(name), ): value
