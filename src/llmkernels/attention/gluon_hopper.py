@@ -258,17 +258,21 @@ def _consumer_block(tile, count, base, smem, bars, out_ptr, lse_ptr, geometry, n
     first_row = q_start + CONSUMER * 64
     rows = first_row + gl.arange(0, 64, layout=row_layout)
     end_tile = first_tile + num_tiles
-    # The tiles every row of this consumer sees whole, [band_lo, band_hi), skip the mask; tile first_tile (run
-    # alone below) always takes it.
+    # The block's tiles past [first_tile, my_end) hold no key this consumer's rows see (the causal diagonal of a
+    # 192-row block): it only releases them. The tiles every row of this consumer sees whole, [band_lo, band_hi),
+    # skip the mask; tile first_tile (run alone below) always takes it.
     if WINDOW:
         last_row = gl.minimum(first_row + 64, seqlen_q) - 1
         full_lo = gl.maximum(last_row + shift - window_left, 0)
         full_hi = gl.minimum(first_row + shift + window_right + 1, seqlen_kv)
+        seen_hi = gl.minimum(last_row + shift + window_right + 1, seqlen_kv)
+        my_end = gl.minimum(gl.maximum(gl.cdiv(seen_hi, TILE_N), first_tile + 1), end_tile)
     else:
         full_lo = first_row * 0
         full_hi = seqlen_kv
-    band_lo = gl.minimum(gl.maximum(gl.cdiv(full_lo, TILE_N), first_tile + 1), end_tile)
-    band_hi = gl.maximum(gl.minimum(gl.maximum(full_hi, 0) // TILE_N, end_tile), band_lo)
+        my_end = end_tile
+    band_lo = gl.minimum(gl.maximum(gl.cdiv(full_lo, TILE_N), first_tile + 1), my_end)
+    band_hi = gl.maximum(gl.minimum(gl.maximum(full_hi, 0) // TILE_N, my_end), band_lo)
     # ring position of key tile j: base + j - first_tile
     offset = base - first_tile
 
@@ -293,17 +297,25 @@ def _consumer_block(tile, count, base, smem, bars, out_ptr, lse_ptr, geometry, n
     for j in range(band_lo, band_hi):
         p, m_i, l_i, acc = _consumer_step(offset + j, j, q, smem, bars, p, m_i, l_i, acc, rows, s_zero, geometry,
                                           qk_scale, False, WINDOW)
-    for j in range(band_hi, end_tile):
+    for j in range(band_hi, my_end):
         p, m_i, l_i, acc = _consumer_step(offset + j, j, q, smem, bars, p, m_i, l_i, acc, rows, s_zero, geometry,
                                           qk_scale, True, WINDOW)
     mbarrier.arrive(q_empty.index(CONSUMER))  # every S of the block is done: the next block's Q may land
 
     # The last tile's P V.
-    last = base + num_tiles - 1
+    last = offset + my_end - 1
     mbarrier.wait(v_ready.index(last % STAGES), (last // STAGES) & 1)
     acc = warpgroup_mma(p, v_smem.index(last % STAGES), acc, is_async=True)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
     mbarrier.arrive(v_empty.index(last % STAGES))
+    # Tiles this consumer does not see, released once landed (an early arrive would count towards the phase
+    # of the tile two before); after the last P V, whose release the load of the second of them waits for.
+    for j in range(my_end, end_tile):
+        position = offset + j
+        mbarrier.wait(k_ready.index(position % STAGES), (position // STAGES) & 1)
+        mbarrier.arrive(k_empty.index(position % STAGES))
+        mbarrier.wait(v_ready.index(position % STAGES), (position // STAGES) & 1)
+        mbarrier.arrive(v_empty.index(position % STAGES))
 
     if RETURN_LSE:  # natural log, [B, Hq, Sq] contiguous; -inf for a row that saw no key
         lse = (m_i * qk_scale + gl.log2(l_i)) * LN2
