@@ -34,7 +34,6 @@ each: FA3's choice there; two for masked calls of fewer than 4096 queries), at D
 """
 from __future__ import annotations
 
-import functools
 import math
 import numbers
 
@@ -45,6 +44,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from .._runtime import num_programs_hint
 from .masks import UNBOUNDED
 
 __all__ = ["gluon_attention", "supports", "tma_ready", "as_tma_ready", "launch", "compile_for_sm90"]
@@ -141,10 +141,11 @@ def _receive_tile(count, schedule):
 
 @gluon.jit
 def _load_partition(descs, smem, bars, schedule, geometry, num_q_heads, group_size, num_m_blocks, num_work_tiles,
-                    tile_counter, DYNAMIC: gl.constexpr, WINDOW: gl.constexpr):
+                    tile_counter, WINDOW: gl.constexpr):
     """The load warp: for each work tile of this program, publishes it, loads its Q tiles once the consumers
     released the last ones, then K_j and V_j for every key tile into the rings, once released. The next work tile
-    comes from ``tile_counter`` (DYNAMIC: the first program to ask gets the next one) or by striding the grid."""
+    comes from ``tile_counter`` (WINDOW: masked blocks differ in length, so the first program to ask gets the
+    next one) or by striding the grid."""
     q_desc, k_desc, v_desc = descs
     q_smem, k_smem, v_smem = smem
     q_ready, q_empty, k_ready, k_empty, v_ready, v_empty = bars
@@ -177,7 +178,7 @@ def _load_partition(descs, smem, bars, schedule, geometry, num_q_heads, group_si
             _tma_load(v_desc, [batch, key, kv_head * HEAD_DIM], v_ready.index(stage), _as_box(v_smem.index(stage)))
         loaded += num_tiles
         count += 1
-        if DYNAMIC:
+        if WINDOW:
             tile = gl.num_programs(0) + gl.atomic_add(tile_counter, 1)
         else:
             tile += gl.num_programs(0)
@@ -410,7 +411,7 @@ def _attention_fwd_kernel(q_desc, k_desc, v_desc, out_ptr, lse_ptr, tile_counter
             (_consumer_partition, (smem, bars, schedule, out_ptr, lse_ptr, geometry, num_q_heads, group_size,
                                    num_m_blocks, num_work_tiles, qk_scale, 2, WINDOW, RETURN_LSE)),
             (_load_partition, ((q_desc, k_desc, v_desc), smem, bars, schedule, geometry, num_q_heads, group_size,
-                               num_m_blocks, num_work_tiles, tile_counter, WINDOW, WINDOW)),
+                               num_m_blocks, num_work_tiles, tile_counter, WINDOW)),
         ], [4, 4, 1], [CONSUMER_REGS_3, CONSUMER_REGS_3, LOADER_REGS])
     else:
         gl.warp_specialize([
@@ -419,7 +420,7 @@ def _attention_fwd_kernel(q_desc, k_desc, v_desc, out_ptr, lse_ptr, tile_counter
             (_consumer_partition, (smem, bars, schedule, out_ptr, lse_ptr, geometry, num_q_heads, group_size,
                                    num_m_blocks, num_work_tiles, qk_scale, 1, WINDOW, RETURN_LSE)),
             (_load_partition, ((q_desc, k_desc, v_desc), smem, bars, schedule, geometry, num_q_heads, group_size,
-                               num_m_blocks, num_work_tiles, tile_counter, WINDOW, WINDOW)),
+                               num_m_blocks, num_work_tiles, tile_counter, WINDOW)),
         ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
 
 
@@ -478,11 +479,6 @@ def _consumers(head_dim: int, seqlen_q: int, window) -> int:
     return 3 if head_dim == 64 and (window is None or seqlen_q >= 4096) else 2
 
 
-@functools.cache
-def _sm_count(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def launch(q, k, v, out, lse, window: tuple[int, int] | None, softmax_scale: float, *,
            consumers: int | None = None) -> None:
     """Runs the kernel on inputs :func:`supports` accepts and :func:`tma_ready` passes (see
@@ -500,7 +496,7 @@ def launch(q, k, v, out, lse, window: tuple[int, int] | None, softmax_scale: flo
     # masked calls hand tiles out through a counter, which must start at zero: a fresh one per call (a memset;
     # calls on several streams never share it)
     tile_counter = torch.zeros(1, dtype=torch.int32, device=q.device) if window is not None else out
-    grid = (min(num_work_tiles, _sm_count(q.device)), )
+    grid = (min(num_work_tiles, num_programs_hint(q.device)), )
     _attention_fwd_kernel[grid](
         _descriptor(q, CONSUMER_ROWS), _descriptor(k, block_n), _descriptor(v, block_n), out,
         lse if lse is not None else out, tile_counter, seqlen_q, seqlen_kv, left, right, num_q_heads,
