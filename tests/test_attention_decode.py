@@ -95,11 +95,32 @@ def test_fully_masked_decode_rows(device):
     assert torch.all(out == 0) and torch.all(lse == float("-inf"))
 
 
+def test_one_split_writes_the_output_directly(device, monkeypatch):
+    """A decode with one split (the heuristic's choice once sequences x KV heads fill the GPU) allocates no
+    partials and launches no combine: the kernel stores O and the LSE, sinks included, itself."""
+    written = []
+
+    def recording_empty(shape, dtype, device):
+        written.append(tuple(shape))
+        return poison(torch.empty(shape, dtype=dtype, device=device))
+    monkeypatch.setattr(attention_api, "_empty", recording_empty)
+    monkeypatch.setattr(attention_api.split_kv, "choose_num_splits", lambda *bounds: 1)
+    cache = _paged_cache([70, 1, 0, 33], 16, 2, 32, torch.bfloat16, device)
+    q = torch.randn(4, 1, 8, 32, dtype=torch.bfloat16, device=device)
+    sinks = torch.randn(8, device=device)
+    _check(q, None, None, kv_cache=cache, sinks=sinks, config=DECODE_CONFIG, tolerance=TOLERANCE[torch.bfloat16],
+           what="one split")
+    plan = next(iter(attention_api._PLANS._plans.values()))
+    assert plan.split and not plan.partials and plan.num_splits == 1
+    assert written and all(shape in {(4, 1, 8, 32), (4, 8, 1)} for shape in written), written
+
+
 def test_heuristics():
     assert choose_num_splits(1000, 64, 132) == 1
     assert choose_num_splits(8, 1, 132) == 1
     assert choose_num_splits(8, 512, 132) == 33
     assert choose_num_splits(1, 4, 132) == 4
+    assert choose_num_splits(256, 128, 132) == 2 and choose_num_splits(264, 128, 132) == 1
     for max_q, group in [(1, 1), (1, 8), (1, 64), (16, 8), (5, 3), (200, 8)]:
         block_q, heads_per_tile = decode_tiling(max_q, group)
         rows = block_q * heads_per_tile

@@ -502,8 +502,12 @@ class _Plan:
         else:
             self.num_splits = 1
         self.grid = (num_q_blocks * self.num_head_programs, self.num_splits)
+        # One split (e.g. enough sequences x KV heads to fill the GPU): the decode tiles write O directly,
+        # no partials and no combine launch. The in-launch merge of several splits was measured slower than
+        # the combine kernel (benchmarks/NOTES.md, issue 23 session 17).
+        self.partials = self.split and self.num_splits > 1
         self.partial_shapes = None
-        if self.split:
+        if self.partials:
             lse_partial_shape = (self.num_splits, call.num_q_heads, q.shape[0]) if ragged else (
                 self.num_splits, q.shape[0], call.num_q_heads, q.shape[1])
             self.partial_shapes = ((self.num_splits, *q.shape), lse_partial_shape)
@@ -547,7 +551,7 @@ class _Plan:
             attn_mask = mask_tensor_4d(attn_mask.view(torch.uint8) if attn_mask.dtype == torch.bool else attn_mask)
         else:
             attn_mask = float_dummy
-        if self.split:
+        if self.partials:
             o_partial = _empty(self.partial_shapes[0], torch.float32, device)
             lse_partial = _empty(self.partial_shapes[1], torch.float32, device)
             target_out, target_lse = o_partial, lse_partial
@@ -558,14 +562,14 @@ class _Plan:
                     cu_seqlens_k.contiguous() if self.ragged and not self.paged else int_dummy,
                     seqlens, kv_starts, block_table, sinks, slopes, attn_mask, k, v)
         (self.forward or self._bind_forward(pointers, out, lse))(*pointers)
-        if self.split:
+        if self.partials:
             pointers = (o_partial, lse_partial, out, lse if lse is not None else float_dummy, sinks)
             (self.combine or self._bind_combine(pointers))(*pointers)
         return (out, lse) if self.return_lse else out
 
     def _bind_forward(self, pointers, out, lse) -> BoundKernel:
         q, k, v, target_out, target_lse, *_ = pointers
-        ragged, paged, split, config, mask_spec = self.ragged, self.paged, self.split, self.config, self.mask_spec
+        ragged, paged, split, config, mask_spec = self.ragged, self.paged, self.partials, self.config, self.mask_spec
         if paged:
             stride_k, stride_v = (k.stride(0), k.stride(1), k.stride(2)), (v.stride(0), v.stride(1), v.stride(2))
             block_table = pointers[9]
