@@ -569,7 +569,7 @@ class _Plan:
 
     def _bind_forward(self, pointers, out, lse) -> BoundKernel:
         q, k, v, target_out, target_lse, *_ = pointers
-        ragged, paged, split, config, mask_spec = self.ragged, self.paged, self.partials, self.config, self.mask_spec
+        ragged, paged, partials, config, mask_spec = self.ragged, self.paged, self.partials, self.config, self.mask_spec
         if paged:
             stride_k, stride_v = (k.stride(0), k.stride(1), k.stride(2)), (v.stride(0), v.stride(1), v.stride(2))
             block_table = pointers[9]
@@ -591,7 +591,7 @@ class _Plan:
         # out / lse strides as (b, token, head) and (b, head, token); ragged has no batch stride
         stride_o = _strides3(out, ragged)
         stride_lse = _strides3(lse, ragged) if lse is not None else (0, 0, 0)
-        if split:
+        if partials:
             stride_target_o = _strides3(target_out[0], ragged)
             stride_target_lse = _strides3(target_lse[0], ragged)
             stride_o_split, stride_lse_split = target_out.stride(0), target_lse.stride(0)
@@ -613,9 +613,9 @@ class _Plan:
             HAS_WINDOW=mask_spec.has_window, HAS_CHUNK=mask_spec.has_chunk,
             HAS_MASK_MOD=mask_spec.mask_mod is not None, MASK_MOD=mask_spec.mask_mod,
             SCORE_MOD_KIND=self.mod_spec.kind, SCORE_MOD=self.mod_spec.fn,
-            HAS_SINKS=self.has_sinks and not split, SPLIT=split,
-            RETURN_LSE=self.return_lse and not split,
-            REVERSE_Q_BLOCKS=mask_spec.has_window and not split,
+            HAS_SINKS=self.has_sinks and not partials, SPLIT=partials,
+            RETURN_LSE=self.return_lse and not partials,
+            REVERSE_Q_BLOCKS=mask_spec.has_window and not self.split,
             RESCALE_THRESHOLD=config.rescale_threshold, POLY_EXP2_FRACTION=config.poly_exp2_fraction,
             TMA_KV=descriptors is not None,
             UPCAST=interpreting(), KV_STARTS=self.kv_starts, MASK_TENSOR=self.mask_kind,

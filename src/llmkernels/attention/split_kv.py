@@ -86,12 +86,10 @@ def combine_splits_kernel(
 def choose_num_splits(num_programs_without_split: int, num_kv_tiles_bound: int, num_sms: int) -> int:
     """Splits so that ``programs * splits`` fills the GPU about twice (host-known bounds only, no sync).
 
-    Never more splits than KV tiles of the longest possible sequence, never fewer than one. Programs that
-    fill the GPU once but not twice still split in two (H100, 32 sequences x 8 KV heads at 8k: 375 vs 395 µs,
-    ``benchmarks/NOTES.md``, issue 23 session 17).
+    Never more splits than KV tiles of the longest possible sequence, never fewer than one: programs that
+    already fill the GPU twice get one. Programs that fill it once but not twice still split in two (H100,
+    32 sequences x 8 KV heads at 8k: 375 vs 395 µs, ``benchmarks/NOTES.md``, issue 23 session 17).
     """
-    if num_programs_without_split >= 2 * num_sms or num_kv_tiles_bound <= 1:
-        return 1
     wanted = cdiv(2 * num_sms, max(num_programs_without_split, 1))
     return max(1, min(wanted, num_kv_tiles_bound, 256))
 
