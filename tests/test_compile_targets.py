@@ -150,3 +150,33 @@ def test_gluon_hopper_attention_compiles_to_warp_specialized_wgmma():
         # persistent: masked variants take work tiles from a counter, unmasked ones stride the grid
         assert int(atomics) == (1 if window == "True" else 0), (head_dim, window, atomics)
         assert {"24", "240" if consumers == 2 else "160"} <= set(regs.split(",")), regs
+
+
+def test_gluon_hopper_attention_compiles_over_a_paged_cache():
+    """The paged variants (chunked prefill over a paged cache) build for sm_90a: one TMA box per page a key tile
+    spans (16-key pages: 8 per 128-key tile, for K, for V and for the zero-filled last V tile), the fence
+    between the load warp's zeroing stores and the wgmmas that read the tile, and no spill in the load warp's 24
+    registers."""
+    if not _compilable(90):
+        pytest.skip("this Triton does not compile for sm_90a")
+    script = ("import re\n"
+              "from llmkernels.attention.gluon_hopper import compile_for_sm90\n"
+              "for d, window, page in ((128, True, 16), (256, False, 256)):\n"
+              "    ptx = compile_for_sm90(d, window, return_lse=True, page_size=page)['ptx']\n"
+              "    regs = sorted(set(re.findall(r'setmaxnreg\\.\\w+\\.sync\\.aligned\\.u32\\s+(\\d+)', ptx)), key=int)\n"
+              "    print(d, ptx.count('cp.async.bulk.tensor.3d'), ptx.count('fence.proxy.async.shared::cta'),\n"
+              "          ptx.count('ld.local') + ptx.count('st.local'), ','.join(regs))\n")
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[1] / "src"), env.get("PYTHONPATH", "")])
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = [line.split() for line in done.stdout.splitlines()]
+    assert len(rows) == 2
+    (_, loads_16, fences_16, spills_16, regs_16), (_, loads_256, fences_256, spills_256, _) = rows
+    # Q's two boxes, then 8 boxes for K, 8 for V and 8 for the V tile zero-filled past the sequence's end (LLVM
+    # may duplicate the loop body: at least that many); 64-key tiles inside 256-key pages: one box each
+    assert int(loads_16) >= 2 + 3 * 8 and int(loads_256) >= 2 + 3, (loads_16, loads_256)
+    assert int(loads_16) > 2 * int(loads_256), (loads_16, loads_256)
+    assert int(fences_16) >= 1 and int(fences_256) >= 1
+    assert int(spills_16) == 0 and int(spills_256) == 0
+    assert {"24", "240"} <= set(regs_16.split(",")), regs_16

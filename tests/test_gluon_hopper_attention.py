@@ -269,3 +269,145 @@ def test_lk_attention_takes_this_kernel():
         assert torch.equal(lk.attention(q, k, v, config=config), gluon_attention(q, k, v, consumers=consumers))
     with pytest.raises(ValueError, match="consumer_warpgroups=3 needs head dim 64"):
         lk.attention(*_inputs(1, 64, 64, 2, 2, 128), config=FA4Config(consumer_warpgroups=3))
+
+
+# --------------------------------------------------------------------------- paged KV cache (chunked prefill)
+
+def _paged(k, v, page_size, seqlens, extra_pages=3, page_stride_pad=0):
+    """A PagedKVCache of sequence b's first ``seqlens[b]`` keys of dense ``k, v [B, S, Hkv, D]`` in shuffled
+    pages. Slots past a sequence's keys and the unused pages hold NaN (so that a kernel reading them into the
+    output fails), block-table entries past a sequence's last page are garbage (10**6). ``page_stride_pad``:
+    pages that many elements apart beyond their size (a cache inside a larger tensor)."""
+    batch, _, kv_heads, head_dim = k.shape
+    counts = [-(-max(n, 0) // page_size) for n in seqlens]
+    num_pages = sum(counts) + extra_pages
+    max_pages = max(max(counts), 1) + 1
+    permutation = torch.randperm(num_pages).tolist()
+    block_table = torch.full((batch, max_pages), 10**6, dtype=torch.int32)
+    page_elems = page_size * kv_heads * head_dim
+    storage = [torch.full((num_pages, page_elems + page_stride_pad), float("nan"), dtype=k.dtype, device=k.device)
+               for _ in range(2)]
+    k_pages, v_pages = (s[:, :page_elems].unflatten(1, (page_size, kv_heads, head_dim)) for s in storage)
+    cursor = 0
+    for b, count in enumerate(counts):
+        pages = permutation[cursor:cursor + count]
+        cursor += count
+        block_table[b, :count] = torch.tensor(pages, dtype=torch.int32)
+        for i, page in enumerate(pages):
+            keys = slice(i * page_size, min((i + 1) * page_size, seqlens[b]))
+            k_pages[page, :keys.stop - keys.start] = k[b, keys]
+            v_pages[page, :keys.stop - keys.start] = v[b, keys]
+    from llmkernels.attention.paged import PagedKVCache
+
+    return PagedKVCache(k_pages, v_pages, block_table.cuda(), torch.tensor(seqlens, dtype=torch.int32, device="cuda"))
+
+
+@pytest.fixture
+def paged_launches(monkeypatch):
+    """Counts the paged launches of the Gluon kernel (so that a test knows lk.attention took it)."""
+    from llmkernels.attention import gluon_hopper
+
+    calls = []
+    launch = gluon_hopper.launch
+
+    def counting(*args, **kwargs):
+        calls.append(kwargs.get("paged") is not None)
+        return launch(*args, **kwargs)
+    monkeypatch.setattr(gluon_hopper, "launch", counting)
+    return calls
+
+
+def _check_paged(out, lse, q, k, v, seqlens, causal, window=None):
+    """Each sequence against the float32 reference over its own keys (bottom-right aligned to them)."""
+    assert not torch.isnan(out).any(), "NaN in the output"
+    for b, n in enumerate(seqlens):
+        n = max(n, 0)
+        ref, ref_lse = _reference(q[b:b + 1], k[b:b + 1, :n], v[b:b + 1, :n], causal, q.shape[-1] ** -0.5, window)
+        error = ((out[b:b + 1].float() - ref).norm() / ref.norm().clamp_min(1e-6)).item()
+        assert error < TOLERANCE, f"sequence {b} ({n} keys): relative error {error:.2e}"
+        torch.testing.assert_close(lse[b:b + 1], ref_lse, atol=2e-2, rtol=1e-3)
+        assert (out[b:b + 1][torch.isinf(ref_lse).transpose(1, 2)] == 0).all(), "a row that sees no key must give 0"
+
+
+@pytest.mark.parametrize("mask", ["none", "causal", "window"])
+@pytest.mark.parametrize("page_size", [16, 64, 256])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_paged_cache_matches_reference(paged_launches, head_dim, page_size, mask):
+    """Chunked prefill: 300 queries over a paged cache (shuffled pages, NaN past each sequence's keys and in unused
+    pages), sequences of 1000 keys (whole tiles), 1537 (a tile's first key alone), 0 (no key: 0 and LSE -inf) and
+    200 (fewer keys than queries: the first rows see none when causal)."""
+    import llmkernels as lk
+
+    seqlens = [1000, 1537, 0, 200]
+    q, k, v = _inputs(4, 300, max(seqlens), 8, 2, head_dim)
+    cache = _paged(k, v, page_size, seqlens)
+    causal = mask == "causal"
+    window = (400, 0) if mask == "window" else None
+    torch.full(q.shape, float("nan"), dtype=q.dtype, device=q.device)  # poison what out will likely take
+    out, lse = lk.attention(q, None, None, kv_cache=cache, causal=causal, return_lse=True,
+                            mask=lk.SlidingWindow(*window) if window else None)
+    assert paged_launches == [True]
+    _check_paged(out, lse, q, k, v, seqlens, causal, window)
+
+
+@pytest.mark.parametrize("consumers", [2, 3])
+def test_paged_cache_consumer_counts(paged_launches, consumers):
+    """D 64 with two and three consumer warpgroups over a paged cache, causal."""
+    import llmkernels as lk
+    from llmkernels.attention.config import default_config
+
+    seqlens = [900, 4097]
+    q, k, v = _inputs(2, 700, max(seqlens), 4, 4, 64)
+    cache = _paged(k, v, 16, seqlens)
+    config = default_config(64, q.dtype, q.device).replace(consumer_warpgroups=consumers)
+    out, lse = lk.attention(q, None, None, kv_cache=cache, causal=True, return_lse=True, config=config)
+    assert paged_launches == [True]
+    _check_paged(out, lse, q, k, v, seqlens, True)
+
+
+def test_paged_cache_bad_metadata_matches_the_portable_kernel(paged_launches):
+    """Metadata the kernels clamp (a negative count, a count past the table, used block-table entries negative and
+    past num_pages): the Gluon kernel reads what the portable kernel reads, and the sound sequence is exact."""
+    import llmkernels as lk
+    from llmkernels.attention.config import default_config
+    from llmkernels.attention.paged import PagedKVCache
+
+    seqlens = [700, 500, 300, 600]
+    q, k, v = _inputs(4, 200, max(seqlens), 8, 2, 128)
+    cache = _paged(k, v, 64, seqlens)
+    block_table = cache.block_table.clone()
+    block_table[2, 1], block_table[3, 0] = -7, cache.num_pages + 5
+    bad_counts = torch.tensor([700, -5, 10**6, 600], dtype=torch.int32, device="cuda")
+    hostile = PagedKVCache(cache.k_pages.nan_to_num(0.0), cache.v_pages.nan_to_num(0.0), block_table, bad_counts)
+    out, lse = lk.attention(q, None, None, kv_cache=hostile, causal=True, return_lse=True)
+    assert paged_launches == [True]
+    portable = default_config(128, q.dtype, q.device).replace(warp_specialized=False)
+    expected, expected_lse = lk.attention(q, None, None, kv_cache=hostile, causal=True, return_lse=True,
+                                          config=portable)
+    assert not torch.isnan(out).any()
+    error = ((out.float() - expected.float()).norm() / expected.float().norm()).item()
+    assert error < TOLERANCE, f"relative error against the portable kernel {error:.2e}"
+    assert torch.equal(torch.isinf(lse), torch.isinf(expected_lse))
+    _check_paged(out[:1], lse[:1], q[:1], k[:1], v[:1], seqlens[:1], True)
+
+
+def test_paged_cache_views(paged_launches):
+    """Pages inside a larger tensor (page stride beyond their size) run in place on this kernel; pages TMA cannot
+    read (head dim not unit-stride) go to the portable kernel, and both agree with the reference."""
+    import llmkernels as lk
+    from llmkernels.attention.gluon_hopper import supports_paged
+    from llmkernels.attention.paged import PagedKVCache
+
+    seqlens = [333, 1000]
+    q, k, v = _inputs(2, 100, max(seqlens), 4, 2, 128)
+    cache = _paged(k, v, 16, seqlens, page_stride_pad=64)
+    assert supports_paged(q, cache.k_pages, cache.v_pages, 0.1)
+    out, lse = lk.attention(q, None, None, kv_cache=cache, return_lse=True)
+    assert paged_launches == [True]
+    _check_paged(out, lse, q, k, v, seqlens, False)
+    strided = cache.k_pages.transpose(1, 3).contiguous().transpose(1, 3)  # head dim strided
+    assert not supports_paged(q, strided, cache.v_pages, 0.1)
+    out, lse = lk.attention(q, None, None, kv_cache=PagedKVCache(strided, cache.v_pages, cache.block_table,
+                                                                  cache.seqlens), return_lse=True)
+    assert paged_launches == [True]  # not this kernel
+    _check_paged(out, lse, q, k, v, seqlens, False)

@@ -349,10 +349,12 @@ def attention(
           ``max_seqlen_k`` is optional (bound: ``block_table.shape[1] * page_size``).
         D: any multiple of 16 up to 256 (64, 128, 256 are the tuned ones); the same for q, k and v.
 
-    Kernels: on an sm_90 GPU, a dense call of more than 16 queries with D 64, 128 or 256, no mask but ``causal``
-    and / or a :class:`SlidingWindow`, no ``score_mod``, sinks or mask tensor, runs the warp-specialized Gluon
-    kernel (:mod:`llmkernels.attention.gluon_hopper`: a load warp and two or three consumer warpgroups; q, k, v
-    in a layout TMA cannot read are copied first) when the config has ``warp_specialized`` (the default there).
+    Kernels: on an sm_90 GPU, a call with dense q of more than 16 queries, dense k/v or a paged cache (without
+    ``starts``, its pages in a layout TMA reads: heads contiguous in a token row, 16-byte strides), D 64, 128 or
+    256, no mask but ``causal`` and / or a :class:`SlidingWindow`, no ``score_mod``, sinks or mask tensor, runs
+    the warp-specialized Gluon kernel (:mod:`llmkernels.attention.gluon_hopper`: a load warp and two or three
+    consumer warpgroups; dense q, k, v in a layout TMA cannot read are copied first) when the config has
+    ``warp_specialized`` (the default there).
     Every other call, and every call on other GPUs or in the interpreter, runs the portable Triton kernel.
 
     Bad metadata (read on the device, never trusted with an address; ``validate=True`` reports it instead):
@@ -424,7 +426,8 @@ def attention(
     if plan is None:
         call = check_attention(q, k, v, causal, mask, score_mod, sinks, softmax_scale, cu_seqlens_q, cu_seqlens_k,
                                max_seqlen_q, max_seqlen_k, kv_cache, num_splits, return_lse, config, validate)
-        plan = _PLANS.put(key, _Plan(call, q, k, v, sinks is not None, num_splits, return_lse, config))
+        pages = (kv_cache.k_pages, kv_cache.v_pages) if kv_cache is not None else (k, v)
+        plan = _PLANS.put(key, _Plan(call, q, *pages, sinks is not None, num_splits, return_lse, config))
     if validate:
         _validate_metadata_on_host(q, k, cu_seqlens_q, cu_seqlens_k if kv_cache is None else None,
                                    max_seqlen_q if cu_seqlens_q is not None else None, max_seqlen_k, kv_cache)
@@ -442,11 +445,12 @@ def _strides3(t: torch.Tensor, ragged: bool) -> tuple[int, int, int]:
 
 def _gluon_hopper(call: CheckedCall, q, k, v, split: bool, has_sinks: bool, config: FA4Config):
     """The warp-specialized Gluon kernel module (``gluon_hopper``) when it runs this call, else None: a config
-    with ``warp_specialized`` (sm_90's default), an sm_90 GPU (not the interpreter), dense q/k/v, one pass, no
-    mask but causal / a sliding window, no score_mod, sinks or mask tensor, and what
-    :func:`gluon_hopper.supports` asks of dtypes, head dim and strides."""
+    with ``warp_specialized`` (sm_90's default), an sm_90 GPU (not the interpreter), dense q, dense k/v or a paged
+    cache without key starts (k, v: its pages), one pass, no mask but causal / a sliding window, no score_mod,
+    sinks or mask tensor, and what :func:`gluon_hopper.supports` (``supports_paged``) asks of dtypes, head dim
+    and strides."""
     spec = call.mask_spec
-    if (not config.warp_specialized or interpreting() or call.ragged or call.paged or split or has_sinks
+    if (not config.warp_specialized or interpreting() or call.ragged or call.kv_starts or split or has_sinks
             or spec.has_chunk
             or spec.mask_mod is not None or call.mask_kind != "none" or call.mod_spec.kind != SCORE_MOD_NONE
             or cuda_capability(call.device) != (9, 0)):
@@ -455,7 +459,8 @@ def _gluon_hopper(call: CheckedCall, q, k, v, split: bool, has_sinks: bool, conf
         from . import gluon_hopper
     except ImportError:
         return None
-    return gluon_hopper if gluon_hopper.supports(q, k, v, call.softmax_scale) else None
+    supported = (gluon_hopper.supports_paged if call.paged else gluon_hopper.supports)(q, k, v, call.softmax_scale)
+    return gluon_hopper if supported else None
 
 
 class _Plan:
@@ -463,6 +468,7 @@ class _Plan:
     kernels of one call signature. Holds no tensor: the kernels bind at the first run, on its tensors."""
 
     def __init__(self, call: CheckedCall, q, k, v, has_sinks: bool, num_splits, return_lse: bool, config):
+        """k, v: the dense keys and values, or a paged cache's pages."""
         self.ragged, self.paged, self.device, self.has_sinks = call.ragged, call.paged, call.device, has_sinks
         self.mask_spec, self.mod_spec = call.mask_spec, dataclasses.replace(call.mod_spec, slopes=None)
         self.has_slopes = call.mod_spec.slopes is not None
@@ -480,7 +486,8 @@ class _Plan:
                                     num_q_heads=call.num_q_heads, num_kv_heads=call.num_kv_heads,
                                     visible_band=call.mask_spec.visible_band)
         self.gluon = _gluon_hopper(call, q, k, v, self.split, has_sinks, config)
-        # which of q, k, v TMA cannot read in place (strides and 16-byte alignment are in the plan's key)
+        # which of q, k, v TMA cannot read in place (strides and 16-byte alignment are in the plan's key; a
+        # paged cache, never copied, qualifies only when TMA reads it)
         self.gluon_copies = tuple(not self.gluon.tma_ready(t) for t in (q, k, v)) if self.gluon else ()
         spec = call.mask_spec
         self.window = (spec.window_left, spec.window_right) if spec.has_window else None
@@ -525,11 +532,17 @@ class _Plan:
         if self.empty:
             return (out, lse) if self.return_lse else out
         if self.gluon is not None:
+            paged = None
+            if self.paged:
+                k, v = kv_cache.k_pages, kv_cache.v_pages
+                block_table = kv_cache.block_table
+                paged = (block_table if block_table.stride(1) == 1 else block_table.contiguous(),
+                         kv_cache.seqlens.contiguous())
             if any(self.gluon_copies):  # the same values in a layout TMA reads: the contiguous call's bits
                 q, k, v = (self.gluon.as_tma_ready(t) if copy else t for t, copy in zip((q, k, v), self.gluon_copies))
             with torch.cuda.device(device):
                 self.gluon.launch(q, k, v, out, lse, self.window, float(self.softmax_scale),
-                                  consumers=self.config.consumer_warpgroups)
+                                  consumers=self.config.consumer_warpgroups, paged=paged)
             return (out, lse) if self.return_lse else out
         # Token / head / batch strides of q, k, v and the pages go to the kernel (zero ones included); a
         # head dim that is not unit-stride is copied. The kernel reads metadata vectors as dense: views of

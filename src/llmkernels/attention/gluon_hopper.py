@@ -41,13 +41,15 @@ import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                              warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from .._runtime import num_programs_hint
 from .masks import UNBOUNDED
 
-__all__ = ["gluon_attention", "supports", "tma_ready", "as_tma_ready", "launch", "compile_for_sm90"]
+__all__ = ["gluon_attention", "supports", "supports_paged", "tma_ready", "as_tma_ready", "launch",
+           "compile_for_sm90"]
 
 LOG2E = 1.4426950408889634
 LN2 = gl.constexpr(0.6931471805599453)
@@ -92,13 +94,14 @@ def _as_box(buffer):
 
 
 @gluon.jit
-def _tile_block(tile, geometry, num_q_heads, group_size, num_m_blocks, WINDOW: gl.constexpr, TILE_N: gl.constexpr,
-                CONSUMERS: gl.constexpr):
-    """(batch, q head, kv head, first Q row, first K/V tile, number of K/V tiles) of work tile ``tile``; every role
-    computes it. Tiles are head-major, so that the blocks running together share their heads' K/V in L2; masked
-    blocks of a head run longest first, so that the last ones to finish are short. geometry: ``(Sq, Skv,
-    shift = Skv - Sq, window left, window right)``. At least one K/V tile, so that a block that sees no key still
-    runs (and writes zeros)."""
+def _tile_block(tile, geometry, seqlens_ptr, num_q_heads, group_size, num_m_blocks, WINDOW: gl.constexpr,
+                TILE_N: gl.constexpr, CONSUMERS: gl.constexpr, PAGED: gl.constexpr):
+    """(batch, q head, kv head, first Q row, first K/V tile, number of K/V tiles, the tile's geometry) of work tile
+    ``tile``; every role computes it. Tiles are head-major, so that the blocks running together share their heads'
+    K/V in L2; masked blocks of a head run longest first, so that the last ones to finish are short. geometry:
+    ``(Sq, Skv, shift = Skv - Sq, window left, window right)``; PAGED: Skv is the bound on a sequence's keys and
+    the tile's sequence has ``seqlens[batch]`` keys, clamped to ``[0, bound]``. At least one K/V tile, so that a
+    block that sees no key still runs (and writes zeros)."""
     seqlen_q, seqlen_kv, shift, window_left, window_right = geometry
     pid_bh = tile // num_m_blocks
     pid_m = tile % num_m_blocks
@@ -106,16 +109,20 @@ def _tile_block(tile, geometry, num_q_heads, group_size, num_m_blocks, WINDOW: g
         pid_m = num_m_blocks - 1 - pid_m
     batch = pid_bh // num_q_heads
     head = pid_bh % num_q_heads
+    if PAGED:
+        seqlen_kv = gl.minimum(gl.maximum(gl.load(seqlens_ptr + batch), 0), seqlen_kv)
+        shift = seqlen_kv - seqlen_q
+        geometry = (seqlen_q, seqlen_kv, shift, window_left, window_right)
     q_start = pid_m * (CONSUMERS * 64)
     first_tile = q_start * 0
-    end_tile = gl.cdiv(seqlen_kv, TILE_N)
+    end_tile = gl.maximum(gl.cdiv(seqlen_kv, TILE_N), 1)
     if WINDOW:  # keys some row of the block sees: [pos_first - left, pos_last + right]
         q_last = gl.minimum(q_start + CONSUMERS * 64, seqlen_q) - 1
         kv_lo = gl.maximum(q_start + shift - window_left, 0)
         kv_hi = gl.minimum(q_last + shift + window_right + 1, seqlen_kv)
         first_tile = gl.minimum(kv_lo // TILE_N, end_tile - 1)
         end_tile = gl.maximum(gl.cdiv(kv_hi, TILE_N), first_tile + 1)
-    return batch, head, head // group_size, q_start, first_tile, end_tile - first_tile
+    return batch, head, head // group_size, q_start, first_tile, end_tile - first_tile, geometry
 
 
 @gluon.jit
@@ -140,12 +147,53 @@ def _receive_tile(count, schedule):
 
 
 @gluon.jit
-def _load_partition(descs, smem, bars, schedule, geometry, num_q_heads, group_size, num_m_blocks, num_work_tiles,
-                    tile_counter, WINDOW: gl.constexpr):
+def _load_kv_tile(desc, buffer, bar, batch, key, kv_head, pages, PAGE_SIZE: gl.constexpr):
+    """TMA loads of keys ``[key, key + TILE_N)`` of (``batch``, ``kv_head``) into the ``[TILE_N, D]`` shared tile
+    ``buffer``, arriving on ``bar``: one box (PAGE_SIZE 0: dense ``[B, S, H * D]``), or one per page the tile
+    spans (a box of ``min(PAGE_SIZE, TILE_N)`` rows of ``[num_pages, PAGE_SIZE, H * D]``), the page found in the
+    block table. Slots past the table and entries outside ``[0, num_pages)`` are clamped: a bad entry reads a
+    wrong page of the cache, never memory outside it."""
+    HEAD_DIM: gl.constexpr = buffer.shape[1]
+    if PAGE_SIZE == 0:
+        _tma_load(desc, [batch, key, kv_head * HEAD_DIM], bar, _as_box(buffer))
+    else:
+        block_table_ptr, stride_block_table, max_pages, num_pages = pages
+        BOX: gl.constexpr = desc.block_type.shape[1]
+        row_ptr = block_table_ptr + batch.to(gl.int64) * stride_block_table
+        for r in gl.static_range(buffer.shape[0] // BOX):
+            box_key = key + r * BOX
+            page = gl.load(row_ptr + gl.minimum(box_key // PAGE_SIZE, max_pages - 1))
+            page = gl.minimum(gl.maximum(page, 0), num_pages - 1)
+            _tma_load(desc, [page, box_key % PAGE_SIZE, kv_head * HEAD_DIM], bar,
+                      _as_box(buffer).slice(r * BOX, BOX, dim=1))
+
+
+@gluon.jit
+def _zero_rows_from(buffer, first):
+    """Zeroes the rows ``>= first`` of a ``[TILE_N, D]`` shared tile, from the load warp: ``[8, 64]`` chunks (the
+    128-byte swizzle's atoms), so that its 24 registers hold one."""
+    layout: gl.constexpr = _store_layout(64, 1)
+    rows = gl.arange(0, 8, layout=gl.SliceLayout(1, layout))
+    for c in gl.static_range(buffer.shape[0] // 8):
+        if c * 8 + 8 > first:
+            for d in gl.static_range(buffer.shape[1] // 64):
+                chunk = buffer.slice(c * 8, 8, dim=0).slice(d * 64, 64, dim=1)
+                values = chunk.load(layout)
+                keep = gl.expand_dims(c * 8 + rows < first, 1)
+                chunk.store(gl.where(keep, values, gl.zeros_like(values)))
+
+
+@gluon.jit
+def _load_partition(descs, smem, bars, v_landed, schedule, geometry, pages, num_q_heads, group_size, num_m_blocks,
+                    num_work_tiles, tile_counter, seqlens_ptr, WINDOW: gl.constexpr, PAGE_SIZE: gl.constexpr):
     """The load warp: for each work tile of this program, publishes it, loads its Q tiles once the consumers
     released the last ones, then K_j and V_j for every key tile into the rings, once released. The next work tile
     comes from ``tile_counter`` (WINDOW: masked blocks differ in length, so the first program to ask gets the
-    next one) or by striding the grid."""
+    next one) or by striding the grid.
+
+    Paged (PAGE_SIZE > 0): the rows of a sequence's last V tile past its keys hold whatever the pages do (NaN,
+    say), which ``P V`` would multiply by P's zeros: that tile lands on ``v_landed`` and is zeroed from there
+    before ``v_ready`` is signalled. (K's rows need nothing: their scores are masked to -inf.)"""
     q_desc, k_desc, v_desc = descs
     q_smem, k_smem, v_smem = smem
     q_ready, q_empty, k_ready, k_empty, v_ready, v_empty = bars
@@ -153,13 +201,17 @@ def _load_partition(descs, smem, bars, schedule, geometry, num_q_heads, group_si
     HEAD_DIM: gl.constexpr = k_smem.shape[2]
     STAGES: gl.constexpr = k_smem.shape[0]
     CONSUMERS: gl.constexpr = q_smem.shape[0]
+    TILE_BYTES: gl.constexpr = TILE_N * HEAD_DIM * k_smem.dtype.primitive_bitwidth // 8
     tile = gl.program_id(0)
     count = 0
     loaded = 0  # K/V tiles loaded by this program so far: the rings' position
+    zeroed = 0  # V tiles zeroed past their sequence's end so far: v_landed's phase
     while tile < num_work_tiles:
         _publish_tile(tile, count, schedule)
-        batch, head, kv_head, q_start, first_tile, num_tiles = _tile_block(tile, geometry, num_q_heads, group_size,
-                                                                           num_m_blocks, WINDOW, TILE_N, CONSUMERS)
+        batch, head, kv_head, q_start, first_tile, num_tiles, tile_geometry = _tile_block(
+            tile, geometry, seqlens_ptr, num_q_heads, group_size, num_m_blocks, WINDOW, TILE_N, CONSUMERS,
+            PAGE_SIZE > 0)
+        seqlen_kv = tile_geometry[1]
         for c in gl.static_range(CONSUMERS):
             # Fresh mbarriers count as having completed the phase before 0: the first lap does not wait.
             mbarrier.wait(q_empty.index(c), (count & 1) ^ 1)
@@ -171,11 +223,24 @@ def _load_partition(descs, smem, bars, schedule, geometry, num_q_heads, group_si
             phase = ((loaded + i) // STAGES) & 1
             key = (first_tile + i) * TILE_N
             mbarrier.wait(k_empty.index(stage), phase ^ 1)
-            mbarrier.expect(k_ready.index(stage), k_desc.block_type.nbytes)
-            _tma_load(k_desc, [batch, key, kv_head * HEAD_DIM], k_ready.index(stage), _as_box(k_smem.index(stage)))
+            mbarrier.expect(k_ready.index(stage), TILE_BYTES)
+            _load_kv_tile(k_desc, k_smem.index(stage), k_ready.index(stage), batch, key, kv_head, pages, PAGE_SIZE)
             mbarrier.wait(v_empty.index(stage), phase ^ 1)
-            mbarrier.expect(v_ready.index(stage), v_desc.block_type.nbytes)
-            _tma_load(v_desc, [batch, key, kv_head * HEAD_DIM], v_ready.index(stage), _as_box(v_smem.index(stage)))
+            zero_tail = False
+            if PAGE_SIZE > 0:
+                zero_tail = key + TILE_N > seqlen_kv
+            if zero_tail:
+                mbarrier.expect(v_landed.index(0), TILE_BYTES)
+                _load_kv_tile(v_desc, v_smem.index(stage), v_landed.index(0), batch, key, kv_head, pages, PAGE_SIZE)
+                mbarrier.wait(v_landed.index(0), zeroed & 1)
+                _zero_rows_from(v_smem.index(stage), seqlen_kv - key)
+                fence_async_shared()  # the generic-proxy stores, before wgmma reads the tile
+                mbarrier.arrive(v_ready.index(stage))
+                zeroed += 1
+            else:
+                mbarrier.expect(v_ready.index(stage), TILE_BYTES)
+                _load_kv_tile(v_desc, v_smem.index(stage), v_ready.index(stage), batch, key, kv_head, pages,
+                              PAGE_SIZE)
         loaded += num_tiles
         count += 1
         if WINDOW:
@@ -235,12 +300,12 @@ def _consumer_step(i, j, q, smem, bars, p, m_i, l_i, acc, rows, s_zero, geometry
 
 
 @gluon.jit
-def _consumer_block(tile, count, base, smem, bars, out_ptr, lse_ptr, geometry, num_q_heads, group_size,
-                    num_m_blocks, qk_scale, CONSUMER: gl.constexpr, WINDOW: gl.constexpr, RETURN_LSE: gl.constexpr):
+def _consumer_block(tile, count, base, smem, bars, out_ptr, lse_ptr, geometry, seqlens_ptr, num_q_heads, group_size,
+                    num_m_blocks, qk_scale, CONSUMER: gl.constexpr, WINDOW: gl.constexpr, RETURN_LSE: gl.constexpr,
+                    PAGED: gl.constexpr):
     """One consumer warpgroup on work tile ``tile`` (this program's ``count``-th, its K/V tiles from ring position
     ``base``): the block's Q rows ``[64 * CONSUMER, 64 * CONSUMER + 64)`` against its K/V tiles. Returns the number
     of K/V tiles it used."""
-    seqlen_q, seqlen_kv, shift, window_left, window_right = geometry
     q_smem, k_smem, v_smem = smem
     q_ready, q_empty, k_ready, k_empty, v_ready, v_empty = bars
     TILE_N: gl.constexpr = k_smem.shape[1]
@@ -254,8 +319,9 @@ def _consumer_block(tile, count, base, smem, bars, out_ptr, lse_ptr, geometry, n
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
 
-    batch, head, kv_head, q_start, first_tile, num_tiles = _tile_block(tile, geometry, num_q_heads, group_size,
-                                                                       num_m_blocks, WINDOW, TILE_N, q_smem.shape[0])
+    batch, head, kv_head, q_start, first_tile, num_tiles, geometry = _tile_block(
+        tile, geometry, seqlens_ptr, num_q_heads, group_size, num_m_blocks, WINDOW, TILE_N, q_smem.shape[0], PAGED)
+    seqlen_q, seqlen_kv, shift, window_left, window_right = geometry
     first_row = q_start + CONSUMER * 64
     rows = first_row + gl.arange(0, 64, layout=row_layout)
     end_tile = first_tile + num_tiles
@@ -336,30 +402,36 @@ def _consumer_block(tile, count, base, smem, bars, out_ptr, lse_ptr, geometry, n
 
 
 @gluon.jit
-def _consumer_partition(smem, bars, schedule, out_ptr, lse_ptr, geometry, num_q_heads, group_size, num_m_blocks,
-                        num_work_tiles, qk_scale, CONSUMER: gl.constexpr, WINDOW: gl.constexpr,
-                        RETURN_LSE: gl.constexpr):
+def _consumer_partition(smem, bars, schedule, out_ptr, lse_ptr, geometry, seqlens_ptr, num_q_heads, group_size,
+                        num_m_blocks, num_work_tiles, qk_scale, CONSUMER: gl.constexpr, WINDOW: gl.constexpr,
+                        RETURN_LSE: gl.constexpr, PAGED: gl.constexpr):
     """One consumer warpgroup: every work tile the load warp hands this program, in turn."""
     count = 0
     base = 0
     tile = _receive_tile(count, schedule)
     while tile < num_work_tiles:
-        base += _consumer_block(tile, count, base, smem, bars, out_ptr, lse_ptr, geometry, num_q_heads, group_size,
-                                num_m_blocks, qk_scale, CONSUMER, WINDOW, RETURN_LSE)
+        base += _consumer_block(tile, count, base, smem, bars, out_ptr, lse_ptr, geometry, seqlens_ptr, num_q_heads,
+                                group_size, num_m_blocks, qk_scale, CONSUMER, WINDOW, RETURN_LSE, PAGED)
         count += 1
         tile = _receive_tile(count, schedule)
 
 
 @gluon.jit
-def _attention_fwd_kernel(q_desc, k_desc, v_desc, out_ptr, lse_ptr, tile_counter, seqlen_q, seqlen_kv, window_left,
-                          window_right, num_q_heads, group_size, num_m_blocks, num_work_tiles, qk_scale,
+def _attention_fwd_kernel(q_desc, k_desc, v_desc, out_ptr, lse_ptr, tile_counter, block_table_ptr, seqlens_ptr,
+                          stride_block_table, max_pages, num_pages, seqlen_q, seqlen_kv, window_left, window_right,
+                          num_q_heads, group_size, num_m_blocks, num_work_tiles, qk_scale,
                           WINDOW: gl.constexpr, RETURN_LSE: gl.constexpr, CONSUMERS: gl.constexpr,
-                          Q_LAYOUT: gl.constexpr, KV_LAYOUT: gl.constexpr):
+                          TILE_N: gl.constexpr, PAGE_SIZE: gl.constexpr, Q_LAYOUT: gl.constexpr,
+                          KV_LAYOUT: gl.constexpr):
     """Persistent: each program runs work tiles (a Q block of ``CONSUMERS`` x 64 rows of one (batch, q head))
     until none is left.
 
     q_desc: TMA descriptor over q viewed as ``[B, Sq, Hq * D]`` (16-bit floats), block ``[1, 64, D]``.
-    k_desc, v_desc: over k / v viewed as ``[B, Skv, Hkv * D]``, block ``[1, TILE_N, D]`` (128 keys; 64 at D = 256).
+    k_desc, v_desc: over k / v viewed as ``[B, Skv, Hkv * D]``, block ``[1, TILE_N, D]`` (TILE_N: 128 keys, 64 at
+    D = 256); paged (PAGE_SIZE > 0): over the pages ``[num_pages, PAGE_SIZE, Hkv * D]``, block
+    ``[1, min(PAGE_SIZE, TILE_N), D]``, sequence b's key i in page ``block_table[b, i // PAGE_SIZE]``
+    (``block_table_ptr``: int32, rows ``stride_block_table`` apart, ``max_pages`` per row) with ``seqlens[b]``
+    keys (int32, clamped to ``[0, seqlen_kv]``; ``seqlen_kv`` is then ``max_pages * PAGE_SIZE``).
     out_ptr: ``[B, Sq, Hq, D]`` in q's dtype, contiguous. lse_ptr: float32 ``[B, Hq, Sq]`` (RETURN_LSE).
     tile_counter: int32 ``[1]`` zero (WINDOW: work tiles are handed out in order as programs ask for them, since
     masked blocks differ in length; otherwise program p runs tiles p, p + grid, ...).
@@ -372,7 +444,6 @@ def _attention_fwd_kernel(q_desc, k_desc, v_desc, out_ptr, lse_ptr, tile_counter
     Grid: ``(min(num_work_tiles, SMs),)``; ``num_warps=4`` (the default partition, consumer 0).
     """
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[2]
-    TILE_N: gl.constexpr = k_desc.block_type.shape[1]
     dtype: gl.constexpr = q_desc.dtype
     STAGES: gl.constexpr = 2  # a third stage measured no faster at D = 64 and does not fit larger D
     q_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, 64, HEAD_DIM], Q_LAYOUT)
@@ -385,6 +456,7 @@ def _attention_fwd_kernel(q_desc, k_desc, v_desc, out_ptr, lse_ptr, tile_counter
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_landed = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
     tile_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     tile_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(CONSUMERS):
@@ -395,6 +467,7 @@ def _attention_fwd_kernel(q_desc, k_desc, v_desc, out_ptr, lse_ptr, tile_counter
         mbarrier.init(v_ready.index(i), count=1)
         mbarrier.init(k_empty.index(i), count=CONSUMERS)  # every consumer releases a tile
         mbarrier.init(v_empty.index(i), count=CONSUMERS)
+    mbarrier.init(v_landed.index(0), count=1)
     for i in gl.static_range(2):
         mbarrier.init(tile_ready.index(i), count=1)
         mbarrier.init(tile_empty.index(i), count=CONSUMERS)
@@ -402,25 +475,29 @@ def _attention_fwd_kernel(q_desc, k_desc, v_desc, out_ptr, lse_ptr, tile_counter
     bars = (q_ready, q_empty, k_ready, k_empty, v_ready, v_empty)
     schedule = (tile_smem, tile_ready, tile_empty)
     geometry = (seqlen_q, seqlen_kv, seqlen_kv - seqlen_q, window_left, window_right)
+    pages = (block_table_ptr, stride_block_table, max_pages, num_pages)
+    PAGED: gl.constexpr = PAGE_SIZE > 0
     if CONSUMERS == 3:
         gl.warp_specialize([
-            (_consumer_partition, (smem, bars, schedule, out_ptr, lse_ptr, geometry, num_q_heads, group_size,
-                                   num_m_blocks, num_work_tiles, qk_scale, 0, WINDOW, RETURN_LSE)),
-            (_consumer_partition, (smem, bars, schedule, out_ptr, lse_ptr, geometry, num_q_heads, group_size,
-                                   num_m_blocks, num_work_tiles, qk_scale, 1, WINDOW, RETURN_LSE)),
-            (_consumer_partition, (smem, bars, schedule, out_ptr, lse_ptr, geometry, num_q_heads, group_size,
-                                   num_m_blocks, num_work_tiles, qk_scale, 2, WINDOW, RETURN_LSE)),
-            (_load_partition, ((q_desc, k_desc, v_desc), smem, bars, schedule, geometry, num_q_heads, group_size,
-                               num_m_blocks, num_work_tiles, tile_counter, WINDOW)),
+            (_consumer_partition, (smem, bars, schedule, out_ptr, lse_ptr, geometry, seqlens_ptr, num_q_heads,
+                                   group_size, num_m_blocks, num_work_tiles, qk_scale, 0, WINDOW, RETURN_LSE, PAGED)),
+            (_consumer_partition, (smem, bars, schedule, out_ptr, lse_ptr, geometry, seqlens_ptr, num_q_heads,
+                                   group_size, num_m_blocks, num_work_tiles, qk_scale, 1, WINDOW, RETURN_LSE, PAGED)),
+            (_consumer_partition, (smem, bars, schedule, out_ptr, lse_ptr, geometry, seqlens_ptr, num_q_heads,
+                                   group_size, num_m_blocks, num_work_tiles, qk_scale, 2, WINDOW, RETURN_LSE, PAGED)),
+            (_load_partition, ((q_desc, k_desc, v_desc), smem, bars, v_landed, schedule, geometry, pages, num_q_heads,
+                               group_size, num_m_blocks, num_work_tiles, tile_counter, seqlens_ptr, WINDOW,
+                               PAGE_SIZE)),
         ], [4, 4, 1], [CONSUMER_REGS_3, CONSUMER_REGS_3, LOADER_REGS])
     else:
         gl.warp_specialize([
-            (_consumer_partition, (smem, bars, schedule, out_ptr, lse_ptr, geometry, num_q_heads, group_size,
-                                   num_m_blocks, num_work_tiles, qk_scale, 0, WINDOW, RETURN_LSE)),
-            (_consumer_partition, (smem, bars, schedule, out_ptr, lse_ptr, geometry, num_q_heads, group_size,
-                                   num_m_blocks, num_work_tiles, qk_scale, 1, WINDOW, RETURN_LSE)),
-            (_load_partition, ((q_desc, k_desc, v_desc), smem, bars, schedule, geometry, num_q_heads, group_size,
-                               num_m_blocks, num_work_tiles, tile_counter, WINDOW)),
+            (_consumer_partition, (smem, bars, schedule, out_ptr, lse_ptr, geometry, seqlens_ptr, num_q_heads,
+                                   group_size, num_m_blocks, num_work_tiles, qk_scale, 0, WINDOW, RETURN_LSE, PAGED)),
+            (_consumer_partition, (smem, bars, schedule, out_ptr, lse_ptr, geometry, seqlens_ptr, num_q_heads,
+                                   group_size, num_m_blocks, num_work_tiles, qk_scale, 1, WINDOW, RETURN_LSE, PAGED)),
+            (_load_partition, ((q_desc, k_desc, v_desc), smem, bars, v_landed, schedule, geometry, pages, num_q_heads,
+                               group_size, num_m_blocks, num_work_tiles, tile_counter, seqlens_ptr, WINDOW,
+                               PAGE_SIZE)),
         ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
 
 
@@ -444,23 +521,36 @@ def as_tma_ready(t: torch.Tensor) -> torch.Tensor:
     return t if tma_ready(t) else t.clone(memory_format=torch.contiguous_format)
 
 
-def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float) -> bool:
-    """Whether :func:`gluon_attention` runs this dense call: an sm_90 GPU, fp16/bf16 ``[B, S, H, D]`` q, k, v of
-    one dtype with D in {64, 128, 256}, at least one key, fewer than 2**31 - 2**20 Q blocks of 128 rows
-    (``cdiv(Sq, 128) * B * Hq``) and a positive scale (any strides:
-    layouts TMA cannot read are copied)."""
-    if q.dtype not in DTYPES or k.dtype != q.dtype or v.dtype != q.dtype or q.dim() != 4 or k.dim() != 4:
+def _supported(q: torch.Tensor, kv: torch.Tensor, softmax_scale: float) -> bool:
+    """What both layouts ask: an sm_90 GPU, fp16/bf16 ``[B, Sq, Hq, D]`` q and 4-D keys/values ``kv`` of q's dtype
+    with ``D`` in {64, 128, 256}, ``Hq`` a multiple of ``Hkv``, fewer than 2**31 - 2**20 Q blocks of 128 rows
+    (``cdiv(Sq, 128) * B * Hq``) and a positive scale."""
+    if q.dtype not in DTYPES or kv.dtype != q.dtype or q.dim() != 4 or kv.dim() != 4:
         return False
-    if q.shape[3] not in HEAD_DIMS or k.shape[3] != q.shape[3] or v.shape != k.shape or k.shape[0] != q.shape[0]:
+    if q.shape[3] not in HEAD_DIMS or kv.shape[3] != q.shape[3]:
         return False
     if q.device.type != "cuda" or torch.cuda.get_device_capability(q.device) != (9, 0):
         return False
     batch, seqlen_q, num_q_heads, _ = q.shape
-    seqlen_kv, num_kv_heads = k.shape[1], k.shape[2]
+    num_kv_heads = kv.shape[2]
     work_tiles = triton.cdiv(seqlen_q, 2 * CONSUMER_ROWS) * batch * num_q_heads
-    if num_kv_heads < 1 or num_q_heads % num_kv_heads or work_tiles > MAX_WORK_TILES or seqlen_kv < 1:
-        return False
-    return softmax_scale > 0
+    return num_kv_heads >= 1 and num_q_heads % num_kv_heads == 0 and work_tiles <= MAX_WORK_TILES and softmax_scale > 0
+
+
+def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float) -> bool:
+    """Whether :func:`gluon_attention` runs this dense call: an sm_90 GPU, fp16/bf16 ``[B, S, H, D]`` q, k, v of
+    one dtype with D in {64, 128, 256}, at least one key, fewer than 2**31 - 2**20 Q blocks of 128 rows
+    (``cdiv(Sq, 128) * B * Hq``) and a positive scale (any strides: layouts TMA cannot read are copied)."""
+    return (_supported(q, k, softmax_scale) and v.shape == k.shape and v.dtype == k.dtype
+            and k.shape[0] == q.shape[0] and k.shape[1] >= 1)
+
+
+def supports_paged(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, softmax_scale: float) -> bool:
+    """Whether :func:`launch` runs a dense ``[B, Sq, Hq, D]`` q over a paged cache: what :func:`supports` asks of q
+    and the heads, and pages ``[num_pages, page_size, Hkv, D]`` (at least one) that TMA reads in place
+    (:func:`tma_ready`: the cache is never copied)."""
+    return (_supported(q, k_pages, softmax_scale) and v_pages.shape == k_pages.shape
+            and v_pages.dtype == k_pages.dtype and k_pages.shape[0] >= 1 and tma_ready(k_pages) and tma_ready(v_pages))
 
 
 def _descriptor(t: torch.Tensor, block_rows: int) -> TensorDescriptor:
@@ -480,15 +570,26 @@ def _consumers(head_dim: int, seqlen_q: int, window) -> int:
 
 
 def launch(q, k, v, out, lse, window: tuple[int, int] | None, softmax_scale: float, *,
-           consumers: int | None = None) -> None:
-    """Runs the kernel on inputs :func:`supports` accepts and :func:`tma_ready` passes (see
-    :func:`as_tma_ready`): ``out`` contiguous ``[B, Sq, Hq, D]`` in q's dtype,
+           consumers: int | None = None, paged: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+    """Runs the kernel on inputs :func:`supports` (or :func:`supports_paged`) accepts and :func:`tma_ready` passes
+    (see :func:`as_tma_ready`): ``out`` contiguous ``[B, Sq, Hq, D]`` in q's dtype,
     ``lse`` None or float32 contiguous ``[B, Hq, Sq]``, ``window`` None (every key) or ``(left, right)`` sides in
-    ``[0, UNBOUNDED]`` (causal: ``(UNBOUNDED, 0)``). No checks, no sync (CUDA-graph capturable)."""
+    ``[0, UNBOUNDED]`` (causal: ``(UNBOUNDED, 0)``). paged: None (k, v ``[B, Skv, Hkv, D]``), or ``(block_table,
+    seqlens)`` (int32 ``[B, max_pages]`` with unit stride along a row, int32 ``[B]`` contiguous; read on the device,
+    clamped) with k, v the pages ``[num_pages, page_size, Hkv, D]``. No checks, no sync (CUDA-graph capturable)."""
     batch, seqlen_q, num_q_heads, head_dim = q.shape
-    seqlen_kv, num_kv_heads = k.shape[1], k.shape[2]
+    num_kv_heads = k.shape[2]
     dtype = DTYPES[q.dtype]
     block_n = _block_n(head_dim)
+    if paged is None:
+        seqlen_kv, page_size, box = k.shape[1], 0, block_n
+        block_table = seqlens = out  # never read
+        stride_block_table = max_pages = num_pages = 0
+    else:
+        block_table, seqlens = paged
+        num_pages, page_size = k.shape[:2]
+        max_pages, stride_block_table = block_table.shape[1], block_table.stride(0)
+        seqlen_kv, box = max_pages * page_size, min(page_size, block_n)
     left, right = window if window is not None else (UNBOUNDED, UNBOUNDED)
     consumers = consumers or _consumers(head_dim, seqlen_q, window)
     num_m_blocks = triton.cdiv(seqlen_q, consumers * CONSUMER_ROWS)
@@ -498,11 +599,12 @@ def launch(q, k, v, out, lse, window: tuple[int, int] | None, softmax_scale: flo
     tile_counter = torch.zeros(1, dtype=torch.int32, device=q.device) if window is not None else out
     grid = (min(num_work_tiles, num_programs_hint(q.device)), )
     _attention_fwd_kernel[grid](
-        _descriptor(q, CONSUMER_ROWS), _descriptor(k, block_n), _descriptor(v, block_n), out,
-        lse if lse is not None else out, tile_counter, seqlen_q, seqlen_kv, left, right, num_q_heads,
-        num_q_heads // num_kv_heads, num_m_blocks, num_work_tiles, softmax_scale * LOG2E, WINDOW=window is not None, RETURN_LSE=lse is not None, CONSUMERS=consumers,
-        Q_LAYOUT=_nvmma_layout([CONSUMER_ROWS, head_dim], dtype), KV_LAYOUT=_nvmma_layout([block_n, head_dim], dtype),
-        num_warps=4, maxnreg=MAX_REGS[consumers])
+        _descriptor(q, CONSUMER_ROWS), _descriptor(k, box), _descriptor(v, box), out,
+        lse if lse is not None else out, tile_counter, block_table, seqlens, stride_block_table, max_pages, num_pages,
+        seqlen_q, seqlen_kv, left, right, num_q_heads, num_q_heads // num_kv_heads, num_m_blocks, num_work_tiles,
+        softmax_scale * LOG2E, WINDOW=window is not None, RETURN_LSE=lse is not None, CONSUMERS=consumers,
+        TILE_N=block_n, PAGE_SIZE=page_size, Q_LAYOUT=_nvmma_layout([CONSUMER_ROWS, head_dim], dtype),
+        KV_LAYOUT=_nvmma_layout([block_n, head_dim], dtype), num_warps=4, maxnreg=MAX_REGS[consumers])
 
 
 def gluon_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
@@ -562,10 +664,11 @@ def gluon_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
 
 
 def compile_for_sm90(head_dim: int, window: bool, *, return_lse: bool = False,
-                     consumers: int | None = None) -> dict:
+                     consumers: int | None = None, page_size: int = 0) -> dict:
     """Compiles the kernel for sm_90a without a GPU (ptxas from the Triton wheel runs, nothing launches) and
     returns the compiled kernel's ``asm`` dict (``ttgir``, ``ptx``, ``cubin``, ...), specialized as a typical
-    bf16 call is; ``window``: the masked variant (causal or a sliding window). Run it with ``TRITON_INTERPRET``
+    bf16 call is; ``window``: the masked variant (causal or a sliding window); ``page_size`` > 0: K/V in a paged
+    cache of that page size. Run it with ``TRITON_INTERPRET``
     unset or 0 (e.g. in a subprocess, as ``tests/test_compile_targets.py`` does): in interpreter mode Triton
     turns gl's own ``@jit`` helpers into interpreted functions, which the compiler then refuses."""
     from triton.backends.compiler import GPUTarget
@@ -577,14 +680,16 @@ def compile_for_sm90(head_dim: int, window: bool, *, return_lse: bool = False,
     def descriptor_type(block):
         return f"tensordesc<bf16[{', '.join(map(str, block))}],{_nvmma_layout(block)!r}>"
 
-    kv_type = descriptor_type([1, _block_n(head_dim), head_dim])
+    block_n = _block_n(head_dim)
+    kv_type = descriptor_type([1, min(page_size, block_n) if page_size else block_n, head_dim])
     consumers = consumers or _consumers(head_dim, 0, None)
-    constexprs = dict(WINDOW=bool(window), RETURN_LSE=bool(return_lse), CONSUMERS=consumers,
-                      Q_LAYOUT=_nvmma_layout([CONSUMER_ROWS, head_dim]),
+    constexprs = dict(WINDOW=bool(window), RETURN_LSE=bool(return_lse), CONSUMERS=consumers, TILE_N=block_n,
+                      PAGE_SIZE=page_size, Q_LAYOUT=_nvmma_layout([CONSUMER_ROWS, head_dim]),
                       KV_LAYOUT=_nvmma_layout([_block_n(head_dim), head_dim]))
     kinds = dict(q_desc=descriptor_type([1, CONSUMER_ROWS, head_dim]), k_desc=kv_type, v_desc=kv_type,
                  out_ptr="*bf16", lse_ptr="*fp32", qk_scale="fp32",
-                 tile_counter="*i32" if window else "*bf16", **dict.fromkeys(constexprs, "constexpr"))
+                 tile_counter="*i32" if window else "*bf16", block_table_ptr="*i32" if page_size else "*bf16",
+                 seqlens_ptr="*i32" if page_size else "*bf16", **dict.fromkeys(constexprs, "constexpr"))
     fn = _attention_fwd_kernel
     signature = {name: kinds.get(name, "i32") for name in fn.arg_names}
     source = GluonASTSource(fn, signature, constexprs={(fn.arg_names.index(name), ): value
