@@ -49,6 +49,18 @@ def test_paged_decode_every_num_splits(device, heads, page_size):
         assert relative_error(out, outputs[0]) <= TOLERANCE["splits_agree"]
 
 
+def test_combine_in_one_block_and_in_blocks(device):
+    """The combine loads up to 64 splits' partials in one block and walks more in blocks of 64: 40 and 80 splits
+    of a 1280-key sequence (80 tiles of 16 keys), with sinks and the LSE, match the one-pass result."""
+    q, k, v = _qkv(2, 1, 1280, 4, 1, 16, torch.bfloat16, device)
+    sinks = torch.randn(4, device=device)
+    expected, _ = _check(q, k, v, num_splits=1, sinks=sinks, config=DECODE_CONFIG, what="one pass")
+    for num_splits in (40, 80):
+        out, _ = _check(q, k, v, num_splits=num_splits, sinks=sinks, config=DECODE_CONFIG,
+                        tolerance=TOLERANCE[torch.bfloat16], what=f"splits={num_splits}")
+        assert relative_error(out, expected) <= TOLERANCE["splits_agree"]
+
+
 @pytest.mark.parametrize("seqlen_q", [1, 4, 16])
 @pytest.mark.parametrize("num_splits", [None, 1, 4])
 def test_short_queries_causal(device, seqlen_q, num_splits):

@@ -308,11 +308,14 @@ def attention_cases(arch: int, calls=tuple(ATTENTION_CALLS)) -> list[Case]:
         cases.append(Case("attention", full, fn, signature, constexprs, attrs, config.num_warps,
                           config.num_kv_stages, mma_m, expected_mma(arch, mma_m)))
     fn = split_kv.combine_splits_kernel
-    constexprs = dict(HEAD_DIM=128, HEAD_DIM_PAD=128, BLOCK_SPLITS=16, HAS_SINKS=True, RETURN_LSE=True)
     kinds = {"o_partial_ptr": "*fp32", "lse_partial_ptr": "*fp32", "out_ptr": "*bf16", "lse_ptr": "*fp32",
              "sinks_ptr": "*fp32"}
-    signature, attrs = _aligned_signature(fn, constexprs, kinds, unaligned=("num_splits",))
-    cases.append(Case("attention", "split-KV combine d128", fn, signature, constexprs, attrs, 4, 3, 0, "none"))
+    for one_block in (True, False):
+        constexprs = dict(HEAD_DIM=128, HEAD_DIM_PAD=128, BLOCK_SPLITS=64, HAS_SINKS=True, RETURN_LSE=True,
+                          ONE_BLOCK=one_block)
+        signature, attrs = _aligned_signature(fn, constexprs, kinds, unaligned=("num_splits",))
+        label = "split-KV combine d128" + (" one block" if one_block else " blocks")
+        cases.append(Case("attention", label, fn, signature, constexprs, attrs, 4, 3, 0, "none"))
     return cases
 
 

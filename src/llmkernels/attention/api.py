@@ -649,8 +649,9 @@ class _Plan:
             *_strides3(out, ragged), *stride_lse,
             rows_per_batch, self.num_splits,
             HEAD_DIM=self.head_dim, HEAD_DIM_PAD=self.head_dim_pad,
-            BLOCK_SPLITS=min(next_power_of_2(self.num_splits), 16),
-            HAS_SINKS=self.has_sinks, RETURN_LSE=self.return_lse,
+            # up to 64 splits in one block (one round trip to L2: H100, NOTES issue 23 session 18)
+            BLOCK_SPLITS=min(next_power_of_2(self.num_splits), 64),
+            HAS_SINKS=self.has_sinks, RETURN_LSE=self.return_lse, ONE_BLOCK=self.num_splits <= 64,
             num_warps=4,
         )
         return self.combine

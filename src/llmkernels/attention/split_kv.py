@@ -29,7 +29,7 @@ def combine_splits_kernel(
     stride_lse_b, stride_lse_h, stride_lse_s,
     rows_per_batch, num_splits,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_SPLITS: tl.constexpr,
-    HAS_SINKS: tl.constexpr, RETURN_LSE: tl.constexpr,
+    HAS_SINKS: tl.constexpr, RETURN_LSE: tl.constexpr, ONE_BLOCK: tl.constexpr,
 ):
     """One program per (token row, q head): ``out = sum_s w_s O_s / (sum_s w_s + sink)``,
     ``w_s = 2**(lse_s - M)``. Sinks as in the one-pass path: +inf gives O = 0 and LSE = +inf, -inf
@@ -38,6 +38,7 @@ def combine_splits_kernel(
     o_partial float32 ``[splits, B, Sq, Hq, D]`` (ragged: ``[splits, total_q, Hq, D]``, ``stride_p_b = 0``),
     lse_partial float32 base 2 ``[splits, B, Hq, Sq]`` (ragged ``[splits, Hq, total_q]``); program axis 0
     enumerates ``B * rows_per_batch`` rows (ragged: B = 1, rows = total_q), axis 1 the q heads.
+    ONE_BLOCK: ``num_splits <= BLOCK_SPLITS``.
     """
     row = tl.program_id(0)
     head = tl.program_id(1).to(tl.int64)  # head * lse head stride (Hq x total_q) may pass 2**31
@@ -48,28 +49,42 @@ def combine_splits_kernel(
     lse_base = lse_partial_ptr + batch * stride_lp_b + head * stride_lp_h + token * stride_lp_s
     o_base = o_partial_ptr + batch * stride_p_b + token * stride_p_s + head * stride_p_h
 
-    running_max = tl.zeros([BLOCK_SPLITS], dtype=tl.float32) - float("inf")
-    for start in tl.range(0, num_splits, BLOCK_SPLITS):
-        lse_split = tl.load(lse_base + (start + splits).to(tl.int64) * stride_lp_split,
-                            mask=start + splits < num_splits, other=float("-inf"))
-        running_max = tl.maximum(running_max, lse_split)
-    global_max = tl.max(running_max, 0)
-    if HAS_SINKS:
-        sink = tl.load(sinks_ptr + head) * LOG2E
-        global_max = tl.maximum(global_max, sink)
-    reference = tl.where(global_max == float("-inf"), 0.0, global_max)
-
-    weight_sum = tl.zeros([BLOCK_SPLITS], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_SPLITS, HEAD_DIM_PAD], dtype=tl.float32)
-    for start in tl.range(0, num_splits, BLOCK_SPLITS):
-        in_range = start + splits < num_splits
-        split_offsets = (start + splits).to(tl.int64)
-        lse_split = tl.load(lse_base + split_offsets * stride_lp_split, mask=in_range, other=float("-inf"))
-        weight = tl.exp2(lse_split - reference)
-        o_split = tl.load(o_base + split_offsets[:, None] * stride_p_split + dims[None, :],
+    if ONE_BLOCK:
+        # Every split in one block: the LSEs and the partial O are loaded together, one round trip to L2.
+        in_range = splits < num_splits
+        lse_split = tl.load(lse_base + splits.to(tl.int64) * stride_lp_split, mask=in_range, other=float("-inf"))
+        o_split = tl.load(o_base + splits.to(tl.int64)[:, None] * stride_p_split + dims[None, :],
                           mask=in_range[:, None] & (dims < HEAD_DIM)[None, :], other=0.0)
-        weight_sum += weight
-        acc += weight[:, None] * o_split
+        global_max = tl.max(lse_split, 0)
+        if HAS_SINKS:
+            sink = tl.load(sinks_ptr + head) * LOG2E
+            global_max = tl.maximum(global_max, sink)
+        reference = tl.where(global_max == float("-inf"), 0.0, global_max)
+        weight_sum = tl.exp2(lse_split - reference)
+        acc = weight_sum[:, None] * o_split
+    else:
+        running_max = tl.zeros([BLOCK_SPLITS], dtype=tl.float32) - float("inf")
+        for start in tl.range(0, num_splits, BLOCK_SPLITS):
+            lse_split = tl.load(lse_base + (start + splits).to(tl.int64) * stride_lp_split,
+                                mask=start + splits < num_splits, other=float("-inf"))
+            running_max = tl.maximum(running_max, lse_split)
+        global_max = tl.max(running_max, 0)
+        if HAS_SINKS:
+            sink = tl.load(sinks_ptr + head) * LOG2E
+            global_max = tl.maximum(global_max, sink)
+        reference = tl.where(global_max == float("-inf"), 0.0, global_max)
+
+        weight_sum = tl.zeros([BLOCK_SPLITS], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_SPLITS, HEAD_DIM_PAD], dtype=tl.float32)
+        for start in tl.range(0, num_splits, BLOCK_SPLITS):
+            in_range = start + splits < num_splits
+            split_offsets = (start + splits).to(tl.int64)
+            lse_split = tl.load(lse_base + split_offsets * stride_lp_split, mask=in_range, other=float("-inf"))
+            weight = tl.exp2(lse_split - reference)
+            o_split = tl.load(o_base + split_offsets[:, None] * stride_p_split + dims[None, :],
+                              mask=in_range[:, None] & (dims < HEAD_DIM)[None, :], other=0.0)
+            weight_sum += weight
+            acc += weight[:, None] * o_split
     total = tl.sum(weight_sum, 0)
     if HAS_SINKS:
         # a sink at the max adds exactly 1, also a sink of +inf (where inf - inf would be NaN)
