@@ -97,9 +97,7 @@ def problem_rows(batch, context, q_len, page_size, bf16_tflops):
                          llmk_speedup=ms / ours if ms and ours and name != "llmkernels paged" else None, note=note))
         print({key: (f"{value:.4g}" if isinstance(value, float) else value) for key, value in rows[-1].items()},
               flush=True)
-    del k_pages, v_pages, k, v, k_t, v_t, cache
-    torch.cuda.empty_cache()
-    return rows
+    return rows  # the tensors go with this frame; main() empties the allocator's cache between problems
 
 
 def write_png(rows, out_dir):
@@ -132,6 +130,7 @@ def main():
             print(f"time budget reached: {problem} and later not run", flush=True)
             break
         rows += problem_rows(*problem, bf16_tflops)
+        torch.cuda.empty_cache()
     table = write_table(rows, out_dir, "attention_chunked_prefill",
                         f"Chunked prefill over a paged cache on {torch.cuda.get_device_name()}",
                         f"bf16, Hq={HEADS}, Hkv={KV_HEADS}, D={DIM}, bottom-right causal; CUDA-graph replay times; "

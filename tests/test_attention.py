@@ -646,7 +646,8 @@ def test_gluon_dispatch_hands_over_tma_readable_tensors(monkeypatch):
     """The plan's hand-over to the Hopper Gluon kernel, checked on the CPU with a stand-in module: the window
     (causal: ``(UNBOUNDED, 0)``), the config's consumer count, and q/k/v that TMA could not read in place (here:
     every non-contiguous view) replaced by contiguous copies with the same values, so any view gives the
-    contiguous call's bits; a readable tensor is passed as is."""
+    contiguous call's bits; a readable tensor is passed as is; ragged calls hand over their cumulative lengths,
+    paged ones the pages, block table and key counts."""
     import contextlib
     from llmkernels.attention.masks import UNBOUNDED
 
@@ -662,8 +663,9 @@ def test_gluon_dispatch_hands_over_tma_readable_tensors(monkeypatch):
             return t if t.is_contiguous() else t.clone(memory_format=torch.contiguous_format)
 
         @staticmethod
-        def launch(q, k, v, out, lse, window, softmax_scale, consumers=None):
-            seen.update(q=q, k=k, v=v, window=window, consumers=consumers, scale=softmax_scale)
+        def launch(q, k, v, out, lse, window, softmax_scale, consumers=None, paged=None, ragged=None):
+            seen.update(q=q, k=k, v=v, window=window, consumers=consumers, scale=softmax_scale, paged=paged,
+                        ragged=ragged)
             out.fill_(1.0)
 
     monkeypatch.setattr(attention_api, "_gluon_hopper", lambda *args: StandIn)
@@ -678,4 +680,15 @@ def test_gluon_dispatch_hands_over_tma_readable_tensors(monkeypatch):
     assert seen["k"].is_contiguous() and torch.equal(seen["k"], k) and seen["k"].data_ptr() != k.data_ptr()
     assert seen["window"] == (UNBOUNDED, 0) and seen["consumers"] == 3 and seen["scale"] == 0.25
     attention(q, k, v, mask=SlidingWindow(7, 2), config=config)
-    assert seen["window"] == (7, 2)
+    assert seen["window"] == (7, 2) and seen["paged"] is None and seen["ragged"] is None
+    # ragged q and k: the cumulative lengths and the host bound on one sequence's queries
+    cu = _cu_seqlens([30, 50], "cpu")
+    q_ragged, k_ragged = torch.randn(80, 4, 64, dtype=torch.bfloat16), torch.randn(80, 2, 64, dtype=torch.bfloat16)
+    attention(q_ragged, k_ragged, k_ragged, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=50, max_seqlen_k=50,
+              config=config)
+    assert seen["ragged"][0] is cu and seen["ragged"][1] is cu and seen["ragged"][2] == 50 and seen["paged"] is None
+    # a paged cache: the pages as k and v, the block table and key counts beside them
+    cache = _paged_cache([40, 60], 16, 2, 64, torch.bfloat16, "cpu")
+    attention(q, None, None, kv_cache=cache, causal=True, config=config)
+    assert seen["k"] is cache.k_pages and seen["v"] is cache.v_pages and seen["ragged"] is None
+    assert seen["paged"][0] is cache.block_table and seen["paged"][1] is cache.seqlens

@@ -152,8 +152,8 @@ def test_gluon_hopper_attention_compiles_to_warp_specialized_wgmma():
         assert {"24", "240" if consumers == 2 else "160"} <= set(regs.split(",")), regs
 
 
-def test_gluon_hopper_attention_compiles_over_a_paged_cache():
-    """The paged variants (chunked prefill over a paged cache) build for sm_90a: one TMA box per page a key tile
+def test_gluon_hopper_attention_compiles_over_a_paged_cache_and_ragged():
+    """The paged and ragged variants (chunked prefill, varlen) build for sm_90a: one TMA box per page a key tile
     spans (16-key pages: 8 per 128-key tile, for K, for V and for the zero-filled last V tile), the fence
     between the load warp's zeroing stores and the wgmmas that read the tile, and no spill in the load warp's 24
     registers."""
@@ -161,8 +161,8 @@ def test_gluon_hopper_attention_compiles_over_a_paged_cache():
         pytest.skip("this Triton does not compile for sm_90a")
     script = ("import re\n"
               "from llmkernels.attention.gluon_hopper import compile_for_sm90\n"
-              "for d, window, page in ((128, True, 16), (256, False, 256)):\n"
-              "    ptx = compile_for_sm90(d, window, return_lse=True, page_size=page)['ptx']\n"
+              "for d, window, page, ragged in ((128, True, 16, False), (256, False, 256, True), (64, True, 0, True)):\n"
+              "    ptx = compile_for_sm90(d, window, return_lse=True, page_size=page, ragged=ragged)['ptx']\n"
               "    regs = sorted(set(re.findall(r'setmaxnreg\\.\\w+\\.sync\\.aligned\\.u32\\s+(\\d+)', ptx)), key=int)\n"
               "    print(d, ptx.count('cp.async.bulk.tensor.3d'), ptx.count('fence.proxy.async.shared::cta'),\n"
               "          ptx.count('ld.local') + ptx.count('st.local'), ','.join(regs))\n")
@@ -171,8 +171,8 @@ def test_gluon_hopper_attention_compiles_over_a_paged_cache():
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     rows = [line.split() for line in done.stdout.splitlines()]
-    assert len(rows) == 2
-    (_, loads_16, fences_16, spills_16, regs_16), (_, loads_256, fences_256, spills_256, _) = rows
+    assert len(rows) == 3
+    (_, loads_16, fences_16, spills_16, regs_16), (_, loads_256, fences_256, spills_256, _), ragged = rows
     # Q's two boxes, then 8 boxes for K, 8 for V and 8 for the V tile zero-filled past the sequence's end (LLVM
     # may duplicate the loop body: at least that many); 64-key tiles inside 256-key pages: one box each
     assert int(loads_16) >= 2 + 3 * 8 and int(loads_256) >= 2 + 3, (loads_16, loads_256)
@@ -180,3 +180,5 @@ def test_gluon_hopper_attention_compiles_over_a_paged_cache():
     assert int(fences_16) >= 1 and int(fences_256) >= 1
     assert int(spills_16) == 0 and int(spills_256) == 0
     assert {"24", "240"} <= set(regs_16.split(",")), regs_16
+    # ragged q and k (D 64, three consumers): Q's three boxes, K, V, the zero-filled V tile; no spill
+    assert int(ragged[1]) >= 3 + 3 and int(ragged[2]) >= 1 and int(ragged[3]) == 0, ragged

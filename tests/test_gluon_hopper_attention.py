@@ -411,3 +411,110 @@ def test_paged_cache_views(paged_launches):
                                                                   cache.seqlens), return_lse=True)
     assert paged_launches == [True]  # not this kernel
     _check_paged(out, lse, q, k, v, seqlens, False)
+
+
+# --------------------------------------------------------------------------- ragged q (and k / v)
+
+@pytest.fixture
+def ragged_launches(monkeypatch):
+    """Counts the ragged launches of the Gluon kernel (so that a test knows lk.attention took it)."""
+    from llmkernels.attention import gluon_hopper
+
+    calls = []
+    launch = gluon_hopper.launch
+
+    def counting(*args, **kwargs):
+        calls.append((kwargs.get("ragged") is not None, kwargs.get("paged") is not None))
+        return launch(*args, **kwargs)
+    monkeypatch.setattr(gluon_hopper, "launch", counting)
+    return calls
+
+
+def _cu(lengths):
+    return torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+
+
+def _check_ragged(out, lse, q, k, v, lengths_q, lengths_k, causal, window=None, skip=()):
+    """Sequence b (rows ``cu_q[b]:cu_q[b + 1]`` of out, lse ``[Hq, total_q]``) against the float32 reference over
+    its own keys; sequences in ``skip`` are not checked."""
+    cu_q, cu_k = _cu(lengths_q).tolist(), _cu(lengths_k).tolist()
+    for b in range(len(lengths_q)):
+        if b in skip or lengths_q[b] == 0:
+            continue
+        rows, keys = slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1])
+        ref, ref_lse = _reference(q[None, rows], k[None, keys], v[None, keys], causal, q.shape[-1] ** -0.5, window)
+        got = out[None, rows]
+        assert not torch.isnan(got).any(), f"NaN in sequence {b}"
+        error = ((got.float() - ref).norm() / ref.norm().clamp_min(1e-6)).item()
+        assert error < TOLERANCE, f"sequence {b}: relative error {error:.2e}"
+        torch.testing.assert_close(lse[None, :, rows], ref_lse, atol=2e-2, rtol=1e-3)
+        assert (got[torch.isinf(ref_lse).transpose(1, 2)] == 0).all(), "a row that sees no key must give 0"
+
+
+@pytest.mark.parametrize("mask", ["none", "causal", "window"])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_ragged_matches_reference(ragged_launches, head_dim, mask):
+    """Ragged q and k (flash-attn's varlen): sequences of 300 / 0 / 129 / 700 queries over 1000 / 50 / 0 / 700
+    keys (an empty one, one with no key: 0 and LSE -inf), then a sequence of NaN keys and inf values that the
+    700-key sequence's last tile runs into (its rows must be zeroed, not multiplied by P's zeros)."""
+    import llmkernels as lk
+
+    lengths_q, lengths_k = [300, 0, 129, 700, 64], [1000, 50, 0, 700, 100]
+    q = torch.randn(sum(lengths_q), 8, head_dim, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(sum(lengths_k), 2, head_dim, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    k[-100:], v[-100:] = float("nan"), float("inf")
+    causal = mask == "causal"
+    window = (300, 0) if mask == "window" else None
+    torch.full(q.shape, float("nan"), dtype=q.dtype, device=q.device)  # poison what out will likely take
+    out, lse = lk.attention(q, k, v, cu_seqlens_q=_cu(lengths_q), cu_seqlens_k=_cu(lengths_k), max_seqlen_q=700,
+                            max_seqlen_k=1000, causal=causal, return_lse=True,
+                            mask=lk.SlidingWindow(*window) if window else None)
+    assert ragged_launches == [(True, False)]
+    _check_ragged(out, lse, q, k, v, lengths_q, lengths_k, causal, window, skip=(4,))
+
+
+@pytest.mark.parametrize("page_size", [16, 128])
+def test_ragged_queries_over_a_paged_cache(ragged_launches, page_size):
+    """Chunked prefill of several sequences (vLLM's varlen + block table): 300 / 17 / 0 / 500 new queries over
+    paged caches of 1000 / 40 / 30 / 500 keys, causal (bottom-right), D 128."""
+    import llmkernels as lk
+
+    lengths_q, seqlens = [300, 17, 0, 500], [1000, 40, 30, 500]
+    q = torch.randn(sum(lengths_q), 8, 128, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(4, max(seqlens), 2, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    cache = _paged(k, v, page_size, seqlens)
+    out, lse = lk.attention(q, None, None, kv_cache=cache, cu_seqlens_q=_cu(lengths_q), max_seqlen_q=500,
+                            causal=True, return_lse=True)
+    assert ragged_launches == [(True, True)]
+    k_ragged = torch.cat([k[b, :n] for b, n in enumerate(seqlens)])
+    v_ragged = torch.cat([v[b, :n] for b, n in enumerate(seqlens)])
+    _check_ragged(out, lse, q, k_ragged, v_ragged, lengths_q, seqlens, True)
+
+
+def test_ragged_bad_cu_seqlens_match_the_portable_kernel(ragged_launches):
+    """cu_seqlens the kernels clamp (a decreasing entry, entries past the tensors): every row some sequence owns
+    under ``clamp(cummax(cu_seqlens), 0, total)`` matches the portable kernel's."""
+    import llmkernels as lk
+    from llmkernels.attention.config import default_config
+
+    q = torch.randn(900, 8, 128, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(1200, 2, 128, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    cu_q = torch.tensor([0, 300, 200, 700, 5000], dtype=torch.int32, device="cuda")
+    cu_k = torch.tensor([0, 400, 900, 800, 9000], dtype=torch.int32, device="cuda")
+    kwargs = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=600, max_seqlen_k=1200, causal=True,
+                  return_lse=True)
+    out, lse = lk.attention(q, k, v, **kwargs)
+    assert ragged_launches == [(True, False)]
+    portable = default_config(128, q.dtype, q.device).replace(warp_specialized=False)
+    expected, expected_lse = lk.attention(q, k, v, config=portable, **kwargs)
+    owned = torch.cummax(cu_q.long(), 0).values.clamp(0, q.shape[0]).tolist()
+    for b in range(4):
+        rows = slice(owned[b], min(owned[b + 1], owned[b] + 600))
+        if rows.start >= rows.stop:
+            continue
+        got, want = out[rows].float(), expected[rows].float()
+        error = ((got - want).norm() / want.norm().clamp_min(1e-6)).item()
+        assert error < TOLERANCE, f"sequence {b}: relative error against the portable kernel {error:.2e}"
+        torch.testing.assert_close(lse[:, rows], expected_lse[:, rows], atol=2e-2, rtol=1e-3)

@@ -349,12 +349,12 @@ def attention(
           ``max_seqlen_k`` is optional (bound: ``block_table.shape[1] * page_size``).
         D: any multiple of 16 up to 256 (64, 128, 256 are the tuned ones); the same for q, k and v.
 
-    Kernels: on an sm_90 GPU, a call with dense q of more than 16 queries, dense k/v or a paged cache (without
-    ``starts``, its pages in a layout TMA reads: heads contiguous in a token row, 16-byte strides), D 64, 128 or
-    256, no mask but ``causal`` and / or a :class:`SlidingWindow`, no ``score_mod``, sinks or mask tensor, runs
-    the warp-specialized Gluon kernel (:mod:`llmkernels.attention.gluon_hopper`: a load warp and two or three
-    consumer warpgroups; dense q, k, v in a layout TMA cannot read are copied first) when the config has
-    ``warp_specialized`` (the default there).
+    Kernels: on an sm_90 GPU, a call of more than 16 queries per sequence (``max_seqlen_q`` for ragged q), dense
+    or ragged q and k/v or a paged cache (without ``starts``, its pages in a layout TMA reads: heads contiguous in
+    a token row, 16-byte strides), D 64, 128 or 256, no mask but ``causal`` and / or a :class:`SlidingWindow`, no
+    ``score_mod``, sinks or mask tensor, runs the warp-specialized Gluon kernel
+    (:mod:`llmkernels.attention.gluon_hopper`: a load warp and two or three consumer warpgroups; q, k, v in a
+    layout TMA cannot read are copied first) when the config has ``warp_specialized`` (the default there).
     Every other call, and every call on other GPUs or in the interpreter, runs the portable Triton kernel.
 
     Bad metadata (read on the device, never trusted with an address; ``validate=True`` reports it instead):
@@ -445,12 +445,12 @@ def _strides3(t: torch.Tensor, ragged: bool) -> tuple[int, int, int]:
 
 def _gluon_hopper(call: CheckedCall, q, k, v, split: bool, has_sinks: bool, config: FA4Config):
     """The warp-specialized Gluon kernel module (``gluon_hopper``) when it runs this call, else None: a config
-    with ``warp_specialized`` (sm_90's default), an sm_90 GPU (not the interpreter), dense q, dense k/v or a paged
-    cache without key starts (k, v: its pages), one pass, no mask but causal / a sliding window, no score_mod,
-    sinks or mask tensor, and what :func:`gluon_hopper.supports` (``supports_paged``) asks of dtypes, head dim
-    and strides."""
+    with ``warp_specialized`` (sm_90's default), an sm_90 GPU (not the interpreter), dense or ragged q and k/v,
+    or a paged cache without key starts (k, v: its pages), one pass, no mask but causal / a sliding window, no
+    score_mod, sinks or mask tensor, and what :func:`gluon_hopper.supports` (``supports_ragged``,
+    ``supports_paged``) asks of dtypes, head dim and strides."""
     spec = call.mask_spec
-    if (not config.warp_specialized or interpreting() or call.ragged or call.kv_starts or split or has_sinks
+    if (not config.warp_specialized or interpreting() or call.kv_starts or split or has_sinks
             or spec.has_chunk
             or spec.mask_mod is not None or call.mask_kind != "none" or call.mod_spec.kind != SCORE_MOD_NONE
             or cuda_capability(call.device) != (9, 0)):
@@ -459,7 +459,13 @@ def _gluon_hopper(call: CheckedCall, q, k, v, split: bool, has_sinks: bool, conf
         from . import gluon_hopper
     except ImportError:
         return None
-    supported = (gluon_hopper.supports_paged if call.paged else gluon_hopper.supports)(q, k, v, call.softmax_scale)
+    if call.paged:
+        supported = gluon_hopper.supports_paged(q, k, v, call.softmax_scale, batch=call.batch,
+                                                max_seqlen_q=call.q_bound)
+    elif call.ragged:
+        supported = gluon_hopper.supports_ragged(q, k, v, call.softmax_scale, call.batch, call.q_bound)
+    else:
+        supported = gluon_hopper.supports(q, k, v, call.softmax_scale)
     return gluon_hopper if supported else None
 
 
@@ -477,6 +483,7 @@ class _Plan:
         self.num_q_heads, self.num_kv_heads, self.head_dim = call.num_q_heads, call.num_kv_heads, call.head_dim
         self.q_shape, self.q_dtype = q.shape, q.dtype
         ragged, batch, q_bound, kv_bound, group = call.ragged, call.batch, call.q_bound, call.kv_bound, call.group
+        self.q_bound = q_bound
         self.lse_shape = (call.num_q_heads, q.shape[0]) if ragged else (q.shape[0], call.num_q_heads, q.shape[1])
         self.empty = q.numel() == 0 or batch == 0 or q_bound == 0
         self.split = (num_splits is not None and num_splits > 1) or (
@@ -532,7 +539,9 @@ class _Plan:
         if self.empty:
             return (out, lse) if self.return_lse else out
         if self.gluon is not None:
-            paged = None
+            paged = ragged = None
+            if self.ragged:
+                ragged = (cu_seqlens_q.contiguous(), None if self.paged else cu_seqlens_k.contiguous(), self.q_bound)
             if self.paged:
                 k, v = kv_cache.k_pages, kv_cache.v_pages
                 block_table = kv_cache.block_table
@@ -542,7 +551,7 @@ class _Plan:
                 q, k, v = (self.gluon.as_tma_ready(t) if copy else t for t, copy in zip((q, k, v), self.gluon_copies))
             with torch.cuda.device(device):
                 self.gluon.launch(q, k, v, out, lse, self.window, float(self.softmax_scale),
-                                  consumers=self.config.consumer_warpgroups, paged=paged)
+                                  consumers=self.config.consumer_warpgroups, paged=paged, ragged=ragged)
             return (out, lse) if self.return_lse else out
         # Token / head / batch strides of q, k, v and the pages go to the kernel (zero ones included); a
         # head dim that is not unit-stride is copied. The kernel reads metadata vectors as dense: views of

@@ -48,7 +48,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from .._runtime import num_programs_hint
 from .masks import UNBOUNDED
 
-__all__ = ["gluon_attention", "supports", "supports_paged", "tma_ready", "as_tma_ready", "launch",
+__all__ = ["gluon_attention", "supports", "supports_ragged", "supports_paged", "tma_ready", "as_tma_ready", "launch",
            "compile_for_sm90"]
 
 LOG2E = 1.4426950408889634
@@ -94,25 +94,69 @@ def _as_box(buffer):
 
 
 @gluon.jit
-def _tile_block(tile, geometry, seqlens_ptr, num_q_heads, group_size, num_m_blocks, WINDOW: gl.constexpr,
-                TILE_N: gl.constexpr, CONSUMERS: gl.constexpr, PAGED: gl.constexpr):
-    """(batch, q head, kv head, first Q row, first K/V tile, number of K/V tiles, the tile's geometry) of work tile
-    ``tile``; every role computes it. Tiles are head-major, so that the blocks running together share their heads'
-    K/V in L2; masked blocks of a head run longest first, so that the last ones to finish are short. geometry:
-    ``(Sq, Skv, shift = Skv - Sq, window left, window right)``; PAGED: Skv is the bound on a sequence's keys and
-    the tile's sequence has ``seqlens[batch]`` keys, clamped to ``[0, bound]``. At least one K/V tile, so that a
-    block that sees no key still runs (and writes zeros)."""
+def _ragged_bounds(cu_seqlens_ptr, batch, total, NUM_WARPS: gl.constexpr):
+    """``(first row, rows)`` of sequence ``batch`` of a ragged tensor of ``total`` rows, read as if ``cu_seqlens``
+    were ``clamp(cummax(cu_seqlens), 0, total)`` (the portable kernel's ``ragged_bounds``: valid prefix sums
+    unchanged, no row outside the tensor or in two sequences, a decreasing entry gives no rows)."""
+    layout: gl.constexpr = gl.BlockedLayout([1], [32], [NUM_WARPS], [0])
+    BLOCK: gl.constexpr = 32 * NUM_WARPS
+    prefix_max = batch * 0
+    for first in range(0, batch + 1, BLOCK):
+        entries = first + gl.arange(0, BLOCK, layout=layout)
+        values = gl.load(cu_seqlens_ptr + entries, mask=entries <= batch, other=0)
+        prefix_max = gl.maximum(prefix_max, gl.max(values, axis=0))
+    start = gl.minimum(prefix_max, total)
+    end = gl.minimum(gl.maximum(gl.load(cu_seqlens_ptr + batch + 1), start), total)
+    return start, end - start
+
+
+@gluon.jit
+def _tile_block(tile, geometry, lens, num_q_heads, group_size, num_m_blocks, WINDOW: gl.constexpr,
+                TILE_N: gl.constexpr, CONSUMERS: gl.constexpr, RAGGED: gl.constexpr, PAGED: gl.constexpr,
+                NUM_WARPS: gl.constexpr):
+    """Work tile ``tile``, as every role computes it: ``(batch, q head, kv head, first Q row, first K/V tile,
+    number of K/V tiles, geometry, place)``. Tiles are head-major, so that the blocks running together share their
+    heads' K/V in L2; masked blocks of a head run longest first, so that the last ones to finish are short.
+
+    geometry: ``(Sq, Skv, shift = Skv - Sq, window left, window right)`` of the tile's sequence: the kernel's
+    (dense), or from ``lens = (cu_seqlens_q, cu_seqlens_k, seqlens, total_q, total_k)``: RAGGED q reads its
+    rows from ``cu_seqlens_q`` (and k from ``cu_seqlens_k`` unless PAGED), PAGED k has ``seqlens[batch]`` keys
+    clamped to ``[0, Skv]`` (Skv then the table's bound). A ragged block past its sequence's queries is empty
+    (first Q row < 0 or >= Sq): the load warp skips it.
+    place: ``(q box batch, q first row, kv box batch, kv first row, out's first token, lse's first element)``,
+    where the sequence starts in the descriptors (``[B, S, ...]`` dense, ``[1, total, ...]`` ragged), in out
+    (``[tokens, Hq, D]``) and in lse (``[B, Hq, Sq]`` dense, ``[Hq, total_q]`` ragged).
+    At least one K/V tile, so that a block that sees no key still runs (and writes zeros)."""
     seqlen_q, seqlen_kv, shift, window_left, window_right = geometry
+    cu_seqlens_q_ptr, cu_seqlens_k_ptr, seqlens_ptr, total_q, total_k = lens
     pid_bh = tile // num_m_blocks
     pid_m = tile % num_m_blocks
-    if WINDOW:
-        pid_m = num_m_blocks - 1 - pid_m
     batch = pid_bh // num_q_heads
     head = pid_bh % num_q_heads
+    q_batch = batch
+    kv_batch = batch
+    q_row0 = batch * 0
+    kv_row0 = batch * 0
+    if RAGGED:
+        q_row0, seqlen_q = _ragged_bounds(cu_seqlens_q_ptr, batch, total_q, NUM_WARPS)
+        q_batch = batch * 0
+        if not PAGED:
+            kv_row0, seqlen_kv = _ragged_bounds(cu_seqlens_k_ptr, batch, total_k, NUM_WARPS)
+            kv_batch = batch * 0
     if PAGED:
         seqlen_kv = gl.minimum(gl.maximum(gl.load(seqlens_ptr + batch), 0), seqlen_kv)
-        shift = seqlen_kv - seqlen_q
-        geometry = (seqlen_q, seqlen_kv, shift, window_left, window_right)
+    shift = seqlen_kv - seqlen_q
+    geometry = (seqlen_q, seqlen_kv, shift, window_left, window_right)
+    if WINDOW:
+        if RAGGED:  # this sequence's blocks (at most num_m_blocks), longest first; -1: past them, empty
+            pid_m = gl.maximum(gl.minimum(gl.cdiv(seqlen_q, CONSUMERS * 64), num_m_blocks) - 1 - pid_m, -1)
+        else:
+            pid_m = num_m_blocks - 1 - pid_m
+    if RAGGED:
+        place = (q_batch, q_row0, kv_batch, kv_row0, q_row0, head.to(gl.int64) * total_q + q_row0)
+    else:
+        lse_base = (batch * num_q_heads + head).to(gl.int64) * seqlen_q
+        place = (q_batch, q_row0, kv_batch, kv_row0, batch * seqlen_q, lse_base)
     q_start = pid_m * (CONSUMERS * 64)
     first_tile = q_start * 0
     end_tile = gl.maximum(gl.cdiv(seqlen_kv, TILE_N), 1)
@@ -122,7 +166,7 @@ def _tile_block(tile, geometry, seqlens_ptr, num_q_heads, group_size, num_m_bloc
         kv_hi = gl.minimum(q_last + shift + window_right + 1, seqlen_kv)
         first_tile = gl.minimum(kv_lo // TILE_N, end_tile - 1)
         end_tile = gl.maximum(gl.cdiv(kv_hi, TILE_N), first_tile + 1)
-    return batch, head, head // group_size, q_start, first_tile, end_tile - first_tile, geometry
+    return batch, head, head // group_size, q_start, first_tile, end_tile - first_tile, geometry, place
 
 
 @gluon.jit
@@ -184,16 +228,18 @@ def _zero_rows_from(buffer, first):
 
 
 @gluon.jit
-def _load_partition(descs, smem, bars, v_landed, schedule, geometry, pages, num_q_heads, group_size, num_m_blocks,
-                    num_work_tiles, tile_counter, seqlens_ptr, WINDOW: gl.constexpr, PAGE_SIZE: gl.constexpr):
-    """The load warp: for each work tile of this program, publishes it, loads its Q tiles once the consumers
-    released the last ones, then K_j and V_j for every key tile into the rings, once released. The next work tile
-    comes from ``tile_counter`` (WINDOW: masked blocks differ in length, so the first program to ask gets the
-    next one) or by striding the grid.
+def _load_partition(descs, smem, bars, v_landed, schedule, geometry, lens, pages, num_q_heads, group_size,
+                    num_m_blocks, num_work_tiles, tile_counter, WINDOW: gl.constexpr, RAGGED: gl.constexpr,
+                    PAGE_SIZE: gl.constexpr):
+    """The load warp: for each work tile of this program (ragged blocks past their sequence skipped), publishes
+    it, loads its Q tiles once the consumers released the last ones, then K_j and V_j for every key tile into the
+    rings, once released. The next work tile comes from ``tile_counter`` (WINDOW: masked blocks differ in length,
+    so the first program to ask gets the next one) or by striding the grid.
 
-    Paged (PAGE_SIZE > 0): the rows of a sequence's last V tile past its keys hold whatever the pages do (NaN,
-    say), which ``P V`` would multiply by P's zeros: that tile lands on ``v_landed`` and is zeroed from there
-    before ``v_ready`` is signalled. (K's rows need nothing: their scores are masked to -inf.)"""
+    Ragged or paged K/V: the rows of a sequence's last V tile past its keys hold the next sequence's values or
+    whatever the pages do (NaN, say), which ``P V`` would multiply by P's zeros: that tile lands on ``v_landed``
+    and is zeroed from there before ``v_ready`` is signalled. (K's rows need nothing: their scores are masked to
+    -inf. Dense K/V need nothing: a per-sequence descriptor reads zeros there.)"""
     q_desc, k_desc, v_desc = descs
     q_smem, k_smem, v_smem = smem
     q_ready, q_empty, k_ready, k_empty, v_ready, v_empty = bars
@@ -202,47 +248,53 @@ def _load_partition(descs, smem, bars, v_landed, schedule, geometry, pages, num_
     STAGES: gl.constexpr = k_smem.shape[0]
     CONSUMERS: gl.constexpr = q_smem.shape[0]
     TILE_BYTES: gl.constexpr = TILE_N * HEAD_DIM * k_smem.dtype.primitive_bitwidth // 8
+    ZERO_TAILS: gl.constexpr = RAGGED or PAGE_SIZE > 0
     tile = gl.program_id(0)
     count = 0
     loaded = 0  # K/V tiles loaded by this program so far: the rings' position
     zeroed = 0  # V tiles zeroed past their sequence's end so far: v_landed's phase
     while tile < num_work_tiles:
-        _publish_tile(tile, count, schedule)
-        batch, head, kv_head, q_start, first_tile, num_tiles, tile_geometry = _tile_block(
-            tile, geometry, seqlens_ptr, num_q_heads, group_size, num_m_blocks, WINDOW, TILE_N, CONSUMERS,
-            PAGE_SIZE > 0)
+        batch, head, kv_head, q_start, first_tile, num_tiles, tile_geometry, place = _tile_block(
+            tile, geometry, lens, num_q_heads, group_size, num_m_blocks, WINDOW, TILE_N, CONSUMERS, RAGGED,
+            PAGE_SIZE > 0, 1)
+        seqlen_q = tile_geometry[0]
         seqlen_kv = tile_geometry[1]
-        for c in gl.static_range(CONSUMERS):
-            # Fresh mbarriers count as having completed the phase before 0: the first lap does not wait.
-            mbarrier.wait(q_empty.index(c), (count & 1) ^ 1)
-            mbarrier.expect(q_ready.index(c), q_desc.block_type.nbytes)
-            _tma_load(q_desc, [batch, q_start + c * 64, head * HEAD_DIM], q_ready.index(c),
-                      _as_box(q_smem.index(c)))
-        for i in range(num_tiles):
-            stage = (loaded + i) % STAGES
-            phase = ((loaded + i) // STAGES) & 1
-            key = (first_tile + i) * TILE_N
-            mbarrier.wait(k_empty.index(stage), phase ^ 1)
-            mbarrier.expect(k_ready.index(stage), TILE_BYTES)
-            _load_kv_tile(k_desc, k_smem.index(stage), k_ready.index(stage), batch, key, kv_head, pages, PAGE_SIZE)
-            mbarrier.wait(v_empty.index(stage), phase ^ 1)
-            zero_tail = False
-            if PAGE_SIZE > 0:
-                zero_tail = key + TILE_N > seqlen_kv
-            if zero_tail:
-                mbarrier.expect(v_landed.index(0), TILE_BYTES)
-                _load_kv_tile(v_desc, v_smem.index(stage), v_landed.index(0), batch, key, kv_head, pages, PAGE_SIZE)
-                mbarrier.wait(v_landed.index(0), zeroed & 1)
-                _zero_rows_from(v_smem.index(stage), seqlen_kv - key)
-                fence_async_shared()  # the generic-proxy stores, before wgmma reads the tile
-                mbarrier.arrive(v_ready.index(stage))
-                zeroed += 1
-            else:
-                mbarrier.expect(v_ready.index(stage), TILE_BYTES)
-                _load_kv_tile(v_desc, v_smem.index(stage), v_ready.index(stage), batch, key, kv_head, pages,
-                              PAGE_SIZE)
-        loaded += num_tiles
-        count += 1
+        q_batch, q_row0, kv_batch, kv_row0, _, _ = place
+        if (q_start >= 0) & (q_start < seqlen_q):
+            _publish_tile(tile, count, schedule)
+            for c in gl.static_range(CONSUMERS):
+                # Fresh mbarriers count as having completed the phase before 0: the first lap does not wait.
+                mbarrier.wait(q_empty.index(c), (count & 1) ^ 1)
+                mbarrier.expect(q_ready.index(c), q_desc.block_type.nbytes)
+                _tma_load(q_desc, [q_batch, q_row0 + q_start + c * 64, head * HEAD_DIM], q_ready.index(c),
+                          _as_box(q_smem.index(c)))
+            for i in range(num_tiles):
+                stage = (loaded + i) % STAGES
+                phase = ((loaded + i) // STAGES) & 1
+                key = (first_tile + i) * TILE_N
+                mbarrier.wait(k_empty.index(stage), phase ^ 1)
+                mbarrier.expect(k_ready.index(stage), TILE_BYTES)
+                _load_kv_tile(k_desc, k_smem.index(stage), k_ready.index(stage), kv_batch, kv_row0 + key, kv_head,
+                              pages, PAGE_SIZE)
+                mbarrier.wait(v_empty.index(stage), phase ^ 1)
+                zero_tail = False
+                if ZERO_TAILS:
+                    zero_tail = key + TILE_N > seqlen_kv
+                if zero_tail:
+                    mbarrier.expect(v_landed.index(0), TILE_BYTES)
+                    _load_kv_tile(v_desc, v_smem.index(stage), v_landed.index(0), kv_batch, kv_row0 + key, kv_head,
+                                  pages, PAGE_SIZE)
+                    mbarrier.wait(v_landed.index(0), zeroed & 1)
+                    _zero_rows_from(v_smem.index(stage), seqlen_kv - key)
+                    fence_async_shared()  # the generic-proxy stores, before wgmma reads the tile
+                    mbarrier.arrive(v_ready.index(stage))
+                    zeroed += 1
+                else:
+                    mbarrier.expect(v_ready.index(stage), TILE_BYTES)
+                    _load_kv_tile(v_desc, v_smem.index(stage), v_ready.index(stage), kv_batch, kv_row0 + key,
+                                  kv_head, pages, PAGE_SIZE)
+            loaded += num_tiles
+            count += 1
         if WINDOW:
             tile = gl.num_programs(0) + gl.atomic_add(tile_counter, 1)
         else:
@@ -276,8 +328,9 @@ def _softmax_tile(s, m_i, l_i, j, rows, geometry, qk_scale, MASKED: gl.constexpr
 @gluon.jit
 def _consumer_step(i, j, q, smem, bars, p, m_i, l_i, acc, rows, s_zero, geometry, qk_scale, MASKED: gl.constexpr,
                    WINDOW: gl.constexpr):
-    """Ring position i (the block's tiles follow the program's earlier blocks' tiles; key tile j): issue ``S_j = Q K_j^T`` and ``O += P_{j-1} V_{j-1}``, run the softmax
-    of ``S_j`` once the first is done, then rescale O. Returns ``(p_j, m, l, acc)``."""
+    """Ring position i (the block's tiles follow the program's earlier blocks' tiles; key tile j): issue
+    ``S_j = Q K_j^T`` and ``O += P_{j-1} V_{j-1}``, run the softmax of ``S_j`` once the first is done, then rescale
+    O. Returns ``(p_j, m, l, acc)``."""
     q_smem, k_smem, v_smem = smem
     q_ready, q_empty, k_ready, k_empty, v_ready, v_empty = bars
     STAGES: gl.constexpr = k_smem.shape[0]
@@ -300,9 +353,9 @@ def _consumer_step(i, j, q, smem, bars, p, m_i, l_i, acc, rows, s_zero, geometry
 
 
 @gluon.jit
-def _consumer_block(tile, count, base, smem, bars, out_ptr, lse_ptr, geometry, seqlens_ptr, num_q_heads, group_size,
+def _consumer_block(tile, count, base, smem, bars, out_ptr, lse_ptr, geometry, lens, num_q_heads, group_size,
                     num_m_blocks, qk_scale, CONSUMER: gl.constexpr, WINDOW: gl.constexpr, RETURN_LSE: gl.constexpr,
-                    PAGED: gl.constexpr):
+                    RAGGED: gl.constexpr, PAGED: gl.constexpr):
     """One consumer warpgroup on work tile ``tile`` (this program's ``count``-th, its K/V tiles from ring position
     ``base``): the block's Q rows ``[64 * CONSUMER, 64 * CONSUMER + 64)`` against its K/V tiles. Returns the number
     of K/V tiles it used."""
@@ -319,9 +372,11 @@ def _consumer_block(tile, count, base, smem, bars, out_ptr, lse_ptr, geometry, s
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
 
-    batch, head, kv_head, q_start, first_tile, num_tiles, geometry = _tile_block(
-        tile, geometry, seqlens_ptr, num_q_heads, group_size, num_m_blocks, WINDOW, TILE_N, q_smem.shape[0], PAGED)
+    batch, head, kv_head, q_start, first_tile, num_tiles, geometry, place = _tile_block(
+        tile, geometry, lens, num_q_heads, group_size, num_m_blocks, WINDOW, TILE_N, q_smem.shape[0], RAGGED, PAGED, 4)
     seqlen_q, seqlen_kv, shift, window_left, window_right = geometry
+    out_token0 = place[4]
+    lse_base = place[5]
     first_row = q_start + CONSUMER * 64
     rows = first_row + gl.arange(0, 64, layout=row_layout)
     end_tile = first_tile + num_tiles
@@ -384,10 +439,9 @@ def _consumer_block(tile, count, base, smem, bars, out_ptr, lse_ptr, geometry, s
         mbarrier.wait(v_ready.index(position % STAGES), (position // STAGES) & 1)
         mbarrier.arrive(v_empty.index(position % STAGES))
 
-    if RETURN_LSE:  # natural log, [B, Hq, Sq] contiguous; -inf for a row that saw no key
+    if RETURN_LSE:  # natural log, [B, Hq, Sq] ([Hq, total_q] ragged) contiguous; -inf for a row that saw no key
         lse = (m_i * qk_scale + gl.log2(l_i)) * LN2
-        lse_offsets = (batch * num_q_heads + head).to(gl.int64) * seqlen_q + rows
-        gl.store(lse_ptr + lse_offsets, lse, mask=rows < seqlen_q)
+        gl.store(lse_ptr + lse_base + rows, lse, mask=rows < seqlen_q)
     l_safe = gl.where(l_i == 0.0, 1.0, l_i)  # a row that saw no key: output 0
     out = acc / gl.expand_dims(gl.convert_layout(l_safe, gl.SliceLayout(1, o_layout)), 1)
     store_layout: gl.constexpr = _store_layout(HEAD_DIM, 4)
@@ -395,34 +449,34 @@ def _consumer_block(tile, count, base, smem, bars, out_ptr, lse_ptr, geometry, s
     out_rows = first_row + gl.arange(0, 64, layout=gl.SliceLayout(1, store_layout))
     out_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, store_layout))
     # int64: B * Sq * Hq * D can exceed 2**31 elements.
-    row_offsets = ((batch * seqlen_q + out_rows).to(gl.int64) * num_q_heads + head) * HEAD_DIM
+    row_offsets = ((out_token0 + out_rows).to(gl.int64) * num_q_heads + head) * HEAD_DIM
     offsets = gl.expand_dims(row_offsets, 1) + gl.expand_dims(out_cols, 0)
     gl.store(out_ptr + offsets, out, mask=gl.expand_dims(out_rows < seqlen_q, 1))
     return num_tiles
 
 
 @gluon.jit
-def _consumer_partition(smem, bars, schedule, out_ptr, lse_ptr, geometry, seqlens_ptr, num_q_heads, group_size,
+def _consumer_partition(smem, bars, schedule, out_ptr, lse_ptr, geometry, lens, num_q_heads, group_size,
                         num_m_blocks, num_work_tiles, qk_scale, CONSUMER: gl.constexpr, WINDOW: gl.constexpr,
-                        RETURN_LSE: gl.constexpr, PAGED: gl.constexpr):
+                        RETURN_LSE: gl.constexpr, RAGGED: gl.constexpr, PAGED: gl.constexpr):
     """One consumer warpgroup: every work tile the load warp hands this program, in turn."""
     count = 0
     base = 0
     tile = _receive_tile(count, schedule)
     while tile < num_work_tiles:
-        base += _consumer_block(tile, count, base, smem, bars, out_ptr, lse_ptr, geometry, seqlens_ptr, num_q_heads,
-                                group_size, num_m_blocks, qk_scale, CONSUMER, WINDOW, RETURN_LSE, PAGED)
+        base += _consumer_block(tile, count, base, smem, bars, out_ptr, lse_ptr, geometry, lens, num_q_heads,
+                                group_size, num_m_blocks, qk_scale, CONSUMER, WINDOW, RETURN_LSE, RAGGED, PAGED)
         count += 1
         tile = _receive_tile(count, schedule)
 
 
 @gluon.jit
-def _attention_fwd_kernel(q_desc, k_desc, v_desc, out_ptr, lse_ptr, tile_counter, block_table_ptr, seqlens_ptr,
-                          stride_block_table, max_pages, num_pages, seqlen_q, seqlen_kv, window_left, window_right,
-                          num_q_heads, group_size, num_m_blocks, num_work_tiles, qk_scale,
-                          WINDOW: gl.constexpr, RETURN_LSE: gl.constexpr, CONSUMERS: gl.constexpr,
-                          TILE_N: gl.constexpr, PAGE_SIZE: gl.constexpr, Q_LAYOUT: gl.constexpr,
-                          KV_LAYOUT: gl.constexpr):
+def _attention_fwd_kernel(q_desc, k_desc, v_desc, out_ptr, lse_ptr, tile_counter, cu_seqlens_q_ptr, cu_seqlens_k_ptr,
+                          total_q, total_k, block_table_ptr, seqlens_ptr, stride_block_table, max_pages, num_pages,
+                          seqlen_q, seqlen_kv, window_left, window_right, num_q_heads, group_size, num_m_blocks,
+                          num_work_tiles, qk_scale, WINDOW: gl.constexpr, RETURN_LSE: gl.constexpr,
+                          CONSUMERS: gl.constexpr, TILE_N: gl.constexpr, RAGGED: gl.constexpr,
+                          PAGE_SIZE: gl.constexpr, Q_LAYOUT: gl.constexpr, KV_LAYOUT: gl.constexpr):
     """Persistent: each program runs work tiles (a Q block of ``CONSUMERS`` x 64 rows of one (batch, q head))
     until none is left.
 
@@ -432,7 +486,12 @@ def _attention_fwd_kernel(q_desc, k_desc, v_desc, out_ptr, lse_ptr, tile_counter
     ``[1, min(PAGE_SIZE, TILE_N), D]``, sequence b's key i in page ``block_table[b, i // PAGE_SIZE]``
     (``block_table_ptr``: int32, rows ``stride_block_table`` apart, ``max_pages`` per row) with ``seqlens[b]``
     keys (int32, clamped to ``[0, seqlen_kv]``; ``seqlen_kv`` is then ``max_pages * PAGE_SIZE``).
-    out_ptr: ``[B, Sq, Hq, D]`` in q's dtype, contiguous. lse_ptr: float32 ``[B, Hq, Sq]`` (RETURN_LSE).
+    RAGGED: q ``[total_q, Hq, D]`` (descriptor over ``[1, total_q, Hq * D]``), sequence b's rows from int32
+    ``cu_seqlens_q`` ``[B + 1]``, and unless paged k / v ``[total_k, Hkv, D]`` likewise from ``cu_seqlens_k``
+    (read clamped: :func:`_ragged_bounds`); ``seqlen_q`` (and ``seqlen_kv``) are then host bounds on one
+    sequence's queries (keys): ``num_m_blocks = cdiv(seqlen_q, CONSUMERS * 64)`` blocks per (sequence, head).
+    out_ptr: ``[B, Sq, Hq, D]`` (ragged ``[total_q, Hq, D]``) in q's dtype, contiguous. lse_ptr: float32
+    ``[B, Hq, Sq]`` (ragged ``[Hq, total_q]``) (RETURN_LSE).
     tile_counter: int32 ``[1]`` zero (WINDOW: work tiles are handed out in order as programs ask for them, since
     masked blocks differ in length; otherwise program p runs tiles p, p + grid, ...).
     WINDOW: query i sees keys ``i + Skv - Sq - window_left <= j <= i + Skv - Sq + window_right`` (bottom-right
@@ -476,27 +535,28 @@ def _attention_fwd_kernel(q_desc, k_desc, v_desc, out_ptr, lse_ptr, tile_counter
     schedule = (tile_smem, tile_ready, tile_empty)
     geometry = (seqlen_q, seqlen_kv, seqlen_kv - seqlen_q, window_left, window_right)
     pages = (block_table_ptr, stride_block_table, max_pages, num_pages)
+    lens = (cu_seqlens_q_ptr, cu_seqlens_k_ptr, seqlens_ptr, total_q, total_k)
     PAGED: gl.constexpr = PAGE_SIZE > 0
     if CONSUMERS == 3:
         gl.warp_specialize([
-            (_consumer_partition, (smem, bars, schedule, out_ptr, lse_ptr, geometry, seqlens_ptr, num_q_heads,
-                                   group_size, num_m_blocks, num_work_tiles, qk_scale, 0, WINDOW, RETURN_LSE, PAGED)),
-            (_consumer_partition, (smem, bars, schedule, out_ptr, lse_ptr, geometry, seqlens_ptr, num_q_heads,
-                                   group_size, num_m_blocks, num_work_tiles, qk_scale, 1, WINDOW, RETURN_LSE, PAGED)),
-            (_consumer_partition, (smem, bars, schedule, out_ptr, lse_ptr, geometry, seqlens_ptr, num_q_heads,
-                                   group_size, num_m_blocks, num_work_tiles, qk_scale, 2, WINDOW, RETURN_LSE, PAGED)),
-            (_load_partition, ((q_desc, k_desc, v_desc), smem, bars, v_landed, schedule, geometry, pages, num_q_heads,
-                               group_size, num_m_blocks, num_work_tiles, tile_counter, seqlens_ptr, WINDOW,
+            (_consumer_partition, (smem, bars, schedule, out_ptr, lse_ptr, geometry, lens, num_q_heads, group_size,
+                                   num_m_blocks, num_work_tiles, qk_scale, 0, WINDOW, RETURN_LSE, RAGGED, PAGED)),
+            (_consumer_partition, (smem, bars, schedule, out_ptr, lse_ptr, geometry, lens, num_q_heads, group_size,
+                                   num_m_blocks, num_work_tiles, qk_scale, 1, WINDOW, RETURN_LSE, RAGGED, PAGED)),
+            (_consumer_partition, (smem, bars, schedule, out_ptr, lse_ptr, geometry, lens, num_q_heads, group_size,
+                                   num_m_blocks, num_work_tiles, qk_scale, 2, WINDOW, RETURN_LSE, RAGGED, PAGED)),
+            (_load_partition, ((q_desc, k_desc, v_desc), smem, bars, v_landed, schedule, geometry, lens, pages,
+                               num_q_heads, group_size, num_m_blocks, num_work_tiles, tile_counter, WINDOW, RAGGED,
                                PAGE_SIZE)),
         ], [4, 4, 1], [CONSUMER_REGS_3, CONSUMER_REGS_3, LOADER_REGS])
     else:
         gl.warp_specialize([
-            (_consumer_partition, (smem, bars, schedule, out_ptr, lse_ptr, geometry, seqlens_ptr, num_q_heads,
-                                   group_size, num_m_blocks, num_work_tiles, qk_scale, 0, WINDOW, RETURN_LSE, PAGED)),
-            (_consumer_partition, (smem, bars, schedule, out_ptr, lse_ptr, geometry, seqlens_ptr, num_q_heads,
-                                   group_size, num_m_blocks, num_work_tiles, qk_scale, 1, WINDOW, RETURN_LSE, PAGED)),
-            (_load_partition, ((q_desc, k_desc, v_desc), smem, bars, v_landed, schedule, geometry, pages, num_q_heads,
-                               group_size, num_m_blocks, num_work_tiles, tile_counter, seqlens_ptr, WINDOW,
+            (_consumer_partition, (smem, bars, schedule, out_ptr, lse_ptr, geometry, lens, num_q_heads, group_size,
+                                   num_m_blocks, num_work_tiles, qk_scale, 0, WINDOW, RETURN_LSE, RAGGED, PAGED)),
+            (_consumer_partition, (smem, bars, schedule, out_ptr, lse_ptr, geometry, lens, num_q_heads, group_size,
+                                   num_m_blocks, num_work_tiles, qk_scale, 1, WINDOW, RETURN_LSE, RAGGED, PAGED)),
+            (_load_partition, ((q_desc, k_desc, v_desc), smem, bars, v_landed, schedule, geometry, lens, pages,
+                               num_q_heads, group_size, num_m_blocks, num_work_tiles, tile_counter, WINDOW, RAGGED,
                                PAGE_SIZE)),
         ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
 
@@ -506,9 +566,11 @@ def _nvmma_layout(block_shape, dtype=gl.bfloat16):
 
 
 def tma_ready(t: torch.Tensor) -> bool:
-    """Whether TMA can read a ``[B, S, H, D]`` tensor in place as ``[B, S, H·D]``: heads contiguous in a token row,
-    batch and token strides positive multiples of 16 bytes, a 16-byte aligned start. Other layouts are copied
-    (:func:`as_tma_ready`)."""
+    """Whether TMA can read a ``[B, S, H, D]`` (or ragged ``[total, H, D]``) tensor in place as ``[B, S, H·D]``:
+    heads contiguous in a token row, batch and token strides positive multiples of 16 bytes, a 16-byte aligned
+    start. Other layouts are copied (:func:`as_tma_ready`)."""
+    if t.dim() == 3:
+        t = t.unsqueeze(0)
     batch_stride, token_stride, head_stride, unit = t.stride()
     size = t.element_size()
     return (unit == 1 and head_stride == t.shape[3] and token_stride > 0 and batch_stride > 0
@@ -521,35 +583,57 @@ def as_tma_ready(t: torch.Tensor) -> torch.Tensor:
     return t if tma_ready(t) else t.clone(memory_format=torch.contiguous_format)
 
 
-def _supported(q: torch.Tensor, kv: torch.Tensor, softmax_scale: float) -> bool:
-    """What both layouts ask: an sm_90 GPU, fp16/bf16 ``[B, Sq, Hq, D]`` q and 4-D keys/values ``kv`` of q's dtype
-    with ``D`` in {64, 128, 256}, ``Hq`` a multiple of ``Hkv``, fewer than 2**31 - 2**20 Q blocks of 128 rows
-    (``cdiv(Sq, 128) * B * Hq``) and a positive scale."""
+def _supported(q: torch.Tensor, kv: torch.Tensor, softmax_scale: float, work_tiles: int) -> bool:
+    """What every layout asks: an sm_90 GPU, fp16/bf16 ``[B, Sq, Hq, D]`` q and 4-D keys/values ``kv`` of q's
+    dtype with ``D`` in {64, 128, 256}, ``Hq`` a multiple of ``Hkv``, at most 2**31 - 2**20 Q blocks of 128 rows
+    (``work_tiles``) and a positive scale."""
     if q.dtype not in DTYPES or kv.dtype != q.dtype or q.dim() != 4 or kv.dim() != 4:
         return False
     if q.shape[3] not in HEAD_DIMS or kv.shape[3] != q.shape[3]:
         return False
     if q.device.type != "cuda" or torch.cuda.get_device_capability(q.device) != (9, 0):
         return False
-    batch, seqlen_q, num_q_heads, _ = q.shape
-    num_kv_heads = kv.shape[2]
-    work_tiles = triton.cdiv(seqlen_q, 2 * CONSUMER_ROWS) * batch * num_q_heads
+    num_q_heads, num_kv_heads = q.shape[2], kv.shape[2]
     return num_kv_heads >= 1 and num_q_heads % num_kv_heads == 0 and work_tiles <= MAX_WORK_TILES and softmax_scale > 0
+
+
+def _work_tiles(batch: int, max_seqlen_q: int, num_q_heads: int) -> int:
+    return triton.cdiv(max_seqlen_q, 2 * CONSUMER_ROWS) * batch * num_q_heads
 
 
 def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float) -> bool:
     """Whether :func:`gluon_attention` runs this dense call: an sm_90 GPU, fp16/bf16 ``[B, S, H, D]`` q, k, v of
     one dtype with D in {64, 128, 256}, at least one key, fewer than 2**31 - 2**20 Q blocks of 128 rows
     (``cdiv(Sq, 128) * B * Hq``) and a positive scale (any strides: layouts TMA cannot read are copied)."""
-    return (_supported(q, k, softmax_scale) and v.shape == k.shape and v.dtype == k.dtype
-            and k.shape[0] == q.shape[0] and k.shape[1] >= 1)
+    return (q.dim() == 4 and _supported(q, k, softmax_scale, _work_tiles(q.shape[0], q.shape[1], q.shape[2]))
+            and v.shape == k.shape and v.dtype == k.dtype and k.shape[0] == q.shape[0] and k.shape[1] >= 1)
 
 
-def supports_paged(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, softmax_scale: float) -> bool:
-    """Whether :func:`launch` runs a dense ``[B, Sq, Hq, D]`` q over a paged cache: what :func:`supports` asks of q
-    and the heads, and pages ``[num_pages, page_size, Hkv, D]`` (at least one) that TMA reads in place
-    (:func:`tma_ready`: the cache is never copied)."""
-    return (_supported(q, k_pages, softmax_scale) and v_pages.shape == k_pages.shape
+def supports_ragged(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float, batch: int,
+                    max_seqlen_q: int) -> bool:
+    """Whether :func:`launch` runs ragged ``q [total_q, Hq, D]``, ``k, v [total_k, Hkv, D]`` (at least one key) of
+    ``batch`` sequences of at most ``max_seqlen_q`` queries: what :func:`supports` asks of dtypes, heads and scale
+    (layouts TMA cannot read are copied)."""
+    return (q.dim() == 3 and k.dim() == 3 and v.shape == k.shape and v.dtype == k.dtype and k.shape[0] >= 1
+            and _supported(q.unsqueeze(0), k.unsqueeze(0), softmax_scale, _work_tiles(batch, max_seqlen_q,
+                                                                                     q.shape[1])))
+
+
+def supports_paged(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, softmax_scale: float, *,
+                   batch: int | None = None, max_seqlen_q: int | None = None) -> bool:
+    """Whether :func:`launch` runs q over a paged cache: dense ``[B, Sq, Hq, D]`` q, or ragged ``[total_q, Hq, D]``
+    (``batch`` sequences of at most ``max_seqlen_q`` queries); what :func:`supports` asks of dtypes, heads and
+    scale, and pages ``[num_pages, page_size, Hkv, D]`` (at least one) that TMA reads in place (:func:`tma_ready`:
+    the cache is never copied)."""
+    if q.dim() == 3:
+        if batch is None or max_seqlen_q is None:
+            return False
+        q4, work_tiles = q.unsqueeze(0), _work_tiles(batch, max_seqlen_q, q.shape[1])
+    elif q.dim() == 4:
+        q4, work_tiles = q, _work_tiles(q.shape[0], q.shape[1], q.shape[2])
+    else:
+        return False
+    return (_supported(q4, k_pages, softmax_scale, work_tiles) and v_pages.shape == k_pages.shape
             and v_pages.dtype == k_pages.dtype and k_pages.shape[0] >= 1 and tma_ready(k_pages) and tma_ready(v_pages))
 
 
@@ -570,22 +654,38 @@ def _consumers(head_dim: int, seqlen_q: int, window) -> int:
 
 
 def launch(q, k, v, out, lse, window: tuple[int, int] | None, softmax_scale: float, *,
-           consumers: int | None = None, paged: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
-    """Runs the kernel on inputs :func:`supports` (or :func:`supports_paged`) accepts and :func:`tma_ready` passes
-    (see :func:`as_tma_ready`): ``out`` contiguous ``[B, Sq, Hq, D]`` in q's dtype,
-    ``lse`` None or float32 contiguous ``[B, Hq, Sq]``, ``window`` None (every key) or ``(left, right)`` sides in
-    ``[0, UNBOUNDED]`` (causal: ``(UNBOUNDED, 0)``). paged: None (k, v ``[B, Skv, Hkv, D]``), or ``(block_table,
-    seqlens)`` (int32 ``[B, max_pages]`` with unit stride along a row, int32 ``[B]`` contiguous; read on the device,
-    clamped) with k, v the pages ``[num_pages, page_size, Hkv, D]``. No checks, no sync (CUDA-graph capturable)."""
-    batch, seqlen_q, num_q_heads, head_dim = q.shape
-    num_kv_heads = k.shape[2]
+           consumers: int | None = None, paged: tuple[torch.Tensor, torch.Tensor] | None = None,
+           ragged: tuple | None = None) -> None:
+    """Runs the kernel on inputs :func:`supports` (:func:`supports_ragged`, :func:`supports_paged`) accepts and
+    :func:`tma_ready` passes (see :func:`as_tma_ready`). ``window`` None (every key) or ``(left, right)`` sides in
+    ``[0, UNBOUNDED]`` (causal: ``(UNBOUNDED, 0)``). No checks, no sync (CUDA-graph capturable).
+
+    Layouts: dense q ``[B, Sq, Hq, D]``, out the same (contiguous, q's dtype), lse None or float32 contiguous
+    ``[B, Hq, Sq]``; ``ragged = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q)``: q ``[total_q, Hq, D]``, out the
+    same, lse ``[Hq, total_q]``, sequence b's rows from int32 contiguous ``cu_seqlens_*`` ``[B + 1]`` (read
+    clamped; ``cu_seqlens_k`` None with a paged cache), at most ``max_seqlen_q`` queries computed per sequence.
+    K/V: dense ``[B, Skv, Hkv, D]``, ragged ``[total_k, Hkv, D]``, or with ``paged = (block_table, seqlens)``
+    (int32 ``[B, max_pages]`` with unit stride along a row, int32 ``[B]`` contiguous; read clamped) the pages
+    ``[num_pages, page_size, Hkv, D]``."""
+    num_q_heads, head_dim = q.shape[-2:]
+    num_kv_heads = k.shape[-2]
     dtype = DTYPES[q.dtype]
     block_n = _block_n(head_dim)
-    if paged is None:
-        seqlen_kv, page_size, box = k.shape[1], 0, block_n
-        block_table = seqlens = out  # never read
-        stride_block_table = max_pages = num_pages = 0
+    cu_seqlens_q = cu_seqlens_k = block_table = seqlens = out  # pointers a variant never reads
+    total_q = total_k = stride_block_table = max_pages = num_pages = page_size = 0
+    if ragged is not None:
+        cu_seqlens_q, cu_seqlens_k, seqlen_q = ragged
+        batch, total_q = cu_seqlens_q.shape[0] - 1, q.shape[0]
+        q = q.unsqueeze(0)
+        if paged is None:
+            total_k = seqlen_kv = k.shape[0]
+            k, v = k.unsqueeze(0), v.unsqueeze(0)
+        cu_seqlens_k = cu_seqlens_k if cu_seqlens_k is not None else out
     else:
+        batch, seqlen_q = q.shape[:2]
+        seqlen_kv = k.shape[1]
+    box = block_n
+    if paged is not None:
         block_table, seqlens = paged
         num_pages, page_size = k.shape[:2]
         max_pages, stride_block_table = block_table.shape[1], block_table.stride(0)
@@ -594,16 +694,19 @@ def launch(q, k, v, out, lse, window: tuple[int, int] | None, softmax_scale: flo
     consumers = consumers or _consumers(head_dim, seqlen_q, window)
     num_m_blocks = triton.cdiv(seqlen_q, consumers * CONSUMER_ROWS)
     num_work_tiles = num_m_blocks * batch * num_q_heads
+    if num_work_tiles == 0:
+        return
     # masked calls hand tiles out through a counter, which must start at zero: a fresh one per call (a memset;
     # calls on several streams never share it)
     tile_counter = torch.zeros(1, dtype=torch.int32, device=q.device) if window is not None else out
     grid = (min(num_work_tiles, num_programs_hint(q.device)), )
     _attention_fwd_kernel[grid](
         _descriptor(q, CONSUMER_ROWS), _descriptor(k, box), _descriptor(v, box), out,
-        lse if lse is not None else out, tile_counter, block_table, seqlens, stride_block_table, max_pages, num_pages,
-        seqlen_q, seqlen_kv, left, right, num_q_heads, num_q_heads // num_kv_heads, num_m_blocks, num_work_tiles,
-        softmax_scale * LOG2E, WINDOW=window is not None, RETURN_LSE=lse is not None, CONSUMERS=consumers,
-        TILE_N=block_n, PAGE_SIZE=page_size, Q_LAYOUT=_nvmma_layout([CONSUMER_ROWS, head_dim], dtype),
+        lse if lse is not None else out, tile_counter, cu_seqlens_q, cu_seqlens_k, total_q, total_k, block_table,
+        seqlens, stride_block_table, max_pages, num_pages, seqlen_q, seqlen_kv, left, right, num_q_heads,
+        num_q_heads // num_kv_heads, num_m_blocks, num_work_tiles, softmax_scale * LOG2E, WINDOW=window is not None,
+        RETURN_LSE=lse is not None, CONSUMERS=consumers, TILE_N=block_n, RAGGED=ragged is not None,
+        PAGE_SIZE=page_size, Q_LAYOUT=_nvmma_layout([CONSUMER_ROWS, head_dim], dtype),
         KV_LAYOUT=_nvmma_layout([block_n, head_dim], dtype), num_warps=4, maxnreg=MAX_REGS[consumers])
 
 
@@ -664,11 +767,11 @@ def gluon_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
 
 
 def compile_for_sm90(head_dim: int, window: bool, *, return_lse: bool = False,
-                     consumers: int | None = None, page_size: int = 0) -> dict:
+                     consumers: int | None = None, page_size: int = 0, ragged: bool = False) -> dict:
     """Compiles the kernel for sm_90a without a GPU (ptxas from the Triton wheel runs, nothing launches) and
     returns the compiled kernel's ``asm`` dict (``ttgir``, ``ptx``, ``cubin``, ...), specialized as a typical
     bf16 call is; ``window``: the masked variant (causal or a sliding window); ``page_size`` > 0: K/V in a paged
-    cache of that page size. Run it with ``TRITON_INTERPRET``
+    cache of that page size; ``ragged``: q (and K/V unless paged) ragged. Run it with ``TRITON_INTERPRET``
     unset or 0 (e.g. in a subprocess, as ``tests/test_compile_targets.py`` does): in interpreter mode Triton
     turns gl's own ``@jit`` helpers into interpreted functions, which the compiler then refuses."""
     from triton.backends.compiler import GPUTarget
@@ -684,12 +787,14 @@ def compile_for_sm90(head_dim: int, window: bool, *, return_lse: bool = False,
     kv_type = descriptor_type([1, min(page_size, block_n) if page_size else block_n, head_dim])
     consumers = consumers or _consumers(head_dim, 0, None)
     constexprs = dict(WINDOW=bool(window), RETURN_LSE=bool(return_lse), CONSUMERS=consumers, TILE_N=block_n,
-                      PAGE_SIZE=page_size, Q_LAYOUT=_nvmma_layout([CONSUMER_ROWS, head_dim]),
+                      RAGGED=bool(ragged), PAGE_SIZE=page_size, Q_LAYOUT=_nvmma_layout([CONSUMER_ROWS, head_dim]),
                       KV_LAYOUT=_nvmma_layout([_block_n(head_dim), head_dim]))
     kinds = dict(q_desc=descriptor_type([1, CONSUMER_ROWS, head_dim]), k_desc=kv_type, v_desc=kv_type,
                  out_ptr="*bf16", lse_ptr="*fp32", qk_scale="fp32",
                  tile_counter="*i32" if window else "*bf16", block_table_ptr="*i32" if page_size else "*bf16",
-                 seqlens_ptr="*i32" if page_size else "*bf16", **dict.fromkeys(constexprs, "constexpr"))
+                 seqlens_ptr="*i32" if page_size else "*bf16", cu_seqlens_q_ptr="*i32" if ragged else "*bf16",
+                 cu_seqlens_k_ptr="*i32" if ragged and not page_size else "*bf16",
+                 **dict.fromkeys(constexprs, "constexpr"))
     fn = _attention_fwd_kernel
     signature = {name: kinds.get(name, "i32") for name in fn.arg_names}
     source = GluonASTSource(fn, signature, constexprs={(fn.arg_names.index(name), ): value
