@@ -1,9 +1,10 @@
 """Attention forward in Gluon for Hopper (sm_90a), warp-specialized on FA3's schedule.
 
-:func:`gluon_attention` is the prefill path of :func:`llmkernels.attention` on an sm_90 GPU for dense fp16/bf16
-inputs with head dim 64, 128 or 256, causal and / or a sliding window (bottom-right aligned) or neither,
-MHA/GQA/MQA, optionally with the LSE.
-:func:`supports` says whether a call qualifies; everything else runs the portable Triton kernel.
+:func:`launch` is the prefill path of :func:`llmkernels.attention` on an sm_90 GPU for fp16/bf16 inputs with head dim
+64, 128 or 256, causal and / or a sliding window (bottom-right aligned) or neither, MHA/GQA/MQA, optionally with the
+LSE: dense q, k, v; ragged ones (``cu_seqlens``); q dense or ragged over a paged KV cache (chunked prefill).
+:func:`gluon_attention` runs the dense layout alone. :func:`supports`, :func:`supports_ragged` and
+:func:`supports_paged` say whether a call qualifies; everything else runs the portable Triton kernel.
 
 The kernel is persistent: one program per SM runs work tiles (a Q block of one (batch, q head)) until none is
 left, in head-major order so that the blocks running together share their heads' K/V in L2. Unmasked calls
@@ -24,9 +25,12 @@ counter, longest first within a head. Roles (``gl.warp_specialize``):
 
 Scores stay unscaled until the exponent: ``p = exp2(s * c - m * c)`` with ``c = softmax_scale * log2(e) > 0``
 is one FMA per score. A block visits only the key tiles some of its rows see; only tiles a consumer sees in part
-(the window's edges, the last tile past Skv) are masked. TMA descriptors are
+(the window's edges, the last tile past Skv) are masked. Dense TMA descriptors are
 per sequence (``[B, S, H·D]`` with the tensors' own batch and token strides), so tiles past ``S`` read zeros,
-never the next sequence's rows. At D = 64 three consumer warpgroups share each block (192 rows, 160 registers
+never the next sequence's rows. Ragged K/V come through one descriptor over all rows and paged ones one box per
+page a tile spans (pages from the block table): a sequence's last tile then holds other rows (the next
+sequence's, stale pages, NaN included), which the load warp zeroes in the last V tile before the consumers read
+it (its K rows only get masked scores). At D = 64 three consumer warpgroups share each block (192 rows, 160 registers
 each: FA3's choice there; two for masked calls of fewer than 4096 queries), at D 128 and 256 two (128 rows,
 240 registers).
 
