@@ -291,6 +291,7 @@ def attention_cases(arch: int, calls=tuple(ATTENTION_CALLS)) -> list[Case]:
             SCORE_MOD_KIND="none", SCORE_MOD=None, HAS_SINKS=False, SPLIT=decode, RETURN_LSE=False,
             REVERSE_Q_BLOCKS=band is not None and not decode, RESCALE_THRESHOLD=config.rescale_threshold,
             POLY_EXP2_FRACTION=config.poly_exp2_fraction, TMA_KV=tma, UPCAST=False, KV_STARTS=False,
+            PAGE_OFFSETS_64=False,
             MASK_TENSOR="none")
         kinds = {name: "*i32" for name in fn.arg_names if name.endswith("_ptr")}
         kinds.update(q_ptr="*bf16", k_ptr="*bf16", v_ptr="*bf16", out_ptr="*fp32" if decode else "*bf16",

@@ -437,6 +437,11 @@ def attention(
 _PLANS = PlanCache("attention")
 
 
+def _last_offset(t: torch.Tensor) -> int:
+    """The largest element offset of a view from its first element (0 for an empty one)."""
+    return sum((size - 1) * stride for size, stride in zip(t.shape, t.stride())) if t.numel() else 0
+
+
 def _strides3(t: torch.Tensor, ragged: bool) -> tuple[int, int, int]:
     """(batch, token, head) strides of a ``[B, S, H, D]`` tensor, or ``(0, token, head)`` of a ragged
     ``[total, H, D]`` one."""
@@ -641,6 +646,7 @@ class _Plan:
             RESCALE_THRESHOLD=config.rescale_threshold, POLY_EXP2_FRACTION=config.poly_exp2_fraction,
             TMA_KV=descriptors is not None,
             UPCAST=interpreting(), KV_STARTS=self.kv_starts, MASK_TENSOR=self.mask_kind,
+            PAGE_OFFSETS_64=paged and max(_last_offset(k), _last_offset(v)) >= 2**31,
             num_warps=config.num_warps, num_stages=config.num_kv_stages,
         )
         return self.forward

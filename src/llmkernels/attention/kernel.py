@@ -118,18 +118,22 @@ def online_softmax_update(acc, row_sum, row_max, scores, v,
 def load_kv_tile(base_ptr, batch_offset, kv_start, kv_raw, seqlen_k, head_offset, stride_page, stride_row,
                  block_table_row, num_pages, dims,
                  HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr,
-                 MASKED: tl.constexpr):
+                 MASKED: tl.constexpr, PAGE_OFFSETS_64: tl.constexpr = True):
     """K or V rows ``kv_raw`` ``[N]`` of one KV head -> ``[N, HEAD_DIM_PAD]`` (zeros past seqlen_k / HEAD_DIM).
 
     ``PAGED``: key ``kv_raw`` sits at cache position ``kv_start + kv_raw``; block-table entries are clamped to
     ``[0, num_pages - 1]`` (``kv_start + seqlen_k`` is already clamped to the table's width), so no table content
-    can make the load leave the pages."""
+    can make the load leave the pages. ``PAGE_OFFSETS_64``: page offsets in int64 (False: every element offset
+    of the pages fits in int32, which halves the gather's address registers)."""
     in_range = kv_raw < seqlen_k
     if PAGED:
         position = kv_start + kv_raw
         page = tl.load(block_table_row + position // PAGE_SIZE, mask=in_range, other=0)
         page = tl.minimum(tl.maximum(page, 0), num_pages - 1)
-        rows = page.to(tl.int64) * stride_page + (position % PAGE_SIZE) * stride_row
+        if PAGE_OFFSETS_64:
+            rows = page.to(tl.int64) * stride_page + (position % PAGE_SIZE) * stride_row
+        else:
+            rows = page * stride_page + (position % PAGE_SIZE) * stride_row
     else:
         rows = batch_offset + (kv_start.to(tl.int64) + kv_raw) * stride_row
     ptrs = base_ptr + rows[:, None] + head_offset + dims[None, :]
@@ -185,14 +189,14 @@ def update_q_tile(acc, row_sum, row_max, q, k, v, batch, heads, q_idx_mod, q_pos
 def load_band_tile(base_ptr, desc, batch_offset, kv_start, kv_row_base, kv_col, start_n, seqlen_k, head_offset,
                    stride_page, stride_row, block_table_row, num_pages, dims,
                    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_N: tl.constexpr, PAGED: tl.constexpr,
-                   PAGE_SIZE: tl.constexpr, TMA_KV: tl.constexpr):
+                   PAGE_SIZE: tl.constexpr, TMA_KV: tl.constexpr, PAGE_OFFSETS_64: tl.constexpr = True):
     """One K or V tile of the fully visible band (every key in the sequence): descriptor or pointer load."""
     if TMA_KV:
         return desc.load([kv_row_base + start_n, kv_col])
     else:
         return load_kv_tile(base_ptr, batch_offset, kv_start, start_n + tl.arange(0, BLOCK_N), seqlen_k, head_offset,
                             stride_page, stride_row, block_table_row, num_pages, dims,
-                            HEAD_DIM, HEAD_DIM_PAD, PAGED, PAGE_SIZE, False)
+                            HEAD_DIM, HEAD_DIM_PAD, PAGED, PAGE_SIZE, False, PAGE_OFFSETS_64)
 
 
 @triton.jit
@@ -208,7 +212,8 @@ def attend_kv_range(acc_a, sum_a, max_a, acc_b, sum_b, max_b, q_a, q_b,
                     HAS_MASK_MOD: tl.constexpr, MASK_MOD: tl.constexpr, SCORE_MOD_KIND: tl.constexpr,
                     SCORE_MOD: tl.constexpr, RESCALE_THRESHOLD: tl.constexpr, POLY_EXP2_FRACTION: tl.constexpr,
                     TMA_KV: tl.constexpr, UPCAST: tl.constexpr,
-                    mask_rows_a=0, mask_rows_b=0, stride_mask_k=0, MASK_TENSOR: tl.constexpr = "none"):
+                    mask_rows_a=0, mask_rows_b=0, stride_mask_k=0, MASK_TENSOR: tl.constexpr = "none",
+                    PAGE_OFFSETS_64: tl.constexpr = True):
     """Keys ``[kv_lo, kv_hi)`` (kv_lo a multiple of BLOCK_N): each K/V tile is loaded once for both Q tiles.
     ``MASK_TENSOR``: row pointers ``mask_rows_a`` / ``_b`` ``[BLOCK_M]`` into the materialized mask, whose
     key stride is ``stride_mask_k``; keys past ``seqlen_k`` are not read.
@@ -222,16 +227,18 @@ def attend_kv_range(acc_a, sum_a, max_a, acc_b, sum_b, max_b, q_a, q_b,
         kv_raw = start_n + tl.arange(0, BLOCK_N)
         if MASKED:
             k = load_kv_tile(k_ptr, k_batch_offset, kv_start, kv_raw, seqlen_k, k_head_offset, stride_kb, stride_ks,
-                             block_table_row, num_pages, dims, HEAD_DIM, HEAD_DIM_PAD, PAGED, PAGE_SIZE, True)
+                             block_table_row, num_pages, dims, HEAD_DIM, HEAD_DIM_PAD, PAGED, PAGE_SIZE, True,
+                             PAGE_OFFSETS_64)
             v = load_kv_tile(v_ptr, v_batch_offset, kv_start, kv_raw, seqlen_k, v_head_offset, stride_vb, stride_vs,
-                             block_table_row, num_pages, dims, HEAD_DIM, HEAD_DIM_PAD, PAGED, PAGE_SIZE, True)
+                             block_table_row, num_pages, dims, HEAD_DIM, HEAD_DIM_PAD, PAGED, PAGE_SIZE, True,
+                             PAGE_OFFSETS_64)
         else:
             k = load_band_tile(k_ptr, k_desc, k_batch_offset, kv_start, kv_row_base, kv_col, start_n, seqlen_k,
                                k_head_offset, stride_kb, stride_ks, block_table_row, num_pages, dims,
-                               HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, PAGED, PAGE_SIZE, TMA_KV)
+                               HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, PAGED, PAGE_SIZE, TMA_KV, PAGE_OFFSETS_64)
             v = load_band_tile(v_ptr, v_desc, v_batch_offset, kv_start, kv_row_base, kv_col, start_n, seqlen_k,
                                v_head_offset, stride_vb, stride_vs, block_table_row, num_pages, dims,
-                               HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, PAGED, PAGE_SIZE, TMA_KV)
+                               HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, PAGED, PAGE_SIZE, TMA_KV, PAGE_OFFSETS_64)
         if CLAMP_KV:
             kv_mod = tl.minimum(kv_raw, tl.maximum(seqlen_k - 1, 0))
         else:
@@ -344,6 +351,7 @@ def attention_fwd_kernel(
     SPLIT: tl.constexpr, RETURN_LSE: tl.constexpr, REVERSE_Q_BLOCKS: tl.constexpr,
     RESCALE_THRESHOLD: tl.constexpr, POLY_EXP2_FRACTION: tl.constexpr, TMA_KV: tl.constexpr,
     UPCAST: tl.constexpr, KV_STARTS: tl.constexpr = False, MASK_TENSOR: tl.constexpr = "none",
+    PAGE_OFFSETS_64: tl.constexpr = True,
 ):
     """Attention forward for one (Q block, batch x KV head x head tile) pair and one split.
 
@@ -351,7 +359,8 @@ def attention_fwd_kernel(
       q ``[B, Sq, Hq, D]`` / ``[total_q, Hq, D]``; k, v ``[B, Skv, Hkv, D]`` / ``[total_k, Hkv, D]`` or,
       ``PAGED``, pages ``[num_pages, PAGE_SIZE, Hkv, D]`` (``stride_kb`` = page stride) with
       ``block_table`` int32 ``[B, max_pages]`` and ``seqlens_k`` int32 ``[B]`` (the end position of sequence b;
-      with ``KV_STARTS`` its keys start at position ``kv_starts[b]``, int32 ``[B]``, else at 0);
+      with ``KV_STARTS`` its keys start at position ``kv_starts[b]``, int32 ``[B]``, else at 0;
+      ``PAGE_OFFSETS_64`` False when every element offset of the pages fits in int32);
       out like q (``SPLIT``: float32 with a leading split dim, ``stride_o_split``);
       lse ``[B, Hq, Sq]`` / ``[Hq, total_q]`` (``SPLIT``: float32 base-2 with a leading split dim).
       ``TMA_KV`` (dense or ragged K/V, not paged, ``HEAD_DIM == HEAD_DIM_PAD``): ``k_desc`` / ``v_desc`` are
@@ -503,7 +512,7 @@ def attention_fwd_kernel(
             HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, BLOCK_N, NUM_Q_TILES, PAGED, PAGE_SIZE, phase != 1,
             HAS_WINDOW, HAS_CHUNK, HAS_MASK_MOD, MASK_MOD, SCORE_MOD_KIND, SCORE_MOD,
             RESCALE_THRESHOLD, POLY_EXP2_FRACTION, TMA_KV, UPCAST, mask_rows_a, mask_rows_b, stride_mask_k,
-            MASK_TENSOR)
+            MASK_TENSOR, PAGE_OFFSETS_64)
 
     store_q_tile(acc_a, sum_a, max_a, out_ptr, lse_ptr, sinks_ptr, batch, split, q_start, q_idx_a, heads, valid_a,
                  dims, stride_ob, stride_os, stride_oh, stride_o_split,
