@@ -7,6 +7,7 @@ import torch
 import triton
 import triton.language as tl
 
+from llmkernels._runtime import interpreting
 from llmkernels._testing import assert_close_relative, poison
 from llmkernels.attention import api as attention_api
 from llmkernels.attention.api import attention
@@ -642,6 +643,7 @@ def test_gpu_ragged_masks(device):
                tolerance=TOLERANCE["gpu_bf16"], what=str(kwargs), **kwargs)
 
 
+@pytest.mark.skipif(not interpreting(), reason="CPU tensors through the interpreter (a stand-in for the GPU kernel)")
 def test_gluon_dispatch_hands_over_tma_readable_tensors(monkeypatch):
     """The plan's hand-over to the Hopper Gluon kernel, checked on the CPU with a stand-in module: the window
     (causal: ``(UNBOUNDED, 0)``), the config's consumer count, and q/k/v that TMA could not read in place (here:
