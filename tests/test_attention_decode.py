@@ -127,6 +127,32 @@ def test_one_split_writes_the_output_directly(device, monkeypatch):
     assert written and all(shape in {(4, 1, 8, 32), (4, 8, 1)} for shape in written), written
 
 
+def test_page_offsets_in_int64_give_the_int32_bits(device, monkeypatch):
+    """Pages whose element offsets fit in int32 gather with int32 offsets; a cache past 2**31 elements takes the
+    int64 variant (``PAGE_OFFSETS_64``). Forcing that variant on a small cache gives the same bits, paged decode
+    and paged prefill; the plan's extent helper sees strided and offset views."""
+    assert attention_api._last_offset(torch.empty(0, 16, 2, 32)) == 0
+    storage = torch.empty(10, 2, 16, 2, 32)  # K and V pages interleaved: a page stride of 2 pages
+    view = storage[:, 0]
+    assert attention_api._last_offset(view) == 9 * view.stride(0) + 15 * 64 + 63
+    cache = _paged_cache([70, 1, 0, 33], 16, 2, 32, torch.bfloat16, device)
+    calls = [(torch.randn(4, 1, 8, 32, dtype=torch.bfloat16, device=device), dict(num_splits=3)),
+             (torch.randn(4, 40, 8, 32, dtype=torch.bfloat16, device=device), dict(causal=True))]
+    def bound_flags():
+        forwards = [plan.forward for plan in attention_api._PLANS._plans.values()]
+        return {forward.values[forward.names.index("PAGE_OFFSETS_64")] for forward in forwards}
+
+    attention_api._PLANS.clear()
+    expected = [attention(q, None, None, kv_cache=cache, config=DECODE_CONFIG, **kwargs) for q, kwargs in calls]
+    assert bound_flags() == {False}
+    attention_api._PLANS.clear()
+    monkeypatch.setattr(attention_api, "_last_offset", lambda t: 2**31)
+    for (q, kwargs), want in zip(calls, expected):
+        assert torch.equal(attention(q, None, None, kv_cache=cache, config=DECODE_CONFIG, **kwargs), want)
+    assert bound_flags() == {True}
+    attention_api._PLANS.clear()
+
+
 def test_heuristics():
     assert choose_num_splits(1000, 64, 132) == 1
     assert choose_num_splits(8, 1, 132) == 1
