@@ -49,19 +49,14 @@ def combine_splits_kernel(
     lse_base = lse_partial_ptr + batch * stride_lp_b + head * stride_lp_h + token * stride_lp_s
     o_base = o_partial_ptr + batch * stride_p_b + token * stride_p_s + head * stride_p_h
 
+    # The max of the split LSEs (and the sink), in one load of every split's LSE and partial O when they fit one
+    # block (one round trip to L2), else a pass over the LSEs and a second one for the O.
     if ONE_BLOCK:
-        # Every split in one block: the LSEs and the partial O are loaded together, one round trip to L2.
         in_range = splits < num_splits
         lse_split = tl.load(lse_base + splits.to(tl.int64) * stride_lp_split, mask=in_range, other=float("-inf"))
         o_split = tl.load(o_base + splits.to(tl.int64)[:, None] * stride_p_split + dims[None, :],
                           mask=in_range[:, None] & (dims < HEAD_DIM)[None, :], other=0.0)
         global_max = tl.max(lse_split, 0)
-        if HAS_SINKS:
-            sink = tl.load(sinks_ptr + head) * LOG2E
-            global_max = tl.maximum(global_max, sink)
-        reference = tl.where(global_max == float("-inf"), 0.0, global_max)
-        weight_sum = tl.exp2(lse_split - reference)
-        acc = weight_sum[:, None] * o_split
     else:
         running_max = tl.zeros([BLOCK_SPLITS], dtype=tl.float32) - float("inf")
         for start in tl.range(0, num_splits, BLOCK_SPLITS):
@@ -69,11 +64,15 @@ def combine_splits_kernel(
                                 mask=start + splits < num_splits, other=float("-inf"))
             running_max = tl.maximum(running_max, lse_split)
         global_max = tl.max(running_max, 0)
-        if HAS_SINKS:
-            sink = tl.load(sinks_ptr + head) * LOG2E
-            global_max = tl.maximum(global_max, sink)
-        reference = tl.where(global_max == float("-inf"), 0.0, global_max)
+    if HAS_SINKS:
+        sink = tl.load(sinks_ptr + head) * LOG2E
+        global_max = tl.maximum(global_max, sink)
+    reference = tl.where(global_max == float("-inf"), 0.0, global_max)
 
+    if ONE_BLOCK:
+        weight_sum = tl.exp2(lse_split - reference)
+        acc = weight_sum[:, None] * o_split
+    else:
         weight_sum = tl.zeros([BLOCK_SPLITS], dtype=tl.float32)
         acc = tl.zeros([BLOCK_SPLITS, HEAD_DIM_PAD], dtype=tl.float32)
         for start in tl.range(0, num_splits, BLOCK_SPLITS):
