@@ -21,7 +21,7 @@ import time
 import torch
 
 from benchmarks.common import default_out_dir, graph_time_ms, line_plots, measure_ceilings, write_table
-from benchmarks.peers import sdpa_runner
+from benchmarks.peers import lower_right_mask, sdpa_runner
 
 from llmkernels.attention.api import attention
 from llmkernels.attention.config import default_config
@@ -33,12 +33,6 @@ K = 1024
 GRID = ([(1, c, q, 16) for c in (4 * K, 8 * K, 16 * K, 32 * K) for q in (512, 1024, 2048, 4096)]
         + [(4, c, q, 16) for c in (4 * K, 16 * K) for q in (512, 2048)]
         + [(1, c, q, 64) for c in (8 * K, 32 * K) for q in (1024, 4096)])
-
-
-def lower_right_mask(q_len: int, keys: int) -> torch.Tensor:
-    """bool ``[q_len, keys]``: query i sees keys ``j <= i + keys - q_len``."""
-    rows = torch.arange(q_len, device="cuda")[:, None]
-    return torch.arange(keys, device="cuda")[None, :] <= rows + keys - q_len
 
 
 def checked_graph_ms(fn, expected):
@@ -79,7 +73,8 @@ def problem_rows(batch, context, q_len, page_size, bf16_tflops):
                                                         config=portable).transpose(1, 2), expected),
         "sdpa_flash lower_right": (sdpa_runner("flash", q_t, k_t, v_t, attn_mask=causal_lower_right(q_len, keys)),
                                    expected),
-        "sdpa_cudnn mask": (sdpa_runner("cudnn", q_t, k_t, v_t, attn_mask=lower_right_mask(q_len, keys)), expected),
+        "sdpa_cudnn mask": (sdpa_runner("cudnn", q_t, k_t, v_t, attn_mask=lower_right_mask(q_len, keys, "cuda")),
+                            expected),
         "sdpa_cudnn nomask": (sdpa_runner("cudnn", q_t, k_t, v_t), expected_nomask),
     }
     flops = 4 * batch * HEADS * DIM * (q_len * context + q_len * (q_len + 1) / 2)

@@ -23,7 +23,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from benchmarks.common import default_out_dir, graph_time_ms, line_plots, measure_ceilings, time_ms, write_table  # noqa: E402
-from benchmarks.peers import causal_mask_mod, flex_runner, sdpa_runner  # noqa: E402
+from benchmarks.peers import causal_mask_mod, flex_runner, lower_right_mask, sdpa_runner  # noqa: E402
 
 from llmkernels.attention.api import attention  # noqa: E402
 from llmkernels.attention.paged import PagedKVCache  # noqa: E402
@@ -45,12 +45,6 @@ GRID = (
 )
 CPU_GRID = [(2, 64, 1, 16), (2, 64, 4, 16)]
 FLEX_BATCH_LIMIT = 8
-
-
-def lower_right_mask(q_len: int, context: int) -> torch.Tensor:
-    """bool ``[q_len, context]``: query i sees keys ``j <= i + context - q_len``."""
-    rows = torch.arange(q_len, device=DEVICE)[:, None]
-    return torch.arange(context, device=DEVICE)[None, :] <= rows + context - q_len
 
 
 def timed(fn, expected, graph: bool):
@@ -89,7 +83,7 @@ def problem_rows(batch, context, q_len, page_size, heads, kv_heads, dim, copy_gb
     pages = block_table.long()
     k_dense = k_pages[pages].reshape(batch, context, kv_heads, dim).transpose(1, 2).contiguous()
     v_dense = v_pages[pages].reshape(batch, context, kv_heads, dim).transpose(1, 2).contiguous()
-    mask = lower_right_mask(q_len, context) if q_len > 1 else None
+    mask = lower_right_mask(q_len, context, DEVICE) if q_len > 1 else None
     if ON_GPU:  # bf16 SDPA (default backend) as the sanity check; tests/ hold the exact float64 ones
         expected = torch.nn.functional.scaled_dot_product_attention(q_t, k_dense, v_dense, attn_mask=mask,
                                                                     enable_gqa=True).float()

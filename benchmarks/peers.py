@@ -30,6 +30,13 @@ def sdpa_runner(backend: str, q, k, v, *, causal: bool = False, attn_mask=None):
     return run
 
 
+def lower_right_mask(q_len: int, kv_len: int, device) -> torch.Tensor:
+    """bool ``[q_len, kv_len]``, bottom-right aligned causal: query i sees keys ``j <= i + kv_len - q_len`` (SDPA's
+    ``attn_mask``)."""
+    rows = torch.arange(q_len, device=device)[:, None]
+    return torch.arange(kv_len, device=device)[None, :] <= rows + kv_len - q_len
+
+
 def causal_mask_mod(q_len: int, kv_len: int):
     """FlexAttention ``mask_mod`` of bottom-right aligned causal attention (query i sees keys
     ``j <= i + kv_len - q_len``)."""

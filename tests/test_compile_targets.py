@@ -124,6 +124,16 @@ def test_old_triton_is_refused(monkeypatch, capability, version, refused):
         _runtime._triton_problem.cache_clear()
 
 
+def _compiler_rows(script: str) -> list[list[str]]:
+    """Runs ``script`` in a subprocess without ``TRITON_INTERPRET`` (Gluon's compiler refuses the interpreter's
+    helpers) and returns its printed lines, split into words."""
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[1] / "src"), env.get("PYTHONPATH", "")])
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return [line.split() for line in done.stdout.splitlines()]
+
+
 def test_gluon_hopper_attention_compiles_to_warp_specialized_wgmma():
     """The Gluon attention for Hopper (``attention/gluon_hopper.py``, issue 23) builds for sm_90a with this Triton:
     wgmmas, per-sequence (3-D) TMA loads, and the consumer warpgroups raised to 240 registers (160 with three
@@ -139,11 +149,7 @@ def test_gluon_hopper_attention_compiles_to_warp_specialized_wgmma():
               "    regs = sorted(set(re.findall(r'setmaxnreg\\.\\w+\\.sync\\.aligned\\.u32\\s+(\\d+)', ptx)), key=int)\n"
               "    print(d, window, ptx.count('wgmma.mma_async'), ptx.count('cp.async.bulk.tensor.3d'), ','.join(regs),\n"
               "          ptx.count('atom.global'))\n")
-    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[1] / "src"), env.get("PYTHONPATH", "")])
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=600)
-    assert done.returncode == 0, done.stderr[-2000:]
-    rows = [line.split() for line in done.stdout.splitlines()]
+    rows = _compiler_rows(script)
     assert len(rows) == 4
     for (head_dim, window, wgmmas, tma_loads, regs, atomics), consumers in zip(rows, (3, 2, 2, 2)):
         assert int(wgmmas) > 0 and int(tma_loads) > 0, (head_dim, window, wgmmas, tma_loads)
@@ -166,11 +172,7 @@ def test_gluon_hopper_attention_compiles_over_a_paged_cache_and_ragged():
               "    regs = sorted(set(re.findall(r'setmaxnreg\\.\\w+\\.sync\\.aligned\\.u32\\s+(\\d+)', ptx)), key=int)\n"
               "    print(d, ptx.count('cp.async.bulk.tensor.3d'), ptx.count('fence.proxy.async.shared::cta'),\n"
               "          ptx.count('ld.local') + ptx.count('st.local'), ','.join(regs))\n")
-    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[1] / "src"), env.get("PYTHONPATH", "")])
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=600)
-    assert done.returncode == 0, done.stderr[-2000:]
-    rows = [line.split() for line in done.stdout.splitlines()]
+    rows = _compiler_rows(script)
     assert len(rows) == 3
     (_, loads_16, fences_16, spills_16, regs_16), (_, loads_256, fences_256, spills_256, _), ragged = rows
     # Q's two boxes, then 8 boxes for K, 8 for V and 8 for the V tile zero-filled past the sequence's end (LLVM

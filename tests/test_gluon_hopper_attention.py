@@ -303,15 +303,16 @@ def _paged(k, v, page_size, seqlens, extra_pages=3, page_stride_pad=0):
 
 
 @pytest.fixture
-def paged_launches(monkeypatch):
-    """Counts the paged launches of the Gluon kernel (so that a test knows lk.attention took it)."""
+def gluon_launches(monkeypatch):
+    """The Gluon kernel's launches as ``(ragged, paged)`` pairs (so that a test knows lk.attention took it, and
+    with which layout)."""
     from llmkernels.attention import gluon_hopper
 
     calls = []
     launch = gluon_hopper.launch
 
     def counting(*args, **kwargs):
-        calls.append(kwargs.get("paged") is not None)
+        calls.append((kwargs.get("ragged") is not None, kwargs.get("paged") is not None))
         return launch(*args, **kwargs)
     monkeypatch.setattr(gluon_hopper, "launch", counting)
     return calls
@@ -332,7 +333,7 @@ def _check_paged(out, lse, q, k, v, seqlens, causal, window=None):
 @pytest.mark.parametrize("mask", ["none", "causal", "window"])
 @pytest.mark.parametrize("page_size", [16, 64, 256])
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
-def test_paged_cache_matches_reference(paged_launches, head_dim, page_size, mask):
+def test_paged_cache_matches_reference(gluon_launches, head_dim, page_size, mask):
     """Chunked prefill: 300 queries over a paged cache (shuffled pages, NaN past each sequence's keys and in unused
     pages), sequences of 1000 keys (whole tiles), 1537 (a tile's first key alone), 0 (no key: 0 and LSE -inf) and
     200 (fewer keys than queries: the first rows see none when causal)."""
@@ -346,12 +347,12 @@ def test_paged_cache_matches_reference(paged_launches, head_dim, page_size, mask
     torch.full(q.shape, float("nan"), dtype=q.dtype, device=q.device)  # poison what out will likely take
     out, lse = lk.attention(q, None, None, kv_cache=cache, causal=causal, return_lse=True,
                             mask=lk.SlidingWindow(*window) if window else None)
-    assert paged_launches == [True]
+    assert gluon_launches == [(False, True)]
     _check_paged(out, lse, q, k, v, seqlens, causal, window)
 
 
 @pytest.mark.parametrize("consumers", [2, 3])
-def test_paged_cache_consumer_counts(paged_launches, consumers):
+def test_paged_cache_consumer_counts(gluon_launches, consumers):
     """D 64 with two and three consumer warpgroups over a paged cache, causal."""
     import llmkernels as lk
     from llmkernels.attention.config import default_config
@@ -361,11 +362,11 @@ def test_paged_cache_consumer_counts(paged_launches, consumers):
     cache = _paged(k, v, 16, seqlens)
     config = default_config(64, q.dtype, q.device).replace(consumer_warpgroups=consumers)
     out, lse = lk.attention(q, None, None, kv_cache=cache, causal=True, return_lse=True, config=config)
-    assert paged_launches == [True]
+    assert gluon_launches == [(False, True)]
     _check_paged(out, lse, q, k, v, seqlens, True)
 
 
-def test_paged_cache_bad_metadata_matches_the_portable_kernel(paged_launches):
+def test_paged_cache_bad_metadata_matches_the_portable_kernel(gluon_launches):
     """Metadata the kernels clamp (a negative count, a count past the table, used block-table entries negative and
     past num_pages): the Gluon kernel reads what the portable kernel reads, and the sound sequence is exact."""
     import llmkernels as lk
@@ -380,7 +381,7 @@ def test_paged_cache_bad_metadata_matches_the_portable_kernel(paged_launches):
     bad_counts = torch.tensor([700, -5, 10**6, 600], dtype=torch.int32, device="cuda")
     hostile = PagedKVCache(cache.k_pages.nan_to_num(0.0), cache.v_pages.nan_to_num(0.0), block_table, bad_counts)
     out, lse = lk.attention(q, None, None, kv_cache=hostile, causal=True, return_lse=True)
-    assert paged_launches == [True]
+    assert gluon_launches == [(False, True)]
     portable = default_config(128, q.dtype, q.device).replace(warp_specialized=False)
     expected, expected_lse = lk.attention(q, None, None, kv_cache=hostile, causal=True, return_lse=True,
                                           config=portable)
@@ -391,7 +392,7 @@ def test_paged_cache_bad_metadata_matches_the_portable_kernel(paged_launches):
     _check_paged(out[:1], lse[:1], q[:1], k[:1], v[:1], seqlens[:1], True)
 
 
-def test_paged_cache_views(paged_launches):
+def test_paged_cache_views(gluon_launches):
     """Pages inside a larger tensor (page stride beyond their size) run in place on this kernel; pages TMA cannot
     read (head dim not unit-stride) go to the portable kernel, and both agree with the reference."""
     import llmkernels as lk
@@ -403,32 +404,17 @@ def test_paged_cache_views(paged_launches):
     cache = _paged(k, v, 16, seqlens, page_stride_pad=64)
     assert supports_paged(q, cache.k_pages, cache.v_pages, 0.1)
     out, lse = lk.attention(q, None, None, kv_cache=cache, return_lse=True)
-    assert paged_launches == [True]
+    assert gluon_launches == [(False, True)]
     _check_paged(out, lse, q, k, v, seqlens, False)
     strided = cache.k_pages.transpose(1, 3).contiguous().transpose(1, 3)  # head dim strided
     assert not supports_paged(q, strided, cache.v_pages, 0.1)
     out, lse = lk.attention(q, None, None, kv_cache=PagedKVCache(strided, cache.v_pages, cache.block_table,
                                                                   cache.seqlens), return_lse=True)
-    assert paged_launches == [True]  # not this kernel
+    assert gluon_launches == [(False, True)]  # not this kernel
     _check_paged(out, lse, q, k, v, seqlens, False)
 
 
 # --------------------------------------------------------------------------- ragged q (and k / v)
-
-@pytest.fixture
-def ragged_launches(monkeypatch):
-    """Counts the ragged launches of the Gluon kernel (so that a test knows lk.attention took it)."""
-    from llmkernels.attention import gluon_hopper
-
-    calls = []
-    launch = gluon_hopper.launch
-
-    def counting(*args, **kwargs):
-        calls.append((kwargs.get("ragged") is not None, kwargs.get("paged") is not None))
-        return launch(*args, **kwargs)
-    monkeypatch.setattr(gluon_hopper, "launch", counting)
-    return calls
-
 
 def _cu(lengths):
     return torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
@@ -453,7 +439,7 @@ def _check_ragged(out, lse, q, k, v, lengths_q, lengths_k, causal, window=None, 
 
 @pytest.mark.parametrize("mask", ["none", "causal", "window"])
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
-def test_ragged_matches_reference(ragged_launches, head_dim, mask):
+def test_ragged_matches_reference(gluon_launches, head_dim, mask):
     """Ragged q and k (flash-attn's varlen): sequences of 300 / 0 / 129 / 700 queries over 1000 / 50 / 0 / 700
     keys (an empty one, one with no key: 0 and LSE -inf), then a sequence of NaN keys and inf values that the
     700-key sequence's last tile runs into (its rows must be zeroed, not multiplied by P's zeros)."""
@@ -470,12 +456,12 @@ def test_ragged_matches_reference(ragged_launches, head_dim, mask):
     out, lse = lk.attention(q, k, v, cu_seqlens_q=_cu(lengths_q), cu_seqlens_k=_cu(lengths_k), max_seqlen_q=700,
                             max_seqlen_k=1000, causal=causal, return_lse=True,
                             mask=lk.SlidingWindow(*window) if window else None)
-    assert ragged_launches == [(True, False)]
+    assert gluon_launches == [(True, False)]
     _check_ragged(out, lse, q, k, v, lengths_q, lengths_k, causal, window, skip=(4,))
 
 
 @pytest.mark.parametrize("page_size", [16, 128])
-def test_ragged_queries_over_a_paged_cache(ragged_launches, page_size):
+def test_ragged_queries_over_a_paged_cache(gluon_launches, page_size):
     """Chunked prefill of several sequences (vLLM's varlen + block table): 300 / 17 / 0 / 500 new queries over
     paged caches of 1000 / 40 / 30 / 500 keys, causal (bottom-right), D 128."""
     import llmkernels as lk
@@ -486,13 +472,13 @@ def test_ragged_queries_over_a_paged_cache(ragged_launches, page_size):
     cache = _paged(k, v, page_size, seqlens)
     out, lse = lk.attention(q, None, None, kv_cache=cache, cu_seqlens_q=_cu(lengths_q), max_seqlen_q=500,
                             causal=True, return_lse=True)
-    assert ragged_launches == [(True, True)]
+    assert gluon_launches == [(True, True)]
     k_ragged = torch.cat([k[b, :n] for b, n in enumerate(seqlens)])
     v_ragged = torch.cat([v[b, :n] for b, n in enumerate(seqlens)])
     _check_ragged(out, lse, q, k_ragged, v_ragged, lengths_q, seqlens, True)
 
 
-def test_ragged_bad_cu_seqlens_match_the_portable_kernel(ragged_launches):
+def test_ragged_bad_cu_seqlens_match_the_portable_kernel(gluon_launches):
     """cu_seqlens the kernels clamp (a decreasing entry, entries past the tensors): every row some sequence owns
     under ``clamp(cummax(cu_seqlens), 0, total)`` matches the portable kernel's."""
     import llmkernels as lk
@@ -506,7 +492,7 @@ def test_ragged_bad_cu_seqlens_match_the_portable_kernel(ragged_launches):
     kwargs = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=600, max_seqlen_k=1200, causal=True,
                   return_lse=True)
     out, lse = lk.attention(q, k, v, **kwargs)
-    assert ragged_launches == [(True, False)]
+    assert gluon_launches == [(True, False)]
     portable = default_config(128, q.dtype, q.device).replace(warp_specialized=False)
     expected, expected_lse = lk.attention(q, k, v, config=portable, **kwargs)
     owned = torch.cummax(cu_q.long(), 0).values.clamp(0, q.shape[0]).tolist()

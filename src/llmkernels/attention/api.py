@@ -442,6 +442,13 @@ def _last_offset(t: torch.Tensor) -> int:
     return sum((size - 1) * stride for size, stride in zip(t.shape, t.stride())) if t.numel() else 0
 
 
+def _paged_metadata(kv_cache: PagedKVCache) -> tuple[torch.Tensor, torch.Tensor]:
+    """(block table with unit stride along a row, contiguous seqlens) as both kernels read them (a copy of a few
+    bytes when a view has other strides, no sync)."""
+    block_table = kv_cache.block_table
+    return (block_table if block_table.stride(1) == 1 else block_table.contiguous(), kv_cache.seqlens.contiguous())
+
+
 def _strides3(t: torch.Tensor, ragged: bool) -> tuple[int, int, int]:
     """(batch, token, head) strides of a ``[B, S, H, D]`` tensor, or ``(0, token, head)`` of a ragged
     ``[total, H, D]`` one."""
@@ -549,9 +556,7 @@ class _Plan:
                 ragged = (cu_seqlens_q.contiguous(), None if self.paged else cu_seqlens_k.contiguous(), self.q_bound)
             if self.paged:
                 k, v = kv_cache.k_pages, kv_cache.v_pages
-                block_table = kv_cache.block_table
-                paged = (block_table if block_table.stride(1) == 1 else block_table.contiguous(),
-                         kv_cache.seqlens.contiguous())
+                paged = _paged_metadata(kv_cache)
             if any(self.gluon_copies):  # the same values in a layout TMA reads: the contiguous call's bits
                 q, k, v = (self.gluon.as_tma_ready(t) if copy else t for t, copy in zip((q, k, v), self.gluon_copies))
             with torch.cuda.device(device):
@@ -565,9 +570,7 @@ class _Plan:
         int_dummy, float_dummy = self.dummies
         if self.paged:
             k, v = unit_last_stride(kv_cache.k_pages), unit_last_stride(kv_cache.v_pages)
-            block_table = kv_cache.block_table
-            block_table = block_table if block_table.stride(1) == 1 else block_table.contiguous()
-            seqlens = kv_cache.seqlens.contiguous()
+            block_table, seqlens = _paged_metadata(kv_cache)
             kv_starts = kv_cache.starts.contiguous() if self.kv_starts else int_dummy
         else:
             k, v = unit_last_stride(k), unit_last_stride(v)
