@@ -9,6 +9,7 @@ from llmkernels.attention.api import attention
 from llmkernels.attention.config import FA4Config
 from llmkernels.attention.split_kv import choose_num_splits, decode_tiling
 from llmkernels.attention.masks import SlidingWindow, softcap
+from llmkernels.attention.paged import PagedKVCache
 from llmkernels.attention.reference import attention_reference
 
 from test_attention import _check, _cu_seqlens, _paged_cache, _qkv, checker_mask
@@ -151,6 +152,30 @@ def test_page_offsets_in_int64_give_the_int32_bits(device, monkeypatch):
         assert torch.equal(attention(q, None, None, kv_cache=cache, config=DECODE_CONFIG, **kwargs), want)
     assert bound_flags() == {True}
     attention_api._PLANS.clear()
+
+
+@pytest.mark.parametrize("page_size,block_n", [(16, 16), (32, 16), (64, 16), (16, 32)])
+def test_page_aligned_tiles_give_the_gather_bits(device, page_size, block_n):
+    """A tile inside one page (page_size >= BN, no ``starts``) reads one clamped page id per tile
+    (``load_page_aligned_tile``); the per-row gather, which ``starts`` (all 0 here) and pages smaller than a tile
+    take, must give the same bits, bad block-table entries (negative, past the pages) clamped alike. Decode over
+    3 splits and a causal prefill, NaN-poisoned output buffers."""
+    cache = _paged_cache([70, 1, 0, 33, 64], page_size, 2, 32, torch.bfloat16, device)
+    table = cache.block_table.clone()
+    table[0, 1], table[3, 0] = -7, 2**30  # used entries: clamped to page 0 / the last page by both loads
+    hostile = PagedKVCache(cache.k_pages, cache.v_pages, table, cache.seqlens)
+    leftpad = PagedKVCache(cache.k_pages, cache.v_pages, table, cache.seqlens, torch.zeros_like(cache.seqlens))
+    config = FA4Config(BM=16, BN=block_n, num_kv_stages=1)
+    for q, kwargs in [(torch.randn(5, 1, 8, 32, dtype=torch.bfloat16, device=device), dict(num_splits=3)),
+                      (torch.randn(5, 40, 8, 32, dtype=torch.bfloat16, device=device), dict(causal=True))]:
+        aligned, lse = attention(q, None, None, kv_cache=hostile, config=config, return_lse=True, **kwargs)
+        gathered, lse_gathered = attention(q, None, None, kv_cache=leftpad, config=config, return_lse=True,
+                                           **kwargs)
+        assert torch.equal(aligned, gathered) and torch.equal(lse, lse_gathered)
+        clamped = table.clamp(0, cache.num_pages - 1)
+        reference = attention_reference(q, None, None, kv_cache=PagedKVCache(
+            cache.k_pages, cache.v_pages, clamped, cache.seqlens), **kwargs)
+        assert_close_relative(aligned, reference, TOLERANCE[torch.bfloat16])
 
 
 def test_heuristics():

@@ -115,16 +115,51 @@ def online_softmax_update(acc, row_sum, row_max, scores, v,
 
 
 @triton.jit
-def load_kv_tile(base_ptr, batch_offset, kv_start, kv_raw, seqlen_k, head_offset, stride_page, stride_row,
-                 block_table_row, num_pages, dims,
-                 HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr,
-                 MASKED: tl.constexpr, PAGE_OFFSETS_64: tl.constexpr = True):
-    """K or V rows ``kv_raw`` ``[N]`` of one KV head -> ``[N, HEAD_DIM_PAD]`` (zeros past seqlen_k / HEAD_DIM).
+def load_page_aligned_tile(base_ptr, start_n, seqlen_k, head_offset, stride_page, stride_row, block_table_row,
+                           num_pages, dims, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+                           BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, MASKED: tl.constexpr,
+                           PAGE_OFFSETS_64: tl.constexpr):
+    """Paged K or V keys ``[start_n, start_n + BLOCK_N)`` -> ``[BLOCK_N, HEAD_DIM_PAD]`` when the tile lies inside
+    one page (``PAGE_SIZE >= BLOCK_N``, key 0 at the start of the sequence's first page, ``start_n`` a multiple
+    of ``BLOCK_N``): one page id per tile, a scalar, instead of :func:`load_kv_tile`'s per-row gather of page
+    ids (whose addresses cost instructions and registers); the same values."""
+    page = tl.load(block_table_row + start_n // PAGE_SIZE)  # start_n < seqlen_k <= the table's width in keys
+    page = tl.minimum(tl.maximum(page, 0), num_pages - 1)
+    if PAGE_OFFSETS_64:
+        page = page.to(tl.int64)
+    tile_base = page * stride_page + (start_n % PAGE_SIZE) * stride_row + head_offset  # a scalar
+    offsets = tl.arange(0, BLOCK_N)[:, None] * stride_row + dims[None, :]  # the same for every tile
+    ptrs = base_ptr + tile_base + offsets
+    keys = start_n + tl.arange(0, BLOCK_N)
+    if MASKED:
+        tile = tl.load(ptrs, mask=(keys < seqlen_k)[:, None] & (dims < HEAD_DIM)[None, :], other=0.0)
+    elif HEAD_DIM != HEAD_DIM_PAD:
+        tile = tl.load(ptrs, mask=(dims < HEAD_DIM)[None, :], other=0.0)
+    else:
+        tile = tl.load(ptrs)
+    return tile
 
-    ``PAGED``: key ``kv_raw`` sits at cache position ``kv_start + kv_raw``; block-table entries are clamped to
+
+@triton.jit
+def load_kv_tile(base_ptr, batch_offset, kv_start, start_n, seqlen_k, head_offset, stride_page, stride_row,
+                 block_table_row, num_pages, dims,
+                 HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_N: tl.constexpr, PAGED: tl.constexpr,
+                 PAGE_SIZE: tl.constexpr, MASKED: tl.constexpr, PAGE_OFFSETS_64: tl.constexpr = True,
+                 PAGE_ALIGNED: tl.constexpr = False):
+    """K or V keys ``[start_n, start_n + BLOCK_N)`` of one KV head -> ``[BLOCK_N, HEAD_DIM_PAD]`` (zeros past
+    seqlen_k / HEAD_DIM).
+
+    ``PAGED``: key ``i`` sits at cache position ``kv_start + i``; block-table entries are clamped to
     ``[0, num_pages - 1]`` (``kv_start + seqlen_k`` is already clamped to the table's width), so no table content
     can make the load leave the pages. ``PAGE_OFFSETS_64``: page offsets in int64 (False: every element offset
-    of the pages fits in int32, which halves the gather's address registers)."""
+    of the pages fits in int32, which halves the gather's address registers). ``PAGE_ALIGNED``: ``kv_start``
+    is 0 and ``start_n`` a multiple of ``BLOCK_N``, so with pages of at least ``BLOCK_N`` keys
+    :func:`load_page_aligned_tile` reads the tile."""
+    if PAGED and PAGE_ALIGNED and PAGE_SIZE >= BLOCK_N:
+        return load_page_aligned_tile(base_ptr, start_n, seqlen_k, head_offset, stride_page, stride_row,
+                                      block_table_row, num_pages, dims, HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, PAGE_SIZE,
+                                      MASKED, PAGE_OFFSETS_64)
+    kv_raw = start_n + tl.arange(0, BLOCK_N)
     in_range = kv_raw < seqlen_k
     if PAGED:
         position = kv_start + kv_raw
@@ -189,14 +224,15 @@ def update_q_tile(acc, row_sum, row_max, q, k, v, batch, heads, q_idx_mod, q_pos
 def load_band_tile(base_ptr, desc, batch_offset, kv_start, kv_row_base, kv_col, start_n, seqlen_k, head_offset,
                    stride_page, stride_row, block_table_row, num_pages, dims,
                    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_N: tl.constexpr, PAGED: tl.constexpr,
-                   PAGE_SIZE: tl.constexpr, TMA_KV: tl.constexpr, PAGE_OFFSETS_64: tl.constexpr = True):
+                   PAGE_SIZE: tl.constexpr, TMA_KV: tl.constexpr, PAGE_OFFSETS_64: tl.constexpr = True,
+                   PAGE_ALIGNED: tl.constexpr = False):
     """One K or V tile of the fully visible band (every key in the sequence): descriptor or pointer load."""
     if TMA_KV:
         return desc.load([kv_row_base + start_n, kv_col])
     else:
-        return load_kv_tile(base_ptr, batch_offset, kv_start, start_n + tl.arange(0, BLOCK_N), seqlen_k, head_offset,
+        return load_kv_tile(base_ptr, batch_offset, kv_start, start_n, seqlen_k, head_offset,
                             stride_page, stride_row, block_table_row, num_pages, dims,
-                            HEAD_DIM, HEAD_DIM_PAD, PAGED, PAGE_SIZE, False, PAGE_OFFSETS_64)
+                            HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, PAGED, PAGE_SIZE, False, PAGE_OFFSETS_64, PAGE_ALIGNED)
 
 
 @triton.jit
@@ -213,7 +249,7 @@ def attend_kv_range(acc_a, sum_a, max_a, acc_b, sum_b, max_b, q_a, q_b,
                     SCORE_MOD: tl.constexpr, RESCALE_THRESHOLD: tl.constexpr, POLY_EXP2_FRACTION: tl.constexpr,
                     TMA_KV: tl.constexpr, UPCAST: tl.constexpr,
                     mask_rows_a=0, mask_rows_b=0, stride_mask_k=0, MASK_TENSOR: tl.constexpr = "none",
-                    PAGE_OFFSETS_64: tl.constexpr = True):
+                    PAGE_OFFSETS_64: tl.constexpr = True, PAGE_ALIGNED: tl.constexpr = False):
     """Keys ``[kv_lo, kv_hi)`` (kv_lo a multiple of BLOCK_N): each K/V tile is loaded once for both Q tiles.
     ``MASK_TENSOR``: row pointers ``mask_rows_a`` / ``_b`` ``[BLOCK_M]`` into the materialized mask, whose
     key stride is ``stride_mask_k``; keys past ``seqlen_k`` are not read.
@@ -226,19 +262,19 @@ def attend_kv_range(acc_a, sum_a, max_a, acc_b, sum_b, max_b, q_a, q_b,
     for start_n in tl.range(kv_lo, kv_hi, BLOCK_N):
         kv_raw = start_n + tl.arange(0, BLOCK_N)
         if MASKED:
-            k = load_kv_tile(k_ptr, k_batch_offset, kv_start, kv_raw, seqlen_k, k_head_offset, stride_kb, stride_ks,
-                             block_table_row, num_pages, dims, HEAD_DIM, HEAD_DIM_PAD, PAGED, PAGE_SIZE, True,
-                             PAGE_OFFSETS_64)
-            v = load_kv_tile(v_ptr, v_batch_offset, kv_start, kv_raw, seqlen_k, v_head_offset, stride_vb, stride_vs,
-                             block_table_row, num_pages, dims, HEAD_DIM, HEAD_DIM_PAD, PAGED, PAGE_SIZE, True,
-                             PAGE_OFFSETS_64)
+            k = load_kv_tile(k_ptr, k_batch_offset, kv_start, start_n, seqlen_k, k_head_offset, stride_kb, stride_ks,
+                             block_table_row, num_pages, dims, HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, PAGED, PAGE_SIZE, True,
+                             PAGE_OFFSETS_64, PAGE_ALIGNED)
+            v = load_kv_tile(v_ptr, v_batch_offset, kv_start, start_n, seqlen_k, v_head_offset, stride_vb, stride_vs,
+                             block_table_row, num_pages, dims, HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, PAGED, PAGE_SIZE, True,
+                             PAGE_OFFSETS_64, PAGE_ALIGNED)
         else:
             k = load_band_tile(k_ptr, k_desc, k_batch_offset, kv_start, kv_row_base, kv_col, start_n, seqlen_k,
                                k_head_offset, stride_kb, stride_ks, block_table_row, num_pages, dims,
-                               HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, PAGED, PAGE_SIZE, TMA_KV, PAGE_OFFSETS_64)
+                               HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, PAGED, PAGE_SIZE, TMA_KV, PAGE_OFFSETS_64, PAGE_ALIGNED)
             v = load_band_tile(v_ptr, v_desc, v_batch_offset, kv_start, kv_row_base, kv_col, start_n, seqlen_k,
                                v_head_offset, stride_vb, stride_vs, block_table_row, num_pages, dims,
-                               HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, PAGED, PAGE_SIZE, TMA_KV, PAGE_OFFSETS_64)
+                               HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, PAGED, PAGE_SIZE, TMA_KV, PAGE_OFFSETS_64, PAGE_ALIGNED)
         if CLAMP_KV:
             kv_mod = tl.minimum(kv_raw, tl.maximum(seqlen_k - 1, 0))
         else:
@@ -512,7 +548,7 @@ def attention_fwd_kernel(
             HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, BLOCK_N, NUM_Q_TILES, PAGED, PAGE_SIZE, phase != 1,
             HAS_WINDOW, HAS_CHUNK, HAS_MASK_MOD, MASK_MOD, SCORE_MOD_KIND, SCORE_MOD,
             RESCALE_THRESHOLD, POLY_EXP2_FRACTION, TMA_KV, UPCAST, mask_rows_a, mask_rows_b, stride_mask_k,
-            MASK_TENSOR, PAGE_OFFSETS_64)
+            MASK_TENSOR, PAGE_OFFSETS_64, PAGED and not KV_STARTS)
 
     store_q_tile(acc_a, sum_a, max_a, out_ptr, lse_ptr, sinks_ptr, batch, split, q_start, q_idx_a, heads, valid_a,
                  dims, stride_ob, stride_os, stride_oh, stride_o_split,
