@@ -47,7 +47,7 @@ Hopper's warp-specialized schedule
                          The default on sm_90 (prefill); False elsewhere.
 ``consumer_warpgroups``  consumers per block with ``warp_specialized``: 2 (128 rows, 240 registers each) or 3
                          (192 rows, 160 registers; D = 64 only); None = the measured rule (3 at D = 64 except
-                         masked calls of fewer than 4096 queries).
+                         masked calls of at most 4096 queries).
 
 Seed fields fixed by the Triton compiler
 -----------------------------------------
