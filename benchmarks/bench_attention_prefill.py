@@ -5,9 +5,10 @@ Hq = Hkv = 16 and GQA 32/8, D in {64, 128, 256}, causal and not.
 
 bf16; llmkernels against SDPA's cuDNN and flash backends (FlexAttention, compiled once per shape, at
 the head dims of ``--flex-dims`` only: its compiles dominate the run). Each system is checked against
-SDPA flash's output before it is timed. Writes ``attention_prefill_grid.{csv,md}`` and
-``attention_prefill_grid.png`` (TFLOP/s against sequence length, one panel per head dim and head
-layout, causal and not) to DIR (default ``benchmarks/results/<gpu>/``). GPU only.
+SDPA flash's output before it is timed, then timed eagerly (events) and as a CUDA-graph replay (not flex).
+Writes ``attention_prefill_grid.{csv,md}`` and ``attention_prefill_grid.png`` (TFLOP/s against sequence
+length, one panel per head dim and head layout, causal and not) to DIR (default
+``benchmarks/results/<gpu>/``). GPU only.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import sys
 import torch
 
 from benchmarks import bench_attention  # noqa: E402
-from benchmarks.bench_attention import PEERS, bench, run_peer  # noqa: E402
+from benchmarks.bench_attention import PEERS, bench, bench_graph, run_peer, run_peer_graph  # noqa: E402
 from benchmarks.peers import sdpa_runner  # noqa: E402
 from benchmarks.common import default_out_dir, line_plots, measure_ceilings, write_table  # noqa: E402
 
@@ -48,16 +49,25 @@ def problem_rows(seqlen: int, heads: int, kv_heads: int, head_dim: int, flex: bo
                 times[peer] = (None, "not run")
                 continue
             times[peer] = run_peer(peer, q_t, k_t, v_t, causal, expected)
+        # graph replay (no host launch time, which events count at 2k) of every system that ran, but flex
+        graph = {"llmkernels": bench_graph(fn) if times["llmkernels"][0] else None}
+        graph.update({name: run_peer_graph(name, q_t, k_t, v_t, causal) if times[name][0] else None
+                      for name in PEERS})
         ours_ms = times["llmkernels"][0]
         peer_ms = {name: times[name][0] for name in ("sdpa_cudnn", "sdpa_flash", "flex")}
         for system, (ms, note) in times.items():
-            tflops = flops / ms / 1e9 if ms else float("nan")
+            graph_ms = graph[system]
+            tflops = flops / (graph_ms or ms) / 1e9 if ms else float("nan")
             rows.append({
                 "seqlen": seqlen, "batch": batch, "heads": f"{heads}/{kv_heads}", "head_dim": head_dim,
-                "causal": causal, "system": system, "ms": ms if ms else float("nan"), "TFLOP/s": tflops,
+                "causal": causal, "system": system, "ms": ms if ms else float("nan"),
+                "graph_ms": graph_ms if graph_ms else float("nan"), "TFLOP/s": tflops,
                 "% bf16 peak": 100 * tflops / bf16_tflops,
                 **{f"llmk vs {name}": peer / ours_ms if system == "llmkernels" and peer and ours_ms else ""
                    for name, peer in peer_ms.items()},
+                **{f"llmk vs {name} (graph)": graph[name] / graph["llmkernels"]
+                   if system == "llmkernels" and graph[name] and graph["llmkernels"] else ""
+                   for name in ("sdpa_cudnn", "sdpa_flash")},
                 "note": note,
             })
     return rows
@@ -84,7 +94,8 @@ def main():
     out_dir = args.out or default_out_dir()
     header = (f"GPU: {gpu}, torch {torch.__version__}; bf16 matmul ceiling measured in this run "
               f"{ceilings['bf16_tflops']:.0f} TFLOP/s. B·S = {TOKENS} tokens; causal counts half the FLOPs. "
-              "`llmk vs X`: X's time / ours (> 1: ours faster). Median times (do_bench).")
+              "`llmk vs X`: X's time / ours (> 1: ours faster), median event times (do_bench); `(graph)`: the "
+              "same from CUDA-graph replay times (no host launch time), which `TFLOP/s` also uses where there is one.")
     print(write_table(rows, out_dir, "attention_prefill_grid", "Prefill attention: the issue-8 grid", header))
     panels = {}
     for row in rows:
