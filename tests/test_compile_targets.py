@@ -184,3 +184,24 @@ def test_gluon_hopper_attention_compiles_over_a_paged_cache_and_ragged():
     assert {"24", "240"} <= set(regs_16.split(",")), regs_16
     # ragged q and k (D 64, three consumers): Q's three boxes, K, V, the zero-filled V tile; no spill
     assert int(ragged[1]) >= 3 + 3 and int(ragged[2]) >= 1 and int(ragged[3]) == 0, ragged
+
+
+def test_gluon_decode_split_pass_compiles():
+    """The Gluon split-KV decode pass (``attention/gluon_decode.py``) builds for sm_90a: wgmmas for S and P V, TMA
+    loads (one box per page a 64-key tile spans: 4 per K tile at 16-key pages), the fence before the wgmma that
+    reads a V tile zeroed past the sequence (paged only), and no spill."""
+    if not _compilable(90):
+        pytest.skip("this Triton does not compile for sm_90a")
+    script = ("from llmkernels.attention.gluon_decode import compile_for_sm90\n"
+              "for d, page in ((128, 16), (128, 64), (64, 0)):\n"
+              "    ptx = compile_for_sm90(d, page)['ptx']\n"
+              "    print(d, page, ptx.count('wgmma.mma_async'), ptx.count('cp.async.bulk.tensor.3d'),\n"
+              "          ptx.count('fence.proxy.async.shared::cta'), ptx.count('ld.local') + ptx.count('st.local'))\n")
+    rows = [[int(word) for word in row] for row in _compiler_rows(script)]
+    assert len(rows) == 3
+    (_, _, wgmma_16, loads_16, fences_16, spills_16), (_, _, _, loads_64, _, spills_64), dense = rows
+    assert wgmma_16 > 0 and dense[2] > 0
+    # K and V boxes in the prologue and the refill: 4 per tile at 16-key pages, 1 at 64 (LLVM may duplicate)
+    assert loads_16 >= 4 * 4 and loads_64 >= 4 and loads_16 >= 4 * loads_64 - 4, (loads_16, loads_64)
+    assert fences_16 >= 2 and spills_16 == 0 and spills_64 == 0 and dense[5] == 0, rows
+

@@ -504,3 +504,132 @@ def test_ragged_bad_cu_seqlens_match_the_portable_kernel(gluon_launches):
         error = ((got - want).norm() / want.norm().clamp_min(1e-6)).item()
         assert error < TOLERANCE, f"sequence {b}: relative error against the portable kernel {error:.2e}"
         torch.testing.assert_close(lse[:, rows], expected_lse[:, rows], atol=2e-2, rtol=1e-3)
+
+
+# --------------------------------------------------------------------------- split-KV decode (gluon_decode.py)
+
+@pytest.fixture
+def decode_launches(monkeypatch):
+    """The Gluon split pass's launches, as ``paged`` flags (so that a test knows lk.attention took it)."""
+    from llmkernels.attention import gluon_decode
+
+    calls = []
+    launch = gluon_decode.launch
+
+    def counting(*args, **kwargs):
+        calls.append(kwargs.get("paged") is not None)
+        return launch(*args, **kwargs)
+    monkeypatch.setattr(gluon_decode, "launch", counting)
+    return calls
+
+
+@pytest.mark.parametrize("page_size", [16, 64, 256])
+@pytest.mark.parametrize("head_dim,q_heads,kv_heads", [(128, 32, 8), (64, 8, 1), (128, 64, 1), (64, 4, 4)])
+def test_decode_split_pass_matches_reference(decode_launches, head_dim, q_heads, kv_heads, page_size):
+    """One query token over a paged cache (shuffled pages, NaN past each sequence's keys and in unused pages): a
+    sequence of whole tiles, one ending a key into its last tile, one with no key (0 and LSE -inf), one whose
+    keys fit one tile; as many sequences as keep (sequence, KV head) pairs within the pass's limit."""
+    import llmkernels as lk
+    from llmkernels.attention.gluon_decode import MAX_HEAD_PROGRAMS
+
+    seqlens = [4096, 2049, 0, 37][:max(1, MAX_HEAD_PROGRAMS // kv_heads)]
+    q, k, v = _inputs(len(seqlens), 1, max(seqlens), q_heads, kv_heads, head_dim)
+    cache = _paged(k, v, page_size, seqlens)
+    torch.full((len(seqlens), 8, q_heads, head_dim), float("nan"), device="cuda")  # poison the partials' memory
+    out, lse = lk.attention(q, None, None, kv_cache=cache, causal=True, return_lse=True)
+    assert decode_launches == [True]
+    _check_paged(out, lse, q, k, v, seqlens, True)
+
+
+def test_decode_split_pass_dense_kv_sinks_and_splits(decode_launches):
+    """Dense K/V (read through per-sequence descriptors: zeros past the keys), attention sinks (merged by the
+    combine), and split counts from 2 to more than the tiles, against the reference and the portable pass."""
+    import llmkernels as lk
+    from llmkernels.attention.config import default_config
+
+    q, k, v = _inputs(2, 1, 1000, 16, 4, 128)
+    sinks = torch.randn(16, device="cuda")
+    portable = default_config(128, q.dtype, q.device, decode=True).replace(warp_specialized=False)
+    for num_splits in (2, 5, 100):
+        decode_launches.clear()
+        out, lse = lk.attention(q, k, v, sinks=sinks, num_splits=num_splits, return_lse=True)
+        assert decode_launches == [False]
+        expected, expected_lse = lk.attention(q, k, v, sinks=sinks, num_splits=num_splits, return_lse=True,
+                                              config=portable)
+        assert decode_launches == [False]
+        error = ((out.float() - expected.float()).norm() / expected.float().norm()).item()
+        assert error < TOLERANCE, f"{num_splits} splits: relative error against the portable pass {error:.2e}"
+        torch.testing.assert_close(lse, expected_lse, atol=1e-3, rtol=1e-4)
+    no_sinks, _ = lk.attention(q, k, v, num_splits=3, return_lse=True)
+    ref, _ = _reference(q, k, v, False, 128 ** -0.5)
+    assert ((no_sinks.float() - ref).norm() / ref.norm()).item() < TOLERANCE
+
+
+def test_decode_split_pass_bad_metadata_matches_the_portable_pass(decode_launches):
+    """Counts and block-table entries the kernels clamp (negative, past the table, past num_pages): the Gluon pass
+    reads the keys the portable pass reads."""
+    import llmkernels as lk
+    from llmkernels.attention.config import default_config
+    from llmkernels.attention.paged import PagedKVCache
+
+    seqlens = [700, 500]
+    q, k, v = _inputs(2, 1, max(seqlens), 16, 4, 128)
+    cache = _paged(k, v, 16, seqlens)
+    block_table = cache.block_table.clone()
+    block_table[0, 3], block_table[1, 0] = -7, cache.num_pages + 5
+    for counts in ([700, -5], [10**6, 500]):
+        hostile = PagedKVCache(cache.k_pages.nan_to_num(0.0), cache.v_pages.nan_to_num(0.0), block_table,
+                               torch.tensor(counts, dtype=torch.int32, device="cuda"))
+        decode_launches.clear()
+        out, lse = lk.attention(q, None, None, kv_cache=hostile, return_lse=True)
+        assert decode_launches == [True]
+        portable = default_config(128, q.dtype, q.device, decode=True).replace(warp_specialized=False)
+        expected, expected_lse = lk.attention(q, None, None, kv_cache=hostile, return_lse=True, config=portable)
+        assert not torch.isnan(out).any() and torch.equal(torch.isinf(lse), torch.isinf(expected_lse))
+        error = ((out.float() - expected.float()).norm() / expected.float().norm()).item()
+        assert error < TOLERANCE, f"counts {counts}: relative error against the portable pass {error:.2e}"
+
+
+def test_decode_split_pass_views_and_fallbacks(decode_launches):
+    """A strided q and pages inside a larger tensor run in place; pages TMA cannot read, more (sequence, KV head)
+    pairs than the limit, a sliding window that hides keys, two query tokens and D 256 take the portable pass;
+    every result matches the reference."""
+    import llmkernels as lk
+    from llmkernels.attention.gluon_decode import MAX_HEAD_PROGRAMS
+    from llmkernels.attention.paged import PagedKVCache
+
+    seqlens = [1500, 333]
+    q_wide, k, v = _inputs(2, 1, max(seqlens), 32, 4, 128)
+    q = q_wide.transpose(0, 1).contiguous().transpose(0, 1)  # batch and token strides swapped
+    cache = _paged(k, v, 64, seqlens, page_stride_pad=128)
+    out, lse = lk.attention(q, None, None, kv_cache=cache, return_lse=True)
+    assert decode_launches == [True]
+    _check_paged(out, lse, q, k, v, seqlens, False)
+
+    decode_launches.clear()
+    strided = PagedKVCache(cache.k_pages.transpose(2, 3).contiguous().transpose(2, 3),
+                           cache.v_pages, cache.block_table, cache.seqlens)  # head dim not unit-stride
+    out, lse = lk.attention(q, None, None, kv_cache=strided, return_lse=True)
+    assert decode_launches == []
+    _check_paged(out, lse, q, k, v, seqlens, False)
+
+    many = MAX_HEAD_PROGRAMS // 4 + 1  # sequences x 4 KV heads past the limit
+    q_many, k_many, v_many = _inputs(many, 1, 300, 32, 4, 128)
+    out, lse = lk.attention(q_many, None, None, kv_cache=_paged(k_many, v_many, 16, [300] * many),
+                            return_lse=True)
+    assert decode_launches == []
+    _check_paged(out, lse, q_many, k_many, v_many, [300] * many, False)
+
+    out, lse = lk.attention(q, None, None, kv_cache=cache, mask=lk.SlidingWindow(100, 0), return_lse=True)
+    assert decode_launches == []
+    _check_paged(out, lse, q, k, v, seqlens, True, (100, 0))
+
+    q2, k2, v2 = _inputs(2, 2, max(seqlens), 32, 4, 128)
+    out, lse = lk.attention(q2, None, None, kv_cache=_paged(k2, v2, 16, seqlens), causal=True, return_lse=True)
+    assert decode_launches == []
+    _check_paged(out, lse, q2, k2, v2, seqlens, True)
+
+    q256, k256, v256 = _inputs(1, 1, 500, 8, 2, 256)
+    out, lse = lk.attention(q256, None, None, kv_cache=_paged(k256, v256, 16, [500]), return_lse=True)
+    assert decode_launches == []
+    _check_paged(out, lse, q256, k256, v256, [500], False)

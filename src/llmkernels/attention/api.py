@@ -481,6 +481,26 @@ def _gluon_hopper(call: CheckedCall, q, k, v, split: bool, has_sinks: bool, conf
     return gluon_hopper if supported else None
 
 
+def _gluon_decode(call: CheckedCall, q, k, v, partials: bool, config: FA4Config):
+    """The Gluon split-KV pass module (``gluon_decode``) when it runs this call's splits, else None: a config with
+    ``warp_specialized`` (sm_90's default), an sm_90 GPU (not the interpreter), several splits, one query per
+    sequence (dense q), no mask but a causal one (which that bottom-right query does not restrict), no score_mod
+    or mask tensor, no key starts, and what :func:`gluon_decode.supports` asks (k, v: a paged cache's pages)."""
+    spec = call.mask_spec
+    whole = not spec.has_window or (spec.window_left >= call.kv_bound and spec.window_right >= 0)
+    if (not config.warp_specialized or interpreting() or not partials or call.ragged or call.kv_starts
+            or call.q_bound != 1 or not whole or spec.has_chunk or spec.mask_mod is not None
+            or call.mask_kind != "none" or call.mod_spec.kind != SCORE_MOD_NONE
+            or cuda_capability(call.device) != (9, 0)):
+        return None
+    try:  # Gluon's Hopper modules (Triton >= 3.5); without them the portable kernel runs
+        from . import gluon_decode
+    except ImportError:
+        return None
+    supported = gluon_decode.supports(q, k, v, paged=call.paged, num_head_programs=call.batch * call.num_kv_heads)
+    return gluon_decode if supported else None
+
+
 class _Plan:
     """Path (the Gluon kernel on Hopper, one pass, or split-KV + combine), config, tiles, grid and the bound
     kernels of one call signature. Holds no tensor: the kernels bind at the first run, on its tensors."""
@@ -532,6 +552,8 @@ class _Plan:
         # no partials and no combine launch. The in-launch merge of several splits was measured slower than
         # the combine kernel (benchmarks/NOTES.md, issue 23 session 17).
         self.partials = self.split and self.num_splits > 1
+        # few sequences x KV heads: the Gluon split pass writes the partials (NOTES, issue 23 session 19)
+        self.gluon_decode = _gluon_decode(call, q, k, v, self.partials, config)
         self.partial_shapes = None
         if self.partials:
             lse_partial_shape = (self.num_splits, call.num_q_heads, q.shape[0]) if ragged else (
@@ -591,7 +613,12 @@ class _Plan:
                     cu_seqlens_q.contiguous() if self.ragged else int_dummy,
                     cu_seqlens_k.contiguous() if self.ragged and not self.paged else int_dummy,
                     seqlens, kv_starts, block_table, sinks, slopes, attn_mask, k, v)
-        (self.forward or self._bind_forward(pointers, out, lse))(*pointers)
+        if self.gluon_decode is not None:
+            with torch.cuda.device(device):
+                self.gluon_decode.launch(q, k, v, o_partial, lse_partial, float(self.softmax_scale),
+                                         paged=(block_table, seqlens) if self.paged else None)
+        else:
+            (self.forward or self._bind_forward(pointers, out, lse))(*pointers)
         if self.partials:
             pointers = (o_partial, lse_partial, out, lse if lse is not None else float_dummy, sinks)
             (self.combine or self._bind_combine(pointers))(*pointers)

@@ -44,7 +44,10 @@ Hopper's warp-specialized schedule
                          the warp schedulers interleave the consumers, FA3's ping-pong without barriers). Its
                          tiles are fixed: 64 Q rows per consumer, 128 keys (64 at D = 256); the fields above
                          apply to the portable kernel, which runs every call the Gluon kernel does not take.
-                         The default on sm_90 (prefill); False elsewhere.
+                         In split-KV decode, the Gluon split pass of ``gluon_decode.py`` where it applies (one
+                         query token, dense or paged K/V TMA reads in place, D 64/128, few sequences x KV
+                         heads: the latency-bound regime); the combine kernel merges its partials.
+                         The default on sm_90 (prefill and decode); False elsewhere.
 ``consumer_warpgroups``  consumers per block with ``warp_specialized``: 2 (128 rows, 240 registers each) or 3
                          (192 rows, 160 registers; D = 64 only); None = the measured rule (3 at D = 64 except
                          masked calls of at most 4096 queries).
@@ -193,9 +196,11 @@ def default_config(depth: int, dtype: torch.dtype, device: torch.device, *, deco
                          rescale_threshold=8.0, poly_exp2_fraction=0.0, **common)
     major = capability[0]
     if decode:
-        # Two warps per program at D <= 128: more programs resident per SM, which large batches need.
+        # Two warps per program at D <= 128: more programs resident per SM, which large batches need. On sm_90
+        # ``warp_specialized`` lets the Gluon split pass take the latency-bound calls (gluon_decode.py).
         return FA4Config(BM=16, BN=64 if depth <= 128 else 32, num_q_tiles=1, num_kv_stages=3,
-                         num_warps=2 if depth <= 128 else 4, rescale_threshold=8.0, **common)
+                         num_warps=2 if depth <= 128 else 4, rescale_threshold=8.0, warp_specialized=major == 9,
+                         **common)
     if major >= 10:
         # Compiled for sm_100a, never run on a Blackwell GPU (docs/blackwell.md). Each Q tile keeps S, P
         # and O in tensor memory (Triton does not alias P onto S as the seed does), so two tiles need
