@@ -510,17 +510,25 @@ def test_ragged_bad_cu_seqlens_match_the_portable_kernel(gluon_launches):
 
 @pytest.fixture
 def decode_launches(monkeypatch):
-    """The Gluon split pass's launches, as ``paged`` flags (so that a test knows lk.attention took it)."""
+    """The Gluon split pass's launches, as ``paged`` flags (so that a test knows lk.attention took it). Plans are
+    forgotten first, so that every plan of the test binds the pass through the counting wrapper."""
+    from llmkernels._launch import clear_plans
     from llmkernels.attention import gluon_decode
 
     calls = []
-    launch = gluon_decode.launch
+    bind_launch = gluon_decode.bind_launch
 
-    def counting(*args, **kwargs):
-        calls.append(kwargs.get("paged") is not None)
-        return launch(*args, **kwargs)
-    monkeypatch.setattr(gluon_decode, "launch", counting)
-    return calls
+    def counting_bind(*args, **kwargs):
+        bound, paged = bind_launch(*args, **kwargs), kwargs.get("paged") is not None
+
+        def run(*tensors):
+            calls.append(paged)
+            return bound(*tensors)
+        return run
+    monkeypatch.setattr(gluon_decode, "bind_launch", counting_bind)
+    clear_plans()
+    yield calls
+    clear_plans()
 
 
 @pytest.mark.parametrize("page_size", [16, 64, 256])

@@ -562,7 +562,7 @@ class _Plan:
         # K and V through tensor descriptors (TMA on sm90+) where their layout allows it (seen at bind)
         self.tma_kv = (config.tma_kv and not call.paged and call.head_dim == self.head_dim_pad
                        and _tma_capable(call.device))
-        self.forward = self.combine = None
+        self.forward = self.combine = self.decode_pass = None
         # one-element tensors for the pointers a compiled variant never reads (shared, never written)
         self.dummies = (_dummy(call.device, torch.int32), _dummy(call.device, torch.float32))
 
@@ -614,9 +614,10 @@ class _Plan:
                     cu_seqlens_k.contiguous() if self.ragged and not self.paged else int_dummy,
                     seqlens, kv_starts, block_table, sinks, slopes, attn_mask, k, v)
         if self.gluon_decode is not None:
-            with torch.cuda.device(device):
-                self.gluon_decode.launch(q, k, v, o_partial, lse_partial, float(self.softmax_scale),
-                                         paged=(block_table, seqlens) if self.paged else None)
+            if not self.paged:
+                block_table = seqlens = lse_partial  # what the dense variant's unread pointers were bound to
+            tensors = (q, k, v, o_partial, lse_partial, block_table, seqlens)
+            (self.decode_pass or self._bind_decode_pass(tensors))(*tensors)
         else:
             (self.forward or self._bind_forward(pointers, out, lse))(*pointers)
         if self.partials:
@@ -680,6 +681,12 @@ class _Plan:
             num_warps=config.num_warps, num_stages=config.num_kv_stages,
         )
         return self.forward
+
+    def _bind_decode_pass(self, tensors) -> BoundKernel:
+        q, k, v, o_partial, lse_partial, block_table, seqlens = tensors
+        self.decode_pass = self.gluon_decode.bind_launch(q, k, v, o_partial, lse_partial, float(self.softmax_scale),
+                                                         paged=(block_table, seqlens) if self.paged else None)
+        return self.decode_pass
 
     def _bind_combine(self, pointers) -> BoundKernel:
         o_partial, lse_partial, out, lse, sinks = pointers

@@ -19,9 +19,10 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from .._launch import BoundKernel, bind
 from .gluon_hopper import DTYPES, LOG2E, _load_kv_tile, _nvmma_layout, _store_layout, tma_ready
 
-__all__ = ["supports", "launch", "TILE_N", "MAX_HEAD_PROGRAMS"]
+__all__ = ["supports", "bind_launch", "compile_for_sm90", "TILE_N", "MAX_HEAD_PROGRAMS"]
 
 TILE_N = 64  # keys per K / V tile (the portable decode's BN, so both split a sequence alike)
 STAGES = 2  # K / V tiles in flight per program (three measured no faster at B = 1, H100)
@@ -157,7 +158,7 @@ def _decode_split_kernel(q_ptr, k_desc, v_desc, o_part_ptr, lse_part_ptr, block_
 
 
 def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, paged: bool, num_head_programs: int) -> bool:
-    """Whether :func:`launch` runs this split pass: an sm_90 GPU, fp16/bf16 q ``[B, 1, Hq, D]`` with D in
+    """Whether :func:`bind_launch` runs this split pass: an sm_90 GPU, fp16/bf16 q ``[B, 1, Hq, D]`` with D in
     {64, 128}, k / v of q's dtype (dense ``[B, Skv, Hkv, D]`` or, ``paged``, the pages ``[num_pages, page_size,
     Hkv, D]``) that TMA reads in place (:func:`gluon_hopper.tma_ready`: never copied, a cache is large), at
     most 64 q heads per KV head, and at most ``MAX_HEAD_PROGRAMS`` (sequence, KV head) pairs (more fill the GPU
@@ -185,17 +186,20 @@ def _descriptor(t: torch.Tensor, box_rows: int) -> TensorDescriptor:
                             _nvmma_layout(block, DTYPES[t.dtype]))
 
 
-def launch(q, k, v, o_partial, lse_partial, softmax_scale: float, *,
-           paged: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
-    """Writes every split's partial O and base-2 LSE (the combine kernel's inputs) for inputs :func:`supports`
-    accepts. q ``[B, 1, Hq, D]`` (D unit-stride); k, v dense ``[B, Skv, Hkv, D]`` or, with ``paged =
-    (block_table, seqlens)`` (int32 ``[B, max_pages]`` with unit stride along a row, int32 ``[B]`` contiguous;
-    read clamped), the pages ``[num_pages, page_size, Hkv, D]``; o_partial float32 ``[splits, B, 1, Hq, D]``
-    and lse_partial float32 ``[splits, B, Hq, 1]`` (any strides, D unit-stride); the split count is
-    ``o_partial.shape[0]``. No checks, no sync (CUDA-graph capturable)."""
+def bind_launch(q, k, v, o_partial, lse_partial, softmax_scale: float, *,
+                paged: tuple[torch.Tensor, torch.Tensor] | None = None) -> BoundKernel:
+    """The split pass for inputs :func:`supports` accepts, bound (compiled, descriptors laid out) on these tensors;
+    call the result with ``(q, k, v, o_partial, lse_partial, block_table, seqlens)`` of any call of the same
+    signature (dense K/V: ``lse_partial`` twice more in place of the unread block table and seqlens). It writes
+    every split's partial O and base-2 LSE, the combine kernel's inputs.
+
+    q ``[B, 1, Hq, D]`` (D unit-stride); k, v dense ``[B, Skv, Hkv, D]`` or, with ``paged = (block_table,
+    seqlens)`` (int32 ``[B, max_pages]`` with unit stride along a row, int32 ``[B]`` contiguous; read clamped),
+    the pages ``[num_pages, page_size, Hkv, D]``; o_partial float32 ``[splits, B, 1, Hq, D]`` and lse_partial
+    float32 ``[splits, B, Hq, 1]`` (any strides, D unit-stride), ``splits = o_partial.shape[0]``. A call of the
+    bound kernel checks nothing and does not sync (CUDA-graph capturable)."""
     batch, _, num_q_heads, head_dim = q.shape
     num_kv_heads = k.shape[2]
-    num_splits = o_partial.shape[0]
     dtype = DTYPES[q.dtype]
     if paged is not None:
         block_table, seqlens = paged
@@ -206,13 +210,13 @@ def launch(q, k, v, o_partial, lse_partial, softmax_scale: float, *,
         block_table = seqlens = lse_partial  # pointers the dense variant never reads
         num_pages = page_size = max_pages = stride_block_table = 0
         seqlen_kv, box = k.shape[1], TILE_N
-    if batch * num_kv_heads == 0:
-        return
-    _decode_split_kernel[(batch * num_kv_heads, num_splits)](
+    return bind(
+        _decode_split_kernel, (batch * num_kv_heads, o_partial.shape[0]),
         q, _descriptor(k, box), _descriptor(v, box), o_partial, lse_partial, block_table, seqlens,
         q.stride(0), q.stride(2), stride_block_table, max_pages, num_pages, seqlen_kv, num_kv_heads,
-        num_q_heads // num_kv_heads, num_splits, o_partial.stride(0), o_partial.stride(1), o_partial.stride(3),
-        lse_partial.stride(0), lse_partial.stride(1), lse_partial.stride(2), softmax_scale * LOG2E,
+        num_q_heads // num_kv_heads, o_partial.shape[0], o_partial.stride(0), o_partial.stride(1),
+        o_partial.stride(3), lse_partial.stride(0), lse_partial.stride(1), lse_partial.stride(2),
+        softmax_scale * LOG2E,
         TILE=TILE_N, STAGES=STAGES, PAGE_SIZE=page_size, Q_LAYOUT=_nvmma_layout([ROWS, head_dim], dtype),
         KV_LAYOUT=_nvmma_layout([TILE_N, head_dim], dtype), num_warps=4)
 
