@@ -644,6 +644,72 @@ def test_gpu_ragged_masks(device):
 
 
 @pytest.mark.skipif(not interpreting(), reason="CPU tensors through the interpreter (a stand-in for the GPU kernel)")
+def test_gluon_decode_dispatch(monkeypatch):
+    """The plan's hand-over to the Hopper Gluon split pass for decode, checked on the CPU with the pass replaced by a
+    stand-in that writes known partials (O = 1, LSE = 0; the real combine merges them to 1): one query token over a
+    paged cache (causal or not) or dense K/V takes it, with the pages, block table and key counts (dense: the LSE
+    partials in those two slots) and partials ``[splits, B, 1, Hq, D]`` / ``[splits, B, Hq, 1]``. A window that
+    hides keys, two query tokens, one split, a softcap, key starts, more (sequence, KV head) pairs than
+    ``MAX_HEAD_PROGRAMS``, more than 64 q heads per KV head, pages TMA cannot read and a config without
+    ``warp_specialized`` take the portable pass, whose results match the reference."""
+    from llmkernels._launch import clear_plans
+    from llmkernels.attention import gluon_decode
+
+    seen = []
+
+    def stand_in_bind(q, k, v, o_partial, lse_partial, softmax_scale, *, paged=None):
+        def run(*tensors):
+            names = ("q", "k", "v", "o", "lse", "block_table", "seqlens")
+            seen.append(dict(zip(names, tensors), scale=softmax_scale, paged=paged is not None))
+            tensors[3].fill_(1.0)
+            tensors[4].fill_(0.0)
+        return run
+
+    monkeypatch.setattr(attention_api, "_runs_gluon", lambda device: True)
+    monkeypatch.setattr(gluon_decode, "_on_sm90", lambda device: True)
+    monkeypatch.setattr(gluon_decode, "bind_launch", stand_in_bind)
+    clear_plans()
+    config = FA4Config(BM=16, BN=16, num_kv_stages=1, warp_specialized=True)
+    cache = _paged_cache([40, 60], 16, 2, 64, torch.bfloat16, "cpu")
+    q = torch.randn(2, 1, 8, 64, dtype=torch.bfloat16)
+    for causal in (False, True):
+        out = attention(q, None, None, kv_cache=cache, causal=causal, config=config, softmax_scale=0.5)
+        assert torch.equal(out, torch.ones_like(q))
+        call = seen[-1]
+        assert call["q"] is q and call["k"] is cache.k_pages and call["v"] is cache.v_pages and call["paged"]
+        assert call["block_table"] is cache.block_table and call["seqlens"] is cache.seqlens and call["scale"] == 0.5
+        splits = call["o"].shape[0]
+        assert splits > 1 and call["o"].shape == (splits, 2, 1, 8, 64) and call["lse"].shape == (splits, 2, 8, 1)
+    k, v = torch.randn(2, 50, 2, 64, dtype=torch.bfloat16), torch.randn(2, 50, 2, 64, dtype=torch.bfloat16)
+    assert torch.equal(attention(q, k, v, config=config), torch.ones_like(q))
+    call = seen[-1]
+    assert call["k"] is k and call["v"] is v and not call["paged"]
+    assert call["block_table"] is call["lse"] and call["seqlens"] is call["lse"]
+
+    handed_over = len(seen)
+    starts = PagedKVCache(cache.k_pages, cache.v_pages, cache.block_table, cache.seqlens,
+                          torch.tensor([3, 0], dtype=torch.int32))
+    many = _paged_cache([20] * 9, 16, 2, 64, torch.bfloat16, "cpu")  # 18 (sequence, KV head) pairs
+    strided = PagedKVCache(cache.k_pages.transpose(2, 3).contiguous().transpose(2, 3), cache.v_pages,
+                           cache.block_table, cache.seqlens)
+    portable_calls = [
+        (q, dict(kv_cache=cache, mask=SlidingWindow(5, 0))),
+        (torch.randn(2, 2, 8, 64, dtype=torch.bfloat16), dict(kv_cache=cache, causal=True)),
+        (q, dict(kv_cache=cache, num_splits=1)),
+        (q, dict(kv_cache=cache, score_mod=softcap(30.0))),
+        (q, dict(kv_cache=starts)),
+        (torch.randn(9, 1, 8, 64, dtype=torch.bfloat16), dict(kv_cache=many)),
+        (torch.randn(2, 1, 130, 64, dtype=torch.bfloat16), dict(kv_cache=cache)),
+        (q, dict(kv_cache=strided)),
+        (q, dict(kv_cache=cache, config=FA4Config(BM=16, BN=16, num_kv_stages=1))),
+    ]
+    for q_call, kwargs in portable_calls:
+        _check(q_call, None, None, **{"config": config, **kwargs}, tolerance=2e-2, what=str(sorted(kwargs)))
+    assert len(seen) == handed_over, "a call the Gluon pass does not take was handed over"
+    clear_plans()
+
+
+@pytest.mark.skipif(not interpreting(), reason="CPU tensors through the interpreter (a stand-in for the GPU kernel)")
 def test_gluon_dispatch_hands_over_tma_readable_tensors(monkeypatch):
     """The plan's hand-over to the Hopper Gluon kernel, checked on the CPU with a stand-in module: the window
     (causal: ``(UNBOUNDED, 0)``), the config's consumer count, and q/k/v that TMA could not read in place (here:

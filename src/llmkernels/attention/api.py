@@ -455,6 +455,11 @@ def _strides3(t: torch.Tensor, ragged: bool) -> tuple[int, int, int]:
     return (0, t.stride(0), t.stride(1)) if ragged else (t.stride(0), t.stride(1), t.stride(2))
 
 
+def _runs_gluon(device: torch.device) -> bool:
+    """Whether the Gluon kernels for Hopper can run on ``device``: an sm_90 GPU, not the interpreter."""
+    return not interpreting() and cuda_capability(device) == (9, 0)
+
+
 def _gluon_hopper(call: CheckedCall, q, k, v, split: bool, has_sinks: bool, config: FA4Config):
     """The warp-specialized Gluon kernel module (``gluon_hopper``) when it runs this call, else None: a config
     with ``warp_specialized`` (sm_90's default), an sm_90 GPU (not the interpreter), dense or ragged q and k/v,
@@ -462,10 +467,9 @@ def _gluon_hopper(call: CheckedCall, q, k, v, split: bool, has_sinks: bool, conf
     score_mod, sinks or mask tensor, and what :func:`gluon_hopper.supports` (``supports_ragged``,
     ``supports_paged``) asks of dtypes, head dim and strides."""
     spec = call.mask_spec
-    if (not config.warp_specialized or interpreting() or call.kv_starts or split or has_sinks
-            or spec.has_chunk
+    if (not config.warp_specialized or call.kv_starts or split or has_sinks or spec.has_chunk
             or spec.mask_mod is not None or call.mask_kind != "none" or call.mod_spec.kind != SCORE_MOD_NONE
-            or cuda_capability(call.device) != (9, 0)):
+            or not _runs_gluon(call.device)):
         return None
     try:  # Gluon's Hopper modules (Triton >= 3.5); without them the portable kernel runs
         from . import gluon_hopper
@@ -488,10 +492,9 @@ def _gluon_decode(call: CheckedCall, q, k, v, partials: bool, config: FA4Config)
     or mask tensor, no key starts, and what :func:`gluon_decode.supports` asks (k, v: a paged cache's pages)."""
     spec = call.mask_spec
     whole = not spec.has_window or (spec.window_left >= call.kv_bound and spec.window_right >= 0)
-    if (not config.warp_specialized or interpreting() or not partials or call.ragged or call.kv_starts
+    if (not config.warp_specialized or not partials or call.ragged or call.kv_starts
             or call.q_bound != 1 or not whole or spec.has_chunk or spec.mask_mod is not None
-            or call.mask_kind != "none" or call.mod_spec.kind != SCORE_MOD_NONE
-            or cuda_capability(call.device) != (9, 0)):
+            or call.mask_kind != "none" or call.mod_spec.kind != SCORE_MOD_NONE or not _runs_gluon(call.device)):
         return None
     try:  # Gluon's Hopper modules (Triton >= 3.5); without them the portable kernel runs
         from . import gluon_decode

@@ -157,6 +157,10 @@ def _decode_split_kernel(q_ptr, k_desc, v_desc, o_part_ptr, lse_part_ptr, block_
     gl.store(lse_base + (kv_head * group + lse_rows).to(gl.int64) * stride_lh, lse, mask=lse_rows < group)
 
 
+def _on_sm90(device: torch.device) -> bool:
+    return device.type == "cuda" and torch.cuda.get_device_capability(device) == (9, 0)
+
+
 def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, paged: bool, num_head_programs: int) -> bool:
     """Whether :func:`bind_launch` runs this split pass: an sm_90 GPU, fp16/bf16 q ``[B, 1, Hq, D]`` with D in
     {64, 128}, k / v of q's dtype (dense ``[B, Skv, Hkv, D]`` or, ``paged``, the pages ``[num_pages, page_size,
@@ -168,7 +172,7 @@ def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, paged: bool, 
         return False
     if q.shape[1] != 1 or q.shape[3] not in HEAD_DIMS or k.shape[3] != q.shape[3] or v.shape != k.shape:
         return False
-    if q.device.type != "cuda" or torch.cuda.get_device_capability(q.device) != (9, 0):
+    if not _on_sm90(q.device):
         return False
     num_q_heads, num_kv_heads = q.shape[2], k.shape[2]
     if num_kv_heads == 0 or num_q_heads % num_kv_heads or num_q_heads // num_kv_heads > ROWS:
