@@ -157,7 +157,7 @@ def test_page_offsets_in_int64_give_the_int32_bits(device, monkeypatch):
 @pytest.mark.parametrize("page_size,block_n", [(16, 16), (32, 16), (64, 16), (16, 32)])
 def test_page_aligned_tiles_give_the_gather_bits(device, page_size, block_n):
     """A tile inside one page (page_size >= BN, no ``starts``) reads one clamped page id per tile
-    (``load_page_aligned_tile``); the per-row gather, which ``starts`` (all 0 here) and pages smaller than a tile
+    (``page_aligned_tile_ptrs``); the per-row gather, which ``starts`` (all 0 here) and pages smaller than a tile
     take, must give the same bits, bad block-table entries (negative, past the pages) clamped alike. Decode over
     3 splits and a causal prefill, NaN-poisoned output buffers."""
     cache = _paged_cache([70, 1, 0, 33, 64], page_size, 2, 32, torch.bfloat16, device)

@@ -115,29 +115,19 @@ def online_softmax_update(acc, row_sum, row_max, scores, v,
 
 
 @triton.jit
-def load_page_aligned_tile(base_ptr, start_n, seqlen_k, head_offset, stride_page, stride_row, block_table_row,
-                           num_pages, dims, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
-                           BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, MASKED: tl.constexpr,
-                           PAGE_OFFSETS_64: tl.constexpr):
-    """Paged K or V keys ``[start_n, start_n + BLOCK_N)`` -> ``[BLOCK_N, HEAD_DIM_PAD]`` when the tile lies inside
+def page_aligned_tile_ptrs(base_ptr, start_n, head_offset, stride_page, stride_row, block_table_row, num_pages, dims,
+                           BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGE_OFFSETS_64: tl.constexpr):
+    """Pointers ``[BLOCK_N, HEAD_DIM_PAD]`` to paged keys ``[start_n, start_n + BLOCK_N)`` when the tile lies inside
     one page (``PAGE_SIZE >= BLOCK_N``, key 0 at the start of the sequence's first page, ``start_n`` a multiple
     of ``BLOCK_N``): one page id per tile, a scalar, instead of :func:`load_kv_tile`'s per-row gather of page
-    ids (whose addresses cost instructions and registers); the same values."""
+    ids (whose addresses cost instructions and registers); the same addresses."""
     page = tl.load(block_table_row + start_n // PAGE_SIZE)  # start_n < seqlen_k <= the table's width in keys
     page = tl.minimum(tl.maximum(page, 0), num_pages - 1)
     if PAGE_OFFSETS_64:
         page = page.to(tl.int64)
     tile_base = page * stride_page + (start_n % PAGE_SIZE) * stride_row + head_offset  # a scalar
     offsets = tl.arange(0, BLOCK_N)[:, None] * stride_row + dims[None, :]  # the same for every tile
-    ptrs = base_ptr + tile_base + offsets
-    keys = start_n + tl.arange(0, BLOCK_N)
-    if MASKED:
-        tile = tl.load(ptrs, mask=(keys < seqlen_k)[:, None] & (dims < HEAD_DIM)[None, :], other=0.0)
-    elif HEAD_DIM != HEAD_DIM_PAD:
-        tile = tl.load(ptrs, mask=(dims < HEAD_DIM)[None, :], other=0.0)
-    else:
-        tile = tl.load(ptrs)
-    return tile
+    return base_ptr + tile_base + offsets
 
 
 @triton.jit
@@ -154,24 +144,24 @@ def load_kv_tile(base_ptr, batch_offset, kv_start, start_n, seqlen_k, head_offse
     can make the load leave the pages. ``PAGE_OFFSETS_64``: page offsets in int64 (False: every element offset
     of the pages fits in int32, which halves the gather's address registers). ``PAGE_ALIGNED``: ``kv_start``
     is 0 and ``start_n`` a multiple of ``BLOCK_N``, so with pages of at least ``BLOCK_N`` keys
-    :func:`load_page_aligned_tile` reads the tile."""
-    if PAGED and PAGE_ALIGNED and PAGE_SIZE >= BLOCK_N:
-        return load_page_aligned_tile(base_ptr, start_n, seqlen_k, head_offset, stride_page, stride_row,
-                                      block_table_row, num_pages, dims, HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, PAGE_SIZE,
-                                      MASKED, PAGE_OFFSETS_64)
+    :func:`page_aligned_tile_ptrs` forms the tile's addresses."""
     kv_raw = start_n + tl.arange(0, BLOCK_N)
     in_range = kv_raw < seqlen_k
-    if PAGED:
-        position = kv_start + kv_raw
-        page = tl.load(block_table_row + position // PAGE_SIZE, mask=in_range, other=0)
-        page = tl.minimum(tl.maximum(page, 0), num_pages - 1)
-        if PAGE_OFFSETS_64:
-            rows = page.to(tl.int64) * stride_page + (position % PAGE_SIZE) * stride_row
-        else:
-            rows = page * stride_page + (position % PAGE_SIZE) * stride_row
+    if PAGED and PAGE_ALIGNED and PAGE_SIZE >= BLOCK_N:
+        ptrs = page_aligned_tile_ptrs(base_ptr, start_n, head_offset, stride_page, stride_row, block_table_row,
+                                      num_pages, dims, BLOCK_N, PAGE_SIZE, PAGE_OFFSETS_64)
     else:
-        rows = batch_offset + (kv_start.to(tl.int64) + kv_raw) * stride_row
-    ptrs = base_ptr + rows[:, None] + head_offset + dims[None, :]
+        if PAGED:
+            position = kv_start + kv_raw
+            page = tl.load(block_table_row + position // PAGE_SIZE, mask=in_range, other=0)
+            page = tl.minimum(tl.maximum(page, 0), num_pages - 1)
+            if PAGE_OFFSETS_64:
+                rows = page.to(tl.int64) * stride_page + (position % PAGE_SIZE) * stride_row
+            else:
+                rows = page * stride_page + (position % PAGE_SIZE) * stride_row
+        else:
+            rows = batch_offset + (kv_start.to(tl.int64) + kv_raw) * stride_row
+        ptrs = base_ptr + rows[:, None] + head_offset + dims[None, :]
     if MASKED:
         tile = tl.load(ptrs, mask=in_range[:, None] & (dims < HEAD_DIM)[None, :], other=0.0)
     elif HEAD_DIM != HEAD_DIM_PAD:
