@@ -653,7 +653,7 @@ def test_gluon_decode_dispatch(monkeypatch):
     ``MAX_HEAD_PROGRAMS``, more than 64 q heads per KV head, pages TMA cannot read and a config without
     ``warp_specialized`` take the portable pass, whose results match the reference."""
     from llmkernels._launch import clear_plans
-    from llmkernels.attention import gluon_decode
+    from llmkernels.attention import gluon_decode, gluon_hopper
 
     seen = []
 
@@ -666,7 +666,8 @@ def test_gluon_decode_dispatch(monkeypatch):
         return run
 
     monkeypatch.setattr(attention_api, "_runs_gluon", lambda device: True)
-    monkeypatch.setattr(gluon_decode, "_on_sm90", lambda device: True)
+    monkeypatch.setattr(gluon_hopper, "_on_sm90", lambda device: True)
+    monkeypatch.setattr(attention_api, "_gluon_hopper", lambda *args: None)  # one split: the portable one-pass
     monkeypatch.setattr(gluon_decode, "bind_launch", stand_in_bind)
     clear_plans()
     config = FA4Config(BM=16, BN=16, num_kv_stages=1, warp_specialized=True)

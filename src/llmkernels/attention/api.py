@@ -500,7 +500,8 @@ def _gluon_decode(call: CheckedCall, q, k, v, partials: bool, config: FA4Config)
         from . import gluon_decode
     except ImportError:
         return None
-    supported = gluon_decode.supports(q, k, v, paged=call.paged, num_head_programs=call.batch * call.num_kv_heads)
+    supported = gluon_decode.supports(q, k, v, call.softmax_scale, paged=call.paged,
+                                      num_head_programs=call.batch * call.num_kv_heads)
     return gluon_decode if supported else None
 
 

@@ -20,7 +20,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from .._launch import BoundKernel, bind
-from .gluon_hopper import DTYPES, LOG2E, _load_kv_tile, _nvmma_layout, _store_layout, tma_ready
+from .gluon_hopper import (DTYPES, LOG2E, _descriptor, _load_kv_tile, _nvmma_layout, _softmax_tile, _store_layout,
+                           _supported, tma_ready)
 
 __all__ = ["supports", "bind_launch", "compile_for_sm90", "TILE_N", "MAX_HEAD_PROGRAMS"]
 
@@ -107,7 +108,7 @@ def _decode_split_kernel(q_ptr, k_desc, v_desc, o_part_ptr, lse_part_ptr, block_
     acc = gl.zeros([64, HEAD_DIM], gl.float32, layout=o_layout)
     m_i = gl.full([64], float("-inf"), gl.float32, layout=row_layout)
     l_i = gl.full([64], 0.0, gl.float32, layout=row_layout)
-    key_cols = gl.arange(0, TILE, layout=gl.SliceLayout(0, s_layout))
+    geometry = (1, seqlen, seqlen - 1, 0, 0)  # one query, at the sequence's end; keys past seqlen masked, no window
     for i in range(n):
         stage = i % STAGES
         phase = (i // STAGES) & 1
@@ -115,13 +116,7 @@ def _decode_split_kernel(q_ptr, k_desc, v_desc, o_part_ptr, lse_part_ptr, block_
         mbarrier.wait(k_ready.index(stage), phase)
         s = warpgroup_mma(q_smem, k_smem.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
-        s = gl.where(gl.expand_dims(key + key_cols < seqlen, 0), s, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(s, axis=1))
-        m_scaled = gl.where(m_new == float("-inf"), 0.0, m_new * qk_scale)
-        alpha = gl.exp2(m_i * qk_scale - m_scaled)
-        p = gl.exp2(gl.fma(s, qk_scale, -gl.expand_dims(m_scaled, 1)))
-        l_i = l_i * alpha + gl.sum(p, axis=1)
-        m_i = m_new
+        p, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, t0 + i, 0, geometry, qk_scale, True, False)
         acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
         mbarrier.wait(v_ready.index(stage), phase)
         if PAGE_SIZE > 0:
@@ -157,37 +152,23 @@ def _decode_split_kernel(q_ptr, k_desc, v_desc, o_part_ptr, lse_part_ptr, block_
     gl.store(lse_base + (kv_head * group + lse_rows).to(gl.int64) * stride_lh, lse, mask=lse_rows < group)
 
 
-def _on_sm90(device: torch.device) -> bool:
-    return device.type == "cuda" and torch.cuda.get_device_capability(device) == (9, 0)
-
-
-def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, paged: bool, num_head_programs: int) -> bool:
-    """Whether :func:`bind_launch` runs this split pass: an sm_90 GPU, fp16/bf16 q ``[B, 1, Hq, D]`` with D in
-    {64, 128}, k / v of q's dtype (dense ``[B, Skv, Hkv, D]`` or, ``paged``, the pages ``[num_pages, page_size,
-    Hkv, D]``) that TMA reads in place (:func:`gluon_hopper.tma_ready`: never copied, a cache is large), at
-    most 64 q heads per KV head, and at most ``MAX_HEAD_PROGRAMS`` (sequence, KV head) pairs (more fill the GPU
-    without splits, where the portable pass measured faster). The caller rules out masks other than a causal
-    mask (which one bottom-right query does not restrict), score mods, ragged q and key starts."""
-    if q.dtype not in DTYPES or k.dtype != q.dtype or v.dtype != q.dtype or q.dim() != 4 or k.dim() != 4:
+def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float, *, paged: bool,
+             num_head_programs: int) -> bool:
+    """Whether :func:`bind_launch` runs this split pass: what every Gluon layout asks
+    (:func:`gluon_hopper._supported`: an sm_90 GPU, fp16/bf16, ``Hq`` a multiple of ``Hkv``, a positive scale),
+    and q ``[B, 1, Hq, D]`` with D in {64, 128}, k / v (dense ``[B, Skv, Hkv, D]`` or, ``paged``, the pages
+    ``[num_pages, page_size, Hkv, D]``) alike and read by TMA in place (:func:`gluon_hopper.tma_ready`: never
+    copied, a cache is large), at most 64 q heads per KV head, and at most ``MAX_HEAD_PROGRAMS`` (sequence,
+    KV head) pairs (more fill the GPU without splits, where the portable pass measured faster). The caller rules
+    out masks other than a causal mask (which one bottom-right query does not restrict), score mods, ragged q
+    and key starts."""
+    if not _supported(q, k, softmax_scale, 0) or v.shape != k.shape or v.dtype != k.dtype:
         return False
-    if q.shape[1] != 1 or q.shape[3] not in HEAD_DIMS or k.shape[3] != q.shape[3] or v.shape != k.shape:
-        return False
-    if not _on_sm90(q.device):
-        return False
-    num_q_heads, num_kv_heads = q.shape[2], k.shape[2]
-    if num_kv_heads == 0 or num_q_heads % num_kv_heads or num_q_heads // num_kv_heads > ROWS:
+    if q.shape[1] != 1 or q.shape[3] not in HEAD_DIMS or q.shape[2] // k.shape[2] > ROWS:
         return False
     if paged and k.shape[0] == 0:
         return False
     return num_head_programs <= MAX_HEAD_PROGRAMS and tma_ready(k) and tma_ready(v)
-
-
-def _descriptor(t: torch.Tensor, box_rows: int) -> TensorDescriptor:
-    """``[B or pages, S or page_size, H * D]`` with t's own strides, box ``[1, box_rows, D]``."""
-    outer, rows, heads, head_dim = t.shape
-    block = [1, box_rows, head_dim]
-    return TensorDescriptor(t, [outer, rows, heads * head_dim], [t.stride(0), t.stride(1), 1], block,
-                            _nvmma_layout(block, DTYPES[t.dtype]))
 
 
 def bind_launch(q, k, v, o_partial, lse_partial, softmax_scale: float, *,

@@ -587,6 +587,10 @@ def as_tma_ready(t: torch.Tensor) -> torch.Tensor:
     return t if tma_ready(t) else t.clone(memory_format=torch.contiguous_format)
 
 
+def _on_sm90(device: torch.device) -> bool:
+    return device.type == "cuda" and torch.cuda.get_device_capability(device) == (9, 0)
+
+
 def _supported(q: torch.Tensor, kv: torch.Tensor, softmax_scale: float, work_tiles: int) -> bool:
     """What every layout asks: an sm_90 GPU, fp16/bf16 ``[B, Sq, Hq, D]`` q and 4-D keys/values ``kv`` of q's
     dtype with ``D`` in {64, 128, 256}, ``Hq`` a multiple of ``Hkv``, at most 2**31 - 2**20 Q blocks of 128 rows
@@ -595,7 +599,7 @@ def _supported(q: torch.Tensor, kv: torch.Tensor, softmax_scale: float, work_til
         return False
     if q.shape[3] not in HEAD_DIMS or kv.shape[3] != q.shape[3]:
         return False
-    if q.device.type != "cuda" or torch.cuda.get_device_capability(q.device) != (9, 0):
+    if not _on_sm90(q.device):
         return False
     num_q_heads, num_kv_heads = q.shape[2], kv.shape[2]
     return num_kv_heads >= 1 and num_q_heads % num_kv_heads == 0 and work_tiles <= MAX_WORK_TILES and softmax_scale > 0
