@@ -460,16 +460,21 @@ def _runs_gluon(device: torch.device) -> bool:
     return not interpreting() and cuda_capability(device) == (9, 0)
 
 
+def _gluon_eligible(call: CheckedCall, config: FA4Config) -> bool:
+    """What both Gluon paths ask of a call: a config with ``warp_specialized``, :func:`_runs_gluon`, and no key
+    starts, chunked mask, mask_mod, mask tensor or score_mod."""
+    spec = call.mask_spec
+    return (config.warp_specialized and not call.kv_starts and not spec.has_chunk and spec.mask_mod is None
+            and call.mask_kind == "none" and call.mod_spec.kind == SCORE_MOD_NONE and _runs_gluon(call.device))
+
+
 def _gluon_hopper(call: CheckedCall, q, k, v, split: bool, has_sinks: bool, config: FA4Config):
     """The warp-specialized Gluon kernel module (``gluon_hopper``) when it runs this call, else None: a config
     with ``warp_specialized`` (sm_90's default), an sm_90 GPU (not the interpreter), dense or ragged q and k/v,
     or a paged cache without key starts (k, v: its pages), one pass, no mask but causal / a sliding window, no
     score_mod, sinks or mask tensor, and what :func:`gluon_hopper.supports` (``supports_ragged``,
     ``supports_paged``) asks of dtypes, head dim and strides."""
-    spec = call.mask_spec
-    if (not config.warp_specialized or call.kv_starts or split or has_sinks or spec.has_chunk
-            or spec.mask_mod is not None or call.mask_kind != "none" or call.mod_spec.kind != SCORE_MOD_NONE
-            or not _runs_gluon(call.device)):
+    if split or has_sinks or not _gluon_eligible(call, config):
         return None
     try:  # Gluon's Hopper modules (Triton >= 3.5); without them the portable kernel runs
         from . import gluon_hopper
@@ -492,9 +497,7 @@ def _gluon_decode(call: CheckedCall, q, k, v, partials: bool, config: FA4Config)
     or mask tensor, no key starts, and what :func:`gluon_decode.supports` asks (k, v: a paged cache's pages)."""
     spec = call.mask_spec
     whole = not spec.has_window or (spec.window_left >= call.kv_bound and spec.window_right >= 0)
-    if (not config.warp_specialized or not partials or call.ragged or call.kv_starts
-            or call.q_bound != 1 or not whole or spec.has_chunk or spec.mask_mod is not None
-            or call.mask_kind != "none" or call.mod_spec.kind != SCORE_MOD_NONE or not _runs_gluon(call.device)):
+    if not partials or call.ragged or call.q_bound != 1 or not whole or not _gluon_eligible(call, config):
         return None
     try:  # Gluon's Hopper modules (Triton >= 3.5); without them the portable kernel runs
         from . import gluon_decode
