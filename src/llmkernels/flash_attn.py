@@ -4,25 +4,35 @@
 :func:`flash_attn_func`, :func:`flash_attn_varlen_func` and :func:`flash_attn_with_kvcache` take flash-attn 2.8's
 arguments, names, defaults, layouts and return values, plus FA3's ``attention_chunk``, ``num_splits``,
 ``seqused_k`` and ``page_table`` (an alias of ``block_table``) and FA4's ``learnable_sink`` (keyword-only).
-Forward only: ``dropout_p > 0`` and inputs that require grad raise. ``return_attn_probs=True`` returns
-``(out, softmax_lse, None)``: the probabilities are not materialized. Head dims that are not a multiple of 16
-(our kernels' unit) are zero-padded on the way in by the dense and varlen functions (a copy of q, k and v);
+Forward only: ``dropout_p > 0`` and inputs that require grad (while grad mode is on) raise. ``return_attn_probs=True``
+returns ``(out, softmax_lse, None)``: the probabilities are not materialized. Head dims that are not a multiple of
+16 (our kernels' unit) are zero-padded on the way in by the dense and varlen functions (a copy of q, k and v);
 ``flash_attn_with_kvcache`` needs a multiple of 16 (padding would copy the whole cache every call).
+
+Every tensor argument may be any view (strided, expanded, offset): the result, and the cache after an append, have
+the bits of the contiguous call. ``flash_attn_with_kvcache`` checks its whole call before it writes the cache: a
+call that raises leaves every tensor as it was.
 
 Not yet supported, each raising ``NotImplementedError`` that names the argument: per-batch ``alibi_slopes``
 ``[B, H]``, softcap together with ALiBi.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
+from ._runtime import check_device, first_true, forward_only, has_internal_overlap
 from .attention import Chunked, PagedKVCache, SlidingWindow, alibi, softcap as softcap_mod
-from .attention.kv_append import append_to_cache, apply_rotary
+from .attention.api import check_attention
+from .attention.kv_append import append_to_cache, apply_rotary, check_rotary_tables
 from .attention.paged import SUPPORTED_PAGE_SIZES
 from .ops import attention
 
 __all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache"]
+
+_INT32_MAX = 2**31 - 1
 
 
 def _modifiers(causal, window_size, softcap, alibi_slopes, attention_chunk, dropout_p=0.0):
@@ -58,8 +68,17 @@ def _block_table(block_table, page_table):
     return block_table if block_table is not None else page_table
 
 
-def _sinks(learnable_sink):
-    return None if learnable_sink is None else learnable_sink.float()
+def _sinks(learnable_sink, q):
+    """FA4's ``learnable_sink`` ``[Hq]`` (any float dtype) as the float32 sinks of ``lk.attention``."""
+    if learnable_sink is None:
+        return None
+    if not isinstance(learnable_sink, torch.Tensor) or not learnable_sink.is_floating_point():
+        raise TypeError(f"learnable_sink must be a float tensor [Hq], got "
+                        f"{getattr(learnable_sink, 'dtype', type(learnable_sink).__name__)}")
+    num_q_heads = q.shape[-2] if isinstance(q, torch.Tensor) and q.dim() >= 2 else None
+    if learnable_sink.shape != (num_q_heads,):
+        raise ValueError(f"learnable_sink must be [Hq] = [{num_q_heads}], got shape {tuple(learnable_sink.shape)}")
+    return learnable_sink.float()
 
 
 def _splits(num_splits):
@@ -80,9 +99,11 @@ def _pad_head_dim(q, k, v, softmax_scale):
     """flash-attn takes any head dim up to 256, our kernels multiples of 16: q, k, v zero-padded to the next
     one (a copy of each; the scores are unchanged, the padded output columns are dropped), the softmax scale
     kept at ``1 / sqrt(D)`` of the caller's D."""
+    if any(not isinstance(t, torch.Tensor) or t.dim() < 1 for t in (q, k, v)):
+        return q, k, v, softmax_scale  # what llmkernels.attention names in its error
     head_dim = q.shape[-1]
-    if head_dim % 16 == 0 or head_dim > 256 or any(not isinstance(t, torch.Tensor) for t in (q, k, v)):
-        return q, k, v, softmax_scale  # what llmkernels.attention accepts or names in its error
+    if head_dim % 16 == 0 or head_dim > 256:
+        return q, k, v, softmax_scale
     pad = -head_dim % 16
     scale = softmax_scale if softmax_scale is not None else head_dim ** -0.5
     return F.pad(q, (0, pad)), F.pad(k, (0, pad)), F.pad(v, (0, pad)), scale
@@ -95,18 +116,46 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     multiple of Hkv) → out ``[B, Sq, Hq, D]``; with ``return_attn_probs`` ``(out, lse [B, Hq, Sq] float32,
     None)``. ``window_size=(left, right)`` (-1: unbounded), ``softcap`` (0: off), ``alibi_slopes`` float32
     ``[Hq]``, ``attention_chunk`` (FA3; 0: off), ``num_splits`` (0: heuristic), ``learnable_sink`` ``[Hq]``
-    natural-log sink logits (FA4). ``deterministic`` is accepted (the forward is deterministic).
+    natural-log sink logits (FA4; any float dtype). ``deterministic`` is accepted (the forward is deterministic).
 
     Raises:
-        ValueError: ``dropout_p != 0``, a bad ``window_size``, and what :func:`llmkernels.attention` raises.
+        TypeError: ``learnable_sink`` not a float tensor, and what :func:`llmkernels.attention` raises.
+        ValueError: ``dropout_p != 0``, a bad ``window_size``, ``learnable_sink`` not ``[Hq]``, an input that
+            requires grad (forward-only), and what :func:`llmkernels.attention` raises.
         NotImplementedError: ``[B, H]`` alibi slopes, softcap with ALiBi.
     """
     mask, score_mod = _modifiers(causal, window_size, softcap, alibi_slopes, attention_chunk, dropout_p)
-    head_dim = q.shape[-1]
+    forward_only("flash_attn_func", q=q, k=k, v=v, learnable_sink=learnable_sink)
+    sinks = _sinks(learnable_sink, q)
+    head_dim = q.shape[-1] if isinstance(q, torch.Tensor) and q.dim() >= 1 else None
     q, k, v, softmax_scale = _pad_head_dim(q, k, v, softmax_scale)
-    result = attention(q, k, v, causal=causal, mask=mask, score_mod=score_mod, sinks=_sinks(learnable_sink),
+    result = attention(q, k, v, causal=causal, mask=mask, score_mod=score_mod, sinks=sinks,
                        softmax_scale=softmax_scale, num_splits=_splits(num_splits), return_lse=return_attn_probs)
     return _results(result, return_attn_probs, True, head_dim)
+
+
+def _check_index_vector(name: str, tensor, length: int) -> None:
+    """``tensor``: an int32 tensor ``[length]`` (any strides)."""
+    if not isinstance(tensor, torch.Tensor) or tensor.dtype != torch.int32:
+        raise TypeError(f"{name} must be an int32 tensor [{length}], got "
+                        f"{getattr(tensor, 'dtype', type(tensor).__name__)}")
+    if tuple(tensor.shape) != (length,):
+        raise ValueError(f"{name} must be [{length}], got shape {tuple(tensor.shape)}")
+
+
+def _check_varlen_metadata(cu_seqlens_q, cu_seqlens_k, seqused_k) -> None:
+    """cu_seqlens_q / cu_seqlens_k int32 ``[B + 1]`` of one length, ``seqused_k`` int32 ``[B]``."""
+    for name, cu_seqlens in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dtype != torch.int32:
+            raise TypeError(f"{name} must be an int32 tensor [B + 1], got "
+                            f"{getattr(cu_seqlens, 'dtype', type(cu_seqlens).__name__)}")
+        if cu_seqlens.dim() != 1 or cu_seqlens.shape[0] < 1:
+            raise ValueError(f"{name} must be 1-D [B + 1], got shape {tuple(cu_seqlens.shape)}")
+    batch = cu_seqlens_q.shape[0] - 1
+    if cu_seqlens_k.shape[0] != batch + 1:
+        raise ValueError(f"cu_seqlens_k must have {batch + 1} entries like cu_seqlens_q, got {cu_seqlens_k.shape[0]}")
+    if seqused_k is not None:
+        _check_index_vector("seqused_k", seqused_k, batch)
 
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
@@ -116,32 +165,42 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     """flash-attn's ``flash_attn_varlen_func``: q ``[total_q, Hq, D]``, k / v ``[total_k, Hkv, D]`` with int32
     ``cu_seqlens_q`` / ``cu_seqlens_k`` ``[B + 1]`` → out ``[total_q, Hq, D]``; with ``return_attn_probs``
     ``(out, lse [Hq, total_q], None)``. ``seqused_k`` int32 ``[B]`` (FA3): sequence b attends only its first
-    ``seqused_k[b]`` keys (from row ``cu_seqlens_k[b]``; k / v are then read as pages, a copy when ``total_k``
-    is not a multiple of 16). With ``block_table`` (or ``page_table``) int32 ``[B, max_pages]``, k / v are pages
-    ``[num_pages, page_size, Hkv, D]`` and sequence b holds ``seqused_k[b]`` keys (default ``cu_seqlens_k[b + 1]
-    - cu_seqlens_k[b]``). The other arguments as :func:`flash_attn_func`.
+    ``seqused_k[b]`` keys (from row ``cu_seqlens_k[b]``, never past row ``total_k``; k / v are then read as
+    pages, a copy when ``total_k`` is not a multiple of 16). With ``block_table`` (or ``page_table``) int32
+    ``[B, max_pages]``, k / v are pages ``[num_pages, page_size, Hkv, D]`` and sequence b holds ``seqused_k[b]``
+    keys (default ``cu_seqlens_k[b + 1] - cu_seqlens_k[b]``). The other arguments as :func:`flash_attn_func`.
 
     Raises:
-        ValueError / NotImplementedError: as :func:`flash_attn_func`; both ``block_table`` and ``page_table``.
+        TypeError: ``cu_seqlens_q`` / ``cu_seqlens_k`` / ``seqused_k`` not int32 tensors; as :func:`flash_attn_func`.
+        ValueError: ``cu_seqlens_k`` of another length than ``cu_seqlens_q``, ``seqused_k`` not ``[B]``, both
+            ``block_table`` and ``page_table``; as :func:`flash_attn_func`.
+        NotImplementedError: as :func:`flash_attn_func`.
     """
     mask, score_mod = _modifiers(causal, window_size, softcap, alibi_slopes, attention_chunk, dropout_p)
     block_table = _block_table(block_table, page_table)
-    head_dim = q.shape[-1]
+    _check_varlen_metadata(cu_seqlens_q, cu_seqlens_k, seqused_k)
+    forward_only("flash_attn_varlen_func", q=q, k=k, v=v, learnable_sink=learnable_sink)
+    sinks = _sinks(learnable_sink, q)
+    head_dim = q.shape[-1] if isinstance(q, torch.Tensor) and q.dim() >= 1 else None
     q, k, v, softmax_scale = _pad_head_dim(q, k, v, softmax_scale)
-    common = dict(causal=causal, mask=mask, score_mod=score_mod, sinks=_sinks(learnable_sink),
+    common = dict(causal=causal, mask=mask, score_mod=score_mod, sinks=sinks,
                   softmax_scale=softmax_scale, num_splits=_splits(num_splits), return_lse=return_attn_probs,
                   cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
     if block_table is None and seqused_k is None:
         result = attention(q, k, v, cu_seqlens_k=cu_seqlens_k, **common)
     elif block_table is None:  # rows cu_seqlens_k[b] .. + seqused_k[b]: one run of pages every sequence shares
+        if not isinstance(k, torch.Tensor) or k.dim() != 3 or not isinstance(v, torch.Tensor) or v.shape != k.shape:
+            raise ValueError(f"k / v must be [total_k, Hkv, D] of one shape with seqused_k, got "
+                             f"{tuple(getattr(k, 'shape', ()))} / {tuple(getattr(v, 'shape', ()))}")
+        total_k = k.shape[0]
         k_pages, v_pages = _rows_as_pages(k), _rows_as_pages(v)
-        starts = cu_seqlens_k[:-1].to(torch.int32)
-        shared = torch.arange(k_pages.shape[0], dtype=torch.int32, device=q.device)
-        kv_cache = PagedKVCache(k_pages, v_pages, shared.expand(starts.shape[0], -1),
-                                (starts + seqused_k).to(torch.int32), starts)
+        starts = cu_seqlens_k[:-1].clamp(0, total_k)
+        ends = torch.minimum(seqused_k, total_k - starts) + starts  # never into the zero rows padding k to pages
+        shared = torch.arange(k_pages.shape[0], dtype=torch.int32, device=k.device)
+        kv_cache = PagedKVCache(k_pages, v_pages, shared.expand(starts.shape[0], -1), ends, starts)
         result = attention(q, None, None, kv_cache=kv_cache, **common)
     else:
-        seqlens = seqused_k if seqused_k is not None else (cu_seqlens_k[1:] - cu_seqlens_k[:-1]).to(torch.int32)
+        seqlens = seqused_k if seqused_k is not None else cu_seqlens_k[1:] - cu_seqlens_k[:-1]
         result = attention(q, None, None, kv_cache=PagedKVCache(k, v, block_table, seqlens), **common)
     return _results(result, return_attn_probs, True, head_dim)
 
@@ -166,70 +225,270 @@ def _dense_cache_pages(cache: torch.Tensor) -> tuple[torch.Tensor, int]:
     return pages, page_size
 
 
+def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.numel() == 0 or a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+
+
+def _check_kvcache_call(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+                        cache_leftpad, block_table, learnable_sink, alibi_slopes) -> None:
+    """flash-attn's rules for the arguments of :func:`flash_attn_with_kvcache`, with their names; no launch, no
+    sync. The attention call's own rules are checked next, on the final arguments (:func:`check_attention`)."""
+    if not isinstance(q, torch.Tensor) or q.dtype not in (torch.float16, torch.bfloat16):
+        raise TypeError(f"q must be a float16 or bfloat16 tensor, got {getattr(q, 'dtype', type(q).__name__)}")
+    if q.dim() != 4:
+        raise ValueError(f"q must be [B, Sq, Hq, D], got shape {tuple(q.shape)}")
+    batch, head_dim = q.shape[0], q.shape[3]
+    for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if not isinstance(cache, torch.Tensor):
+            raise TypeError(f"{name} must be a tensor, got {type(cache).__name__}")
+        if cache.dtype != q.dtype:
+            raise TypeError(f"{name} dtype {cache.dtype} != q dtype {q.dtype}")
+        if cache.dim() != 4:
+            raise ValueError(f"{name} must be [B_cache, S, Hkv, D] or pages [num_pages, page_size, Hkv, D], got "
+                             f"shape {tuple(cache.shape)}")
+    if v_cache.shape != k_cache.shape:
+        raise ValueError(f"v_cache shape {tuple(v_cache.shape)} != k_cache shape {tuple(k_cache.shape)}")
+    if k_cache.shape[3] != head_dim:
+        raise ValueError(f"k_cache head dim {k_cache.shape[3]} != q head dim {head_dim}")
+    if block_table is not None:
+        if not isinstance(block_table, torch.Tensor) or block_table.dtype != torch.int32:
+            raise TypeError(f"block_table must be an int32 tensor [B, max_pages], got "
+                            f"{getattr(block_table, 'dtype', type(block_table).__name__)}")
+        if block_table.dim() != 2 or block_table.shape[0] != batch:
+            raise ValueError(f"block_table must be [B={batch}, max_pages], got shape {tuple(block_table.shape)}")
+        if cache_batch_idx is not None:
+            raise ValueError("cache_batch_idx goes with a dense cache, not with block_table")
+        if k_cache.shape[1] not in SUPPORTED_PAGE_SIZES:
+            raise ValueError(f"with block_table, k_cache.shape[1] is the page size: one of {SUPPORTED_PAGE_SIZES}, "
+                             f"got {k_cache.shape[1]}")
+    elif cache_batch_idx is not None:
+        _check_index_vector("cache_batch_idx", cache_batch_idx, batch)
+        if batch > 0 and k_cache.shape[0] == 0:
+            raise ValueError("cache_batch_idx indexes k_cache, which holds no sequence (B_cache = 0)")
+    elif k_cache.shape[0] < batch:
+        raise ValueError(f"k_cache holds {k_cache.shape[0]} sequences, fewer than q's batch {batch}: pass "
+                         f"cache_batch_idx to pick them")
+    capacity = _capacity(k_cache, block_table)
+    if isinstance(cache_seqlens, torch.Tensor):
+        _check_index_vector("cache_seqlens", cache_seqlens, batch)
+    elif cache_seqlens is not None:
+        if isinstance(cache_seqlens, bool) or not isinstance(cache_seqlens, int):
+            raise TypeError(f"cache_seqlens must be an int or an int32 tensor [B], got {type(cache_seqlens).__name__}")
+        if not 0 <= cache_seqlens <= _INT32_MAX:
+            raise ValueError(f"cache_seqlens = {cache_seqlens} not in [0, 2**31 - 1]")
+    if cache_leftpad is not None:
+        _check_index_vector("cache_leftpad", cache_leftpad, batch)
+    if (k is None) != (v is None):
+        raise ValueError("k and v come together: pass both new keys and new values, or neither")
+    if k is not None:
+        _check_new_tokens(k, v, k_cache, v_cache, batch)
+    if (rotary_cos is None) != (rotary_sin is None):
+        raise ValueError("rotary_cos and rotary_sin come together")
+    if rotary_cos is not None:
+        check_rotary_tables(rotary_cos, rotary_sin, head_dim, "rotary_cos", "rotary_sin")
+        if rotary_cos.shape[0] < capacity:
+            raise ValueError(f"rotary_cos / rotary_sin have {rotary_cos.shape[0]} rows (positions), fewer than the "
+                             f"cache's {capacity}")
+    check_device(q=q, k_cache=k_cache, v_cache=v_cache, k=k, v=v, rotary_cos=rotary_cos, rotary_sin=rotary_sin,
+                 cache_seqlens=cache_seqlens if isinstance(cache_seqlens, torch.Tensor) else None,
+                 cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad, block_table=block_table,
+                 learnable_sink=learnable_sink, alibi_slopes=alibi_slopes)
+    forward_only("flash_attn_with_kvcache", q=q, k=k, v=v, k_cache=k_cache, v_cache=v_cache, rotary_cos=rotary_cos,
+                 rotary_sin=rotary_sin, learnable_sink=learnable_sink, alibi_slopes=alibi_slopes)
+
+
+def _check_new_tokens(k, v, k_cache, v_cache, batch: int) -> None:
+    """k / v ``[B, S_new, Hkv, D]`` of one shape, in the caches' dtype and heads; caches writable in place."""
+    for name, new, cache in (("k", k, k_cache), ("v", v, v_cache)):
+        if not isinstance(new, torch.Tensor):
+            raise TypeError(f"{name} must be a tensor [B, S_new, Hkv, D] or None, got {type(new).__name__}")
+        if new.dtype != cache.dtype:
+            raise TypeError(f"{name} dtype {new.dtype} != {name}_cache dtype {cache.dtype}")
+    expected = (batch, "S_new", *k_cache.shape[2:])
+    if k.dim() != 4 or k.shape[0] != batch or k.shape[2:] != k_cache.shape[2:]:
+        raise ValueError(f"k must be [B, S_new, Hkv, D] = {list(expected)} (q's batch, the cache's heads and head "
+                         f"dim), got shape {tuple(k.shape)}")
+    if v.shape != k.shape:
+        raise ValueError(f"v shape {tuple(v.shape)} != k shape {tuple(k.shape)}")
+    for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if has_internal_overlap(cache):
+            raise ValueError(f"{name} has elements that share memory (strides {cache.stride()}, e.g. an expanded "
+                             f"view): new keys / values cannot be written into it")
+
+
+def _capacity(k_cache: torch.Tensor, block_table) -> int:
+    """Keys one sequence of the cache can hold: S, or ``max_pages * page_size``."""
+    return k_cache.shape[1] if block_table is None else block_table.shape[1] * k_cache.shape[1]
+
+
+@dataclass(frozen=True)
+class _CacheCall:
+    """The cache as the call reads and writes it: where the new keys go and what attention reads."""
+
+    kv_cache: PagedKVCache  # what attention reads (the caches' pages, or a page-aligned copy of them)
+    cache_seqlens: torch.Tensor  # int32 [B]: keys before the append, where the new ones go
+    pages_copied: bool  # kv_cache's pages are a copy of the dense caches: the new keys go there too
+
+
+def _cache_call(q, k_cache, v_cache, new_tokens: int, cache_seqlens, cache_batch_idx, cache_leftpad,
+                block_table) -> _CacheCall:
+    """Seqlens, pages and block table for attention over the cache after the append, without launching nor
+    syncing. Sequence b attends its keys ``cache_leftpad[b] .. min(cache_seqlens[b] + new_tokens, capacity)``:
+    never past the cache's capacity, whatever padding the page view adds."""
+    batch, device = q.shape[0], q.device
+    capacity = _capacity(k_cache, block_table)
+    if cache_seqlens is None:
+        cache_seqlens = capacity
+    if not isinstance(cache_seqlens, torch.Tensor):
+        cache_seqlens = torch.full((batch,), cache_seqlens, dtype=torch.int32, device=device)
+    # min(cache_seqlens + new, capacity), without int32 overflow
+    seqlens = torch.clamp(cache_seqlens, max=capacity - new_tokens) + new_tokens
+    if block_table is not None:
+        return _CacheCall(PagedKVCache(k_cache, v_cache, block_table, seqlens, cache_leftpad), cache_seqlens, False)
+    k_pages, page_size = _dense_cache_pages(k_cache)
+    v_pages, _ = _dense_cache_pages(v_cache)
+    pages_per_sequence = k_pages.shape[0] // max(k_cache.shape[0], 1)
+    sequences = (cache_batch_idx.clamp(0, max(k_cache.shape[0] - 1, 0)) if cache_batch_idx is not None
+                 else torch.arange(batch, dtype=torch.int32, device=device))
+    dense_table = (sequences[:, None] * pages_per_sequence
+                   + torch.arange(pages_per_sequence, dtype=torch.int32, device=device)[None, :])
+    copied = not (_same_memory(k_pages, k_cache) and _same_memory(v_pages, v_cache))
+    return _CacheCall(PagedKVCache(k_pages, v_pages, dense_table, seqlens, cache_leftpad), cache_seqlens, copied)
+
+
+def _validate_kvcache_on_host(cache: _CacheCall, new_tokens: int, k_cache, cache_batch_idx, cache_leftpad,
+                              block_table) -> None:
+    """``validate=True``: the values a wrong entry of which would write where it should not or read another
+    sequence's keys, read on the host (one sync) before anything is written; raises ``ValueError`` naming the
+    argument and its first bad index."""
+    capacity = _capacity(k_cache, block_table)
+    seqlens = cache.cache_seqlens.cpu().long()
+    first = first_true((seqlens < 0) | (seqlens > capacity))
+    if first is not None:
+        raise ValueError(f"cache_seqlens[{first[0]}] = {int(seqlens[first[0]])} not in [0, {capacity}] (the cache's "
+                         f"capacity)")
+    ends = torch.clamp(seqlens + new_tokens, max=capacity)
+    if cache_leftpad is not None:
+        leftpad = cache_leftpad.cpu().long()
+        first = first_true((leftpad < 0) | (leftpad > ends))
+        if first is not None:
+            b = first[0]
+            raise ValueError(f"cache_leftpad[{b}] = {int(leftpad[b])} not in [0, {int(ends[b])}] (the keys of "
+                             f"sequence {b})")
+    if block_table is None:
+        if cache_batch_idx is not None:
+            _validate_cache_batch_idx(cache_batch_idx.cpu().tolist(), k_cache.shape[0], appends=new_tokens > 0)
+        return
+    table, page_size, num_pages = block_table.cpu().long(), k_cache.shape[1], k_cache.shape[0]
+    used = torch.arange(table.shape[1])[None, :] < ((ends + page_size - 1) // page_size)[:, None]
+    first = first_true(used & ((table < 0) | (table >= num_pages)))
+    if first is not None:
+        b, i = first
+        raise ValueError(f"block_table[{b}, {i}] = {int(table[b, i])} not in [0, num_pages={num_pages})")
+    if new_tokens == 0 or capacity == 0:
+        return
+    positions = seqlens[:, None] + torch.arange(new_tokens)[None, :]
+    written = positions < capacity
+    slots = table.gather(1, (positions // page_size).clamp(max=table.shape[1] - 1))
+    slots = (slots * page_size + positions % page_size)[written]
+    values, counts = slots.unique(return_counts=True)
+    if (counts > 1).any():
+        slot = int(values[counts > 1][0])
+        raise ValueError(f"block_table sends two new tokens to page {slot // page_size}, slot {slot % page_size}: "
+                         f"the pages two sequences append into must differ")
+
+
+def _validate_cache_batch_idx(idx: list[int], cache_sequences: int, appends: bool) -> None:
+    first_seen = {}
+    for b, sequence in enumerate(idx):
+        if not 0 <= sequence < cache_sequences:
+            raise ValueError(f"cache_batch_idx[{b}] = {sequence} not in [0, B_cache={cache_sequences})")
+        if appends and sequence in first_seen:
+            raise ValueError(f"cache_batch_idx[{b}] = {sequence} repeats cache_batch_idx[{first_seen[sequence]}]: "
+                             f"two sequences would append into one cache sequence")
+        first_seen.setdefault(sequence, b)
+
+
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
                             cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, block_table=None,
                             softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
                             rotary_interleaved=True, alibi_slopes=None, num_splits=0, return_softmax_lse=False, *,
-                            page_table=None, attention_chunk=0, learnable_sink=None):
-    """flash-attn's ``flash_attn_with_kvcache``: attention of q ``[B, Sq, Hq, D]`` over a KV cache, after
-    appending new keys and values to it in place.
+                            page_table=None, attention_chunk=0, learnable_sink=None, validate=False):
+    """flash-attn's ``flash_attn_with_kvcache``: attention of q ``[B, Sq, Hq, D]`` (fp16 / bf16, D a multiple of
+    16 up to 256) over a KV cache, after appending new keys and values to it in place.
 
-    Caches: dense ``k_cache`` / ``v_cache`` ``[B_cache, S, Hkv, D]`` (sequence b is ``cache_batch_idx[b]``,
-    default b) or paged ``[num_pages, page_size, Hkv, D]`` with ``block_table`` (or ``page_table``) int32
-    ``[B, max_pages]`` (page sizes 16-256, powers of two). ``cache_seqlens``: int or int32 ``[B]``, keys already
-    in the cache (default: all S). ``k`` / ``v`` ``[B, S_new, Hkv, D]``: written at positions ``cache_seqlens[b]
-    + i`` (positions past the cache are dropped), then attended with the cache. ``rotary_cos`` / ``rotary_sin``
-    ``[seqlen_ro, rotary_dim / 2]``: the new keys are rotated at their positions and q at ``cache_seqlens[b] +
-    i`` when causal or windowed, else at ``cache_seqlens[b]`` (flash-attn's rule); ``rotary_interleaved`` picks
-    GPT-J (True) or GPT-NeoX pairs. ``cache_leftpad`` int32 ``[B]``: sequence b's keys start at that cache
-    position (left padding; positions and rotary stay absolute, causal alignment and windows count from it).
-    The other arguments as :func:`flash_attn_func`.
+    Caches: dense ``k_cache`` / ``v_cache`` ``[B_cache, S, Hkv, D]`` in q's dtype (sequence b is
+    ``cache_batch_idx[b]``, int32 ``[B]``, default b, then ``B_cache >= B``) or paged ``[num_pages, page_size,
+    Hkv, D]`` with ``block_table`` (or ``page_table``) int32 ``[B, max_pages]`` (page sizes 16-256, powers of
+    two). The capacity of a sequence is S, or ``max_pages * page_size``. ``cache_seqlens``: int or int32 ``[B]``,
+    keys already in the cache (default: the capacity). ``k`` / ``v`` ``[B, S_new, Hkv, D]`` in the caches' dtype:
+    token i of sequence b written at position ``cache_seqlens[b] + i`` (positions past the capacity are
+    dropped), then sequence b attends its first ``min(cache_seqlens[b] + S_new, capacity)`` keys (a dense S that
+    is not a multiple of 16 is read from a page-aligned copy; its padding is never attended). ``rotary_cos`` /
+    ``rotary_sin`` ``[seqlen_ro, rotary_dim / 2]`` (one shape, float16 / bfloat16 / float32, ``rotary_dim <=
+    D``, ``seqlen_ro >=`` the capacity): the new keys are rotated at their positions and q at
+    ``cache_seqlens[b] + i`` when causal or windowed, else at ``cache_seqlens[b]`` (flash-attn's rule;
+    positions past ``seqlen_ro`` read its last row); also without new keys (q alone is rotated).
+    ``rotary_interleaved`` picks GPT-J (True) or GPT-NeoX pairs. ``cache_leftpad`` int32 ``[B]``: sequence b's
+    keys start at that cache position (left padding; positions and rotary stay absolute, causal alignment and
+    windows count from it). The other arguments as :func:`flash_attn_func`.
+
+    Every argument is checked before the cache is written: a call that raises changes no tensor. No host sync
+    (CUDA-graph capturable) unless ``validate``. Values are not read on the host; what bad ones do:
+    ``cache_batch_idx`` and ``block_table`` entries are clamped to the cache (a write or read lands in some
+    sequence / page of this cache, never outside it); two new tokens sent to one cache row (a repeated
+    ``cache_batch_idx`` entry, or pages shared by the positions two sequences append at) leave one of them there,
+    which one unspecified; ``cache_seqlens[b]`` past the capacity appends nothing and attends the capacity.
+
+    Args:
+        validate: keyword-only. First read ``cache_seqlens``, ``cache_leftpad``, ``cache_batch_idx`` and
+            ``block_table`` on the host (one sync, not capturable) and raise ``ValueError`` naming the argument
+            and its first bad index: ``cache_seqlens[b]`` outside ``[0, capacity]``, ``cache_leftpad[b]`` outside
+            the sequence's keys, a ``cache_batch_idx`` entry outside ``[0, B_cache)`` or (with new keys) repeated,
+            a used ``block_table`` entry outside ``[0, num_pages)`` or two new tokens sent to one page slot.
 
     Returns:
         out ``[B, Sq, Hq, D]``, or ``(out, lse [B, Hq, Sq])`` with ``return_softmax_lse``.
 
     Raises:
-        ValueError: both ``block_table`` and ``page_table``, ``cache_batch_idx`` with a paged cache, k without
-            v, rotary without new keys' partner (cos without sin), and what :func:`llmkernels.attention` raises.
+        TypeError: q not fp16 / bf16; caches not q's dtype; k / v not their cache's dtype; cache_seqlens,
+            cache_batch_idx, cache_leftpad, block_table not int32 (cache_seqlens: or an int); rotary tables not
+            float16 / bfloat16 / float32; learnable_sink not a float tensor; as :func:`llmkernels.attention`.
+        ValueError: a shape that disagrees (caches, k / v against the cache and q's batch, metadata lengths,
+            rotary tables, learnable_sink), Hq not a multiple of Hkv, an unsupported head dim or page size, a
+            dense cache with fewer sequences than q's batch and no cache_batch_idx, a cache whose elements
+            overlap (expanded) given new keys, both ``block_table`` and ``page_table``, ``cache_batch_idx`` with
+            ``block_table``, k without v, cos without sin, tensors on different devices, an input that requires
+            grad (forward-only), and with ``validate`` the bad values above.
         NotImplementedError: as :func:`flash_attn_func`.
     """
     mask, score_mod = _modifiers(causal, window_size, softcap, alibi_slopes, attention_chunk)
     block_table = _block_table(block_table, page_table)
-    if (k is None) != (v is None):
-        raise ValueError("k and v come together: pass both new keys and new values, or neither")
-    if (rotary_cos is None) != (rotary_sin is None):
-        raise ValueError("rotary_cos and rotary_sin come together")
-    if block_table is not None and cache_batch_idx is not None:
-        raise ValueError("cache_batch_idx goes with a dense cache, not with block_table")
-    batch = q.shape[0]
-    if cache_seqlens is None:
-        cache_seqlens = k_cache.shape[1] if block_table is None else block_table.shape[1] * k_cache.shape[1]
-    if not isinstance(cache_seqlens, torch.Tensor):
-        cache_seqlens = torch.full((batch,), int(cache_seqlens), dtype=torch.int32, device=q.device)
-    cache_seqlens = cache_seqlens.to(torch.int32)
+    _check_kvcache_call(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+                        cache_leftpad, block_table, learnable_sink, alibi_slopes)
+    sinks, num_splits = _sinks(learnable_sink, q), _splits(num_splits)
+    new_tokens = k.shape[1] if k is not None else 0
+    cache = _cache_call(q, k_cache, v_cache, new_tokens, cache_seqlens, cache_batch_idx, cache_leftpad, block_table)
+    # the attention call's own checks, on its final arguments, before the first write (q: the caller's, which the
+    # rotated copy matches in all that is checked)
+    check_attention(q, None, None, causal, mask, score_mod, sinks, softmax_scale, None, None, None, None,
+                    cache.kv_cache, num_splits, return_softmax_lse, None, validate)
+    if validate:
+        _validate_kvcache_on_host(cache, new_tokens, k_cache, cache_batch_idx, cache_leftpad, block_table)
     if k is not None:
-        append_to_cache(k, k_cache, cache_seqlens, cos=rotary_cos, sin=rotary_sin, interleaved=rotary_interleaved,
-                        cache_batch_idx=cache_batch_idx, block_table=block_table)
-        append_to_cache(v, v_cache, cache_seqlens, cache_batch_idx=cache_batch_idx, block_table=block_table)
-        seqlens = cache_seqlens + k.shape[1]
-    else:
-        seqlens = cache_seqlens
+        rotary = dict(cos=rotary_cos, sin=rotary_sin, interleaved=rotary_interleaved)
+        where = dict(cache_batch_idx=cache_batch_idx, block_table=block_table)
+        append_to_cache(k, k_cache, cache.cache_seqlens, **rotary, **where)
+        append_to_cache(v, v_cache, cache.cache_seqlens, **where)
+        if cache.pages_copied:  # the page-aligned copy attention reads gets them too
+            paged = dict(block_table=cache.kv_cache.block_table)
+            append_to_cache(k, cache.kv_cache.k_pages, cache.cache_seqlens, **rotary, **paged)
+            append_to_cache(v, cache.kv_cache.v_pages, cache.cache_seqlens, **paged)
     if rotary_cos is not None:
         local = any(int(side) >= 0 for side in window_size)
-        q = apply_rotary(q, rotary_cos, rotary_sin, cache_seqlens, rotary_interleaved, per_token=causal or local)
-    if block_table is None:
-        k_pages, page_size = _dense_cache_pages(k_cache)
-        v_pages, _ = _dense_cache_pages(v_cache)
-        pages_per_sequence = k_pages.shape[0] // k_cache.shape[0]
-        sequences = (cache_batch_idx.to(torch.int32) if cache_batch_idx is not None
-                     else torch.arange(batch, dtype=torch.int32, device=q.device))
-        block_table = (sequences[:, None] * pages_per_sequence
-                       + torch.arange(pages_per_sequence, dtype=torch.int32, device=q.device)[None, :])
-    else:
-        k_pages, v_pages = k_cache, v_cache
-    starts = cache_leftpad.to(torch.int32) if cache_leftpad is not None else None
-    kv_cache = PagedKVCache(k_pages, v_pages, block_table, seqlens.to(torch.int32), starts)
-    result = attention(q, None, None, kv_cache=kv_cache,
-                       causal=causal, mask=mask, score_mod=score_mod, sinks=_sinks(learnable_sink),
-                       softmax_scale=softmax_scale, num_splits=_splits(num_splits), return_lse=return_softmax_lse)
+        q = apply_rotary(q, rotary_cos, rotary_sin, cache.cache_seqlens, rotary_interleaved,
+                         per_token=causal or local)
+    result = attention(q, None, None, kv_cache=cache.kv_cache, causal=causal, mask=mask, score_mod=score_mod,
+                       sinks=sinks, softmax_scale=softmax_scale, num_splits=num_splits,
+                       return_lse=return_softmax_lse, validate=validate)
     return _results(result, return_softmax_lse, False)

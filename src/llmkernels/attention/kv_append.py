@@ -8,6 +8,9 @@ Rotary follows flash-attn's ``apply_rotary_emb``: ``cos`` / ``sin`` ``[seqlen_ro
 ``rotary_dim`` features rotate in pairs, ``(x[2j], x[2j + 1])`` when interleaved (GPT-J), ``(x[j], x[j +
 rotary_dim / 2])`` otherwise (GPT-NeoX); the rest pass through. Computed in float32, rounded once. No host sync:
 positions come from device tensors, and a write past the cache's capacity is dropped, never made.
+
+Every tensor may be any view: all strides go to the kernel (no copy). The shape checks here are a backstop that
+runs before the launch; :mod:`llmkernels.flash_attn` checks its whole call first, with flash-attn's names.
 """
 from __future__ import annotations
 
@@ -15,17 +18,18 @@ import torch
 import triton
 import triton.language as tl
 
-from .._runtime import interpreting, unit_last_stride
+from .._runtime import interpreting
 
-__all__ = ["apply_rotary", "append_to_cache"]
+__all__ = ["apply_rotary", "append_to_cache", "check_rotary_tables"]
 
 
 @triton.jit
 def _rotary_copy_kernel(
     src_ptr, dst_ptr, cos_ptr, sin_ptr, start_ptr, dst_batch_ptr, block_table_ptr,
-    stride_src_b, stride_src_s, stride_src_h,
-    stride_dst_b, stride_dst_s, stride_dst_h,
-    stride_cos, stride_block_table,
+    stride_src_b, stride_src_s, stride_src_h, stride_src_d,
+    stride_dst_b, stride_dst_s, stride_dst_h, stride_dst_d,
+    stride_cos_s, stride_cos_d, stride_sin_s, stride_sin_d,
+    stride_start, stride_dst_batch, stride_block_table_b, stride_block_table_p,
     seqlen_new, num_heads, head_dim, rotary_seqlen, capacity, num_pages,
     ROTARY_DIM: tl.constexpr, INTERLEAVED: tl.constexpr, PER_TOKEN: tl.constexpr, TO_CACHE: tl.constexpr,
     PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, HAS_DST_BATCH: tl.constexpr,
@@ -36,17 +40,18 @@ def _rotary_copy_kernel(
     or, TO_CACHE, to cache position ``p = start[b] + i`` of sequence ``dst_batch[b]`` (dense) or of the pages
     ``block_table[b, p // PAGE_SIZE]`` (PAGED; entries clamped to ``[0, num_pages - 1]``, and so is
     ``dst_batch[b]`` to the dense cache's ``num_pages`` sequences); ``p`` outside ``[0, capacity)`` is not
-    stored. Rotary positions past ``rotary_seqlen`` read its last row."""
+    stored. Rotary positions outside ``[0, rotary_seqlen)`` read its first / last row. No load reads past
+    ``head_dim`` features of a row nor past ``ROTARY_DIM / 2`` columns of cos / sin (ROTARY_DIM <= head_dim)."""
     row = tl.program_id(0)
     b = row // seqlen_new
     i = row % seqlen_new
-    start = tl.load(start_ptr + b)
+    start = tl.load(start_ptr + b.to(tl.int64) * stride_start)
     position = start + i if PER_TOKEN else start
-    heads = tl.arange(0, BLOCK_H)[:, None]
+    heads = tl.arange(0, BLOCK_H)[:, None].to(tl.int64)
     dims = tl.arange(0, BLOCK_D)[None, :]
     valid = (heads < num_heads) & (dims < head_dim)
     src_row = src_ptr + b.to(tl.int64) * stride_src_b + i.to(tl.int64) * stride_src_s + heads * stride_src_h
-    x = tl.load(src_row + dims, mask=valid, other=0.0).to(tl.float32)
+    x = tl.load(src_row + dims.to(tl.int64) * stride_src_d, mask=valid, other=0.0).to(tl.float32)
     if ROTARY_DIM > 0:
         HALF: tl.constexpr = ROTARY_DIM // 2
         if INTERLEAVED:
@@ -57,44 +62,53 @@ def _rotary_copy_kernel(
             partner = tl.where(dims < HALF, dims + HALF, dims - HALF)
             frequency = tl.where(dims < HALF, dims, dims - HALF)
             sign = tl.where(dims < HALF, -1.0, 1.0)
-        rotates = dims < ROTARY_DIM
-        cos_row = tl.minimum(tl.maximum(position, 0), rotary_seqlen - 1).to(tl.int64) * stride_cos
-        cos = tl.load(cos_ptr + cos_row + frequency, mask=rotates, other=1.0).to(tl.float32)
-        sin = tl.load(sin_ptr + cos_row + frequency, mask=rotates, other=0.0).to(tl.float32)
-        x_partner = tl.load(src_row + partner, mask=valid & rotates, other=0.0).to(tl.float32)
-        x = x * cos + sign * x_partner * sin
+        rotates = (dims < ROTARY_DIM) & (dims < head_dim)
+        table_row = tl.minimum(tl.maximum(position, 0), rotary_seqlen - 1).to(tl.int64)
+        column = frequency.to(tl.int64)
+        cos = tl.load(cos_ptr + table_row * stride_cos_s + column * stride_cos_d, mask=rotates, other=1.0)
+        sin = tl.load(sin_ptr + table_row * stride_sin_s + column * stride_sin_d, mask=rotates, other=0.0)
+        x_partner = tl.load(src_row + partner.to(tl.int64) * stride_src_d,
+                            mask=valid & rotates & (partner < head_dim), other=0.0).to(tl.float32)
+        x = x * cos.to(tl.float32) + sign * x_partner * sin.to(tl.float32)
     if TO_CACHE:
         positions = tl.zeros((1, 1), tl.int32) + position  # [1, 1]: the interpreter takes no scalar mask
         in_cache = (positions < capacity) & (positions >= 0)
         keep = valid & in_cache
         if PAGED:
-            page = tl.load(block_table_ptr + b.to(tl.int64) * stride_block_table + positions // PAGE_SIZE,
+            page_slot = (positions // PAGE_SIZE).to(tl.int64)
+            page = tl.load(block_table_ptr + b.to(tl.int64) * stride_block_table_b + page_slot * stride_block_table_p,
                            mask=in_cache, other=0)
             page = tl.minimum(tl.maximum(page, 0), num_pages - 1)
-            dst_row = dst_ptr + page.to(tl.int64) * stride_dst_b + (positions % PAGE_SIZE) * stride_dst_s
+            dst_row = (dst_ptr + page.to(tl.int64) * stride_dst_b
+                       + (positions % PAGE_SIZE).to(tl.int64) * stride_dst_s)
         else:
-            cache_b = tl.load(dst_batch_ptr + b) if HAS_DST_BATCH else b
+            cache_b = tl.load(dst_batch_ptr + b.to(tl.int64) * stride_dst_batch) if HAS_DST_BATCH else b
             cache_b = tl.minimum(tl.maximum(cache_b, 0), num_pages - 1)  # num_pages: the cache's sequences
             dst_row = dst_ptr + cache_b.to(tl.int64) * stride_dst_b + position.to(tl.int64) * stride_dst_s
     else:
         keep = valid
         dst_row = dst_ptr + b.to(tl.int64) * stride_dst_b + i.to(tl.int64) * stride_dst_s
-    tl.store(dst_row + heads * stride_dst_h + dims, x.to(dst_ptr.dtype.element_ty), mask=keep)
+    tl.store(dst_row + heads * stride_dst_h + dims.to(tl.int64) * stride_dst_d, x.to(dst_ptr.dtype.element_ty),
+             mask=keep)
 
 
 def _launch(src, dst, cos, sin, start, dst_batch, block_table, interleaved, per_token, to_cache, paged,
             page_size, capacity, num_pages):
     batch, seqlen_new, num_heads, head_dim = src.shape
-    if batch * seqlen_new == 0 or num_heads == 0:
+    if batch * seqlen_new == 0 or num_heads * head_dim == 0:
+        return
+    if to_cache and (capacity <= 0 or num_pages <= 0):  # every position is past the cache: nothing is written
         return
     rotary_dim = 0 if cos is None else 2 * cos.shape[1]
     dummy = start
     cos_arg, sin_arg = (cos, sin) if cos is not None else (dummy, dummy)
+    table_strides = (0, 0, 0, 0) if cos is None else (*cos.stride(), *sin.stride())
     _rotary_copy_kernel[(batch * seqlen_new,)](
         src, dst, cos_arg, sin_arg, start, dst_batch if dst_batch is not None else dummy,
         block_table if block_table is not None else dummy,
-        src.stride(0), src.stride(1), src.stride(2), dst.stride(0), dst.stride(1), dst.stride(2),
-        cos.stride(0) if cos is not None else 0, block_table.stride(0) if block_table is not None else 0,
+        *src.stride(), *dst.stride(), *table_strides, start.stride(0),
+        dst_batch.stride(0) if dst_batch is not None else 0,
+        *(block_table.stride() if block_table is not None else (0, 0)),
         seqlen_new, num_heads, head_dim, cos.shape[0] if cos is not None else 1, capacity, num_pages,
         ROTARY_DIM=rotary_dim, INTERLEAVED=interleaved, PER_TOKEN=per_token, TO_CACHE=to_cache, PAGED=paged,
         PAGE_SIZE=page_size, HAS_DST_BATCH=dst_batch is not None,
@@ -103,14 +117,50 @@ def _launch(src, dst, cos, sin, start, dst_batch, block_table, interleaved, per_
     )
 
 
+def check_rotary_tables(cos, sin, head_dim: int, cos_name: str = "cos", sin_name: str = "sin") -> None:
+    """``cos`` / ``sin``: float16 / bfloat16 / float32 tensors of one shape ``[seqlen_ro, rotary_dim / 2]``,
+    ``rotary_dim <= head_dim``, at least one row when ``rotary_dim > 0``.
+
+    Raises:
+        TypeError: not a tensor, or another dtype.
+        ValueError: not 2-D, shapes differ, ``rotary_dim`` past the head dim, no rows.
+    """
+    for name, table in ((cos_name, cos), (sin_name, sin)):
+        if not isinstance(table, torch.Tensor) or table.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+            raise TypeError(f"{name} must be a float16, bfloat16 or float32 tensor [seqlen_ro, rotary_dim / 2], "
+                            f"got {getattr(table, 'dtype', type(table).__name__)}")
+        if table.dim() != 2:
+            raise ValueError(f"{name} must be 2-D [seqlen_ro, rotary_dim / 2], got shape {tuple(table.shape)}")
+    if sin.shape != cos.shape:
+        raise ValueError(f"{sin_name} shape {tuple(sin.shape)} != {cos_name} shape {tuple(cos.shape)}")
+    rotary_dim = 2 * cos.shape[1]
+    if rotary_dim > head_dim:
+        raise ValueError(f"rotary_dim = 2 * {cos_name}.shape[1] = {rotary_dim} must be <= head dim {head_dim}")
+    if rotary_dim > 0 and cos.shape[0] == 0:
+        raise ValueError(f"{cos_name} has no rows (seqlen_ro = 0)")
+
+
+def _check_positions(name: str, tensor, batch: int) -> None:
+    if not isinstance(tensor, torch.Tensor) or tensor.dtype != torch.int32 or tensor.shape != (batch,):
+        raise ValueError(f"{name} must be an int32 tensor [{batch}], got "
+                         f"{getattr(tensor, 'dtype', type(tensor).__name__)} {tuple(getattr(tensor, 'shape', ()))}")
+
+
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, start: torch.Tensor, interleaved: bool,
                  per_token: bool) -> torch.Tensor:
     """``x`` ``[B, S, H, D]`` rotated at positions ``start[b] + i`` (``start[b]`` for every token without
-    ``per_token``): a new tensor of x's shape and dtype. ``start`` int32 ``[B]``; cos / sin ``[seqlen_ro, R / 2]``."""
-    x = unit_last_stride(x)
+    ``per_token``): a new contiguous tensor of x's shape and dtype. ``start`` int32 ``[B]``; cos / sin
+    ``[seqlen_ro, R / 2]`` (:func:`check_rotary_tables`). Any strides.
+
+    Raises:
+        ValueError / TypeError: x not 4-D, bad tables (:func:`check_rotary_tables`), ``start`` not int32 ``[B]``.
+    """
+    if x.dim() != 4:
+        raise ValueError(f"x must be [B, S, H, D], got shape {tuple(x.shape)}")
+    check_rotary_tables(cos, sin, x.shape[-1])
+    _check_positions("start", start, x.shape[0])
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    _launch(x, out, unit_last_stride(cos), unit_last_stride(sin), start, None, None, interleaved, per_token, False,
-            False, 1, 0, 1)
+    _launch(x, out, cos, sin, start, None, None, interleaved, per_token, False, False, 1, 0, 1)
     return out
 
 
@@ -121,15 +171,30 @@ def append_to_cache(new: torch.Tensor, cache: torch.Tensor, start: torch.Tensor,
     token i of sequence b at position ``start[b] + i``: a dense cache ``[B_cache, S, Hkv, D]`` (sequence
     ``cache_batch_idx[b]``, default b) or pages ``[num_pages, page_size, Hkv, D]`` through ``block_table``
     int32 ``[B, max_pages]``. Positions outside the cache's capacity (S, or ``max_pages * page_size``) are not
-    written; page ids and ``cache_batch_idx`` entries are clamped to the cache."""
-    new = unit_last_stride(new)
-    if cache.stride(-1) != 1:
-        raise ValueError("the KV cache must have a unit-stride head dim to be written in place")
-    cos, sin = (None, None) if cos is None else (unit_last_stride(cos), unit_last_stride(sin))
+    written; page ids and ``cache_batch_idx`` entries are clamped to the cache. Two tokens sent to one cache row
+    (repeated ``cache_batch_idx`` entries or pages) leave one of them there, which is unspecified. Any strides
+    (the cache's elements must not overlap: the caller's contract).
+
+    Raises:
+        ValueError: shapes that disagree (new's heads / head dim vs the cache's, ``start`` / ``cache_batch_idx``
+            not int32 ``[B]``, ``block_table`` not int32 ``[B, max_pages]``, bad rotary tables).
+    """
+    if new.dim() != 4 or cache.dim() != 4 or new.shape[2:] != cache.shape[2:]:
+        raise ValueError(f"new [B, S_new, Hkv, D] {tuple(new.shape)} does not fit cache [.., .., Hkv, D] "
+                         f"{tuple(cache.shape)}")
+    batch = new.shape[0]
+    _check_positions("start", start, batch)
+    if cos is not None:
+        check_rotary_tables(cos, sin, new.shape[-1])
     if block_table is not None:
+        if block_table.dtype != torch.int32 or block_table.dim() != 2 or block_table.shape[0] != batch:
+            raise ValueError(f"block_table must be int32 [{batch}, max_pages], got {block_table.dtype} "
+                             f"{tuple(block_table.shape)}")
         page_size = cache.shape[1]
         _launch(new, cache, cos, sin, start, None, block_table, interleaved, True, True, True, page_size,
                 block_table.shape[1] * page_size, cache.shape[0])
     else:
+        if cache_batch_idx is not None:
+            _check_positions("cache_batch_idx", cache_batch_idx, batch)
         _launch(new, cache, cos, sin, start, cache_batch_idx, None, interleaved, True, True, False, 1,
                 cache.shape[1], cache.shape[0])
