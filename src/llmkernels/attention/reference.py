@@ -38,9 +38,10 @@ def _split_mask(mask):
 
 
 def _paged_to_dense(kv_cache: PagedKVCache, batch: int, length: int, start: int = 0):
-    """Keys and values of cache positions ``start .. length - 1`` of sequence ``batch``."""
+    """Keys and values of cache positions ``start .. length - 1`` of sequence ``batch``, read as the kernels
+    read them: page ids clamped to ``[0, num_pages - 1]``."""
     pages_needed = -(-length // kv_cache.page_size)
-    page_ids = kv_cache.block_table[batch, :pages_needed].long()
+    page_ids = kv_cache.block_table[batch, :pages_needed].long().clamp(0, kv_cache.num_pages - 1)
     k = kv_cache.k_pages[page_ids].reshape(-1, kv_cache.num_kv_heads, kv_cache.head_dim)[start:length]
     v = kv_cache.v_pages[page_ids].reshape(-1, kv_cache.num_kv_heads, kv_cache.head_dim)[start:length]
     return k, v
@@ -76,7 +77,8 @@ def attention_reference(q, k, v, *, causal=False, mask=None, score_mod=None, sin
         batch = q.shape[0]
     if kv_cache is None and ragged:
         starts_k = cu_seqlens_k.tolist()
-    seqlens_cache = kv_cache.seqlens.tolist() if kv_cache is not None else None
+    seqlens_cache = (kv_cache.seqlens.clamp(0, kv_cache.max_seqlen_bound).tolist() if kv_cache is not None
+                     else None)
     starts_cache = (kv_cache.starts.tolist() if kv_cache is not None and kv_cache.starts is not None
                     else [0] * batch)
 
@@ -95,9 +97,10 @@ def attention_reference(q, k, v, *, causal=False, mask=None, score_mod=None, sin
         if seqlen_q == 0:
             continue
         group = num_q_heads // kb.shape[1]
-        qf = qb.float().transpose(0, 1)                                   # [Hq, Sq, D]
-        kf = kb.float().repeat_interleave(group, dim=1).transpose(0, 1)   # [Hq, Skv, D]
-        vf = vb.float().repeat_interleave(group, dim=1).transpose(0, 1)
+        # dense copies: the matmuls' rounding must not depend on the strides of the caller's views
+        qf = qb.float().transpose(0, 1).contiguous()                                   # [Hq, Sq, D]
+        kf = kb.float().repeat_interleave(group, dim=1).transpose(0, 1).contiguous()   # [Hq, Skv, D]
+        vf = vb.float().repeat_interleave(group, dim=1).transpose(0, 1).contiguous()
         scores = torch.matmul(qf, kf.transpose(1, 2)) * scale            # [Hq, Sq, Skv]
         heads = torch.arange(num_q_heads, device=q.device).view(-1, 1, 1)
         q_idx = torch.arange(seqlen_q, device=q.device).view(1, -1, 1)

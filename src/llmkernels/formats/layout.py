@@ -17,6 +17,28 @@ TILE_ROWS = 128  # rows of one tensor-core scale tile
 TILE_SCALE_COLS = 4  # scale columns of one tile
 
 
+SCALE_DTYPES = (torch.float8_e8m0fnu, torch.float8_e4m3fn, torch.uint8)
+
+
+def _check_scales(name: str, tensor, min_dims: int, tile: bool = False) -> None:
+    """``tensor`` is a scale tensor (e8m0 / e4m3, or their bytes as uint8) of at least ``min_dims`` dims
+    (``tile``: ending in 128x4 tiles ``[..., 32, 16]``)."""
+    if not isinstance(tensor, torch.Tensor) or tensor.dtype not in SCALE_DTYPES:
+        raise TypeError(f"{name} must be a float8_e8m0fnu / float8_e4m3fn (or uint8) tensor, got "
+                        f"{getattr(tensor, 'dtype', type(tensor).__name__)}")
+    if tensor.dim() < min_dims or (tile and tuple(tensor.shape[-2:]) != (32, 16)):
+        layout = "[..., RT, CT, 32, 16] tiles" if tile else f"at least {min_dims} dims"
+        raise ValueError(f"{name} must be {layout}, got shape {tuple(tensor.shape)}")
+
+
+def _check_group_offsets(group_offsets) -> None:
+    if (not isinstance(group_offsets, torch.Tensor) or group_offsets.dtype not in (torch.int32, torch.int64)
+            or group_offsets.dim() != 1 or group_offsets.numel() < 1):
+        raise TypeError(f"group_offsets must be an int32/int64 [G + 1] tensor, got "
+                        f"{getattr(group_offsets, 'dtype', type(group_offsets).__name__)} of shape "
+                        f"{tuple(getattr(group_offsets, 'shape', ()))}")
+
+
 def _pad_bits(scales: torch.Tensor) -> int:
     return 127 if scales.dtype == torch.float8_e8m0fnu else 0x38  # 1.0 in e8m0 / e4m3
 
@@ -40,7 +62,12 @@ def _rows_from_tiles(tiles: torch.Tensor) -> torch.Tensor:
 
 
 def to_blocked_scales(scales: torch.Tensor) -> torch.Tensor:
-    """Row-major scales ``[..., R, C]`` → 128x4 tiles ``[..., ceil(R/128), ceil(C/4), 32, 16]``, padded with 1.0."""
+    """Row-major scales ``[..., R, C]`` → 128x4 tiles ``[..., ceil(R/128), ceil(C/4), 32, 16]``, padded with 1.0.
+
+    Raises:
+        TypeError / ValueError: scales not a scale tensor of at least 2 dims.
+    """
+    _check_scales("scales", scales, 2)
     *lead, r, c = scales.shape
     rt, ct = -(-r // TILE_ROWS), -(-c // TILE_SCALE_COLS)
     bits = scales.view(torch.uint8)
@@ -50,7 +77,12 @@ def to_blocked_scales(scales: torch.Tensor) -> torch.Tensor:
 
 
 def from_blocked_scales(blocked: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
-    """128x4 tiles ``[..., RT, CT, 32, 16]`` → row-major ``[..., rows, cols]``."""
+    """128x4 tiles ``[..., RT, CT, 32, 16]`` → row-major ``[..., rows, cols]``.
+
+    Raises:
+        TypeError / ValueError: blocked not a scale tensor of 128x4 tiles.
+    """
+    _check_scales("blocked", blocked, 4, tile=True)
     bits = _rows_from_tiles(blocked.view(torch.uint8))
     return bits[..., :rows, :cols].contiguous().view(blocked.dtype)
 
@@ -86,6 +118,8 @@ def to_grouped_blocked_scales(scales: torch.Tensor, group_offsets: torch.Tensor)
     ``tiles`` is ``[ceil(R/128) + G, ceil(C/4), 32, 16]`` (an upper bound on the tiles needed; the rest
     is padding), ``group_scale_offsets`` int32 ``[G]``. Rows outside every group are dropped.
     """
+    _check_scales("scales", scales, 2)
+    _check_group_offsets(group_offsets)
     if scales.dim() != 2:
         raise ValueError(f"grouped scales must be 2D [R, C], got shape {tuple(scales.shape)}")
     r, c = scales.shape
@@ -103,7 +137,13 @@ def to_grouped_blocked_scales(scales: torch.Tensor, group_offsets: torch.Tensor)
 
 def from_grouped_blocked_scales(blocked: torch.Tensor, group_offsets: torch.Tensor, num_rows: int, cols: int):
     """Inverse of :func:`to_grouped_blocked_scales` (the seed's own ``a_scale_offsets`` are not needed:
-    they follow from ``group_offsets``). Rows outside every group read as 1.0."""
+    they follow from ``group_offsets``). Rows outside every group read as 1.0.
+
+    Raises:
+        TypeError / ValueError: blocked not a scale tensor of 128x4 tiles, group_offsets not an int [G + 1].
+    """
+    _check_scales("blocked", blocked, 4, tile=True)
+    _check_group_offsets(group_offsets)
     rows = _rows_from_tiles(blocked.view(torch.uint8))
     tile_row, row_in_tile, _ = _group_tile_rows(group_offsets, num_rows)
     flat_row = (tile_row.clamp(min=0) * TILE_ROWS + row_in_tile).clamp(max=rows.shape[0] - 1)

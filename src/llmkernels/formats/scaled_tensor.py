@@ -119,8 +119,8 @@ class ScaledTensor:
         blocks = (*lead, -(-n // FRAGMENT_ROWS), -(-k // FRAGMENT_K), 8)
         scale_shape = (*blocks, 2, fragment_scales_per_chunk(self.spec.block))
         if tuple(self.data.shape) != (*blocks, 4, 16) or tuple(self.scales.shape) != scale_shape:
-            raise ValueError(f"hopper-layout parts of shapes {tuple(self.data.shape)} and {tuple(self.scales.shape)} "
-                             f"do not fit logical shape {shape} (expected {(*blocks, 4, 16)} and {scale_shape})")
+            raise ValueError(f"hopper-layout data and scales of shapes {tuple(self.data.shape)} and "
+                             f"{tuple(self.scales.shape)} do not fit logical shape {shape} (expected {(*blocks, 4, 16)} and {scale_shape})")
         if self.group_offsets is not None or self.group_scale_offsets is not None:
             raise ValueError("group offsets go with 128x4 scales, not the hopper layout")
 

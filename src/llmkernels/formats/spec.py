@@ -28,6 +28,14 @@ class FormatSpec:
     emax: int
     has_global_scale: bool
 
+    def __post_init__(self):
+        if self.element not in ("e4m3", "e2m1"):
+            raise ValueError(f"FormatSpec.element must be 'e4m3' or 'e2m1', got {self.element!r}")
+        if self.scale not in ("e8m0", "e4m3"):
+            raise ValueError(f"FormatSpec.scale must be 'e8m0' or 'e4m3', got {self.scale!r}")
+        if isinstance(self.block, bool) or not isinstance(self.block, int) or self.block < 2 or self.block % 2:
+            raise ValueError(f"FormatSpec.block must be an even int >= 2, got {self.block!r}")
+
     @property
     def packed(self) -> bool:
         return self.element == "e2m1"

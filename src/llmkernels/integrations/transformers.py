@@ -149,7 +149,13 @@ def quantize_experts(model: torch.nn.Module, weight_format: str = "mxfp4", scale
 
 def register(name: str = NAME) -> None:
     """Registers ``name`` in transformers' ``AttentionInterface``, ``AttentionMaskInterface`` and
-    ``ExpertsInterface``."""
+    ``ExpertsInterface``.
+
+    Raises:
+        TypeError: ``name`` is not a non-empty string.
+    """
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"name must be a non-empty str, got {name!r}")
     from transformers import AttentionInterface
     from transformers.integrations.moe import ExpertsInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask

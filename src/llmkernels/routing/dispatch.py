@@ -185,16 +185,22 @@ class _Plan:
 
 
 def dispatch_reference(expert_ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """:func:`dispatch` in PyTorch (counts, cumsum, stable argsort, inverse permutation)."""
+    """:func:`dispatch` in PyTorch (counts, cumsum, stable argsort, inverse permutation). Copies whose id lies
+    outside ``[0, E)`` are not placed, as there: ``row_of_copy`` -1, and the rows past ``a_offsets[E]``
+    (which :func:`dispatch` leaves unwritten) hold -1."""
     num_tokens, top_k = expert_ids.shape
     flat = expert_ids.reshape(-1).long()
-    counts = torch.zeros(num_experts, dtype=torch.int64, device=flat.device)
-    counts.scatter_add_(0, flat, torch.ones_like(flat))  # bincount would sync to size its output
-    a_offsets = torch.cat([counts.new_zeros(1), counts.cumsum(0)]).to(torch.int32)
-    order = torch.argsort(flat, stable=True)  # copy index of each sorted row
+    placed = (flat >= 0) & (flat < num_experts)
+    key = torch.where(placed, flat, num_experts)  # unplaced copies sort last
+    counts = torch.zeros(num_experts + 1, dtype=torch.int64, device=flat.device)
+    counts.scatter_add_(0, key, torch.ones_like(key))  # bincount would sync to size its output
+    a_offsets = torch.cat([counts.new_zeros(1), counts[:num_experts].cumsum(0)]).to(torch.int32)
+    order = torch.argsort(key, stable=True)  # copy index of each sorted row
     row_of_copy = torch.empty_like(order)
     row_of_copy[order] = torch.arange(order.numel(), device=flat.device)
-    return order // top_k, a_offsets, row_of_copy.view(num_tokens, top_k)
+    row_of_copy = torch.where(placed, row_of_copy, -1)
+    token_of_row = torch.where(placed[order], order // top_k, -1)
+    return token_of_row, a_offsets, row_of_copy.view(num_tokens, top_k)
 
 
 def check_dispatch(expert_ids, num_experts) -> torch.device:
