@@ -24,6 +24,16 @@ __all__ = ["apply_rotary", "append_to_cache", "check_rotary_tables"]
 
 
 @triton.jit
+def _bf16_nearest_even(x):
+    """float32 → bfloat16 rounded to nearest, ties to even (NaN stays NaN): what the GPU's conversion does, and
+    the interpreter's (which truncates) does not."""
+    bits = x.to(tl.uint32, bitcast=True)
+    upper = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    upper = tl.where(x != x, (bits >> 16) | 0x40, upper)
+    return upper.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
 def _rotary_copy_kernel(
     src_ptr, dst_ptr, cos_ptr, sin_ptr, start_ptr, dst_batch_ptr, block_table_ptr,
     stride_src_b, stride_src_s, stride_src_h, stride_src_d,
@@ -32,7 +42,7 @@ def _rotary_copy_kernel(
     stride_start, stride_dst_batch, stride_block_table_b, stride_block_table_p,
     seqlen_new, num_heads, head_dim, rotary_seqlen, capacity, num_pages,
     ROTARY_DIM: tl.constexpr, INTERLEAVED: tl.constexpr, PER_TOKEN: tl.constexpr, TO_CACHE: tl.constexpr,
-    PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, HAS_DST_BATCH: tl.constexpr,
+    PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, HAS_DST_BATCH: tl.constexpr, BF16_BY_HAND: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     """One (sequence b, new token i) row of every head: ``src[b, i]`` ``[H, D]``, rotated at position
@@ -41,7 +51,8 @@ def _rotary_copy_kernel(
     ``block_table[b, p // PAGE_SIZE]`` (PAGED; entries clamped to ``[0, num_pages - 1]``, and so is
     ``dst_batch[b]`` to the dense cache's ``num_pages`` sequences); ``p`` outside ``[0, capacity)`` is not
     stored. Rotary positions outside ``[0, rotary_seqlen)`` read its first / last row. No load reads past
-    ``head_dim`` features of a row nor past ``ROTARY_DIM / 2`` columns of cos / sin (ROTARY_DIM <= head_dim)."""
+    ``head_dim`` features of a row nor past ``ROTARY_DIM / 2`` columns of cos / sin (ROTARY_DIM <= head_dim).
+    Computed in float32 and rounded once to nearest even (BF16_BY_HAND: a bfloat16 ``dst`` in the interpreter)."""
     row = tl.program_id(0)
     b = row // seqlen_new
     i = row % seqlen_new
@@ -88,8 +99,8 @@ def _rotary_copy_kernel(
     else:
         keep = valid
         dst_row = dst_ptr + b.to(tl.int64) * stride_dst_b + i.to(tl.int64) * stride_dst_s
-    tl.store(dst_row + heads * stride_dst_h + dims.to(tl.int64) * stride_dst_d, x.to(dst_ptr.dtype.element_ty),
-             mask=keep)
+    rounded = _bf16_nearest_even(x) if BF16_BY_HAND else x.to(dst_ptr.dtype.element_ty)
+    tl.store(dst_row + heads * stride_dst_h + dims.to(tl.int64) * stride_dst_d, rounded, mask=keep)
 
 
 def _launch(src, dst, cos, sin, start, dst_batch, block_table, interleaved, per_token, to_cache, paged,
@@ -112,6 +123,7 @@ def _launch(src, dst, cos, sin, start, dst_batch, block_table, interleaved, per_
         seqlen_new, num_heads, head_dim, cos.shape[0] if cos is not None else 1, capacity, num_pages,
         ROTARY_DIM=rotary_dim, INTERLEAVED=interleaved, PER_TOKEN=per_token, TO_CACHE=to_cache, PAGED=paged,
         PAGE_SIZE=page_size, HAS_DST_BATCH=dst_batch is not None,
+        BF16_BY_HAND=interpreting() and dst.dtype == torch.bfloat16,
         BLOCK_H=triton.next_power_of_2(num_heads), BLOCK_D=triton.next_power_of_2(head_dim),
         num_warps=1 if interpreting() else 4,
     )
