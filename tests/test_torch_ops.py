@@ -1,9 +1,12 @@
-"""The custom operators: schema and fake implementations (opcheck), and torch.compile(fullgraph=True)
-of a function that quantizes and calls the grouped matmul, against the eager call."""
+"""The custom operators: schema and fake implementations (opcheck), and torch.compile(fullgraph=True) of the
+public functions (quantize + grouped matmul, attention, dispatch, combine, select_experts), also with
+dynamic=True at two sizes (one graph of symbolic shapes), against the eager call's bits."""
 import pytest
 import torch
+from torch._dynamo.testing import CompileCounterWithBackend
 
 import llmkernels as lk
+from llmkernels import ops
 from llmkernels._testing import assert_close_relative, random_group_offsets
 from llmkernels.formats import scaled_tensor_parts
 
@@ -32,10 +35,13 @@ def test_grouped_matmul_opcheck(formats, device):
                           test_utils=("test_schema", "test_faketensor"))
 
 
-@pytest.mark.parametrize("format", ["mxfp8", "mxfp4", "nvfp4"])
+@pytest.mark.parametrize("format", ["mxfp8", "mxfp4", "nvfp4", "nvfp4_given_scale"])
 def test_quantize_opcheck(format, device):
     x = torch.randn(6, 64, device=device, dtype=torch.bfloat16)
-    torch.library.opcheck(torch.ops.llmkernels.quantize.default, (x, format, None))
+    global_scale = None
+    if format == "nvfp4_given_scale":  # the op's output must not alias it
+        format, global_scale = "nvfp4", torch.tensor(0.01, device=device)
+    torch.library.opcheck(torch.ops.llmkernels.quantize.default, (x, format, global_scale))
 
 
 def _moe_block(x, w_gate_up, offsets, ids, scales):
@@ -143,3 +149,117 @@ def test_moe_combine_opcheck(device):
 def test_moe_dispatch_opcheck(device):
     ids = torch.randint(0, 6, (9, 2), device=device, dtype=torch.int32)
     torch.library.opcheck(torch.ops.llmkernels.moe_dispatch.default, (ids, 6))
+
+
+def test_moe_select_experts_opcheck(device):
+    logits = torch.randn(7, 6, device=device)
+    torch.library.opcheck(torch.ops.llmkernels.moe_select_experts.default, (logits, 2, "sigmoid", True,
+                                                                            torch.rand(6, device=device)))
+
+
+# ------------------------------------------------------------------------------------------------ dynamic=True
+
+def _assert_same_bits(compiled, eager) -> None:
+    if isinstance(eager, torch.Tensor):
+        assert compiled.dtype == eager.dtype and torch.equal(compiled, eager)
+    else:
+        assert len(compiled) == len(eager)
+        for c, e in zip(compiled, eager):
+            _assert_same_bits(c, e)
+
+
+def _assert_dynamic_compile_matches_eager(fn, inputs_of_size, backend="aot_eager") -> None:
+    """``fn`` under torch.compile(fullgraph=True, dynamic=True), called at two sizes, gives eager's bits, and
+    the second size compiles nothing (the sizes stay symbolic)."""
+    counter = CompileCounterWithBackend(backend)
+    compiled = torch.compile(fn, fullgraph=True, dynamic=True, backend=counter)
+    graphs = []
+    for size in (5, 9):
+        inputs = inputs_of_size(size)
+        _assert_same_bits(compiled(*inputs), fn(*inputs))
+        graphs.append(counter.frame_count)
+    assert graphs[0] >= 1 and graphs[1] == graphs[0]
+
+
+def _grouped_inputs(device, k=64, dtype=torch.float32):
+    """inputs_of_size for (x, a_offsets, expert_ids): groups of size, 0 and 2 * size tokens, 2 rows past them."""
+    ids = torch.tensor([2, 0, 1], dtype=torch.int32, device=device)
+
+    def inputs_of_size(size):
+        x = torch.randn(3 * size + 2, k, device=device, dtype=dtype)
+        return x, random_group_offsets([size, 0, 2 * size], device=device), ids
+    return inputs_of_size
+
+
+def test_dynamic_compile_quantize_and_grouped_matmul_default_backend(device):
+    """The MoE block's call, through the default backend (inductor)."""
+    w = lk.quantize(torch.randn(3, 64, 64, device=device) / 8, "mxfp8")
+
+    def block(x, offsets, ids):  # the rows past the groups are not written: compare the others
+        return lk.grouped_matmul(lk.quantize(x, "mxfp8"), w, offsets, ids, epilogue="swiglu")[:x.shape[0] - 2]
+    _assert_dynamic_compile_matches_eager(block, _grouped_inputs(device), backend="inductor")
+
+
+def _swiglu_of_traced_floats(device):
+    """A SwiGLU made inside the compiled function of floats it traces (symbolic under dynamic=True; the op
+    specializes on their values, a model's constants)."""
+    w = lk.quantize(torch.randn(3, 64, 64, device=device) / 8, "mxfp4")
+    grouped = _grouped_inputs(device, dtype=torch.bfloat16)
+
+    def block(x, offsets, ids, alpha, limit):
+        glu = lk.SwiGLU(alpha, limit, interleaved=True)
+        return lk.grouped_matmul(x, w, offsets, ids, epilogue=glu)[:x.shape[0] - 2]
+    return block, lambda size: (*grouped(size), 1.702, 7.0)
+
+
+def _nvfp4_gathered_rows(device):
+    """quantize(rows=) of nvfp4: the op takes the global scale the compiled function computed."""
+    w = lk.quantize(torch.randn(3, 64, 64, device=device) / 8, "nvfp4")
+    grouped = _grouped_inputs(device)
+
+    def block(x, offsets, ids):
+        rows = torch.arange(x.shape[0] - 2, device=x.device)
+        a = lk.quantize(x, "nvfp4", rows=rows, global_scale=x.abs().amax() / (448 * 6))
+        return lk.grouped_matmul(a, w, offsets, ids)
+    return block, grouped
+
+
+def _hopper_layout_weights(device):
+    """b in the hopper layout: its alignment is checked by address, which a traced tensor has not."""
+    w = lk.quantize(torch.randn(3, 64, 64, device=device) / 8, "mxfp4").to_layout("hopper")
+
+    def block(x, offsets, ids):
+        return lk.grouped_matmul(x, w, offsets, ids, epilogue="swiglu")[:x.shape[0] - 2]
+    return block, _grouped_inputs(device, dtype=torch.bfloat16)
+
+
+def _moe_routing(device):
+    """select_experts, dispatch and combine: the routing around the expert matmuls."""
+    def route(logits, y):
+        weights, expert_ids = ops.select_experts(logits, 2)
+        token_of_row, offsets, row_of_copy = ops.dispatch(expert_ids, 6)
+        return token_of_row, offsets, ops.combine(y[:row_of_copy.numel()], row_of_copy, weights)
+    return route, lambda size: (torch.randn(size, 6, device=device), torch.randn(18, 32, device=device))
+
+
+def _attention_dense_and_paged(device):
+    """A causal dense call with sinks and a split-KV paged decode step of symbolic lengths."""
+    def layer(q, k, v, sinks, k_pages, v_pages, block_table, seqlens):
+        cache = lk.PagedKVCache(k_pages, v_pages, block_table, seqlens)
+        return (lk.attention(q, k, v, causal=True, sinks=sinks, return_lse=True),
+                lk.attention(q[:, -1:], None, None, kv_cache=cache, num_splits=3))
+
+    def inputs_of_size(size):
+        rand = lambda *shape: torch.randn(*shape, device=device, dtype=torch.bfloat16)  # noqa: E731
+        pages = torch.randperm(2 * size, device=device).to(torch.int32).view(2, size)
+        seqlens = torch.tensor([4 * size, 16 * size - 3], dtype=torch.int32, device=device)
+        return (rand(2, size, 4, 16), rand(2, size + 3, 2, 16), rand(2, size + 3, 2, 16), torch.randn(4, device=device),
+                rand(2 * size, 16, 2, 16), rand(2 * size, 16, 2, 16), pages, seqlens)
+    return layer, inputs_of_size
+
+
+@pytest.mark.parametrize("case", [_swiglu_of_traced_floats, _nvfp4_gathered_rows, _hopper_layout_weights, _moe_routing,
+                                  _attention_dense_and_paged], ids=lambda case: case.__name__.strip("_"))
+def test_dynamic_compile_matches_eager(case, device):
+    fn, inputs_of_size = case(device)
+    _assert_dynamic_compile_matches_eager(fn, inputs_of_size)

@@ -19,6 +19,7 @@ import functools
 
 import torch
 
+from ._runtime import check_device, forward_only
 from .attention import api as attention_api
 from .attention.masks import SCORE_MOD_SOFTCAP, UNBOUNDED, Chunked, SlidingWindow, alibi, split_mask_tensor
 from .attention.masks import softcap as make_softcap
@@ -32,9 +33,12 @@ from .routing.combine import check_combine
 from .routing.combine import combine as eager_combine
 from .routing.dispatch import check_dispatch
 from .routing.dispatch import dispatch as eager_dispatch
+from .routing.select import select_experts as eager_select_experts
+from .routing.topk import check_selection
 
-__all__ = ["quantize", "grouped_matmul", "attention", "dispatch", "combine",
-           "attention_op", "grouped_matmul_op", "moe_combine_op", "moe_dispatch_op", "quantize_op"]
+__all__ = ["quantize", "grouped_matmul", "attention", "dispatch", "combine", "select_experts",
+           "attention_op", "grouped_matmul_op", "moe_combine_op", "moe_dispatch_op", "moe_select_experts_op",
+           "quantize_op"]
 
 
 @torch.library.custom_op("llmkernels::grouped_matmul", mutates_args=())
@@ -72,9 +76,13 @@ def _grouped_matmul_fake(a_data, a_scales, a_global_scale, a_format, a_scale_lay
 def quantize_op(x: torch.Tensor, format: str, global_scale: torch.Tensor | None
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """:func:`llmkernels.quantize` with row scales: ``(data, scales, global_scale)``, data and scales
-    as uint8 bytes; the global scale is a float32 scalar, 1.0 for the MX formats (which have none)."""
+    as uint8 bytes; the global scale is a float32 scalar, 1.0 for the MX formats (which have none), a copy
+    of a given one (an operator's output may not alias its input)."""
     result = formats_api.quantize(x, format, global_scale=global_scale)
-    scale = result.global_scale if result.global_scale is not None else torch.ones((), device=x.device)
+    if result.global_scale is None:
+        scale = torch.ones((), device=x.device)
+    else:
+        scale = result.global_scale if global_scale is None else result.global_scale.clone()
     return result.data.view(torch.uint8), result.scales.view(torch.uint8), scale
 
 
@@ -161,6 +169,20 @@ def _moe_dispatch_fake(expert_ids, num_experts):
     return (expert_ids.new_empty(num_tokens * top_k, dtype=torch.int64),
             expert_ids.new_empty(num_experts + 1, dtype=torch.int32),
             expert_ids.new_empty((num_tokens, top_k), dtype=torch.int64))
+
+
+@torch.library.custom_op("llmkernels::moe_select_experts", mutates_args=())
+def moe_select_experts_op(router_logits: torch.Tensor, top_k: int, scoring: str, renormalize: bool,
+                          correction_bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`llmkernels.moe.select_experts`: ``(weights, expert_ids)``, float32 and int32 ``[T, top_k]``."""
+    return eager_select_experts(router_logits, top_k, scoring=scoring, renormalize=renormalize,
+                                correction_bias=correction_bias)
+
+
+@moe_select_experts_op.register_fake
+def _moe_select_experts_fake(router_logits, top_k, scoring, renormalize, correction_bias):
+    shape = (router_logits.shape[0], top_k)
+    return router_logits.new_empty(shape, dtype=torch.float32), router_logits.new_empty(shape, dtype=torch.int32)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -254,3 +276,14 @@ def combine(y, row_of_copy, weights, out_dtype=None):
         return eager_combine(y, row_of_copy, weights, out_dtype)
     check_combine(y, row_of_copy, weights, out_dtype)
     return moe_combine_op(y, row_of_copy, weights, out_dtype or y.dtype)
+
+
+@functools.wraps(eager_select_experts)
+def select_experts(router_logits, top_k, *, scoring="softmax", renormalize=True, correction_bias=None):
+    if not torch.compiler.is_compiling():
+        return eager_select_experts(router_logits, top_k, scoring=scoring, renormalize=renormalize,
+                                    correction_bias=correction_bias)
+    check_selection(router_logits, top_k, scoring, correction_bias)
+    check_device(router_logits=router_logits, correction_bias=correction_bias)
+    forward_only("select_experts", router_logits=router_logits, correction_bias=correction_bias)
+    return moe_select_experts_op(router_logits, top_k, scoring, renormalize, correction_bias)

@@ -361,7 +361,10 @@ def _operand_tensors(x) -> tuple:
 
 
 def _aligned(t: torch.Tensor) -> torch.Tensor:
-    """``t`` if dense and 16-byte aligned, else a dense copy (new allocations are aligned)."""
+    """``t`` if dense and 16-byte aligned, else a dense copy (new allocations are aligned). While torch.compile
+    traces, ``t`` (a fake tensor has no address; the custom op's eager call aligns the real one)."""
+    if torch.compiler.is_compiling():
+        return t
     return t if t.is_contiguous() and t.data_ptr() % 16 == 0 else t.clone(memory_format=torch.contiguous_format)
 
 

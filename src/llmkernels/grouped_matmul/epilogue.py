@@ -32,16 +32,21 @@ class SwiGLU:
     def __post_init__(self):
         for name in ("alpha", "up_shift"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not _finite(value):
                 raise ValueError(f"SwiGLU.{name} must be a finite number, got {value!r}")
             object.__setattr__(self, name, float(value))
         if self.limit is not None:
             if isinstance(self.limit, bool) or not isinstance(self.limit, (int, float)) or not self.limit > 0 \
-                    or not math.isfinite(self.limit):
+                    or not _finite(self.limit):
                 raise ValueError(f"SwiGLU.limit must be None or a finite number > 0, got {self.limit!r}")
             object.__setattr__(self, "limit", float(self.limit))
         if not isinstance(self.interleaved, bool):
             raise TypeError(f"SwiGLU.interleaved must be a bool, got {type(self.interleaved).__name__}")
+
+
+def _finite(value) -> bool:
+    # Comparisons, not math.isfinite: torch.compile traces them on a float it made symbolic (dynamic=True).
+    return -math.inf < value < math.inf
 
 
 GPT_OSS_SWIGLU = SwiGLU(alpha=1.702, limit=7.0, up_shift=1.0, interleaved=True)
