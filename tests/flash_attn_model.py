@@ -5,6 +5,8 @@ import math
 
 import torch
 
+from llmkernels._runtime import interpreting
+
 
 def flash_attn_model(q, k, v, causal, window, softcap, alibi_slopes, query_keep=None, key_keep=None, exact=True,
                      sinks=None, chunk=0):
@@ -105,3 +107,14 @@ def kvcache_model(q, k_cache, v_cache, k, v, cache_seqlens, *, cos=None, sin=Non
     out = flash_attn_model(q, k_after, v_after, causal, window, softcap, alibi_slopes,
                            key_keep=(key >= starts) & (key < ends), sinks=sinks, chunk=chunk)
     return out, k_after, v_after
+
+
+def assert_cache_after(actual, expected, what="cache"):
+    """A cache after an append against :func:`kvcache_model`'s: rows the append did not write keep their bits;
+    written rows are the float32 rotation rounded once (bit for bit in the interpreter; a GPU compiler may fuse
+    the rotation's multiply-add: at most one ulp of the cache's dtype there)."""
+    if interpreting():
+        assert torch.equal(actual, expected), f"{what}: {(actual != expected).sum().item()} elements differ"
+    else:
+        ulp = expected.float().abs().clamp_min(torch.finfo(expected.dtype).tiny) * torch.finfo(expected.dtype).eps
+        assert ((actual.float() - expected.float()).abs() <= ulp).all(), what

@@ -1,13 +1,14 @@
 """``llmkernels.flash_attn``: flash-attn 2.8's API over our attention. The plain and varlen calls must give the bits of
 the equivalent ``lk.attention`` call; ``flash_attn_with_kvcache`` (append in place, rotary, cache_batch_idx, dense
-and paged caches) is checked against a float64 model of flash-attn's documented behaviour written here."""
+and paged caches) is checked against a float64 model of flash-attn's documented behaviour (``flash_attn_model.py``),
+the cache after the append bit for bit."""
 import math
 
 import pytest
 import torch
 
 import llmkernels as lk
-from flash_attn_model import flash_attn_model
+from flash_attn_model import assert_cache_after, flash_attn_model, kvcache_model
 from llmkernels._testing import assert_close_relative
 from llmkernels.flash_attn import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache
 
@@ -103,22 +104,6 @@ def test_varlen_over_pages_equals_ragged(table, device):
     assert_close_relative(out.float(), expected.float(), 1e-2)
 
 
-def _rotate(x, cos, sin, positions, interleaved):
-    """float64 rotary of x ``[B, S, H, D]`` at positions ``[B, S]`` (flash-attn's apply_rotary_emb)."""
-    half = cos.shape[1]
-    c = cos.double()[positions][:, :, None, :]
-    s = sin.double()[positions][:, :, None, :]
-    x = x.double()
-    rot, rest = x[..., :2 * half], x[..., 2 * half:]
-    if interleaved:
-        x1, x2 = rot[..., 0::2], rot[..., 1::2]
-        rotated = torch.stack([x1 * c - x2 * s, x1 * s + x2 * c], -1).flatten(-2)
-    else:
-        x1, x2 = rot[..., :half], rot[..., half:]
-        rotated = torch.cat([x1 * c - x2 * s, x1 * s + x2 * c], -1)
-    return torch.cat([rotated, rest], -1)
-
-
 def _attend(q, k, v, lengths, causal, window, starts=None):
     """float64 attention of q ``[B, Sq, Hq, D]`` over keys ``starts[b] .. lengths[b] - 1`` of k, v ``[B, S, Hkv,
     D]``, bottom-right aligned."""
@@ -170,40 +155,25 @@ def test_with_kvcache(size, cache, rotary, causal, window, device):
         cache_kwargs = dict(cache_batch_idx=cache_batch_idx)
         logical = lambda c: c[cache_batch_idx.long()]  # noqa: E731
     k_before, v_before = k_cache.clone(), v_cache.clone()
-    # the model: rotate the new keys, write them at cache_seqlens + i, rotate q, attend
-    positions = cache_seqlens[:, None].long() + torch.arange(new, device=device)[None, :]
-    expected_k, expected_v = logical(k_before).double(), logical(v_before).double()
-    k_written = k_new.double() if rotary is None else _rotate(k_new, rotary_kwargs["rotary_cos"],
-                                                              rotary_kwargs["rotary_sin"], positions,
-                                                              rotary == "interleaved")
-    for b in range(batch):
-        expected_k[b, positions[b]] = k_written[b]
-        expected_v[b, positions[b]] = v_new[b].double()
-    q_model = q.double()
-    if rotary is not None:
-        per_token = causal or window != (-1, -1)
-        q_positions = cache_seqlens[:, None].long() + (torch.arange(seqlen_q, device=device)[None, :] if per_token
-                                                       else torch.zeros(1, seqlen_q, dtype=torch.long, device=device))
-        q_model = _rotate(q, rotary_kwargs["rotary_cos"], rotary_kwargs["rotary_sin"], q_positions,
-                          rotary == "interleaved")
-    expected = _attend(q_model.to(torch.bfloat16), expected_k.to(torch.bfloat16), expected_v.to(torch.bfloat16),
-                       cache_seqlens + new, causal, window, leftpad)
+    expected, expected_k, expected_v = kvcache_model(
+        q, logical(k_before), logical(v_before), k_new, v_new, cache_seqlens, interleaved=rotary == "interleaved",
+        cos=rotary_kwargs.get("rotary_cos"), sin=rotary_kwargs.get("rotary_sin"), causal=causal, window=window,
+        leftpad=leftpad)
 
     out, lse = flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens=cache_seqlens, causal=causal,
                                        window_size=window, return_softmax_lse=True, cache_leftpad=leftpad,
                                        **rotary_kwargs, **cache_kwargs)
     assert out.shape == q.shape and lse.shape == (batch, heads, seqlen_q)
     assert_close_relative(out.float(), expected, TOLERANCE)
-    assert torch.equal(logical(v_cache).double(), expected_v)
-    assert_close_relative(logical(k_cache).double(), expected_k, 1e-2)
-    # nothing else of the cache moved: rows outside the appended positions keep their bits
-    touched_k, touched_v = logical(k_cache).clone(), logical(v_cache).clone()
-    for b in range(batch):
-        touched_k[b, positions[b]] = logical(k_before)[b, positions[b]]
-        touched_v[b, positions[b]] = logical(v_before)[b, positions[b]]
-    assert torch.equal(touched_k, logical(k_before)) and torch.equal(touched_v, logical(v_before))
+    # appended rows: the float32 rotation rounded once; every other row of the sequences keeps its bits
+    assert_cache_after(logical(k_cache), expected_k, "k_cache")
+    assert torch.equal(logical(v_cache), expected_v)
     if not cache.startswith("paged"):  # the sequence no batch row maps to is untouched
         assert torch.equal(k_cache[2], k_before[2]) and torch.equal(v_cache[2], v_before[2])
+    else:  # and so are the pages no sequence uses
+        unused = torch.ones(k_cache.shape[0], dtype=torch.bool, device=device)
+        unused[block_table.long().flatten()] = False
+        assert torch.equal(k_cache[unused], k_before[unused]) and torch.equal(v_cache[unused], v_before[unused])
 
 
 def test_kvcache_without_new_keys_and_past_the_end(device):

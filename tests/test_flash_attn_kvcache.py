@@ -8,9 +8,8 @@ import torch
 import triton
 from triton.runtime.interpreter import InterpretedFunction
 
-from flash_attn_model import kvcache_model
+from flash_attn_model import assert_cache_after, kvcache_model
 from llmkernels import _launch
-from llmkernels._runtime import interpreting
 from llmkernels._testing import relative_error
 from llmkernels.flash_attn import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache
 
@@ -49,16 +48,6 @@ def _call_args(device, layout, cache_seqlens, rotary=True):
         angle = torch.rand(capacity + SEQLEN_Q, ROTARY_HALF, device=device) * 2 * math.pi
         args.update(rotary_cos=angle.cos().bfloat16(), rotary_sin=angle.sin().bfloat16())
     return args, logical
-
-
-def _assert_cache_after(actual, expected, what):
-    """Rows the append did not write keep their bits; written rows are the model's float32 rotation rounded once
-    (bit for bit in the interpreter; a GPU compiler may fuse the rotation's multiply-add: one bf16 ulp)."""
-    if interpreting():
-        assert torch.equal(actual, expected), f"{what}: {(actual != expected).sum().item()} elements differ"
-    else:
-        ulp = expected.float().abs().clamp_min(2.0**-126) * 2.0**-7
-        assert ((actual.float() - expected.float()).abs() <= ulp).all(), what
 
 
 # name: (layout, cache_seqlens, flash_attn_with_kvcache kwargs, kvcache_model kwargs). Sequence 0 appends past the
@@ -102,7 +91,7 @@ def test_kvcache_matches_the_model(name, device):
     assert out.shape == args["q"].shape and lse.shape == (BATCH, HEADS, SEQLEN_Q)
     error = relative_error(out, expected)
     assert error <= TOLERANCE, f"{name}: relative error {error:.2e} > {TOLERANCE:.1e}"
-    _assert_cache_after(logical(args["k_cache"]), k_after, "k_cache")
+    assert_cache_after(logical(args["k_cache"]), k_after, "k_cache")
     assert torch.equal(logical(args["v_cache"]), v_after), "v_cache"
     # the cache's other rows (the dense sequence no batch row maps to, the unused pages) keep their bits
     for after, before in zip((args["k_cache"], args["v_cache"]), caches_before):
