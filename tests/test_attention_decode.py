@@ -62,6 +62,46 @@ def test_combine_in_one_block_and_in_blocks(device):
         assert relative_error(out, expected) <= TOLERANCE["splits_agree"]
 
 
+def _decode_float64(q, k, v, sinks):
+    """Attention from its definition, in float64: ``out = sum_j p_j v_j`` with ``p_j = exp(s_j) / (sum_i exp(s_i)
+    + exp(sink_h))``, ``s = q·k / sqrt(D)``, the natural-log sink not scaled, and ``lse = log(sum_i exp(s_i) +
+    exp(sink_h))``. q ``[B, Sq, Hq, D]``, k and v ``[B, Skv, Hkv, D]`` (q head h reads KV head
+    ``h // (Hq / Hkv)``), sinks float ``[Hq]`` or None. Returns float64 out ``[B, Sq, Hq, D]``, lse ``[B, Hq, Sq]``."""
+    group = q.shape[2] // k.shape[2]
+    k64, v64 = (t.double().repeat_interleave(group, dim=2) for t in (k, v))
+    scores = torch.einsum("bqhd,bkhd->bhqk", q.double(), k64) / q.shape[-1] ** 0.5
+    logits = scores
+    if sinks is not None:
+        logits = torch.cat([scores, sinks.double()[None, :, None, None].expand(*scores.shape[:3], 1)], dim=-1)
+    lse = torch.logsumexp(logits, dim=-1)
+    return torch.einsum("bhqk,bkhd->bqhd", torch.exp(scores - lse[..., None]), v64), lse
+
+
+# A correct bf16 decode with sinks against _decode_float64, the cases below over 10 seeds (4 for 1088 keys):
+# out at most 6.4e-3 relative (the output's bf16 rounding), lse at most 7.2e-7 absolute; bounds about 3x those.
+# Dropping the sinks moves out by at least 1.0 there.
+SINK_DECODE_BOUND = {"out": 2e-2, "lse": 2e-6}
+
+
+@pytest.mark.parametrize("num_splits,batch,seqlen_k", [(1, 2, 96), (5, 2, 96), (80, 1, 1088)],
+                         ids=["one_pass", "combine_one_block", "combine_blocked"])
+def test_decode_with_sinks_against_the_definition(device, num_splits, batch, seqlen_k):
+    """Sinks holding from a quarter to four fifths of each row's weight, so that a combine that drops them
+    moves the output far past the bound: one pass, the combine's one-block path (<= 64 splits: 5 over 6 key
+    tiles, two of them empty) and its blocked path (> 64 splits: 80 asked, 68 run, one per key tile, in two
+    blocks of 64)."""
+    q, k, v = _qkv(batch, 1, seqlen_k, 4, 1, 16, torch.bfloat16, device)
+    dropped, lse_without_sinks = _decode_float64(q, k, v, None)
+    sinks = lse_without_sinks.mean(dim=(0, 2)).float() + torch.tensor([-1.0, 0.0, 0.5, 1.5], device=device)
+    expected, expected_lse = _decode_float64(q, k, v, sinks)
+    assert relative_error(dropped, expected) > 20 * SINK_DECODE_BOUND["out"]  # the sinks matter
+
+    out, lse = attention(q, k, v, sinks=sinks, num_splits=num_splits, return_lse=True, config=DECODE_CONFIG)
+    assert_close_relative(out, expected, SINK_DECODE_BOUND["out"], f"splits={num_splits} out")
+    lse_error = (lse.double() - expected_lse).abs().max().item()
+    assert lse_error <= SINK_DECODE_BOUND["lse"], f"splits={num_splits} lse: {lse_error:.2e}"
+
+
 @pytest.mark.parametrize("seqlen_q", [1, 4, 16])
 @pytest.mark.parametrize("num_splits", [None, 1, 4])
 def test_short_queries_causal(device, seqlen_q, num_splits):
