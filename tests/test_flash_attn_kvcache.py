@@ -273,7 +273,7 @@ def _in_canary_buffer(shape, guard, device):
 def test_canaries_around_the_caches_survive(device):
     """Bad k / v shapes raise before writing; calls whose positions, cache_batch_idx or block-table entries point
     past the cache write nothing outside it and read nothing outside it (the output stays finite)."""
-    guard = 2 * PAGE * KV_HEADS * DIM
+    guard = 32 * KV_HEADS * DIM  # a dense sequence, two pages
     dense_shape, paged_shape = (BATCH, 32, KV_HEADS, DIM), (4, PAGE, KV_HEADS, DIM)
     buffers = {name: _in_canary_buffer(shape, guard, device)
                for name, shape in (("k_dense", dense_shape), ("v_dense", dense_shape), ("k_paged", paged_shape),
@@ -293,11 +293,13 @@ def test_canaries_around_the_caches_survive(device):
                 flash_attn_with_kvcache(**caches, k=k, v=v, cache_seqlens=_int32([30, 31], device),
                                         block_table=_int32([[0, 1], [2, 3]], device) if caches is paged else None)
             assert torch.equal(caches["k_cache"], before[0]) and torch.equal(caches["v_cache"], before[1])
+    # entries one past either end would land in the canaries if they were not clamped
     k, v = new(BATCH, 3, KV_HEADS, DIM), new(BATCH, 3, KV_HEADS, DIM)
-    outs = [flash_attn_with_kvcache(**dense, k=k, v=v, cache_seqlens=_int32([31, 2**31 - 2], device),
-                                    cache_batch_idx=_int32([5, -1], device)),
-            flash_attn_with_kvcache(**paged, k=k, v=v, cache_seqlens=_int32([30, 45], device),
-                                    block_table=_int32([[-3, 99, 1], [7, 0, 2**31 - 1]], device))]
+    outs = [flash_attn_with_kvcache(**dense, k=k, v=v, cache_seqlens=_int32([31, 0], device),
+                                    cache_batch_idx=_int32([2, -1], device)),
+            flash_attn_with_kvcache(**dense, k=k, v=v, cache_seqlens=_int32([30, 2**31 - 2], device)),
+            flash_attn_with_kvcache(**paged, k=k, v=v, cache_seqlens=_int32([14, 45], device),
+                                    block_table=_int32([[-1, 4, 1], [7, 0, 2**31 - 1]], device))]
     assert all(torch.isfinite(out).all() for out in outs)
     for name, (buffer, _) in buffers.items():
         head, tail = canaries[name]
@@ -309,7 +311,9 @@ def test_canaries_around_the_caches_survive(device):
 
 def _gapped(t, step=2):
     """The values of t in a view whose last dim has stride ``step`` (not unit)."""
-    holder = torch.empty(*t.shape[:-1], t.shape[-1] * step, dtype=t.dtype, device=t.device)
+    # the gaps hold other values (NaN, or 1): a kernel reading them gives other bits
+    holder = torch.full((*t.shape[:-1], t.shape[-1] * step), float("nan") if t.is_floating_point() else 1,
+                        dtype=t.dtype, device=t.device)
     view = holder[..., ::step]
     view.copy_(t)
     return view
