@@ -45,6 +45,7 @@ class Call:
     make: Callable[[torch.device], dict]  # device -> {leaf: tensor}, fresh random inputs
     run: Callable[[dict], object]  # {leaf: tensor} -> the call's result
     written: tuple = ()  # the leaves the call writes in place
+    aliases: tuple = ()  # (leaf, name) pairs: an adapter's argument under the name of the function it calls
 
 
 PUBLIC_MODULES = ("llmkernels", "llmkernels.flash_attn", "llmkernels.moe", "llmkernels.formats",
@@ -795,7 +796,8 @@ def _attention_forward_call() -> Call:
         return lk_transformers.attention_forward(_AttentionModule(), leaves["query"], leaves["key"], leaves["value"],
                                                  leaves["attention_mask"], scaling=0.3, s_aux=leaves["s_aux"])[0]
 
-    return Call("attention_forward[bool mask, sinks]", ("attention_forward",), make, run)
+    return Call("attention_forward[bool mask, sinks]", ("attention_forward",), make, run,
+                aliases=(("query", "q"), ("key", "k"), ("value", "v"), ("attention_mask", "mask"), ("s_aux", "sinks")))
 
 
 def _mixtral_experts(leaves: dict, prefix: str) -> torch.nn.Module:
@@ -835,7 +837,9 @@ def _experts_call(quantized: bool) -> Call:
         return torch.tensor(count), lk.dequantize(weights.w1), lk.dequantize(weights.w2)
 
     name = "quantize_experts" if quantized else "experts_forward"
-    return Call(f"{name}[Mixtral experts]", (name,), make, run)
+    aliases = (("top_k_index", "topk_ids"), ("top_k_weights", "topk_weights"), (f"{prefix}.gate_up_proj", "w1"),
+               (f"{prefix}.down_proj", "w2"))
+    return Call(f"{name}[Mixtral experts]", (name,), make, run, aliases=aliases)
 
 
 

@@ -195,7 +195,7 @@ def _count_launches(monkeypatch) -> list:
 def _argument_names(call, leaves: dict) -> set:
     """The names a message may use for the call's arguments: its leaves' parts and its functions' parameters
     (``alibi_slopes`` also as ``alibi slopes``)."""
-    names = {part for leaf in leaves for part in leaf.split(".")}
+    names = {part for leaf in leaves for part in leaf.split(".")} | {name for _, name in call.aliases}
     for key in call.functions:
         names |= set(inspect.signature(PUBLIC[key]).parameters)
     return names | {name.replace("_", " ") for name in names}

@@ -96,7 +96,15 @@ def _deinterleave(t: torch.Tensor) -> torch.Tensor:
 
 def _expert_weights(experts: torch.nn.Module, layout: str, weight_format: str | None = None,
                     scale_layout: str = "row") -> ExpertWeights:
-    """The module's weights in :func:`fused_experts`' layout, bf16 or quantized (one copy, made once)."""
+    """The module's weights in :func:`fused_experts`' layout, bf16 or quantized (one copy, made once).
+
+    Raises:
+        ValueError: ``gate_up_proj`` / ``down_proj`` not 3D weights of the same number of experts.
+    """
+    for name in ("gate_up_proj", "down_proj"):
+        weight = getattr(experts, name)
+        if weight.dim() != 3 or weight.shape[0] != experts.gate_up_proj.shape[0]:
+            raise ValueError(f"{name} must be [E, ., .] for E experts, got shape {tuple(weight.shape)}")
     with torch.no_grad():
         if layout == "default":
             w1, w2, b1, b2, activation = experts.gate_up_proj, experts.down_proj, None, None, SwiGLU()
