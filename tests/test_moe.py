@@ -1,15 +1,46 @@
-"""The MoE block against a plain float32 PyTorch MoE with the same routing and the same (dequantized)
-weights; routing and dispatch on their own."""
+"""The MoE block against a plain float32 PyTorch MoE with the same (dequantized) weights and a float64
+routing written from its definition; routing and dispatch on their own; every argument of the block checked
+before anything is quantized."""
 import pytest
 import torch
+from test_fused_experts import _TensorOps, _exactly_quantizable_problem, _reference
 
 import llmkernels as lk
-from llmkernels._testing import assert_close_relative
+from llmkernels._testing import assert_close_relative, relative_error
 from llmkernels.moe import MoEFeedForward, combine, dispatch, dispatch_reference, route
 
 # bf16 rounding of the intermediate and the output; with quantized activations the reference
 # quantizes the same values, and a rounding flipped by a last-bit difference adds a little
 TOLERANCE = {"bf16": 1.5e-2, "mxfp8": 5e-2, "nvfp4": 0.12}  # measured: <= 7e-3, 2.5e-2, 6.9e-2
+
+
+def _route_reference(logits, top_k, scoring="softmax", renormalize=True, num_groups=None, topk_groups=None,
+                     correction_bias=None, group_top=2):
+    """Top-k routing in float64, token by token, from its definition (DeepSeek-V3's for sigmoid scores with
+    groups): scores (softmax or sigmoid of the logits); selection scores = scores + correction_bias; with groups,
+    a group's score is the sum of its ``group_top`` best selection scores and only the ``topk_groups`` best
+    groups stay; the ``top_k`` best selection scores among what stays, in decreasing order; their unbiased
+    scores as weights, divided by their sum when ``renormalize``. Returns ``(float64 weights, int64 ids)``."""
+    logits = logits.double()
+    scores = logits.softmax(-1) if scoring == "softmax" else logits.sigmoid()
+    selection = scores + (0 if correction_bias is None else correction_bias.double())
+    num_tokens, num_experts = scores.shape
+    weights = torch.zeros(num_tokens, top_k, dtype=torch.float64)
+    ids = torch.zeros(num_tokens, top_k, dtype=torch.int64)
+    for t in range(num_tokens):
+        row = selection[t].tolist()
+        candidates = list(range(num_experts))
+        if num_groups is not None:
+            size = num_experts // num_groups
+            groups = [candidates[g * size:(g + 1) * size] for g in range(num_groups)]
+            group_scores = [sum(sorted((row[e] for e in group), reverse=True)[:group_top]) for group in groups]
+            kept = sorted(range(num_groups), key=lambda g: -group_scores[g])[:topk_groups]
+            candidates = [e for g in kept for e in groups[g]]
+        picked = sorted(candidates, key=lambda e: -row[e])[:top_k]
+        picked_scores = scores[t, picked]
+        weights[t] = picked_scores / picked_scores.sum() if renormalize else picked_scores
+        ids[t] = torch.tensor(picked)
+    return weights.to(logits.device), ids.to(logits.device)
 
 
 def _weights(num_experts, hidden, intermediate, device):
@@ -35,11 +66,8 @@ def _reference_moe(x, block: MoEFeedForward):
     x = x.reshape(-1, block.hidden).float()
     x_rounded = _activations(x, block)
     logits = x @ block.router_weight.float().t()
-    if block.routing["scoring"] == "softmax" and block.routing["num_groups"] is None and block.correction_bias is None:
-        top = logits.softmax(-1).topk(block.top_k, dim=-1)  # spelled out for the common case
-        weights, experts = top.values / top.values.sum(-1, keepdim=True), top.indices
-    else:  # other routings through route(), which test_route_* checks on its own
-        weights, experts = route(logits, block.top_k, correction_bias=block.correction_bias, **block.routing)
+    weights, experts = _route_reference(logits, block.top_k, correction_bias=block.correction_bias, **block.routing)
+    weights = weights.float()
     w_gate_up, w_down = _float(block.w_gate_up), _float(block.w_down)
     hidden = torch.zeros(x.shape[0], block.top_k, block.intermediate, device=x.device)
     for t in range(x.shape[0]):
@@ -184,8 +212,116 @@ def test_moe_block_deepseek_routing(device):
                                       num_groups=4, topk_groups=2, correction_bias=bias)
     x = torch.randn(6, 64, device=device, dtype=torch.bfloat16)
     assert_close_relative(block(x).float(), _reference_moe(x, block), TOLERANCE["bf16"], "deepseek routing")
+    logits = x.float() @ router.t()
+    groups = dict(scoring="sigmoid", num_groups=4, topk_groups=2, correction_bias=bias)
+    best_only = _route_reference(logits, 4, **groups, group_top=1)[1]
+    assert not torch.equal(_route_reference(logits, 4, **groups)[1], best_only), \
+        "no token where scoring groups by their best expert picks other experts"
     with pytest.raises(ValueError, match="top_k"):
         MoEFeedForward.from_float(router, w_gate_up, w_down, 17)
+
+
+ROUTINGS = {"softmax": dict(scoring="softmax"),
+            "sigmoid, bias": dict(scoring="sigmoid", correction_bias=True),
+            "softmax, groups": dict(scoring="softmax", num_groups=4, topk_groups=2),
+            "sigmoid, groups, bias": dict(scoring="sigmoid", num_groups=4, topk_groups=2, correction_bias=True)}
+
+
+@pytest.mark.parametrize("renormalize", [True, False])
+@pytest.mark.parametrize("routing", ROUTINGS, ids=str)
+def test_route_matches_the_definition(routing, renormalize, device):
+    """route() against the float64 reference (DeepSeek-V3's grouped selection: groups scored by the sum of
+    their two best biased scores), with and without renormalized weights. The logits are such that scoring
+    groups by their best expert alone would pick other experts for some tokens."""
+    routing = dict(ROUTINGS[routing])
+    if routing.pop("correction_bias", False):
+        routing["correction_bias"] = torch.rand(16, device=device) * 0.2
+    logits = torch.randn(32, 16, device=device) * 2
+    weights, ids = route(logits, 3, renormalize=renormalize, **routing)
+    expected_weights, expected_ids = _route_reference(logits, 3, renormalize=renormalize, **routing)
+    assert ids.dtype == torch.int32 and torch.equal(ids.long(), expected_ids)
+    torch.testing.assert_close(weights.double(), expected_weights, rtol=1e-6, atol=1e-7)
+    if renormalize:
+        torch.testing.assert_close(weights.sum(-1), torch.ones(32, device=device))
+    else:
+        assert (weights.sum(-1) - 1).abs().min() > 1e-2, "weights that sum to 1 do not test renormalize=False"
+    if "num_groups" in routing:
+        _, best_only_ids = _route_reference(logits, 3, renormalize=renormalize, **routing, group_top=1)
+        assert (best_only_ids != expected_ids).any(1).sum() >= 4, "the logits do not tell the group scores apart"
+    with pytest.raises(ValueError, match="top_k"):
+        route(logits, 9, num_groups=4, topk_groups=2)  # the two kept groups hold 8 experts
+
+
+def test_moe_block_quantizes_both_activations(device):
+    """mxfp8 weights and activations against float64 routing and experts that quantize the tokens and the hidden
+    activations (both lossy, on integers exact in bf16: ``_exactly_quantizable_problem``). Measured 3.7e-3 on
+    the CPU (the bf16 rounding of the expert outputs, which the interpreter truncates and the reference rounds
+    to nearest); skipping the quantization of the down projection's input: 3.4e-2."""
+    x, w_gate_up, w_down, _, _ = _exactly_quantizable_problem(device, tokens=8, experts=4, k=64, n=32)
+    router = torch.randn(4, 64, device=device) / 200  # logits of about 1: top-2 weights of both sizes
+    block = MoEFeedForward.from_float(router, w_gate_up, w_down, 2, weight_format="mxfp8")
+    assert block.activation_format == "mxfp8"
+    logits = x @ router.t()
+    margin = logits.sort(-1, descending=True).values
+    assert (margin[:, 1] - margin[:, 2]).min() > 1e-3, "a near-tie of the routing"
+    weights, ids = _route_reference(logits, 2)
+    out = block(x)
+    assert out.dtype == torch.float32
+    expected = _reference(x, w_gate_up, w_down, weights, ids, activation_format="mxfp8")
+    assert_close_relative(out, expected, 8e-3, "mxfp8 block")
+    assert relative_error(_reference(x, w_gate_up, w_down, weights, ids), expected) > 2e-2
+
+
+def _block_arguments(device, experts=4, hidden=64, intermediate=32):
+    router, w_gate_up, w_down = _weights(experts, hidden, intermediate, device)
+    return router, w_gate_up, w_down, 2
+
+
+def test_from_float_checks_every_argument_before_quantizing(device):
+    """Each bad argument of from_float (and of the constructor) raises, naming it, before any tensor
+    operation: no weight is quantized or copied first."""
+    router, w_gate_up, w_down, top_k = _block_arguments(device)
+    w_down_40 = torch.randn(4, 64, 40, device=device)  # I = 40: not a multiple of mxfp8's 32
+    cases = {
+        "process_group": (TypeError, "process_group must be None or a torch.distributed ProcessGroup",
+                          dict(process_group="world")),
+        "correction_bias": (ValueError, "correction_bias must be", dict(correction_bias=torch.zeros(3, device=device))),
+        "correction_bias elsewhere": (ValueError, "correction_bias is on meta", dict(
+            correction_bias=torch.zeros(4, device="meta"))),
+        "weight_format": (ValueError, "weight_format", dict(weight_format="fp8")),
+        "activation_format": (ValueError, "activation_format", dict(activation_format="fp8")),
+        "format pair": (ValueError, "does not pair", dict(activation_format="nvfp4")),
+        "weight_layout": (ValueError, "weight_layout", dict(weight_layout="hopper")),
+        "routing keyword": (TypeError, "num_group", dict(num_group=2)),
+        "scoring": (ValueError, "scoring", dict(scoring="softplus")),
+        "groups": (ValueError, "num_groups", dict(scoring="sigmoid", num_groups=3, topk_groups=1)),
+        "top_k above the kept groups": (ValueError, "top_k", dict(num_groups=4, topk_groups=1)),
+        "top_k": (ValueError, "top_k", dict(top_k=5)),
+        "capacity": (ValueError, "capacity", dict(capacity=2)),
+        "I not a multiple of the block": (ValueError, "blocks of 32", dict(
+            w_gate_up=torch.randn(4, 80, 64, device=device), w_down=w_down_40)),
+        "float64 weights": (TypeError, "w_down", dict(w_down=w_down.double())),
+        "w_down of another shape": (ValueError, "w_down", dict(w_down=w_down.transpose(1, 2))),
+    }
+    for name, (error, message, changes) in cases.items():
+        arguments = {**dict(router_weight=router, w_gate_up=w_gate_up, w_down=w_down, top_k=top_k), **changes}
+        with _TensorOps() as recorded, pytest.raises(error, match=message):
+            MoEFeedForward.from_float(**arguments)
+        assert recorded.ops == [], f"{name}: ran {recorded.ops} before raising"
+    bf16 = (w_gate_up.bfloat16(), w_down.bfloat16())
+    scaled = (lk.quantize(w_gate_up, "mxfp8"), lk.quantize(w_down, "mxfp8"))
+    tiled = lk.quantize(w_down, "mxfp8", scale_layout="128x4")
+    for name, (error, message, call) in {
+        "bf16 weights under mxfp8 activations": (ValueError, "does not pair", lambda: MoEFeedForward(
+            router, *bf16, 2, activation_format="mxfp8")),
+        "128x4 scales": (ValueError, "w_down must have row-major scales", lambda: MoEFeedForward(
+            router, scaled[0], tiled, 2)),
+        "a group that is not a group": (TypeError, "process_group", lambda: MoEFeedForward(
+            router, *scaled, 2, process_group=object())),
+    }.items():
+        with _TensorOps() as recorded, pytest.raises(error, match=message):
+            call()
+        assert recorded.ops == [], f"{name}: ran {recorded.ops} before raising"
 
 
 @pytest.mark.parametrize("scoring", ["softmax", "sigmoid"])

@@ -12,7 +12,7 @@ from .._runtime import cuda_capability, forward_only, interpreting
 from ..formats import FORMATS, HOPPER_FORMATS, ScaledTensor, unwrap_torchao
 from ..formats.spec import format_spec
 from ..ops import combine, dispatch, grouped_matmul, quantize
-from ..routing import check_correction_bias, route, select_experts
+from ..routing import check_routing, route, select_experts
 from .expert_parallel import ExpertExchange
 
 __all__ = ["MoEFeedForward"]
@@ -22,8 +22,15 @@ def _is_hopper(device: torch.device) -> bool:
     return device.type == "cuda" and not interpreting() and cuda_capability(device)[0] == 9
 
 
+def _is_process_group(group) -> bool:
+    return dist.is_available() and isinstance(group, dist.ProcessGroup)
+
+
 def _local_expert_count(process_group, capacity, num_experts: int) -> int:
     """E without a process group, else E / W; checks the expert-parallel arguments before any collective."""
+    if process_group is not None and not _is_process_group(process_group):
+        raise TypeError(f"process_group must be None or a torch.distributed ProcessGroup, got "
+                        f"{type(process_group).__name__}")
     if capacity is not None and (isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1):
         raise ValueError(f"capacity must be None (exact mode) or an int >= 1, got {capacity!r}")
     if process_group is None:
@@ -53,7 +60,73 @@ def _check_same_config_on_every_rank(process_group, block, device: torch.device)
             raise ValueError(f"expert-parallel ranks disagree: rank {rank} has another {', '.join(differ)} than "
                              f"rank {block.exchange.rank}")
 
+
 PLAIN = ("bf16",)
+_ROUTING_ARGUMENTS = ("scoring", "renormalize", "num_groups", "topk_groups", "correction_bias")
+_FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)  # what quantize takes
+
+
+def _weight_format(name: str, weight) -> str:
+    """The format of a constructor weight, checked: a valid ScaledTensor's (row or hopper layout), or "bf16"
+    for a bf16 tensor."""
+    if isinstance(weight, ScaledTensor):
+        weight.validate()
+        if weight.scale_layout not in ("row", "hopper"):
+            raise ValueError(f"{name} must have row-major scales or be in the hopper layout, got "
+                             f"{weight.scale_layout!r}")
+        return weight.format
+    if not isinstance(weight, torch.Tensor) or weight.dtype != torch.bfloat16:
+        raise TypeError(f"{name} must be a ScaledTensor or a bf16 tensor, "
+                        f"got {getattr(weight, 'dtype', type(weight).__name__)}")
+    return "bf16"
+
+
+def _check_format_pair(activation_format: str, weight_formats: dict) -> None:
+    """The pairs the grouped matmul takes: plain bf16 activations with any weights; quantized activations
+    with quantized weights of their family (nvfp4 with nvfp4 only)."""
+    if activation_format not in PLAIN + tuple(FORMATS):
+        raise ValueError(f"activation_format must be 'bf16' or one of {tuple(FORMATS)}, got {activation_format!r}")
+    if activation_format in PLAIN:
+        return
+    for name, weight_format in weight_formats.items():
+        if weight_format in PLAIN or (weight_format == "nvfp4") != (activation_format == "nvfp4"):
+            raise ValueError(f"activation_format {activation_format!r} does not pair with {weight_format} {name}: "
+                             f"quantized activations need quantized weights, nvfp4 pairs only with nvfp4")
+
+
+def _check_block_arguments(router_weight, w_gate_up, w_down, top_k, activation_format: str, weight_formats: dict,
+                           process_group, capacity, routing: dict) -> tuple[int, int, int, int]:
+    """Every argument of the block (the weights' types excepted) before anything is quantized, copied or
+    gathered; returns ``(E, H, I, local E)``.
+
+    Raises:
+        TypeError / ValueError: naming the argument (shapes, format pairs, blocks, routing, devices, group).
+    """
+    if not isinstance(router_weight, torch.Tensor) or not router_weight.is_floating_point():
+        raise TypeError(f"router_weight must be a floating [E, H] tensor, got {type(router_weight).__name__}")
+    if router_weight.dim() != 2:
+        raise ValueError(f"router_weight must be [E, H], got shape {tuple(router_weight.shape)}")
+    num_experts, hidden = router_weight.shape
+    num_local = _local_expert_count(process_group, capacity, num_experts)
+    local = "" if process_group is None else " (this rank's experts: E / world size)"
+    if (len(w_gate_up.shape) != 3 or w_gate_up.shape[0] != num_local or w_gate_up.shape[2] != hidden
+            or w_gate_up.shape[1] % 2):
+        raise ValueError(f"w_gate_up must be [{num_local}{local}, 2I, H={hidden}], got {tuple(w_gate_up.shape)}")
+    intermediate = w_gate_up.shape[1] // 2
+    if tuple(w_down.shape) != (num_local, hidden, intermediate):
+        raise ValueError(f"w_down must be [E, H, I] = [{num_local}{local}, {hidden}, {intermediate}], "
+                         f"got {tuple(w_down.shape)}")
+    _check_format_pair(activation_format, weight_formats)
+    for fmt in {activation_format, *weight_formats.values()} - set(PLAIN):
+        block = format_spec(fmt).block
+        if hidden % block or intermediate % block:
+            raise ValueError(f"{fmt} quantizes blocks of {block} along H and I, got H = {hidden}, I = {intermediate}")
+    check_routing(num_experts, top_k, routing["scoring"], routing["num_groups"], routing["topk_groups"],
+                  routing["correction_bias"], router_weight.device)
+    for name, weight in (("w_gate_up", w_gate_up), ("w_down", w_down)):
+        if weight.device != router_weight.device:
+            raise ValueError(f"{name} is on {weight.device} but router_weight on {router_weight.device}")
+    return num_experts, hidden, intermediate, num_local
 
 
 class MoEFeedForward(nn.Module):
@@ -67,7 +140,10 @@ class MoEFeedForward(nn.Module):
     ``w_gate_up`` ``[E, 2I, H]`` (``[gate | up]`` rows) and ``w_down`` ``[E, H, I]``, quantized to
     ``weight_format`` (or bf16) and kept as byte buffers (``.to(device)`` moves them; dtype casts of
     the module leave them alone); activations are quantized to ``activation_format`` before each
-    grouped matmul (``"bf16"``: none, weight-only quantization).
+    grouped matmul (``"bf16"``: none, weight-only quantization), which needs weights of its family.
+
+    The constructor checks every argument (shapes, format pairs, blocks, routing, devices, the process group)
+    before it copies anything, and raises TypeError / ValueError naming it.
     """
 
     def __init__(self, router_weight: torch.Tensor, w_gate_up, w_down, top_k: int, *,
@@ -78,30 +154,13 @@ class MoEFeedForward(nn.Module):
         self._weight_formats = {}
         self._weight_layouts = {}  # name -> (scale_layout, logical shape)
         self._weight_views = {}  # name -> (the buffers it was made of, the view)
-        if activation_format not in PLAIN + tuple(FORMATS):
-            raise ValueError(f"activation_format must be 'bf16' or one of {tuple(FORMATS)}, got {activation_format!r}")
-        if not isinstance(router_weight, torch.Tensor) or not router_weight.is_floating_point():
-            raise TypeError(f"router_weight must be a floating [E, H] tensor, got {type(router_weight).__name__}")
-        if router_weight.dim() != 2:
-            raise ValueError(f"router_weight must be [E, H], got shape {tuple(router_weight.shape)}")
-        num_experts, hidden = router_weight.shape
-        num_local = _local_expert_count(process_group, capacity, num_experts)
         w_gate_up, w_down = unwrap_torchao(w_gate_up), unwrap_torchao(w_down)  # torchao tensors: as ScaledTensors
-        for name, weight in (("w_gate_up", w_gate_up), ("w_down", w_down)):
-            if not isinstance(weight, (torch.Tensor, ScaledTensor)):
-                raise TypeError(f"{name} must be a ScaledTensor or a bf16 tensor, got {type(weight).__name__}")
-        local = "" if process_group is None else " (this rank's experts: E / world size)"
-        if (len(w_gate_up.shape) != 3 or w_gate_up.shape[0] != num_local or w_gate_up.shape[2] != hidden
-                or w_gate_up.shape[1] % 2):
-            raise ValueError(f"w_gate_up must be [{num_local}{local}, 2I, H={hidden}], got {tuple(w_gate_up.shape)}")
-        intermediate = w_gate_up.shape[1] // 2
-        if tuple(w_down.shape) != (num_local, hidden, intermediate):
-            raise ValueError(f"w_down must be [E, H, I] = [{num_local}{local}, {hidden}, {intermediate}], "
-                             f"got {tuple(w_down.shape)}")
-        if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= num_experts:
-            raise ValueError(f"top_k must be an int in [1, E={num_experts}], got {top_k!r}")
-        check_correction_bias(correction_bias, num_experts)
+        weight_formats = {name: _weight_format(name, weight) for name, weight in (("w_gate_up", w_gate_up),
+                                                                                   ("w_down", w_down))}
         self.routing = dict(scoring=scoring, renormalize=renormalize, num_groups=num_groups, topk_groups=topk_groups)
+        num_experts, hidden, intermediate, num_local = _check_block_arguments(
+            router_weight, w_gate_up, w_down, top_k, activation_format, weight_formats, process_group, capacity,
+            {**self.routing, "correction_bias": correction_bias})
         # The buffers are dense copies of whatever views were given: the forward then never re-copies them.
         self.register_buffer("router_weight", router_weight.detach().contiguous())
         self._register_weight("w_gate_up", w_gate_up)
@@ -118,20 +177,13 @@ class MoEFeedForward(nn.Module):
     def _register_weight(self, name: str, weight) -> None:
         """Buffers of the weight's bytes: ``.to(device)`` moves them, and ``.half()`` and friends
         cannot cast quantized data (uint8 and int32 bit views are not floating point)."""
-        if isinstance(weight, ScaledTensor):
-            weight.validate()
-            if weight.scale_layout not in ("row", "hopper"):
-                raise ValueError(f"{name} must have row-major scales or be in the hopper layout, got "
-                                 f"{weight.scale_layout!r}")
+        if isinstance(weight, ScaledTensor):  # checked by _weight_format
             parts = (weight.data.contiguous().view(torch.uint8), weight.scales.contiguous().view(torch.uint8),
                      weight.global_scale.reshape(1).contiguous().view(torch.int32)
                      if weight.global_scale is not None else None)
             self._weight_formats[name] = weight.format
             self._weight_layouts[name] = (weight.scale_layout, tuple(weight.shape))
         else:
-            if not isinstance(weight, torch.Tensor) or weight.dtype != torch.bfloat16:
-                raise TypeError(f"{name} must be a ScaledTensor or a bf16 tensor, "
-                                f"got {getattr(weight, 'dtype', type(weight).__name__)}")
             parts = (weight.detach().contiguous().view(torch.int16), None, None)
             self._weight_formats[name] = "bf16"
         for suffix, part in zip(("data", "scales", "global_scale_bits"), parts):
@@ -196,25 +248,48 @@ class MoEFeedForward(nn.Module):
                 capturable; copies beyond it are dropped and counted in ``block.exchange.dropped``).
             routing: keyword arguments of :func:`llmkernels.moe.route`.
 
+        Every argument is checked before anything is quantized (no launch before an error). Weights that
+        require grad are detached, as the constructor keeps its weights (inference buffers).
+
         Raises:
-            ValueError: an unknown weight_layout, ``"hopper"`` for mxfp8 or bf16 weights, a world size that does
-                not divide E, local weights of another expert count, a capacity below 1 or without a group,
-                ranks that disagree.
+            TypeError: process_group not a ``torch.distributed`` ProcessGroup, weights that are not float
+                tensors (bf16 / fp16 / fp32 for a quantized weight_format), an unknown routing keyword, and
+                what :func:`llmkernels.moe.route` raises for the routing types.
+            ValueError: an unknown weight_format, activation_format or weight_layout, ``"hopper"`` for mxfp8 or
+                bf16 weights, formats that do not pair (quantized activations need weights of their family), H
+                or I not a multiple of a format's block, shapes that do not fit, a world size that does not
+                divide E, local weights of another expert count, a capacity below 1 or without a group, routing
+                values that do not fit (top_k, scoring, groups, a correction_bias not ``[E]``), tensors on
+                other devices, ranks that disagree.
         """
+        if weight_format not in PLAIN + tuple(FORMATS):
+            raise ValueError(f"weight_format must be 'bf16' or one of {tuple(FORMATS)}, got {weight_format!r}")
         if activation_format is None:
             activation_format = weight_format if weight_format in ("mxfp8", "nvfp4") else "bf16"
+        unknown = sorted(set(routing) - set(_ROUTING_ARGUMENTS))
+        if unknown:
+            raise TypeError(f"from_float got unknown routing keywords {unknown}: expected {_ROUTING_ARGUMENTS}")
+        for name, weight in (("router_weight", router_weight), ("w_gate_up", w_gate_up), ("w_down", w_down)):
+            if not isinstance(weight, torch.Tensor) or weight.dtype not in _FLOAT_DTYPES:
+                raise TypeError(f"{name} must be a bf16, fp16 or fp32 tensor, "
+                                f"got {getattr(weight, 'dtype', type(weight).__name__)}")
         in_layout = weight_format in HOPPER_FORMATS
         if weight_layout is None:
             weight_layout = "hopper" if in_layout and _is_hopper(router_weight.device) else "row"
         if weight_layout not in ("row", "hopper") or (weight_layout == "hopper" and not in_layout):
             raise ValueError(f"weight_layout must be 'row', or 'hopper' for mxfp4 and nvfp4 weights, got "
                              f"{weight_layout!r} for {weight_format}")
+        routing_arguments = {"scoring": "softmax", "renormalize": True, "num_groups": None, "topk_groups": None,
+                             "correction_bias": None, **routing}
+        _check_block_arguments(router_weight, w_gate_up, w_down, top_k, activation_format,
+                               {"w_gate_up": weight_format, "w_down": weight_format}, process_group, capacity,
+                               routing_arguments)
 
         def convert(w):
+            w = w.detach()
             if weight_format == "bf16":
                 return w.to(torch.bfloat16)
             return quantize(w.contiguous(), weight_format, scale_layout=weight_layout)
-        _local_expert_count(process_group, capacity, router_weight.shape[0])  # before quantizing anything
         return cls(router_weight, convert(w_gate_up), convert(w_down), top_k, activation_format=activation_format,
                    process_group=process_group, capacity=capacity, **routing)
 

@@ -3,6 +3,6 @@
 from .combine import combine
 from .dispatch import dispatch, dispatch_reference
 from .select import select_experts
-from .topk import SCORINGS, check_correction_bias, route
+from .topk import SCORINGS, check_correction_bias, check_routing, route
 
-__all__ = ["route", "select_experts", "SCORINGS", "check_correction_bias", "dispatch", "dispatch_reference", "combine"]
+__all__ = ["route", "select_experts", "SCORINGS", "check_correction_bias", "check_routing", "dispatch", "dispatch_reference", "combine"]
