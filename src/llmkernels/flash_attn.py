@@ -53,9 +53,14 @@ def _modifiers(causal, window_size, softcap, alibi_slopes, attention_chunk, drop
     if softcap:
         score_mod = softcap_mod(float(softcap))
     elif alibi_slopes is not None:
-        if not isinstance(alibi_slopes, torch.Tensor) or alibi_slopes.dim() != 1:
+        if not isinstance(alibi_slopes, torch.Tensor):
+            raise TypeError(f"alibi_slopes must be a float32 tensor [nheads], got {type(alibi_slopes).__name__}")
+        if alibi_slopes.dim() == 2:
             raise NotImplementedError(f"alibi_slopes must be [nheads] for now, got shape "
-                                      f"{tuple(getattr(alibi_slopes, 'shape', ()))} (per-batch [B, H] not yet)")
+                                      f"{tuple(alibi_slopes.shape)} (per-batch [B, H] not yet)")
+        if alibi_slopes.dim() != 1:
+            raise ValueError(f"alibi_slopes must be [nheads] (or flash-attn's [B, nheads]), got shape "
+                             f"{tuple(alibi_slopes.shape)}")
         score_mod = alibi(alibi_slopes)
     mask = tuple(parts) if len(parts) > 1 else (parts[0] if parts else None)
     return mask, score_mod
@@ -119,9 +124,11 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     natural-log sink logits (FA4; any float dtype). ``deterministic`` is accepted (the forward is deterministic).
 
     Raises:
-        TypeError: ``learnable_sink`` not a float tensor, and what :func:`llmkernels.attention` raises.
-        ValueError: ``dropout_p != 0``, a bad ``window_size``, ``learnable_sink`` not ``[Hq]``, an input that
-            requires grad (forward-only), and what :func:`llmkernels.attention` raises.
+        TypeError: ``learnable_sink`` not a float tensor, ``alibi_slopes`` not a float32 tensor, and what
+            :func:`llmkernels.attention` raises.
+        ValueError: ``dropout_p != 0``, a bad ``window_size``, ``learnable_sink`` not ``[Hq]``, ``alibi_slopes``
+            neither ``[Hq]`` nor ``[B, Hq]``, an input that requires grad (forward-only), and what
+            :func:`llmkernels.attention` raises.
         NotImplementedError: ``[B, H]`` alibi slopes, softcap with ALiBi.
     """
     mask, score_mod = _modifiers(causal, window_size, softcap, alibi_slopes, attention_chunk, dropout_p)
