@@ -227,16 +227,32 @@ ROUTINGS = {"softmax": dict(scoring="softmax"),
             "sigmoid, groups, bias": dict(scoring="sigmoid", num_groups=4, topk_groups=2, correction_bias=True)}
 
 
+def _logits_that_tell_group_scores_apart(num_tokens, scoring, device):
+    """``[T, 16]`` logits (4 groups of 4 experts): random, and every other token planted with one group holding
+    a single strong expert and two groups holding two slightly weaker ones each, so that groups scored by their
+    two best experts keep the two pairs and groups scored by their best expert keep the single one (the
+    margins exceed the ±0.1 correction bias of the tests)."""
+    single, pair, lesser_pair, rest = (4.0, 3.6, 3.5, -4.0) if scoring == "softmax" else (2.0, 0.5, 0.4, -8.0)
+    logits = torch.randn(num_tokens, 4, 4) * 2
+    for t in range(0, num_tokens, 2):
+        groups, experts = torch.randperm(4).tolist(), torch.randperm(4).tolist()
+        logits[t] = rest
+        logits[t, groups[0], experts[0]] = single
+        logits[t, groups[1], experts[:2]] = pair
+        logits[t, groups[2], experts[2:]] = lesser_pair
+    return (logits.view(num_tokens, 16) + torch.randn(num_tokens, 16) * 0.01).to(device)
+
+
 @pytest.mark.parametrize("renormalize", [True, False])
 @pytest.mark.parametrize("routing", ROUTINGS, ids=str)
 def test_route_matches_the_definition(routing, renormalize, device):
     """route() against the float64 reference (DeepSeek-V3's grouped selection: groups scored by the sum of
     their two best biased scores), with and without renormalized weights. The logits are such that scoring
-    groups by their best expert alone would pick other experts for some tokens."""
+    groups by their best expert alone would pick other experts for half the tokens."""
     routing = dict(ROUTINGS[routing])
     if routing.pop("correction_bias", False):
-        routing["correction_bias"] = torch.rand(16, device=device) * 0.2
-    logits = torch.randn(32, 16, device=device) * 2
+        routing["correction_bias"] = torch.rand(16, device=device) * 0.1
+    logits = _logits_that_tell_group_scores_apart(32, routing["scoring"], device)
     weights, ids = route(logits, 3, renormalize=renormalize, **routing)
     expected_weights, expected_ids = _route_reference(logits, 3, renormalize=renormalize, **routing)
     assert ids.dtype == torch.int32 and torch.equal(ids.long(), expected_ids)
@@ -247,7 +263,7 @@ def test_route_matches_the_definition(routing, renormalize, device):
         assert (weights.sum(-1) - 1).abs().min() > 1e-2, "weights that sum to 1 do not test renormalize=False"
     if "num_groups" in routing:
         _, best_only_ids = _route_reference(logits, 3, renormalize=renormalize, **routing, group_top=1)
-        assert (best_only_ids != expected_ids).any(1).sum() >= 4, "the logits do not tell the group scores apart"
+        assert (best_only_ids != expected_ids).any(1).sum() >= 16, "the logits do not tell the group scores apart"
     with pytest.raises(ValueError, match="top_k"):
         route(logits, 9, num_groups=4, topk_groups=2)  # the two kept groups hold 8 experts
 

@@ -124,6 +124,21 @@ def test_gpt_oss_like_sinks_sliding_windows_and_experts(device):
     _compare(eager, ours, device, experts=True)
 
 
+# DeepSeek-V3's correction bias per expert (groups of two): sums of two biased scores keep groups 1 and 2 for
+# every token (>= 7.5 against <= 7.2; scores lie in (0, 1)), while scoring groups by their best expert would
+# keep group 0 (>= 5.2 against <= 5); within the kept groups every expert is taken, so that bf16 noise
+# between the two models never flips a routing decision, and the weights still vary per token.
+DEEPSEEK_BIAS = (5.2, 0.0, 4.0, 4.0, 4.0, 3.5, 0.0, 0.0)
+
+
+def _keep_two_groups(eager, ours):
+    with torch.no_grad():
+        for model in (eager, ours):
+            for module in model.modules():
+                if hasattr(module, "e_score_correction_bias"):
+                    module.e_score_correction_bias.copy_(torch.tensor(DEEPSEEK_BIAS))
+
+
 @pytest.mark.parametrize("family", ["qwen3_moe", "mixtral", "deepseek_v3"])
 def test_moe_experts(family, device):
     """Experts in transformers' default layout through ``experts_implementation="llmkernels"`` (bf16, then
@@ -135,14 +150,22 @@ def test_moe_experts(family, device):
     elif family == "mixtral":
         models = _models(device, transformers.MixtralConfig, transformers.MixtralForCausalLM, experts="llmkernels",
                          intermediate_size=32, num_local_experts=4, num_experts_per_tok=4)
-    else:  # one dense layer, one MoE layer with a shared expert and grouped routing
+    else:  # one dense layer, one MoE layer with a shared expert and grouped routing that keeps 2 of 4 groups
         models = _models(device, transformers.DeepseekV3Config, transformers.DeepseekV3ForCausalLM,
-                         experts="llmkernels", moe_intermediate_size=32, n_routed_experts=4, num_experts_per_tok=4,
-                         n_group=2, topk_group=2, first_k_dense_replace=1, n_shared_experts=1, q_lora_rank=32,
-                         kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16, head_dim=8, num_key_value_heads=4)
+                         experts="llmkernels", moe_intermediate_size=32, n_routed_experts=8, num_experts_per_tok=4,
+                         n_group=4, topk_group=2, first_k_dense_replace=1, n_shared_experts=1, q_lora_rank=32,
+                         kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16, head_dim=8,
+                         num_key_value_heads=4)
+        _keep_two_groups(*models)
     eager, ours = models
     assert ours.config._experts_implementation == "llmkernels"
+    routed = []
+    for module in ours.modules():
+        if family == "deepseek_v3" and hasattr(module, "e_score_correction_bias"):
+            module.register_forward_hook(lambda gate, inputs, outputs: routed.append(outputs[2]))
     _compare(eager, ours, device, experts=True)
+    if family == "deepseek_v3":  # only the experts of the two kept groups
+        assert set(torch.cat(routed).unique().tolist()) == {2, 3, 4, 5}
     assert _quantized_twin(eager, ours) == (1 if family == "deepseek_v3" else 2)
     _compare(eager, ours, device, experts=True)
 
