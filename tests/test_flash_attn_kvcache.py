@@ -26,16 +26,16 @@ def _randn(*shape, device, dtype=torch.bfloat16):
     return torch.randn(*shape, device=device).to(dtype)
 
 
-def _call_args(device, layout, cache_seqlens, rotary=True):
+def _call_args(device, layout, cache_seqlens, rotary=True, dense_capacity=DENSE_CAPACITY):
     """A valid call: q, caches (dense with cache_batch_idx, or shuffled pages), new keys, rotary tables; and
     ``logical(cache)``, the ``[B, capacity, Hkv, D]`` rows the call's sequences own."""
     args = dict(q=_randn(BATCH, SEQLEN_Q, HEADS, DIM, device=device),
                 k=_randn(BATCH, NEW, KV_HEADS, DIM, device=device), v=_randn(BATCH, NEW, KV_HEADS, DIM, device=device),
                 cache_seqlens=torch.tensor(cache_seqlens, dtype=torch.int32, device=device))
     if layout == "dense":
-        args.update(k_cache=_randn(BATCH + 1, DENSE_CAPACITY, KV_HEADS, DIM, device=device),
+        args.update(k_cache=_randn(BATCH + 1, dense_capacity, KV_HEADS, DIM, device=device),
                     cache_batch_idx=torch.tensor([2, 0], dtype=torch.int32, device=device))
-        capacity = DENSE_CAPACITY
+        capacity = dense_capacity
         logical = lambda c: c[args["cache_batch_idx"].long()]  # noqa: E731
     else:
         args.update(k_cache=_randn(NUM_PAGES, PAGE, KV_HEADS, DIM, device=device),
@@ -333,15 +333,14 @@ def _every_other(t):
 def test_strided_views_give_the_contiguous_bits(layout, device):
     """Every tensor argument as a strided, transposed, expanded or offset view: the output, LSE and both caches
     after the append have the contiguous call's bits. dense_padded_copy: S = 40, read through a page-aligned copy;
-    dense_batch_gap: S = 32 sliced from a longer cache (its pages are a copy too), the contiguous call's a view."""
+    dense_batch_gap: S = 48 (three pages of 16) sliced from a longer cache, so that its pages are a copy too, where
+    the contiguous call's are a view."""
     if layout == "paged":
         args, _ = _call_args(device, "paged", [20, 40])
         args["block_table"] = args.pop("page_table")
     else:
-        args, _ = _call_args(device, "dense", [37, 11])
+        args, _ = _call_args(device, "dense", [37, 11], dense_capacity=48 if layout == "dense_batch_gap" else 40)
         args["cache_leftpad"] = _int32([3, 0], device)
-        if layout == "dense_batch_gap":
-            args["k_cache"], args["v_cache"] = args["k_cache"][:, :32].contiguous(), args["v_cache"][:, :32].contiguous()
     args["learnable_sink"] = torch.randn(HEADS, device=device)
     args["k"] = args["k"][:1].expand(BATCH, -1, -1, -1).contiguous()
     views = {
@@ -352,8 +351,8 @@ def test_strided_views_give_the_contiguous_bits(layout, device):
     }
     if layout == "dense_batch_gap":
         for name in ("k_cache", "v_cache"):
-            longer = torch.zeros(BATCH + 1, 48, KV_HEADS, DIM, dtype=torch.bfloat16, device=device)
-            views[name] = longer[:, 8:40]
+            longer = torch.zeros(BATCH + 1, 64, KV_HEADS, DIM, dtype=torch.bfloat16, device=device)
+            views[name] = longer[:, 8:56]
             views[name].copy_(args[name])
     for name in ("cache_batch_idx", "cache_leftpad"):
         if name in args:

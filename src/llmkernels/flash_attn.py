@@ -215,25 +215,26 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
 def _rows_as_pages(rows: torch.Tensor) -> torch.Tensor:
     """Ragged rows ``[total, Hkv, D]`` as pages ``[total / P, P, Hkv, D]`` (a view; zero-padded copy when total is
     not a multiple of the smallest page)."""
-    pages, _ = _dense_cache_pages(rows[None])
+    pages, _, _ = _dense_cache_pages(rows[None])
     return pages
 
 
-def _dense_cache_pages(cache: torch.Tensor) -> tuple[torch.Tensor, int]:
+def _dense_cache_pages(cache: torch.Tensor) -> tuple[torch.Tensor, int, bool]:
     """A dense cache ``[B_cache, S, Hkv, D]`` seen as pages ``[B_cache * S / P, P, Hkv, D]`` (the largest
-    supported page size P dividing S; a view when the strides allow, else a copy, zero-padded when S is not a
-    multiple of the smallest page)."""
+    supported page size P dividing S): ``(pages, P, copied)``, a view when the strides allow, else a copy
+    (``copied``), zero-padded when S is not a multiple of the smallest page."""
     seqlen = cache.shape[1]
     page_size = next((p for p in reversed(SUPPORTED_PAGE_SIZES) if seqlen % p == 0), None)
-    if page_size is None:
+    copied = page_size is None
+    if copied:
         page_size = SUPPORTED_PAGE_SIZES[0]
         cache = F.pad(cache, (0, 0, 0, 0, 0, -seqlen % page_size))
-    pages = cache.unflatten(1, (cache.shape[1] // page_size, page_size)).flatten(0, 1)
-    return pages, page_size
-
-
-def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.numel() == 0 or a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+    grouped = cache.unflatten(1, (cache.shape[1] // page_size, page_size))
+    shape = (grouped.shape[0] * grouped.shape[1], *grouped.shape[2:])
+    try:
+        return grouped.view(shape), page_size, copied
+    except RuntimeError:  # sequences not evenly spaced in memory: one copy
+        return grouped.reshape(shape), page_size, True
 
 
 def _check_kvcache_call(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
@@ -334,7 +335,8 @@ class _CacheCall:
 
     kv_cache: PagedKVCache  # what attention reads (the caches' pages, or a page-aligned copy of them)
     cache_seqlens: torch.Tensor  # int32 [B]: keys before the append, where the new ones go
-    pages_copied: bool  # kv_cache's pages are a copy of the dense caches: the new keys go there too
+    k_pages_copied: bool  # kv_cache's key pages are a copy of the dense k_cache: the new keys go there too
+    v_pages_copied: bool  # likewise for the values
 
 
 def _cache_call(q, k_cache, v_cache, new_tokens: int, cache_seqlens, cache_batch_idx, cache_leftpad,
@@ -351,16 +353,17 @@ def _cache_call(q, k_cache, v_cache, new_tokens: int, cache_seqlens, cache_batch
     # min(cache_seqlens + new, capacity), without int32 overflow
     seqlens = torch.clamp(cache_seqlens, max=capacity - new_tokens) + new_tokens
     if block_table is not None:
-        return _CacheCall(PagedKVCache(k_cache, v_cache, block_table, seqlens, cache_leftpad), cache_seqlens, False)
-    k_pages, page_size = _dense_cache_pages(k_cache)
-    v_pages, _ = _dense_cache_pages(v_cache)
+        return _CacheCall(PagedKVCache(k_cache, v_cache, block_table, seqlens, cache_leftpad), cache_seqlens, False,
+                          False)
+    k_pages, _, k_copied = _dense_cache_pages(k_cache)
+    v_pages, _, v_copied = _dense_cache_pages(v_cache)
     pages_per_sequence = k_pages.shape[0] // max(k_cache.shape[0], 1)
     sequences = (cache_batch_idx.clamp(0, max(k_cache.shape[0] - 1, 0)) if cache_batch_idx is not None
                  else torch.arange(batch, dtype=torch.int32, device=device))
     dense_table = (sequences[:, None] * pages_per_sequence
                    + torch.arange(pages_per_sequence, dtype=torch.int32, device=device)[None, :])
-    copied = not (_same_memory(k_pages, k_cache) and _same_memory(v_pages, v_cache))
-    return _CacheCall(PagedKVCache(k_pages, v_pages, dense_table, seqlens, cache_leftpad), cache_seqlens, copied)
+    return _CacheCall(PagedKVCache(k_pages, v_pages, dense_table, seqlens, cache_leftpad), cache_seqlens, k_copied,
+                      v_copied)
 
 
 def _validate_kvcache_on_host(cache: _CacheCall, new_tokens: int, k_cache, cache_batch_idx, cache_leftpad,
@@ -487,9 +490,11 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         where = dict(cache_batch_idx=cache_batch_idx, block_table=block_table)
         append_to_cache(k, k_cache, cache.cache_seqlens, **rotary, **where)
         append_to_cache(v, v_cache, cache.cache_seqlens, **where)
-        if cache.pages_copied:  # the page-aligned copy attention reads gets them too
-            paged = dict(block_table=cache.kv_cache.block_table)
+        # the page-aligned copies attention reads get them too
+        paged = dict(block_table=cache.kv_cache.block_table)
+        if cache.k_pages_copied:
             append_to_cache(k, cache.kv_cache.k_pages, cache.cache_seqlens, **rotary, **paged)
+        if cache.v_pages_copied:
             append_to_cache(v, cache.kv_cache.v_pages, cache.cache_seqlens, **paged)
     if rotary_cos is not None:
         local = any(int(side) >= 0 for side in window_size)
