@@ -16,9 +16,9 @@ from llmkernels.flash_attn import flash_attn_func, flash_attn_varlen_func, flash
 BATCH, SEQLEN_Q, NEW, HEADS, KV_HEADS, DIM, ROTARY_HALF = 2, 2, 3, 4, 2, 32, 8
 DENSE_CAPACITY = 40  # not a multiple of 16: attention reads a page-aligned copy, whose padding it must not see
 PAGE, PAGES_PER_SEQUENCE, NUM_PAGES = 16, 3, 8
-# Relative error ‖out - model‖ / ‖model‖ of the cases of test_kvcache_matches_the_model (bf16 inputs, float64 model,
-# interpreter): 4.0e-3 to 5.8e-3 (num_splits_1); the bound is 2x the largest. Attending the zero keys that pad the
-# dense cache to its pages gave 0.17.
+# Relative error ‖out - model‖ / ‖model‖ of the cases of test_kvcache_matches_the_model (bf16 inputs, float64
+# model, interpreter): 4.0e-3 to 5.8e-3 (num_splits_1); the bound is 2x the largest. Attending the zero keys that
+# pad the dense cache to its pages gave 0.17.
 TOLERANCE = 1.2e-2
 
 
@@ -136,7 +136,8 @@ def _kvcache_error_cases(device):
     paged, _ = _call_args(device, "paged", [5, 9])
     paged["block_table"] = paged.pop("page_table")
     rand = lambda *shape, dtype=torch.bfloat16: _randn(*shape, device=device, dtype=dtype)  # noqa: E731
-    d24 = dict(q=rand(BATCH, 1, HEADS, 24), k_cache=rand(BATCH, 32, KV_HEADS, 24), v_cache=rand(BATCH, 32, KV_HEADS, 24),
+    d24 = dict(q=rand(BATCH, 1, HEADS, 24), k_cache=rand(BATCH, 32, KV_HEADS, 24),
+               v_cache=rand(BATCH, 32, KV_HEADS, 24),
                k=rand(BATCH, 1, KV_HEADS, 24), v=rand(BATCH, 1, KV_HEADS, 24), cache_seqlens=_int32([1, 2], device))
     cases = {
         "q float32": (TypeError, "q must be", dict(dense, q=dense["q"].float())),
@@ -147,7 +148,8 @@ def _kvcache_error_cases(device):
         "cache_seqlens int64": (TypeError, "cache_seqlens", dict(dense, cache_seqlens=dense["cache_seqlens"].long())),
         "cache_seqlens negative int": (ValueError, "cache_seqlens", dict(dense, cache_seqlens=-1)),
         "cache_leftpad too short": (ValueError, "cache_leftpad", dict(dense, cache_leftpad=_int32([0], device))),
-        "cache_batch_idx int64": (TypeError, "cache_batch_idx", dict(dense, cache_batch_idx=_int32([2, 0], device).long())),
+        "cache_batch_idx int64": (TypeError, "cache_batch_idx",
+                                  dict(dense, cache_batch_idx=_int32([2, 0], device).long())),
         "cache_batch_idx too short": (ValueError, "cache_batch_idx", dict(dense, cache_batch_idx=_int32([2], device))),
         "cache_batch_idx with block_table": (ValueError, "cache_batch_idx",
                                              dict(paged, cache_batch_idx=_int32([0, 1], device))),
@@ -181,7 +183,8 @@ def _kvcache_error_cases(device):
         "block_table and page_table": (ValueError, "page_table", dict(paged, page_table=paged["block_table"])),
         "page size 24": (ValueError, "page size", dict(paged, k_cache=rand(4, 24, KV_HEADS, DIM),
                                                       v_cache=rand(4, 24, KV_HEADS, DIM))),
-        "learnable_sink length": (ValueError, "learnable_sink", dict(dense, learnable_sink=torch.zeros(3, device=device))),
+        "learnable_sink length": (ValueError, "learnable_sink",
+                                  dict(dense, learnable_sink=torch.zeros(3, device=device))),
         "alibi_slopes length": (ValueError, "alibi", dict(dense, alibi_slopes=torch.rand(3, device=device))),
         "softcap with alibi": (NotImplementedError, "softcap", dict(dense, softcap=1.0,
                                                                     alibi_slopes=torch.rand(HEADS, device=device))),
@@ -203,7 +206,8 @@ def _kvcache_error_cases(device):
             validate=True)),
     }
     for name in ("q", "k", "v", "k_cache", "v_cache", "rotary_cos"):
-        cases[f"{name} requires grad"] = (ValueError, "forward-only", dict(dense, **{name: _requiring_grad(dense[name])}))
+        cases[f"{name} requires grad"] = (ValueError, "forward-only",
+                                          dict(dense, **{name: _requiring_grad(dense[name])}))
     cases["learnable_sink requires grad"] = (ValueError, "forward-only", dict(
         dense, learnable_sink=_requiring_grad(torch.zeros(HEADS, device=device))))
     return [(name, error, message, flash_attn_with_kvcache, kwargs) for name, (error, message, kwargs) in cases.items()]
