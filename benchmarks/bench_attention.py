@@ -1,4 +1,4 @@
-"""Attention benchmark: llmkernels.attention next to SDPA (flash, cuDNN) and FlexAttention, one run.
+"""Prefill and paged-decode attention at a few shapes: llmkernels against SDPA (flash, cuDNN) and FlexAttention.
 
     python -m benchmarks bench_attention [--quick] [--out DIR] [--no-ablation]
 
@@ -6,7 +6,7 @@ Prefill (bf16, B x H x S x D from gpu-baselines.md, causal and not) and paged de
 Hq=32, Hkv=8, batch 1..64, context 1k..32k; peers read the same K/V as dense tensors). Median times
 from ``triton.testing.do_bench``; ceilings measured in the same run (1 GiB device copy, bf16 8192^3
 matmul). Prints a markdown table and writes CSV + markdown + PNG (if matplotlib is installed) to
-``--out`` (default ``benchmarks/results/<gpu-name-slug>/``). A peer that fails is reported as "fails".
+``--out`` (default ``benchmarks/results/<gpu>/bench_attention/``). A peer that fails is reported as "fails".
 On a machine without a GPU, ``--quick`` runs tiny shapes through the Triton interpreter (a smoke test
 of the script, not a measurement).
 """
@@ -257,10 +257,10 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="one prefill shape and two decode problems")
     parser.add_argument("--no-ablation", action="store_true", help="skip the FA4-switch rows")
-    parser.add_argument("--out", default=None, help="output folder (default benchmarks/results/<gpu>/)")
+    parser.add_argument("--out", default=None, help="output folder (default benchmarks/results/<gpu>/bench_attention/)")
     args = parser.parse_args(argv)
     device_name = torch.cuda.get_device_name() if ON_GPU else "cpu-interpreter"
-    out_dir = args.out or default_out_dir()
+    out_dir = args.out or default_out_dir("bench_attention")
     os.makedirs(out_dir, exist_ok=True)
     if ON_GPU:
         prefill, decode = (QUICK_PREFILL, QUICK_DECODE) if args.quick else (PREFILL_SHAPES, DECODE_PROBLEMS)

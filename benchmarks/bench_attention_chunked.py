@@ -1,16 +1,17 @@
-"""Chunked prefill over a paged cache (issue 23): q_len new tokens (512-4096) appended to a context of 4k-32k
-tokens already in a paged KV cache, bottom-right causal, bf16, Hq = 32, Hkv = 8, D = 128.
+"""Chunked prefill over a paged KV cache (512-4096 new tokens on 4k-32k cached keys) against SDPA flash and cuDNN.
 
     python -m benchmarks bench_attention_chunked [--out DIR] [--budget S]
 
-llmkernels reads the paged cache (pages of 16 or 64 keys in random order) through ``lk.attention`` (the Gluon
+q_len new tokens appended to a context already in a paged KV cache, bottom-right causal, bf16, Hq = 32, Hkv = 8,
+D = 128. llmkernels reads the paged cache (pages of 16 or 64 keys in random order) through ``lk.attention`` (the Gluon
 kernel on Hopper) and, for reference, the same keys as dense tensors. The peers read dense ``[B, H, S, D]`` keys:
 SDPA flash with ``causal_lower_right`` (the same work), SDPA cuDNN with the lower-right mask as a bool tensor
 (the same work plus the mask's bytes) and SDPA cuDNN without a mask (``sdpa_cudnn nomask``: every query sees
 every key, ``q_len² / 2`` more score pairs than the causal work: the ratio against it understates ours).
 Every system is checked against SDPA flash first. Times are CUDA-graph replays (GPU time, no host launch
 cost); TFLOP/s count the causal work, ``4 · B · Hq · D · (q_len · context + q_len (q_len + 1) / 2)``, for
-every system. Writes ``attention_chunked_prefill.{csv,md,png}``. GPU only.
+every system. Writes ``attention_chunked_prefill.{csv,md,png}`` to DIR (default
+``benchmarks/results/<gpu>/bench_attention_chunked/``). GPU only.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import time
 
 import torch
 
-from benchmarks.common import default_out_dir, graph_time_ms, line_plots, measure_ceilings, write_table
+from benchmarks.common import default_out_dir, graph_time_ms, line_plots, measure_ceilings, require_gpu, write_table
 from benchmarks.peers import lower_right_mask, sdpa_runner
 
 from llmkernels.attention.api import attention
@@ -113,11 +114,10 @@ def main():
     parser.add_argument("--out", default=None)
     parser.add_argument("--budget", type=float, default=480.0, help="seconds; no new problem after this")
     args = parser.parse_args()
-    if not torch.cuda.is_available():
-        raise SystemExit("bench_attention_chunked needs a GPU")
+    require_gpu("bench_attention_chunked")
     torch.manual_seed(0)
     started = time.perf_counter()
-    out_dir = args.out or default_out_dir()
+    out_dir = args.out or default_out_dir("bench_attention_chunked")
     bf16_tflops = measure_ceilings().get("bf16_tflops")
     rows = []
     for problem in GRID:

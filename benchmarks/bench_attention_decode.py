@@ -1,15 +1,15 @@
-"""Decode attention over the whole grid of issue 8: batch 1..128, context 1k..128k, page 16 and 64,
-1 query token and 2..16 (speculative decoding), and a KV cache past 2^31 elements.
+"""Paged decode over a grid (batch 1-128, 1k-128k keys, 1-16 query tokens) against SDPA and FlexAttention.
 
     python -m benchmarks bench_attention_decode [--out DIR] [--budget S]
 
-bf16, D=128, Hq=32, Hkv=8; llmkernels reads a paged cache (pages in random order), the peers (SDPA
-cuDNN and flash, FlexAttention at batch <= 8) the same keys as dense ``[B, H, S, D]`` tensors. With
-more than one query token, llmkernels runs the bottom-right causal mask that speculative decoding
-needs; the SDPA peers run it as ``causal_lower_right`` and, for the bare-bandwidth comparison,
-without a mask (``sdpa_cudnn nomask``: the same KV bytes, nothing masked). Eager times (do_bench
-median) and CUDA-graph replay times. Writes ``attention_decode_grid.{csv,md,png}``. Without a GPU,
-two tiny problems run through the interpreter (a smoke test of the script, not a measurement).
+Batch 1..128, context 1k..128k, page 16 and 64, 1 query token and 2..16 (speculative decoding), and a KV cache past
+2^31 elements. bf16, D=128, Hq=32, Hkv=8; llmkernels reads a paged cache (pages in random order), the peers (SDPA
+cuDNN and flash, FlexAttention at batch <= 8) the same keys as dense ``[B, H, S, D]`` tensors. With more than one
+query token, llmkernels runs the bottom-right causal mask that speculative decoding needs; the SDPA peers run it as
+``causal_lower_right`` and, for the bare-bandwidth comparison, without a mask (``sdpa_cudnn nomask``: the same KV
+bytes, nothing masked). Eager times (do_bench median) and CUDA-graph replay times. Writes
+``attention_decode_grid.{csv,md,png}`` to DIR (default ``benchmarks/results/<gpu>/bench_attention_decode/``).
+Without a GPU, two tiny problems run through the interpreter (a smoke test of the script, not a measurement).
 """
 from __future__ import annotations
 
@@ -147,7 +147,7 @@ def main():
     args = parser.parse_args()
     torch.manual_seed(0)
     started = time.perf_counter()
-    out_dir = args.out or default_out_dir()
+    out_dir = args.out or default_out_dir("bench_attention_decode")
     if ON_GPU:
         grid, shape = GRID, (HEADS, KV_HEADS, DIM)
         copy_gbps = measure_ceilings()["copy_gbps"]

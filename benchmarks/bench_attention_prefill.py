@@ -1,27 +1,26 @@
-"""Prefill attention over the grid of issue 8: B·S = 16k tokens with S in {2k, 4k, 8k, 16k},
-Hq = Hkv = 16 and GQA 32/8, D in {64, 128, 256}, causal and not.
+"""Dense prefill over a grid (16k tokens, S 2k-16k, D 64/128/256, causal and not) against SDPA and FlexAttention.
 
     python -m benchmarks bench_attention_prefill [--out DIR] [--flex-dims 128]
 
+B·S = 16k tokens with S in {2k, 4k, 8k, 16k}, Hq = Hkv = 16 and GQA 32/8, D in {64, 128, 256}, causal and not;
 bf16; llmkernels against SDPA's cuDNN and flash backends (FlexAttention, compiled once per shape, at
 the head dims of ``--flex-dims`` only: its compiles dominate the run). Each system is checked against
 SDPA flash's output before it is timed, then timed eagerly (events) and as a CUDA-graph replay (not flex).
 Writes ``attention_prefill_grid.{csv,md}`` and ``attention_prefill_grid.png`` (TFLOP/s against sequence
 length, one panel per head dim and head layout, causal and not) to DIR (default
-``benchmarks/results/<gpu>/``). GPU only.
+``benchmarks/results/<gpu>/bench_attention_prefill/``). GPU only.
 """
 from __future__ import annotations
 
 import argparse
 import os
-import sys
 
 import torch
 
 from benchmarks import bench_attention  # noqa: E402
 from benchmarks.bench_attention import PEERS, bench, bench_graph, run_peer, run_peer_graph  # noqa: E402
 from benchmarks.peers import sdpa_runner  # noqa: E402
-from benchmarks.common import default_out_dir, line_plots, measure_ceilings, write_table  # noqa: E402
+from benchmarks.common import default_out_dir, line_plots, measure_ceilings, require_gpu, write_table  # noqa: E402
 
 from llmkernels.attention.api import attention  # noqa: E402
 
@@ -78,8 +77,7 @@ def main():
     parser.add_argument("--out", default=None)
     parser.add_argument("--flex-dims", default="128", help="head dims at which FlexAttention runs ('' for none)")
     args = parser.parse_args()
-    if not torch.cuda.is_available():
-        sys.exit("this benchmark needs a CUDA GPU")
+    require_gpu("bench_attention_prefill")
     torch.manual_seed(0)
     bench_attention.TIME_BUDGET_S = float("inf")  # that script's own time budget does not apply here
     ceilings = measure_ceilings()
@@ -91,7 +89,7 @@ def main():
                 rows += problem_rows(seqlen, heads, kv_heads, head_dim, head_dim in flex_dims, ceilings["bf16_tflops"])
                 print(rows[-8:], flush=True)
     gpu = torch.cuda.get_device_name()
-    out_dir = args.out or default_out_dir()
+    out_dir = args.out or default_out_dir("bench_attention_prefill")
     header = (f"GPU: {gpu}, torch {torch.__version__}; bf16 matmul ceiling measured in this run "
               f"{ceilings['bf16_tflops']:.0f} TFLOP/s. B·S = {TOKENS} tokens; causal counts half the FLOPs. "
               "`llmk vs X`: X's time / ours (> 1: ours faster), median event times (do_bench); `(graph)`: the "

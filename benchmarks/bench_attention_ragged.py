@@ -1,17 +1,18 @@
-"""Ragged (varlen) prefill, with and without a paged cache (issue 23): sequences of different lengths in one call,
-bf16, Hq = 32, Hkv = 8, D = 128.
+"""Ragged (varlen) prefill, with and without a paged cache, against SDPA flash varlen and SDPA cuDNN.
 
     python -m benchmarks bench_attention_ragged [--out DIR]
 
-Problems: a ragged batch of 16k tokens (8 sequences of 256-5120 tokens, causal and not), and a chunked prefill of
-4 sequences (512-2048 new tokens each) over paged caches of 2k-32k keys (page 16, bottom-right causal).
+Sequences of different lengths in one call, bf16, Hq = 32, Hkv = 8, D = 128. Problems: a ragged batch of 16k
+tokens (8 sequences of 256-5120 tokens, causal and not), and a chunked prefill of 4 sequences (512-2048 new tokens
+each) over paged caches of 2k-32k keys (page 16, bottom-right causal).
 llmkernels runs ``lk.attention`` with ``cu_seqlens`` (and the cache). Peers, each on the same keys: SDPA flash's
 varlen kernel (``aten._flash_attention_forward`` with cumulative lengths: FlashAttention-2, bottom-right causal,
 the same work), SDPA cuDNN called once per sequence (the same work in as many launches, all in one CUDA graph;
 for the chunked prefill without a mask, since SDPA's causal is top-left: every query sees its whole context,
 a little more work) and, causal, SDPA cuDNN on the batch padded to its longest sequence (more work). Every system is
 checked against a float32 reference first; times are CUDA-graph replays; TFLOP/s count the causal (or full)
-work of the ragged batch for every system. Writes ``attention_ragged.{csv,md,png}``. GPU only.
+work of the ragged batch for every system. Writes ``attention_ragged.{csv,md,png}`` to DIR (default
+``benchmarks/results/<gpu>/bench_attention_ragged/``). GPU only.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import argparse
 
 import torch
 
-from benchmarks.common import bar_plot, default_out_dir, graph_time_ms, measure_ceilings, write_table
+from benchmarks.common import bar_plot, default_out_dir, graph_time_ms, measure_ceilings, require_gpu, write_table
 from benchmarks.peers import sdpa_backend
 
 from llmkernels.attention.api import attention
@@ -149,10 +150,9 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
-    if not torch.cuda.is_available():
-        raise SystemExit("bench_attention_ragged needs a GPU")
+    require_gpu("bench_attention_ragged")
     torch.manual_seed(0)
-    out_dir = args.out or default_out_dir()
+    out_dir = args.out or default_out_dir("bench_attention_ragged")
     bf16_tflops = measure_ceilings()["bf16_tflops"]
     rows = []
     for causal in (False, True):

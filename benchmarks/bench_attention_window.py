@@ -7,7 +7,8 @@ bf16 prefill 2 x 16 x 8192 x 128 (causal), with ``SlidingWindow(w, 0)`` for w fr
 exactly; a kernel that skips invisible tiles runs in time proportional to it, plus the diagonal tiles
 that it masks per element. ``time / area`` (ns per million visible pairs) should stay about constant;
 FlexAttention with the same block mask is the peer (it skips whole invisible blocks too). Writes
-``attention_window.{csv,md,png}``. Without a GPU, a tiny shape runs through the interpreter (a smoke test).
+``attention_window.{csv,md,png}`` to DIR (default ``benchmarks/results/<gpu>/bench_attention_window/``). Without a
+GPU, a tiny shape runs through the interpreter (a smoke test).
 """
 from __future__ import annotations
 
@@ -112,12 +113,13 @@ def main():
         rows.append(row)
         print(row, flush=True)
     device_name = torch.cuda.get_device_name() if ON_GPU else "cpu-interpreter"
-    table = write_table(rows, args.out or default_out_dir(), "attention_window",
+    out_dir = args.out or default_out_dir("bench_attention_window")
+    table = write_table(rows, out_dir, "attention_window",
                         f"Sliding-window and chunked attention on {device_name}",
                         f"bf16 causal prefill {batch}x{heads}x{seqlen}x{dim}; `ns_per_m_pairs`: time per million "
                         "visible query-key pairs (flat = time proportional to the visible area); `tflops` counts "
                         "visible pairs only; `flex_ms`: FlexAttention with the same block mask.")
-    write_png(rows, args.out or default_out_dir())
+    write_png(rows, out_dir)
     print(table)
 
 

@@ -1,14 +1,14 @@
-"""The warp-specialized Gluon attention for Hopper (issue 23) against SDPA's cuDNN backend and our portable Triton
-kernel, one run, CUDA-graph replay times (GPU time, no host overhead).
+"""Hopper's warp-specialized Gluon prefill against SDPA cuDNN and the portable Triton kernel (sm_90 GPUs only).
 
     python -m benchmarks bench_gluon_hopper [--out DIR]
 
-bf16, B·S = 16k tokens, 16 heads (8 at D = 256), D 64, 128 and 256, causal and not. Systems: ``sdpa_cudnn``;
+One run, CUDA-graph replay times (GPU time, no host overhead). bf16, B·S = 16k tokens, 16 heads (8 at D = 256),
+D 64, 128 and 256, causal and not. Systems: ``sdpa_cudnn``;
 ``portable_triton`` (``lk.attention`` with the default config but ``warp_specialized=False``: the Triton kernel);
 ``lk_attention`` (the public call: the Gluon kernel on an H100); at D = 64 ``gluon_2_consumers`` and
 ``gluon_3_consumers`` (the kernel with that many consumer warpgroups per block). Each output is checked against
-cuDNN's first (relative error). Writes gluon_hopper.{csv,md,png} to DIR. (Session 15's ablation of ping-pong
-and a third stage: NOTES.)
+cuDNN's first (relative error). Writes gluon_hopper.{csv,md,png} to DIR (default
+``benchmarks/results/<gpu>/bench_gluon_hopper/``).
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import argparse
 
 import torch
 
-from benchmarks.common import bar_plot, default_out_dir, graph_time_ms, write_table
+from benchmarks.common import bar_plot, default_out_dir, graph_time_ms, require_gpu, write_table
 from benchmarks.peers import sdpa_runner
 
 import llmkernels as lk
@@ -42,8 +42,9 @@ def systems_of(q, k, v, causal):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=default_out_dir())
+    parser.add_argument("--out", default=default_out_dir("bench_gluon_hopper"))
     args = parser.parse_args(argv)
+    require_gpu("bench_gluon_hopper", "an NVIDIA Hopper GPU (sm_90)", hopper=True)
     rows = []
     for batch, seqlen, heads, dim in SHAPES:
         for causal in (False, True):

@@ -1,9 +1,11 @@
-"""Grouped MoE matmul on the GPU: llmkernels.grouped_matmul next to torch._grouped_mm (bf16),
-torch._scaled_grouped_mm (fp8 rowwise) and OpenAI's triton_kernels.matmul_ogs (bf16 x MXFP4 in its Hopper
-layouts, and bf16; skipped with a message when ``triton_kernels`` is not importable), same shapes, one run,
-every system timed as a CUDA-graph replay (GPU time, no host overhead).
+"""Grouped MoE matmul, every weight format over a tokens-per-expert sweep, against torch._grouped_mm and peers.
 
     PYTHONPATH=src:.peers/triton_kernels python -m benchmarks bench_grouped_matmul [--out DIR] [--quick | --targets]
+
+llmkernels.grouped_matmul next to torch._grouped_mm (bf16), torch._scaled_grouped_mm (fp8 rowwise) and OpenAI's
+triton_kernels.matmul_ogs (bf16 x MXFP4 in its Hopper layouts, and bf16; skipped with a message when
+``triton_kernels`` is not importable), same shapes, one run, every system timed as a CUDA-graph replay (GPU time,
+no host overhead).
 
 ``--targets``: only issue 21's grid (E=128 x {1, 16, 64, 256} at N=4096, K=7168; E=32 x {4, 64, 512} at
 N=5760, K=2880; E=8 x 2048; DeepSeek-V3 down at 16 and 256).
@@ -13,18 +15,17 @@ gpt-oss-120b and Mixtral, plus Zipf-routed (imbalanced) and half-empty groupings
 activation quantize kernel. Prints tables (µs, TFLOP/s, GB/s, % of the measured ceilings, ratio to
 each peer) and writes grouped_matmul.{csv,md}, quantize.{csv,md}, routing.{csv,md} and one PNG per
 regime (decode: weight GB/s, compute: TFLOP/s, against tokens per expert) to DIR (default
-benchmarks/results/<gpu>/).
+benchmarks/results/<gpu>/bench_grouped_matmul/).
 """
 from __future__ import annotations
 
 import argparse
 import os
-import sys
 
 import torch
 
-from benchmarks.common import (default_out_dir, graph_time_ms, line_plots, measure_ceilings, time_ms,  # noqa: E402
-                               write_table, zipf_offsets)
+from benchmarks.common import (default_out_dir, graph_time_ms, line_plots, measure_ceilings, require_gpu,  # noqa: E402
+                               time_ms, write_table, zipf_offsets)
 from benchmarks.peers import TritonKernelsExperts  # noqa: E402
 
 import llmkernels as lk  # noqa: E402
@@ -209,9 +210,8 @@ def main():
     parser.add_argument("--quick", action="store_true", help="two projections, four token counts")
     parser.add_argument("--targets", action="store_true", help="issue 21's grid only")
     args = parser.parse_args()
-    if not torch.cuda.is_available():
-        sys.exit("this benchmark needs a CUDA GPU")
-    out_dir = args.out or default_out_dir()
+    require_gpu("bench_grouped_matmul")
+    out_dir = args.out or default_out_dir("bench_grouped_matmul")
     torch.manual_seed(0)
     ceilings = measure_ceilings()
     gpu = torch.cuda.get_device_name()

@@ -1,11 +1,11 @@
-"""Decode tokens/s of transformers models with ``attn_implementation="llmkernels"`` and
-``experts_implementation="llmkernels"`` against transformers' own defaults, one run.
+"""Decode tokens/s of transformers models with llmkernels attention and experts against transformers' defaults.
 
-    python -m benchmarks bench_hf_decode [--out DIR] [--quick]
+    python -m benchmarks bench_hf_decode [--out DIR] [--quick | --accuracy]
 
-Two-layer models at real layer sizes with random bf16 weights (no download): Qwen3-30B-A3B-like (128 experts,
-top-8, H 2048, GQA 32/4, D 128) and gpt-oss-20b-like (32 experts, top-4, H 2880, GQA 64/8, D 64, sinks,
-sliding window 128 on every other layer). The vocabulary is shrunk to 2048 so that the two layers carry the
+``attn_implementation="llmkernels"`` and ``experts_implementation="llmkernels"``, one run. Two-layer models at
+real layer sizes with random bf16 weights (no download): Qwen3-30B-A3B-like (128 experts, top-8, H 2048, GQA 32/4,
+D 128) and gpt-oss-20b-like (32 experts, top-4, H 2880, GQA 64/8, D 64, sinks, sliding window 128 on every other
+layer). The vocabulary is shrunk to 2048 so that the two layers carry the
 step's time, as the 24-48 layers of the real models do. Batch 1 and 32, a 1024-token prompt in transformers'
 default cache (``DynamicCache``), one decode step timed eagerly (each call appends a token: the context grows
 by the few dozen calls timed) and as a CUDA-graph replay of one step. (A ``StaticCache`` step of gpt-oss
@@ -15,18 +15,20 @@ Systems (the same weights): transformers' defaults (``sdpa`` attention, or ``eag
 no SDPA path, and ``grouped_mm`` experts), llmkernels attention with the default experts, llmkernels attention
 and experts in bf16, then with MXFP4 experts (``quantize_experts(..., "mxfp4", "hopper")``), and flash-attn's
 ``flash_attention_2`` where the package is installed. Each row's decode logits are compared with the
-defaults' (relative error). Writes hf_decode.{csv,md,png} to DIR (default benchmarks/results/<gpu>/).
+defaults' (relative error). Writes hf_decode.{csv,md,png} (``--accuracy``: hf_decode_accuracy.{csv,md}) to DIR
+(default benchmarks/results/<gpu>/bench_hf_decode/). Needs a CUDA GPU and transformers (``.[hf]``).
 """
 from __future__ import annotations
 
 import argparse
 import copy
+import sys
 import time
 import warnings
 
 import torch
 
-from benchmarks.common import bar_plot, default_out_dir, time_ms, write_table
+from benchmarks.common import CANNOT_RUN, bar_plot, default_out_dir, require_gpu, time_ms, write_table
 
 PROMPT = 1024
 VOCAB = 2048
@@ -156,13 +158,17 @@ def _flash_attn_installed() -> bool:
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=default_out_dir())
+    parser.add_argument("--out", default=default_out_dir("bench_hf_decode"))
     parser.add_argument("--quick", action="store_true", help="batch 1 only")
     parser.add_argument("--accuracy", action="store_true",
                         help="only compare first-step logits with a float32 eager model (hf_decode_accuracy.*)")
     args = parser.parse_args(argv)
-
-    import transformers
+    require_gpu("bench_hf_decode")
+    try:
+        import transformers
+    except ImportError:
+        print('bench_hf_decode: needs transformers (pip install -e ".[hf]")', file=sys.stderr)
+        raise SystemExit(CANNOT_RUN) from None
 
     from llmkernels.integrations import transformers as lk_transformers
 

@@ -8,7 +8,8 @@ median time one call takes to return when started on an idle GPU ("isolated": th
 GPU time (CUDA-graph replay of the same call, µs) and the ratio of host times to the peer's. The targets
 of issue 19 are printed beside them (H100): paged decode ≤ 35 µs, grouped_matmul ≤ 50 µs, quantize
 ≤ 25 µs, MoEFeedForward at one token ≤ 250 µs, every call ≤ 1.5× its peer. Writes
-``host_overhead.{csv,md,png}`` under ``--out`` (default ``benchmarks/results/<gpu>/``).
+``host_overhead.{csv,md,png}`` under ``--out`` (default ``benchmarks/results/<gpu>/bench_host_overhead/``).
+GPU only.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import time
 
 import torch
 
-from benchmarks.common import bar_plot, default_out_dir, graph_time_ms, write_table
+from benchmarks.common import bar_plot, default_out_dir, graph_time_ms, require_gpu, write_table
 from benchmarks.peers import moe_batched_mm_runner, sdpa_runner
 
 import llmkernels as lk
@@ -112,6 +113,7 @@ def main():
     parser.add_argument("--out", default=None)
     parser.add_argument("--calls", type=int, default=200)
     args = parser.parse_args()
+    require_gpu("bench_host_overhead")
     device = torch.device("cuda")
     rows = []
     with torch.inference_mode():
@@ -132,7 +134,7 @@ def main():
                          "peer host us (isolated)": peer_isolated if peer else "",
                          "target us": target or "", "met": "" if target is None else ("yes" if ours_host <= target else "no")})
             print(rows[-1], flush=True)
-    out_dir = args.out or default_out_dir()
+    out_dir = args.out or default_out_dir("bench_host_overhead")
     gpu = torch.cuda.get_device_name()
     table = write_table(rows, out_dir, "host_overhead", f"Eager host time per call ({gpu})",
                         f"torch {torch.__version__}; best of five loops of {args.calls} calls; "

@@ -1,4 +1,4 @@
-"""The expert-parallel MoE block (issue 24) on W ranks against one GPU holding every expert, one run.
+"""The expert-parallel MoE block on W GPUs (torchrun) against one GPU holding every expert, one run.
 
     torchrun --nproc-per-node W -m benchmarks.bench_moe_ep [--out DIR] [--experts 64] [--hidden 7168]
         [--intermediate 2048] [--top-k 8] [--weight-format mxfp4] [--tokens 4096]
@@ -13,13 +13,15 @@ Each rank holds E / W experts and routes its own ``--tokens`` tokens. Rank 0 rep
 * **decode**: bounded-mode latency at 1 to 64 tokens per rank (capacity = tokens · top_k, so nothing is dropped),
   under CUDA-graph replay on GPUs.
 
-Writes ``moe_ep.{csv,md,png}`` under DIR (default ``benchmarks/results/<gpu>/``). With W = 1 (one GPU) the
-exchange degenerates to local copies: the baseline and the block's overhead, not a scaling figure.
+Writes ``moe_ep.{csv,md,png}`` under DIR (default ``benchmarks/results/<gpu>/bench_moe_ep/``). With W = 1 (one GPU)
+the exchange degenerates to local copies: the baseline and the block's overhead, not a scaling figure. Needs a CUDA
+GPU per rank and torchrun, except with ``--cpu-smoke``.
 """
 from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 
 import torch
@@ -83,6 +85,13 @@ def main(argv=None):
                      out=args.out or "/tmp/moe_ep_smoke")
         mp.spawn(_smoke_rank, args=(small,), nprocs=2)
         return
+    from benchmarks.common import CANNOT_RUN, require_gpu
+
+    require_gpu("bench_moe_ep", "a CUDA GPU per rank (--cpu-smoke checks the script on the CPU)")
+    if "RANK" not in os.environ:
+        print("bench_moe_ep: start it under torchrun, one process per GPU: torchrun --nproc-per-node W -m "
+              "benchmarks.bench_moe_ep [arguments]", file=sys.stderr)
+        raise SystemExit(CANNOT_RUN)
     dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
     run(vars(args))
     dist.destroy_process_group()
@@ -158,7 +167,7 @@ def run(options: dict, decode_tokens=(1, 2, 4, 8, 16, 32, 64)) -> None:
     columns = list(dict.fromkeys(key for row in rows for key in row))
     rows = [{key: row.get(key, "") for key in columns} for row in rows]
     if rank == 0:
-        out_dir = options.get("out") or default_out_dir()
+        out_dir = options.get("out") or default_out_dir("bench_moe_ep")
         name = torch.cuda.get_device_name() if device.type == "cuda" else "CPU (gloo, interpreter)"
         print(write_table(rows, out_dir, "moe_ep", "Expert-parallel MoE block",
                           f"{world} ranks of {name}, torch {torch.__version__}; E={num_experts}, H={hidden}, "

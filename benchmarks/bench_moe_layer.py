@@ -1,23 +1,23 @@
-"""The whole MoE feed-forward block on the GPU: llmkernels.moe.MoEFeedForward next to the same block
-written with torch._grouped_mm (bf16) and with a loop over experts, one run.
+"""The whole MoE feed-forward block (routing to combine) against the same block on torch._grouped_mm and a loop.
 
     python -m benchmarks bench_moe_layer [--out DIR] [--quick]
 
-DeepSeek-V3 (E=256, H=7168, I=2048, top-8 of sigmoid scores in 8 groups, 4 kept), Qwen3-30B-A3B
+llmkernels.moe.MoEFeedForward next to the same block written with torch._grouped_mm (bf16) and with a loop over
+experts, one run. DeepSeek-V3 (E=256, H=7168, I=2048, top-8 of sigmoid scores in 8 groups, 4 kept), Qwen3-30B-A3B
 (E=128, H=2048, I=768, top-8 softmax) and gpt-oss-120b (E=128, H=2880, I=2880, top-4 softmax) at
 1..8192 tokens. All three systems share the routing and dispatch code, so the table compares the
 expert computation and combine. Writes moe_layer.{csv,md} and moe_layer.png (tokens/s against tokens,
-one panel per model) to DIR (default benchmarks/results/<gpu>/).
+one panel per model) to DIR (default benchmarks/results/<gpu>/bench_moe_layer/).
 """
 from __future__ import annotations
 
 import argparse
 import os
-import sys
 
 import torch
 
-from benchmarks.common import default_out_dir, graph_time_ms, line_plots, measure_ceilings, time_ms, write_table  # noqa: E402
+from benchmarks.common import (default_out_dir, graph_time_ms, line_plots, measure_ceilings, require_gpu,  # noqa: E402
+                               time_ms, write_table)
 
 from llmkernels import ScaledTensor, dequantize, quantize  # noqa: E402
 from llmkernels._testing import relative_error  # noqa: E402
@@ -122,8 +122,7 @@ def main():
     parser.add_argument("--out", default=None)
     parser.add_argument("--quick", action="store_true", help="Qwen3 only, three token counts")
     args = parser.parse_args()
-    if not torch.cuda.is_available():
-        sys.exit("this benchmark needs a CUDA GPU")
+    require_gpu("bench_moe_layer")
     torch.manual_seed(0)
     ceilings = measure_ceilings()
     models = {"Qwen3-30B-A3B": MODELS["Qwen3-30B-A3B"]} if args.quick else MODELS
@@ -173,7 +172,7 @@ def main():
                 panels.setdefault(model, {}).setdefault(name, []).append((tokens, tokens / best * 1e3))
         del systems, w_gate_up, w_down
         torch.cuda.empty_cache()
-    out_dir = args.out or default_out_dir()
+    out_dir = args.out or default_out_dir("bench_moe_layer")
     notes = (f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}; ceilings {ceilings}. Median times "
              "(do_bench) of eager calls and of CUDA-graph replays (the GPU time without the host's launch "
              "overhead; the per-expert loop reads counts on the host and cannot be captured); tokens/s, "

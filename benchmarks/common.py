@@ -4,8 +4,11 @@ from __future__ import annotations
 import csv
 import os
 import re
+import sys
 
 import torch
+
+CANNOT_RUN = 2  # the exit status of a suite started where it cannot run (no suitable GPU, a missing optional package)
 
 
 def gpu_slug() -> str:
@@ -13,8 +16,23 @@ def gpu_slug() -> str:
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
 
 
-def default_out_dir() -> str:
-    return os.path.join(os.path.dirname(__file__), "results", gpu_slug())
+def default_out_dir(suite: str | None = None) -> str:
+    """``benchmarks/results/<gpu>/<suite>/``: where a suite's latest results live (one folder per suite and GPU)."""
+    folder = os.path.join(os.path.dirname(__file__), "results", gpu_slug())
+    return os.path.join(folder, suite) if suite else folder
+
+
+def require_gpu(suite: str, what: str = "a CUDA GPU", hopper: bool = False) -> None:
+    """Exit with status ``CANNOT_RUN`` (2) and one line on stderr when this machine cannot run ``suite``: no CUDA
+    GPU, or (``hopper``) one that is not sm_90. Suites call it after parsing their arguments (``--help`` works
+    anywhere) and before touching the GPU."""
+    found = torch.cuda.is_available()
+    if found and hopper and torch.cuda.get_device_capability()[0] != 9:
+        print(f"{suite}: needs {what}; this machine has {torch.cuda.get_device_name()}", file=sys.stderr)
+        raise SystemExit(CANNOT_RUN)
+    if not found:
+        print(f"{suite}: needs {what}; no CUDA GPU on this machine", file=sys.stderr)
+        raise SystemExit(CANNOT_RUN)
 
 
 def zipf_offsets(num_experts: int, total_tokens: int, exponent: float = 1.2) -> torch.Tensor:
