@@ -9,7 +9,7 @@ H100 with Triton 3.6, under ptxas 12.8 and 13.4 alike). Session 12 found the cau
 step's register-operand wgmmas in flight while the next step's decode writes their A registers
 (triton-lang/triton#9433; ``tools/sass_hazards.py`` shows it in the SASS, ``kernel.retire_mma`` is the
 fix). Run it under another assembler with ``TRITON_PTXAS_PATH`` and a fresh ``TRITON_CACHE_DIR``.
-Figures: ``benchmarks/NOTES.md``.
+Figures: ``lab/NOTES.md`` (the experiment record).
 """
 from __future__ import annotations
 
