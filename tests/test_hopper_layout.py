@@ -268,7 +268,7 @@ def test_moe_default_layout_follows_the_gpu(device, monkeypatch):
 def test_realistic_shapes_default_tiles(tokens_per_expert, epilogue, fmt, device):
     """The default tiles (decode and compute regimes) on model-like shapes, with ragged and empty groups;
     repeated calls agree bit for bit (a race in a compiled pipeline showed as NaN and run-to-run differences,
-    NOTES session 11)."""
+    lab/NOTES.md, issue 21 session 11)."""
     experts, n, k = 16, 1024, 2880
     sizes = torch.full((experts,), tokens_per_expert)
     sizes[3], sizes[7] = 0, 3 * tokens_per_expert + 5

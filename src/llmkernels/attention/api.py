@@ -557,7 +557,7 @@ class _Plan:
         self.grid = (num_q_blocks * self.num_head_programs, self.num_splits)
         # One split (e.g. enough sequences x KV heads to fill the GPU): the decode tiles write O directly,
         # no partials and no combine launch. The in-launch merge of several splits was measured slower than
-        # the combine kernel (benchmarks/NOTES.md, issue 23 session 17).
+        # the combine kernel (lab/NOTES.md, issue 23 session 17).
         self.partials = self.split and self.num_splits > 1
         # few sequences x KV heads: the Gluon split pass writes the partials (NOTES, issue 23 session 19)
         self.gluon_decode = _gluon_decode(call, q, k, v, self.partials, config)

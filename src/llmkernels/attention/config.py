@@ -58,7 +58,7 @@ Seed fields fixed by the Triton compiler
 ``BK1`` (``BN`` for PV), ``num_qk_stages`` / ``num_pv_stages`` (MMA pipelining inside one tile),
 ``swizzle_mode`` (shared-memory layouts are chosen by the compiler), and, in the portable kernel, the warp
 roles (load / MMA / softmax / correction warpgroups): Triton schedules one program's warps itself (its
-automatic warp specialization and a software-pipelined ``Q K^T`` both lost on the H100, ``benchmarks/NOTES.md``);
+automatic warp specialization and a software-pipelined ``Q K^T`` both lost on the H100, ``lab/NOTES.md``);
 the Gluon kernel's roles are explicit (``warp_specialized`` above).
 """
 from __future__ import annotations
@@ -213,7 +213,7 @@ def default_config(depth: int, dtype: torch.dtype, device: torch.device, *, deco
                          rescale_threshold=8.0, poly_exp2_fraction=0.25, **common)
     if major == 9:
         # Prefill takes the warp-specialized Gluon kernel where it applies (0.68-1.16x cuDNN against the
-        # portable kernel's 0.53-0.96x on the H100 grid, benchmarks/NOTES.md); the tiles below are the
+        # portable kernel's 0.53-0.96x on the H100 grid, lab/NOTES.md); the tiles below are the
         # portable kernel's, the best of the H100 sweep, for every other call. The conditional rescale's
         # block-uniform branch splits the MMA pipeline here, so the threshold is 0; TMA loads of 512-byte
         # rows (D=256) lost to pointer loads, so they are off there.

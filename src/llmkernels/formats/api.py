@@ -17,7 +17,7 @@ from .spec import format_spec
 __all__ = ["quantize", "check_quantize"]
 
 _INPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-# (rows, columns, warps) of one quantize program; benchmarks/ablate_quantize.py measures the choices.
+# (rows, columns, warps) of one quantize program; lab/scripts/ablate_quantize.py measures the choices.
 QUANTIZE_TILE = (16, 256, 4)
 
 

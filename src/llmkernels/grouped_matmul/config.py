@@ -13,7 +13,7 @@ __all__ = ["BlockScaledMatmulConfig", "ALL_GROUP_SIZES", "default_config", "defa
            "HOPPER_MIN_BLOCK_K"]
 # The Hopper-layout kernel's smallest K step: one 64-wide chunk of the layout. (Session 11 saw such steps give
 # wrong results on the H100; session 12 traced that to Triton 3.6's register-operand wgmma pipeline, fixed by
-# kernel.retire_mma: benchmarks/NOTES.md.)
+# kernel.retire_mma: lab/NOTES.md.)
 HOPPER_MIN_BLOCK_K = 64
 
 _MMA_PATHS = ("auto", "dot_scaled", "dequant")
@@ -112,7 +112,7 @@ def default_config(num_tokens: int, num_groups: int, n_out: int, k: int, device:
     tile keeps its ``block_n`` (both B tiles fit shared memory), the 256-row compute tiles of quantized
     weights become 256×64×64 (two 256×128 fp32 accumulators would not fit the registers), the others
     halve ``block_n`` (the B bytes per stage the plain tiles were chosen with). What each choice measured
-    is in ``benchmarks/NOTES.md``.
+    is in ``lab/NOTES.md``.
     """
     if b_layout == "hopper":
         return hopper_config(num_tokens, num_groups, device, swiglu, b_scale_block)
@@ -134,7 +134,7 @@ def default_config(num_tokens: int, num_groups: int, n_out: int, k: int, device:
 def hopper_config(num_tokens: int, num_groups: int, device: torch.device, swiglu: bool = False,
                   b_scale_block: int = 32) -> BlockScaledMatmulConfig:
     """The tiles of MXFP4 (``b_scale_block`` 32) and NVFP4 (16) weights in the Hopper layout
-    (``grouped_matmul/hopper_kernel.py``; measured in ``benchmarks/NOTES.md``, issue 21): 128 weight rows per
+    (``grouped_matmul/hopper_kernel.py``; measured in ``lab/NOTES.md``, issue 21): 128 weight rows per
     step (``block_n``, 64 gate and 64 up rows under SwiGLU) against 16, 64 or 128 tokens by the average group,
     ``block_k`` 128, 4 warps, 3 stages (4 lost 12% at K 2048 with 16 tokens). NVFP4's 128-token tiles: plain
     ones step 64 along K (1.1x faster there, 1.2x slower for MXFP4), SwiGLU ones take 2 stages (with 3 its
@@ -159,7 +159,7 @@ def _measured_config(num_tokens: int, num_groups: int, n_out: int, k: int, devic
     """The tiles of :func:`default_config` before the SwiGLU adjustment.
 
     Small tiles in the interpreter (each program runs as numpy on the CPU). On the GPU, the tiles that
-    measured best on the H100 and H200 (the figures are in ``benchmarks/NOTES.md``):
+    measured best on the H100 and H200 (the figures are in ``lab/NOTES.md``):
 
     * up to 64 tokens per group (decode, weight-bandwidth bound): one M tile covers a whole group, so
       each weight byte is read once (16, 32 or 64 rows); swap-AB for plain and e2m1 weights; two

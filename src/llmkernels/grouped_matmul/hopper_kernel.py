@@ -4,7 +4,7 @@ Each thread loads 16 bytes of weights that, decoded in registers (masks, shifts 
 exactly its part of wgmma's register operand: no shared-memory round trip between decode and MMA. The
 product is computed swapped, ``Cᵀ = W · Aᵀ``: the weight tile is the MMA's M side (``BLOCK_N`` rows), the
 group's tokens its N side (``BLOCK_M``). Activations are bf16 (a quantized A is decoded ahead by the host
-layer). What each choice measured: ``benchmarks/NOTES.md`` (issue 21).
+layer). What each choice measured: ``lab/NOTES.md`` (issue 21).
 """
 import triton
 import triton.language as tl
@@ -108,7 +108,7 @@ def hopper_fp4_matmul_kernel(
     k_end = tl.where(expert_ok, num_chunks * 64, 0)
     # At least one step, whose loads are masked off when there is nothing to multiply (K = 0 or a bad expert
     # id). A loop the compiler cannot prove runs makes ptxas serialize every wgmma on Hopper (its C7515: the
-    # zero-trip path defines the accumulators before the pipeline's last wait); see benchmarks/NOTES.md.
+    # zero-trip path defines the accumulators before the pipeline's last wait); see lab/NOTES.md.
     for k_start in range(0, tl.maximum(k_end, 1), BLOCK_K):
         live = tl.full((1,), k_start, tl.int32) < k_end  # [1]: the interpreter takes no scalar mask
         if EVEN_K:
