@@ -807,15 +807,18 @@ def _mixtral_experts(leaves: dict, prefix: str) -> torch.nn.Module:
         from transformers import MixtralConfig
         from transformers.models.mixtral.modeling_mixtral import MixtralExperts
     gate_up, down = leaves[f"{prefix}.gate_up_proj"], leaves[f"{prefix}.down_proj"]
-    experts = MixtralExperts(MixtralConfig(hidden_size=gate_up.shape[2], intermediate_size=down.shape[2],
-                                           num_local_experts=gate_up.shape[0], num_experts_per_tok=2))
+    experts = MixtralExperts(MixtralConfig(hidden_size=MOE_SIZES[1], intermediate_size=MOE_SIZES[2],
+                                           num_local_experts=MOE_SIZES[0], num_experts_per_tok=2))
     experts.gate_up_proj = torch.nn.Parameter(gate_up, requires_grad=False)
     experts.down_proj = torch.nn.Parameter(down, requires_grad=False)
     return experts
 
 
+MOE_SIZES = (4, 64, 32)  # experts, hidden, intermediate of the transformers experts module
+
+
 def _experts_call(quantized: bool) -> Call:
-    experts, hidden, intermediate = 4, 64, 32
+    experts, hidden, intermediate = MOE_SIZES
     prefix = "model" if quantized else "self"
 
     def make(device):
@@ -931,9 +934,9 @@ def poisoned_buffer(shape, dtype, device) -> torch.Tensor:
 
 
 def observe(call: Call, leaves: dict):
-    """The call's result and, after it, the contents of the leaves it writes in place."""
+    """The call's result and, after it, copies of the leaves it writes in place."""
     result = call.run(leaves)
-    return (result, *(leaves[name] for name in call.written)) if call.written else result
+    return (result, *(leaves[name].clone() for name in call.written)) if call.written else result
 
 
 def outcome(call: Call, leaves: dict):

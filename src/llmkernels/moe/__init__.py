@@ -1,6 +1,6 @@
 """The Mixture-of-Experts feed-forward block around the grouped matmul, and the routing functions it uses."""
-from ..ops import combine, dispatch
-from ..routing import SCORINGS, dispatch_reference, route, select_experts
+from ..ops import combine, dispatch, select_experts
+from ..routing import SCORINGS, dispatch_reference, route
 from .fused import fused_experts
 from .layer import MoEFeedForward
 
