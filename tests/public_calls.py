@@ -20,6 +20,7 @@ unwalked.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect
 import pkgutil
 import warnings
@@ -501,6 +502,10 @@ def _dispatch_reference_call() -> Call:
 
 # ----------------------------------------------------------------------------- formats: layouts, parts, torchao
 
+# torchao is optional (the [test] extra installs it); without it its converters' calls are not walked.
+HAS_TORCHAO = importlib.util.find_spec("torchao") is not None
+TORCHAO_FUNCTIONS = ("from_torchao", "unwrap_torchao", "to_torchao")
+
 def _scale_layout_call(grouped: bool) -> Call:
     rows, cols = 12, 3
 
@@ -893,9 +898,7 @@ CALLS = [
     _parts_call(),
     _scaled_tensor_methods_call("128x4"),
     _scaled_tensor_methods_call("hopper"),
-    _torchao_call("mxfp4"),
-    _torchao_call("nvfp4"),
-    _to_torchao_call("mxfp8"),
+    *((_torchao_call("mxfp4"), _torchao_call("nvfp4"), _to_torchao_call("mxfp8")) if HAS_TORCHAO else ()),
     _flash_attn_func_call(),
     _flash_attn_varlen_call("seqused_k"),
     _flash_attn_varlen_call("block_table"),
@@ -934,9 +937,10 @@ def poisoned_buffer(shape, dtype, device) -> torch.Tensor:
 
 
 def observe(call: Call, leaves: dict):
-    """The call's result and, after it, copies of the leaves it writes in place."""
-    result = call.run(leaves)
-    return (result, *(leaves[name].clone() for name in call.written)) if call.written else result
+    """Copies of the tensors of the call's result (:func:`flat_tensors`) and, after them, of the leaves it writes
+    in place: a later run on the same tensors (an ``out=`` the result aliases) cannot change them."""
+    parts = [*flat_tensors(call.run(leaves)), *(leaves[name] for name in call.written)]
+    return [part.clone() if isinstance(part, torch.Tensor) else part for part in parts]
 
 
 def outcome(call: Call, leaves: dict):
