@@ -18,6 +18,7 @@ TILE_SCALE_COLS = 4  # scale columns of one tile
 
 
 SCALE_DTYPES = (torch.float8_e8m0fnu, torch.float8_e4m3fn, torch.uint8)
+OFFSET_DTYPES = (torch.int32, torch.uint32, torch.int64)
 
 
 def _check_scales(name: str, tensor, min_dims: int, tile: bool = False) -> None:
@@ -32,9 +33,9 @@ def _check_scales(name: str, tensor, min_dims: int, tile: bool = False) -> None:
 
 
 def _check_group_offsets(group_offsets) -> None:
-    if (not isinstance(group_offsets, torch.Tensor) or group_offsets.dtype not in (torch.int32, torch.int64)
+    if (not isinstance(group_offsets, torch.Tensor) or group_offsets.dtype not in OFFSET_DTYPES
             or group_offsets.dim() != 1 or group_offsets.numel() < 1):
-        raise TypeError(f"group_offsets must be an int32/int64 [G + 1] tensor, got "
+        raise TypeError(f"group_offsets must be an int32/uint32/int64 [G + 1] tensor, got "
                         f"{getattr(group_offsets, 'dtype', type(group_offsets).__name__)} of shape "
                         f"{tuple(getattr(group_offsets, 'shape', ()))}")
 
