@@ -557,9 +557,9 @@ class _Plan:
         self.grid = (num_q_blocks * self.num_head_programs, self.num_splits)
         # One split (e.g. enough sequences x KV heads to fill the GPU): the decode tiles write O directly,
         # no partials and no combine launch. The in-launch merge of several splits was measured slower than
-        # the combine kernel (lab/NOTES.md, issue 23 session 17).
+        # the combine kernel (lab/NOTES.md).
         self.partials = self.split and self.num_splits > 1
-        # few sequences x KV heads: the Gluon split pass writes the partials (NOTES, issue 23 session 19)
+        # few sequences x KV heads: the Gluon split pass writes the partials (lab/NOTES.md)
         self.gluon_decode = _gluon_decode(call, q, k, v, self.partials, config)
         self.partial_shapes = None
         if self.partials:
@@ -708,7 +708,7 @@ class _Plan:
             *_strides3(out, ragged), *stride_lse,
             rows_per_batch, self.num_splits,
             HEAD_DIM=self.head_dim, HEAD_DIM_PAD=self.head_dim_pad,
-            # up to 64 splits in one block (one round trip to L2: H100, NOTES issue 23 session 18)
+            # up to 64 splits in one block (one round trip to L2: H100, lab/NOTES.md)
             BLOCK_SPLITS=min(next_power_of_2(self.num_splits), 64),
             HAS_SINKS=self.has_sinks, RETURN_LSE=self.return_lse, ONE_BLOCK=self.num_splits <= 64,
             num_warps=4,

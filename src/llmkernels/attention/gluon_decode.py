@@ -1,6 +1,6 @@
 """Split-KV decode pass for Hopper (sm_90a) in Gluon, for the latency-bound regime: one query token per sequence
 and few (sequence, KV head) pairs, where every split is a short run of key tiles and the portable kernel's
-per-row address work and its two-warp programs leave most of the time in latency (NOTES, issue 23, session 19).
+per-row address work and its two-warp programs leave most of the time in latency (lab/NOTES.md).
 
 One program per (sequence, KV head, split) and one warpgroup: the q heads of the KV head are the rows of one
 m64 ``wgmma`` block (rows past the group are zeros, never stored); K and V tiles of 64 keys come by TMA into a
@@ -30,7 +30,7 @@ STAGES = 2  # K / V tiles in flight per program (three measured no faster at B =
 ROWS = 64  # q heads of one KV head, as the rows of one m64 wgmma block
 HEAD_DIMS = (64, 128)
 # (sequences x KV heads) up to which this pass runs. H100, Hq 32 / Hkv 8, D 128, against the portable pass
-# (NOTES, issue 23 session 19): 1.01-1.13x as fast at B = 1 and 2 (8 and 16 pairs, 1k-128k keys, pages 16 / 64,
+# (lab/NOTES.md): 1.01-1.13x as fast at B = 1 and 2 (8 and 16 pairs, 1k-128k keys, pages 16 / 64,
 # dense), 0.79-0.96x at B = 4 and 8, where two-warp programs keep more loads in flight per SM.
 MAX_HEAD_PROGRAMS = 16
 # A CTA-wide barrier: ``thread_barrier`` in Triton 3.6, ``barrier`` in later ones (3.9 removed the old name)

@@ -21,7 +21,7 @@ counter, longest first within a head. Roles (``gl.warp_specialize``):
   of ``S_j`` once the first is done (``P`` stays in registers as the A operand of ``P V``). The warp
   schedulers interleave the consumers: one warpgroup's softmax runs while another's matmuls hold the tensor
   cores. An explicit ping-pong (the consumers taking turns through mbarriers, FA3's) measured no
-  faster on the H100 and left (NOTES, issue 23, session 15).
+  faster on the H100 and left (lab/NOTES.md).
 
 Scores stay unscaled until the exponent: ``p = exp2(s * c - m * c)`` with ``c = softmax_scale * log2(e) > 0``
 is one FMA per score. A block visits only the key tiles some of its rows see; only tiles a consumer sees in part
@@ -349,7 +349,7 @@ def _consumer_step(i, j, q, smem, bars, p, m_i, l_i, acc, rows, s_zero, geometry
     p_new, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, j, rows, geometry, qk_scale, MASKED, WINDOW)
     p_new = gl.convert_layout(p_new.to(p.dtype), p.type.layout)
     # The softmax's results pass through the wait, so that LLVM keeps them before it (ptxas still hoists the
-    # wait above most of the exponentials: NOTES, issue 23, session 15).
+    # wait above most of the exponentials: lab/NOTES.md).
     acc, p_new, l_i, alpha = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_new, l_i, alpha))
     mbarrier.arrive(v_empty.index(prev))
     acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout)), 1)
@@ -658,7 +658,7 @@ def _consumers(head_dim: int, seqlen_q: int, window) -> int:
     """Consumer warpgroups per block: three at D = 64 (FA3's choice; 160 registers fit S, P and O there), except
     for masked calls of at most 4096 queries, where a 192-row block's diagonal tiles waste more than three
     consumers gain (H100: 2k causal 0.89 against 0.77x cuDNN, 4k 0.97 against 0.94x, 8k 1.00 against 1.04x;
-    NOTES, issue 23, sessions 15 and 19); two elsewhere."""
+    lab/NOTES.md); two elsewhere."""
     return 3 if head_dim == 64 and (window is None or seqlen_q > 4096) else 2
 
 

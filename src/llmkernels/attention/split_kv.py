@@ -102,7 +102,7 @@ def choose_num_splits(num_programs_without_split: int, num_kv_tiles_bound: int, 
 
     Never more splits than KV tiles of the longest possible sequence, never fewer than one: programs that
     already fill the GPU twice get one. Programs that fill it once but not twice still split in two (H100,
-    32 sequences x 8 KV heads at 8k: 375 vs 395 µs, ``lab/NOTES.md``, issue 23 session 17).
+    32 sequences x 8 KV heads at 8k: 375 vs 395 µs, ``lab/NOTES.md``).
     """
     wanted = cdiv(2 * num_sms, max(num_programs_without_split, 1))
     return max(1, min(wanted, num_kv_tiles_bound, 256))

@@ -118,8 +118,8 @@ def _check_hopper_weights(a: _Operand, n_out: int, epilogue_kind: str, config) -
                          f"chunks) and mma 'auto' or 'dequant', got "
                          f"block_k={config.block_k}, mma={config.mma!r}")
     if config is not None and config.block_n < 64 and a.data.device.type == "cuda" and not interpreting():
-        # wgmma's M is 64 rows: SwiGLU halves of 32 rows gave wrong results on the H100 (lab/NOTES.md,
-        # issue 21 session 12); the interpreter, which has no wgmma, runs 32-row tiles.
+        # wgmma's M is 64 rows: SwiGLU halves of 32 rows gave wrong results on the H100 (lab/NOTES.md);
+        # the interpreter, which has no wgmma, runs 32-row tiles.
         raise ValueError(f"b in the hopper layout needs config.block_n >= 64 on the GPU (weight rows per MMA; "
                          f"under swiglu per half), got block_n={config.block_n}")
 

@@ -11,8 +11,8 @@ from .._runtime import cuda_capability, interpreting, num_programs_hint
 
 __all__ = ["BlockScaledMatmulConfig", "ALL_GROUP_SIZES", "default_config", "default_launches", "hopper_config",
            "HOPPER_MIN_BLOCK_K"]
-# The Hopper-layout kernel's smallest K step: one 64-wide chunk of the layout. (Session 11 saw such steps give
-# wrong results on the H100; session 12 traced that to Triton 3.6's register-operand wgmma pipeline, fixed by
+# The Hopper-layout kernel's smallest K step: one 64-wide chunk of the layout. (Such steps once gave
+# wrong results on the H100, traced to Triton 3.6's register-operand wgmma pipeline and fixed by
 # kernel.retire_mma: lab/NOTES.md.)
 HOPPER_MIN_BLOCK_K = 64
 
@@ -134,7 +134,7 @@ def default_config(num_tokens: int, num_groups: int, n_out: int, k: int, device:
 def hopper_config(num_tokens: int, num_groups: int, device: torch.device, swiglu: bool = False,
                   b_scale_block: int = 32) -> BlockScaledMatmulConfig:
     """The tiles of MXFP4 (``b_scale_block`` 32) and NVFP4 (16) weights in the Hopper layout
-    (``grouped_matmul/hopper_kernel.py``; measured in ``lab/NOTES.md``, issue 21): 128 weight rows per
+    (``grouped_matmul/hopper_kernel.py``; measured in ``lab/NOTES.md``): 128 weight rows per
     step (``block_n``, 64 gate and 64 up rows under SwiGLU) against 16, 64 or 128 tokens by the average group,
     ``block_k`` 128, 4 warps, 3 stages (4 lost 12% at K 2048 with 16 tokens). NVFP4's 128-token tiles: plain
     ones step 64 along K (1.1x faster there, 1.2x slower for MXFP4), SwiGLU ones take 2 stages (with 3 its

@@ -4,7 +4,7 @@ Each thread loads 16 bytes of weights that, decoded in registers (masks, shifts 
 exactly its part of wgmma's register operand: no shared-memory round trip between decode and MMA. The
 product is computed swapped, ``Cᵀ = W · Aᵀ``: the weight tile is the MMA's M side (``BLOCK_N`` rows), the
 group's tokens its N side (``BLOCK_M``). Activations are bf16 (a quantized A is decoded ahead by the host
-layer). What each choice measured: ``lab/NOTES.md`` (issue 21).
+layer). What each choice measured: ``lab/NOTES.md``.
 """
 import triton
 import triton.language as tl

@@ -136,7 +136,7 @@ def retire_mma(acc, RETIRE_MMA: tl.constexpr):
     decode then writes registers ptxas may have given to their A fragments (undefined in PTX,
     triton-lang/triton#9433): results that change from run to run. A use of ``acc`` outside an MMA makes
     Triton wait for them at the end of the step; the empty asm is that use, at no instruction. Found by
-    ``tools/sass_hazards.py``; see lab/NOTES.md (issue 21, session 12)."""
+    ``tools/sass_hazards.py``; see lab/NOTES.md."""
     if RETIRE_MMA:
         return tl.inline_asm_elementwise("", "=f,0", [acc], dtype=tl.float32, is_pure=True, pack=1)
     else:
