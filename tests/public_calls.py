@@ -916,6 +916,26 @@ CALLS = [
 CALLS_BY_NAME = {call.name: call for call in CALLS}
 
 
+def patch_launches(monkeypatch, replace) -> None:
+    """Every way a kernel launches (Triton's JIT, its interpreter, a cached plan's bound kernel) goes, from here
+    on, through ``replace(original)``."""
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    from llmkernels._launch import BoundKernel
+
+    for owner, name in ((JITFunction, "run"), (InterpretedFunction, "run"), (BoundKernel, "__call__")):
+        monkeypatch.setattr(owner, name, replace(getattr(owner, name)))
+
+
+def forbid_launches(monkeypatch) -> None:
+    """From here on any kernel launch fails the test: the errors must come first."""
+    def launched(*args, **kwargs):
+        raise AssertionError("a kernel was launched before the error")
+
+    patch_launches(monkeypatch, lambda original: launched)
+
+
 def fill(tensor: torch.Tensor, filling: str) -> torch.Tensor:
     """``"high"``: NaN (floating; 0xFF bytes for the one-byte types) or the integer maximum; ``"low"``:
     zero (floating, bytes) or the integer minimum. Values that show when a kernel reads them."""

@@ -11,31 +11,19 @@ import inspect
 
 import pytest
 import torch
-import triton
-from triton.runtime.interpreter import InterpretedFunction
 
 import llmkernels as lk
-from llmkernels import _launch, _runtime
+from llmkernels import _runtime
 from llmkernels.formats import FormatSpec, format_spec
 from llmkernels.integrations import transformers as lk_transformers
 from llmkernels.moe import MoEFeedForward, combine, dispatch, route
 from public_calls import (CALLS, CALLS_BY_NAME, NO_TENSOR_FUNCTIONS, PUBLIC, REFERENCES, InputRejected, as_bits,
-                          poisoned_buffer)
+                          forbid_launches, patch_launches, poisoned_buffer)
 from test_grouped_matmul import _bad_input_cases as _bad_grouped_matmul_cases
 
 FORWARD_ONLY = ("quantize", "grouped_matmul", "attention", "combine", "select_experts", "MoEFeedForward.forward",
                 "flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache", "fused_experts")
 MOE_WEIGHTS = ("router_weight", "correction_bias", "w_gate_up", "w_down")
-
-
-def forbid_launches(monkeypatch):
-    """From here on any kernel launch fails the test: the errors must come first."""
-    def launched(*args, **kwargs):
-        raise AssertionError("a kernel was launched before the error")
-
-    monkeypatch.setattr(triton.runtime.jit.JITFunction, "run", launched)
-    monkeypatch.setattr(InterpretedFunction, "run", launched)
-    monkeypatch.setattr(_launch.BoundKernel, "__call__", launched)  # cached plans launch without the JIT
 
 
 def _cases(device):
@@ -186,9 +174,7 @@ def _count_launches(monkeypatch) -> list:
             return original(*args, **kwargs)
         return run
 
-    for owner, name in ((triton.runtime.jit.JITFunction, "run"), (InterpretedFunction, "run"),
-                        (_launch.BoundKernel, "__call__")):
-        monkeypatch.setattr(owner, name, counted(getattr(owner, name)))
+    patch_launches(monkeypatch, counted)
     return launches
 
 

@@ -5,13 +5,11 @@ import math
 
 import pytest
 import torch
-import triton
-from triton.runtime.interpreter import InterpretedFunction
 
 from flash_attn_model import assert_cache_after, kvcache_model
-from llmkernels import _launch
 from llmkernels._testing import relative_error
 from llmkernels.flash_attn import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache
+from public_calls import forbid_launches
 
 BATCH, SEQLEN_Q, NEW, HEADS, KV_HEADS, DIM, ROTARY_HALF = 2, 2, 3, 4, 2, 32, 8
 DENSE_CAPACITY = 40  # not a multiple of 16: attention reads a page-aligned copy, whose padding it must not see
@@ -111,16 +109,6 @@ def test_validate_runs_a_sound_call_with_the_same_bits(device):
 
 
 # ----------------------------------------------------------------------------- errors before any write
-
-def _forbid_launches(monkeypatch):
-    """From here on any kernel launch fails the test: the errors must come first."""
-    def launched(*args, **kwargs):
-        raise AssertionError("a kernel was launched before the error")
-
-    monkeypatch.setattr(triton.runtime.jit.JITFunction, "run", launched)
-    monkeypatch.setattr(InterpretedFunction, "run", launched)
-    monkeypatch.setattr(_launch.BoundKernel, "__call__", launched)
-
 
 def _int32(values, device):
     return torch.tensor(values, dtype=torch.int32, device=device)
@@ -244,7 +232,7 @@ def test_bad_calls_raise_before_any_launch_and_change_nothing(device, monkeypatc
     """Each bad call raises the expected error naming the argument, with every kernel launch forbidden, and leaves
     every tensor it was given (the caches included) byte-identical."""
     cases = _kvcache_error_cases(device) + _func_error_cases(device)
-    _forbid_launches(monkeypatch)
+    forbid_launches(monkeypatch)
     failures = []
     for name, error, message, function, kwargs in cases:
         before = {n: t.detach().clone() for n, t in _tensors(kwargs).items()}
