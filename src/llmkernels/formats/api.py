@@ -11,7 +11,8 @@ from .._launch import BoundKernel, PlanCache, bind
 from .._runtime import check_device, forward_only, unit_last_stride
 from . import kernel
 from .reference import nvfp4_global_scale
-from .scaled_tensor import HOPPER_FORMATS, OFFSET_DTYPES, SCALE_LAYOUTS, ScaledTensor
+from .layout import check_group_offsets
+from .scaled_tensor import HOPPER_FORMATS, SCALE_LAYOUTS, ScaledTensor
 from .spec import format_spec
 
 __all__ = ["quantize", "check_quantize"]
@@ -132,10 +133,7 @@ def check_quantize(x, format, global_scale, scale_layout, group_offsets, rows):
     if group_offsets is not None:
         if scale_layout != "128x4":
             raise ValueError("group_offsets pads 128x4 scales per group: it needs scale_layout='128x4'")
-        if (not isinstance(group_offsets, torch.Tensor) or group_offsets.dtype not in OFFSET_DTYPES
-                or group_offsets.dim() != 1 or group_offsets.numel() < 1):
-            raise TypeError(f"group_offsets must be an int32/uint32/int64 [G + 1] tensor, "
-                            f"got {getattr(group_offsets, 'dtype', type(group_offsets).__name__)}")
+        check_group_offsets(group_offsets)
         if (x.dim() if rows is None else 2) != 2:
             raise ValueError(f"group_offsets needs a 2D x, got shape {tuple(x.shape)}")
     elif scale_layout == "128x4" and x.dim() < 2:

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import torch
 
+from .._runtime import describe
+
 __all__ = [
     "to_blocked_scales", "from_blocked_scales", "to_grouped_blocked_scales", "from_grouped_blocked_scales",
-    "TILE_ROWS", "TILE_SCALE_COLS",
+    "TILE_ROWS", "TILE_SCALE_COLS", "OFFSET_DTYPES", "check_group_offsets",
 ]
 
 TILE_ROWS = 128  # rows of one tensor-core scale tile
@@ -18,7 +20,7 @@ TILE_SCALE_COLS = 4  # scale columns of one tile
 
 
 SCALE_DTYPES = (torch.float8_e8m0fnu, torch.float8_e4m3fn, torch.uint8)
-OFFSET_DTYPES = (torch.int32, torch.uint32, torch.int64)
+OFFSET_DTYPES = (torch.int32, torch.uint32, torch.int64)  # of group offsets
 
 
 def _check_scales(name: str, tensor, min_dims: int, tile: bool = False) -> None:
@@ -32,12 +34,11 @@ def _check_scales(name: str, tensor, min_dims: int, tile: bool = False) -> None:
         raise ValueError(f"{name} must be {layout}, got shape {tuple(tensor.shape)}")
 
 
-def _check_group_offsets(group_offsets) -> None:
+def check_group_offsets(group_offsets) -> None:
+    """``group_offsets`` is an int32 / uint32 / int64 ``[G + 1]`` tensor (its values are read clamped)."""
     if (not isinstance(group_offsets, torch.Tensor) or group_offsets.dtype not in OFFSET_DTYPES
             or group_offsets.dim() != 1 or group_offsets.numel() < 1):
-        raise TypeError(f"group_offsets must be an int32/uint32/int64 [G + 1] tensor, got "
-                        f"{getattr(group_offsets, 'dtype', type(group_offsets).__name__)} of shape "
-                        f"{tuple(getattr(group_offsets, 'shape', ()))}")
+        raise TypeError(f"group_offsets must be an int32/uint32/int64 [G + 1] tensor, got {describe(group_offsets)}")
 
 
 def _pad_bits(scales: torch.Tensor) -> int:
@@ -120,7 +121,7 @@ def to_grouped_blocked_scales(scales: torch.Tensor, group_offsets: torch.Tensor)
     is padding), ``group_scale_offsets`` int32 ``[G]``. Rows outside every group are dropped.
     """
     _check_scales("scales", scales, 2)
-    _check_group_offsets(group_offsets)
+    check_group_offsets(group_offsets)
     if scales.dim() != 2:
         raise ValueError(f"grouped scales must be 2D [R, C], got shape {tuple(scales.shape)}")
     r, c = scales.shape
@@ -144,7 +145,7 @@ def from_grouped_blocked_scales(blocked: torch.Tensor, group_offsets: torch.Tens
         TypeError / ValueError: blocked not a scale tensor of 128x4 tiles, group_offsets not an int [G + 1].
     """
     _check_scales("blocked", blocked, 4, tile=True)
-    _check_group_offsets(group_offsets)
+    check_group_offsets(group_offsets)
     rows = _rows_from_tiles(blocked.view(torch.uint8))
     tile_row, row_in_tile, _ = _group_tile_rows(group_offsets, num_rows)
     flat_row = (tile_row.clamp(min=0) * TILE_ROWS + row_in_tile).clamp(max=rows.shape[0] - 1)

@@ -10,7 +10,7 @@ from .._runtime import describe
 from . import layout as scale_layouts
 from .fragments import (FRAGMENT_K, FRAGMENT_ROWS, fragment_scales_per_chunk, from_hopper_fragments,
                         to_hopper_fragments)
-from .layout import TILE_ROWS, TILE_SCALE_COLS
+from .layout import OFFSET_DTYPES, TILE_ROWS, TILE_SCALE_COLS, check_group_offsets
 from .spec import FormatSpec, format_spec
 
 __all__ = ["ScaledTensor", "SCALE_LAYOUTS", "HOPPER_FORMATS", "OFFSET_DTYPES", "PLAIN_FORMATS", "scaled_tensor_parts",
@@ -19,7 +19,6 @@ __all__ = ["ScaledTensor", "SCALE_LAYOUTS", "HOPPER_FORMATS", "OFFSET_DTYPES", "
 SCALE_LAYOUTS = ("row", "128x4", "hopper")
 HOPPER_FORMATS = ("mxfp4", "nvfp4")  # what the hopper layout holds (e2m1 data)
 PLAIN_FORMATS = ("bf16", "fp16")  # what scaled_tensor_parts calls a plain bf16 / fp16 tensor
-OFFSET_DTYPES = (torch.int32, torch.uint32, torch.int64)  # of group offsets
 
 
 @dataclass
@@ -92,9 +91,7 @@ class ScaledTensor:
             raise ValueError("group_offsets and group_scale_offsets go together, on a 2D tensor with 128x4 scales")
         if grouped:
             offsets, scale_offsets = self.group_offsets, self.group_scale_offsets
-            if (not isinstance(offsets, torch.Tensor) or offsets.dtype not in OFFSET_DTYPES
-                    or offsets.dim() != 1 or offsets.numel() < 1):
-                raise TypeError(f"group_offsets must be an int32/uint32/int64 [G + 1] tensor, got {describe(offsets)}")
+            check_group_offsets(offsets)
             if (not isinstance(scale_offsets, torch.Tensor) or scale_offsets.dtype != torch.int32
                     or tuple(scale_offsets.shape) != (offsets.numel() - 1,)):
                 raise TypeError(f"group_scale_offsets must be an int32 [G] tensor with G = {offsets.numel() - 1}, "
