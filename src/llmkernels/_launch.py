@@ -19,12 +19,15 @@ from __future__ import annotations
 import inspect
 import sys
 import threading
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
 import torch
 from triton import knobs
 
 from ._runtime import interpreting
 
-__all__ = ["PlanCache", "BoundKernel", "bind", "clear_plans", "tensor_key", "value_key"]
+__all__ = ["PlanCache", "BoundKernel", "KernelSpec", "bind", "clear_plans", "tensor_key", "value_key"]
 
 _CACHES: list["PlanCache"] = []
 _INTERPRETER_LOCK = threading.Lock()
@@ -300,3 +303,47 @@ def bind(fn, grid, *args, **kwargs) -> BoundKernel:
     bound = signature.bind(*args, **params)
     bound.apply_defaults()
     return BoundKernel(fn, grid, tuple(bound.arguments), tuple(bound.arguments.values()), options)
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """One launch as a backend plans it, the single description both the library's launches and the
+    ahead-of-time compile tools read.
+
+    ``fn`` is the ``@triton.jit`` (or ``@gluon.jit``) function, ``grid`` its launch grid, ``constexprs`` the
+    values of its ``tl.constexpr`` parameters, ``options`` Triton's compile options (``num_warps``,
+    ``num_stages``, ``maxnreg``, ...). ``arg_types`` gives the Triton type of each runtime argument that is not a
+    32-bit integer (``"*bf16"``, ``"fp32"``, ``"tensordesc<bf16[64,128]>"``); ``unaligned`` names the integer
+    arguments a launch does not see divisible by 16 (the others, and every pointer, are specialized as
+    16-divisible, as aligned tensors and sizes make them). The last two matter only to :meth:`ast_source`: a
+    launch binds real arguments, and Triton specializes on those.
+    """
+
+    fn: Any
+    grid: tuple
+    constexprs: Mapping[str, Any]
+    options: Mapping[str, Any] = field(default_factory=dict)
+    arg_types: Mapping[str, str] = field(default_factory=dict)
+    unaligned: tuple = ()
+
+    def bind(self, *args) -> "BoundKernel":
+        """The launch on the runtime arguments ``args`` (positional, in the kernel's order) as a
+        :class:`BoundKernel`; the spec's constexprs and options complete it."""
+        return bind(self.fn, self.grid, *args, **self.constexprs, **self.options)
+
+    def ast_source(self):
+        """``triton.compiler.ASTSource`` of this launch for ``triton.compile(..., target=...)``: what runs without
+        a GPU (tools/compile_defaults.py, the compile tests)."""
+        from triton.compiler import ASTSource
+
+        names = self.fn.arg_names
+        signature, attrs = {}, {}
+        for index, name in enumerate(names):
+            if name in self.constexprs:
+                signature[name] = "constexpr"
+                continue
+            signature[name] = self.arg_types.get(name, "i32")
+            if signature[name].startswith("*") or (signature[name] == "i32" and name not in self.unaligned):
+                attrs[(index,)] = [["tt.divisibility", 16]]
+        constexprs = {(names.index(name),): value for name, value in self.constexprs.items()}
+        return ASTSource(self.fn, signature, constexprs=constexprs, attrs=attrs)
