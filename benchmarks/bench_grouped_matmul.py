@@ -29,7 +29,7 @@ from benchmarks.common import (default_out_dir, graph_time_ms, line_plots, measu
 from benchmarks.peers import TritonKernelsExperts  # noqa: E402
 
 import llmkernels as lk  # noqa: E402
-from llmkernels._testing import relative_error  # noqa: E402
+from llmkernels.testing import relative_error  # noqa: E402
 
 # name: (experts, N, K) of one grouped projection (gate_up: N = 2 x intermediate).
 MODELS = {

@@ -20,7 +20,7 @@ from benchmarks.common import (default_out_dir, graph_time_ms, line_plots, measu
                                time_ms, write_table)
 
 from llmkernels import ScaledTensor, dequantize, quantize  # noqa: E402
-from llmkernels._testing import relative_error  # noqa: E402
+from llmkernels.testing import relative_error  # noqa: E402
 from llmkernels.moe import MoEFeedForward, dispatch, route  # noqa: E402
 
 MODELS = {  # name: (experts, hidden, intermediate, top_k, routing)

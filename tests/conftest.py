@@ -8,8 +8,8 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from llmkernels._launch import clear_plans  # noqa: E402
-from llmkernels._testing import default_device  # noqa: E402
+from llmkernels.launch import clear_plans  # noqa: E402
+from llmkernels.testing import default_device  # noqa: E402
 
 
 # Hypothesis profiles of the property tests (tests/test_properties.py), picked by

@@ -5,7 +5,7 @@ import math
 
 import torch
 
-from llmkernels._runtime import interpreting
+from llmkernels.runtime import interpreting
 
 
 def flash_attn_model(q, k, v, causal, window, softcap, alibi_slopes, query_keep=None, key_keep=None, exact=True,

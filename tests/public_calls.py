@@ -922,7 +922,7 @@ def patch_launches(monkeypatch, replace) -> None:
     from triton.runtime.interpreter import InterpretedFunction
     from triton.runtime.jit import JITFunction
 
-    from llmkernels._launch import BoundKernel
+    from llmkernels.launch import BoundKernel
 
     for owner, name in ((JITFunction, "run"), (InterpretedFunction, "run"), (BoundKernel, "__call__")):
         monkeypatch.setattr(owner, name, replace(getattr(owner, name)))
@@ -950,7 +950,7 @@ def fill(tensor: torch.Tensor, filling: str) -> torch.Tensor:
 
 
 def poisoned_buffer(shape, dtype, device) -> torch.Tensor:
-    """Stands in for ``llmkernels._runtime.new_buffer``: every buffer a kernel writes starts "high"
+    """Stands in for ``llmkernels.runtime.new_buffer``: every buffer a kernel writes starts "high"
     (:func:`fill`), so that elements a call leaves unwritten compare equal between two runs instead of
     holding whatever memory held."""
     return fill(torch.empty(shape, dtype=dtype, device=device), "high")

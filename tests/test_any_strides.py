@@ -12,7 +12,7 @@ import inspect
 import pytest
 import torch
 
-from llmkernels import _runtime
+from llmkernels import runtime
 from public_calls import (CALLS, CALLS_BY_NAME, CONTAINERS, HAS_TORCHAO, NO_TENSOR_FUNCTIONS, NON_TENSOR_ARGUMENTS,
                           NOT_WALKED, PUBLIC, TORCHAO_FUNCTIONS, InputRejected, bit_differences, discover_public, fill, observe, outcome,
                           poisoned_buffer)
@@ -57,7 +57,7 @@ def fresh(call, leaves: dict) -> dict:
 
 @pytest.fixture(autouse=True)
 def _poisoned_outputs(monkeypatch):
-    monkeypatch.setattr(_runtime, "new_buffer", poisoned_buffer)
+    monkeypatch.setattr(runtime, "new_buffer", poisoned_buffer)
 
 
 @pytest.mark.parametrize("name", list(CALLS_BY_NAME))

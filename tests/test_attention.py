@@ -7,8 +7,8 @@ import torch
 import triton
 import triton.language as tl
 
-from llmkernels._runtime import interpreting
-from llmkernels._testing import assert_close_relative, poison
+from llmkernels.runtime import interpreting
+from llmkernels.testing import assert_close_relative, poison
 from llmkernels.attention import api as attention_api
 from llmkernels.attention.api import attention
 from llmkernels.attention.config import FA4Config
@@ -597,7 +597,7 @@ def test_bad_inputs(device):
 
 
 def test_cpu_tensors_rejected_outside_interpreter(device, monkeypatch):
-    import llmkernels._runtime as runtime
+    import llmkernels.runtime as runtime
     monkeypatch.setattr(runtime, "interpreting", lambda: False)
     q, k, v = _qkv(1, 4, 4, 1, 1, 16, torch.float16, torch.device("cpu"))
     with pytest.raises(ValueError, match="q is on cpu"):
@@ -652,7 +652,7 @@ def test_gluon_decode_dispatch(monkeypatch):
     hides keys, two query tokens, one split, a softcap, key starts, more (sequence, KV head) pairs than
     ``MAX_HEAD_PROGRAMS``, more than 64 q heads per KV head, pages TMA cannot read and a config without
     ``warp_specialized`` take the portable pass, whose results match the reference."""
-    from llmkernels._launch import clear_plans
+    from llmkernels.launch import clear_plans
     from llmkernels.attention import gluon_decode, gluon_hopper
 
     seen = []

@@ -3,7 +3,7 @@ dense KV, GQA packing, short multi-token queries, sinks, masks; buffers poisoned
 import pytest
 import torch
 
-from llmkernels._testing import assert_close_relative, poison, relative_error
+from llmkernels.testing import assert_close_relative, poison, relative_error
 from llmkernels.attention import api as attention_api
 from llmkernels.attention.api import attention
 from llmkernels.attention.config import FA4Config

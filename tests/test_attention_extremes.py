@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from llmkernels._testing import assert_close_relative, poison
+from llmkernels.testing import assert_close_relative, poison
 from llmkernels.attention import api as attention_api
 from llmkernels.attention import config as attention_config
 from llmkernels.attention.api import attention

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import llmkernels as lk
-from llmkernels._testing import assert_close_relative
+from llmkernels.testing import assert_close_relative
 from llmkernels.attention import api as attention_api
 from llmkernels.attention.api import attention
 from llmkernels.attention.config import FA4Config

@@ -12,7 +12,7 @@ On the GPU the same tests run under compute-sanitizer's memcheck (``tools/gpu_re
 import pytest
 import torch
 
-from llmkernels import _runtime
+from llmkernels import runtime
 from public_calls import CALLS_BY_NAME, bit_differences, fill, observe, outcome, poisoned_buffer
 
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning",
@@ -75,7 +75,7 @@ def hostile(tensor: torch.Tensor, kind: str) -> torch.Tensor:
 
 def run_canaried(call, leaves: dict, filling: str, monkeypatch):
     canaried = Canaried()
-    monkeypatch.setattr(_runtime, "new_buffer", lambda shape, dtype, device: canaried.place(
+    monkeypatch.setattr(runtime, "new_buffer", lambda shape, dtype, device: canaried.place(
         "a buffer the library allocated", poisoned_buffer(shape, dtype, device), None))
     placed = {name: canaried.place(name, tensor, filling) for name, tensor in leaves.items()}
     result = outcome(call, placed)
@@ -93,7 +93,7 @@ def _metadata_leaves(leaves: dict) -> list[str]:
 def test_canaries_stay_unread_and_untouched(name, device, monkeypatch):
     call = CALLS_BY_NAME[name]
     leaves = call.make(device)
-    monkeypatch.setattr(_runtime, "new_buffer", poisoned_buffer)
+    monkeypatch.setattr(runtime, "new_buffer", poisoned_buffer)
     clean = observe(call, {name: tensor.clone() for name, tensor in leaves.items()})
     for filling in FILLINGS:
         problem = bit_differences(run_canaried(call, leaves, filling, monkeypatch), clean)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from llmkernels import _runtime
+from llmkernels import runtime
 
 TOOL = Path(__file__).resolve().parents[1] / "tools" / "compile_defaults.py"
 ARCHS = (90, 100)
@@ -24,7 +24,7 @@ HOPPER_LAYOUT_PAIRS = ("bf16xmxfp4@hopper", "bf16xnvfp4@hopper")  # weights in t
 
 
 def _compilable(arch: int) -> bool:
-    return _runtime._triton_version() >= _runtime.MIN_TRITON[arch // 10]
+    return runtime._triton_version() >= runtime.MIN_TRITON[arch // 10]
 
 
 @pytest.fixture(scope="module")
@@ -50,8 +50,8 @@ def report() -> dict[int, list[str]]:
 
 def _need(arch: int) -> None:
     if not _compilable(arch):
-        needed = ".".join(map(str, _runtime.MIN_TRITON[arch // 10]))
-        pytest.skip(f"Triton {'.'.join(map(str, _runtime._triton_version()))} cannot compile the sm_{arch}a "
+        needed = ".".join(map(str, runtime.MIN_TRITON[arch // 10]))
+        pytest.skip(f"Triton {'.'.join(map(str, runtime._triton_version()))} cannot compile the sm_{arch}a "
                     f"defaults (needs {needed}); the library refuses that GPU there (test_old_triton_is_refused)")
 
 
@@ -110,18 +110,18 @@ def test_hopper_attention_and_large_tiles_take_wgmma(report):
     ((10, 0), (3, 6), True), ((10, 0), (3, 7), True), ((10, 0), (3, 8), False), ((10, 3), (3, 9), False),
     ((12, 0), (3, 6), True), ((9, 0), (3, 6), False), ((8, 0), (3, 6), False)])
 def test_old_triton_is_refused(monkeypatch, capability, version, refused):
-    monkeypatch.setattr(_runtime, "_capability_of", lambda index: capability)
-    monkeypatch.setattr(_runtime, "_triton_version", lambda: version)
-    _runtime._triton_problem.cache_clear()
+    monkeypatch.setattr(runtime, "_capability_of", lambda index: capability)
+    monkeypatch.setattr(runtime, "_triton_version", lambda: version)
+    runtime._triton_problem.cache_clear()
     try:
         device = torch.device("cuda", 0)
         if refused:
             with pytest.raises(RuntimeError, match=r"needs Triton >= 3\.8, found " + re.escape(".".join(map(str, version)))):
-                _runtime.check_triton(device)
+                runtime.check_triton(device)
         else:
-            _runtime.check_triton(device)
+            runtime.check_triton(device)
     finally:
-        _runtime._triton_problem.cache_clear()
+        runtime._triton_problem.cache_clear()
 
 
 def _compiler_rows(script: str) -> list[list[str]]:

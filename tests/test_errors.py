@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import llmkernels as lk
-from llmkernels import _runtime
+from llmkernels import runtime
 from llmkernels.formats import FormatSpec, format_spec
 from llmkernels.integrations import transformers as lk_transformers
 from llmkernels.moe import MoEFeedForward, combine, dispatch, route
@@ -122,7 +122,7 @@ def _floating_leaves(leaves):
 
 @pytest.mark.parametrize("call", [c for c in CALLS if set(c.functions) & set(FORWARD_ONLY)], ids=lambda c: c.name)
 def test_forward_only_functions_refuse_inputs_that_require_grad(call, device, monkeypatch):
-    monkeypatch.setattr(_runtime, "new_buffer", poisoned_buffer)
+    monkeypatch.setattr(runtime, "new_buffer", poisoned_buffer)
     leaves = call.make(device)
     walked = 0
     for leaf in _floating_leaves(leaves):
@@ -192,7 +192,7 @@ def test_a_call_that_raises_leaves_every_tensor_as_it_was(name, device, monkeypa
     """A bad tensor argument: the call runs, or raises TypeError / ValueError naming one of its arguments before
     any launch and with every tensor unchanged (a shape mismatch may name either side)."""
     call = CALLS_BY_NAME[name]
-    monkeypatch.setattr(_runtime, "new_buffer", poisoned_buffer)
+    monkeypatch.setattr(runtime, "new_buffer", poisoned_buffer)
     leaves = call.make(device)
     names = _argument_names(call, leaves)
     launches = _count_launches(monkeypatch)

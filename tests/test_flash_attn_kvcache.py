@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from flash_attn_model import assert_cache_after, kvcache_model
-from llmkernels._testing import relative_error
+from llmkernels.testing import relative_error
 from llmkernels.flash_attn import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache
 from public_calls import forbid_launches
 

@@ -6,7 +6,7 @@ import triton
 import triton.language as tl
 
 import llmkernels as lk
-from llmkernels._testing import poison, relative_error
+from llmkernels.testing import poison, relative_error
 from llmkernels.formats import reference
 from llmkernels.formats.kernel import decode_e2m1, decode_e2m1_pairs_bf16, decode_scale
 from llmkernels.formats import (

@@ -512,7 +512,7 @@ def test_ragged_bad_cu_seqlens_match_the_portable_kernel(gluon_launches):
 def decode_launches(monkeypatch):
     """The Gluon split pass's launches, as ``paged`` flags (so that a test knows lk.attention took it). Plans are
     forgotten first, so that every plan of the test binds the pass through the counting wrapper."""
-    from llmkernels._launch import clear_plans
+    from llmkernels.launch import clear_plans
     from llmkernels.attention import gluon_decode
 
     calls = []

@@ -9,8 +9,8 @@ import triton
 import triton.language as tl
 
 import llmkernels as lk
-from llmkernels._runtime import interpreting
-from llmkernels._testing import assert_close_relative, on_gpu, poison, random_group_offsets
+from llmkernels.runtime import interpreting
+from llmkernels.testing import assert_close_relative, on_gpu, poison, random_group_offsets
 from llmkernels.grouped_matmul import api as grouped_matmul_api
 from llmkernels.grouped_matmul import config as gm_config
 from llmkernels.grouped_matmul import default_launches
@@ -374,7 +374,7 @@ def test_bad_input_raises_before_launch(device):
 
 
 def test_cpu_tensors_need_the_interpreter(monkeypatch):
-    import llmkernels._runtime as runtime
+    import llmkernels.runtime as runtime
 
     monkeypatch.setattr(runtime, "interpreting", lambda: False)
     x, w = torch.randn(4, 32), torch.randn(1, 16, 32)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import llmkernels as lk
-from llmkernels._testing import random_group_offsets
+from llmkernels.testing import random_group_offsets
 from test_canaries import Canaried
 
 SIZES = [130, 0, 7, 128, 3]  # tile rows 0-1, -, 2, 3, 4 (each group starts a fresh 128-row tile)

@@ -6,7 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
-from llmkernels._runtime import interpreting
+from llmkernels.runtime import interpreting
 from llmkernels.formats.fragments import SLOT_BITS, from_hopper_fragments, to_hopper_fragments
 from llmkernels.formats.kernel import decode_fragment_tile
 

@@ -10,8 +10,8 @@ import triton
 import triton.language as tl
 
 import llmkernels as lk
-from llmkernels._runtime import interpreting
-from llmkernels._testing import assert_close_relative, poison, random_group_offsets
+from llmkernels.runtime import interpreting
+from llmkernels.testing import assert_close_relative, poison, random_group_offsets
 from llmkernels.grouped_matmul import config as gm_config
 from llmkernels.moe import MoEFeedForward
 from llmkernels.moe import layer as moe_layer

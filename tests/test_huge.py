@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import llmkernels as lk
-from llmkernels._testing import assert_close_relative
+from llmkernels.testing import assert_close_relative
 
 pytestmark = pytest.mark.gpu
 

@@ -6,7 +6,7 @@ import torch
 from test_fused_experts import _TensorOps, _exactly_quantizable_problem, _reference
 
 import llmkernels as lk
-from llmkernels._testing import assert_close_relative, relative_error
+from llmkernels.testing import assert_close_relative, relative_error
 from llmkernels.moe import MoEFeedForward, combine, dispatch, dispatch_reference, route
 
 # bf16 rounding of the intermediate and the output; with quantized activations the reference

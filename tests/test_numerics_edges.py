@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import llmkernels as lk
-from llmkernels._testing import assert_close_relative, poison
+from llmkernels.testing import assert_close_relative, poison
 
 SMALL = lk.BlockScaledMatmulConfig(block_m=16, block_n=32, block_k=64, num_stages=1, num_warps=4)
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import llmkernels as lk
-from llmkernels import _launch, _runtime
+from llmkernels import launch, runtime
 from llmkernels.attention import api as attention_api
 from llmkernels.formats import api as formats_api
 from llmkernels.grouped_matmul import api as grouped_matmul_api
@@ -42,7 +42,7 @@ def _copy_leaves(leaves: dict) -> dict:
 def test_cached_call_gives_the_bits_of_the_first(call, device, monkeypatch):
     """Every public call: the first call plans, the repeated call (same tensors, then copies of them in
     other memory) plans nothing and returns the same bytes."""
-    monkeypatch.setattr(_runtime, "new_buffer", poisoned_buffer)
+    monkeypatch.setattr(runtime, "new_buffer", poisoned_buffer)
     leaves = call.make(device)
     written = {name: leaves[name].clone() for name in call.written}
 
@@ -198,7 +198,7 @@ def test_plans_keep_no_tensor_alive(device):
 
 
 def test_plan_cache_is_bounded_and_evicts_the_oldest():
-    cache = _launch.PlanCache("test", max_size=2)
+    cache = launch.PlanCache("test", max_size=2)
     try:
         for name in "abc":
             key, plan = cache.lookup(name)
@@ -207,7 +207,7 @@ def test_plan_cache_is_bounded_and_evicts_the_oldest():
         assert cache.lookup("a")[1] is None, "the oldest plan should have been evicted"
         assert cache.lookup("b")[1] == "B" and cache.lookup("c")[1] == "C"
     finally:
-        _launch._CACHES.remove(cache)
+        launch._CACHES.remove(cache)
 
 
 def test_unhashable_arguments_are_planned_every_time(device):
@@ -225,10 +225,10 @@ def test_unhashable_arguments_are_planned_every_time(device):
 
 def test_signature_holds_what_a_plan_depends_on(device):
     t = torch.zeros(4, 8, device=device)
-    dtype, shape, stride, alignment, tensor_device, requires_grad = _launch.tensor_key(t)
+    dtype, shape, stride, alignment, tensor_device, requires_grad = launch.tensor_key(t)
     assert (dtype, shape, stride, tensor_device, requires_grad) == (t.dtype, t.shape, t.stride(), t.device, False)
     assert alignment == t.data_ptr() % 16
-    assert _launch.value_key(True) != _launch.value_key(1) and _launch.value_key(1.0) != _launch.value_key(1)
+    assert launch.value_key(True) != launch.value_key(1) and launch.value_key(1.0) != launch.value_key(1)
     with torch.no_grad():
         no_grad_key, _ = attention_api._PLANS.lookup(t)
     assert no_grad_key != attention_api._PLANS.lookup(t)[0]
@@ -248,7 +248,7 @@ def test_threads_share_the_caches(device):
         a, b, offsets, ids, q = problem
         return lk.grouped_matmul(a, b, offsets, ids), lk.attention(q, q, q, causal=True, config=ATTENTION_CONFIG)
 
-    _launch.clear_plans()
+    launch.clear_plans()
     results = [None] * len(problems)
     errors = []
 
@@ -265,7 +265,7 @@ def test_threads_share_the_caches(device):
     for thread in threads:
         thread.join()
     assert not errors, errors
-    _launch.clear_plans()
+    launch.clear_plans()
     for problem, result in zip(problems, results):
         expected = run(problem)
         assert all(torch.equal(x, y) for x, y in zip(result, expected))
@@ -279,9 +279,9 @@ def test_compiled_launches_skip_tritons_wrapper(device):
         pytest.skip("compiled launches need a GPU (the interpreter calls fn[grid])")
     for call in CALLS:
         assert not isinstance(outcome(call, call.make(device)), Exception), call.name
-    kernels = [obj for obj in gc.get_objects() if type(obj) is _launch.BoundKernel and obj._kernel is not None]
+    kernels = [obj for obj in gc.get_objects() if type(obj) is launch.BoundKernel and obj._kernel is not None]
     launcher = kernels[0]._kernel.run
-    if getattr(sys.modules.get(type(launcher).__module__), "_BASE_ARGS_FORMAT", None) != _launch._DirectLaunch._LAYOUT:
+    if getattr(sys.modules.get(type(launcher).__module__), "_BASE_ARGS_FORMAT", None) != launch._DirectLaunch._LAYOUT:
         pytest.skip(f"Triton's launcher has another layout: its wrapper runs ({type(launcher).__module__})")
     through_wrapper = sorted({repr(kernel) for kernel in kernels if kernel._direct is None})
     assert not through_wrapper, f"launched through Triton's wrapper: {through_wrapper}"

@@ -37,8 +37,8 @@ from hypothesis import assume, event, given, note, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 import llmkernels as lk  # noqa: E402
-from llmkernels._runtime import interpreting  # noqa: E402
-from llmkernels._testing import default_device, on_gpu, poison, random_group_offsets, relative_error  # noqa: E402
+from llmkernels.runtime import interpreting  # noqa: E402
+from llmkernels.testing import default_device, on_gpu, poison, random_group_offsets, relative_error  # noqa: E402
 from llmkernels.attention import api as attention_api  # noqa: E402
 from llmkernels.attention import default_config as attention_default_config  # noqa: E402
 from llmkernels.formats import FORMATS, nvfp4_global_scale, to_blocked_scales, to_grouped_blocked_scales  # noqa: E402

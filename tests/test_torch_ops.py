@@ -7,7 +7,7 @@ from torch._dynamo.testing import CompileCounterWithBackend
 
 import llmkernels as lk
 from llmkernels import ops
-from llmkernels._testing import assert_close_relative, random_group_offsets
+from llmkernels.testing import assert_close_relative, random_group_offsets
 from llmkernels.formats import scaled_tensor_parts
 
 

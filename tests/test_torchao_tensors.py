@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import llmkernels as lk
-from llmkernels._testing import random_group_offsets
+from llmkernels.testing import random_group_offsets
 from llmkernels.formats import from_torchao, is_torchao_tensor, to_torchao
 from llmkernels.moe import MoEFeedForward
 

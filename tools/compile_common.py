@@ -12,7 +12,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import torch  # noqa: E402
 
-from llmkernels import _runtime  # noqa: E402
+from llmkernels import runtime  # noqa: E402
 from llmkernels.attention import config as attn_config  # noqa: E402
 from llmkernels.grouped_matmul import config as gm_config  # noqa: E402
 
@@ -75,8 +75,8 @@ def expected_mma(arch: int, mma_m: int, a_scale: str = "none", b_scale: str = "n
 
 def _pretend_gpu(arch: int) -> torch.device:
     """The defaults ask the device for its capability and SM count: answer as the target GPU would."""
-    _runtime._capability_of = lambda index: (arch // 10, arch % 10)
-    _runtime._multiprocessor_count = lambda index: GPUS[arch]["sms"]
+    runtime._capability_of = lambda index: (arch // 10, arch % 10)
+    runtime._multiprocessor_count = lambda index: GPUS[arch]["sms"]
     torch.cuda.current_device = lambda: 0
     gm_config.default_launches.cache_clear()
     attn_config.default_config.cache_clear()

@@ -14,7 +14,7 @@ import sys
 import torch
 
 import llmkernels as lk
-from llmkernels._testing import default_device, random_group_offsets, relative_error
+from llmkernels.testing import default_device, random_group_offsets, relative_error
 from llmkernels.moe import combine, dispatch, dispatch_reference
 
 

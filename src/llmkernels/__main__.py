@@ -33,7 +33,7 @@ def _families():
 
 
 def demo(selected: list[str]) -> int:
-    from ._testing import default_device
+    from .testing import default_device
 
     device = default_device()
     if device.type == "cuda":

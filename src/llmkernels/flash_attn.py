@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ._runtime import check_device, first_true, forward_only, has_internal_overlap
+from .runtime import check_device, first_true, forward_only, has_internal_overlap
 from .attention import Chunked, PagedKVCache, SlidingWindow, alibi, softcap as softcap_mod
 from .attention.api import check_attention
 from .attention.kv_append import append_to_cache, apply_rotary, check_rotary_tables

@@ -19,7 +19,7 @@ import functools
 
 import torch
 
-from ._runtime import check_device, forward_only
+from .runtime import check_device, forward_only
 from .attention import api as attention_api
 from .attention.masks import SCORE_MOD_SOFTCAP, UNBOUNDED, Chunked, SlidingWindow, alibi, split_mask_tensor
 from .attention.masks import softcap as make_softcap

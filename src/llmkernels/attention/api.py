@@ -9,9 +9,9 @@ from dataclasses import dataclass
 import torch
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from .. import _runtime
-from .._launch import BoundKernel, PlanCache, bind
-from .._runtime import (cdiv, check_device, cuda_capability, first_bad_prefix_sum, first_true, forward_only,
+from .. import runtime
+from ..launch import BoundKernel, PlanCache, bind
+from ..runtime import (cdiv, check_device, cuda_capability, first_bad_prefix_sum, first_true, forward_only,
                         interpreting, next_power_of_2, num_programs_hint, unit_last_stride)
 from . import split_kv
 from .config import SUPPORTED_HEAD_DIMS, FA4Config, default_config
@@ -120,7 +120,7 @@ def _validate_metadata_on_host(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, m
 
 def _empty(shape, dtype, device) -> torch.Tensor:
     """Every buffer the kernels write (outputs and split partials); tests replace it to poison them."""
-    return _runtime.new_buffer(shape, dtype, device)
+    return runtime.new_buffer(shape, dtype, device)
 
 
 _DUMMIES: dict = {}

@@ -69,7 +69,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .._runtime import cuda_capability, next_power_of_2
+from ..runtime import cuda_capability, next_power_of_2
 
 __all__ = ["FA4Config", "default_config", "SUPPORTED_HEAD_DIMS"]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .._testing import relative_error
+from ..testing import relative_error
 from .api import attention
 from .paged import PagedKVCache
 from .reference import attention_reference

@@ -19,7 +19,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from .._launch import BoundKernel, bind
+from ..launch import BoundKernel, bind
 from .gluon_hopper import (DTYPES, LOG2E, _descriptor, _load_kv_tile, _nvmma_layout, _softmax_tile, _store_layout,
                            _supported, tma_ready)
 

@@ -49,7 +49,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from .._runtime import num_programs_hint
+from ..runtime import num_programs_hint
 from .masks import UNBOUNDED
 
 __all__ = ["gluon_attention", "supports", "supports_ragged", "supports_paged", "tma_ready", "as_tma_ready", "launch",

@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._runtime import interpreting
+from ..runtime import interpreting
 
 __all__ = ["apply_rotary", "append_to_cache", "check_rotary_tables"]
 

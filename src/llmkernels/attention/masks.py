@@ -46,7 +46,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._launch import value_key
+from ..launch import value_key
 
 __all__ = ["SlidingWindow", "Chunked", "ScoreMod", "softcap", "alibi", "MaskSpec", "ScoreModSpec",
            "resolve_mask", "resolve_score_mod", "UNBOUNDED"]
@@ -123,7 +123,7 @@ class ScoreMod:
     slopes: torch.Tensor | None = None
 
     def plan_key(self) -> tuple:
-        """What a plan depends on (:func:`llmkernels._launch.value_key`): kind, cap, the slopes' signature."""
+        """What a plan depends on (:func:`llmkernels.launch.value_key`): kind, cap, the slopes' signature."""
         return "ScoreMod", *map(value_key, (self.kind, self.cap, self.slopes))
 
 

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .._launch import tensor_key
+from ..launch import tensor_key
 
 __all__ = ["PagedKVCache", "SUPPORTED_PAGE_SIZES"]
 
@@ -82,7 +82,7 @@ class PagedKVCache:
             raise ValueError(f"PagedKVCache tensors must share one device, got {sorted(map(str, devices))}")
 
     def plan_key(self) -> tuple:
-        """What a plan depends on (:func:`llmkernels._launch.value_key`): the tensors' signatures."""
+        """What a plan depends on (:func:`llmkernels.launch.value_key`): the tensors' signatures."""
         key = ("PagedKVCache", *map(tensor_key, (self.k_pages, self.v_pages, self.block_table, self.seqlens)))
         return key if self.starts is None else (*key, tensor_key(self.starts))
 

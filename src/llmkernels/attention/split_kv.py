@@ -12,7 +12,7 @@ and writes O in the output dtype and the natural-log LSE.
 import triton
 import triton.language as tl
 
-from .._runtime import cdiv, next_power_of_2
+from ..runtime import cdiv, next_power_of_2
 
 LOG2E = tl.constexpr(1.4426950408889634)
 LN2 = tl.constexpr(0.6931471805599453)

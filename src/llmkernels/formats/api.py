@@ -6,9 +6,9 @@ import math
 import torch
 import triton
 
-from .. import _runtime
-from .._launch import BoundKernel, PlanCache, bind
-from .._runtime import check_device, forward_only, unit_last_stride
+from .. import runtime
+from ..launch import BoundKernel, PlanCache, bind
+from ..runtime import check_device, forward_only, unit_last_stride
 from . import kernel
 from .reference import nvfp4_global_scale
 from .layout import check_group_offsets
@@ -91,8 +91,8 @@ class _Plan:
 
     def __call__(self, x, global_scale, scale_layout, group_offsets, rows) -> ScaledTensor:
         x2d = unit_last_stride(x if self.is_2d else x.reshape(self.num_x_rows, self.num_cols))  # a view if it can
-        data = _runtime.new_buffer(self.data_shape, self.data_dtype, self.device)
-        scales = _runtime.new_buffer(self.scales_shape, torch.uint8, self.device)
+        data = runtime.new_buffer(self.data_shape, self.data_dtype, self.device)
+        scales = runtime.new_buffer(self.scales_shape, torch.uint8, self.device)
         if self.spec.has_global_scale:
             global_scale = nvfp4_global_scale(x) if global_scale is None else global_scale.float().reshape(())
         if self.launches:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from .._runtime import describe
+from ..runtime import describe
 
 __all__ = [
     "to_blocked_scales", "from_blocked_scales", "to_grouped_blocked_scales", "from_grouped_blocked_scales",

@@ -5,8 +5,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .._launch import value_key
-from .._runtime import describe
+from ..launch import value_key
+from ..runtime import describe
 from . import layout as scale_layouts
 from .fragments import (FRAGMENT_K, FRAGMENT_ROWS, fragment_scales_per_chunk, from_hopper_fragments,
                         to_hopper_fragments)
@@ -160,7 +160,7 @@ class ScaledTensor:
         return tensor
 
     def plan_key(self) -> tuple:
-        """What a kernel's plan depends on (:func:`llmkernels._launch.value_key`): format, layout and the
+        """What a kernel's plan depends on (:func:`llmkernels.launch.value_key`): format, layout and the
         parts' dtypes, shapes, strides, alignment and devices. Equal keys pass :meth:`validate` alike."""
         optional = (self.global_scale, self.group_offsets, self.group_scale_offsets, self.logical_shape)
         if optional == (None, None, None, None):  # the common case, spelled out: this runs on every call

@@ -8,9 +8,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import _runtime
-from .._launch import BoundKernel, PlanCache, bind
-from .._runtime import (check_device, check_out, cuda_capability, describe, first_bad_prefix_sum, first_true,
+from .. import runtime
+from ..launch import BoundKernel, PlanCache, bind
+from ..runtime import (check_device, check_out, cuda_capability, describe, first_bad_prefix_sum, first_true,
                         forward_only, interpreting, next_power_of_2, num_programs_hint, unit_last_stride)
 from ..formats import ScaledTensor, unwrap_torchao
 from ..formats.kernel import upcast_rows_kernel
@@ -420,7 +420,7 @@ class _Plan:
         a_data, a_scales, a_global_scale = _operand_tensors(a)
         b_data, b_scales, b_global_scale = _operand_tensors(b)
         if out is None:
-            out = _runtime.new_buffer((self.num_tokens, self.n_out), self.out_dtype, self.device)
+            out = runtime.new_buffer((self.num_tokens, self.n_out), self.out_dtype, self.device)
         elif not out_checked:
             check_out(out, out.shape, out.dtype, a=a_data, a_scales=a_scales, b=b_data, b_scales=b_scales,
                       a_offsets=a_offsets, expert_ids=expert_ids, expert_scales=expert_scales, bias=bias)
@@ -568,7 +568,7 @@ def _retire_mma(device: torch.device, decoded_left_operand: bool) -> bool:
     that the next step overwrites (``tools/sass_hazards.py`` finds it in its SASS); 3.9's PTX waits for
     them itself. 3.7 and 3.8 are not checked, so they take the wait too."""
     return (decoded_left_operand and device.type == "cuda" and torch.version.hip is None and not interpreting()
-            and cuda_capability(device)[0] == 9 and _runtime._triton_version() < (3, 9))
+            and cuda_capability(device)[0] == 9 and runtime._triton_version() < (3, 9))
 
 
 class _Upcast:
@@ -582,7 +582,7 @@ class _Upcast:
         self.bound = None
 
     def __call__(self, a_data: torch.Tensor, a_scales: torch.Tensor) -> torch.Tensor:
-        values = _runtime.new_buffer((self.num_tokens, self.k), self.dtype, self.device)
+        values = runtime.new_buffer((self.num_tokens, self.k), self.dtype, self.device)
         (self.bound or self._bind(a_data, a_scales, values))(a_data, a_scales, values)
         return values
 

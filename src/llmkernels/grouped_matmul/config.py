@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .._runtime import cuda_capability, interpreting, num_programs_hint
+from ..runtime import cuda_capability, interpreting, num_programs_hint
 
 __all__ = ["BlockScaledMatmulConfig", "ALL_GROUP_SIZES", "default_config", "default_launches", "hopper_config",
            "HOPPER_MIN_BLOCK_K"]

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from .._testing import random_group_offsets, relative_error
+from ..testing import random_group_offsets, relative_error
 from ..formats import quantize
 from .api import grouped_matmul
 from .reference import grouped_matmul_reference

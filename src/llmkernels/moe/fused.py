@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from .._launch import PlanCache
-from .._runtime import check_device, describe, first_true, forward_only, has_internal_overlap
+from ..launch import PlanCache
+from ..runtime import check_device, describe, first_true, forward_only, has_internal_overlap
 from ..formats import FORMATS, ScaledTensor, format_spec, unwrap_torchao
 from ..grouped_matmul import GPT_OSS_SWIGLU, SwiGLU
 from ..ops import combine, dispatch, grouped_matmul, quantize

@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .._runtime import cuda_capability, forward_only, interpreting
+from ..runtime import cuda_capability, forward_only, interpreting
 from ..formats import FORMATS, HOPPER_FORMATS, ScaledTensor, unwrap_torchao
 from ..formats.spec import format_spec
 from ..ops import combine, dispatch, grouped_matmul, quantize

@@ -6,9 +6,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import _runtime
-from .._launch import BoundKernel, PlanCache, bind
-from .._runtime import check_device, forward_only, next_power_of_2, unit_last_stride
+from .. import runtime
+from ..launch import BoundKernel, PlanCache, bind
+from ..runtime import check_device, forward_only, next_power_of_2, unit_last_stride
 
 __all__ = ["combine", "check_combine"]
 
@@ -75,7 +75,7 @@ class _Plan:
         self.bound = None
 
     def __call__(self, y, row_of_copy, weights) -> torch.Tensor:
-        out = _runtime.new_buffer((self.num_tokens, self.hidden), self.out_dtype, self.device)
+        out = runtime.new_buffer((self.num_tokens, self.hidden), self.out_dtype, self.device)
         if self.empty:
             return out.zero_()
         pointers = (unit_last_stride(y), row_of_copy.contiguous(), weights.contiguous(), out)

@@ -12,9 +12,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import _runtime
-from .._launch import BoundKernel, PlanCache, bind
-from .._runtime import check_device, next_power_of_2
+from .. import runtime
+from ..launch import BoundKernel, PlanCache, bind
+from ..runtime import check_device, next_power_of_2
 
 __all__ = ["dispatch", "check_dispatch", "dispatch_reference"]
 
@@ -147,7 +147,7 @@ class _Plan:
         self.kernels = None
 
     def __call__(self, expert_ids):
-        new_buffer, device = _runtime.new_buffer, self.device
+        new_buffer, device = runtime.new_buffer, self.device
         token_of_row = new_buffer(self.num_copies, torch.int64, device)
         row_of_copy = new_buffer((self.num_tokens, self.top_k), torch.int64, device)
         a_offsets = new_buffer(self.num_experts + 1, torch.int32, device)

@@ -7,9 +7,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import _runtime
-from .._launch import BoundKernel, PlanCache, bind
-from .._runtime import check_device, forward_only, next_power_of_2
+from .. import runtime
+from ..launch import BoundKernel, PlanCache, bind
+from ..runtime import check_device, forward_only, next_power_of_2
 from .topk import check_selection
 
 __all__ = ["select_experts"]
@@ -96,11 +96,11 @@ class _Plan:
         self.bound = None
 
     def __call__(self, logits, bias) -> tuple[torch.Tensor, torch.Tensor]:
-        weights = _runtime.new_buffer((self.num_tokens, self.top_k), torch.float32, self.device)
-        ids = _runtime.new_buffer((self.num_tokens, self.top_k), torch.int32, self.device)
+        weights = runtime.new_buffer((self.num_tokens, self.top_k), torch.float32, self.device)
+        ids = runtime.new_buffer((self.num_tokens, self.top_k), torch.int32, self.device)
         if self.num_tokens == 0:
             return weights, ids
-        logits = _runtime.unit_last_stride(logits)
+        logits = runtime.unit_last_stride(logits)
         bias = bias.contiguous() if bias is not None else weights
         (self.bound or self._bind(logits, bias, weights, ids))(logits, bias, weights, ids)
         return weights, ids

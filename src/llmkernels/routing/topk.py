@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from .._runtime import describe
+from ..runtime import describe
 
 __all__ = ["route", "check_selection", "check_routing", "check_groups", "check_correction_bias", "SCORINGS"]
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from ._runtime import interpreting
+from .runtime import interpreting
 
 __all__ = ["default_device", "on_gpu", "poison", "relative_error", "assert_close_relative", "random_group_offsets"]
 

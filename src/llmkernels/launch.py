@@ -25,7 +25,7 @@ from typing import Any, Mapping
 import torch
 from triton import knobs
 
-from ._runtime import interpreting
+from .runtime import interpreting
 
 __all__ = ["PlanCache", "BoundKernel", "KernelSpec", "bind", "clear_plans", "tensor_key", "value_key"]
 
