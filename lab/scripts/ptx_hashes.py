@@ -1,0 +1,107 @@
+"""sha256 of the PTX of every grouped-matmul compile case, keyed by its label (no GPU needed).
+
+    TRITON_INTERPRET=0 python lab/scripts/ptx_hashes.py --arch 90,100 --jobs 2 > before.json
+    python lab/scripts/ptx_hashes.py --compare before.json after.json
+
+Compiles what ``tools/compile_defaults.py --family grouped_matmul`` lists, for each case two hashes:
+``ptx`` of the PTX as Triton writes it, and ``code`` of the PTX without its debug information (``.file`` /
+``.loc`` directives, the ``.debug_*`` sections and the ``$L__tmp`` labels they point at), which names source files,
+lines and inlined scopes: a refactor that moves kernel code keeps ``code`` and changes ``ptx``. ``--dump DIR``
+also writes each PTX (to diff two listings); ``--compare`` prints per label whether each hash agrees.
+"""
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import hashlib
+import json
+import multiprocessing
+import os
+import re
+import sys
+
+TOOLS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools")
+
+
+def _listing(arch: int) -> tuple:
+    os.environ["TRITON_INTERPRET"] = "0"
+    sys.path.insert(0, TOOLS)
+    import compile_defaults  # noqa: F401  (puts src/ on the path)
+    from compile_grouped_matmul import PAIRS
+
+    return compile_defaults._cases(arch, ("grouped_matmul",), tuple(PAIRS))
+
+
+def code_of(ptx: str) -> str:
+    """The PTX without its debug information: ``.file`` and ``.loc`` lines, the ``.section .debug_*`` blocks and
+    the labels only they refer to (``$L__tmp<n>``, ``$L__func_begin/end<n>``)."""
+    ptx = re.sub(r"^\s*\.section\s+\.debug_\w+\s*\{.*?\}\s*$", "", ptx, flags=re.MULTILINE | re.DOTALL)
+    return "\n".join(line for line in ptx.splitlines()
+                     if not re.match(r"\s*(\.(file|loc)\b|\$L__(tmp|func_begin|func_end)\d+:)", line))
+
+
+def _compile(job) -> tuple[str, str, str]:
+    arch, index, dump = job
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    case = _listing(arch)[index]
+    names = case.fn.arg_names
+    source = ASTSource(case.fn, case.signature, constexprs={(names.index(k),): v for k, v in case.constexprs.items()},
+                       attrs=case.attrs)
+    compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32),
+                              options=dict(num_warps=case.num_warps, num_stages=case.num_stages))
+    ptx = compiled.asm["ptx"]
+    label = f"sm_{arch}a {' '.join(case.label.split())}"
+    if dump:
+        with open(os.path.join(dump, re.sub(r"\W+", "_", label) + ".ptx"), "w") as file:
+            file.write(ptx)
+    return label, hashlib.sha256(ptx.encode()).hexdigest(), hashlib.sha256(code_of(ptx).encode()).hexdigest()
+
+
+def hashes(archs, jobs: int, dump: str | None = None) -> dict:
+    if dump:
+        os.makedirs(dump, exist_ok=True)
+    work = [(arch, index, dump) for arch in archs for index in range(len(_listing(arch)))]
+    with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        results = list(pool.map(_compile, work))
+    table = {}
+    for label, ptx, code in results:
+        if label in table:
+            raise SystemExit(f"two cases share the label {label!r}")
+        table[label] = {"ptx": ptx, "code": code}
+    return table
+
+
+def compare(before: dict, after: dict) -> int:
+    """Prints one line per label; returns how many code hashes differ or are missing."""
+    differ = 0
+    for label in sorted(set(before) | set(after)):
+        old, new = before.get(label), after.get(label)
+        if old is None or new is None:
+            differ += 1
+            print(f"{'only before' if new is None else 'only after ':11s}  {label}")
+            continue
+        same_code, same_ptx = old["code"] == new["code"], old["ptx"] == new["ptx"]
+        differ += not same_code
+        print(f"code {'same' if same_code else 'DIFF'}  ptx {'same' if same_ptx else 'diff'}  {label}")
+    print(f"{len(set(before) & set(after))} labels in both, {differ} with another code hash or missing")
+    return differ
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--arch", default="90,100")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--dump", help="a folder to write each case's PTX to")
+    parser.add_argument("--compare", nargs=2, metavar=("BEFORE", "AFTER"))
+    args = parser.parse_args()
+    if args.compare:
+        with open(args.compare[0]) as first, open(args.compare[1]) as second:
+            sys.exit(1 if compare(json.load(first), json.load(second)) else 0)
+    print(json.dumps(hashes(list(map(int, args.arch.split(","))), args.jobs, args.dump), indent=1, sort_keys=True))
+
+
+if __name__ == "__main__":
+    main()
