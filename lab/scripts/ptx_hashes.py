@@ -3,7 +3,8 @@
     TRITON_INTERPRET=0 python lab/scripts/ptx_hashes.py --arch 90,100 --jobs 2 > before.json
     python lab/scripts/ptx_hashes.py --compare before.json after.json
 
-Compiles what ``tools/compile_defaults.py --family grouped_matmul`` lists, for each case two hashes:
+Compiles what ``tools/compile_defaults.py --family grouped_matmul`` lists, and the A pre-pass and quantize kernels
+per format, for each case two hashes:
 ``ptx`` of the PTX as Triton writes it, and ``code`` of the PTX without its debug information (``.file`` /
 ``.loc`` directives, the ``.debug_*`` sections and the ``$L__tmp`` labels they point at), which names source files,
 lines and inlined scopes: a refactor that moves kernel code keeps ``code`` and changes ``ptx``. ``--dump DIR``
@@ -29,7 +30,44 @@ def _listing(arch: int) -> tuple:
     import compile_defaults  # noqa: F401  (puts src/ on the path)
     from compile_grouped_matmul import PAIRS
 
-    return compile_defaults._cases(arch, ("grouped_matmul",), tuple(PAIRS))
+    return compile_defaults._cases(arch, ("grouped_matmul",), tuple(PAIRS)) + _format_cases()
+
+
+# (element, scale, scale block, emax) of each block-scaled format
+_FORMATS = {"mxfp8": ("e4m3", "e8m0", 32, 8), "mxfp4": ("e2m1", "e8m0", 32, 2), "nvfp4": ("e2m1", "e4m3", 16, 2)}
+
+
+def _format_cases() -> tuple:
+    """The launches outside the tool's listing that the grouped matmul and quantize make: the A pre-pass
+    (``upcast_rows_kernel``, row and 128x4 scales, bf16 out) and the quantize kernel, per format."""
+    from compile_common import Case, _aligned_signature
+    from llmkernels.formats import kernel as formats_kernel
+
+    cases = []
+    fn = formats_kernel.upcast_rows_kernel
+    for name, (element, scale, block, _) in _FORMATS.items():
+        for layout in ("row", "128x4"):
+            constexprs = dict(ELEMENT=element, SCALE=scale, SCALE_BLOCK=block, PACKED_DECODE=True, BLOCK_ROWS=16,
+                              BLOCK_K=256)
+            if "SCALE_LAYOUT" in fn.arg_names:  # the tree before layouts became objects
+                constexprs["SCALE_LAYOUT"] = layout
+            else:
+                from llmkernels.formats.layouts import as_layout
+                constexprs.update(as_layout(layout).device_constexprs("SCALE"))
+            kinds = dict(data_ptr="*u8", scales_ptr="*u8", out_ptr="*bf16")
+            signature, attrs = _aligned_signature(fn, constexprs, kinds)
+            cases.append(Case("formats", f"upcast_rows {name} {layout}", fn, signature, constexprs, attrs, 4, 3, 0, ""))
+    fn = formats_kernel.quantize_kernel
+    for name, (element, scale, block, emax) in _FORMATS.items():
+        for gather in (False, True):
+            constexprs = dict(ELEMENT=element, SCALE=scale, SCALE_BLOCK=block, EMAX=emax, GATHER=gather,
+                              BLOCK_ROWS=16, BLOCK_COLS=256)
+            kinds = dict(x_ptr="*bf16", data_ptr="*u8", scales_ptr="*u8", global_scale_ptr="*fp32",
+                         source_rows_ptr="*i64")
+            signature, attrs = _aligned_signature(fn, constexprs, kinds)
+            cases.append(Case("formats", f"quantize {name}{' gather' if gather else ''}", fn, signature, constexprs,
+                              attrs, 4, 3, 0, ""))
+    return tuple(cases)
 
 
 def code_of(ptx: str) -> str:
