@@ -24,7 +24,7 @@ HOPPER_LAYOUT_PAIRS = ("bf16xmxfp4@hopper", "bf16xnvfp4@hopper")  # weights in t
 
 
 def _compilable(arch: int) -> bool:
-    return runtime._triton_version() >= runtime.MIN_TRITON[arch // 10]
+    return runtime.triton_version() >= runtime.MIN_TRITON[arch // 10]
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +51,7 @@ def report() -> dict[int, list[str]]:
 def _need(arch: int) -> None:
     if not _compilable(arch):
         needed = ".".join(map(str, runtime.MIN_TRITON[arch // 10]))
-        pytest.skip(f"Triton {'.'.join(map(str, runtime._triton_version()))} cannot compile the sm_{arch}a "
+        pytest.skip(f"Triton {'.'.join(map(str, runtime.triton_version()))} cannot compile the sm_{arch}a "
                     f"defaults (needs {needed}); the library refuses that GPU there (test_old_triton_is_refused)")
 
 
@@ -109,19 +109,13 @@ def test_hopper_attention_and_large_tiles_take_wgmma(report):
 @pytest.mark.parametrize("capability, version, refused", [
     ((10, 0), (3, 6), True), ((10, 0), (3, 7), True), ((10, 0), (3, 8), False), ((10, 3), (3, 9), False),
     ((12, 0), (3, 6), True), ((9, 0), (3, 6), False), ((8, 0), (3, 6), False)])
-def test_old_triton_is_refused(monkeypatch, capability, version, refused):
-    monkeypatch.setattr(runtime, "_capability_of", lambda index: capability)
-    monkeypatch.setattr(runtime, "_triton_version", lambda: version)
-    runtime._triton_problem.cache_clear()
-    try:
-        device = torch.device("cuda", 0)
+def test_old_triton_is_refused(capability, version, refused):
+    with runtime.pretend_gpu(capability, triton_version=version) as device:
         if refused:
             with pytest.raises(RuntimeError, match=r"needs Triton >= 3\.8, found " + re.escape(".".join(map(str, version)))):
                 runtime.check_triton(device)
         else:
             runtime.check_triton(device)
-    finally:
-        runtime._triton_problem.cache_clear()
 
 
 def _compiler_rows(script: str) -> list[list[str]]:

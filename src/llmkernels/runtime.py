@@ -1,13 +1,15 @@
 """Where kernels run: CUDA, or the Triton interpreter on the CPU; input checks shared by the APIs."""
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 
 import torch
 
 __all__ = ["interpreting", "check_device", "check_triton", "forward_only", "check_out", "new_buffer",
-           "unit_last_stride", "describe", "num_programs_hint", "cdiv", "next_power_of_2"]
+           "unit_last_stride", "describe", "num_programs_hint", "cdiv", "next_power_of_2", "cuda_capability",
+           "triton_version", "per_device", "pretend_gpu"]
 
 # The oldest Triton that compiles every default config for a GPU generation (major compute capability):
 # tools/compile_defaults.py on each release. Triton 3.6 (torch 2.11) and 3.7 compile Hopper's, but their
@@ -57,16 +59,61 @@ def check_device(**tensors: torch.Tensor | None) -> torch.device:
     return device
 
 
-def _triton_version() -> tuple[int, int]:
+# What pretend_gpu answers in place of the driver and the installed Triton (empty: the real answers)
+_PRETENDED: dict = {}
+# Caches whose values depend on the device's answers (per_device): cleared when pretend_gpu changes them
+_DEVICE_CACHES: list = []
+
+
+def per_device(function):
+    """``functools.lru_cache`` for a function of device properties (a default config, a tiling choice):
+    :func:`pretend_gpu` clears it when it changes what the device answers."""
+    cached = functools.lru_cache(maxsize=None)(function)
+    _DEVICE_CACHES.append(cached)
+    return cached
+
+
+def triton_version() -> tuple[int, int]:
+    """``(major, minor)`` of the installed Triton (or the one :func:`pretend_gpu` names)."""
+    pretended = _PRETENDED.get("triton_version")
+    if pretended is not None:
+        return pretended
     import triton
 
     return tuple(int(part) for part in triton.__version__.split(".")[:2])
 
 
+_triton_version = triton_version  # the name older callers patch
+
+
+@contextlib.contextmanager
+def pretend_gpu(capability: tuple[int, int], multiprocessors: int = 132, triton_version: tuple[int, int] | None = None):
+    """Inside the block, device queries answer as a GPU of compute ``capability`` with ``multiprocessors`` SMs
+    (and, given ``triton_version``, as that Triton): how the ahead-of-time compile tools and tests ask the
+    library what it would launch on a GPU the machine does not have (``torch.device("cuda", 0)`` then names it;
+    nothing can run on it). Caches of device-dependent choices are cleared on entry and exit."""
+    saved = dict(_PRETENDED)
+    _PRETENDED.update(capability=tuple(capability), multiprocessors=multiprocessors)
+    if triton_version is not None:
+        _PRETENDED["triton_version"] = tuple(triton_version)
+    _clear_device_caches()
+    try:
+        yield torch.device("cuda", 0)
+    finally:
+        _PRETENDED.clear()
+        _PRETENDED.update(saved)
+        _clear_device_caches()
+
+
+def _clear_device_caches() -> None:
+    for cache in (*_DEVICE_CACHES, _triton_problem, _capability_of, _multiprocessor_count):
+        cache.cache_clear()
+
+
 @functools.lru_cache(maxsize=None)
 def _triton_problem(capability: tuple[int, int]) -> str | None:
     needed = MIN_TRITON.get(min(capability[0], max(MIN_TRITON)))
-    found = _triton_version()
+    found = triton_version()
     if needed is None or found >= needed:
         return None
     return (f"llmkernels on this GPU (compute capability {capability[0]}.{capability[1]}) needs Triton >= "
@@ -177,6 +224,8 @@ def cuda_capability(device: torch.device) -> tuple[int, int] | None:
     """``(major, minor)`` of a CUDA device (cached per device), None for any other device."""
     if device.type != "cuda":
         return None
+    if "capability" in _PRETENDED:
+        return _PRETENDED["capability"]
     return _capability_of(device.index if device.index is not None else torch.cuda.current_device())
 
 
@@ -189,6 +238,8 @@ def num_programs_hint(device: torch.device) -> int:
     """Programs of a persistent grid that fill the device (4 in the interpreter, which runs them one by one)."""
     if device.type != "cuda":
         return 4
+    if "multiprocessors" in _PRETENDED:
+        return _PRETENDED["multiprocessors"]
     return _multiprocessor_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
