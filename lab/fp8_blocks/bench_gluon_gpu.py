@@ -1,6 +1,7 @@
 """GPU check and benchmark of the Gluon FP8-block grouped matmul (gluon_kernel.py) on an H100 (one run, < 3 min).
 
-    PYTHONPATH=src python lab/fp8_blocks/bench_gluon_gpu.py OUT.md [--budget-s 150] [--shapes PREFIX,...]
+    PYTHONPATH=src python lab/fp8_blocks/bench_gluon_gpu.py OUT.md [--budget-s 200] [--shapes PREFIX,...]
+        [--configs 0,3,...]
 
 1. Correctness first, every Gluon config (each in try/except: a config that fails to compile or run is reported with
    its error and the run goes on):
@@ -38,7 +39,7 @@ from bench_gpu import (
     peer_dense_blockwise,
     peer_scaled_grouped_mm,
 )
-from gluon_kernel import GluonFp8Config, fp8_block_grouped_matmul_gluon
+from gluon_kernel import ABLATION_CONFIGS, DEFAULT_CONFIG, GluonFp8Config, fp8_block_grouped_matmul_gluon
 from kernel import COMPUTE_CONFIG, Fp8BlockConfig, fp8_block_grouped_matmul
 from quantize import quantize_fp8_blocks, reference_grouped_matmul, relative_errors
 
@@ -49,14 +50,7 @@ SHAPES = [
     Shape("DSv3-down E16x4096 N7168 K2048", 16, 4096, 7168, 2048, "compute"),
     Shape("DSv3-down E256x256 N7168 K2048", 256, 256, 7168, 2048, "compute"),
 ]
-GLUON_CONFIGS = [  # the first is the default
-    GluonFp8Config(128, 5, False),  # split-M 128x128, 5 stages (160 KB)
-    GluonFp8Config(128, 4, False),
-    GluonFp8Config(128, 6, False),
-    GluonFp8Config(256, 4, False),  # split-M 128x256: 1/4 less L2/smem traffic per FLOP
-    GluonFp8Config(256, 3, False),
-    GluonFp8Config(128, 5, True),  # + the next K block's wgmma in flight while promoting (ptxas may serialize it)
-]
+GLUON_CONFIGS = ABLATION_CONFIGS  # gluon_kernel.py: the first run's kernel first, then one change per step
 TRITON_CONFIGS = [COMPUTE_CONFIG, Fp8BlockConfig(128, 256, 8, 3, split_n=2)]
 
 
@@ -77,8 +71,10 @@ def compiled_report(config: GluonFp8Config) -> str:
     try:
         kinds = sorted(set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+\.\w+\.\w+\.\w+)",
                                       compiled.asm["ptx"])))
+        stores = sorted(set(re.findall(r"\b(st\.global[.\w]*|cp\.async\.bulk\.tensor\.\dd\.global\.shared)",
+                                       compiled.asm["ptx"])))
         return (f"regs {getattr(compiled, 'n_regs', '?')}, spills {getattr(compiled, 'n_spills', '?')}, "
-                f"smem {compiled.metadata.shared}, {','.join(kinds)}")
+                f"smem {compiled.metadata.shared}, {','.join(kinds)}, stores {'+'.join(stores)}")
     except Exception as error:  # noqa: BLE001 - a report, not a result
         return f"(no report: {short(error, 80)})"
 
@@ -124,7 +120,7 @@ def check_ragged(config: GluonFp8Config) -> str:
 # ------------------------------------------------------------------------------------------------ timing
 
 
-def run_shape(shape: Shape, budget_s: float, broken: set) -> list[str]:
+def run_shape(shape: Shape, budget_s: float, broken: set, selected: list) -> list[str]:
     log(f"{shape.name}: building operands")
     problem = Problem(shape)
     lines = [f"\n## {shape.name} ({problem.tokens} tokens, {problem.flops / 1e12:.3f} TFLOP)\n",
@@ -169,10 +165,11 @@ def run_shape(shape: Shape, budget_s: float, broken: set) -> list[str]:
                                                              problem.offsets, problem.ids, out=problem.out,
                                                              config=config))
     for index, config in enumerate(GLUON_CONFIGS):
-        if config in broken:
-            rows.append(("Gluon", config.label, "", "skipped: failed the ragged check", float("nan")))
+        if config in broken or config not in selected:
+            rows.append(("Gluon", config.label, "", "skipped: failed the ragged check" if config in broken
+                         else "not selected (--configs)", float("nan")))
             continue
-        if index > 0 and time.perf_counter() - START > budget_s:
+        if index > 0 and config != DEFAULT_CONFIG and time.perf_counter() - START > budget_s:
             rows.append(("Gluon", config.label, "", "skipped: time budget", float("nan")))
             continue
 
@@ -185,7 +182,8 @@ def run_shape(shape: Shape, budget_s: float, broken: set) -> list[str]:
             compiled = compiled_report(config)
         except Exception:  # noqa: BLE001 - timed() below reports the error
             compiled = ""
-        timed("Gluon", config.label + (" (default)" if index == 0 else ""), fn, compiled)
+        tag = " (first run's default)" if index == 0 else (" (new default)" if config == DEFAULT_CONFIG else "")
+        timed("Gluon", config.label + tag, fn, compiled)
 
     scaled = times.get(("torch._scaled_grouped_mm fp8 rowwise", ""))
     dense = next((us for (system, _), us in times.items() if system.startswith("F.scaled_mm")), None)
@@ -205,8 +203,9 @@ def run_shape(shape: Shape, budget_s: float, broken: set) -> list[str]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out")
-    parser.add_argument("--budget-s", type=float, default=150.0, help="stop timing extra configs after this")
+    parser.add_argument("--budget-s", type=float, default=200.0, help="stop timing extra configs after this")
     parser.add_argument("--shapes", default="", help="comma-separated prefixes of shape names (default: all)")
+    parser.add_argument("--configs", default="", help="comma-separated indices into GLUON_CONFIGS (default: all)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("needs a CUDA GPU")
@@ -221,7 +220,8 @@ def main() -> int:
              "| config | K=320 / K=320 + expert_scales / K=200 (padded copy): Frobenius/max error |",
              "| --- | --- |"]
     broken = set()
-    for config in GLUON_CONFIGS:
+    selected = ([GLUON_CONFIGS[int(i)] for i in args.configs.split(",") if i] if args.configs else list(GLUON_CONFIGS))
+    for config in selected:
         try:
             note = check_ragged(config)
             if "FAIL" in note or "NONZERO" in note or "TOUCHED" in note:
@@ -238,7 +238,7 @@ def main() -> int:
         if wanted and not any(shape.name.startswith(w) for w in wanted):
             continue
         try:
-            lines += run_shape(shape, args.budget_s, broken)
+            lines += run_shape(shape, args.budget_s, broken, selected)
             torch.cuda.empty_cache()
         except torch.OutOfMemoryError as error:
             lines.append(f"\n## {shape.name}\n\nout of memory: {short(error)}")

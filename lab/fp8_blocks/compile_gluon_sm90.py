@@ -25,19 +25,12 @@ os.environ["TRITON_INTERPRET"] = "0"
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import triton
-from gluon_kernel import MAX_REGS, GluonFp8Config, compile_signature, fp8_block_grouped_matmul_gluon_kernel
+from gluon_kernel import ABLATION_CONFIGS, DEFAULT_CONFIG, MAX_REGS, GluonFp8Config, compile_signature, fp8_block_grouped_matmul_gluon_kernel
 from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
 
 _BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
-CONFIGS = [
-    GluonFp8Config(128, 5, False),  # the default
-    GluonFp8Config(128, 4, False),
-    GluonFp8Config(128, 6, False),
-    GluonFp8Config(256, 4, False),
-    GluonFp8Config(256, 3, False),
-    GluonFp8Config(128, 5, True),
-]
+CONFIGS = ABLATION_CONFIGS + [GluonFp8Config(128, 6, False, "vec", True), GluonFp8Config(128, 5, True)]
 
 
 def _run(*command: str) -> str:
@@ -104,7 +97,7 @@ def main() -> int:
           "STL/LDL | QGMMA | DEPBAR 0 / 1 | ptxas warnings |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     failed = False
-    for config, scales in [(c, False) for c in CONFIGS] + [(CONFIGS[0], True)]:
+    for config, scales in [(c, False) for c in CONFIGS] + [(DEFAULT_CONFIG, True)]:
         label = config.label + (" +expert_scales" if scales else "")
         try:
             result = inspect(compile_config(config, scales))
@@ -116,7 +109,7 @@ def main() -> int:
         if not result["wgmma"] or any("e4m3.e4m3" not in kind for kind in result["wgmma"]):
             failed = True
         if args.sass:
-            path = f"/tmp/gluon_fp8_{config.block_n}_s{config.stages}_{int(config.pipeline_mma)}.sass"
+            path = f"/tmp/gluon_fp8_{config.label.replace(' ', '_')}.sass"
             with open(path, "w") as file:
                 file.write(result["sass"])
         waits = ", ".join(f"{k} x{v}" for k, v in sorted(result["waits"].items()))

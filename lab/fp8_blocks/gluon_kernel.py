@@ -36,8 +36,11 @@ results/fp8_blocks_h100.md). Here (DeepGEMM's schedule on Hopper):
   K block), acc 2 x 64 registers, one partial at a time (the second half's wgmma after the first's promotion).
 * The A scales (two rows per thread in the wgmma layout) and the B scalar of K block k + 1 are loaded from global
   memory while block k runs (any strides, L2-resident: 0.2% of the bytes).
-* **epilogue** per consumer: ``acc · expert_scale`` to bf16, masked 16-byte stores of the group's rows (and
-  columns < N) through a blocked layout. -1 experts: no loads, zeros stored.
+* **epilogue** per consumer (``GluonFp8Config.epilogue``): ``acc · expert_scale`` to bf16, then "tma": through a
+  128B-swizzled shared buffer and an asynchronous TMA store when the consumer's 64 rows all lie in the group
+  (waited for one tile later, so it drains under the next tile's wgmmas), else masked 16-byte stores ("vec");
+  "scalar" is the first H100 run's epilogue, whose column the compiler could not prove aligned (2-byte stores,
+  ~7 µs per tile: NOTES.md, second round). -1 experts: no loads, zeros stored.
 
 Split-M rather than ping-pong (each consumer on its own tiles, CUTLASS's "pingpong"): a consumer holding a whole
 tile would need 128 accumulator registers per thread for 128 x 128 (plus 64-128 for the partial: > 232), so
@@ -76,6 +79,9 @@ LOADER_REGS = gl.constexpr(40)
 
 # Triton 3.6 names the TMA copies async_copy_*; 3.9 (this CPU machine's) async_load / async_store.
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+_tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
+_barrier = getattr(gl, "thread_barrier", None) or gl.barrier  # the partition's warps (3.6 / 3.9 names)
+EPILOGUES = {"scalar": 0, "vec": 1, "tma": 2}  # GluonFp8Config.epilogue -> the kernel's EPILOGUE constexpr
 
 
 @gluon.jit
@@ -95,14 +101,16 @@ def _pick(values, lanes, index):
 
 
 @gluon.jit
-def _find_tile(tile, cursor, a_offsets_ptr, num_groups, num_tokens, n_tiles, BLOCK_M: gl.constexpr):
+def _find_tile(tile, cursor, a_offsets_ptr, num_groups, num_tokens, n_tiles, BLOCK_M: gl.constexpr,
+               BAND: gl.constexpr = 0):
     """Work tile ``tile`` -> ``(found, group, group_start, group_end, m-tile, n-tile, cursor)``.
 
     ``cursor = (first group of a 32-group chunk, tiles before it, running max of the offsets before it)`` only moves
     forward (a program's tiles increase), so a tile costs one vector load of 33 offsets unless its group lies in a
     later chunk. Offsets are read as ``clamp(cummax(a_offsets), 0, T)``: every row belongs to at most one group and
     every store lands inside out, whatever the metadata (the prototype's rule). ``found`` is false past the last
-    tile."""
+    tile. Inside a group the (m, n) order is m-tile fastest (``BAND = 0``: consecutive tiles share the B tile), or
+    ``BAND`` m-tiles at a time with the n-tile fastest inside a band (Triton's GROUP_M swizzle)."""
     layout: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
     lanes = gl.arange(0, 32, layout=layout)
     chunk, before, carried = cursor
@@ -134,8 +142,15 @@ def _find_tile(tile, cursor, a_offsets_ptr, num_groups, num_tokens, n_tiles, BLO
             # on a scalar integer division by a loop-carried scalar here
             local = tile - (through - tiles)
             m_tiles = gl.maximum(gl.cdiv(ends - starts, BLOCK_M), 1)
-            tile_m = _pick(local % m_tiles, lanes, index)
-            tile_n = _pick(local // m_tiles, lanes, index)
+            if BAND == 0:
+                tile_m = _pick(local % m_tiles, lanes, index)
+                tile_n = _pick(local // m_tiles, lanes, index)
+            else:
+                band = local // (BAND * n_tiles)
+                band_rows = gl.maximum(gl.minimum(m_tiles - band * BAND, BAND), 1)
+                in_band = local - band * (BAND * n_tiles)
+                tile_m = _pick(band * BAND + in_band % band_rows, lanes, index)
+                tile_n = _pick(in_band // band_rows, lanes, index)
             found = tile >= 0
             searching = tile < 0
         else:
@@ -181,7 +196,7 @@ def _receive(count, schedule):
 
 @gluon.jit
 def _load_partition(a_desc, b_desc, a_smem, b_smem, ready, empty, schedule, a_offsets_ptr, expert_ids_ptr,
-                    num_groups, num_tokens, num_experts, N, K, n_tiles):
+                    num_groups, num_tokens, num_experts, N, K, n_tiles, BAND: gl.constexpr):
     """The load warp: finds this program's tiles, publishes each, then TMA-loads its K blocks into the ring."""
     STAGES: gl.constexpr = b_smem.shape[0]
     BLOCK_N: gl.constexpr = b_smem.shape[1]
@@ -192,7 +207,7 @@ def _load_partition(a_desc, b_desc, a_smem, b_smem, ready, empty, schedule, a_of
     count = 0
     loaded = 0
     found, group, group_start, group_end, tile_m, tile_n, cursor = _find_tile(
-        tile, cursor, a_offsets_ptr, num_groups, num_tokens, n_tiles, BLOCK_M)
+        tile, cursor, a_offsets_ptr, num_groups, num_tokens, n_tiles, BLOCK_M, BAND)
     while found:
         first_row = group_start + tile_m * BLOCK_M
         first_col = tile_n * BLOCK_N
@@ -214,7 +229,7 @@ def _load_partition(a_desc, b_desc, a_smem, b_smem, ready, empty, schedule, a_of
         count += 1
         tile += gl.num_programs(0)
         found, group, group_start, group_end, tile_m, tile_n, cursor = _find_tile(
-            tile, cursor, a_offsets_ptr, num_groups, num_tokens, n_tiles, BLOCK_M)
+            tile, cursor, a_offsets_ptr, num_groups, num_tokens, n_tiles, BLOCK_M, BAND)
     _publish(count, (tile * 0, tile * 0, tile * 0, tile * 0 + STOP), schedule)
 
 
@@ -252,20 +267,41 @@ def _promote(acc, partial, a_scale_ptrs, b_scale_ptr, kb, stride_a_scale_k, stri
 
 @gluon.jit
 def _k_loop(a_smem, b_smem, ready, empty, consumed, k_blocks, a_scale_ptrs, stride_a_scale_k, b0_scale_ptr,
-            b1_scale_ptr, stride_b_scale_k, acc0, acc1, CONSUMER: gl.constexpr):
-    """Per K block: wgmma, wait, (release,) promote; a 256-wide tile's two halves one after the other."""
+            b1_scale_ptr, stride_b_scale_k, acc0, acc1, CONSUMER: gl.constexpr, SCALE_PREFETCH: gl.constexpr):
+    """Per K block: wgmma, wait, (release,) promote; a 256-wide tile's two halves one after the other.
+
+    ``SCALE_PREFETCH``: K block k + 1's scales are loaded during block k (one loop iteration, ~0.5 µs, ahead of
+    their use) instead of at the top of block k, where the L2 latency of the 64-row gather (~0.3-0.6 µs under
+    load) sits between the wgmma's wait and the promotion on every block."""
     STAGES: gl.constexpr = b_smem.shape[0]
     HALVES: gl.constexpr = b_smem.shape[1] // 128
     partial = gl.zeros_like(acc0)
+    next_a = gl.load(a_scale_ptrs)
+    next_b0 = gl.load(b0_scale_ptr)
+    next_b1 = next_b0
+    if HALVES == 2:
+        next_b1 = gl.load(b1_scale_ptr)
     for kb in range(k_blocks):
         position = consumed + kb
         stage = position % STAGES
-        scale_a = gl.load(a_scale_ptrs + kb * stride_a_scale_k)
-        scale_b0 = gl.load(b0_scale_ptr + kb * stride_b_scale_k)
+        if SCALE_PREFETCH:
+            scale_a = next_a
+            scale_b0 = next_b0
+            scale_b1 = next_b1
+            ahead = gl.minimum(kb + 1, k_blocks - 1)
+            next_a = gl.load(a_scale_ptrs + ahead * stride_a_scale_k)
+            next_b0 = gl.load(b0_scale_ptr + ahead * stride_b_scale_k)
+            if HALVES == 2:
+                next_b1 = gl.load(b1_scale_ptr + ahead * stride_b_scale_k)
+        else:
+            scale_a = gl.load(a_scale_ptrs + kb * stride_a_scale_k)
+            scale_b0 = gl.load(b0_scale_ptr + kb * stride_b_scale_k)
+            scale_b1 = scale_b0
+            if HALVES == 2:
+                scale_b1 = gl.load(b1_scale_ptr + kb * stride_b_scale_k)
         mbarrier.wait(ready.index(stage), (position // STAGES) & 1)
         partial = _mma(a_smem, b_smem, stage, partial, CONSUMER, 0)
         if HALVES == 2:
-            scale_b1 = gl.load(b1_scale_ptr + kb * stride_b_scale_k)
             partial = warpgroup_mma_wait(num_outstanding=0, deps=(partial, ))
             acc0 = gl.fma(partial, gl.expand_dims(scale_a * scale_b0, 1), acc0)
             partial = _mma(a_smem, b_smem, stage, partial, CONSUMER, 1)
@@ -331,10 +367,33 @@ def _k_loop_pipelined(a_smem, b_smem, ready, empty, consumed, k_blocks, a_scale_
 
 
 @gluon.jit
-def _consumer_partition(a_smem, b_smem, ready, empty, schedule, a_scales_ptr, b_scales_ptr, out_ptr,
-                        expert_scales_ptr, stride_a_scale_row, stride_a_scale_k, stride_b_scale_expert,
+def _epilogue_half(out_desc, c_smem, out_ptr, acc, multiplier, first_row, rows, col0, N, stride_out_row,
+                   CONSUMER: gl.constexpr, HALF: gl.constexpr, EPILOGUE: gl.constexpr):
+    """Store one ``[64, 128]`` accumulator of this consumer. ``EPILOGUE`` 0/1: masked pointer stores (1 with the
+    column known to be a multiple of 128, so 16-byte stores); 2: when all 64 rows of this consumer belong to the
+    group, through shared memory and an asynchronous TMA store (the columns past N clipped by the descriptor; the
+    next tile's wgmmas run while it drains), else the masked stores."""
+    if EPILOGUE == 2:
+        if rows >= (CONSUMER + 1) * CONSUMER_ROWS:
+            buffer = c_smem.index(HALF)
+            tma.store_wait(0)  # this buffer's previous TMA store has read it (long done: one tile ago)
+            _barrier()
+            buffer.store((acc * multiplier).to(c_smem.dtype))
+            fence_async_shared()
+            _barrier()
+            _tma_store(out_desc, [first_row + CONSUMER * CONSUMER_ROWS, col0], buffer)
+        else:
+            _store_half(out_ptr, acc, multiplier, first_row, rows, col0, N, stride_out_row, CONSUMER)
+    else:
+        _store_half(out_ptr, acc, multiplier, first_row, rows, col0, N, stride_out_row, CONSUMER)
+
+
+@gluon.jit
+def _consumer_partition(a_smem, b_smem, ready, empty, schedule, a_scales_ptr, b_scales_ptr, out_ptr, out_desc,
+                        c_smem, expert_scales_ptr, stride_a_scale_row, stride_a_scale_k, stride_b_scale_expert,
                         stride_b_scale_row, stride_b_scale_k, stride_out_row, num_tokens, N, K,
-                        CONSUMER: gl.constexpr, PIPELINE_MMA: gl.constexpr, HAS_EXPERT_SCALES: gl.constexpr):
+                        CONSUMER: gl.constexpr, PIPELINE_MMA: gl.constexpr, HAS_EXPERT_SCALES: gl.constexpr,
+                        EPILOGUE: gl.constexpr, SCALE_PREFETCH: gl.constexpr):
     """Consumer warpgroup ``CONSUMER``: rows ``[64·CONSUMER, 64·CONSUMER + 64)`` of every tile it is handed."""
     BLOCK_N: gl.constexpr = b_smem.shape[1]
     HALVES: gl.constexpr = BLOCK_N // 128
@@ -347,6 +406,12 @@ def _consumer_partition(a_smem, b_smem, ready, empty, schedule, a_scales_ptr, b_
     consumed = 0
     first_row, rows, first_col, expert = _receive(count, schedule)
     while expert != STOP:
+        if EPILOGUE != 0:
+            # published through shared memory, so the compiler knows nothing of it: re-derived as a multiple of
+            # 128 (it is one of BLOCK_N) so that the epilogue's stores are 16 bytes wide. Without it (EPILOGUE 0,
+            # the first run's kernel) they are scalar 2-byte STG.E.U16, 64 per thread per 64x128 half
+            # (gl.multiple_of on a scalar is dropped by Triton 3.6)
+            first_col = (first_col // 128) * 128
         acc0 = zero
         acc1 = zero
         if expert >= 0:
@@ -363,29 +428,36 @@ def _consumer_partition(a_smem, b_smem, ready, empty, schedule, a_scales_ptr, b_
                                          stride_a_scale_k, b0_scale_ptr, stride_b_scale_k, acc0, CONSUMER)
             else:
                 acc0, acc1 = _k_loop(a_smem, b_smem, ready, empty, consumed, k_blocks, a_scale_ptrs, stride_a_scale_k,
-                                     b0_scale_ptr, b1_scale_ptr, stride_b_scale_k, acc0, acc1, CONSUMER)
+                                     b0_scale_ptr, b1_scale_ptr, stride_b_scale_k, acc0, acc1, CONSUMER,
+                                     SCALE_PREFETCH)
             consumed += k_blocks
         multiplier = 1.0
         if HAS_EXPERT_SCALES:
             multiplier = gl.load(expert_scales_ptr + gl.maximum(expert, 0))
-        _store_half(out_ptr, acc0, multiplier, first_row, rows, first_col, N, stride_out_row, CONSUMER)
+        _epilogue_half(out_desc, c_smem, out_ptr, acc0, multiplier, first_row, rows, first_col, N, stride_out_row,
+                       CONSUMER, 0, EPILOGUE)
         if HALVES == 2:
-            _store_half(out_ptr, acc1, multiplier, first_row, rows, first_col + 128, N, stride_out_row, CONSUMER)
+            _epilogue_half(out_desc, c_smem, out_ptr, acc1, multiplier, first_row, rows, first_col + 128, N,
+                           stride_out_row, CONSUMER, 1, EPILOGUE)
         count += 1
         first_row, rows, first_col, expert = _receive(count, schedule)
+    if EPILOGUE == 2:
+        tma.store_wait(0)  # the shared memory must outlive the last TMA store's read
 
 
 @gluon.jit
 def fp8_block_grouped_matmul_gluon_kernel(
-    a_desc, b_desc, a_scales_ptr, b_scales_ptr, out_ptr, a_offsets_ptr, expert_ids_ptr, expert_scales_ptr,
+    a_desc, b_desc, out_desc, a_scales_ptr, b_scales_ptr, out_ptr, a_offsets_ptr, expert_ids_ptr, expert_scales_ptr,
     stride_a_scale_row, stride_a_scale_k, stride_b_scale_expert, stride_b_scale_row, stride_b_scale_k,
     stride_out_row, num_tokens, num_groups, num_experts, N, K, n_tiles,
     STAGES: gl.constexpr, PIPELINE_MMA: gl.constexpr, HAS_EXPERT_SCALES: gl.constexpr,
+    EPILOGUE: gl.constexpr = 0, SCALE_PREFETCH: gl.constexpr = False, BAND: gl.constexpr = 0,
 ):
     """Persistent warp-specialized grouped FP8-block matmul (module docstring).
 
     a_desc: TMA descriptor over A ``[T, K]`` e4m3, block ``[64, 128]``; b_desc: over B viewed as ``[E·N, K]``,
-    block ``[BLOCK_N, 128]`` (BLOCK_N 128 or 256). Grid ``(min(SMs, tile bound),)``, ``num_warps=4`` (consumer 0,
+    block ``[BLOCK_N, 128]`` (BLOCK_N 128 or 256); out_desc: over out ``[T, N]`` bf16, block ``[64, 128]`` (used
+    by ``EPILOGUE == 2`` only). Grid ``(min(SMs, tile bound),)``, ``num_warps=4`` (consumer 0,
     the default partition) + consumer 1 (4 warps) + the load warp; ``maxnreg`` = :data:`MAX_REGS`."""
     BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
     gl.static_assert(BLOCK_N == 128 or BLOCK_N == 256)
@@ -394,6 +466,12 @@ def fp8_block_grouped_matmul_gluon_kernel(
     b_smem = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], b_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    if EPILOGUE == 2:  # one [64, 128] bf16 staging buffer per consumer and 128-column half
+        c_smem = gl.allocate_shared_memory(out_desc.dtype, [BLOCK_N // 128, CONSUMER_ROWS, 128], out_desc.layout)
+        c_smem1 = gl.allocate_shared_memory(out_desc.dtype, [BLOCK_N // 128, CONSUMER_ROWS, 128], out_desc.layout)
+    else:  # unused
+        c_smem = gl.allocate_shared_memory(gl.int32, [1, 1], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+        c_smem1 = c_smem
     info_smem = gl.allocate_shared_memory(gl.int32, [2, 4], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     info_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     info_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
@@ -407,15 +485,15 @@ def fp8_block_grouped_matmul_gluon_kernel(
     schedule = (info_smem, info_ready, info_empty)
     gl.warp_specialize([
         (_consumer_partition, (a_smem, b_smem, ready, empty, schedule, a_scales_ptr, b_scales_ptr, out_ptr,
-                               expert_scales_ptr, stride_a_scale_row, stride_a_scale_k, stride_b_scale_expert,
-                               stride_b_scale_row, stride_b_scale_k, stride_out_row, num_tokens, N, K, 0,
-                               PIPELINE_MMA, HAS_EXPERT_SCALES)),
+                               out_desc, c_smem, expert_scales_ptr, stride_a_scale_row, stride_a_scale_k,
+                               stride_b_scale_expert, stride_b_scale_row, stride_b_scale_k, stride_out_row,
+                               num_tokens, N, K, 0, PIPELINE_MMA, HAS_EXPERT_SCALES, EPILOGUE, SCALE_PREFETCH)),
         (_consumer_partition, (a_smem, b_smem, ready, empty, schedule, a_scales_ptr, b_scales_ptr, out_ptr,
-                               expert_scales_ptr, stride_a_scale_row, stride_a_scale_k, stride_b_scale_expert,
-                               stride_b_scale_row, stride_b_scale_k, stride_out_row, num_tokens, N, K, 1,
-                               PIPELINE_MMA, HAS_EXPERT_SCALES)),
+                               out_desc, c_smem1, expert_scales_ptr, stride_a_scale_row, stride_a_scale_k,
+                               stride_b_scale_expert, stride_b_scale_row, stride_b_scale_k, stride_out_row,
+                               num_tokens, N, K, 1, PIPELINE_MMA, HAS_EXPERT_SCALES, EPILOGUE, SCALE_PREFETCH)),
         (_load_partition, (a_desc, b_desc, a_smem, b_smem, ready, empty, schedule, a_offsets_ptr, expert_ids_ptr,
-                           num_groups, num_tokens, num_experts, N, K, n_tiles)),
+                           num_groups, num_tokens, num_experts, N, K, n_tiles, BAND)),
     ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
 
 
@@ -424,44 +502,76 @@ def fp8_block_grouped_matmul_gluon_kernel(
 
 @dataclass(frozen=True)
 class GluonFp8Config:
+    """The defaults of the fields after ``pipeline_mma`` reproduce the first H100 run's kernel (results/gluon.md)."""
     block_n: int = 128  # 128 or 256
     stages: int = 4
     pipeline_mma: bool = False  # issue K block k+1's wgmma before promoting block k (block_n 128 only)
+    epilogue: str = "scalar"  # "scalar" (first run: 2-byte stores), "vec" (16-byte stores), "tma" (smem + TMA store)
+    scale_prefetch: bool = False  # load K block k+1's scales during block k
+    band: int = 0  # 0: m-tile fastest inside a group; b > 0: bands of b m-tiles, n-tile fastest inside a band
 
     @property
     def label(self) -> str:
-        return f"gluon 128x{self.block_n}x128 s{self.stages}{' pipeMMA' if self.pipeline_mma else ''} split-M"
+        extras = [self.epilogue] + (["pf"] if self.scale_prefetch else []) + ([f"band{self.band}"] if self.band else [])
+        return (f"gluon 128x{self.block_n}x128 s{self.stages}{' pipeMMA' if self.pipeline_mma else ''} split-M "
+                + " ".join(extras))
 
     def smem_bytes(self) -> int:
-        return self.stages * (128 + self.block_n) * 128 + 1024
+        staging = 2 * self.block_n * 64 * 2 if self.epilogue == "tma" else 0
+        return self.stages * (128 + self.block_n) * 128 + staging + 1024
 
 
-DEFAULT_CONFIG = GluonFp8Config(128, 5, False)
+DEFAULT_CONFIG = GluonFp8Config(128, 5, False, "tma", True)
+FIRST_RUN_CONFIG = GluonFp8Config(128, 5, False)  # results/gluon.md's default: the ablation's baseline
+# The ablation ladder (bench_gluon_gpu.py and compile_gluon_sm90.py): each step changes one thing.
+ABLATION_CONFIGS = [
+    FIRST_RUN_CONFIG,
+    GluonFp8Config(128, 5, False, "vec"),  # (5) 16-byte epilogue stores
+    GluonFp8Config(128, 5, False, "vec", True),  # + scale prefetch
+    DEFAULT_CONFIG,  # (1) + TMA-store epilogue, overlapped with the next tile
+    GluonFp8Config(128, 4, False, "tma", True),
+    GluonFp8Config(128, 5, False, "tma", True, 8),  # (2) GROUP_M-style bands of 8 m-tiles
+    GluonFp8Config(256, 3, False, "tma", True),  # 128x256: 1/4 less smem/L2 feed per FLOP
+    GluonFp8Config(256, 4, False, "vec", True),
+]
 LAST_COMPILED = {}  # config -> the compiled kernel of its last launch (the bench reads registers from it)
 
 
-def _nvmma_layout(block):
-    return gl.NVMMASharedLayout.get_default_for(block, gl.float8e4nv)
+def _nvmma_layout(block, dtype=gl.float8e4nv):
+    return gl.NVMMASharedLayout.get_default_for(block, dtype)
 
 
-def descriptor_type(block) -> str:
-    """Triton's type string of an e4m3 tensor-descriptor argument with this block (ahead-of-time compiles)."""
-    return f"tensordesc<fp8e4nv[{', '.join(map(str, block))}],{_nvmma_layout(block)!r}>"
+def descriptor_type(block, dtype=gl.float8e4nv) -> str:
+    """Triton's type string of a tensor-descriptor argument with this block (ahead-of-time compiles)."""
+    name = {gl.float8e4nv: "fp8e4nv", gl.bfloat16: "bf16"}[dtype]
+    return f"tensordesc<{name}[{', '.join(map(str, block))}],{_nvmma_layout(block, dtype)!r}>"
 
 
 def compile_signature(config: GluonFp8Config, has_expert_scales: bool = False):
     """``(signature, constexprs)`` of the kernel for ``triton.compile`` (no tensors, no GPU)."""
     names = fp8_block_grouped_matmul_gluon_kernel.arg_names
     types = dict(a_desc=descriptor_type([64, 128]), b_desc=descriptor_type([config.block_n, 128]),
+                 out_desc=descriptor_type([64, 128], gl.bfloat16),
                  a_scales_ptr="*fp32", b_scales_ptr="*fp32", out_ptr="*bf16", a_offsets_ptr="*i32",
                  expert_ids_ptr="*i32", expert_scales_ptr="*fp32")
-    constexprs = dict(STAGES=config.stages, PIPELINE_MMA=config.pipeline_mma, HAS_EXPERT_SCALES=has_expert_scales)
+    constexprs = dict(STAGES=config.stages, PIPELINE_MMA=config.pipeline_mma, HAS_EXPERT_SCALES=has_expert_scales,
+                      EPILOGUE=EPILOGUES[config.epilogue], SCALE_PREFETCH=config.scale_prefetch, BAND=config.band)
     signature = {name: ("constexpr" if name in constexprs else types.get(name, "i32")) for name in names}
     return signature, constexprs
 
 
 def _multiprocessors(device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+_DUMMY_OUT = {}
+
+
+def _dummy_out(device) -> torch.Tensor:
+    """A bf16 tensor for the unused TMA-store descriptor when out's strides do not allow one."""
+    if device not in _DUMMY_OUT:
+        _DUMMY_OUT[device] = torch.zeros(64, 128, dtype=torch.bfloat16, device=device)
+    return _DUMMY_OUT[device]
 
 
 def _pad_k(t: torch.Tensor) -> torch.Tensor:
@@ -494,7 +604,8 @@ def fp8_block_grouped_matmul_gluon(a: torch.Tensor, a_scales: torch.Tensor, b: t
     num_groups = expert_ids.numel()
     if a_offsets.numel() != num_groups + 1 or a_offsets.dtype != torch.int32 or expert_ids.dtype != torch.int32:
         raise ValueError("a_offsets must be int32 [G + 1] and expert_ids int32 [G]")
-    if config.block_n not in (128, 256) or (config.pipeline_mma and config.block_n != 128):
+    if (config.block_n not in (128, 256) or (config.pipeline_mma and config.block_n != 128)
+            or config.epilogue not in EPILOGUES or config.band < 0):
         raise ValueError(f"unsupported config {config}")
     if out is None:
         out = torch.empty(num_tokens, n, dtype=torch.bfloat16, device=a.device)
@@ -507,16 +618,24 @@ def fp8_block_grouped_matmul_gluon(a: torch.Tensor, a_scales: torch.Tensor, b: t
     target = out if out.stride(1) == 1 else out.contiguous()
     a_desc = TensorDescriptor.from_tensor(a_data, [64, 128], _nvmma_layout([64, 128]))
     b_desc = TensorDescriptor.from_tensor(b_data, [config.block_n, 128], _nvmma_layout([config.block_n, 128]))
+    epilogue = EPILOGUES[config.epilogue]
+    tma_ok = target.stride(0) % 8 == 0 and target.data_ptr() % 16 == 0  # TMA: 16-byte row stride and base
+    if epilogue == 2 and not tma_ok:
+        epilogue = 1  # the 16-byte pointer stores instead
+    # the TMA-store descriptor (used only when epilogue == 2, for 64-row halves wholly inside their group; its
+    # global shape [T, N] clips the columns past N)
+    out_desc = TensorDescriptor.from_tensor(target if tma_ok else _dummy_out(a.device), [64, 128],
+                                            _nvmma_layout([64, 128], gl.bfloat16))
     n_tiles = triton.cdiv(n, config.block_n)
     bound = (triton.cdiv(num_tokens, 128) + num_groups) * n_tiles
     grid = (max(1, min(bound, _multiprocessors(a.device))),)
     LAST_COMPILED[config] = fp8_block_grouped_matmul_gluon_kernel[grid](
-        a_desc, b_desc, a_scales, b_scales, target, a_offsets.contiguous(), expert_ids.contiguous(),
+        a_desc, b_desc, out_desc, a_scales, b_scales, target, a_offsets.contiguous(), expert_ids.contiguous(),
         expert_scales.contiguous() if expert_scales is not None else a_scales,
         a_scales.stride(0), a_scales.stride(1), b_scales.stride(0), b_scales.stride(1), b_scales.stride(2),
         target.stride(0), num_tokens, num_groups, num_experts, n, k, n_tiles,
         STAGES=config.stages, PIPELINE_MMA=config.pipeline_mma, HAS_EXPERT_SCALES=expert_scales is not None,
-        num_warps=4, maxnreg=MAX_REGS)
+        EPILOGUE=epilogue, SCALE_PREFETCH=config.scale_prefetch, BAND=config.band, num_warps=4, maxnreg=MAX_REGS)
     if target is not out:
         out.copy_(target)
     return out
