@@ -91,13 +91,17 @@ def inspect(compiled) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sass", action="store_true", help="write each config's SASS to /tmp/gluon_fp8_*.sass")
+    parser.add_argument("--configs", default="", help="comma-separated indices into CONFIGS (default: all, "
+                        "then DEFAULT_CONFIG with expert_scales)")
     args = parser.parse_args()
     print(f"Triton {triton.__version__}, ptxas {_ptxas()}")
     print("| config | wgmma (PTX) | wait_group N x count | setmaxnreg | smem B | maxnreg | spill st/ld B | "
           "STL/LDL | QGMMA | DEPBAR 0 / 1 | ptxas warnings |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     failed = False
-    for config, scales in [(c, False) for c in CONFIGS] + [(DEFAULT_CONFIG, True)]:
+    todo = ([(CONFIGS[int(i)], False) for i in args.configs.split(",") if i] if args.configs
+            else [(c, False) for c in CONFIGS] + [(DEFAULT_CONFIG, True)])
+    for config, scales in todo:
         label = config.label + (" +expert_scales" if scales else "")
         try:
             result = inspect(compile_config(config, scales))

@@ -178,6 +178,79 @@ def _publish(count, info, schedule):
 
 
 @gluon.jit
+def _publish7(count, info, schedule):
+    """Stream-K: ``(first row, rows, first column, expert, first K block, end K block, tail slot)``."""
+    info_smem, info_ready, info_empty = schedule
+    slot = count % 2
+    layout: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
+    first_row, rows, first_col, expert, kb0, kb1, tail = info
+    f = gl.arange(0, 8, layout=layout)
+    values = gl.where(f == 0, first_row, gl.where(f == 1, rows, gl.where(f == 2, first_col, gl.where(
+        f == 3, expert, gl.where(f == 4, kb0, gl.where(f == 5, kb1, tail))))))
+    mbarrier.wait(info_empty.index(slot), ((count // 2) & 1) ^ 1)
+    info_smem.index(slot).store(values)
+    mbarrier.arrive(info_ready.index(slot))
+
+
+@gluon.jit
+def _receive7(count, schedule):
+    info_smem, info_ready, info_empty = schedule
+    slot = count % 2
+    layout: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    mbarrier.wait(info_ready.index(slot), (count // 2) & 1)
+    values = info_smem.index(slot).load(layout)
+    f = gl.arange(0, 8, layout=layout)
+    first_row = gl.sum(gl.where(f == 0, values, 0), axis=0)
+    rows = gl.sum(gl.where(f == 1, values, 0), axis=0)
+    first_col = gl.sum(gl.where(f == 2, values, 0), axis=0)
+    expert = gl.sum(gl.where(f == 3, values, 0), axis=0)
+    kb0 = gl.sum(gl.where(f == 4, values, 0), axis=0)
+    kb1 = gl.sum(gl.where(f == 5, values, 0), axis=0)
+    tail = gl.sum(gl.where(f == 6, values, 0), axis=0)
+    mbarrier.arrive(info_empty.index(slot))
+    return first_row, rows, first_col, expert, kb0, kb1, tail
+
+
+@gluon.jit
+def _count_tiles(a_offsets_ptr, num_groups, num_tokens, n_tiles, BLOCK_M: gl.constexpr):
+    """All work tiles of the launch (the same clamped offsets as :func:`_find_tile`)."""
+    layout: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
+    lanes = gl.arange(0, 32, layout=layout)
+    carried = gl.load(a_offsets_ptr)
+    chunk = num_groups * 0
+    total = num_groups * 0
+    while chunk < num_groups:
+        groups = chunk + lanes
+        valid = groups < num_groups
+        raw_starts = gl.load(a_offsets_ptr + groups, mask=valid, other=0)
+        raw_ends = gl.load(a_offsets_ptr + groups + 1, mask=valid, other=0)
+        starts = gl.maximum(gl.associative_scan(raw_starts, 0, _max_combine), carried)
+        ends = gl.maximum(gl.associative_scan(raw_ends, 0, _max_combine), carried)
+        starts = gl.minimum(gl.maximum(starts, 0), num_tokens)
+        ends = gl.minimum(gl.maximum(ends, 0), num_tokens)
+        total += gl.sum(gl.where(valid, gl.cdiv(ends - starts, BLOCK_M) * n_tiles, 0), axis=0)
+        carried = gl.maximum(carried, gl.max(gl.where(valid, raw_ends, carried), axis=0))
+        chunk += 32
+    return total
+
+
+@gluon.jit
+def _load_blocks(a_desc, b_desc, a_smem, b_smem, ready, empty, loaded, first_row, b_row, kb0, kb1):
+    """TMA loads of K blocks ``[kb0, kb1)`` of one tile into the ring; returns the ring position after them."""
+    STAGES: gl.constexpr = b_smem.shape[0]
+    STAGE_BYTES: gl.constexpr = 2 * a_desc.block_type.nbytes + b_desc.block_type.nbytes
+    for kb in range(kb0, kb1):
+        stage = loaded % STAGES
+        mbarrier.wait(empty.index(stage), ((loaded // STAGES) & 1) ^ 1)  # fresh barriers: no wait
+        mbarrier.expect(ready.index(stage), STAGE_BYTES)
+        _tma_load(a_desc, [first_row, kb * BLOCK_K], ready.index(stage), a_smem.index(2 * stage))
+        _tma_load(a_desc, [first_row + CONSUMER_ROWS, kb * BLOCK_K], ready.index(stage), a_smem.index(2 * stage + 1))
+        _tma_load(b_desc, [b_row, kb * BLOCK_K], ready.index(stage), b_smem.index(stage))
+        loaded += 1
+    return loaded
+
+
+@gluon.jit
 def _receive(count, schedule):
     """A consumer's ``count``-th tile, as published."""
     info_smem, info_ready, info_empty = schedule
@@ -196,25 +269,42 @@ def _receive(count, schedule):
 
 @gluon.jit
 def _load_partition(a_desc, b_desc, a_smem, b_smem, ready, empty, schedule, a_offsets_ptr, expert_ids_ptr,
-                    num_groups, num_tokens, num_experts, N, K, n_tiles, BAND: gl.constexpr):
-    """The load warp: finds this program's tiles, publishes each, then TMA-loads its K blocks into the ring."""
+                    num_groups, num_tokens, num_experts, N, K, n_tiles, BAND: gl.constexpr,
+                    STREAM_K: gl.constexpr = False):
+    """The load warp: finds this program's tiles, publishes each, then TMA-loads its K blocks into the ring.
+
+    ``STREAM_K``: the tiles of the last partial wave (``total % programs`` of them, the "tail") are not given
+    whole to one program each: their ``tail · k_blocks`` K blocks are cut into ``programs`` equal contiguous
+    ranges (tail tile major), so every program gets ``≈ tail · k_blocks / programs`` K blocks (at most two pieces
+    of two tiles); the consumers reduce the pieces in an fp32 workspace (:func:`_stream_k_fixup`)."""
     STAGES: gl.constexpr = b_smem.shape[0]
     BLOCK_N: gl.constexpr = b_smem.shape[1]
     STAGE_BYTES: gl.constexpr = 2 * a_desc.block_type.nbytes + b_desc.block_type.nbytes
     k_blocks = gl.cdiv(K, BLOCK_K)
     tile = gl.program_id(0)
+    programs = gl.num_programs(0)
+    if STREAM_K:
+        total = _count_tiles(a_offsets_ptr, num_groups, num_tokens, n_tiles, BLOCK_M)
+        tail = total % programs
+        dp_end = total - tail  # tiles [0, dp_end): whole, data-parallel; [dp_end, total): stream-K
     cursor = (tile * 0, tile * 0, gl.load(a_offsets_ptr))
     count = 0
     loaded = 0
     found, group, group_start, group_end, tile_m, tile_n, cursor = _find_tile(
         tile, cursor, a_offsets_ptr, num_groups, num_tokens, n_tiles, BLOCK_M, BAND)
+    if STREAM_K:
+        found = found & (tile < dp_end)
     while found:
         first_row = group_start + tile_m * BLOCK_M
         first_col = tile_n * BLOCK_N
         expert = gl.load(expert_ids_ptr + group)
         expert_ok = (expert >= 0) & (expert < num_experts)
         expert = gl.where(expert_ok, expert, -1)
-        _publish(count, (first_row, gl.minimum(group_end - first_row, BLOCK_M), first_col, expert), schedule)
+        if STREAM_K:
+            _publish7(count, (first_row, gl.minimum(group_end - first_row, BLOCK_M), first_col, expert, tile * 0,
+                              k_blocks, tile * 0 - 1), schedule)
+        else:
+            _publish(count, (first_row, gl.minimum(group_end - first_row, BLOCK_M), first_col, expert), schedule)
         if expert_ok:
             b_row = expert * N + first_col
             for kb in range(k_blocks):
@@ -227,10 +317,40 @@ def _load_partition(a_desc, b_desc, a_smem, b_smem, ready, empty, schedule, a_of
                 _tma_load(b_desc, [b_row, kb * BLOCK_K], ready.index(stage), b_smem.index(stage))
                 loaded += 1
         count += 1
-        tile += gl.num_programs(0)
+        tile += programs
         found, group, group_start, group_end, tile_m, tile_n, cursor = _find_tile(
             tile, cursor, a_offsets_ptr, num_groups, num_tokens, n_tiles, BLOCK_M, BAND)
-    _publish(count, (tile * 0, tile * 0, tile * 0, tile * 0 + STOP), schedule)
+        if STREAM_K:
+            found = found & (tile < dp_end)
+    if STREAM_K:
+        # this program's K-block range of the tail (tail tile major); the cursor restarts (tail tiles can lie
+        # before the data-parallel tile that ended the loop above)
+        cursor = (tile * 0, tile * 0, gl.load(a_offsets_ptr))
+        work = tail * k_blocks
+        pid = gl.program_id(0)
+        begin = (pid * work) // programs
+        end = ((pid + 1) * work) // programs
+        while begin < end:
+            t = begin // k_blocks
+            kb0 = begin - t * k_blocks
+            kb1 = gl.minimum(end - t * k_blocks, k_blocks)
+            found, group, group_start, group_end, tile_m, tile_n, cursor = _find_tile(
+                dp_end + t, cursor, a_offsets_ptr, num_groups, num_tokens, n_tiles, BLOCK_M, BAND)
+            first_row = group_start + tile_m * BLOCK_M
+            first_col = tile_n * BLOCK_N
+            expert = gl.load(expert_ids_ptr + group)
+            expert_ok = (expert >= 0) & (expert < num_experts)
+            expert = gl.where(expert_ok, expert, -1)
+            _publish7(count, (first_row, gl.minimum(group_end - first_row, BLOCK_M), first_col, expert, kb0, kb1, t),
+                      schedule)
+            if expert_ok:
+                loaded = _load_blocks(a_desc, b_desc, a_smem, b_smem, ready, empty, loaded, first_row,
+                                      expert * N + first_col, kb0, kb1)
+            count += 1
+            begin = (t + 1) * k_blocks
+        _publish7(count, (tile * 0, tile * 0, tile * 0, tile * 0 + STOP, tile * 0, tile * 0, tile * 0), schedule)
+    else:
+        _publish(count, (tile * 0, tile * 0, tile * 0, tile * 0 + STOP), schedule)
 
 
 @gluon.jit
@@ -266,7 +386,7 @@ def _promote(acc, partial, a_scale_ptrs, b_scale_ptr, kb, stride_a_scale_k, stri
 
 
 @gluon.jit
-def _k_loop(a_smem, b_smem, ready, empty, consumed, k_blocks, a_scale_ptrs, stride_a_scale_k, b0_scale_ptr,
+def _k_loop(a_smem, b_smem, ready, empty, consumed, kb_begin, kb_end, a_scale_ptrs, stride_a_scale_k, b0_scale_ptr,
             b1_scale_ptr, stride_b_scale_k, acc0, acc1, CONSUMER: gl.constexpr, SCALE_PREFETCH: gl.constexpr):
     """Per K block: wgmma, wait, (release,) promote; a 256-wide tile's two halves one after the other.
 
@@ -276,19 +396,19 @@ def _k_loop(a_smem, b_smem, ready, empty, consumed, k_blocks, a_scale_ptrs, stri
     STAGES: gl.constexpr = b_smem.shape[0]
     HALVES: gl.constexpr = b_smem.shape[1] // 128
     partial = gl.zeros_like(acc0)
-    next_a = gl.load(a_scale_ptrs)
-    next_b0 = gl.load(b0_scale_ptr)
+    next_a = gl.load(a_scale_ptrs + kb_begin * stride_a_scale_k)
+    next_b0 = gl.load(b0_scale_ptr + kb_begin * stride_b_scale_k)
     next_b1 = next_b0
     if HALVES == 2:
-        next_b1 = gl.load(b1_scale_ptr)
-    for kb in range(k_blocks):
-        position = consumed + kb
+        next_b1 = gl.load(b1_scale_ptr + kb_begin * stride_b_scale_k)
+    for kb in range(kb_begin, kb_end):
+        position = consumed + (kb - kb_begin)
         stage = position % STAGES
         if SCALE_PREFETCH:
             scale_a = next_a
             scale_b0 = next_b0
             scale_b1 = next_b1
-            ahead = gl.minimum(kb + 1, k_blocks - 1)
+            ahead = gl.minimum(kb + 1, kb_end - 1)
             next_a = gl.load(a_scale_ptrs + ahead * stride_a_scale_k)
             next_b0 = gl.load(b0_scale_ptr + ahead * stride_b_scale_k)
             if HALVES == 2:
@@ -367,13 +487,84 @@ def _k_loop_pipelined(a_smem, b_smem, ready, empty, consumed, k_blocks, a_scale_
 
 
 @gluon.jit
+def _store_half_staged(buffer, out_ptr, acc, multiplier, first_row, rows, col0, N, stride_out_row,
+                       CONSUMER: gl.constexpr):
+    """:func:`_store_half` through the staging buffer instead of ``convert_layout`` (whose 16 KB of scratch
+    shared memory the 4-stage 128x256 TMA-store config cannot afford): STSM into the buffer, read back in the
+    16-byte blocked layout, masked stores."""
+    layout: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])
+    tma.store_wait(0)  # a TMA store still reading the buffer
+    _barrier()
+    buffer.store((acc * multiplier).to(buffer.dtype))
+    _barrier()
+    values = buffer.load(layout)
+    local = CONSUMER * CONSUMER_ROWS + gl.arange(0, CONSUMER_ROWS, layout=gl.SliceLayout(1, layout))
+    cols = col0 + gl.arange(0, 128, layout=gl.SliceLayout(0, layout))
+    offsets = gl.expand_dims((first_row + local).to(gl.int64) * stride_out_row, 1) + gl.expand_dims(cols, 0)
+    mask = gl.expand_dims(local < rows, 1) & gl.expand_dims(cols < N, 0)
+    gl.store(out_ptr + offsets, values, mask=mask)
+
+
+@gluon.jit
+def _stream_k_fixup(ws_ptr, counters_ptr, tail, acc0, acc1, blocks, k_blocks, out_ptr, multiplier, first_row, rows,
+                    first_col, N, stride_out_row, CONSUMER: gl.constexpr, HALVES: gl.constexpr):
+    """A stream-K piece (``blocks`` of the tile's ``k_blocks`` K blocks) of this consumer's 64 rows: fp32 atomic
+    adds into its ``[64, 128·HALVES]`` workspace slot, then (partition barrier, one acq_rel atomic) adds
+    ``blocks`` to the slot's counter; the piece that completes the count reads the sum back (L2, ``.cg``), stores
+    it as bf16 (masked rows / columns) and leaves the slot and its counter zeroed for the next launch. No piece
+    waits for another: no deadlock whatever the order the programs run in."""
+    WIDTH: gl.constexpr = 128 * HALVES
+    mma_layout: gl.constexpr = acc0.type.layout
+    slot = ws_ptr + (tail * 2 + CONSUMER).to(gl.int64) * (CONSUMER_ROWS * WIDTH)
+    r = gl.arange(0, CONSUMER_ROWS, layout=gl.SliceLayout(1, mma_layout))
+    c = gl.arange(0, 128, layout=gl.SliceLayout(0, mma_layout))
+    offsets = gl.expand_dims(r, 1) * WIDTH + gl.expand_dims(c, 0)
+    gl.atomic_add(slot + offsets, acc0, sem="relaxed", scope="gpu")
+    if HALVES == 2:
+        gl.atomic_add(slot + 128 + offsets, acc1, sem="relaxed", scope="gpu")
+    _barrier()  # every thread's adds, before the release below
+    lane_layout: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    lane = gl.arange(0, 128, layout=lane_layout)
+    counter = counters_ptr + tail * 2 + CONSUMER + lane * 0
+    old = gl.atomic_add(counter, gl.where(lane == 0, blocks, 0), mask=lane == 0, sem="acq_rel", scope="gpu")
+    done = gl.sum(gl.where(lane == 0, old, 0), axis=0) + blocks  # broadcast (through smem and a barrier)
+    if done == k_blocks:
+        layout: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])
+        rr = gl.arange(0, CONSUMER_ROWS, layout=gl.SliceLayout(1, layout))
+        cc = gl.arange(0, 128, layout=gl.SliceLayout(0, layout))
+        local = CONSUMER * CONSUMER_ROWS + rr
+        for h in gl.static_range(HALVES):
+            where = slot + h * 128 + gl.expand_dims(rr, 1) * WIDTH + gl.expand_dims(cc, 0)
+            total = gl.load(where, cache_modifier=".cg")
+            gl.store(where, gl.zeros_like(total))
+            cols = first_col + h * 128 + cc
+            out_offsets = gl.expand_dims((first_row + local).to(gl.int64) * stride_out_row, 1) + gl.expand_dims(cols, 0)
+            mask = gl.expand_dims(local < rows, 1) & gl.expand_dims(cols < N, 0)
+            gl.store(out_ptr + out_offsets, (total * multiplier).to(out_ptr.dtype.element_ty), mask=mask)
+        gl.store(counter, lane * 0, mask=lane == 0)
+
+
+@gluon.jit
 def _epilogue_half(out_desc, c_smem, out_ptr, acc, multiplier, first_row, rows, col0, N, stride_out_row,
-                   CONSUMER: gl.constexpr, HALF: gl.constexpr, EPILOGUE: gl.constexpr):
+                   CONSUMER: gl.constexpr, HALF: gl.constexpr, EPILOGUE: gl.constexpr,
+                   ONE_BUFFER: gl.constexpr = False):
     """Store one ``[64, 128]`` accumulator of this consumer. ``EPILOGUE`` 0/1: masked pointer stores (1 with the
     column known to be a multiple of 128, so 16-byte stores); 2: when all 64 rows of this consumer belong to the
     group, through shared memory and an asynchronous TMA store (the columns past N clipped by the descriptor; the
     next tile's wgmmas run while it drains), else the masked stores."""
-    if EPILOGUE == 2:
+    if EPILOGUE == 2 and ONE_BUFFER:
+        # one staging buffer for both halves: half 1 waits for half 0's TMA store to have read it (~16 KB)
+        buffer = c_smem.index(0)
+        if rows >= (CONSUMER + 1) * CONSUMER_ROWS:
+            tma.store_wait(0)
+            _barrier()
+            buffer.store((acc * multiplier).to(c_smem.dtype))
+            fence_async_shared()
+            _barrier()
+            _tma_store(out_desc, [first_row + CONSUMER * CONSUMER_ROWS, col0], buffer)
+        else:
+            _store_half_staged(buffer, out_ptr, acc, multiplier, first_row, rows, col0, N, stride_out_row, CONSUMER)
+    elif EPILOGUE == 2:
         if rows >= (CONSUMER + 1) * CONSUMER_ROWS:
             buffer = c_smem.index(HALF)
             tma.store_wait(0)  # this buffer's previous TMA store has read it (long done: one tile ago)
@@ -393,7 +584,8 @@ def _consumer_partition(a_smem, b_smem, ready, empty, schedule, a_scales_ptr, b_
                         c_smem, expert_scales_ptr, stride_a_scale_row, stride_a_scale_k, stride_b_scale_expert,
                         stride_b_scale_row, stride_b_scale_k, stride_out_row, num_tokens, N, K,
                         CONSUMER: gl.constexpr, PIPELINE_MMA: gl.constexpr, HAS_EXPERT_SCALES: gl.constexpr,
-                        EPILOGUE: gl.constexpr, SCALE_PREFETCH: gl.constexpr):
+                        EPILOGUE: gl.constexpr, SCALE_PREFETCH: gl.constexpr, ws_ptr=None, counters_ptr=None,
+                        ONE_BUFFER: gl.constexpr = False, STREAM_K: gl.constexpr = False):
     """Consumer warpgroup ``CONSUMER``: rows ``[64·CONSUMER, 64·CONSUMER + 64)`` of every tile it is handed."""
     BLOCK_N: gl.constexpr = b_smem.shape[1]
     HALVES: gl.constexpr = BLOCK_N // 128
@@ -404,7 +596,13 @@ def _consumer_partition(a_smem, b_smem, ready, empty, schedule, a_scales_ptr, b_
     k_blocks = gl.cdiv(K, BLOCK_K)
     count = 0
     consumed = 0
-    first_row, rows, first_col, expert = _receive(count, schedule)
+    kb0 = 0
+    kb1 = k_blocks
+    tail = -1  # >= 0: a stream-K piece of tail tile `tail`, K blocks [kb0, kb1)
+    if STREAM_K:
+        first_row, rows, first_col, expert, kb0, kb1, tail = _receive7(count, schedule)
+    else:
+        first_row, rows, first_col, expert = _receive(count, schedule)
     while expert != STOP:
         if EPILOGUE != 0:
             # published through shared memory, so the compiler knows nothing of it: re-derived as a multiple of
@@ -427,20 +625,34 @@ def _consumer_partition(a_smem, b_smem, ready, empty, schedule, a_scales_ptr, b_
                 acc0 = _k_loop_pipelined(a_smem, b_smem, ready, empty, consumed, k_blocks, a_scale_ptrs,
                                          stride_a_scale_k, b0_scale_ptr, stride_b_scale_k, acc0, CONSUMER)
             else:
-                acc0, acc1 = _k_loop(a_smem, b_smem, ready, empty, consumed, k_blocks, a_scale_ptrs, stride_a_scale_k,
+                acc0, acc1 = _k_loop(a_smem, b_smem, ready, empty, consumed, kb0, kb1, a_scale_ptrs, stride_a_scale_k,
                                      b0_scale_ptr, b1_scale_ptr, stride_b_scale_k, acc0, acc1, CONSUMER,
                                      SCALE_PREFETCH)
-            consumed += k_blocks
+            consumed += kb1 - kb0
         multiplier = 1.0
         if HAS_EXPERT_SCALES:
             multiplier = gl.load(expert_scales_ptr + gl.maximum(expert, 0))
-        _epilogue_half(out_desc, c_smem, out_ptr, acc0, multiplier, first_row, rows, first_col, N, stride_out_row,
-                       CONSUMER, 0, EPILOGUE)
-        if HALVES == 2:
-            _epilogue_half(out_desc, c_smem, out_ptr, acc1, multiplier, first_row, rows, first_col + 128, N,
-                           stride_out_row, CONSUMER, 1, EPILOGUE)
+        if STREAM_K:
+            if tail >= 0:
+                _stream_k_fixup(ws_ptr, counters_ptr, tail, acc0, acc1, kb1 - kb0, k_blocks, out_ptr, multiplier,
+                                first_row, rows, first_col, N, stride_out_row, CONSUMER, HALVES)
+            else:
+                _epilogue_half(out_desc, c_smem, out_ptr, acc0, multiplier, first_row, rows, first_col, N,
+                               stride_out_row, CONSUMER, 0, EPILOGUE, ONE_BUFFER)
+                if HALVES == 2:
+                    _epilogue_half(out_desc, c_smem, out_ptr, acc1, multiplier, first_row, rows, first_col + 128, N,
+                                   stride_out_row, CONSUMER, 1, EPILOGUE, ONE_BUFFER)
+        else:
+            _epilogue_half(out_desc, c_smem, out_ptr, acc0, multiplier, first_row, rows, first_col, N,
+                           stride_out_row, CONSUMER, 0, EPILOGUE, ONE_BUFFER)
+            if HALVES == 2:
+                _epilogue_half(out_desc, c_smem, out_ptr, acc1, multiplier, first_row, rows, first_col + 128, N,
+                               stride_out_row, CONSUMER, 1, EPILOGUE, ONE_BUFFER)
         count += 1
-        first_row, rows, first_col, expert = _receive(count, schedule)
+        if STREAM_K:
+            first_row, rows, first_col, expert, kb0, kb1, tail = _receive7(count, schedule)
+        else:
+            first_row, rows, first_col, expert = _receive(count, schedule)
     if EPILOGUE == 2:
         tma.store_wait(0)  # the shared memory must outlive the last TMA store's read
 
@@ -449,9 +661,10 @@ def _consumer_partition(a_smem, b_smem, ready, empty, schedule, a_scales_ptr, b_
 def fp8_block_grouped_matmul_gluon_kernel(
     a_desc, b_desc, out_desc, a_scales_ptr, b_scales_ptr, out_ptr, a_offsets_ptr, expert_ids_ptr, expert_scales_ptr,
     stride_a_scale_row, stride_a_scale_k, stride_b_scale_expert, stride_b_scale_row, stride_b_scale_k,
-    stride_out_row, num_tokens, num_groups, num_experts, N, K, n_tiles,
+    stride_out_row, num_tokens, num_groups, num_experts, N, K, n_tiles, ws_ptr, counters_ptr,
     STAGES: gl.constexpr, PIPELINE_MMA: gl.constexpr, HAS_EXPERT_SCALES: gl.constexpr,
     EPILOGUE: gl.constexpr = 0, SCALE_PREFETCH: gl.constexpr = False, BAND: gl.constexpr = 0,
+    ONE_BUFFER: gl.constexpr = False, STREAM_K: gl.constexpr = False,
 ):
     """Persistent warp-specialized grouped FP8-block matmul (module docstring).
 
@@ -466,13 +679,19 @@ def fp8_block_grouped_matmul_gluon_kernel(
     b_smem = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], b_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    if EPILOGUE == 2:  # one [64, 128] bf16 staging buffer per consumer and 128-column half
+    if EPILOGUE == 2 and ONE_BUFFER:  # one [64, 128] bf16 staging buffer per consumer, for both halves
+        c_smem = gl.allocate_shared_memory(out_desc.dtype, [1, CONSUMER_ROWS, 128], out_desc.layout)
+        c_smem1 = gl.allocate_shared_memory(out_desc.dtype, [1, CONSUMER_ROWS, 128], out_desc.layout)
+    elif EPILOGUE == 2:  # one [64, 128] bf16 staging buffer per consumer and 128-column half
         c_smem = gl.allocate_shared_memory(out_desc.dtype, [BLOCK_N // 128, CONSUMER_ROWS, 128], out_desc.layout)
         c_smem1 = gl.allocate_shared_memory(out_desc.dtype, [BLOCK_N // 128, CONSUMER_ROWS, 128], out_desc.layout)
     else:  # unused
         c_smem = gl.allocate_shared_memory(gl.int32, [1, 1], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
         c_smem1 = c_smem
-    info_smem = gl.allocate_shared_memory(gl.int32, [2, 4], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    if STREAM_K:  # (first row, rows, first column, expert, K block range, tail slot) per published tile
+        info_smem = gl.allocate_shared_memory(gl.int32, [2, 8], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    else:
+        info_smem = gl.allocate_shared_memory(gl.int32, [2, 4], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     info_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     info_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
@@ -487,13 +706,15 @@ def fp8_block_grouped_matmul_gluon_kernel(
         (_consumer_partition, (a_smem, b_smem, ready, empty, schedule, a_scales_ptr, b_scales_ptr, out_ptr,
                                out_desc, c_smem, expert_scales_ptr, stride_a_scale_row, stride_a_scale_k,
                                stride_b_scale_expert, stride_b_scale_row, stride_b_scale_k, stride_out_row,
-                               num_tokens, N, K, 0, PIPELINE_MMA, HAS_EXPERT_SCALES, EPILOGUE, SCALE_PREFETCH)),
+                               num_tokens, N, K, 0, PIPELINE_MMA, HAS_EXPERT_SCALES, EPILOGUE, SCALE_PREFETCH,
+                               ws_ptr, counters_ptr, ONE_BUFFER, STREAM_K)),
         (_consumer_partition, (a_smem, b_smem, ready, empty, schedule, a_scales_ptr, b_scales_ptr, out_ptr,
                                out_desc, c_smem1, expert_scales_ptr, stride_a_scale_row, stride_a_scale_k,
                                stride_b_scale_expert, stride_b_scale_row, stride_b_scale_k, stride_out_row,
-                               num_tokens, N, K, 1, PIPELINE_MMA, HAS_EXPERT_SCALES, EPILOGUE, SCALE_PREFETCH)),
+                               num_tokens, N, K, 1, PIPELINE_MMA, HAS_EXPERT_SCALES, EPILOGUE, SCALE_PREFETCH,
+                               ws_ptr, counters_ptr, ONE_BUFFER, STREAM_K)),
         (_load_partition, (a_desc, b_desc, a_smem, b_smem, ready, empty, schedule, a_offsets_ptr, expert_ids_ptr,
-                           num_groups, num_tokens, num_experts, N, K, n_tiles, BAND)),
+                           num_groups, num_tokens, num_experts, N, K, n_tiles, BAND, STREAM_K)),
     ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
 
 
@@ -509,15 +730,18 @@ class GluonFp8Config:
     epilogue: str = "scalar"  # "scalar" (first run: 2-byte stores), "vec" (16-byte stores), "tma" (smem + TMA store)
     scale_prefetch: bool = False  # load K block k+1's scales during block k
     band: int = 0  # 0: m-tile fastest inside a group; b > 0: bands of b m-tiles, n-tile fastest inside a band
+    one_buffer: bool = False  # "tma": one [64, 128] staging buffer per consumer for both halves (frees 32 KB)
+    stream_k: bool = False  # the last partial wave's tiles split in K over all programs (fp32 workspace fixup)
 
     @property
     def label(self) -> str:
-        extras = [self.epilogue] + (["pf"] if self.scale_prefetch else []) + ([f"band{self.band}"] if self.band else [])
+        extras = ([self.epilogue + ("1" if self.one_buffer else "")] + (["pf"] if self.scale_prefetch else [])
+                  + ([f"band{self.band}"] if self.band else []) + (["streamK"] if self.stream_k else []))
         return (f"gluon 128x{self.block_n}x128 s{self.stages}{' pipeMMA' if self.pipeline_mma else ''} split-M "
                 + " ".join(extras))
 
     def smem_bytes(self) -> int:
-        staging = 2 * self.block_n * 64 * 2 if self.epilogue == "tma" else 0
+        staging = (2 * (128 if self.one_buffer else self.block_n) * 64 * 2) if self.epilogue == "tma" else 0
         return self.stages * (128 + self.block_n) * 128 + staging + 1024
 
 
@@ -533,6 +757,12 @@ ABLATION_CONFIGS = [
     GluonFp8Config(128, 5, False, "tma", True, 8),  # (2) GROUP_M-style bands of 8 m-tiles
     GluonFp8Config(256, 3, False, "tma", True),  # 128x256: 1/4 less smem/L2 feed per FLOP
     GluonFp8Config(256, 4, False, "vec", True),
+    # third round (NOTES.md): 4 stages with the TMA-store epilogue through one staging buffer per consumer;
+    # stream-K over the last partial wave
+    GluonFp8Config(256, 4, False, "tma", True, one_buffer=True),  # 8
+    GluonFp8Config(256, 4, False, "vec", True, stream_k=True),  # 9
+    GluonFp8Config(256, 4, False, "tma", True, one_buffer=True, stream_k=True),  # 10
+    GluonFp8Config(256, 3, False, "tma", True, stream_k=True),  # 11
 ]
 LAST_COMPILED = {}  # config -> the compiled kernel of its last launch (the bench reads registers from it)
 
@@ -553,9 +783,10 @@ def compile_signature(config: GluonFp8Config, has_expert_scales: bool = False):
     types = dict(a_desc=descriptor_type([64, 128]), b_desc=descriptor_type([config.block_n, 128]),
                  out_desc=descriptor_type([64, 128], gl.bfloat16),
                  a_scales_ptr="*fp32", b_scales_ptr="*fp32", out_ptr="*bf16", a_offsets_ptr="*i32",
-                 expert_ids_ptr="*i32", expert_scales_ptr="*fp32")
+                 expert_ids_ptr="*i32", expert_scales_ptr="*fp32", ws_ptr="*fp32", counters_ptr="*i32")
     constexprs = dict(STAGES=config.stages, PIPELINE_MMA=config.pipeline_mma, HAS_EXPERT_SCALES=has_expert_scales,
-                      EPILOGUE=EPILOGUES[config.epilogue], SCALE_PREFETCH=config.scale_prefetch, BAND=config.band)
+                      EPILOGUE=EPILOGUES[config.epilogue], SCALE_PREFETCH=config.scale_prefetch, BAND=config.band,
+                      ONE_BUFFER=config.one_buffer, STREAM_K=config.stream_k)
     signature = {name: ("constexpr" if name in constexprs else types.get(name, "i32")) for name in names}
     return signature, constexprs
 
@@ -565,6 +796,18 @@ def _multiprocessors(device) -> int:
 
 
 _DUMMY_OUT = {}
+_STREAM_K_WORKSPACE = {}
+
+
+def _stream_k_workspace(device, programs: int, block_n: int):
+    """fp32 ``[programs, 2, 64, block_n]`` partial sums and int32 ``[programs, 2]`` counters of the stream-K
+    tail (at most ``programs - 1`` tail tiles), zeroed once: the kernel leaves them zeroed (the finalizing piece
+    resets its slot). One per device and width: two launches in flight on different streams must not share it."""
+    key = (str(device), block_n)
+    if key not in _STREAM_K_WORKSPACE or _STREAM_K_WORKSPACE[key][0].shape[0] < programs:
+        _STREAM_K_WORKSPACE[key] = (torch.zeros(programs, 2, 64, block_n, dtype=torch.float32, device=device),
+                                    torch.zeros(programs, 2, dtype=torch.int32, device=device))
+    return _STREAM_K_WORKSPACE[key]
 
 
 def _dummy_out(device) -> torch.Tensor:
@@ -629,13 +872,18 @@ def fp8_block_grouped_matmul_gluon(a: torch.Tensor, a_scales: torch.Tensor, b: t
     n_tiles = triton.cdiv(n, config.block_n)
     bound = (triton.cdiv(num_tokens, 128) + num_groups) * n_tiles
     grid = (max(1, min(bound, _multiprocessors(a.device))),)
+    if config.stream_k:
+        ws, counters = _stream_k_workspace(a.device, grid[0], config.block_n)
+    else:
+        ws, counters = a_scales, a_offsets  # unused
     LAST_COMPILED[config] = fp8_block_grouped_matmul_gluon_kernel[grid](
         a_desc, b_desc, out_desc, a_scales, b_scales, target, a_offsets.contiguous(), expert_ids.contiguous(),
         expert_scales.contiguous() if expert_scales is not None else a_scales,
         a_scales.stride(0), a_scales.stride(1), b_scales.stride(0), b_scales.stride(1), b_scales.stride(2),
-        target.stride(0), num_tokens, num_groups, num_experts, n, k, n_tiles,
+        target.stride(0), num_tokens, num_groups, num_experts, n, k, n_tiles, ws, counters,
         STAGES=config.stages, PIPELINE_MMA=config.pipeline_mma, HAS_EXPERT_SCALES=expert_scales is not None,
-        EPILOGUE=epilogue, SCALE_PREFETCH=config.scale_prefetch, BAND=config.band, num_warps=4, maxnreg=MAX_REGS)
+        EPILOGUE=epilogue, SCALE_PREFETCH=config.scale_prefetch, BAND=config.band, ONE_BUFFER=config.one_buffer,
+        STREAM_K=config.stream_k, num_warps=4, maxnreg=MAX_REGS)
     if target is not out:
         out.copy_(target)
     return out
