@@ -1,4 +1,4 @@
-"""The Hopper register-fragment layout of MXFP4 and NVFP4 weights (``llmkernels.formats.fragments``): exact round trips
+"""The Hopper register-fragment layout of MXFP4 and NVFP4 weights (``llmkernels.formats.layouts.hopper``): exact round trips
 at odd shapes, zero/unit padding, and the decode contract a kernel relies on (masks and shifts of each word
 give bf16 lanes that times 2^126 are the e2m1 values of the documented rows and columns)."""
 import pytest
@@ -6,9 +6,13 @@ import torch
 import triton
 import triton.language as tl
 
+from llmkernels.formats.layouts.hopper import (
+    SLOT_BITS,
+    decode_fragment_tile,
+    from_hopper_fragments,
+    to_hopper_fragments,
+)
 from llmkernels.runtime import interpreting
-from llmkernels.formats.fragments import SLOT_BITS, from_hopper_fragments, to_hopper_fragments
-from llmkernels.formats.kernel import decode_fragment_tile
 
 E2M1 = torch.tensor([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6], dtype=torch.float64)
 

@@ -10,11 +10,11 @@ import triton
 import triton.language as tl
 
 import llmkernels as lk
-from llmkernels.runtime import interpreting
-from llmkernels.testing import assert_close_relative, poison, random_group_offsets
 from llmkernels.grouped_matmul import config as gm_config
 from llmkernels.moe import MoEFeedForward
 from llmkernels.moe import layer as moe_layer
+from llmkernels.runtime import interpreting
+from llmkernels.testing import assert_close_relative, poison, random_group_offsets
 
 TOLERANCE = {torch.float32: 2e-5, torch.bfloat16: 8e-3}
 GROUPINGS = {  # sizes, expert ids, experts
@@ -252,8 +252,8 @@ def test_moe_block_in_the_hopper_layout(fmt, device):
 def test_moe_default_layout_follows_the_gpu(device, monkeypatch):
     weights = _moe_weights(device)
     assert MoEFeedForward.from_float(*weights, 2, weight_format="mxfp4").w_down.scale_layout == (
-        "hopper" if moe_layer._is_hopper(weights[0].device) else "row")
-    monkeypatch.setattr(moe_layer, "_is_hopper", lambda device: True)
+        "hopper" if moe_layer.prefers_hopper_layout(weights[0].device) else "row")
+    monkeypatch.setattr(moe_layer, "prefers_hopper_layout", lambda device: True)
     for fmt in HOPPER_FORMATS:
         assert MoEFeedForward.from_float(*weights, 2, weight_format=fmt).w_down.scale_layout == "hopper"
     assert MoEFeedForward.from_float(*weights, 2, weight_format="mxfp8").w_down.scale_layout == "row"

@@ -37,13 +37,13 @@ from hypothesis import assume, event, given, note, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 import llmkernels as lk  # noqa: E402
-from llmkernels.runtime import interpreting  # noqa: E402
-from llmkernels.testing import default_device, on_gpu, poison, random_group_offsets, relative_error  # noqa: E402
 from llmkernels.attention import api as attention_api  # noqa: E402
 from llmkernels.attention import default_config as attention_default_config  # noqa: E402
 from llmkernels.formats import FORMATS, nvfp4_global_scale, to_blocked_scales, to_grouped_blocked_scales  # noqa: E402
 from llmkernels.formats.reference import decode_e8m0  # noqa: E402
 from llmkernels.grouped_matmul import config as gm_config  # noqa: E402
+from llmkernels.runtime import interpreting  # noqa: E402
+from llmkernels.testing import default_device, on_gpu, poison, random_group_offsets, relative_error  # noqa: E402
 
 # The interpreter evaluates both sides of tl.where: -inf - -inf of fully masked rows warns in numpy.
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning",
@@ -465,7 +465,7 @@ def _special_group_sizes() -> list[int]:
     sizes = {0, 1, 2}
     for tile in _tile_heights():
         sizes |= {tile - 1, tile, tile + 1, 2 * tile + 1}
-    for low, high, _ in gm_config._DECODE_CLASSES:  # size-class bounds of the default launches
+    for low, high, _ in gm_config.DECODE_CLASSES:  # size-class bounds of the default launches
         for bound in (low, high):
             if 0 <= bound < 1000:
                 sizes |= {bound, bound + 1}

@@ -19,22 +19,24 @@ import functools
 
 import torch
 
-from .runtime import check_device, forward_only
 from .attention import api as attention_api
 from .attention.masks import SCORE_MOD_SOFTCAP, UNBOUNDED, Chunked, SlidingWindow, alibi, split_mask_tensor
 from .attention.masks import softcap as make_softcap
 from .attention.paged import PagedKVCache
 from .formats import ScaledTensor, nvfp4_global_scale, scaled_tensor_from_parts, scaled_tensor_parts, unwrap_torchao
 from .formats import api as formats_api
+from .formats.layouts import ROW, as_layout
 from .formats.spec import format_spec
 from .grouped_matmul import SwiGLU
 from .grouped_matmul import api as grouped_matmul_api
+from .grouped_matmul.check import check_grouped_matmul
 from .routing.combine import check_combine
 from .routing.combine import combine as eager_combine
 from .routing.dispatch import check_dispatch
 from .routing.dispatch import dispatch as eager_dispatch
 from .routing.select import select_experts as eager_select_experts
 from .routing.topk import check_selection
+from .runtime import check_device, forward_only
 
 __all__ = ["quantize", "grouped_matmul", "attention", "dispatch", "combine", "select_experts",
            "attention_op", "grouped_matmul_op", "moe_combine_op", "moe_dispatch_op", "moe_select_experts_op",
@@ -190,7 +192,7 @@ def _moe_select_experts_fake(router_logits, top_k, scoring, renormalize, correct
 # ------------------------------------------------------------------------------------------------
 
 @functools.wraps(formats_api.quantize)
-def quantize(x, format, *, global_scale=None, scale_layout="row", group_offsets=None, rows=None):
+def quantize(x, format, *, global_scale=None, scale_layout=ROW, group_offsets=None, rows=None):
     if not torch.compiler.is_compiling():
         return formats_api.quantize(x, format, global_scale=global_scale, scale_layout=scale_layout,
                                     group_offsets=group_offsets, rows=rows)
@@ -202,7 +204,7 @@ def quantize(x, format, *, global_scale=None, scale_layout="row", group_offsets=
     data, scales, op_global_scale = quantize_op(x, format, global_scale)
     result = ScaledTensor(data.view(spec.data_dtype), scales.view(spec.scale_dtype), format,
                           op_global_scale if spec.has_global_scale else None)
-    if scale_layout != "row" or group_offsets is not None:
+    if as_layout(scale_layout) is not ROW or group_offsets is not None:
         result = result.to_layout(scale_layout, group_offsets=group_offsets)
     return result
 
@@ -213,8 +215,8 @@ def grouped_matmul(a, b, a_offsets, expert_ids, expert_scales=None, *, epilogue=
     a, b = unwrap_torchao(a), unwrap_torchao(b)  # torchao's MXTensor / NVFP4Tensor: views as ScaledTensors
     call = None
     if torch.compiler.is_compiling() and out is None and config is None and not validate:
-        call = grouped_matmul_api.check_grouped_matmul(a, b, a_offsets, expert_ids, expert_scales, epilogue,
-                                                       out_dtype, out, config, bias)
+        call = check_grouped_matmul(a, b, a_offsets, expert_ids, expert_scales, epilogue, out_dtype, out, config,
+                                    bias)
     if call is None or call.epilogue_fn is not None:
         return grouped_matmul_api.grouped_matmul(a, b, a_offsets, expert_ids, expert_scales, epilogue=epilogue,
                                                  bias=bias, out_dtype=out_dtype, out=out, config=config,

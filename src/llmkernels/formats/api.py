@@ -10,12 +10,12 @@ from .. import runtime
 from ..launch import BoundKernel, PlanCache, bind
 from ..runtime import check_device, forward_only, unit_last_stride
 from . import kernel
+from .layouts import BLOCKED, GROUPED_BLOCKED, ROW, Layout, as_layout, check_group_offsets
 from .reference import nvfp4_global_scale
-from .layout import check_group_offsets
-from .scaled_tensor import HOPPER_FORMATS, SCALE_LAYOUTS, ScaledTensor
+from .scaled_tensor import ScaledTensor
 from .spec import format_spec
 
-__all__ = ["quantize", "check_quantize"]
+__all__ = ["quantize", "check_quantize", "PLANS"]
 
 _INPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 # (rows, columns, warps) of one quantize program; lab/scripts/ablate_quantize.py measures the choices.
@@ -27,7 +27,7 @@ def quantize(
     format: str,
     *,
     global_scale: torch.Tensor | None = None,
-    scale_layout: str = "row",
+    scale_layout: Layout | str = ROW,
     group_offsets: torch.Tensor | None = None,
     rows: torch.Tensor | None = None,
 ) -> ScaledTensor:
@@ -39,9 +39,9 @@ def quantize(
             or ``"nvfp4"`` (packed e2m1, e4m3 scale per 16, float32 per-tensor decode scale).
         global_scale: nvfp4 only: float32 scalar decode scale; default ``amax(|x|) / (448 · 6)``,
             floored at 2^-126, computed on the device (:func:`nvfp4_global_scale`).
-        scale_layout: ``"row"`` (``[..., K / block]``, the default), ``"128x4"`` (tensor-core tiles) or
-            ``"hopper"`` (mxfp4 or nvfp4 of at least 2 dims: data and scales in wgmma fragment order, what the
-            grouped matmul reads fastest on Hopper; see :class:`ScaledTensor`).
+        scale_layout: a layout or its name: ``"row"`` (``[..., K / block]``, the default), ``"128x4"``
+            (tensor-core tiles) or ``"hopper"`` (mxfp4 or nvfp4 of at least 2 dims: data and scales in wgmma
+            fragment order, what the grouped matmul reads fastest on Hopper; see :class:`ScaledTensor`).
         group_offsets: int32 ``[G + 1]`` for a 2D x with ``scale_layout="128x4"``: pad the scale tiles
             per group, the layout of the seed's A operand.
         rows: optional int32/int64 ``[R]`` row indices into a 2D x: quantizes ``x[rows]`` (``[R, K]``)
@@ -62,20 +62,21 @@ def quantize(
             1D x, tensors on different devices,
             x or global_scale requiring grad (quantize is forward-only).
     """
-    key, plan = _PLANS.lookup(x, format, global_scale, scale_layout, group_offsets, rows)
+    key, plan = PLANS.lookup(x, format, global_scale, scale_layout, group_offsets, rows)
     if plan is None:
         spec = check_quantize(x, format, global_scale, scale_layout, group_offsets, rows)
-        plan = _PLANS.put(key, _Plan(spec, format, x, rows))
-    return plan(x, global_scale, scale_layout, group_offsets, rows)
+        plan = PLANS.put(key, _Plan(spec, format, x, rows, as_layout(scale_layout, grouped=group_offsets is not None)))
+    return plan(x, global_scale, group_offsets, rows)
 
 
-_PLANS = PlanCache("quantize")
+PLANS = PlanCache("quantize")
 
 
 class _Plan:
-    """Output shapes and the bound quantize kernel of one call signature (no tensor kept)."""
+    """Output shapes, the layout to convert the row-layout result to (None: none) and the bound quantize kernel of
+    one call signature (no tensor kept)."""
 
-    def __init__(self, spec, format: str, x: torch.Tensor, rows: torch.Tensor | None):
+    def __init__(self, spec, format: str, x: torch.Tensor, rows: torch.Tensor | None, layout: Layout):
         self.spec, self.format, self.device = spec, format, x.device
         self.num_cols = x.shape[-1]
         self.num_x_rows = math.prod(x.shape[:-1])
@@ -87,9 +88,10 @@ class _Plan:
         self.is_2d = x.dim() == 2
         self.data_dtype, self.scale_dtype = spec.data_dtype, spec.scale_dtype
         self.launches = self.num_rows > 0 and self.num_cols > 0  # rows > 0 with an empty x was rejected
+        self.layout = None if layout is ROW else layout
         self.bound = None
 
-    def __call__(self, x, global_scale, scale_layout, group_offsets, rows) -> ScaledTensor:
+    def __call__(self, x, global_scale, group_offsets, rows) -> ScaledTensor:
         x2d = unit_last_stride(x if self.is_2d else x.reshape(self.num_x_rows, self.num_cols))  # a view if it can
         data = runtime.new_buffer(self.data_shape, self.data_dtype, self.device)
         scales = runtime.new_buffer(self.scales_shape, torch.uint8, self.device)
@@ -104,8 +106,8 @@ class _Plan:
             else:
                 bound(x2d, data_bytes, scales, global_scale, rows)
         result = ScaledTensor.unchecked(data, scales.view(self.scale_dtype), self.format, global_scale)
-        if scale_layout != "row" or group_offsets is not None:
-            result = result.to_layout(scale_layout, group_offsets=group_offsets)
+        if self.layout is not None:
+            result = result.to_layout(self.layout, group_offsets=group_offsets)
         return result
 
     def _bind(self, pointers) -> BoundKernel:
@@ -128,19 +130,20 @@ def check_quantize(x, format, global_scale, scale_layout, group_offsets, rows):
         raise TypeError(f"x must be a bf16, fp16 or fp32 tensor, got {getattr(x, 'dtype', type(x).__name__)}")
     if x.dim() < 1 or x.shape[-1] % spec.block:
         raise ValueError(f"x's last dim must be a multiple of {spec.block} for {format}, got shape {tuple(x.shape)}")
-    if scale_layout not in SCALE_LAYOUTS:
-        raise ValueError(f"scale_layout must be one of {SCALE_LAYOUTS}, got {scale_layout!r}")
+    layout = as_layout(scale_layout)
+    dims = x.dim() if rows is None else 2
     if group_offsets is not None:
-        if scale_layout != "128x4":
-            raise ValueError("group_offsets pads 128x4 scales per group: it needs scale_layout='128x4'")
+        if layout not in (BLOCKED, GROUPED_BLOCKED):
+            raise ValueError(f"group_offsets pads {BLOCKED} scales per group: it needs scale_layout={BLOCKED!r}")
         check_group_offsets(group_offsets)
-        if (x.dim() if rows is None else 2) != 2:
+        if dims != 2:
             raise ValueError(f"group_offsets needs a 2D x, got shape {tuple(x.shape)}")
-    elif scale_layout == "128x4" and x.dim() < 2:
-        raise ValueError(f"128x4 scales need an x of at least 2 dims, got shape {tuple(x.shape)}")
-    if scale_layout == "hopper" and (format not in HOPPER_FORMATS or (x.dim() if rows is None else 2) < 2):
-        raise ValueError(f"scale_layout='hopper' holds mxfp4 and nvfp4 tensors of at least 2 dims, got {format} "
-                         f"of shape {tuple(x.shape)}")
+    elif layout.grouped:
+        raise ValueError(f"scale_layout={layout.name!r} pads scales per group: it needs group_offsets")
+    if not layout.holds(format) or dims < layout.min_dims:
+        held = "" if layout.formats is None else " and ".join(sorted(layout.formats)) + " "
+        raise ValueError(f"scale_layout={layout!r} holds {held}tensors of at least {layout.min_dims} dims, got "
+                         f"{format} of shape {tuple(x.shape)}")
     if global_scale is not None:
         if not spec.has_global_scale:
             raise ValueError(f"global_scale is for nvfp4 only, not {format}")

@@ -1,6 +1,6 @@
-"""Triton code of the block-scaled formats: quantize, the element and scale decoders, the device side of
-every scale layout (row-major and 128x4 tiles, also padded per group), and the tile loads and dequantize
-that the matmul kernels share (with the A pre-pass, :func:`upcast_rows_kernel`)."""
+"""Triton code of the block-scaled formats: quantize, the element and scale decoders, and the tile loads and
+dequantize that the matmul kernels share (with the A pre-pass, :func:`upcast_rows_kernel`). The device side of each
+scale layout is its module's in ``formats/layouts/``."""
 import triton
 import triton.language as tl
 
@@ -211,26 +211,9 @@ def quantize_kernel(
 
 
 # ---------------------------------------------------------------------------------------------
-# Scale layouts on the device, operand tiles and their dequantize (shared by the matmul kernels)
+# Operand tiles, their scales and their dequantize (shared by the matmul kernels); each scale layout's device
+# addressing is its module's (formats/layouts/), passed in as constexpr functions
 # ---------------------------------------------------------------------------------------------
-
-TILE_BYTES = tl.constexpr(512)  # one 128-row × 4-column tile of scales
-
-
-@triton.jit
-def scale_col_offsets(scale_cols, SCALE_LAYOUT: tl.constexpr):
-    """Byte offset of scale column c from its row's base offset."""
-    if SCALE_LAYOUT == "row":
-        return scale_cols
-    else:
-        return (scale_cols // 4) * TILE_BYTES + scale_cols % 4
-
-
-@triton.jit
-def tile_scale_row_base(tile_row, row_in_tile, num_scale_cols):
-    """Byte offset of a row's scales inside the 128x4 layout, at scale column 0."""
-    col_tiles = tl.cdiv(num_scale_cols, 4)
-    return tile_row.to(tl.int64) * col_tiles * TILE_BYTES + (row_in_tile % 32) * 16 + (row_in_tile // 32) * 4
 
 
 @triton.jit
@@ -248,9 +231,10 @@ def load_operand_tile(data_ptr, row_offsets, row_mask, k_start, K, ELEMENT: tl.c
 
 @triton.jit
 def load_scales(scales_ptr, scale_row_base, row_mask, k_start, K,
-                 SCALE: tl.constexpr, SCALE_BLOCK: tl.constexpr, SCALE_LAYOUT: tl.constexpr,
+                 SCALE: tl.constexpr, SCALE_BLOCK: tl.constexpr, SCALE_COLS: tl.constexpr,
                  SCALE_WORDS: tl.constexpr, BLOCK_K: tl.constexpr):
-    """Scale bits ``[rows, BLOCK_K / SCALE_BLOCK]`` (uint8); 1.0 where masked.
+    """Scale bits ``[rows, BLOCK_K / SCALE_BLOCK]`` (uint8); 1.0 where masked. ``scale_row_base``: each row's byte
+    offset of its first scale; ``SCALE_COLS``: the layout's ``scale_cols`` (a column's offset from there).
 
     With SCALE_WORDS (the host checked that every group of four scale columns starts 4-byte aligned:
     ``K / SCALE_BLOCK`` and ``BLOCK_K / SCALE_BLOCK`` multiples of 4, aligned base) each row's scales are
@@ -265,7 +249,7 @@ def load_scales(scales_ptr, scale_row_base, row_mask, k_start, K,
     if SCALE_WORDS:
         NUM_WORDS: tl.constexpr = BLOCK_K // SCALE_BLOCK // 4
         first_cols = k_start // SCALE_BLOCK + 4 * tl.arange(0, NUM_WORDS)  # first scale column of each word
-        offsets = scale_row_base[:, None] + scale_col_offsets(first_cols, SCALE_LAYOUT)[None, :]
+        offsets = scale_row_base[:, None] + SCALE_COLS(first_cols)[None, :]
         mask = row_mask[:, None] & (first_cols < K // SCALE_BLOCK)[None, :]
         words = tl.load((scales_ptr + offsets).to(tl.pointer_type(tl.int32)), mask=mask, other=one_bits * 0x01010101)
         shifts = 8 * tl.arange(0, 4)
@@ -273,7 +257,7 @@ def load_scales(scales_ptr, scale_row_base, row_mask, k_start, K,
         return tl.reshape(scale_bytes, (scale_row_base.shape[0], BLOCK_K // SCALE_BLOCK)).to(tl.uint8)
     else:
         scale_cols = k_start // SCALE_BLOCK + tl.arange(0, BLOCK_K // SCALE_BLOCK)
-        offsets = scale_row_base[:, None] + scale_col_offsets(scale_cols, SCALE_LAYOUT)[None, :]
+        offsets = scale_row_base[:, None] + SCALE_COLS(scale_cols)[None, :]
         mask = row_mask[:, None] & (scale_cols < K // SCALE_BLOCK)[None, :]
         return tl.load(scales_ptr + offsets, mask=mask, other=one_bits)
 
@@ -310,149 +294,24 @@ def dequantize_tile(data, scale_bits, ELEMENT: tl.constexpr, SCALE: tl.constexpr
 @triton.jit
 def upcast_rows_kernel(
     data_ptr, scales_ptr, out_ptr, stride_data_row, stride_scale_row, stride_out_row, num_rows, K,
-    ELEMENT: tl.constexpr, SCALE: tl.constexpr, SCALE_BLOCK: tl.constexpr, SCALE_LAYOUT: tl.constexpr,
-    PACKED_DECODE: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_K: tl.constexpr,
+    ELEMENT: tl.constexpr, SCALE: tl.constexpr, SCALE_BLOCK: tl.constexpr, SCALE_ROWS: tl.constexpr,
+    SCALE_COLS: tl.constexpr, PACKED_DECODE: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     """The grouped matmul's A pre-pass: quantized A ``[num_rows, K]`` (e4m3 data, or packed e2m1 bytes
-    ``[num_rows, K / 2]``; ``"row"`` or ``"128x4"`` scales) → out ``[num_rows, K]`` in out's dtype,
-    each element times its block scale (not the global scale: the matmul applies that). Exact in
-    bf16/fp16 (the same decode as the fused path). One program per ``BLOCK_ROWS × BLOCK_K`` tile.
+    ``[num_rows, K / 2]``; scales in a layout of ungrouped rows, whose ``token_scale_rows`` and ``scale_cols`` are
+    SCALE_ROWS and SCALE_COLS) → out ``[num_rows, K]`` in out's dtype, each element times its block scale (not the
+    global scale: the matmul applies that). Exact in bf16/fp16 (the same decode as the fused path). One program per
+    ``BLOCK_ROWS × BLOCK_K`` tile.
     """
     rows = tl.program_id(0).to(tl.int64) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
     row_mask = rows < num_rows
     k_start = tl.program_id(1) * BLOCK_K
-    scale_rows = rows * stride_scale_row
-    if SCALE_LAYOUT == "128x4":
-        scale_rows = tile_scale_row_base(rows // 128, rows % 128, K // SCALE_BLOCK)
+    scale_rows, _ = SCALE_ROWS(rows, row_mask, 0, 0, scales_ptr, stride_scale_row, 0, K, SCALE_BLOCK)
     data = load_operand_tile(data_ptr, rows * stride_data_row, row_mask, k_start, K, ELEMENT, BLOCK_K)
-    scale_bits = load_scales(scales_ptr, scale_rows, row_mask, k_start, K, SCALE, SCALE_BLOCK, SCALE_LAYOUT, False,
+    scale_bits = load_scales(scales_ptr, scale_rows, row_mask, k_start, K, SCALE, SCALE_BLOCK, SCALE_COLS, False,
                               BLOCK_K)
     values = dequantize_tile(data, scale_bits, ELEMENT, SCALE, SCALE_BLOCK, BLOCK_ROWS, BLOCK_K, out_ptr.dtype.element_ty,
                          PACKED_DECODE)
     cols = k_start + tl.arange(0, BLOCK_K)
     tl.store(out_ptr + rows[:, None] * stride_out_row + cols[None, :], values,
              mask=row_mask[:, None] & (cols < K)[None, :])
-
-
-# ---------------------------------------------------------------- Hopper register-fragment layout (fragments.py)
-# $4: one word of eight e2m1 values with their bits placed by formats.fragments (SLOT_BITS), so that masks put each value's
-# sign, exponent and mantissa bits at bf16 bits 15, 8-7 and 6 of its lane: that bf16 times 2^126 is the
-# e2m1 value (the subnormal code 0.5 included). $5-$6 / $7-$8: bf16x2 scales of rows g / g + 8. Outputs
-# $0-$1: row g's four values (k = 2t, 2t + 1, 2t + 8, 2t + 9), $2-$3 row g + 8's.
-_E2M1_FRAGMENT_PTX = tl.constexpr("""
-{
-.reg .b32 mask, bias, minus_zero, v0, v1, v2, v3, a, b, c;
-mov.b32 mask, 0x81C081C0;
-mov.b32 bias, 0x7E807E80;
-mov.b32 minus_zero, 0x80008000;
-and.b32 v0, $4, mask;
-shl.b32 a, $4, 3;
-and.b32 v1, a, mask;
-shl.b32 a, $4, 6;
-and.b32 v2, a, mask;
-shl.b32 a, $4, 1;
-and.b32 a, a, 0x80008000;
-shr.u32 b, $4, 5;
-and.b32 b, b, 0x01000100;
-shr.u32 c, $4, 4;
-and.b32 c, c, 0x00C000C0;
-or.b32 v3, a, b;
-or.b32 v3, v3, c;
-fma.rn.bf16x2 v0, v0, bias, minus_zero;
-fma.rn.bf16x2 v1, v1, bias, minus_zero;
-fma.rn.bf16x2 v2, v2, bias, minus_zero;
-fma.rn.bf16x2 v3, v3, bias, minus_zero;
-fma.rn.bf16x2 $0, v0, $5, minus_zero;
-fma.rn.bf16x2 $1, v1, $6, minus_zero;
-fma.rn.bf16x2 $2, v2, $7, minus_zero;
-fma.rn.bf16x2 $3, v3, $8, minus_zero;
-}
-""")
-
-# $2: four e8m0 bytes → $0 / $1: bf16 2^(s - 127) of bytes 0-1 / 2-3 (0 gives the subnormal 2^-127, 255 NaN):
-# the byte moved to bits 14-7 of its lane, raised to 0x0040, and bit 6 set where the lane is 0x7F80.
-_E8M0_TO_BF16_PTX = tl.constexpr("""
-{
-.reg .b32 a, b, t, smallest;
-mov.b32 smallest, 0x00400040;
-prmt.b32 a, $2, 0, 0x5140;
-prmt.b32 b, $2, 0, 0x7362;
-shl.b32 a, a, 7;
-shl.b32 b, b, 7;
-max.u16x2 a, a, smallest;
-max.u16x2 b, b, smallest;
-add.u32 t, a, 0x00800080;
-and.b32 t, t, 0x80008000;
-shr.u32 t, t, 9;
-or.b32 $0, a, t;
-add.u32 t, b, 0x00800080;
-and.b32 t, t, 0x80008000;
-shr.u32 t, t, 9;
-or.b32 $1, b, t;
-}
-""")
-
-
-@triton.jit
-def _slot_bit(slot, S0: tl.constexpr, S1: tl.constexpr, S2: tl.constexpr, S3: tl.constexpr):
-    return tl.where(slot == 0, S0, tl.where(slot == 1, S1, tl.where(slot == 2, S2, S3)))
-
-
-@triton.jit
-def _fragment_codes(words, slot, lane):
-    """The e2m1 codes of value ``slot`` of 16-bit ``lane`` in each word (fragments.SLOT_BITS)."""
-    shift = 16 * lane
-    sign = (words >> (_slot_bit(slot, 15, 12, 9, 14) + shift)) & 1
-    e1 = (words >> (_slot_bit(slot, 8, 5, 2, 13) + shift)) & 1
-    e0 = (words >> (_slot_bit(slot, 7, 4, 1, 11) + shift)) & 1
-    m = (words >> (_slot_bit(slot, 6, 3, 0, 10) + shift)) & 1
-    return (sign << 3) | (e1 << 2) | (e0 << 1) | m
-
-
-@triton.jit
-def decode_fragment_tile(data, scale_bytes, NB: tl.constexpr, C: tl.constexpr, PACKED_DECODE: tl.constexpr,
-                         DTYPE: tl.constexpr = tl.bfloat16, SCALE: tl.constexpr = "e8m0"):
-    """A tile of MXFP4 or NVFP4 weights in the Hopper fragment layout → ``[NB * 16, C * 64]`` in (n, k) order,
-    bf16 (``DTYPE`` float32 without PACKED_DECODE: the interpreter flushes bf16 subnormals, float32 keeps them).
-
-    ``data`` uint8 ``[NB, C, 8, 4, 16]`` and ``scale_bytes`` uint8 ``[NB, C, 8, 2, S]`` (or ``[NB, C, 8, 2 S]``) as
-    :func:`llmkernels.formats.fragments.to_hopper_fragments` lays them out: ``SCALE`` ``"e8m0"`` with S = 2
-    (MXFP4) or ``"e4m3"`` with S = 4 (NVFP4; the global scale is the caller's). An e2m1 value times either
-    scale has at most 6 significant bits in bf16's range: exact. With PACKED_DECODE (NVIDIA GPUs) each
-    thread's words go through PTX (masks, shifts and two bf16x2 multiplies per value pair) and the reshapes
-    below only relabel registers: on Hopper the result is already in wgmma's A-operand layout. Otherwise
-    (the interpreter) the same values come from integer ops.
-    """
-    S: tl.constexpr = 2 if SCALE == "e8m0" else 4
-    if PACKED_DECODE:
-        if SCALE == "e8m0":
-            scales = tl.inline_asm_elementwise(_E8M0_TO_BF16_PTX, "=r,=r,r", [tl.reshape(scale_bytes, (NB, C, 8, 4))],
-                                               dtype=tl.bfloat16, is_pure=True, pack=4)
-        else:
-            scales = scale_bytes.to(tl.float8e4nv, bitcast=True).to(tl.bfloat16)
-    else:
-        scales = decode_scale(scale_bytes, SCALE)
-    scales = tl.permute(tl.reshape(scales, (NB, C, 8, 2, S)), (0, 1, 2, 4, 3))  # (.., s, h)
-    scale_g, scale_g8 = tl.split(scales)  # rows g and g + 8: [NB, C, 8, S]
-    if PACKED_DECODE:  # one scale per byte of each thread's 16: words j share scale j // (4 / S)
-        scale_g = tl.reshape(tl.broadcast_to(scale_g[:, :, :, None, :, None], (NB, C, 8, 4, S, 16 // S)),
-                             (NB, C, 8, 4, 16))
-        scale_g8 = tl.reshape(tl.broadcast_to(scale_g8[:, :, :, None, :, None], (NB, C, 8, 4, S, 16 // S)),
-                              (NB, C, 8, 4, 16))
-        low, high = tl.inline_asm_elementwise(_E2M1_FRAGMENT_PTX, "=r,=r,=r,=r,r,r,r,r,r", [data, scale_g, scale_g8],
-                                              dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
-    else:
-        byte_shifts = 8 * tl.arange(0, 4)
-        words = tl.sum(tl.reshape(data, (NB, C, 8, 4, 4, 4)).to(tl.int32) << byte_shifts, axis=5)  # (.., t, j)
-        value = tl.arange(0, 4)  # of a word's four per row: lanes low, high of slots 0-1 (row g) or 2-3 (g + 8)
-        words = words[:, :, :, :, :, None]
-        low = decode_e2m1(_fragment_codes(words, value // 2, value % 2))
-        high = decode_e2m1(_fragment_codes(words, 2 + value // 2, value % 2))
-        low = tl.reshape(low, (NB, C, 8, 4, S, 4 // S, 4)) * scale_g[:, :, :, None, :, None, None]
-        high = tl.reshape(high, (NB, C, 8, 4, S, 4 // S, 4)) * scale_g8[:, :, :, None, :, None, None]
-        low = tl.reshape(low, (NB, C, 8, 4, 16)).to(DTYPE)
-        high = tl.reshape(high, (NB, C, 8, 4, 16)).to(DTYPE)
-    low = tl.reshape(low, (NB, C, 8, 4, 4, 2, 2))  # (nb, c, g, t, j, bh, bl): k = 64c + 16j + 8bh + 2t + bl
-    high = tl.reshape(high, (NB, C, 8, 4, 4, 2, 2))
-    both = tl.permute(tl.join(low, high), (0, 7, 2, 1, 4, 5, 3, 6))  # (nb, h, g, c, j, bh, t, bl)
-    return tl.reshape(both, (NB * 16, C * 64))

@@ -8,6 +8,7 @@ import math
 
 import torch
 
+from .layouts import ROW
 from .scaled_tensor import ScaledTensor
 from .spec import E2M1_MAX, E4M3_MAX, FormatSpec, format_spec
 
@@ -131,8 +132,8 @@ def dequantize(x: ScaledTensor) -> torch.Tensor:
     if not isinstance(x, ScaledTensor):
         raise TypeError(f"dequantize takes a ScaledTensor, got {type(x).__name__}")
     x.validate()
-    if x.scale_layout == "hopper":
-        x = x.to_layout("row")
+    if x.scale_layout.rearranges_data:
+        x = x.to_layout(ROW)
     spec = x.spec
     row_scales = x.row_scales()
     scale = decode_e8m0(row_scales.view(torch.uint8)) if spec.scale == "e8m0" else row_scales.float()

@@ -16,7 +16,7 @@ import math
 
 import torch
 
-from .layout import TILE_ROWS, TILE_SCALE_COLS, from_blocked_scales
+from .layouts import BLOCKED, ROW, TILE_ROWS, TILE_SCALE_COLS, Layout, from_blocked_scales
 from .scaled_tensor import ScaledTensor
 from .spec import FormatSpec, format_spec
 
@@ -98,7 +98,7 @@ def _wrong_scale_count(scales: torch.Tensor, expected: int, shape: tuple, swizzl
                       f"needs {expected}")
 
 
-def _swizzled_scales(scales: torch.Tensor, shape: tuple, block: int) -> tuple[torch.Tensor, str]:
+def _swizzled_scales(scales: torch.Tensor, shape: tuple, block: int) -> tuple[torch.Tensor, Layout]:
     """torchao's swizzled scale of data of logical shape ``[..., R, K]`` → ``(scales, layout)``: the 128x4
     tiles ``[..., RT, CT, 32, 16]`` (a view) where they are per-matrix, else row scales ``[..., R, K /
     block]`` (a copy): torchao tiles the ``prod(...) * R`` rows as one matrix, which matches per-matrix tiles
@@ -110,12 +110,12 @@ def _swizzled_scales(scales: torch.Tensor, shape: tuple, block: int) -> tuple[to
         row_tiles = -(-rows // TILE_ROWS)
         if scales.numel() != matrices * row_tiles * col_tiles * _TILE_BYTES:
             raise _wrong_scale_count(scales, matrices * row_tiles * col_tiles * _TILE_BYTES, shape, True)
-        return scales.reshape(*lead, row_tiles, col_tiles, 32, 16), "128x4"
+        return scales.reshape(*lead, row_tiles, col_tiles, 32, 16), BLOCKED
     all_tiles = -(-matrices * rows // TILE_ROWS)
     if scales.numel() != all_tiles * col_tiles * _TILE_BYTES:
         raise _wrong_scale_count(scales, all_tiles * col_tiles * _TILE_BYTES, shape, True)
     row_scales = from_blocked_scales(scales.reshape(all_tiles, col_tiles, 32, 16), matrices * rows, cols)
-    return row_scales.reshape(*lead, rows, cols), "row"
+    return row_scales.reshape(*lead, rows, cols), ROW
 
 
 def from_torchao(x) -> ScaledTensor:
@@ -167,15 +167,16 @@ def to_torchao(x: ScaledTensor, orig_dtype: torch.dtype = torch.bfloat16):
     from torchao.prototype.mx_formats.nvfp4_tensor import NVFP4Tensor
     from torchao.quantization.quantize_.common.kernel_preference import KernelPreference
 
-    if x.scale_layout == "hopper" or x.group_offsets is not None:
-        raise ValueError("x: to_torchao takes row or ungrouped 128x4 scales; convert with to_layout('row') first")
+    if x.scale_layout not in (ROW, BLOCKED) or x.scale_layout.grouped:
+        raise ValueError(f"x: to_torchao takes {ROW} or ungrouped {BLOCKED} scales; convert with to_layout({ROW!r}) "
+                         f"first")
     if x.format == "nvfp4" and x.dim() < 2:
         raise ValueError(f"x: an NVFP4Tensor has at least 2 dims, got logical shape {tuple(x.shape)}")
-    swizzled = x.scale_layout == "128x4"
+    swizzled = x.scale_layout is BLOCKED
     if swizzled and x.dim() > 2 and x.shape[-2] % TILE_ROWS:
         raise ValueError(f"x: 128x4 scales of logical shape {tuple(x.shape)}: torchao tiles the rows of all its "
                          f"matrices as one, which are per-matrix tiles only for rows in multiples of {TILE_ROWS}; "
-                         f"convert with to_layout('row') first")
+                         f"convert with to_layout({ROW!r}) first")
     data, scales = x.data.contiguous(), x.scales.contiguous()
     if swizzled:  # torchao keeps the tiles as [..., row_tiles * 32, col_tiles * 16]
         *lead, row_tiles, col_tiles, _, _ = scales.shape

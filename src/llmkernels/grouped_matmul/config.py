@@ -6,11 +6,14 @@ import functools
 from dataclasses import dataclass
 
 import torch
+import triton.language as tl
 
-from ..runtime import cuda_capability, interpreting, num_programs_hint
+from ..formats.layouts import GROUPED_BLOCKED, HOPPER, ROW, Layout
+from ..runtime import cuda_capability, interpreting, next_power_of_2, num_programs_hint, triton_version
 
-__all__ = ["BlockScaledMatmulConfig", "ALL_GROUP_SIZES", "default_config", "default_launches", "hopper_config",
-           "HOPPER_MIN_BLOCK_K"]
+__all__ = ["BlockScaledMatmulConfig", "ALL_GROUP_SIZES", "DECODE_CLASSES", "UPCAST_TILE", "default_config",
+           "default_launches", "hopper_config", "HOPPER_MIN_BLOCK_K", "compute_dtype", "packed_decode",
+           "retires_mma", "takes_upcast", "resolve_mma", "reads_scale_words", "block_groups"]
 # The Hopper-layout kernel's smallest K step: one 64-wide chunk of the layout. (Such steps once gave
 # wrong results on the H100, traced to Triton 3.6's register-operand wgmma pipeline and fixed by
 # kernel.retire_mma: lab/NOTES.md.)
@@ -18,9 +21,11 @@ HOPPER_MIN_BLOCK_K = 64
 
 _MMA_PATHS = ("auto", "dot_scaled", "dequant")
 ALL_GROUP_SIZES = (-1, 2**31 - 1)  # (min exclusive, max inclusive) rows of the groups a launch takes
-# Size classes of the decode regime: each group gets a tile height that covers it, so its expert's
-# weights are read once (or a few times for the largest), whatever the routing's imbalance.
-_DECODE_CLASSES = ((ALL_GROUP_SIZES[0], 16, 16), (16, 64, None), (64, ALL_GROUP_SIZES[1], 4096))
+# Size classes of the decode regime, (min exclusive, max inclusive, tokens per group its config is chosen for):
+# each group gets a tile height that covers it, so its expert's weights are read once (or a few times for the
+# largest), whatever the routing's imbalance.
+DECODE_CLASSES = ((ALL_GROUP_SIZES[0], 16, 16), (16, 64, None), (64, ALL_GROUP_SIZES[1], 4096))
+UPCAST_TILE = (16, 256, 4)  # rows, K columns, warps of one program of the A pre-pass (memory bound)
 _SPLIT_MIN_WEIGHT_BYTES = 1 << 30
 
 
@@ -103,10 +108,10 @@ class BlockScaledMatmulConfig:
 
 def default_config(num_tokens: int, num_groups: int, n_out: int, k: int, device: torch.device,
                    a_element: str = "bf16", b_element: str = "bf16", swiglu: bool = False,
-                   b_scale_block: int = 32, b_layout: str = "row") -> BlockScaledMatmulConfig:
+                   b_scale_block: int = 32, b_layout: Layout | str = ROW) -> BlockScaledMatmulConfig:
     """A config from what the host knows without a sync: shapes, the operands' element types
     (``"bf16" | "fp16" | "e4m3" | "e2m1"``), whether the epilogue is SwiGLU, B's scale block
-    (32 for MX, 16 for NVFP4) and B's layout (``"hopper"``: :func:`hopper_config`).
+    (32 for MX, 16 for NVFP4) and B's layout (a layout or its name; the Hopper layout: :func:`hopper_config`).
 
     SwiGLU tiles load gate and up rows of B (``2 · block_n`` rows per K step): the 128×128×128 compute
     tile keeps its ``block_n`` (both B tiles fit shared memory), the 256-row compute tiles of quantized
@@ -114,7 +119,7 @@ def default_config(num_tokens: int, num_groups: int, n_out: int, k: int, device:
     halve ``block_n`` (the B bytes per stage the plain tiles were chosen with). What each choice measured
     is in ``lab/NOTES.md``.
     """
-    if b_layout == "hopper":
+    if b_layout == HOPPER:
         return hopper_config(num_tokens, num_groups, device, swiglu, b_scale_block)
     config = _measured_config(num_tokens, num_groups, n_out, k, device, a_element, b_element, b_scale_block)
     if swiglu and config.block_m == 256:
@@ -216,7 +221,7 @@ def _measured_config(num_tokens: int, num_groups: int, n_out: int, k: int, devic
 @functools.lru_cache(maxsize=1024)
 def default_launches(num_tokens: int, num_groups: int, n_out: int, k: int, device: torch.device,
                      a_element: str = "bf16", b_element: str = "bf16", weight_bytes: int = 0,
-                     swiglu: bool = False, b_scale_block: int = 32, b_layout: str = "row") -> tuple:
+                     swiglu: bool = False, b_scale_block: int = 32, b_layout: Layout | str = ROW) -> tuple:
     """``((config, min_group_rows, max_group_rows), ...)``: the launches of one call by default.
 
     When the average group is small (decode, ≤ 64 tokens), the routing may still give a few experts
@@ -235,10 +240,87 @@ def default_launches(num_tokens: int, num_groups: int, n_out: int, k: int, devic
                                 b_scale_block, b_layout),
                  *ALL_GROUP_SIZES),)
     launches = []
-    for min_rows, max_rows, class_tokens in _DECODE_CLASSES:
+    for min_rows, max_rows, class_tokens in DECODE_CLASSES:
         # the middle class takes the average's tile height when the average falls in it
         class_tokens = class_tokens or max(tokens_per_group, 17)
         config = default_config(round(class_tokens * max(num_groups, 1)), max(num_groups, 1), n_out, k, device,
                                 a_element, b_element, swiglu, b_scale_block, b_layout)
         launches.append((config, min_rows, max_rows))
     return tuple(launches)
+
+
+# ------------------------------------------------------------------------------------------------
+# Per launch: what the kernels are compiled with, from the operands (``grouped_matmul.check.Operand``) and config
+# ------------------------------------------------------------------------------------------------
+
+
+def compute_dtype(a_element: str):
+    """The dtype the kernels multiply in: fp16 for fp16 activations, else bf16; float32 in the interpreter (which
+    multiplies bf16 tiles as raw uint16 bits; decoded tiles are exact in bf16/fp16, so an fp32 dot gives the same
+    products there)."""
+    if interpreting():
+        return tl.float32
+    return tl.float16 if a_element == "fp16" else tl.bfloat16
+
+
+def packed_decode(compute_dtype, device: torch.device) -> bool:
+    """Whether e2m1 tiles take the packed PTX decode: bf16 tiles compiled for an NVIDIA GPU."""
+    return (compute_dtype == tl.bfloat16 and device.type == "cuda"
+            and torch.version.hip is None and not interpreting())
+
+
+def retires_mma(device: torch.device, decoded_left_operand: bool) -> bool:
+    """Whether each K step waits for its wgmmas (``kernel.retire_mma``): on Hopper under Triton < 3.9 when
+    the MMA's left operand is decoded in registers. Triton 3.6's PTX leaves such wgmmas reading registers
+    that the next step overwrites (``tools/sass_hazards.py`` finds it in its SASS); 3.9's PTX waits for
+    them itself. 3.7 and 3.8 are not checked, so they take the wait too."""
+    return (decoded_left_operand and device.type == "cuda" and torch.version.hip is None and not interpreting()
+            and cuda_capability(device)[0] == 9 and triton_version() < (3, 9))
+
+
+def takes_upcast(config: BlockScaledMatmulConfig, a) -> bool:
+    """Whether a launch of the grouped kernel reads A decoded ahead (``config.upcast_a``); A scales padded per
+    group keep the fused decode."""
+    return config.upcast_a and a.quantized and a.scale_layout is not GROUPED_BLOCKED
+
+
+def resolve_mma(config: BlockScaledMatmulConfig, a, b, device: torch.device) -> bool:
+    """True when the grouped kernel should use ``tl.dot_scaled`` on operands ``a`` (as the kernel reads it: plain
+    when decoded ahead) and ``b``: block-scaled weights with activations of their family (MX with MX, NVFP4 with
+    NVFP4) or MX weights with bf16 activations. ``"auto"`` takes it on Blackwell (the native block-scaled MMA,
+    NVFP4 included) and for MX e2m1 weights on Hopper (where Triton upcasts, which measured best for those);
+    never in the interpreter (whose dot_scaled is checked through ``mma="dot_scaled"``).
+
+    Raises:
+        ValueError: ``mma="dot_scaled"`` for operands it does not take, or for nvfp4 off Blackwell.
+    """
+    scaled_pair = b.scale != "none" and (a.scale == b.scale or (a.element == "bf16" and b.scale == "e8m0"))
+    blackwell = device.type == "cuda" and not interpreting() and cuda_capability(device)[0] >= 10
+    if config.mma == "dequant":
+        return False
+    if config.mma == "dot_scaled":
+        if not scaled_pair:
+            raise ValueError(f"mma='dot_scaled' needs block-scaled weights with activations of their family or "
+                             f"MX weights with bf16 activations, got a={a.format}, b={b.format}")
+        if b.scale == "e4m3" and not blackwell:
+            raise ValueError("mma='dot_scaled' with nvfp4 runs on Blackwell (sm_100+) only: Triton's interpreter "
+                             "reads e4m3 scales as e8m0 and its Hopper lowering of them fails")
+        return True
+    if not scaled_pair or interpreting() or device.type != "cuda":
+        return False
+    return blackwell or (b.element == "e2m1" and b.scale == "e8m0")
+
+
+def reads_scale_words(operand, block_k: int, k: int) -> bool:
+    """Whether the kernel may read ``operand``'s scales as int32 words of four scale columns (``SCALE_WORDS``):
+    every word must start 4-byte aligned (``operand.scale_words_aligned``) and hold four columns of this row
+    inside K."""
+    if not operand.quantized:
+        return True
+    columns_per_step, columns = block_k // operand.scale_block, k // operand.scale_block
+    return columns_per_step % 4 == 0 and columns % 4 == 0 and operand.scale_words_aligned
+
+
+def block_groups(num_groups: int) -> int:
+    """``BLOCK_GROUPS``: the width of the kernels' register vector of group metadata (all groups of a call)."""
+    return max(16, next_power_of_2(num_groups))

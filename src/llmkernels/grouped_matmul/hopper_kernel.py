@@ -1,4 +1,4 @@
-"""The grouped matmul for MXFP4 and NVFP4 weights in the Hopper layout (``ScaledTensor.to_layout("hopper")``).
+"""The grouped matmul for MXFP4 and NVFP4 weights in the Hopper layout (:mod:`llmkernels.formats.layouts.hopper`).
 
 Each thread loads 16 bytes of weights that, decoded in registers (masks, shifts and bf16x2 multiplies), are
 exactly its part of wgmma's register operand: no shared-memory round trip between decode and MMA. The
@@ -9,34 +9,8 @@ layer). What each choice measured: ``lab/NOTES.md``.
 import triton
 import triton.language as tl
 
-from ..formats.kernel import decode_fragment_tile
+from ..formats.layouts.hopper import load_fragment_tile
 from .kernel import apply_epilogue, find_group, group_tiles, retire_mma
-
-_CHUNK_BYTES = tl.constexpr(512)  # one (16 rows, 64-wide K chunk) block of the data layout
-
-
-@triton.jit
-def _weight_tile(data_base, scale_base, blocks, k_start, num_chunks, live, EVEN_K: tl.constexpr, NB: tl.constexpr,
-                 C: tl.constexpr, SCALE: tl.constexpr, PACKED_DECODE: tl.constexpr, COMPUTE_DTYPE: tl.constexpr):
-    """The decoded ``[NB * 16, BLOCK_K]`` weights of fragment blocks ``blocks`` ``[NB]`` at K ``k_start``; all
-    zero codes under unit scales where ``live`` (``[1]``) is false."""
-    S: tl.constexpr = 2 if SCALE == "e8m0" else 4  # scales per row and chunk
-    chunks = k_start // 64 + tl.arange(0, C)
-    data_offsets = ((blocks[:, None] * num_chunks + chunks[None, :]) * _CHUNK_BYTES)[:, :, None, None, None] \
-        + (tl.arange(0, 8) * 64)[None, None, :, None, None] + (tl.arange(0, 4) * 16)[None, None, None, :, None] \
-        + tl.arange(0, 16)[None, None, None, None, :]
-    # one run of 2·S bytes per (block, chunk, g): one or two words a thread loads whole
-    scale_offsets = ((blocks[:, None] * num_chunks + chunks[None, :]) * (16 * S))[:, :, None, None] \
-        + (tl.arange(0, 8) * (2 * S))[None, None, :, None] + tl.arange(0, 2 * S)[None, None, None, :]
-    unit_scale: tl.constexpr = 127 if SCALE == "e8m0" else 0x38
-    if EVEN_K:
-        data = tl.load(data_base + data_offsets, mask=live, other=0)
-        scales = tl.load(scale_base + scale_offsets, mask=live, other=unit_scale)
-    else:  # chunks past K's last: zero codes under unit scales
-        in_k = ((chunks < num_chunks) & live)[None, :]
-        data = tl.load(data_base + data_offsets, mask=in_k[:, :, None, None, None], other=0)
-        scales = tl.load(scale_base + scale_offsets, mask=in_k[:, :, None, None], other=unit_scale)
-    return decode_fragment_tile(data, scales, NB, C, PACKED_DECODE, COMPUTE_DTYPE, SCALE)  # bf16 whenever packed
 
 
 @triton.jit
@@ -55,7 +29,7 @@ def hopper_fp4_matmul_kernel(
     ``e = expert_ids[g]``.
 
     a: bf16 ``[num_tokens, K]`` (float32 in the interpreter); b: uint8 ``[E, ceil(N/16), ceil(K/64), 8, 4, 16]``
-    and b_scales uint8 ``[E, ceil(N/16), ceil(K/64), 8, 2, S]`` (:mod:`llmkernels.formats.fragments`; B_SCALE
+    and b_scales uint8 ``[E, ceil(N/16), ceil(K/64), 8, 2, S]`` (:mod:`llmkernels.formats.layouts.hopper`; B_SCALE
     ``"e8m0"`` with S = 2 for MXFP4, ``"e4m3"`` with S = 4 for NVFP4), each expert's blocks contiguous;
     a_global_scale / b_global_scale: float32 scalars (NVFP4's decode scales) read when A_GLOBAL_SCALE /
     B_GLOBAL_SCALE; out ``[num_tokens, N_out]`` (N_out = N / 2 for SwiGLU, whose up rows start at
@@ -117,12 +91,12 @@ def hopper_fp4_matmul_kernel(
             a = tl.load(a_rows + (k_start + ks)[None, :], mask=a_row_ok[:, None] & (k_start + ks < K)[None, :] & live,
                         other=0.0)
         a_t = tl.trans(a.to(COMPUTE_DTYPE))
-        w = _weight_tile(data_base, scale_base, gate_blocks, k_start, num_chunks, live, EVEN_K, NB, C, B_SCALE,
-                         PACKED_DECODE, COMPUTE_DTYPE)
+        w = load_fragment_tile(data_base, scale_base, gate_blocks, k_start, num_chunks, live, EVEN_K, NB, C,
+                               B_SCALE, PACKED_DECODE, COMPUTE_DTYPE)
         acc = tl.dot(w, a_t, acc)
         if EPILOGUE == "swiglu":
-            w_up = _weight_tile(data_base, scale_base, up_blocks, k_start, num_chunks, live, EVEN_K, NB, C,
-                                B_SCALE, PACKED_DECODE, COMPUTE_DTYPE)
+            w_up = load_fragment_tile(data_base, scale_base, up_blocks, k_start, num_chunks, live, EVEN_K, NB, C,
+                                      B_SCALE, PACKED_DECODE, COMPUTE_DTYPE)
             up_acc = retire_mma(tl.dot(w_up, a_t, up_acc), RETIRE_MMA)
         acc = retire_mma(acc, RETIRE_MMA)
 

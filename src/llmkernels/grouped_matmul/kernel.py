@@ -3,12 +3,13 @@
 ``out[rows of g] = epilogue(expert_scales[e] · global scales · A[rows of g] @ B[e].T + bias[e])`` with
 ``e = expert_ids[g]``, for all groups in one persistent launch. Operands are plain bf16/fp16,
 MX (e4m3 or packed e2m1 data with e8m0 scales per 32) or NVFP4 (packed e2m1, e4m3 scales per 16,
-a float32 global scale). Scales sit in the row-major layout or in 128x4 tensor-core tiles.
+a float32 global scale). Each operand's scale layout comes as constexpr functions of its layout module
+(``formats/layouts/``): ``*_SCALE_ROWS`` finds a row's first scale, ``*_SCALE_COLS`` a column from there.
 """
 import triton
 import triton.language as tl
 
-from ..formats.kernel import dequantize_tile, load_operand_tile, load_scales, tile_scale_row_base
+from ..formats.kernel import dequantize_tile, load_operand_tile, load_scales
 
 
 @triton.jit
@@ -91,30 +92,30 @@ def apply_epilogue(acc, up_acc, multiplier, bias, up_bias, rows, cols, EPILOGUE:
 
 @triton.jit
 def _load_scales_if(scales_ptr, scale_row_base, row_mask, k_start, K,
-                    SCALE: tl.constexpr, SCALE_BLOCK: tl.constexpr, SCALE_LAYOUT: tl.constexpr,
+                    SCALE: tl.constexpr, SCALE_BLOCK: tl.constexpr, SCALE_COLS: tl.constexpr,
                     SCALE_WORDS: tl.constexpr, BLOCK_K: tl.constexpr):
     """:func:`load_scales`, or 0 (never read) for an operand without scales."""
     if SCALE == "none":
         return 0
     else:
-        return load_scales(scales_ptr, scale_row_base, row_mask, k_start, K, SCALE, SCALE_BLOCK, SCALE_LAYOUT,
+        return load_scales(scales_ptr, scale_row_base, row_mask, k_start, K, SCALE, SCALE_BLOCK, SCALE_COLS,
                             SCALE_WORDS, BLOCK_K)
 
 
 @triton.jit
 def _step_scales(a_scales_ptr, a_scale_rows, row_mask, b_scales_ptr, b_scale_rows, up_scale_rows, col_mask, k_start, K,
-                 A_SCALE: tl.constexpr, A_SCALE_BLOCK: tl.constexpr, A_SCALE_LAYOUT: tl.constexpr,
-                 B_SCALE: tl.constexpr, B_SCALE_BLOCK: tl.constexpr, B_SCALE_LAYOUT: tl.constexpr,
+                 A_SCALE: tl.constexpr, A_SCALE_BLOCK: tl.constexpr, A_SCALE_COLS: tl.constexpr,
+                 B_SCALE: tl.constexpr, B_SCALE_BLOCK: tl.constexpr, B_SCALE_COLS: tl.constexpr,
                  EPILOGUE: tl.constexpr, SCALE_WORDS: tl.constexpr, BLOCK_K: tl.constexpr):
     """The scale bits of one K step: A's, B's and (SwiGLU) the up rows' of B; 0 for unscaled operands."""
-    a = _load_scales_if(a_scales_ptr, a_scale_rows, row_mask, k_start, K, A_SCALE, A_SCALE_BLOCK, A_SCALE_LAYOUT,
+    a = _load_scales_if(a_scales_ptr, a_scale_rows, row_mask, k_start, K, A_SCALE, A_SCALE_BLOCK, A_SCALE_COLS,
                         SCALE_WORDS, BLOCK_K)
-    b = _load_scales_if(b_scales_ptr, b_scale_rows, col_mask, k_start, K, B_SCALE, B_SCALE_BLOCK, B_SCALE_LAYOUT,
+    b = _load_scales_if(b_scales_ptr, b_scale_rows, col_mask, k_start, K, B_SCALE, B_SCALE_BLOCK, B_SCALE_COLS,
                         SCALE_WORDS, BLOCK_K)
     up = b
     if EPILOGUE == "swiglu":
         up = _load_scales_if(b_scales_ptr, up_scale_rows, col_mask, k_start, K, B_SCALE, B_SCALE_BLOCK,
-                             B_SCALE_LAYOUT, SCALE_WORDS, BLOCK_K)
+                             B_SCALE_COLS, SCALE_WORDS, BLOCK_K)
     return a, b, up
 
 
@@ -186,8 +187,10 @@ def grouped_matmul_kernel(
     stride_b_expert, stride_b_row, stride_b_scale_expert, stride_b_scale_row,
     stride_out_row, stride_bias_expert,
     num_tokens, num_groups, num_experts, N, K, min_group_rows, max_group_rows, num_a_scale_tile_rows,
-    A_ELEMENT: tl.constexpr, A_SCALE: tl.constexpr, A_SCALE_BLOCK: tl.constexpr, A_SCALE_LAYOUT: tl.constexpr,
-    B_ELEMENT: tl.constexpr, B_SCALE: tl.constexpr, B_SCALE_BLOCK: tl.constexpr, B_SCALE_LAYOUT: tl.constexpr,
+    A_ELEMENT: tl.constexpr, A_SCALE: tl.constexpr, A_SCALE_BLOCK: tl.constexpr, A_SCALE_ROWS: tl.constexpr,
+    A_SCALE_COLS: tl.constexpr, A_SCALES_MAY_MISS: tl.constexpr,
+    B_ELEMENT: tl.constexpr, B_SCALE: tl.constexpr, B_SCALE_BLOCK: tl.constexpr, B_SCALE_ROWS: tl.constexpr,
+    B_SCALE_COLS: tl.constexpr,
     A_GLOBAL_SCALE: tl.constexpr, B_GLOBAL_SCALE: tl.constexpr,
     HAS_EXPERT_SCALES: tl.constexpr, EPILOGUE: tl.constexpr, EPILOGUE_FN: tl.constexpr, HAS_BIAS: tl.constexpr,
     GLU_ALPHA: tl.constexpr, GLU_LIMIT: tl.constexpr, GLU_UP_SHIFT: tl.constexpr, GLU_INTERLEAVED: tl.constexpr,
@@ -203,7 +206,9 @@ def grouped_matmul_kernel(
     alternating (GLU_INTERLEAVED; row scales only). a_offsets: ``[G + 1]``,
     expert_ids: int32 ``[G]``, a_scale_offsets: int32 ``[G]`` (grouped 128x4 A scales only).
     Element types: ``"bf16" | "fp16" | "e4m3" | "e2m1"``; scales ``"none" | "e8m0" | "e4m3"``;
-    A scale layouts ``"row" | "128x4" | "128x4_grouped"``, B ``"row" | "128x4"``. ``*_GLOBAL_SCALE``:
+    A's scale layout: ``A_SCALE_ROWS`` / ``A_SCALE_COLS`` (its layout's ``token_scale_rows`` / ``scale_cols``) with
+    A_SCALES_MAY_MISS where rows can lack scales; B's: ``B_SCALE_ROWS`` / ``B_SCALE_COLS`` (``expert_scale_rows`` /
+    ``scale_cols``). ``*_GLOBAL_SCALE``:
     a float32 per-tensor scale (NVFP4) multiplies the accumulator; it stays here when A was decoded
     ahead by :func:`upcast_rows_kernel` (which applies only the block scales).
 
@@ -214,9 +219,9 @@ def grouped_matmul_kernel(
 
     No metadata value can move a load or store outside its tensor: offsets are clamped to [0, num_tokens]
     and to their running maximum (so no row is written twice); a group whose expert id is outside
-    [0, num_experts) is written as zeros; with grouped 128x4 A scales, a row whose scale tile-row
-    (``group_start // 128 + a_scale_offsets[g] + local_row // 128``) falls outside the
-    ``num_a_scale_tile_rows`` tile-rows of A's scales reads no scales and is written as NaN.
+    [0, num_experts) is written as zeros; with A scales whose rows can lack scales (grouped 128x4: a row whose
+    scale tile-row ``group_start // 128 + a_scale_offsets[g] + local_row // 128`` falls outside the
+    ``num_a_scale_tile_rows`` tile-rows of A's scales) such a row reads no scales and is written as NaN.
     """
     n_out = N // 2 if EPILOGUE == "swiglu" else N
     n_tiles = tl.cdiv(n_out, BLOCK_N)
@@ -248,16 +253,8 @@ def grouped_matmul_kernel(
         col_mask = cols < n_out
 
         a_row_offsets = rows * stride_a_row
-        a_scale_rows = rows * stride_a_scale_row
-        a_scale_mask = row_mask
-        if A_SCALE_LAYOUT == "128x4":
-            a_scale_rows = tile_scale_row_base(rows // 128, rows % 128, K // A_SCALE_BLOCK)
-        elif A_SCALE_LAYOUT == "128x4_grouped":
-            local_rows = rows - group_start
-            tile_rows = group_start // 128 + tl.load(a_scale_offsets_ptr + group).to(tl.int64) + local_rows // 128
-            a_scale_mask = row_mask & (tile_rows >= 0) & (tile_rows < num_a_scale_tile_rows)
-            a_scale_rows = tile_scale_row_base(tl.where(a_scale_mask, tile_rows, 0), local_rows % 128,
-                                                K // A_SCALE_BLOCK)
+        a_scale_rows, a_scale_mask = A_SCALE_ROWS(rows, row_mask, group, group_start, a_scale_offsets_ptr,
+                                                  stride_a_scale_row, num_a_scale_tile_rows, K, A_SCALE_BLOCK)
 
         b_rows = cols
         up_rows = cols + n_out  # SwiGLU: B's rows are [gate | up] halves ...
@@ -265,17 +262,12 @@ def grouped_matmul_kernel(
             b_rows = 2 * cols
             up_rows = b_rows + 1
         b_row_offsets = expert * stride_b_expert + b_rows * stride_b_row
-        b_scale_rows = expert * stride_b_scale_expert + b_rows * stride_b_scale_row
-        if B_SCALE_LAYOUT == "128x4":
-            b_scale_rows = tile_scale_row_base(expert * tl.cdiv(N, 128) + b_rows // 128, b_rows % 128,
-                                                K // B_SCALE_BLOCK)
+        b_scale_rows = B_SCALE_ROWS(expert, b_rows, stride_b_scale_expert, stride_b_scale_row, N, K, B_SCALE_BLOCK)
         up_scale_rows = b_scale_rows
         if EPILOGUE == "swiglu":
             up_row_offsets = expert * stride_b_expert + up_rows * stride_b_row
-            up_scale_rows = expert * stride_b_scale_expert + up_rows * stride_b_scale_row
-            if B_SCALE_LAYOUT == "128x4":
-                up_scale_rows = tile_scale_row_base(expert * tl.cdiv(N, 128) + up_rows // 128, up_rows % 128,
-                                                     K // B_SCALE_BLOCK)
+            up_scale_rows = B_SCALE_ROWS(expert, up_rows, stride_b_scale_expert, stride_b_scale_row, N, K,
+                                         B_SCALE_BLOCK)
 
         if SWAP_AB:
             acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
@@ -289,14 +281,14 @@ def grouped_matmul_kernel(
         if PREFETCH_SCALES:
             a_scale_next, b_scale_next, up_scale_next = _step_scales(
                 a_scales_ptr, a_scale_rows, a_scale_mask, b_scales_ptr, b_scale_rows, up_scale_rows, col_mask, 0, K,
-                A_SCALE, A_SCALE_BLOCK, A_SCALE_LAYOUT, B_SCALE, B_SCALE_BLOCK, B_SCALE_LAYOUT, EPILOGUE,
+                A_SCALE, A_SCALE_BLOCK, A_SCALE_COLS, B_SCALE, B_SCALE_BLOCK, B_SCALE_COLS, EPILOGUE,
                 SCALE_WORDS, BLOCK_K)
         for k_tile in range(0, tl.where(expert_ok, num_k_tiles, 0)):
             k_start = k_tile * BLOCK_K
             loaded = _step_scales(
                 a_scales_ptr, a_scale_rows, a_scale_mask, b_scales_ptr, b_scale_rows, up_scale_rows, col_mask,
                 k_start + BLOCK_K if PREFETCH_SCALES else k_start, K,
-                A_SCALE, A_SCALE_BLOCK, A_SCALE_LAYOUT, B_SCALE, B_SCALE_BLOCK, B_SCALE_LAYOUT, EPILOGUE,
+                A_SCALE, A_SCALE_BLOCK, A_SCALE_COLS, B_SCALE, B_SCALE_BLOCK, B_SCALE_COLS, EPILOGUE,
                 SCALE_WORDS, BLOCK_K)
             if PREFETCH_SCALES:
                 a_scale_bits, b_scale_bits, up_scale_bits = a_scale_next, b_scale_next, up_scale_next
@@ -332,7 +324,7 @@ def grouped_matmul_kernel(
         acc = apply_epilogue(acc, up_acc, multiplier, bias, up_bias, rows[:, None], cols[None, :], EPILOGUE,
                              EPILOGUE_FN, HAS_BIAS, GLU_ALPHA, GLU_LIMIT, GLU_UP_SHIFT)
         acc = tl.where(expert_ok, acc, 0.0)
-        if A_SCALE_LAYOUT == "128x4_grouped":  # rows whose scales lie outside A's scale tensor
+        if A_SCALES_MAY_MISS:  # rows whose scales lie outside A's scale tensor
             acc = tl.where(a_scale_mask[:, None] | ~row_mask[:, None], acc, float("nan"))
         out_offsets = rows[:, None] * stride_out_row + cols[None, :]
         tl.store(out_ptr + out_offsets, acc.to(out_ptr.dtype.element_ty),

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from ..attention import softcap as softcap_mod
+from ..formats.layouts import ROW, Layout
 from ..grouped_matmul import SwiGLU
 from ..moe import fused_experts
 from ..ops import attention, quantize
@@ -95,7 +96,7 @@ def _deinterleave(t: torch.Tensor) -> torch.Tensor:
 
 
 def _expert_weights(experts: torch.nn.Module, layout: str, weight_format: str | None = None,
-                    scale_layout: str = "row") -> ExpertWeights:
+                    scale_layout: Layout | str = ROW) -> ExpertWeights:
     """The module's weights in :func:`fused_experts`' layout, bf16 or quantized (one copy, made once).
 
     Raises:
@@ -139,10 +140,10 @@ def experts_forward(self: torch.nn.Module, hidden_states: torch.Tensor, top_k_in
                          activation=weights.activation, w1_bias=weights.w1_bias, w2_bias=weights.w2_bias)
 
 
-def quantize_experts(model: torch.nn.Module, weight_format: str = "mxfp4", scale_layout: str = "row") -> int:
+def quantize_experts(model: torch.nn.Module, weight_format: str = "mxfp4", scale_layout: Layout | str = ROW) -> int:
     """Quantizes, once, the weights of every experts module of ``model`` that runs fused (transformers'
-    default layout and gpt-oss') to ``weight_format`` (``"mxfp4"``, ``"mxfp8"``, ``"nvfp4"``; ``scale_layout``
-    ``"row"`` or ``"hopper"``) and stores them as its ``llmkernels_weights`` (an :class:`ExpertWeights`),
+    default layout and gpt-oss') to ``weight_format`` (``"mxfp4"``, ``"mxfp8"``, ``"nvfp4"``; ``scale_layout`` the
+    row or the Hopper layout, a :class:`~llmkernels.formats.layouts.Layout` or its name) and stores them as its ``llmkernels_weights`` (an :class:`ExpertWeights`),
     which ``experts_implementation="llmkernels"`` reads. The bf16 parameters stay, for the other
     implementations; call it again after changing them or moving the model. Returns how many modules were
     quantized."""

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import torch
 
-from ..launch import PlanCache
-from ..runtime import check_device, describe, first_true, forward_only, has_internal_overlap
 from ..formats import FORMATS, ScaledTensor, format_spec, unwrap_torchao
+from ..formats.layouts import ROW
 from ..grouped_matmul import GPT_OSS_SWIGLU, SwiGLU
+from ..launch import PlanCache
 from ..ops import combine, dispatch, grouped_matmul, quantize
+from ..runtime import check_device, describe, first_true, forward_only, has_internal_overlap
 
 __all__ = ["fused_experts"]
 
@@ -60,11 +61,13 @@ def _check_weights(w1, w2, activation_format: str, epilogue: SwiGLU) -> None:
             if not isinstance(weight, ScaledTensor) or (weight.format == "nvfp4") != (activation_format == "nvfp4"):
                 raise TypeError(f"activation_format {activation_format} needs {name} quantized to a format of its "
                                 f"family (nvfp4 pairs only with nvfp4), got {getattr(weight, 'format', 'bf16')}")
-    if epilogue.interleaved and getattr(w1, "scale_layout", "row") != "row":
-        raise ValueError(f"interleaved gate and up rows (activation {epilogue}) need w1 with row scales, got the "
-                         f"{w1.scale_layout} layout")
-    if getattr(w1, "scale_layout", "row") == "hopper" and (two_n // 2) % 16:
-        raise ValueError(f"w1 in the hopper layout needs N to be a multiple of 16, got N = {two_n // 2}")
+    layout = getattr(w1, "scale_layout", ROW)  # a plain tensor's rows are row-major
+    if epilogue.interleaved and layout is not ROW:
+        raise ValueError(f"interleaved gate and up rows (activation {epilogue}) need w1 with {ROW} scales, got the "
+                         f"{layout} layout")
+    if (two_n // 2) % layout.rows_per_block:
+        raise ValueError(f"w1 in the {layout} layout needs N to be a multiple of {layout.rows_per_block}, got "
+                         f"N = {two_n // 2}")
 
 
 def _check_routing(topk_weights, topk_ids, num_tokens: int) -> None:

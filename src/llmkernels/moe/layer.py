@@ -8,17 +8,20 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..runtime import cuda_capability, forward_only, interpreting
-from ..formats import FORMATS, HOPPER_FORMATS, ScaledTensor, unwrap_torchao
+from ..formats import FORMATS, ScaledTensor, as_layout, unwrap_torchao
+from ..formats.layouts import HOPPER, ROW, Layout
 from ..formats.spec import format_spec
 from ..ops import combine, dispatch, grouped_matmul, quantize
 from ..routing import check_routing, route, select_experts
+from ..runtime import cuda_capability, forward_only, interpreting
 from .expert_parallel import ExpertExchange
 
-__all__ = ["MoEFeedForward"]
+__all__ = ["MoEFeedForward", "prefers_hopper_layout"]
 
 
-def _is_hopper(device: torch.device) -> bool:
+def prefers_hopper_layout(device: torch.device) -> bool:
+    """Whether :meth:`MoEFeedForward.from_float` lays MXFP4 and NVFP4 weights out in the Hopper layout by default
+    on ``device``: a Hopper GPU (compute capability 9.x), outside the interpreter."""
     return device.type == "cuda" and not interpreting() and cuda_capability(device)[0] == 9
 
 
@@ -71,7 +74,7 @@ def _weight_format(name: str, weight) -> str:
     for a bf16 tensor."""
     if isinstance(weight, ScaledTensor):
         weight.validate()
-        if weight.scale_layout not in ("row", "hopper"):
+        if weight.scale_layout not in (ROW, HOPPER):
             raise ValueError(f"{name} must have row-major scales or be in the hopper layout, got "
                              f"{weight.scale_layout!r}")
         return weight.format
@@ -208,7 +211,7 @@ class MoEFeedForward(nn.Module):
             # them whole); the grouped matmul checks them again whenever it plans.
             layout, shape = self._weight_layouts[name]
             view = ScaledTensor.unchecked(data.view(spec.data_dtype), scales.view(spec.scale_dtype), format,
-                                          global_scale, layout, logical_shape=shape if layout == "hopper" else None)
+                                          global_scale, layout, logical_shape=shape if layout.rearranges_data else None)
         self._weight_views[name] = (parts, view)
         return view
 
@@ -222,8 +225,8 @@ class MoEFeedForward(nn.Module):
 
     @classmethod
     def from_float(cls, router_weight: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, top_k: int, *,
-                   weight_format: str = "mxfp8", activation_format: str | None = None, weight_layout: str | None = None,
-                   process_group=None, capacity: int | None = None, **routing) -> "MoEFeedForward":
+                   weight_format: str = "mxfp8", activation_format: str | None = None,
+                   weight_layout: Layout | str | None = None, process_group=None, capacity: int | None = None, **routing) -> MoEFeedForward:
         """Quantizes float expert weights once.
 
         Args:
@@ -233,9 +236,10 @@ class MoEFeedForward(nn.Module):
             weight_format: ``"mxfp8"``, ``"mxfp4"``, ``"nvfp4"`` or ``"bf16"``.
             activation_format: default: mxfp8 activations for mxfp8 weights, nvfp4 for nvfp4, bf16
                 otherwise (mxfp4 weights run weight-only, as gpt-oss does on Hopper).
-            weight_layout: ``"row"`` or ``"hopper"`` (mxfp4 and nvfp4: :meth:`ScaledTensor.to_layout`). Default:
-                ``"hopper"`` for mxfp4 and nvfp4 weights on a Hopper GPU (compute capability 9.x; the layout is
-                chosen on the router weight's device, not again by ``.to()``), ``"row"`` otherwise.
+            weight_layout: the row layout or the Hopper layout (mxfp4 and nvfp4), as a
+                :class:`~llmkernels.formats.layouts.Layout` or its name (:meth:`ScaledTensor.to_layout`). Default:
+                the Hopper layout for mxfp4 and nvfp4 weights where :func:`prefers_hopper_layout` (on the router
+                weight's device; not chosen again by ``.to()``), the row layout otherwise.
             process_group: None (one process holds every expert), or a ``torch.distributed`` group: expert
                 parallelism (:mod:`llmkernels.moe.expert_parallel`); ``forward`` then takes this rank's own tokens
                 and returns their outputs in their order. Every rank must build the block with the same sizes,
@@ -255,8 +259,8 @@ class MoEFeedForward(nn.Module):
             TypeError: process_group not a ``torch.distributed`` ProcessGroup, weights that are not float
                 tensors (bf16 / fp16 / fp32 for a quantized weight_format), an unknown routing keyword, and
                 what :func:`llmkernels.moe.route` raises for the routing types.
-            ValueError: an unknown weight_format, activation_format or weight_layout, ``"hopper"`` for mxfp8 or
-                bf16 weights, formats that do not pair (quantized activations need weights of their family), H
+            ValueError: an unknown weight_format, activation_format or weight_layout, the Hopper layout for mxfp8
+                or bf16 weights, formats that do not pair (quantized activations need weights of their family), H
                 or I not a multiple of a format's block, shapes that do not fit, a world size that does not
                 divide E, local weights of another expert count, a capacity below 1 or without a group, routing
                 values that do not fit (top_k, scoring, groups, a correction_bias not ``[E]``), tensors on
@@ -273,12 +277,14 @@ class MoEFeedForward(nn.Module):
             if not isinstance(weight, torch.Tensor) or weight.dtype not in _FLOAT_DTYPES:
                 raise TypeError(f"{name} must be a bf16, fp16 or fp32 tensor, "
                                 f"got {getattr(weight, 'dtype', type(weight).__name__)}")
-        in_layout = weight_format in HOPPER_FORMATS
+        in_layout = HOPPER.holds(weight_format)
         if weight_layout is None:
-            weight_layout = "hopper" if in_layout and _is_hopper(router_weight.device) else "row"
-        if weight_layout not in ("row", "hopper") or (weight_layout == "hopper" and not in_layout):
-            raise ValueError(f"weight_layout must be 'row', or 'hopper' for mxfp4 and nvfp4 weights, got "
-                             f"{weight_layout!r} for {weight_format}")
+            weight_layout = HOPPER if in_layout and prefers_hopper_layout(router_weight.device) else ROW
+        if weight_layout not in (ROW, HOPPER) or (weight_layout == HOPPER and not in_layout):
+            raise ValueError(f"weight_layout must be {ROW!r}, or {HOPPER!r} for "
+                             f"{' and '.join(sorted(HOPPER.formats))} weights, got {weight_layout!r} for "
+                             f"{weight_format}")
+        weight_layout = as_layout(weight_layout)
         routing_arguments = {"scoring": "softmax", "renormalize": True, "num_groups": None, "topk_groups": None,
                              "correction_bias": None, **routing}
         _check_block_arguments(router_weight, w_gate_up, w_down, top_k, activation_format,

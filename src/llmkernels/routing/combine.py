@@ -55,14 +55,14 @@ def combine(y: torch.Tensor, row_of_copy: torch.Tensor, weights: torch.Tensor,
         ValueError: shapes that do not fit, tensors on different devices, y or weights requiring grad
             (combine is forward-only).
     """
-    key, plan = _PLANS.lookup(y, row_of_copy, weights, out_dtype)
+    key, plan = PLANS.lookup(y, row_of_copy, weights, out_dtype)
     if plan is None:
         device = check_combine(y, row_of_copy, weights, out_dtype)
-        plan = _PLANS.put(key, _Plan(y, row_of_copy, out_dtype or y.dtype, device))
+        plan = PLANS.put(key, _Plan(y, row_of_copy, out_dtype or y.dtype, device))
     return plan(y, row_of_copy, weights)
 
 
-_PLANS = PlanCache("combine")
+PLANS = PlanCache("combine")
 
 
 class _Plan:

@@ -123,14 +123,14 @@ def dispatch(expert_ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, 
         TypeError: expert_ids not an int32/int64 tensor.
         ValueError: expert_ids not 2D, num_experts not a positive int, a CPU tensor outside the interpreter.
     """
-    key, plan = _PLANS.lookup(expert_ids, num_experts)
+    key, plan = PLANS.lookup(expert_ids, num_experts)
     if plan is None:
         device = check_dispatch(expert_ids, num_experts)
-        plan = _PLANS.put(key, _Plan(expert_ids, num_experts, device))
+        plan = PLANS.put(key, _Plan(expert_ids, num_experts, device))
     return plan(expert_ids)
 
 
-_PLANS = PlanCache("dispatch")
+PLANS = PlanCache("dispatch")
 
 
 class _Plan:

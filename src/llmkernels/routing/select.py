@@ -72,14 +72,14 @@ def select_experts(router_logits: torch.Tensor, top_k: int, *, scoring: str = "s
         ValueError: router_logits not 2D, top_k outside [1, E], unknown scoring, correction_bias not ``[E]``
             or on another device, a CPU tensor outside the interpreter, an input that requires grad.
     """
-    key, plan = _PLANS.lookup(router_logits, top_k, scoring, renormalize, correction_bias)
+    key, plan = PLANS.lookup(router_logits, top_k, scoring, renormalize, correction_bias)
     if plan is None:
         _check(router_logits, top_k, scoring, correction_bias)
-        plan = _PLANS.put(key, _Plan(router_logits, top_k, scoring, renormalize, correction_bias is not None))
+        plan = PLANS.put(key, _Plan(router_logits, top_k, scoring, renormalize, correction_bias is not None))
     return plan(router_logits, correction_bias)
 
 
-_PLANS = PlanCache("select_experts")
+PLANS = PlanCache("select_experts")
 
 
 def _check(router_logits, top_k, scoring, correction_bias) -> None:

@@ -1,0 +1,103 @@
+"""The plan of one grouped-matmul call signature: its launches (config, group-size class, the backend that takes
+each: :mod:`.backends`) and the pre-pass that decodes A ahead where a launch reads it so. A plan holds no tensor;
+each launch binds its compiled kernel at its first run."""
+from __future__ import annotations
+
+from operator import itemgetter
+
+import torch
+
+from .. import runtime
+from ..formats import ScaledTensor
+from ..launch import BoundKernel
+from ..runtime import check_out, unit_last_stride
+from .backends import TENSORS, backend_for
+from .backends.upcast import Upcast
+from .check import CheckedCall, operand_tensors
+from .config import ALL_GROUP_SIZES, BlockScaledMatmulConfig, default_launches
+
+__all__ = ["Plan", "Launch", "launch_configs"]
+
+
+def launch_configs(call: CheckedCall, config: BlockScaledMatmulConfig | None) -> tuple:
+    """``((config, min_rows, max_rows), ...)``: the launches of ``call``, each over the groups of ``min_rows < rows
+    <= max_rows``: ``config`` over every group, or by default :func:`~llmkernels.grouped_matmul.default_launches`."""
+    if config is not None:
+        return ((config, *ALL_GROUP_SIZES),)
+    a, b = call.a, call.b
+    return default_launches(call.num_tokens, call.num_groups, call.n_out, call.k, call.device, a.element, b.element,
+                            call.weight_bytes, call.epilogue_kind == "swiglu", b.scale_block, b.scale_layout)
+
+
+class Launch:
+    """One launch of a plan: its backend's kernel spec, the call tensors its kernel takes, and A as it reads it
+    (``upcast``: the dtype A is decoded to ahead, or None)."""
+
+    def __init__(self, call: CheckedCall, config: BlockScaledMatmulConfig, group_rows: tuple[int, int]):
+        self.call, self.config, self.group_rows = call, config, group_rows
+        self.backend = backend_for(call, config)
+        self.upcast = self.backend.upcast_dtype(call, config)
+        self.spec = self.backend.kernel_spec(call, config, group_rows)
+        pointers = tuple(name[:-len("_ptr")] for name in self.spec.fn.arg_names if name.endswith("_ptr"))
+        # the kernel's pointers out of the call's tensors (None: all of them, in order)
+        self.take = None if pointers == TENSORS else itemgetter(*(TENSORS.index(name) for name in pointers))
+        self.bound: BoundKernel | None = None
+
+    def __call__(self, tensors: tuple) -> None:
+        """Launches on the call's tensors (:data:`~.backends.TENSORS` order; A as this launch reads it)."""
+        pointers = tensors if self.take is None else self.take(tensors)
+        bound = self.bound
+        if bound is None:
+            scalars = self.backend.scalars(self.call, self.config, self.group_rows, dict(zip(TENSORS, tensors)))
+            bound = self.bound = self.spec.bind(*pointers, *scalars)
+        bound(*pointers)
+
+
+class Plan:
+    """The launches of one call signature and the pre-passes they read A from (one per dtype)."""
+
+    def __init__(self, call: CheckedCall, config: BlockScaledMatmulConfig | None):
+        self.call = call = call.described()
+        self.launches = tuple(Launch(call, launch_config, (min_rows, max_rows))
+                              for launch_config, min_rows, max_rows in launch_configs(call, config))
+        self.upcasts = {launch.upcast: Upcast(call, launch.upcast) for launch in self.launches
+                        if launch.upcast is not None}
+
+    def __call__(self, a, b, a_offsets, expert_ids, expert_scales, bias, out, out_checked: bool) -> torch.Tensor:
+        """Runs the launches on a call of this signature. ``out_checked``: False when ``out`` was given to a cached
+        plan (whether it shares memory with an input is checked here, on the tensors the kernels read, before any
+        launch)."""
+        call = self.call
+        a_data, a_scales, a_global_scale = operand_tensors(a)
+        b_data, b_scales, b_global_scale = operand_tensors(b)
+        if out is None:
+            out = runtime.new_buffer((call.num_tokens, call.n_out), call.out_dtype, call.device)
+        elif not out_checked:
+            check_out(out, out.shape, out.dtype, a=a_data, a_scales=a_scales, b=b_data, b_scales=b_scales,
+                      a_offsets=a_offsets, expert_ids=expert_ids, expert_scales=expert_scales, bias=bias)
+        if call.empty:
+            return out
+        # The kernels read the metadata as dense vectors: views of any strides are copied (a few bytes).
+        a_offsets, expert_ids = a_offsets.contiguous(), expert_ids.contiguous()
+        expert_scales = expert_scales.contiguous() if expert_scales is not None else None
+        a_scale_offsets = a.group_scale_offsets if isinstance(a, ScaledTensor) else None
+        a_scale_offsets = a_scale_offsets.contiguous() if a_scale_offsets is not None else None
+        # The kernels store unit-stride rows; another out gets the result through a copy of itself (rows
+        # outside every group keep their values).
+        target = unit_last_stride(out)
+        dummy = a_offsets  # for the pointers a compiled variant never reads
+        rest = (b_data, b_scales if b_scales is not None else dummy,
+                b_global_scale if b_global_scale is not None else dummy, target, a_offsets,
+                a_scale_offsets if a_scale_offsets is not None else dummy, expert_ids,
+                expert_scales if expert_scales is not None else dummy,
+                unit_last_stride(bias) if bias is not None else dummy)
+        a_global_part = a_global_scale if a_global_scale is not None else dummy
+        decoded = {dtype: upcast(a_data, a_scales) for dtype, upcast in self.upcasts.items()}
+        for launch in self.launches:
+            if launch.upcast is None:
+                launch((a_data, a_scales if a_scales is not None else dummy, a_global_part, *rest))
+            else:
+                launch((decoded[launch.upcast], dummy, a_global_part, *rest))
+        if target is not out:
+            out.copy_(target)
+        return out
