@@ -17,13 +17,13 @@ from llmkernels.attention import api as attention_api
 from llmkernels.formats import api as formats_api
 from llmkernels.grouped_matmul import api as grouped_matmul_api
 from llmkernels.moe import combine, dispatch
-from llmkernels.routing.combine import _PLANS as COMBINE_PLANS
-from llmkernels.routing.dispatch import _PLANS as DISPATCH_PLANS
-from llmkernels.routing.select import _PLANS as SELECT_PLANS
+from llmkernels.routing.combine import PLANS as COMBINE_PLANS
+from llmkernels.routing.dispatch import PLANS as DISPATCH_PLANS
+from llmkernels.routing.select import PLANS as SELECT_PLANS
 
 from public_calls import CALLS, bit_differences, outcome, poisoned_buffer
 
-CACHES = {"quantize": formats_api._PLANS, "grouped_matmul": grouped_matmul_api._PLANS,
+CACHES = {"quantize": formats_api.PLANS, "grouped_matmul": grouped_matmul_api.PLANS,
           "attention": attention_api._PLANS, "dispatch": DISPATCH_PLANS, "combine": COMBINE_PLANS,
           "select_experts": SELECT_PLANS}
 ATTENTION_CONFIG = lk.FA4Config(BM=16, BN=16, num_kv_stages=1)
@@ -79,7 +79,7 @@ def _replans(cache, call) -> object:
 def test_each_signature_component_replans_grouped_matmul(device):
     """Shape, dtype, strides, alignment, a flag, out_dtype and config each make a new plan, whose result
     is the reference's (a stale plan would read the new tensors with the old sizes or strides)."""
-    cache = grouped_matmul_api._PLANS
+    cache = grouped_matmul_api.PLANS
     a, b, offsets, ids = _gm_inputs(device)
 
     def reference(a, b, epilogue=None):
@@ -143,9 +143,9 @@ def test_each_signature_component_replans_attention(device):
 
 def test_quantize_dispatch_combine_replan_on_shape(device):
     x = torch.randn(4, 64, device=device)
-    _replans(formats_api._PLANS, lambda: lk.quantize(x, "mxfp8"))
-    _replans(formats_api._PLANS, lambda: lk.quantize(x, "nvfp4"))  # format
-    _replans(formats_api._PLANS, lambda: lk.quantize(x[:3], "mxfp8"))  # shape
+    _replans(formats_api.PLANS, lambda: lk.quantize(x, "mxfp8"))
+    _replans(formats_api.PLANS, lambda: lk.quantize(x, "nvfp4"))  # format
+    _replans(formats_api.PLANS, lambda: lk.quantize(x[:3], "mxfp8"))  # shape
     ids = torch.randint(0, 4, (5, 2), device=device, dtype=torch.int32)
     _replans(DISPATCH_PLANS, lambda: dispatch(ids, 4))
     _replans(DISPATCH_PLANS, lambda: dispatch(ids, 6))  # num_experts
