@@ -17,22 +17,6 @@ HOPPER_FORMATS = tuple(sorted(HOPPER.formats))  # what the hopper layout holds (
 PLAIN_FORMATS = ("bf16", "fp16")  # what scaled_tensor_parts calls a plain bf16 / fp16 tensor
 
 
-class _LayoutField:
-    """``ScaledTensor.scale_layout``: assigned a layout or its name, holds the :class:`Layout` (by default the row
-    layout)."""
-
-    def __set_name__(self, owner, name):
-        self.slot = "_" + name
-
-    def __get__(self, tensor, owner=None):
-        if tensor is None:  # the field's default: a name, which Dynamo takes as a constant where it traces __init__
-            return ROW.name
-        return tensor.__dict__[self.slot]
-
-    def __set__(self, tensor, value):
-        tensor.__dict__[self.slot] = as_layout(value)
-
-
 @dataclass
 class ScaledTensor:
     """A block-scaled tensor of logical shape ``[..., K]``.
@@ -67,10 +51,15 @@ class ScaledTensor:
     scales: torch.Tensor
     format: str
     global_scale: torch.Tensor | None = None
-    scale_layout: Layout = _LayoutField()
+    scale_layout: Layout | str = ROW.name  # a name as the default: Dynamo takes it as a constant in __init__
     group_offsets: torch.Tensor | None = None
     group_scale_offsets: torch.Tensor | None = None
     logical_shape: tuple[int, ...] | None = None
+
+    def __setattr__(self, name, value) -> None:
+        if name == "scale_layout":  # assigned a layout or its name, it holds the layout
+            value = as_layout(value)
+        object.__setattr__(self, name, value)
 
     def __post_init__(self) -> None:
         self.validate()
@@ -133,7 +122,7 @@ class ScaledTensor:
                        logical_shape)
         tensor = object.__new__(cls)
         tensor.__dict__.update(data=data, scales=scales, format=format, global_scale=global_scale,
-                               _scale_layout=as_layout(scale_layout, grouped=group_offsets is not None),
+                               scale_layout=as_layout(scale_layout, grouped=group_offsets is not None),
                                group_offsets=group_offsets, group_scale_offsets=group_scale_offsets,
                                logical_shape=logical_shape)
         return tensor
