@@ -6,12 +6,16 @@ import triton
 import triton.language as tl
 
 import llmkernels as lk
-from llmkernels.testing import poison, relative_error
-from llmkernels.formats import reference
-from llmkernels.formats.kernel import decode_e2m1, decode_e2m1_pairs_bf16, decode_scale
 from llmkernels.formats import (
-    ScaledTensor, from_blocked_scales, from_grouped_blocked_scales, to_blocked_scales, to_grouped_blocked_scales,
+    ScaledTensor,
+    from_blocked_scales,
+    from_grouped_blocked_scales,
+    reference,
+    to_blocked_scales,
+    to_grouped_blocked_scales,
 )
+from llmkernels.formats.kernel import decode_e2m1, decode_e2m1_pairs_bf16, decode_scale
+from llmkernels.testing import poison, relative_error
 
 # dequantize(quantize(x)) vs x, relative error bounds for Gaussian x (rms error of the element type)
 ROUND_TRIP_TOLERANCE = {"mxfp8": 0.04, "mxfp4": 0.16, "nvfp4": 0.13}

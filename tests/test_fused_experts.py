@@ -6,8 +6,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import llmkernels as lk
-from llmkernels.testing import assert_close_relative, relative_error
 from llmkernels.moe import fused_experts
+from llmkernels.testing import assert_close_relative, relative_error
 
 TOLERANCE = {"bf16": 2e-2, "mxfp8": 3e-2, "mxfp4": 3e-2, "nvfp4": 3e-2}
 

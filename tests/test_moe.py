@@ -3,11 +3,11 @@ routing written from its definition; routing and dispatch on their own; every ar
 before anything is quantized."""
 import pytest
 import torch
-from test_fused_experts import _TensorOps, _exactly_quantizable_problem, _reference
+from test_fused_experts import _exactly_quantizable_problem, _reference, _TensorOps
 
 import llmkernels as lk
-from llmkernels.testing import assert_close_relative, relative_error
 from llmkernels.moe import MoEFeedForward, combine, dispatch, dispatch_reference, route
+from llmkernels.testing import assert_close_relative, relative_error
 
 # bf16 rounding of the intermediate and the output; with quantized activations the reference
 # quantizes the same values, and a rounding flipped by a last-bit difference adds a little

@@ -7,8 +7,8 @@ from torch._dynamo.testing import CompileCounterWithBackend
 
 import llmkernels as lk
 from llmkernels import ops
-from llmkernels.testing import assert_close_relative, random_group_offsets
 from llmkernels.formats import scaled_tensor_parts
+from llmkernels.testing import assert_close_relative, random_group_offsets
 
 
 def _moe_problem(device, num_experts=3, n=64, k=64):

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 import llmkernels as lk
-from llmkernels.testing import random_group_offsets
 from llmkernels.formats import from_torchao, is_torchao_tensor, to_torchao
 from llmkernels.moe import MoEFeedForward
+from llmkernels.testing import random_group_offsets
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")

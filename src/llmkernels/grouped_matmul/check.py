@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from ..formats import ScaledTensor
-from ..formats.layouts import GROUPED_BLOCKED, HOPPER, ROW, Layout
+from ..formats.layouts import HOPPER, ROW, Layout
 from ..runtime import (
     check_device,
     check_out,
@@ -193,7 +193,7 @@ def _check_hopper_weights(a: Operand, b: Operand, n_out: int, epilogue_kind: str
     if a.element == "fp16":
         raise TypeError(f"b in the {b.scale_layout} layout decodes to bf16: a must be bf16 or a ScaledTensor, not "
                         f"fp16")
-    if a.scale_layout is GROUPED_BLOCKED:
+    if a.scale_layout.grouped:
         raise ValueError(f"b in the {b.scale_layout} layout takes a quantized a decoded ahead, which needs {ROW} or "
                          f"ungrouped 128x4 scales, not scales padded per group")
     rows_per_block = b.scale_layout.rows_per_block

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 import triton.language as tl
 
-from ..formats.layouts import GROUPED_BLOCKED, HOPPER, ROW, Layout
+from ..formats.layouts import HOPPER, ROW, Layout
 from ..runtime import cuda_capability, interpreting, next_power_of_2, num_programs_hint, triton_version
 
 __all__ = ["BlockScaledMatmulConfig", "ALL_GROUP_SIZES", "DECODE_CLASSES", "UPCAST_TILE", "default_config",
@@ -280,8 +280,8 @@ def retires_mma(device: torch.device, decoded_left_operand: bool) -> bool:
 
 def takes_upcast(config: BlockScaledMatmulConfig, a) -> bool:
     """Whether a launch of the grouped kernel reads A decoded ahead (``config.upcast_a``); A scales padded per
-    group keep the fused decode."""
-    return config.upcast_a and a.quantized and a.scale_layout is not GROUPED_BLOCKED
+    group keep the fused decode (the pre-pass reads rows without their groups)."""
+    return config.upcast_a and a.quantized and not a.scale_layout.grouped
 
 
 def resolve_mma(config: BlockScaledMatmulConfig, a, b, device: torch.device) -> bool:

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import torch
 
-from ..testing import random_group_offsets, relative_error
 from ..formats import quantize
+from ..testing import random_group_offsets, relative_error
 from .api import grouped_matmul
 from .reference import grouped_matmul_reference
 

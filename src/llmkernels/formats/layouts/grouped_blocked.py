@@ -10,8 +10,16 @@ import triton.language as tl
 
 from ...runtime import describe
 from .base import Layout, Packed
-from .blocked import (TILE_ROWS, TILE_SCALE_COLS, check_scales, pad_bits, rows_from_tiles, scale_cols,
-                      tile_scale_row_base, tiles_from_rows)
+from .blocked import (
+    TILE_ROWS,
+    TILE_SCALE_COLS,
+    check_scales,
+    pad_bits,
+    rows_from_tiles,
+    scale_cols,
+    tile_scale_row_base,
+    tiles_from_rows,
+)
 
 __all__ = ["GroupedBlockedLayout", "GROUPED_BLOCKED", "to_grouped_blocked_scales", "from_grouped_blocked_scales",
            "check_group_offsets", "OFFSET_DTYPES"]
