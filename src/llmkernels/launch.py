@@ -27,7 +27,8 @@ from triton import knobs
 
 from .runtime import interpreting
 
-__all__ = ["PlanCache", "BoundKernel", "KernelSpec", "bind", "clear_plans", "tensor_key", "value_key"]
+__all__ = ["PlanCache", "BoundKernel", "KernelSpec", "bind", "clear_plans", "tensor_key", "value_key",
+           "DIRECT_LAUNCHER_LAYOUT"]
 
 _CACHES: list["PlanCache"] = []
 _INTERPRETER_LOCK = threading.Lock()
@@ -88,6 +89,10 @@ class PlanCache:
         except TypeError:
             return None, None
 
+    def get(self, key):
+        """The plan stored under ``key`` (a key a family builds itself, see :meth:`lookup`), or None."""
+        return self._plans.get(key)
+
     def put(self, key, plan):
         """Stores ``plan`` under ``key`` (a concurrent thread may have stored an equal one: either serves)
         and returns it; a None key stores nothing."""
@@ -98,6 +103,10 @@ class PlanCache:
                 self._plans.pop(next(iter(self._plans)))
             self._plans[key] = plan
         return plan
+
+    def plans(self) -> list:
+        """The plans held now, oldest first (for tests and tools that inspect what a call planned)."""
+        return list(self._plans.values())
 
     def clear(self) -> None:
         with self._lock:
@@ -127,13 +136,18 @@ class _Unbased:
         self.cls = type(descriptor)
         self.fields = {name: value for name, value in vars(descriptor).items() if name != "base"}
 
-    def on(self, base: torch.Tensor, checked: bool):
-        """The descriptor on ``base``: a real ``TensorDescriptor`` (its checks run) when ``checked`` (the
-        interpreter reads it), else a light object with its attributes, all the compiled launcher reads."""
+    def on(self, base, checked: bool):
+        """The descriptor on ``base`` (a tensor, or ``(tensor, shape, strides)`` for a shape that varies per call):
+        a real ``TensorDescriptor`` (its checks run) when ``checked`` (the interpreter reads it), else a light
+        object with its attributes, all the compiled launcher reads."""
+        fields = self.fields
+        if type(base) is tuple:
+            base, shape, strides = base
+            fields = {**fields, "shape": list(shape), "strides": list(strides)}
         if checked:
-            return self.cls(base, **self.fields)
+            return self.cls(base, **fields)
         descriptor = _DescriptorArg()
-        descriptor.__dict__.update(self.fields)
+        descriptor.__dict__.update(fields)
         descriptor.base = base
         return descriptor
 
@@ -145,14 +159,20 @@ class _DescriptorArg:
 class BoundKernel:
     """One launch of a ``@triton.jit`` function with its grid, constexprs, scalars and options fixed.
 
-    ``bound(*tensors)`` launches it on the tensors of a call, passed in the order the tensor (and tensor
-    descriptor) arguments had at :func:`bind`; a descriptor slot takes the tensor to use as its base.
+    ``bound(*values)`` launches it on the values of a call, passed in the order their arguments had at
+    :func:`bind`: every tensor and tensor descriptor argument, and the scalar arguments named ``per_call`` there
+    (sizes and strides that vary between calls of one plan; the compiled kernel was specialized on the bound
+    values, so a plan must only pass values Triton specializes alike: divisible by 16 or not, 1 or not). A
+    descriptor slot takes the tensor to use as its base (shape and strides as bound), or ``(tensor, shape,
+    strides)`` when they vary per call (block and layout as bound).
     """
 
-    def __init__(self, fn, grid, names, values, options):
+    def __init__(self, fn, grid, names, values, options, per_call=()):
         self.fn, self.options, self.names = fn, options, names
         self.grid = tuple(grid) + (1,) * (3 - len(grid))
-        self.slots = tuple(i for i, value in enumerate(values) if isinstance(value, torch.Tensor) or _is_descriptor(value))
+        per_call = {names.index(name) for name in per_call}
+        self.slots = tuple(i for i, value in enumerate(values)
+                           if i in per_call or isinstance(value, torch.Tensor) or _is_descriptor(value))
         self.tensors_lead = self.slots == tuple(range(len(self.slots)))  # every tensor before every scalar
         self._kernel = None
         # No tensor of the binding call stays referenced (a cached plan must not keep memory alive);
@@ -163,7 +183,8 @@ class BoundKernel:
         self.values = tuple(None if i in self.slots else value for i, value in enumerate(values))
 
     def _compile(self, values) -> None:
-        first = values[self.slots[0]] if self.slots else None
+        first = next((values[i] for i in self.slots
+                      if isinstance(values[i], torch.Tensor) or _is_descriptor(values[i])), None)
         first = first.base if _is_descriptor(first) else first
         self.device_index = first.device.index if first is not None and first.is_cuda else None
         with torch.cuda.device(self.device_index):
@@ -188,7 +209,7 @@ class BoundKernel:
 
     def __call__(self, *tensors) -> None:
         if len(tensors) != len(self.slots):
-            raise TypeError(f"{self.fn.__name__}: bound with {len(self.slots)} tensors, called with {len(tensors)}")
+            raise TypeError(f"{self.fn.__name__}: bound with {len(self.slots)} values, called with {len(tensors)}")
         if self._kernel is None:  # the interpreter, whose grid state is global: one kernel at a time
             values = self._arguments(tensors)
             with _INTERPRETER_LOCK:
@@ -206,6 +227,21 @@ class BoundKernel:
         metadata = self._kernel.launch_metadata(self.grid, stream, *values) if enter_hook is not None else None
         self._launcher(*self.grid, stream, self._function, self._packed_metadata, metadata, enter_hook, exit_hook,
                        *values)
+
+    @property
+    def compiled(self):
+        """The compiled kernel (None under the interpreter, which calls ``fn[grid]``)."""
+        return self._kernel
+
+    @property
+    def direct(self) -> bool:
+        """Whether calls go to the launcher's C entry point without Triton's wrapper (:class:`_DirectLaunch`)."""
+        return self._kernel is not None and self._direct is not None
+
+    @property
+    def tma_maps(self) -> bool:
+        """Whether a direct launch lays out TMA descriptor maps (a tensor-descriptor argument of the kernel)."""
+        return self.direct and bool(self._direct.maps)
 
     def __repr__(self) -> str:
         return f"BoundKernel({self.fn.__name__}, grid={self.grid})"
@@ -250,12 +286,14 @@ class _DirectLaunch:
 
     def __init__(self, launch, head, values, slots, templates, descriptor_meta, expand):
         self.launch, self.head = launch, head
-        arguments, positions, self.maps = [], [], {}
+        arguments, positions, self.maps, self.expands = [], [], {}, {}
         for i, value in enumerate(values):
             if i in descriptor_meta:
                 meta = descriptor_meta[i]
                 expanded = expand(value, meta)  # [TMA map or base, shape and strides...]
-                if meta is not None:  # the map is filled per base address
+                # per base address, the map (shape and strides as bound); per (base, shape, strides), all of it
+                self.expands[len(arguments)] = (templates[i], meta, expand, {} if meta is not None else None)
+                if meta is not None:
                     self.maps[len(arguments)] = (templates[i], meta, expand, {})
                 positions.append(len(arguments))
                 arguments += [None, *expanded[1:]]  # no tensor of the binding call kept
@@ -276,11 +314,35 @@ class _DirectLaunch:
             tensor_map = known[address] = expand(template.on(base, checked=False), meta)[0]
         return tensor_map
 
+    def _expanded(self, position, described) -> list:
+        """A descriptor slot given ``(base, shape, strides)``: its map (or base), shape and strides."""
+        template, meta, expand, known = self.expands[position]
+        if known is None:  # no TMA map: the base tensor leads the expansion, nothing to keep
+            return expand(template.on(described, checked=False), meta)
+        base, shape, strides = described
+        key = (base.data_ptr(), tuple(shape), tuple(strides))
+        expanded = known.get(key)
+        if expanded is None:
+            if len(known) >= 16:
+                known.clear()
+            expanded = known[key] = expand(template.on(described, checked=False), meta)
+        return expanded
+
     def __call__(self, grid, stream, function, tensors) -> None:
         arguments = self.arguments.copy()
         for position, tensor in zip(self.positions, tensors):
-            arguments[position] = self._map(position, tensor) if position in self.maps else tensor
+            if position not in self.expands:
+                arguments[position] = tensor
+            elif type(tensor) is tuple:
+                expanded = self._expanded(position, tensor)
+                arguments[position:position + len(expanded)] = expanded
+            else:
+                arguments[position] = self._map(position, tensor) if position in self.maps else tensor
         self.launch(*grid, stream, function, *self.head, *arguments)
+
+
+# the argument layout of the Triton launcher that direct launches were written against (Triton 3.6's CUDA launcher)
+DIRECT_LAUNCHER_LAYOUT = _DirectLaunch._LAYOUT
 
 
 def _hook(hook):
@@ -292,9 +354,10 @@ def _hook(hook):
 _SIGNATURES: dict = {}
 
 
-def bind(fn, grid, *args, **kwargs) -> BoundKernel:
+def bind(fn, grid, *args, per_call=(), **kwargs) -> BoundKernel:
     """The launch ``fn[grid](*args, **kwargs)`` as a :class:`BoundKernel` (compiled now on a GPU; nothing is
-    launched). ``kwargs`` holds the kernel's keyword arguments and Triton's options (``num_warps``, ...)."""
+    launched). ``kwargs`` holds the kernel's keyword arguments and Triton's options (``num_warps``, ...);
+    ``per_call`` names the scalar arguments the bound kernel takes on each call, as it takes tensors."""
     signature = _SIGNATURES.get(fn)
     if signature is None:
         signature = _SIGNATURES.setdefault(fn, inspect.signature(fn.fn))
@@ -302,7 +365,7 @@ def bind(fn, grid, *args, **kwargs) -> BoundKernel:
     options = {name: value for name, value in kwargs.items() if name not in signature.parameters}
     bound = signature.bind(*args, **params)
     bound.apply_defaults()
-    return BoundKernel(fn, grid, tuple(bound.arguments), tuple(bound.arguments.values()), options)
+    return BoundKernel(fn, grid, tuple(bound.arguments), tuple(bound.arguments.values()), options, per_call)
 
 
 @dataclass(frozen=True)
@@ -312,11 +375,12 @@ class KernelSpec:
 
     ``fn`` is the ``@triton.jit`` (or ``@gluon.jit``) function, ``grid`` its launch grid, ``constexprs`` the
     values of its ``tl.constexpr`` parameters, ``options`` Triton's compile options (``num_warps``,
-    ``num_stages``, ``maxnreg``, ...). ``arg_types`` gives the Triton type of each runtime argument that is not a
-    32-bit integer (``"*bf16"``, ``"fp32"``, ``"tensordesc<bf16[64,128]>"``); ``unaligned`` names the integer
-    arguments a launch does not see divisible by 16 (the others, and every pointer, are specialized as
-    16-divisible, as aligned tensors and sizes make them). The last two matter only to :meth:`ast_source`: a
-    launch binds real arguments, and Triton specializes on those.
+    ``num_stages``, ``maxnreg``, ...). ``per_call`` names the scalar arguments the bound launch takes on each call
+    (:class:`BoundKernel`). ``arg_types`` gives the Triton type of each runtime argument that is not a 32-bit
+    integer (``"*bf16"``, ``"fp32"``, ``"tensordesc<bf16[64,128]>"``); ``unaligned`` names the integer arguments a
+    launch does not see divisible by 16 (the others, and every pointer, are specialized as 16-divisible, as
+    aligned tensors and sizes make them), or ``divisible`` names the only arguments that are. These three matter
+    only to :meth:`ast_source`: a launch binds real arguments, and Triton specializes on those.
     """
 
     fn: Any
@@ -325,15 +389,18 @@ class KernelSpec:
     options: Mapping[str, Any] = field(default_factory=dict)
     arg_types: Mapping[str, str] = field(default_factory=dict)
     unaligned: tuple = ()
+    per_call: tuple = ()
+    divisible: tuple | None = None
 
     def bind(self, *args) -> "BoundKernel":
         """The launch on the runtime arguments ``args`` (positional, in the kernel's order) as a
         :class:`BoundKernel`; the spec's constexprs and options complete it."""
-        return bind(self.fn, self.grid, *args, **self.constexprs, **self.options)
+        return bind(self.fn, self.grid, *args, per_call=self.per_call, **self.constexprs, **self.options)
 
     def ast_source(self):
-        """``triton.compiler.ASTSource`` of this launch for ``triton.compile(..., target=...)``: what runs without
-        a GPU (tools/compile_defaults.py, the compile tests)."""
+        """``ASTSource`` of this launch (``GluonASTSource`` for a ``@gluon.jit`` function) for
+        ``triton.compile(..., target=...)``: what runs without a GPU (tools/compile_defaults.py, the compile
+        tests)."""
         from triton.compiler import ASTSource
 
         names = self.fn.arg_names
@@ -343,7 +410,13 @@ class KernelSpec:
                 signature[name] = "constexpr"
                 continue
             signature[name] = self.arg_types.get(name, "i32")
-            if signature[name].startswith("*") or (signature[name] == "i32" and name not in self.unaligned):
+            if self.divisible is not None:
+                aligned = name in self.divisible
+            else:
+                aligned = signature[name].startswith("*") or (signature[name] == "i32" and name not in self.unaligned)
+            if aligned:
                 attrs[(index,)] = [["tt.divisibility", 16]]
         constexprs = {(names.index(name),): value for name, value in self.constexprs.items()}
+        if type(self.fn).__name__ == "GluonJITFunction":
+            from triton.experimental.gluon._runtime import GluonASTSource as ASTSource
         return ASTSource(self.fn, signature, constexprs=constexprs, attrs=attrs)
