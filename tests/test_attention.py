@@ -9,14 +9,16 @@ import triton.language as tl
 
 from llmkernels.runtime import interpreting
 from llmkernels.testing import assert_close_relative, poison
-from llmkernels.attention import api as attention_api
+from llmkernels import runtime
 from llmkernels.attention.api import attention
 from llmkernels.attention.config import FA4Config
 from llmkernels.attention.kernel import exp2_poly
 from llmkernels.attention import config as attention_config
 from llmkernels.attention.masks import Chunked, SlidingWindow, alibi, resolve_mask, softcap
+from llmkernels.attention import layout as attention_layout
 from llmkernels.attention.paged import PagedKVCache
-from llmkernels.attention.reference import _paged_to_dense, attention_reference
+from llmkernels.attention.plan import PLANS
+from llmkernels.attention.reference import attention_reference, paged_to_dense
 
 # The interpreter evaluates both sides of tl.where: -inf - -inf of fully masked rows warns in numpy.
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
@@ -35,7 +37,7 @@ CPU_CONFIG = FA4Config(BM=32, BN=16, num_q_tiles=2, num_kv_stages=1)  # small ti
 @pytest.fixture(autouse=True)
 def poisoned_buffers(monkeypatch):
     """Every output / partial buffer starts as NaN, so an element the kernels forget to write fails."""
-    monkeypatch.setattr(attention_api, "_empty",
+    monkeypatch.setattr(runtime, "new_buffer",
                         lambda shape, dtype, device: poison(torch.empty(shape, dtype=dtype, device=device)))
 
 
@@ -255,8 +257,8 @@ def test_paged_prefill(device, page_size, ragged_q):
 def test_paged_matches_dense(device):
     seqlens = [33, 33]
     cache = _paged_cache(seqlens, 16, 2, 16, torch.float16, device)
-    k = torch.stack([_paged_to_dense(cache, b, 33)[0] for b in range(2)])
-    v = torch.stack([_paged_to_dense(cache, b, 33)[1] for b in range(2)])
+    k = torch.stack([paged_to_dense(cache, b, 33)[0] for b in range(2)])
+    v = torch.stack([paged_to_dense(cache, b, 33)[1] for b in range(2)])
     q = torch.randn(2, 9, 4, 16, dtype=torch.float16, device=device)
     paged = attention(q, None, None, kv_cache=cache, causal=True, config=CPU_CONFIG, num_splits=1)
     dense = attention(q, k, v, causal=True, config=CPU_CONFIG, num_splits=1)
@@ -275,7 +277,7 @@ def test_paged_starts_skip_leading_positions(device, split):
     _check(q, None, None, kv_cache=cache, causal=True, config=CPU_CONFIG, num_splits=split, what="paged starts")
     out = attention(q, None, None, kv_cache=cache, causal=True, config=CPU_CONFIG, num_splits=split)
     for b in (0, 2):  # against the dense call on the same keys
-        k, v = _paged_to_dense(cache, b, seqlens[b])
+        k, v = paged_to_dense(cache, b, seqlens[b])
         dense = attention(q[b:b + 1], k[starts[b]:][None], v[starts[b]:][None], causal=True, config=CPU_CONFIG,
                           num_splits=split)
         assert_close_relative(out[b:b + 1].float(), dense.float(), 1e-3)
@@ -417,30 +419,33 @@ def test_tma_descriptors_only_for_token_row_layouts(device):
     """K/V descriptors ([tokens, Hkv * D] views) exist for contiguous dense and ragged K/V and for
     q/k/v split from one packed qkv projection; not for a head-major layout (heads not contiguous in
     a token row) or misaligned rows."""
-    describe = attention_api._kv_token_descriptors
     _, k, v = _qkv(2, 1, 40, 2, 2, 32, torch.float16, device)
-    k_desc, v_desc = describe(k, v, False, 16)
+    assert attention_layout.kv_token_rows(k, v, False)
+    k_desc = attention_layout.token_row_descriptor(k, False, 16)
     assert k_desc.shape == [80, 64] and k_desc.strides == [64, 1] and k_desc.block_shape == [16, 32]
     qkv = torch.randn(2, 40, 3, 2, 32, dtype=torch.float16, device=device)  # packed projection
-    k_desc, _ = describe(qkv[:, :, 1], qkv[:, :, 2], False, 16)
+    assert attention_layout.kv_token_rows(qkv[:, :, 1], qkv[:, :, 2], False)
+    k_desc = attention_layout.token_row_descriptor(qkv[:, :, 1], False, 16)
     assert k_desc.shape == [80, 64] and k_desc.strides == [192, 1]
-    assert describe(k[0], v[0], True, 16) is not None  # ragged [total_k, Hkv, D]
+    assert attention_layout.kv_token_rows(k[0], v[0], True)  # ragged [total_k, Hkv, D]
     head_major = torch.randn(2, 2, 40, 32, dtype=torch.float16, device=device).transpose(1, 2)
-    assert describe(head_major, head_major, False, 16) is None
+    assert not attention_layout.kv_token_rows(head_major, head_major, False)
     odd_rows = torch.randn(2, 40, 2, 36, dtype=torch.float16, device=device)[..., :32]  # 72-byte rows
-    assert describe(odd_rows, odd_rows, False, 16) is None
+    assert not attention_layout.kv_token_rows(odd_rows, odd_rows, False)
+
+
+def _tma_kv(plans) -> list[bool]:
+    """Per plan made, whether its portable launches read K/V through tensor descriptors."""
+    return [spec.constexprs["TMA_KV"] for plan in plans for name, spec in plan.specs() if name == "portable"]
 
 
 @pytest.mark.parametrize("layout", ["dense", "ragged", "packed_qkv"])
 @pytest.mark.parametrize("causal", [False, True])
-def test_tma_kv_loads_match_pointer_loads(device, layout, causal, monkeypatch):
+def test_tma_kv_loads_match_pointer_loads(device, layout, causal):
     """The fully visible band loaded through tensor descriptors gives the same bits as pointer loads,
     and matches the reference; the sequences' lengths are not multiples of BN, and the next batch's
     / sequence's keys are NaN past each end (a descriptor tile reaching past the sequence would read
     them and poison P @ V)."""
-    made = []
-    describe = attention_api._kv_token_descriptors
-    monkeypatch.setattr(attention_api, "_kv_token_descriptors", lambda *args: made.append(describe(*args)) or made[-1])
     if layout == "ragged":
         cu = torch.tensor([0, 45, 115, 148], dtype=torch.int32, device=device)
         q = torch.randn(148, 4, 32, dtype=torch.float16, device=device)
@@ -460,7 +465,7 @@ def test_tma_kv_loads_match_pointer_loads(device, layout, causal, monkeypatch):
             q, k, v = _qkv(3, 70, 70, 4, 2, 32, torch.float16, device)
         outs = [attention(q, k, v, causal=causal, config=CPU_CONFIG.replace(tma_kv=tma)) for tma in (True, False)]
         ref = attention_reference(q, k, v, causal=causal)
-    assert len(made) == 1 and made[0] is not None, "the tma_kv=True call did not get descriptors"
+    assert _tma_kv(PLANS.plans()) == [True, False], "the tma_kv=True call did not get descriptors"
     assert torch.equal(outs[0], outs[1])
     assert_close_relative(outs[0], ref, TOLERANCE[torch.float16], f"tma {layout}")
 
@@ -643,6 +648,33 @@ def test_gpu_ragged_masks(device):
                tolerance=TOLERANCE["gpu_bf16"], what=str(kwargs), **kwargs)
 
 
+LOG2E = 1.4426950408889634  # the Gluon launches bind softmax_scale * log2(e)
+
+
+def _gluon_stand_in(monkeypatch, backend, record):
+    """From here on, the Gluon kernels can be chosen (an sm_90 GPU is pretended) and a bound launch of
+    ``backend``'s kernel calls ``record(bound, *values)`` instead (the interpreter cannot run Gluon); other
+    launches run."""
+    from llmkernels.launch import BoundKernel
+
+    monkeypatch.setattr(attention_config, "runs_gluon", lambda device: True)
+    launch = BoundKernel.__call__
+
+    def stand_in(bound, *values):
+        return record(bound, *values) if bound.fn is backend.kernel else launch(bound, *values)
+    monkeypatch.setattr(BoundKernel, "__call__", stand_in)
+
+
+def _bound_value(bound, name):
+    """The value a bound launch fixed for the kernel argument ``name``."""
+    return bound.values[bound.names.index(name)]
+
+
+def _base(value):
+    """The tensor of a descriptor slot's value (a tensor, or ``(tensor, shape, strides)``)."""
+    return value[0] if isinstance(value, tuple) else value
+
+
 @pytest.mark.skipif(not interpreting(), reason="CPU tensors through the interpreter (a stand-in for the GPU kernel)")
 def test_gluon_decode_dispatch(monkeypatch):
     """The plan's hand-over to the Hopper Gluon split pass for decode, checked on the CPU with the pass replaced by a
@@ -652,23 +684,21 @@ def test_gluon_decode_dispatch(monkeypatch):
     hides keys, two query tokens, one split, a softcap, key starts, more (sequence, KV head) pairs than
     ``MAX_HEAD_PROGRAMS``, more than 64 q heads per KV head, pages TMA cannot read and a config without
     ``warp_specialized`` take the portable pass, whose results match the reference."""
-    from llmkernels.launch import clear_plans
     from llmkernels.attention import gluon_decode, gluon_hopper
+    from llmkernels.launch import clear_plans
 
     seen = []
 
-    def stand_in_bind(q, k, v, o_partial, lse_partial, softmax_scale, *, paged=None):
-        def run(*tensors):
-            names = ("q", "k", "v", "o", "lse", "block_table", "seqlens")
-            seen.append(dict(zip(names, tensors), scale=softmax_scale, paged=paged is not None))
-            tensors[3].fill_(1.0)
-            tensors[4].fill_(0.0)
-        return run
+    def record(bound, *values):
+        names = ("q", "k", "v", "o", "lse", "block_table", "seqlens")
+        seen.append(dict(zip(names, values), scale=_bound_value(bound, "qk_scale") / LOG2E,
+                         paged=_bound_value(bound, "PAGE_SIZE") > 0))
+        values[3].fill_(1.0)
+        values[4].fill_(0.0)
 
-    monkeypatch.setattr(attention_api, "_runs_gluon", lambda device: True)
-    monkeypatch.setattr(gluon_hopper, "_on_sm90", lambda device: True)
-    monkeypatch.setattr(attention_api, "_gluon_hopper", lambda *args: None)  # one split: the portable one-pass
-    monkeypatch.setattr(gluon_decode, "bind_launch", stand_in_bind)
+    _gluon_stand_in(monkeypatch, gluon_decode.BACKEND, record)
+    # one split runs one pass, which the Gluon prefill would take: the portable one here
+    monkeypatch.setattr(gluon_hopper.GluonPrefill, "supports", lambda self, call, tiles: False)
     clear_plans()
     config = FA4Config(BM=16, BN=16, num_kv_stages=1, warp_specialized=True)
     cache = _paged_cache([40, 60], 16, 2, 64, torch.bfloat16, "cpu")
@@ -678,13 +708,14 @@ def test_gluon_decode_dispatch(monkeypatch):
         assert torch.equal(out, torch.ones_like(q))
         call = seen[-1]
         assert call["q"] is q and call["k"] is cache.k_pages and call["v"] is cache.v_pages and call["paged"]
-        assert call["block_table"] is cache.block_table and call["seqlens"] is cache.seqlens and call["scale"] == 0.5
+        assert call["block_table"] is cache.block_table and call["seqlens"] is cache.seqlens
+        assert call["scale"] == pytest.approx(0.5)
         splits = call["o"].shape[0]
         assert splits > 1 and call["o"].shape == (splits, 2, 1, 8, 64) and call["lse"].shape == (splits, 2, 8, 1)
     k, v = torch.randn(2, 50, 2, 64, dtype=torch.bfloat16), torch.randn(2, 50, 2, 64, dtype=torch.bfloat16)
     assert torch.equal(attention(q, k, v, config=config), torch.ones_like(q))
     call = seen[-1]
-    assert call["k"] is k and call["v"] is v and not call["paged"]
+    assert _base(call["k"]) is k and _base(call["v"]) is v and not call["paged"]
     assert call["block_table"] is call["lse"] and call["seqlens"] is call["lse"]
 
     handed_over = len(seen)
@@ -712,33 +743,25 @@ def test_gluon_decode_dispatch(monkeypatch):
 
 @pytest.mark.skipif(not interpreting(), reason="CPU tensors through the interpreter (a stand-in for the GPU kernel)")
 def test_gluon_dispatch_hands_over_tma_readable_tensors(monkeypatch):
-    """The plan's hand-over to the Hopper Gluon kernel, checked on the CPU with a stand-in module: the window
+    """The plan's hand-over to the Hopper Gluon kernel, checked on the CPU with a stand-in for its launch: the window
     (causal: ``(UNBOUNDED, 0)``), the config's consumer count, and q/k/v that TMA could not read in place (here:
-    every non-contiguous view) replaced by contiguous copies with the same values, so any view gives the
-    contiguous call's bits; a readable tensor is passed as is; ragged calls hand over their cumulative lengths,
-    paged ones the pages, block table and key counts."""
-    import contextlib
+    a head-major slice) replaced by contiguous copies with the same values, so any view gives the contiguous call's
+    bits; a readable tensor is passed as is; ragged calls hand over their cumulative lengths, paged ones the pages,
+    block table and key counts."""
+    from llmkernels.attention import gluon_hopper
     from llmkernels.attention.masks import UNBOUNDED
 
     seen = {}
 
-    class StandIn:
-        @staticmethod
-        def tma_ready(t):
-            return t.is_contiguous()
+    def record(bound, *values):
+        seen.update(q=_base(values[0]), k=_base(values[1]), v=_base(values[2]), cu=values[6:8],
+                    window=(_bound_value(bound, "window_left"), _bound_value(bound, "window_right")),
+                    consumers=_bound_value(bound, "CONSUMERS"), scale=_bound_value(bound, "qk_scale") / LOG2E,
+                    paged=_bound_value(bound, "PAGE_SIZE") > 0, ragged=_bound_value(bound, "RAGGED"),
+                    seqlen_q=_bound_value(bound, "seqlen_q"), pages=values[8:10])
+        values[3].fill_(1.0)
 
-        @staticmethod
-        def as_tma_ready(t):
-            return t if t.is_contiguous() else t.clone(memory_format=torch.contiguous_format)
-
-        @staticmethod
-        def launch(q, k, v, out, lse, window, softmax_scale, consumers=None, paged=None, ragged=None):
-            seen.update(q=q, k=k, v=v, window=window, consumers=consumers, scale=softmax_scale, paged=paged,
-                        ragged=ragged)
-            out.fill_(1.0)
-
-    monkeypatch.setattr(attention_api, "_gluon_hopper", lambda *args: StandIn)
-    monkeypatch.setattr(attention_api.torch.cuda, "device", lambda device: contextlib.nullcontext())
+    _gluon_stand_in(monkeypatch, gluon_hopper.BACKEND, record)
     q = torch.randn(2, 40, 4, 64, dtype=torch.bfloat16)
     k = torch.randn(2, 4, 50, 64, dtype=torch.bfloat16).transpose(1, 2)[:, :, :2]  # heads apart, a slice
     v = torch.randn(2, 50, 2, 64, dtype=torch.bfloat16)
@@ -747,17 +770,18 @@ def test_gluon_dispatch_hands_over_tma_readable_tensors(monkeypatch):
     assert torch.equal(out, torch.ones_like(q))
     assert seen["q"] is q and seen["v"] is v
     assert seen["k"].is_contiguous() and torch.equal(seen["k"], k) and seen["k"].data_ptr() != k.data_ptr()
-    assert seen["window"] == (UNBOUNDED, 0) and seen["consumers"] == 3 and seen["scale"] == 0.25
+    assert seen["window"] == (UNBOUNDED, 0) and seen["consumers"] == 3 and seen["scale"] == pytest.approx(0.25)
     attention(q, k, v, mask=SlidingWindow(7, 2), config=config)
-    assert seen["window"] == (7, 2) and seen["paged"] is None and seen["ragged"] is None
+    assert seen["window"] == (7, 2) and not seen["paged"] and not seen["ragged"]
     # ragged q and k: the cumulative lengths and the host bound on one sequence's queries
     cu = _cu_seqlens([30, 50], "cpu")
     q_ragged, k_ragged = torch.randn(80, 4, 64, dtype=torch.bfloat16), torch.randn(80, 2, 64, dtype=torch.bfloat16)
     attention(q_ragged, k_ragged, k_ragged, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=50, max_seqlen_k=50,
               config=config)
-    assert seen["ragged"][0] is cu and seen["ragged"][1] is cu and seen["ragged"][2] == 50 and seen["paged"] is None
+    assert seen["cu"][0] is cu and seen["cu"][1] is cu and seen["seqlen_q"] == 50 and seen["ragged"]
+    assert not seen["paged"]
     # a paged cache: the pages as k and v, the block table and key counts beside them
     cache = _paged_cache([40, 60], 16, 2, 64, torch.bfloat16, "cpu")
     attention(q, None, None, kv_cache=cache, causal=True, config=config)
-    assert seen["k"] is cache.k_pages and seen["v"] is cache.v_pages and seen["ragged"] is None
-    assert seen["paged"][0] is cache.block_table and seen["paged"][1] is cache.seqlens
+    assert seen["k"] is cache.k_pages and seen["v"] is cache.v_pages and not seen["ragged"] and seen["paged"]
+    assert seen["pages"][0] is cache.block_table and seen["pages"][1] is cache.seqlens

@@ -4,10 +4,13 @@ import pytest
 import torch
 
 from llmkernels.testing import assert_close_relative, poison, relative_error
-from llmkernels.attention import api as attention_api
+from llmkernels import runtime
 from llmkernels.attention.api import attention
 from llmkernels.attention.config import FA4Config
-from llmkernels.attention.split_kv import choose_num_splits, decode_tiling
+from llmkernels.attention import config as attention_config
+from llmkernels.attention import layout as attention_layout
+from llmkernels.attention.config import choose_num_splits, decode_tiling
+from llmkernels.attention.plan import PLANS
 from llmkernels.attention.masks import SlidingWindow, softcap
 from llmkernels.attention.paged import PagedKVCache
 from llmkernels.attention.reference import attention_reference
@@ -30,7 +33,7 @@ DECODE_CONFIG = FA4Config(BM=16, BN=16, num_kv_stages=1)
 
 @pytest.fixture(autouse=True)
 def poisoned_buffers(monkeypatch):
-    monkeypatch.setattr(attention_api, "_empty",
+    monkeypatch.setattr(runtime, "new_buffer",
                         lambda shape, dtype, device: poison(torch.empty(shape, dtype=dtype, device=device)))
 
 
@@ -156,15 +159,16 @@ def test_one_split_writes_the_output_directly(device, monkeypatch):
     def recording_empty(shape, dtype, device):
         written.append(tuple(shape))
         return poison(torch.empty(shape, dtype=dtype, device=device))
-    monkeypatch.setattr(attention_api, "_empty", recording_empty)
-    monkeypatch.setattr(attention_api.split_kv, "choose_num_splits", lambda *bounds: 1)
+    monkeypatch.setattr(runtime, "new_buffer", recording_empty)
+    monkeypatch.setattr(attention_config, "choose_num_splits", lambda *bounds: 1)
     cache = _paged_cache([70, 1, 0, 33], 16, 2, 32, torch.bfloat16, device)
     q = torch.randn(4, 1, 8, 32, dtype=torch.bfloat16, device=device)
     sinks = torch.randn(8, device=device)
     _check(q, None, None, kv_cache=cache, sinks=sinks, config=DECODE_CONFIG, tolerance=TOLERANCE[torch.bfloat16],
            what="one split")
-    plan = next(iter(attention_api._PLANS._plans.values()))
-    assert plan.split and not plan.partials and plan.num_splits == 1
+    (plan,) = PLANS.plans()
+    ((backend, spec),) = plan.specs()  # no combine
+    assert plan.tiles.split and backend == "portable" and spec.grid[1] == 1 and not spec.constexprs["SPLIT"]
     assert written and all(shape in {(4, 1, 8, 32), (4, 8, 1)} for shape in written), written
 
 
@@ -172,26 +176,26 @@ def test_page_offsets_in_int64_give_the_int32_bits(device, monkeypatch):
     """Pages whose element offsets fit in int32 gather with int32 offsets; a cache past 2**31 elements takes the
     int64 variant (``PAGE_OFFSETS_64``). Forcing that variant on a small cache gives the same bits, paged decode
     and paged prefill; the plan's extent helper sees strided and offset views."""
-    assert attention_api._last_offset(torch.empty(0, 16, 2, 32)) == 0
+    assert attention_layout.last_offset(torch.empty(0, 16, 2, 32)) == 0
     storage = torch.empty(10, 2, 16, 2, 32)  # K and V pages interleaved: a page stride of 2 pages
     view = storage[:, 0]
-    assert attention_api._last_offset(view) == 9 * view.stride(0) + 15 * 64 + 63
+    assert attention_layout.last_offset(view) == 9 * view.stride(0) + 15 * 64 + 63
     cache = _paged_cache([70, 1, 0, 33], 16, 2, 32, torch.bfloat16, device)
     calls = [(torch.randn(4, 1, 8, 32, dtype=torch.bfloat16, device=device), dict(num_splits=3)),
              (torch.randn(4, 40, 8, 32, dtype=torch.bfloat16, device=device), dict(causal=True))]
     def bound_flags():
-        forwards = [plan.forward for plan in attention_api._PLANS._plans.values()]
-        return {forward.values[forward.names.index("PAGE_OFFSETS_64")] for forward in forwards}
+        return {spec.constexprs["PAGE_OFFSETS_64"] for plan in PLANS.plans() for name, spec in plan.specs()
+                if name == "portable"}
 
-    attention_api._PLANS.clear()
+    PLANS.clear()
     expected = [attention(q, None, None, kv_cache=cache, config=DECODE_CONFIG, **kwargs) for q, kwargs in calls]
     assert bound_flags() == {False}
-    attention_api._PLANS.clear()
-    monkeypatch.setattr(attention_api, "_last_offset", lambda t: 2**31)
+    PLANS.clear()
+    monkeypatch.setattr(attention_layout, "last_offset", lambda t: 2**31)
     for (q, kwargs), want in zip(calls, expected):
         assert torch.equal(attention(q, None, None, kv_cache=cache, config=DECODE_CONFIG, **kwargs), want)
     assert bound_flags() == {True}
-    attention_api._PLANS.clear()
+    PLANS.clear()
 
 
 @pytest.mark.parametrize("page_size,block_n", [(16, 16), (32, 16), (64, 16), (16, 32)])

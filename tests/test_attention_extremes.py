@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from llmkernels.testing import assert_close_relative, poison
-from llmkernels.attention import api as attention_api
+from llmkernels import runtime
 from llmkernels.attention import config as attention_config
 from llmkernels.attention.api import attention
 from llmkernels.attention.config import FA4Config
@@ -37,7 +37,7 @@ LAYOUTS = ["dense", "ragged", "paged", "decode", "paged_decode"]
 
 @pytest.fixture(autouse=True)
 def poisoned_buffers(monkeypatch):
-    monkeypatch.setattr(attention_api, "_empty",
+    monkeypatch.setattr(runtime, "new_buffer",
                         lambda shape, dtype, device: poison(torch.empty(shape, dtype=dtype, device=device)))
 
 

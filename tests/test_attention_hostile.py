@@ -12,7 +12,7 @@ import torch
 
 import llmkernels as lk
 from llmkernels.testing import assert_close_relative
-from llmkernels.attention import api as attention_api
+from llmkernels import runtime
 from llmkernels.attention.api import attention
 from llmkernels.attention.config import FA4Config
 from llmkernels.attention.paged import PagedKVCache
@@ -55,7 +55,7 @@ class GuardedBuffers:
 @pytest.fixture
 def buffers(monkeypatch):
     guarded = GuardedBuffers()
-    monkeypatch.setattr(attention_api, "_empty", guarded)
+    monkeypatch.setattr(runtime, "new_buffer", guarded)
     return guarded
 
 

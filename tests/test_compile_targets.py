@@ -129,10 +129,10 @@ def _compiler_rows(script: str) -> list[list[str]]:
 
 
 def test_gluon_hopper_attention_compiles_to_warp_specialized_wgmma():
-    """The Gluon attention for Hopper (``attention/gluon_hopper.py``, issue 23) builds for sm_90a with this Triton:
-    wgmmas, per-sequence (3-D) TMA loads, and the consumer warpgroups raised to 240 registers (160 with three
-    of them) and the load warp lowered to 24 (setmaxnreg), at every head dim, with and without the LSE output; the
-    masked variants' load warp takes work tiles from an atomic counter."""
+    """The Gluon attention for Hopper (``attention/gluon_hopper.py``: its backend's KernelSpec) builds for sm_90a with
+    this Triton: wgmmas, per-sequence (3-D) TMA loads, and the consumer warpgroups raised to 240 registers (160 with
+    three of them) and the load warp lowered to 24 (setmaxnreg), at every head dim, with and without the LSE output;
+    the masked variants' load warp takes work tiles from an atomic counter."""
     if not _compilable(90):
         pytest.skip("this Triton does not compile for sm_90a")
     script = ("import re\n"

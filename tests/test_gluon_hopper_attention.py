@@ -302,20 +302,34 @@ def _paged(k, v, page_size, seqlens, extra_pages=3, page_stride_pad=0):
     return PagedKVCache(k_pages, v_pages, block_table.cuda(), torch.tensor(seqlens, dtype=torch.int32, device="cuda"))
 
 
+def _record_launches(monkeypatch, kernel, describe) -> list:
+    """From here on, each launch of the Gluon ``kernel`` (a bound launch: every launch of the library is one) appends
+    ``describe(bound)`` to the returned list."""
+    from llmkernels.launch import BoundKernel
+
+    calls = []
+    launch = BoundKernel.__call__
+
+    def counting(bound, *values):
+        if bound.fn is kernel:
+            calls.append(describe(bound))
+        return launch(bound, *values)
+    monkeypatch.setattr(BoundKernel, "__call__", counting)
+    return calls
+
+
+def _bound_value(bound, name):
+    return bound.values[bound.names.index(name)]
+
+
 @pytest.fixture
 def gluon_launches(monkeypatch):
     """The Gluon kernel's launches as ``(ragged, paged)`` pairs (so that a test knows lk.attention took it, and
     with which layout)."""
     from llmkernels.attention import gluon_hopper
 
-    calls = []
-    launch = gluon_hopper.launch
-
-    def counting(*args, **kwargs):
-        calls.append((kwargs.get("ragged") is not None, kwargs.get("paged") is not None))
-        return launch(*args, **kwargs)
-    monkeypatch.setattr(gluon_hopper, "launch", counting)
-    return calls
+    return _record_launches(monkeypatch, gluon_hopper.BACKEND.kernel,
+                            lambda bound: (_bound_value(bound, "RAGGED"), _bound_value(bound, "PAGE_SIZE") > 0))
 
 
 def _check_paged(out, lse, q, k, v, seqlens, causal, window=None):
@@ -510,24 +524,13 @@ def test_ragged_bad_cu_seqlens_match_the_portable_kernel(gluon_launches):
 
 @pytest.fixture
 def decode_launches(monkeypatch):
-    """The Gluon split pass's launches, as ``paged`` flags (so that a test knows lk.attention took it). Plans are
-    forgotten first, so that every plan of the test binds the pass through the counting wrapper."""
-    from llmkernels.launch import clear_plans
+    """The Gluon split pass's launches, as ``paged`` flags (so that a test knows lk.attention took it)."""
     from llmkernels.attention import gluon_decode
+    from llmkernels.launch import clear_plans
 
-    calls = []
-    bind_launch = gluon_decode.bind_launch
-
-    def counting_bind(*args, **kwargs):
-        bound, paged = bind_launch(*args, **kwargs), kwargs.get("paged") is not None
-
-        def run(*tensors):
-            calls.append(paged)
-            return bound(*tensors)
-        return run
-    monkeypatch.setattr(gluon_decode, "bind_launch", counting_bind)
     clear_plans()
-    yield calls
+    yield _record_launches(monkeypatch, gluon_decode.BACKEND.kernel,
+                           lambda bound: _bound_value(bound, "PAGE_SIZE") > 0)
     clear_plans()
 
 

@@ -13,7 +13,7 @@ import torch
 
 import llmkernels as lk
 from llmkernels import launch, runtime
-from llmkernels.attention import api as attention_api
+from llmkernels.attention.plan import PLANS as ATTENTION_PLANS
 from llmkernels.formats import api as formats_api
 from llmkernels.grouped_matmul import api as grouped_matmul_api
 from llmkernels.moe import combine, dispatch
@@ -24,7 +24,7 @@ from llmkernels.routing.select import PLANS as SELECT_PLANS
 from public_calls import CALLS, bit_differences, outcome, poisoned_buffer
 
 CACHES = {"quantize": formats_api.PLANS, "grouped_matmul": grouped_matmul_api.PLANS,
-          "attention": attention_api._PLANS, "dispatch": DISPATCH_PLANS, "combine": COMBINE_PLANS,
+          "attention": ATTENTION_PLANS, "dispatch": DISPATCH_PLANS, "combine": COMBINE_PLANS,
           "select_experts": SELECT_PLANS}
 ATTENTION_CONFIG = lk.FA4Config(BM=16, BN=16, num_kv_stages=1)
 
@@ -118,7 +118,7 @@ def test_each_signature_component_replans_grouped_matmul(device):
 
 def test_each_signature_component_replans_attention(device):
     """Causal, return_lse, softmax_scale, a window and the sequence length each make a new plan."""
-    cache = attention_api._PLANS
+    cache = ATTENTION_PLANS
     q, k, v = (torch.randn(1, 20, 2, 16, device=device, dtype=torch.float16) for _ in range(3))
 
     def check(result, **kwargs):
@@ -214,11 +214,11 @@ def test_unhashable_arguments_are_planned_every_time(device):
     """A value without a key (a mask given as a list) skips the cache: planned and checked every time,
     with the result of the cached form."""
     q = torch.randn(1, 8, 2, 16, device=device, dtype=torch.float16)
-    key, plan = attention_api._PLANS.lookup(q, [lk.SlidingWindow(2, 0)])
+    key, plan = ATTENTION_PLANS.lookup(q, [lk.SlidingWindow(2, 0)])
     assert key is None and plan is None
-    before = len(attention_api._PLANS)
+    before = len(ATTENTION_PLANS)
     as_list = [lk.attention(q, q, q, mask=[lk.SlidingWindow(2, 0)], config=ATTENTION_CONFIG) for _ in range(2)]
-    assert len(attention_api._PLANS) == before
+    assert len(ATTENTION_PLANS) == before
     as_tuple = lk.attention(q, q, q, mask=(lk.SlidingWindow(2, 0),), config=ATTENTION_CONFIG)
     assert all(torch.equal(result, as_tuple) for result in as_list)
 
@@ -230,8 +230,8 @@ def test_signature_holds_what_a_plan_depends_on(device):
     assert alignment == t.data_ptr() % 16
     assert launch.value_key(True) != launch.value_key(1) and launch.value_key(1.0) != launch.value_key(1)
     with torch.no_grad():
-        no_grad_key, _ = attention_api._PLANS.lookup(t)
-    assert no_grad_key != attention_api._PLANS.lookup(t)[0]
+        no_grad_key, _ = ATTENTION_PLANS.lookup(t)
+    assert no_grad_key != ATTENTION_PLANS.lookup(t)[0]
 
 
 def test_threads_share_the_caches(device):
@@ -279,10 +279,10 @@ def test_compiled_launches_skip_tritons_wrapper(device):
         pytest.skip("compiled launches need a GPU (the interpreter calls fn[grid])")
     for call in CALLS:
         assert not isinstance(outcome(call, call.make(device)), Exception), call.name
-    kernels = [obj for obj in gc.get_objects() if type(obj) is launch.BoundKernel and obj._kernel is not None]
-    launcher = kernels[0]._kernel.run
-    if getattr(sys.modules.get(type(launcher).__module__), "_BASE_ARGS_FORMAT", None) != launch._DirectLaunch._LAYOUT:
+    kernels = [obj for obj in gc.get_objects() if type(obj) is launch.BoundKernel and obj.compiled is not None]
+    launcher = kernels[0].compiled.run
+    if getattr(sys.modules.get(type(launcher).__module__), "_BASE_ARGS_FORMAT", None) != launch.DIRECT_LAUNCHER_LAYOUT:
         pytest.skip(f"Triton's launcher has another layout: its wrapper runs ({type(launcher).__module__})")
-    through_wrapper = sorted({repr(kernel) for kernel in kernels if kernel._direct is None})
+    through_wrapper = sorted({repr(kernel) for kernel in kernels if not kernel.direct})
     assert not through_wrapper, f"launched through Triton's wrapper: {through_wrapper}"
-    assert any(kernel._direct.maps for kernel in kernels), "no TMA-descriptor kernel among the public calls"
+    assert any(kernel.tma_maps for kernel in kernels), "no TMA-descriptor kernel among the public calls"

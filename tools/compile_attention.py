@@ -1,68 +1,63 @@
-"""The attention launches ``tools/compile_defaults.py`` compiles: prefill, windowed prefill, split-KV decode, combine."""
+"""The attention launches ``tools/compile_defaults.py`` compiles: prefill, windowed prefill, split-KV decode, combine,
+each the :class:`~llmkernels.launch.KernelSpec` its backend gives for a call of that layout."""
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 
-from compile_common import Case, _aligned_signature, _pretend_gpu, expected_mma
-from llmkernels.attention import config as attn_config
-from llmkernels.attention import kernel as attn_kernel
-from llmkernels.attention import split_kv
+from compile_common import Case, _pretend_gpu, expected_mma
+from llmkernels.attention import portable, split_kv
+from llmkernels.attention.check import CheckedCall
+from llmkernels.attention.config import default_config, tiling
+from llmkernels.attention.masks import MaskSpec, ScoreModSpec
 
 # The attention calls: (label, head dim, decode, paged, visible band)
 ATTENTION_CALLS = [(f"prefill d{d}", d, False, False, None) for d in (64, 128, 256)] + [
     ("prefill d128 window 1024", 128, False, False, 1024)] + [
     (f"decode d{d} paged gqa8", d, True, True, None) for d in (64, 128, 256)] + [
     ("decode d128 gqa8", 128, True, False, None)]
+NUM_Q_HEADS, NUM_KV_HEADS, PAGE_SIZE = 32, 4, 64
+
+
+def _call(depth: int, decode: bool, paged: bool, band: int | None, device: torch.device) -> CheckedCall:
+    """A bf16 call of one sequence (one query for decode), 8 q heads per KV head, K/V token rows TMA can read
+    (dense) or pages of 64 keys; ``band``: a sliding window that shows each query that many keys."""
+    mask = MaskSpec(has_window=True, window_left=band - 1, window_right=0) if band else MaskSpec()
+    return CheckedCall(False, paged, 1, NUM_Q_HEADS, NUM_KV_HEADS, depth, NUM_Q_HEADS // NUM_KV_HEADS,
+                       1 if decode else 4096, 4096, mask, ScoreModSpec(), depth ** -0.5, device,
+                       dtype=torch.bfloat16, q_rows=1 if decode else 4096, kv_rows=4096,
+                       page_size=PAGE_SIZE if paged else 0, kv_token_rows=not paged, tma_ready=(True, True, True))
+
+
+def _case(label: str, spec, mma_m: int, arch: int) -> Case:
+    options = dict(spec.options)
+    return Case("attention", label, spec.fn, {}, dict(spec.constexprs), {}, options["num_warps"],
+                options.get("num_stages", 3), mma_m, expected_mma(arch, mma_m), spec=spec)
 
 
 def attention_cases(arch: int, calls=tuple(ATTENTION_CALLS)) -> list[Case]:
-    """The attention launches of ``default_config`` on ``arch``: prefill (causal; TMA K/V where the library
-    takes it), a windowed prefill, split-KV decode of 8 q heads per KV head (paged and dense) and the
-    split combine."""
+    """The launches of the portable backend for ``default_config`` on ``arch``: prefill (TMA K/V where the library
+    takes it), a windowed prefill, split-KV decode of 8 q heads per KV head (paged and dense), and the combine
+    backend's two variants (all splits in one block, and blocks of 64)."""
     device = _pretend_gpu(arch)
     cases = []
     for label, depth, decode, paged, band in calls:
-        config = attn_config.default_config(depth, torch.bfloat16, device, decode=decode, num_q_heads=32,
-                                            num_kv_heads=4, visible_band=band)
-        group = 8
-        if decode:
-            block_q, heads_per_tile = split_kv.decode_tiling(1, group, config.pack_gqa_heads)
-            num_q_tiles = 1
-        else:
-            block_q, heads_per_tile, num_q_tiles = config.MMA_M, 1, config.num_q_tiles
-        tma = config.tma_kv and not paged and depth == 1 << (depth - 1).bit_length()
-        fn = attn_kernel.attention_fwd_kernel
-        constexprs = dict(
-            HEAD_DIM=depth, HEAD_DIM_PAD=depth, BLOCK_Q=block_q, HEADS_PER_TILE=heads_per_tile, BLOCK_N=config.BN,
-            NUM_Q_TILES=num_q_tiles, RAGGED_Q=False, RAGGED_K=False, PAGED=paged, PAGE_SIZE=64 if paged else 16,
-            HAS_WINDOW=band is not None, HAS_CHUNK=False, HAS_MASK_MOD=False, MASK_MOD=None,
-            SCORE_MOD_KIND="none", SCORE_MOD=None, HAS_SINKS=False, SPLIT=decode, RETURN_LSE=False,
-            REVERSE_Q_BLOCKS=band is not None and not decode, RESCALE_THRESHOLD=config.rescale_threshold,
-            POLY_EXP2_FRACTION=config.poly_exp2_fraction, TMA_KV=tma, UPCAST=False, KV_STARTS=False,
-            PAGE_OFFSETS_64=False,
-            MASK_TENSOR="none")
-        kinds = {name: "*i32" for name in fn.arg_names if name.endswith("_ptr")}
-        kinds.update(q_ptr="*bf16", k_ptr="*bf16", v_ptr="*bf16", out_ptr="*fp32" if decode else "*bf16",
-                     lse_ptr="*fp32", sinks_ptr="*fp32", alibi_slopes_ptr="*fp32", softmax_scale="fp32",
-                     softcap_value="fp32", k_desc="*bf16", v_desc="*bf16")
-        if tma:
-            kinds.update(k_desc=f"tensordesc<bf16[{config.BN},{depth}]>", v_desc=f"tensordesc<bf16[{config.BN},{depth}]>")
-        signature, attrs = _aligned_signature(fn, constexprs, kinds, unaligned=(
-            "group", "num_splits", "num_kv_heads", "num_head_programs", "window_left", "window_right", "chunk_size",
-            "num_pages"))
-        tiles = f"{num_q_tiles}x{block_q * heads_per_tile}x{config.BN}"
-        full = (f"{label:24s} q-tiles x rows x keys {tiles:9s} s{config.num_kv_stages} w{config.num_warps} "
-                f"{'tma' if tma else '   '} rescale>{config.rescale_threshold:g} poly {config.poly_exp2_fraction:g}")
-        mma_m = block_q * heads_per_tile
-        cases.append(Case("attention", full, fn, signature, constexprs, attrs, config.num_warps,
-                          config.num_kv_stages, mma_m, expected_mma(arch, mma_m)))
-    fn = split_kv.combine_splits_kernel
-    kinds = {"o_partial_ptr": "*fp32", "lse_partial_ptr": "*fp32", "out_ptr": "*bf16", "lse_ptr": "*fp32",
-             "sinks_ptr": "*fp32"}
-    for one_block in (True, False):
-        constexprs = dict(HEAD_DIM=128, HEAD_DIM_PAD=128, BLOCK_SPLITS=64, HAS_SINKS=True, RETURN_LSE=True,
-                          ONE_BLOCK=one_block)
-        signature, attrs = _aligned_signature(fn, constexprs, kinds, unaligned=("num_splits",))
-        label = "split-KV combine d128" + (" one block" if one_block else " blocks")
-        cases.append(Case("attention", label, fn, signature, constexprs, attrs, 4, 3, 0, "none"))
+        call = _call(depth, decode, paged, band, device)
+        config = default_config(depth, torch.bfloat16, device, decode=decode, num_q_heads=NUM_Q_HEADS,
+                                num_kv_heads=NUM_KV_HEADS, visible_band=band)
+        tiles = tiling(config, decode, call.q_bound, call.group, call.batch, call.num_kv_heads, num_splits=2)
+        spec = portable.BACKEND.spec(call, tiles)
+        rows = tiles.block_q * tiles.heads_per_tile
+        tiles_label = f"{tiles.num_q_tiles}x{rows}x{config.BN}"
+        full = (f"{label:24s} q-tiles x rows x keys {tiles_label:9s} s{config.num_kv_stages} w{config.num_warps} "
+                f"{'tma' if spec.constexprs['TMA_KV'] else '   '} rescale>{config.rescale_threshold:g} "
+                f"poly {config.poly_exp2_fraction:g}")
+        cases.append(_case(full, spec, rows, arch))
+    call = _call(128, True, False, None, device)
+    config = default_config(128, torch.bfloat16, device, decode=True)
+    for num_splits, variant in ((64, "one block"), (100, "blocks")):
+        tiles = tiling(config, True, 1, call.group, 1, call.num_kv_heads, num_splits=num_splits)
+        call_with_sinks = dataclasses.replace(call, has_sinks=True, return_lse=True)
+        cases.append(_case(f"split-KV combine d128 {variant}", split_kv.BACKEND.spec(call_with_sinks, tiles), 0, arch))
     return cases

@@ -34,6 +34,7 @@ class Case:
     mma_m: int  # rows of the MMA's M side (the weights' rows under swap-AB); 0 without an MMA
     expect: str  # the MMA instruction the design says this path issues (see expected_mma)
     roofline: str = ""  # grouped matmul on Blackwell: the B200 time bound of the problem the config is for
+    spec: object = field(default=None, repr=False)  # the backend's KernelSpec, when the case is one (it compiles that)
 
 
 @dataclass(frozen=True)
@@ -73,14 +74,21 @@ def expected_mma(arch: int, mma_m: int, a_scale: str = "none", b_scale: str = "n
     return "tcgen05.f16"
 
 
+_PRETENDING: list = []
+
+
 def _pretend_gpu(arch: int) -> torch.device:
-    """The defaults ask the device for its capability and SM count: answer as the target GPU would."""
-    runtime._capability_of = lambda index: (arch // 10, arch % 10)
-    runtime._multiprocessor_count = lambda index: GPUS[arch]["sms"]
+    """The defaults ask the device for its capability and SM count: from here on they answer as the target GPU
+    would (:func:`llmkernels.runtime.pretend_gpu`, left entered: a listing is made and compiled in one process)."""
+    while _PRETENDING:
+        _PRETENDING.pop().__exit__(None, None, None)
+    pretending = runtime.pretend_gpu((arch // 10, arch % 10), GPUS[arch]["sms"])
+    device = pretending.__enter__()
+    _PRETENDING.append(pretending)
     torch.cuda.current_device = lambda: 0
     gm_config.default_launches.cache_clear()
     attn_config.default_config.cache_clear()
-    return torch.device("cuda", 0)
+    return device
 
 
 def _aligned_signature(fn, constexprs: dict, kinds: dict, unaligned=()) -> tuple[dict, dict]:

@@ -53,13 +53,16 @@ def _hushed_stderr():
 
 def compile_case(case: Case, arch: int) -> Result:
     """Compiles one case for ``sm_<arch>a``; a compiler failure comes back as ``Result.error``."""
-    names = case.fn.arg_names
-    source = ASTSource(case.fn, case.signature,
-                       constexprs={(names.index(k),): v for k, v in case.constexprs.items()}, attrs=case.attrs)
+    if case.spec is not None:  # a backend's KernelSpec: what the library launches
+        source, options = case.spec.ast_source(), dict(case.spec.options)
+    else:
+        names = case.fn.arg_names
+        source = ASTSource(case.fn, case.signature,
+                           constexprs={(names.index(k),): v for k, v in case.constexprs.items()}, attrs=case.attrs)
+        options = dict(num_warps=case.num_warps, num_stages=case.num_stages)
     try:
         with _hushed_stderr():
-            compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32),
-                                      options=dict(num_warps=case.num_warps, num_stages=case.num_stages))
+            compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
     except Exception as error:  # noqa: BLE001 - any compiler failure is a finding, reported per case
         lines = [line for line in str(error).splitlines() if line.strip()]
         return Result(error=f"{type(error).__name__}: {lines[-1] if lines else ''}"[:160])

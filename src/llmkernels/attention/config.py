@@ -64,14 +64,15 @@ the Gluon kernel's roles are explicit (``warp_specialized`` above).
 from __future__ import annotations
 
 import dataclasses
-import functools
 from dataclasses import dataclass
 
 import torch
 
-from ..runtime import cuda_capability, next_power_of_2
+from ..runtime import cdiv, cuda_capability, interpreting, next_power_of_2, per_device
 
-__all__ = ["FA4Config", "default_config", "SUPPORTED_HEAD_DIMS"]
+__all__ = ["FA4Config", "default_config", "SUPPORTED_HEAD_DIMS", "Tiling", "tiling", "splits_kv", "split_count",
+           "choose_num_splits", "decode_tiling", "gluon_prefill_consumers", "gluon_prefill_block_n",
+           "GLUON_PREFILL_MAX_REGS", "combine_block_splits", "MAX_DECODE_QUERIES", "runs_gluon"]
 
 SUPPORTED_HEAD_DIMS = tuple(range(16, 257, 16))
 _POLY_FRACTIONS = (0.0, 0.25, 0.5, 0.75, 1.0)
@@ -173,7 +174,7 @@ class FA4Config:
         return dataclasses.replace(self, **changes)
 
 
-@functools.lru_cache(maxsize=256)  # a pure function of hashable arguments; configs are frozen
+@per_device  # a pure function of hashable arguments and the device's properties; configs are frozen
 def default_config(depth: int, dtype: torch.dtype, device: torch.device, *, decode: bool = False,
                    num_q_heads: int | None = None, num_kv_heads: int | None = None,
                    visible_band: int | None = None) -> FA4Config:
@@ -235,3 +236,119 @@ def default_config(depth: int, dtype: torch.dtype, device: torch.device, *, deco
     if depth <= 128:
         return FA4Config(BM=128, BN=64, num_q_tiles=1, num_kv_stages=2, num_warps=4, rescale_threshold=8.0, **common)
     return FA4Config(BM=64, BN=32, num_q_tiles=1, num_kv_stages=2, num_warps=4, rescale_threshold=8.0, **common)
+
+
+# ---------------------------------------------------------------------------------------------
+# Tiling: what one call launches, from its config and sizes (the backends' specs read these)
+# ---------------------------------------------------------------------------------------------
+
+MAX_DECODE_QUERIES = 16  # q tokens per sequence up to which the split-KV path is the default
+COMBINE_MAX_BLOCK_SPLITS = 64  # splits the combine reads in one block (one round trip to L2: H100, lab/NOTES.md)
+# Gluon prefill launch registers per thread (``maxnreg``) by consumer warpgroups: two consumers and the load warp's
+# warpgroup are 12 warps sharing 64K registers (65536 / (12 * 32) rounded down to a multiple of 8), three are 16
+GLUON_PREFILL_MAX_REGS = {2: 168, 3: 128}
+
+
+def splits_kv(max_seqlen_q: int, num_splits: int | None) -> bool:
+    """Whether a call takes the split-KV (decode) path: ``num_splits > 1`` asked for, or none given and at most
+    ``MAX_DECODE_QUERIES`` queries per sequence."""
+    return (num_splits is not None and num_splits > 1) or (num_splits is None and max_seqlen_q <= MAX_DECODE_QUERIES)
+
+
+def choose_num_splits(num_programs_without_split: int, num_kv_tiles_bound: int, num_sms: int) -> int:
+    """Splits so that ``programs * splits`` fills the GPU about twice (host-known bounds only, no sync).
+
+    Never more splits than KV tiles of the longest possible sequence, never fewer than one: programs that
+    already fill the GPU twice get one. Programs that fill it once but not twice still split in two (H100,
+    32 sequences x 8 KV heads at 8k: 375 vs 395 µs, ``lab/NOTES.md``).
+    """
+    wanted = cdiv(2 * num_sms, max(num_programs_without_split, 1))
+    return max(1, min(wanted, num_kv_tiles_bound, 256))
+
+
+def decode_tiling(max_seqlen_q: int, group: int, pack_gqa_heads: int = 0) -> tuple[int, int]:
+    """(BLOCK_Q, HEADS_PER_TILE) of the split-KV path: rows are (query, head) pairs, at least 16 rows
+    (the smallest ``tl.dot`` M), at most 128."""
+    heads_per_tile = pack_gqa_heads or min(next_power_of_2(group), 64)
+    block_q = next_power_of_2(max(max_seqlen_q, 1))
+    while block_q * heads_per_tile > 128 and heads_per_tile > 1:
+        heads_per_tile //= 2
+    block_q = min(block_q, max(1, 128 // heads_per_tile))
+    block_q = max(block_q, max(1, 16 // heads_per_tile))
+    return block_q, heads_per_tile
+
+
+def gluon_prefill_block_n(head_dim: int) -> int:
+    """Keys per K/V tile of the Gluon prefill: S (block_n / 2 fp32 per thread), P and O (head_dim / 2) fit the
+    consumers' 240 registers, and Q plus two stages of K and V the 227 KiB of shared memory."""
+    return 64 if head_dim > 128 else 128
+
+
+def gluon_prefill_consumers(head_dim: int, seqlen_q: int, masked: bool) -> int:
+    """Consumer warpgroups per block of the Gluon prefill: three at D = 64 (FA3's choice; 160 registers fit S, P and
+    O there), except for masked calls of at most 4096 queries, where a 192-row block's diagonal tiles waste more
+    than three consumers gain (H100: 2k causal 0.89 against 0.77x cuDNN, 4k 0.97 against 0.94x, 8k 1.00 against
+    1.04x; lab/NOTES.md); two elsewhere."""
+    return 3 if head_dim == 64 and (not masked or seqlen_q > 4096) else 2
+
+
+def combine_block_splits(num_splits: int) -> int:
+    """Splits the combine kernel reads per block: all of them up to ``COMBINE_MAX_BLOCK_SPLITS`` (its
+    ``ONE_BLOCK`` variant), else blocks of that many."""
+    return min(next_power_of_2(num_splits), COMBINE_MAX_BLOCK_SPLITS)
+
+
+@dataclass(frozen=True)
+class Tiling:
+    """What one call launches, decided from its :class:`FA4Config` and host-known sizes (no tensor).
+
+    ``split``: the split-KV path (decode); ``num_splits``: programs per (Q block, head tile) along the keys (1
+    without split); ``partials``: several splits, merged by the combine kernel (one split writes O directly).
+    Portable kernel: Q tiles of ``block_q`` queries x ``heads_per_tile`` q heads (rows are (query, head) pairs),
+    ``num_q_tiles`` per program, ``num_q_blocks`` x ``num_head_programs`` programs along grid axis 0.
+    """
+
+    config: FA4Config
+    split: bool
+    num_splits: int
+    block_q: int
+    heads_per_tile: int
+    num_q_tiles: int
+    num_q_blocks: int
+    num_head_programs: int
+
+    @property
+    def partials(self) -> bool:
+        return self.split and self.num_splits > 1
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        return (self.num_q_blocks * self.num_head_programs, self.num_splits)
+
+
+def tiling(config: FA4Config, split: bool, max_seqlen_q: int, group: int, batch: int, num_kv_heads: int,
+           num_splits: int = 1) -> Tiling:
+    """The :class:`Tiling` of a call of ``batch`` sequences of at most ``max_seqlen_q`` queries, ``group`` q heads
+    per KV head: the split path packs the q heads of a KV head into a tile (:func:`decode_tiling`), one pass takes
+    ``config.MMA_M`` rows and ``config.num_q_tiles`` tiles per program."""
+    if split:
+        block_q, heads_per_tile = decode_tiling(max_seqlen_q, group, config.pack_gqa_heads)
+        num_q_tiles = 1
+    else:
+        block_q, heads_per_tile, num_q_tiles, num_splits = config.MMA_M, 1, config.num_q_tiles, 1
+    return Tiling(config, split, num_splits, block_q, heads_per_tile, num_q_tiles,
+                  cdiv(max_seqlen_q, block_q * num_q_tiles), batch * num_kv_heads * cdiv(group, heads_per_tile))
+
+
+def split_count(tiles: Tiling, num_kv_tiles_bound: int, num_splits: int | None, num_sms: int) -> int:
+    """Splits of a split-KV call: ``num_splits`` when given, else :func:`choose_num_splits`; never more than the KV
+    tiles of the longest possible sequence (extra splits would only see empty ranges)."""
+    if num_splits is None:
+        num_splits = choose_num_splits(tiles.num_q_blocks * tiles.num_head_programs, num_kv_tiles_bound, num_sms)
+    return min(num_splits, num_kv_tiles_bound)
+
+
+def runs_gluon(device: torch.device) -> bool:
+    """Whether the Gluon kernels for Hopper (``gluon_hopper``, ``gluon_decode``) can run on ``device``: an sm_90
+    GPU, not the interpreter (the backends that launch them ask)."""
+    return not interpreting() and cuda_capability(device) == (9, 0)

@@ -7,8 +7,8 @@ m64 ``wgmma`` block (rows past the group are zeros, never stored); K and V tiles
 2-stage ring, one box per page a tile spans (pages found in the block table, as in ``gluon_hopper``). Each
 program writes the normalized partial O (float32) and base-2 LSE of its split, the portable split pass's
 partials, which :func:`llmkernels.attention.split_kv.combine_splits_kernel` merges (sinks and the LSE there).
-``attention`` takes this pass on an sm_90 GPU where :func:`supports` holds; everything else runs the portable
-kernel.
+``attention`` takes this pass on an sm_90 GPU where :meth:`GluonDecode.supports` holds (:data:`BACKEND`, second in
+the plan's list); everything else runs the portable kernel.
 """
 from __future__ import annotations
 
@@ -17,13 +17,18 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
                                                               warpgroup_mma_wait)
-from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from ..launch import BoundKernel, bind
+from ..launch import BoundKernel, KernelSpec
+from ..runtime import unit_last_stride
+from .check import CheckedCall
+from .config import FA4Config, Tiling, tiling
 from .gluon_hopper import (DTYPES, LOG2E, _descriptor, _load_kv_tile, _nvmma_layout, _softmax_tile, _store_layout,
-                           _supported, tma_ready)
+                           descriptor_type, gluon_eligible, sequence_rows)
+from .layout import paged_metadata
+from .masks import MaskSpec, ScoreModSpec
+from .portable import TYPE_NAMES
 
-__all__ = ["supports", "bind_launch", "compile_for_sm90", "TILE_N", "MAX_HEAD_PROGRAMS"]
+__all__ = ["BACKEND", "GluonDecode", "compile_for_sm90", "TILE_N", "MAX_HEAD_PROGRAMS"]
 
 TILE_N = 64  # keys per K / V tile (the portable decode's BN, so both split a sequence alike)
 STAGES = 2  # K / V tiles in flight per program (three measured no faster at B = 1, H100)
@@ -152,79 +157,105 @@ def _decode_split_kernel(q_ptr, k_desc, v_desc, o_part_ptr, lse_part_ptr, block_
     gl.store(lse_base + (kv_head * group + lse_rows).to(gl.int64) * stride_lh, lse, mask=lse_rows < group)
 
 
-def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float, *, paged: bool,
-             num_head_programs: int) -> bool:
-    """Whether :func:`bind_launch` runs this split pass: what every Gluon layout asks
-    (:func:`gluon_hopper._supported`: an sm_90 GPU, fp16/bf16, ``Hq`` a multiple of ``Hkv``, a positive scale),
-    and q ``[B, 1, Hq, D]`` with D in {64, 128}, k / v (dense ``[B, Skv, Hkv, D]`` or, ``paged``, the pages
-    ``[num_pages, page_size, Hkv, D]``) alike and read by TMA in place (:func:`gluon_hopper.tma_ready`: never
-    copied, a cache is large), at most 64 q heads per KV head, and at most ``MAX_HEAD_PROGRAMS`` (sequence,
-    KV head) pairs (more fill the GPU without splits, where the portable pass measured faster). The caller rules
-    out masks other than a causal mask (which one bottom-right query does not restrict), score mods, ragged q
-    and key starts."""
-    if not _supported(q, k, softmax_scale, 0) or v.shape != k.shape or v.dtype != k.dtype:
-        return False
-    if q.shape[1] != 1 or q.shape[3] not in HEAD_DIMS or q.shape[2] // k.shape[2] > ROWS:
-        return False
-    if paged and k.shape[0] == 0:
-        return False
-    return num_head_programs <= MAX_HEAD_PROGRAMS and tma_ready(k) and tma_ready(v)
+def _decode_call(head_dim: int, page_size: int) -> CheckedCall:
+    """A bf16 call of the split pass's layout (one query, 8 q heads per KV head), without tensors."""
+    return CheckedCall(False, page_size > 0, 1, 8, 1, head_dim, 8, 1, 0, MaskSpec(), ScoreModSpec(), 1.0,
+                       torch.device("cuda", 0), dtype=torch.bfloat16, page_size=page_size, tma_ready=(True, True, True))
 
 
-def bind_launch(q, k, v, o_partial, lse_partial, softmax_scale: float, *,
-                paged: tuple[torch.Tensor, torch.Tensor] | None = None) -> BoundKernel:
-    """The split pass for inputs :func:`supports` accepts, bound (compiled, descriptors laid out) on these tensors;
-    call the result with ``(q, k, v, o_partial, lse_partial, block_table, seqlens)`` of any call of the same
-    signature (dense K/V: ``lse_partial`` twice more in place of the unread block table and seqlens). It writes
-    every split's partial O and base-2 LSE, the combine kernel's inputs.
+class GluonDecode:
+    """The Gluon split-KV pass: one query token per sequence, dense K/V or a paged cache TMA reads in place, D 64 or
+    128, few (sequence, KV head) pairs; its partials go to the combine backend."""
 
-    q ``[B, 1, Hq, D]`` (D unit-stride); k, v dense ``[B, Skv, Hkv, D]`` or, with ``paged = (block_table,
-    seqlens)`` (int32 ``[B, max_pages]`` with unit stride along a row, int32 ``[B]`` contiguous; read clamped),
-    the pages ``[num_pages, page_size, Hkv, D]``; o_partial float32 ``[splits, B, 1, Hq, D]`` and lse_partial
-    float32 ``[splits, B, Hq, 1]`` (any strides, D unit-stride), ``splits = o_partial.shape[0]``. A call of the
-    bound kernel checks nothing and does not sync (CUDA-graph capturable)."""
-    batch, _, num_q_heads, head_dim = q.shape
-    num_kv_heads = k.shape[2]
-    dtype = DTYPES[q.dtype]
-    if paged is not None:
-        block_table, seqlens = paged
-        num_pages, page_size = k.shape[:2]
-        max_pages, stride_block_table, seqlen_kv = block_table.shape[1], block_table.stride(0), 0
-        box = min(page_size, TILE_N)
-    else:
-        block_table = seqlens = lse_partial  # pointers the dense variant never reads
-        num_pages = page_size = max_pages = stride_block_table = 0
-        seqlen_kv, box = k.shape[1], TILE_N
-    return bind(
-        _decode_split_kernel, (batch * num_kv_heads, o_partial.shape[0]),
-        q, _descriptor(k, box), _descriptor(v, box), o_partial, lse_partial, block_table, seqlens,
-        q.stride(0), q.stride(2), stride_block_table, max_pages, num_pages, seqlen_kv, num_kv_heads,
-        num_q_heads // num_kv_heads, o_partial.shape[0], o_partial.stride(0), o_partial.stride(1),
-        o_partial.stride(3), lse_partial.stride(0), lse_partial.stride(1), lse_partial.stride(2),
-        softmax_scale * LOG2E,
-        TILE=TILE_N, STAGES=STAGES, PAGE_SIZE=page_size, Q_LAYOUT=_nvmma_layout([ROWS, head_dim], dtype),
-        KV_LAYOUT=_nvmma_layout([TILE_N, head_dim], dtype), num_warps=4)
+    name = "gluon_decode"
+    kernel = _decode_split_kernel
+
+    def supports(self, call: CheckedCall, tiles: Tiling) -> bool:
+        """A config with ``warp_specialized`` (sm_90's default) on an sm_90 GPU (not the interpreter), several
+        splits, one query per sequence (dense q), no mask but a causal one (which that bottom-right query does not
+        restrict), no score_mod or mask tensor, no key starts (:func:`gluon_hopper.gluon_eligible`), a positive
+        scale, at most 64 q heads per KV head and ``MAX_HEAD_PROGRAMS`` (sequence, KV head) pairs (more fill the GPU
+        without splits, where the portable pass measured faster), k and v (or the pages, at least one) read by TMA
+        in place (never copied: a cache is large)."""
+        spec = call.mask_spec
+        whole = not spec.has_window or (spec.window_left >= call.kv_bound and spec.window_right >= 0)
+        return (tiles.partials and not call.ragged and call.q_bound == 1 and whole
+                and gluon_eligible(call, tiles.config) and call.softmax_scale > 0 and call.head_dim in HEAD_DIMS
+                and call.group <= ROWS and not (call.paged and call.kv_rows == 0)
+                and call.batch * call.num_kv_heads <= MAX_HEAD_PROGRAMS and call.tma_ready[1] and call.tma_ready[2])
+
+    def spec(self, call: CheckedCall, tiles: Tiling) -> KernelSpec:
+        head_dim, dtype, paged = call.head_dim, call.dtype, call.paged
+        page_size = call.page_size if paged else 0
+        box = [1, min(page_size, TILE_N) if paged else TILE_N, head_dim]
+        constexprs = dict(TILE=TILE_N, STAGES=STAGES, PAGE_SIZE=page_size,
+                          Q_LAYOUT=_nvmma_layout([ROWS, head_dim], DTYPES[dtype]),
+                          KV_LAYOUT=_nvmma_layout([TILE_N, head_dim], DTYPES[dtype]))
+        kv_type = descriptor_type(dtype, box)
+        metadata = "*i32" if paged else "*fp32"  # dense: the LSE partials stand in for the unread block table
+        arg_types = dict(q_ptr="*" + TYPE_NAMES[dtype], k_desc=kv_type, v_desc=kv_type, o_part_ptr="*fp32",
+                         lse_part_ptr="*fp32", block_table_ptr=metadata, seqlens_ptr=metadata, qk_scale="fp32")
+        return KernelSpec(self.kernel, (call.batch * call.num_kv_heads, tiles.num_splits), constexprs,
+                          dict(num_warps=4), arg_types, per_call=("seqlen_kv",) if call.dynamic_kv else (),
+                          divisible=())
+
+    def launch(self, call: CheckedCall, tiles: Tiling) -> "GluonDecodeLaunch":
+        return GluonDecodeLaunch(call, self.spec(call, tiles))
+
+
+BACKEND = GluonDecode()
+
+
+class GluonDecodeLaunch:
+    """The split pass's launch for one plan: bound at the first call on q, the K/V descriptors, the partials it
+    writes and (paged) the block table and key counts; dense K/V: the LSE partials in those two slots."""
+
+    def __init__(self, call: CheckedCall, spec: KernelSpec):
+        self.spec, self.bound, self.call = spec, None, call
+        self.paged, self.dynamic = call.paged, call.dynamic_kv
+
+    def __call__(self, q, k, v, kv_cache, cu_seqlens_q, cu_seqlens_k, sinks, slopes, attn_mask, out, lse, o_partial,
+                 lse_partial) -> None:
+        q = unit_last_stride(q)
+        if self.paged:
+            k, v = kv_cache.k_pages, kv_cache.v_pages
+            block_table, seqlens = paged_metadata(kv_cache)
+        else:
+            block_table = seqlens = lse_partial  # pointers the dense variant never reads
+        k_desc, v_desc = (sequence_rows(k), sequence_rows(v)) if self.dynamic else (k, v)
+        values = (q, k_desc, v_desc, o_partial, lse_partial, block_table, seqlens)
+        if self.dynamic:
+            values = (*values, k.shape[1])
+        (self.bound or self._bind(values, k, v))(*values)
+
+    def _bind(self, values, k, v) -> BoundKernel:
+        q, _, _, o_partial, lse_partial, block_table, seqlens = values[:7]
+        call = self.call
+        if self.paged:
+            num_pages, page_size = k.shape[:2]
+            max_pages, stride_block_table, seqlen_kv = block_table.shape[1], block_table.stride(0), 0
+            box = min(page_size, TILE_N)
+        else:
+            num_pages = max_pages = stride_block_table = 0
+            seqlen_kv, box = k.shape[1], TILE_N
+        self.bound = self.spec.bind(
+            q, _descriptor(k, box), _descriptor(v, box), o_partial, lse_partial, block_table, seqlens,
+            q.stride(0), q.stride(2), stride_block_table, max_pages, num_pages, seqlen_kv, call.num_kv_heads,
+            call.group, o_partial.shape[0], o_partial.stride(0), o_partial.stride(1), o_partial.stride(3),
+            lse_partial.stride(0), lse_partial.stride(1), lse_partial.stride(2), float(call.softmax_scale) * LOG2E)
+        return self.bound
 
 
 def compile_for_sm90(head_dim: int, page_size: int = 0) -> dict:
     """Compiles the split pass for sm_90a without a GPU (ptxas from the Triton wheel runs, nothing launches) and
-    returns the compiled kernel's ``asm`` dict, specialized as a bf16 call is; ``page_size`` 0: dense K/V. Run it
-    with ``TRITON_INTERPRET`` unset or 0 (see :func:`gluon_hopper.compile_for_sm90`)."""
+    returns the compiled kernel's ``asm`` dict: the backend's :class:`KernelSpec` for a bf16 call of that layout;
+    ``page_size`` 0: dense K/V. Run it with ``TRITON_INTERPRET`` unset or 0 (see
+    :func:`gluon_hopper.compile_for_sm90`)."""
     import triton
     from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
 
     if head_dim not in HEAD_DIMS:
         raise ValueError(f"head_dim must be one of {HEAD_DIMS}, got {head_dim}")
-    box = [1, min(page_size, TILE_N) if page_size else TILE_N, head_dim]
-    kv_type = f"tensordesc<bf16[{', '.join(map(str, box))}],{_nvmma_layout(box)!r}>"
-    constexprs = dict(TILE=TILE_N, STAGES=STAGES, PAGE_SIZE=page_size, Q_LAYOUT=_nvmma_layout([ROWS, head_dim]),
-                      KV_LAYOUT=_nvmma_layout([TILE_N, head_dim]))
-    kinds = dict(q_ptr="*bf16", k_desc=kv_type, v_desc=kv_type, o_part_ptr="*fp32", lse_part_ptr="*fp32",
-                 block_table_ptr="*i32" if page_size else "*fp32", seqlens_ptr="*i32" if page_size else "*fp32",
-                 qk_scale="fp32", **dict.fromkeys(constexprs, "constexpr"))
-    fn = _decode_split_kernel
-    signature = {name: kinds.get(name, "i32") for name in fn.arg_names}
-    source = GluonASTSource(fn, signature, constexprs={(fn.arg_names.index(name), ): value
-                                                       for name, value in constexprs.items()})
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4)).asm
+    call = _decode_call(head_dim, page_size)
+    spec = BACKEND.spec(call, tiling(FA4Config(warp_specialized=True), True, 1, call.group, 1, 1, num_splits=2))
+    return triton.compile(spec.ast_source(), target=GPUTarget("cuda", 90, 32), options=dict(spec.options)).asm

@@ -1,10 +1,12 @@
 """Attention forward in Gluon for Hopper (sm_90a), warp-specialized on FA3's schedule.
 
-:func:`launch` is the prefill path of :func:`llmkernels.attention` on an sm_90 GPU for fp16/bf16 inputs with head dim
-64, 128 or 256, causal and / or a sliding window (bottom-right aligned) or neither, MHA/GQA/MQA, optionally with the
-LSE: dense q, k, v; ragged ones (``cu_seqlens``); q dense or ragged over a paged KV cache (chunked prefill).
-:func:`gluon_attention` runs the dense layout alone. :func:`supports`, :func:`supports_ragged` and
-:func:`supports_paged` say whether a call qualifies; everything else runs the portable Triton kernel.
+The backend :data:`BACKEND` (:class:`GluonPrefill`) is the prefill path of :func:`llmkernels.attention` on an sm_90
+GPU for fp16/bf16 inputs with head dim 64, 128 or 256, causal and / or a sliding window (bottom-right aligned) or
+neither, MHA/GQA/MQA, optionally with the LSE: dense q, k, v; ragged ones (``cu_seqlens``); q dense or ragged over a
+paged KV cache (chunked prefill). Its ``supports(call, tiles)`` says whether a call qualifies (the first of the
+plan's backends: everything else runs the portable Triton kernel) and ``spec(call, tiles)`` gives the launch.
+:func:`gluon_attention` runs the dense layout alone; :func:`supports` and :func:`supports_paged` ask the same of
+tensors.
 
 The kernel is persistent: one program per SM runs work tiles (a Q block of one (batch, q head)) until none is
 left, in head-major order so that the blocks running together share their heads' K/V in L2. Unmasked calls
@@ -38,8 +40,10 @@ each: FA3's choice there; two for masked calls of at most 4096 queries), at D 12
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
+import threading
 
 import torch
 import triton
@@ -49,11 +53,17 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from ..runtime import num_programs_hint
-from .masks import UNBOUNDED
+from ..launch import BoundKernel, KernelSpec, PlanCache
+from ..runtime import num_programs_hint, pretend_gpu
+from . import config as attention_config
+from .check import CheckedCall, check_attention
+from .config import FA4Config, Tiling
+from .layout import paged_metadata, tma_ready
+from .masks import SCORE_MOD_NONE, UNBOUNDED, MaskSpec, ScoreModSpec
+from .portable import TYPE_NAMES
 
-__all__ = ["gluon_attention", "supports", "supports_ragged", "supports_paged", "tma_ready", "as_tma_ready", "launch",
-           "compile_for_sm90"]
+__all__ = ["gluon_attention", "supports", "supports_paged", "tma_ready", "as_tma_ready", "BACKEND", "GluonPrefill",
+           "gluon_eligible", "compile_for_sm90"]
 
 LOG2E = 1.4426950408889634
 LN2 = gl.constexpr(0.6931471805599453)
@@ -62,19 +72,12 @@ HEAD_DIMS = (64, 128, 256)
 MAX_WORK_TILES = 2**31 - 2**20  # work-tile indices (and the counter, which overshoots by a grid) stay in int32
 DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
 # Registers per thread. Two consumer warpgroups: 240 each and 24 for the load warp's warpgroup, 12 warps in all
-# (4 + 4 + 1, rounded up to warpgroups) sharing the SM's 64K registers: the launch's maxnreg is 65536 / (12 * 32)
-# rounded down to a multiple of 8, and the default partition gets what the workers leave. Three consumers
-# (FA3's choice at D = 64): 16 warps, maxnreg 128, 160 per consumer.
+# (4 + 4 + 1, rounded up to warpgroups) sharing the SM's 64K registers: the launch's maxnreg
+# (config.GLUON_PREFILL_MAX_REGS) is 65536 / (12 * 32) rounded down to a multiple of 8, and the default partition
+# gets what the workers leave. Three consumers (FA3's choice at D = 64): 16 warps, maxnreg 128, 160 per consumer.
 CONSUMER_REGS = gl.constexpr(240)
 CONSUMER_REGS_3 = gl.constexpr(160)
 LOADER_REGS = gl.constexpr(24)
-MAX_REGS = {2: 168, 3: 128}
-
-
-def _block_n(head_dim: int) -> int:
-    """Keys per K/V tile: S (block_n / 2 fp32 per thread), P and O (head_dim / 2) fit the consumers' 240
-    registers, and Q plus two stages of K and V the 227 KiB of shared memory."""
-    return 64 if head_dim > 128 else 128
 
 
 # The TMA global -> shared copy: ``async_copy_global_to_shared`` in Triton 3.6, ``async_load`` in later ones
@@ -569,16 +572,9 @@ def _nvmma_layout(block_shape, dtype=gl.bfloat16):
     return gl.NVMMASharedLayout.get_default_for(block_shape, dtype)
 
 
-def tma_ready(t: torch.Tensor) -> bool:
-    """Whether TMA can read a ``[B, S, H, D]`` (or ragged ``[total, H, D]``) tensor in place as ``[B, S, H·D]``:
-    heads contiguous in a token row, batch and token strides positive multiples of 16 bytes, a 16-byte aligned
-    start. Other layouts are copied (:func:`as_tma_ready`)."""
-    if t.dim() == 3:
-        t = t.unsqueeze(0)
-    batch_stride, token_stride, head_stride, unit = t.stride()
-    size = t.element_size()
-    return (unit == 1 and head_stride == t.shape[3] and token_stride > 0 and batch_stride > 0
-            and (token_stride * size) % 16 == 0 and (batch_stride * size) % 16 == 0 and t.data_ptr() % 16 == 0)
+def descriptor_type(dtype: torch.dtype, block) -> str:
+    """The Triton type of a tensor descriptor argument with this block (for an ahead-of-time compile)."""
+    return f"tensordesc<{TYPE_NAMES[dtype]}[{', '.join(map(str, block))}],{_nvmma_layout(block, DTYPES[dtype])!r}>"
 
 
 def as_tma_ready(t: torch.Tensor) -> torch.Tensor:
@@ -587,62 +583,51 @@ def as_tma_ready(t: torch.Tensor) -> torch.Tensor:
     return t if tma_ready(t) else t.clone(memory_format=torch.contiguous_format)
 
 
-def _on_sm90(device: torch.device) -> bool:
-    return device.type == "cuda" and torch.cuda.get_device_capability(device) == (9, 0)
-
-
-def _supported(q: torch.Tensor, kv: torch.Tensor, softmax_scale: float, work_tiles: int) -> bool:
-    """What every layout asks: an sm_90 GPU, fp16/bf16 ``[B, Sq, Hq, D]`` q and 4-D keys/values ``kv`` of q's
-    dtype with ``D`` in {64, 128, 256}, ``Hq`` a multiple of ``Hkv``, at most 2**31 - 2**20 Q blocks of 128 rows
-    (``work_tiles``) and a positive scale."""
-    if q.dtype not in DTYPES or kv.dtype != q.dtype or q.dim() != 4 or kv.dim() != 4:
-        return False
-    if q.shape[3] not in HEAD_DIMS or kv.shape[3] != q.shape[3]:
-        return False
-    if not _on_sm90(q.device):
-        return False
-    num_q_heads, num_kv_heads = q.shape[2], kv.shape[2]
-    return num_kv_heads >= 1 and num_q_heads % num_kv_heads == 0 and work_tiles <= MAX_WORK_TILES and softmax_scale > 0
-
-
 def _work_tiles(batch: int, max_seqlen_q: int, num_q_heads: int) -> int:
     return triton.cdiv(max_seqlen_q, 2 * CONSUMER_ROWS) * batch * num_q_heads
+
+
+def _fits(head_dim: int, work_tiles: int, softmax_scale: float, device: torch.device) -> bool:
+    """What every layout asks beyond :func:`llmkernels.attention.check.check_attention`'s rules: an sm_90 GPU,
+    ``D`` in {64, 128, 256}, at most 2**31 - 2**20 Q blocks of 128 rows (``work_tiles``) and a positive scale."""
+    return (head_dim in HEAD_DIMS and work_tiles <= MAX_WORK_TILES and softmax_scale > 0
+            and attention_config.runs_gluon(device))
+
+
+def gluon_eligible(call: CheckedCall, config: FA4Config) -> bool:
+    """What both Gluon backends ask of a call: a config with ``warp_specialized``, an sm_90 GPU
+    (:func:`config.runs_gluon`), and no key starts, chunked mask, mask_mod, mask tensor or score_mod."""
+    spec = call.mask_spec
+    return (config.warp_specialized and not call.kv_starts and not spec.has_chunk and spec.mask_mod is None
+            and call.mask_kind == "none" and call.mod_spec.kind == SCORE_MOD_NONE
+            and attention_config.runs_gluon(call.device))
+
+
+def _tensors_fit(q: torch.Tensor, kv: torch.Tensor, softmax_scale: float, work_tiles: int) -> bool:
+    """:func:`_fits` for tensors: fp16/bf16 ``[B, Sq, Hq, D]`` q and 4-D keys/values ``kv`` of q's dtype and head
+    dim, ``Hq`` a multiple of ``Hkv``."""
+    if q.dtype not in DTYPES or kv.dtype != q.dtype or q.dim() != 4 or kv.dim() != 4 or kv.shape[3] != q.shape[3]:
+        return False
+    num_q_heads, num_kv_heads = q.shape[2], kv.shape[2]
+    return (num_kv_heads >= 1 and num_q_heads % num_kv_heads == 0
+            and _fits(q.shape[3], work_tiles, softmax_scale, q.device))
 
 
 def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float) -> bool:
     """Whether :func:`gluon_attention` runs this dense call: an sm_90 GPU, fp16/bf16 ``[B, S, H, D]`` q, k, v of
     one dtype with D in {64, 128, 256}, at least one key, fewer than 2**31 - 2**20 Q blocks of 128 rows
     (``cdiv(Sq, 128) * B * Hq``) and a positive scale (any strides: layouts TMA cannot read are copied)."""
-    return (q.dim() == 4 and _supported(q, k, softmax_scale, _work_tiles(q.shape[0], q.shape[1], q.shape[2]))
+    return (q.dim() == 4 and _tensors_fit(q, k, softmax_scale, _work_tiles(q.shape[0], q.shape[1], q.shape[2]))
             and v.shape == k.shape and v.dtype == k.dtype and k.shape[0] == q.shape[0] and k.shape[1] >= 1)
 
 
-def supports_ragged(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float, batch: int,
-                    max_seqlen_q: int) -> bool:
-    """Whether :func:`launch` runs ragged ``q [total_q, Hq, D]``, ``k, v [total_k, Hkv, D]`` (at least one key) of
-    ``batch`` sequences of at most ``max_seqlen_q`` queries: what :func:`supports` asks of dtypes, heads and scale
-    (layouts TMA cannot read are copied)."""
-    return (q.dim() == 3 and k.dim() == 3 and v.shape == k.shape and v.dtype == k.dtype and k.shape[0] >= 1
-            and _supported(q.unsqueeze(0), k.unsqueeze(0), softmax_scale, _work_tiles(batch, max_seqlen_q,
-                                                                                     q.shape[1])))
-
-
-def supports_paged(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, softmax_scale: float, *,
-                   batch: int | None = None, max_seqlen_q: int | None = None) -> bool:
-    """Whether :func:`launch` runs q over a paged cache: dense ``[B, Sq, Hq, D]`` q, or ragged ``[total_q, Hq, D]``
-    (``batch`` sequences of at most ``max_seqlen_q`` queries); what :func:`supports` asks of dtypes, heads and
-    scale, and pages ``[num_pages, page_size, Hkv, D]`` (at least one) that TMA reads in place (:func:`tma_ready`:
-    the cache is never copied)."""
-    if q.dim() == 3:
-        if batch is None or max_seqlen_q is None:
-            return False
-        q4, work_tiles = q.unsqueeze(0), _work_tiles(batch, max_seqlen_q, q.shape[1])
-    elif q.dim() == 4:
-        q4, work_tiles = q, _work_tiles(q.shape[0], q.shape[1], q.shape[2])
-    else:
-        return False
-    return (_supported(q4, k_pages, softmax_scale, work_tiles) and v_pages.shape == k_pages.shape
-            and v_pages.dtype == k_pages.dtype and k_pages.shape[0] >= 1 and tma_ready(k_pages) and tma_ready(v_pages))
+def supports_paged(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, softmax_scale: float) -> bool:
+    """Whether :func:`llmkernels.attention` may run dense ``q [B, Sq, Hq, D]`` over a paged cache on this kernel:
+    what :func:`supports` asks of dtypes, heads and scale, and pages ``[num_pages, page_size, Hkv, D]`` (at least
+    one) that TMA reads in place (:func:`tma_ready`: the cache is never copied)."""
+    return (q.dim() == 4 and _tensors_fit(q, k_pages, softmax_scale, _work_tiles(q.shape[0], q.shape[1], q.shape[2]))
+            and v_pages.shape == k_pages.shape and v_pages.dtype == k_pages.dtype and k_pages.shape[0] >= 1
+            and tma_ready(k_pages) and tma_ready(v_pages))
 
 
 def _descriptor(t: torch.Tensor, block_rows: int) -> TensorDescriptor:
@@ -654,69 +639,154 @@ def _descriptor(t: torch.Tensor, block_rows: int) -> TensorDescriptor:
     return TensorDescriptor(t, shape, [t.stride(0), t.stride(1), 1], block, _nvmma_layout(block, DTYPES[t.dtype]))
 
 
-def _consumers(head_dim: int, seqlen_q: int, window) -> int:
-    """Consumer warpgroups per block: three at D = 64 (FA3's choice; 160 registers fit S, P and O there), except
-    for masked calls of at most 4096 queries, where a 192-row block's diagonal tiles waste more than three
-    consumers gain (H100: 2k causal 0.89 against 0.77x cuDNN, 4k 0.97 against 0.94x, 8k 1.00 against 1.04x;
-    lab/NOTES.md); two elsewhere."""
-    return 3 if head_dim == 64 and (window is None or seqlen_q > 4096) else 2
+def sequence_rows(t: torch.Tensor) -> tuple:
+    """``(t, shape, strides)`` of :func:`_descriptor` on ``t``: a descriptor slot whose shape varies per call."""
+    batch, seqlen, heads, head_dim = t.shape
+    return t, (batch, seqlen, heads * head_dim), (t.stride(0), t.stride(1), 1)
 
 
-def launch(q, k, v, out, lse, window: tuple[int, int] | None, softmax_scale: float, *,
-           consumers: int | None = None, paged: tuple[torch.Tensor, torch.Tensor] | None = None,
-           ragged: tuple | None = None) -> None:
-    """Runs the kernel on inputs :func:`supports` (:func:`supports_ragged`, :func:`supports_paged`) accepts and
-    :func:`tma_ready` passes (see :func:`as_tma_ready`). ``window`` None (every key) or ``(left, right)`` sides in
-    ``[0, UNBOUNDED]`` (causal: ``(UNBOUNDED, 0)``). No checks, no sync (CUDA-graph capturable).
+class GluonPrefill:
+    """The warp-specialized prefill kernel (one pass): dense or ragged q and k/v, or a paged cache without key
+    starts; no mask but causal / a sliding window, no score_mod, sinks or mask tensor; D 64, 128 or 256."""
 
-    Layouts: dense q ``[B, Sq, Hq, D]``, out the same (contiguous, q's dtype), lse None or float32 contiguous
-    ``[B, Hq, Sq]``; ``ragged = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q)``: q ``[total_q, Hq, D]``, out the
-    same, lse ``[Hq, total_q]``, sequence b's rows from int32 contiguous ``cu_seqlens_*`` ``[B + 1]`` (read
-    clamped; ``cu_seqlens_k`` None with a paged cache), at most ``max_seqlen_q`` queries computed per sequence.
-    K/V: dense ``[B, Skv, Hkv, D]``, ragged ``[total_k, Hkv, D]``, or with ``paged = (block_table, seqlens)``
-    (int32 ``[B, max_pages]`` with unit stride along a row, int32 ``[B]`` contiguous; read clamped) the pages
-    ``[num_pages, page_size, Hkv, D]``."""
-    num_q_heads, head_dim = q.shape[-2:]
-    num_kv_heads = k.shape[-2]
-    dtype = DTYPES[q.dtype]
-    block_n = _block_n(head_dim)
-    cu_seqlens_q = cu_seqlens_k = block_table = seqlens = out  # pointers a variant never reads
-    total_q = total_k = stride_block_table = max_pages = num_pages = page_size = 0
-    if ragged is not None:
-        cu_seqlens_q, cu_seqlens_k, seqlen_q = ragged
-        batch, total_q = cu_seqlens_q.shape[0] - 1, q.shape[0]
-        q = q.unsqueeze(0)
-        if paged is None:
-            total_k = seqlen_kv = k.shape[0]
-            k, v = k.unsqueeze(0), v.unsqueeze(0)
-        cu_seqlens_k = cu_seqlens_k if cu_seqlens_k is not None else out
-    else:
-        batch, seqlen_q = q.shape[:2]
+    name = "gluon_prefill"
+    kernel = _attention_fwd_kernel
+
+    def supports(self, call: CheckedCall, tiles: Tiling) -> bool:
+        """A config with ``warp_specialized`` (sm_90's default) on an sm_90 GPU (not the interpreter), one pass,
+        no sinks, :func:`gluon_eligible`, what :func:`_fits` asks, at least one key row (or page), and pages TMA
+        reads in place (q, k, v in other layouts are copied)."""
+        return (not tiles.split and not call.has_sinks and gluon_eligible(call, tiles.config) and call.kv_rows >= 1
+                and _fits(call.head_dim, _work_tiles(call.batch, call.q_bound, call.num_q_heads), call.softmax_scale,
+                          call.device)
+                and (not call.paged or (call.tma_ready[1] and call.tma_ready[2])))
+
+    def consumers(self, call: CheckedCall, tiles: Tiling) -> int:
+        return tiles.config.consumer_warpgroups or attention_config.gluon_prefill_consumers(
+            call.head_dim, call.q_bound, call.mask_spec.has_window)
+
+    def spec(self, call: CheckedCall, tiles: Tiling) -> KernelSpec:
+        head_dim, dtype, paged, ragged = call.head_dim, call.dtype, call.paged, call.ragged
+        window, consumers = call.mask_spec.has_window, self.consumers(call, tiles)
+        block_n = attention_config.gluon_prefill_block_n(head_dim)
+        box = min(call.page_size, block_n) if paged else block_n
+        num_work_tiles = triton.cdiv(call.q_bound, consumers * CONSUMER_ROWS) * call.batch * call.num_q_heads
+        constexprs = dict(WINDOW=window, RETURN_LSE=call.return_lse, CONSUMERS=consumers, TILE_N=block_n,
+                          RAGGED=ragged, PAGE_SIZE=call.page_size if paged else 0,
+                          Q_LAYOUT=_nvmma_layout([CONSUMER_ROWS, head_dim], DTYPES[dtype]),
+                          KV_LAYOUT=_nvmma_layout([block_n, head_dim], DTYPES[dtype]))
+        data = "*" + TYPE_NAMES[dtype]
+        unused = data  # the pointers a variant never reads are bound to out
+        kv_type = descriptor_type(dtype, [1, box, head_dim])
+        arg_types = dict(q_desc=descriptor_type(dtype, [1, CONSUMER_ROWS, head_dim]), k_desc=kv_type, v_desc=kv_type,
+                         out_ptr=data, lse_ptr="*fp32", qk_scale="fp32", tile_counter="*i32" if window else unused,
+                         block_table_ptr="*i32" if paged else unused, seqlens_ptr="*i32" if paged else unused,
+                         cu_seqlens_q_ptr="*i32" if ragged else unused,
+                         cu_seqlens_k_ptr="*i32" if ragged and not paged else unused)
+        return KernelSpec(self.kernel, (min(num_work_tiles, num_programs_hint(call.device)),), constexprs,
+                          dict(num_warps=4, maxnreg=attention_config.GLUON_PREFILL_MAX_REGS[consumers]), arg_types,
+                          per_call=("seqlen_kv",) if call.dynamic_kv else (), divisible=("out_ptr",))
+
+    def launch(self, call: CheckedCall, tiles: Tiling) -> "GluonPrefillLaunch":
+        return GluonPrefillLaunch(call, self.spec(call, tiles))
+
+
+BACKEND = GluonPrefill()
+
+
+class _TileCounters:
+    """Int32 tile counters of one stream, 16 bytes apart (the kernel is specialized on 16-byte aligned pointers),
+    zeroed together: each masked launch takes the next one, and once all were taken one memset, ordered on the
+    stream after every launch that used them, zeroes them again (one memset per 256 launches, not one each)."""
+
+    COUNT = 256
+
+    def __init__(self, device: torch.device):
+        self.slab = torch.zeros(4 * self.COUNT, dtype=torch.int32, device=device)
+        self.views = [self.slab[4 * i:4 * i + 1] for i in range(self.COUNT)]
+        self.taken = 0
+
+    def take(self) -> torch.Tensor:
+        if self.taken == self.COUNT:
+            self.slab.zero_()
+            self.taken = 0
+        self.taken += 1
+        return self.views[self.taken - 1]
+
+
+class GluonPrefillLaunch:
+    """The prefill kernel's launch for one plan: q, k, v TMA cannot read copied, the descriptors laid out, tile
+    counters of its own per stream for masked calls, bound at the first call."""
+
+    def __init__(self, call: CheckedCall, spec: KernelSpec):
+        self.spec, self.bound = spec, None
+        self.ragged, self.paged, self.dynamic = call.ragged, call.paged, call.dynamic_kv
+        self.copies = tuple(not ready for ready in call.tma_ready)
+        self.window = spec.constexprs["WINDOW"]
+        mask = call.mask_spec
+        self.sides = (mask.window_left, mask.window_right) if mask.has_window else (UNBOUNDED, UNBOUNDED)
+        self.call, self.counters, self.lock = call, {}, threading.Lock()
+
+    def _counter(self, device: torch.device) -> torch.Tensor:
+        """A zeroed int32 tile counter: the next of the plan's own for the current stream (:class:`_TileCounters`;
+        the caller holds the lock, so that two threads' launches on one stream take them in order), or a fresh one
+        while a CUDA graph is captured (each captured launch keeps its own) and off the GPU."""
+        if device.type != "cuda" or torch.cuda.is_current_stream_capturing():
+            return torch.zeros(1, dtype=torch.int32, device=device)
+        stream = torch._C._cuda_getCurrentRawStream(device.index if device.index is not None else
+                                                   torch.cuda.current_device())
+        counters = self.counters.get(stream)
+        if counters is None:
+            counters = self.counters.setdefault(stream, _TileCounters(device))
+        return counters.take()
+
+    def __call__(self, q, k, v, kv_cache, cu_seqlens_q, cu_seqlens_k, sinks, slopes, attn_mask, out, lse, o_partial,
+                 lse_partial) -> None:
+        block_table = seqlens = cu_q = cu_k = out  # pointers a variant never reads
+        if self.paged:
+            k, v = kv_cache.k_pages, kv_cache.v_pages
+            block_table, seqlens = paged_metadata(kv_cache)
+        if any(self.copies):  # the same values in a layout TMA reads: the contiguous call's bits
+            q, k, v = (as_tma_ready(t) if copy else t for t, copy in zip((q, k, v), self.copies))
+        if self.ragged:
+            cu_q, q = cu_seqlens_q.contiguous(), q.unsqueeze(0)
+            if not self.paged:
+                cu_k, k, v = cu_seqlens_k.contiguous(), k.unsqueeze(0), v.unsqueeze(0)
+        k_desc, v_desc = (sequence_rows(k), sequence_rows(v)) if self.dynamic else (k, v)
+        values = (q, k_desc, v_desc, out, lse if lse is not None else out, out, cu_q, cu_k, block_table, seqlens)
+        if self.dynamic:
+            values = (*values, k.shape[1])
+        if not self.window:
+            (self.bound or self._bind(values, k, v))(*values)
+            return
+        with self.lock:
+            values = (*values[:5], self._counter(out.device), *values[6:])
+            (self.bound or self._bind(values, k, v))(*values)
+
+    def _bind(self, values, k, v) -> BoundKernel:
+        q, _, _, out, lse, counter, cu_q, cu_k, block_table, seqlens = values[:10]
+        call, spec = self.call, self.spec
+        block_n, page_size = spec.constexprs["TILE_N"], spec.constexprs["PAGE_SIZE"]
+        box = min(page_size, block_n) if self.paged else block_n
+        total_q = total_k = stride_block_table = max_pages = num_pages = 0
         seqlen_kv = k.shape[1]
-    box = block_n
-    if paged is not None:
-        block_table, seqlens = paged
-        num_pages, page_size = k.shape[:2]
-        max_pages, stride_block_table = block_table.shape[1], block_table.stride(0)
-        seqlen_kv, box = max_pages * page_size, min(page_size, block_n)
-    left, right = window if window is not None else (UNBOUNDED, UNBOUNDED)
-    consumers = consumers or _consumers(head_dim, seqlen_q, window)
-    num_m_blocks = triton.cdiv(seqlen_q, consumers * CONSUMER_ROWS)
-    num_work_tiles = num_m_blocks * batch * num_q_heads
-    if num_work_tiles == 0:
-        return
-    # masked calls hand tiles out through a counter, which must start at zero: a fresh one per call (a memset;
-    # calls on several streams never share it)
-    tile_counter = torch.zeros(1, dtype=torch.int32, device=q.device) if window is not None else out
-    grid = (min(num_work_tiles, num_programs_hint(q.device)), )
-    _attention_fwd_kernel[grid](
-        _descriptor(q, CONSUMER_ROWS), _descriptor(k, box), _descriptor(v, box), out,
-        lse if lse is not None else out, tile_counter, cu_seqlens_q, cu_seqlens_k, total_q, total_k, block_table,
-        seqlens, stride_block_table, max_pages, num_pages, seqlen_q, seqlen_kv, left, right, num_q_heads,
-        num_q_heads // num_kv_heads, num_m_blocks, num_work_tiles, softmax_scale * LOG2E, WINDOW=window is not None,
-        RETURN_LSE=lse is not None, CONSUMERS=consumers, TILE_N=block_n, RAGGED=ragged is not None,
-        PAGE_SIZE=page_size, Q_LAYOUT=_nvmma_layout([CONSUMER_ROWS, head_dim], dtype),
-        KV_LAYOUT=_nvmma_layout([block_n, head_dim], dtype), num_warps=4, maxnreg=MAX_REGS[consumers])
+        if self.ragged:
+            total_q = q.shape[1]
+            if not self.paged:
+                total_k = seqlen_kv = k.shape[1]
+        if self.paged:
+            num_pages = k.shape[0]
+            max_pages, stride_block_table = block_table.shape[1], block_table.stride(0)
+            seqlen_kv = max_pages * page_size
+        consumers = spec.constexprs["CONSUMERS"]
+        num_m_blocks = triton.cdiv(call.q_bound, consumers * CONSUMER_ROWS)
+        left, right = self.sides
+        self.bound = spec.bind(
+            _descriptor(q, CONSUMER_ROWS), _descriptor(k, box), _descriptor(v, box), out, lse, counter, cu_q, cu_k,
+            total_q, total_k, block_table, seqlens, stride_block_table, max_pages, num_pages, call.q_bound, seqlen_kv,
+            left, right, call.num_q_heads, call.group, num_m_blocks, num_m_blocks * call.batch * call.num_q_heads,
+            float(call.softmax_scale) * LOG2E)
+        return self.bound
 
 
 def gluon_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
@@ -732,7 +802,7 @@ def gluon_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     of query i): causal sees keys ``j <= pos``; window ``(left, right)`` (flash-attn's ``window_size``, a negative
     side unbounded) keys ``pos - left <= j <= pos + right``; both together intersect. A query that sees no key
     gets output 0 and LSE -inf. softmax_scale: > 0, default ``1 / sqrt(D)``. consumers: consumer warpgroups
-    per block (None: :func:`_consumers`'s choice; 3 only at D = 64).
+    per block (None: :func:`config.gluon_prefill_consumers`'s choice; 3 only at D = 64).
     Returns out ``[B, Sq, Hq, D]`` contiguous in q's dtype, or ``(out, lse)`` with float32 natural-log ``lse``
     ``[B, Hq, Sq]``.
     Raises TypeError / ValueError naming the argument when :func:`supports` refuses the call.
@@ -759,56 +829,58 @@ def gluon_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
         raise ValueError(f"gluon_attention does not run q {tuple(q.shape)} {q.dtype} strides {q.stride()}, "
                          f"k {tuple(k.shape)} {k.dtype} strides {k.stride()}, v strides {v.stride()} on {q.device} "
                          "(see supports())")
-    sides = None
+    sides = None  # the kernel's window, as given (unbounded sides included)
     if causal or window is not None:
         left, right = window if window is not None else (-1, -1)
         left = UNBOUNDED if left < 0 else min(left, UNBOUNDED)
         right = UNBOUNDED if right < 0 else min(right, UNBOUNDED)
         sides = (left, min(right, 0) if causal else right)
-    q, k, v = as_tma_ready(q), as_tma_ready(k), as_tma_ready(v)
-    batch, seqlen_q, num_q_heads, head_dim = q.shape
+    batch, seqlen_q, num_q_heads, _ = q.shape
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty((batch, num_q_heads, seqlen_q), dtype=torch.float32, device=q.device) if return_lse else None
     if seqlen_q > 0 and batch > 0 and num_q_heads > 0:
-        with torch.cuda.device(q.device):
-            launch(q, k, v, out, lse, sides, float(softmax_scale), consumers=consumers)
+        key, launch = _LAUNCHES.lookup(q, k, v, sides, float(softmax_scale), return_lse, consumers)
+        if launch is None:
+            call = check_attention(q, k, v, False, None, None, None, float(softmax_scale), None, None, None, None,
+                                   None, None, return_lse, None, False)
+            if sides is not None:
+                call = dataclasses.replace(call, mask_spec=MaskSpec(True, *sides))
+            config = FA4Config(warp_specialized=True, consumer_warpgroups=consumers)
+            tiles = attention_config.tiling(config, False, call.q_bound, call.group, call.batch, call.num_kv_heads)
+            launch = _LAUNCHES.put(key, BACKEND.launch(call, tiles))
+        launch(q, k, v, None, None, None, None, None, None, out, lse, None, None)
     return (out, lse) if return_lse else out
+
+
+_LAUNCHES = PlanCache("gluon_attention")
+
+
+def _prefill_call(head_dim: int, window: bool, return_lse: bool, page_size: int, ragged: bool,
+                  device: torch.device) -> CheckedCall:
+    """A bf16 call of the prefill kernel's layout, without tensors (what an ahead-of-time compile needs)."""
+    mask = MaskSpec(has_window=True, window_right=0) if window else MaskSpec()
+    return CheckedCall(ragged, page_size > 0, 1, 8, 8, head_dim, 1, 0, 0, mask, ScoreModSpec(), 1.0, device,
+                       dtype=torch.bfloat16, page_size=page_size, return_lse=return_lse,
+                       tma_ready=(True, True, True))
 
 
 def compile_for_sm90(head_dim: int, window: bool, *, return_lse: bool = False,
                      consumers: int | None = None, page_size: int = 0, ragged: bool = False) -> dict:
     """Compiles the kernel for sm_90a without a GPU (ptxas from the Triton wheel runs, nothing launches) and
-    returns the compiled kernel's ``asm`` dict (``ttgir``, ``ptx``, ``cubin``, ...), specialized as a typical
-    bf16 call is; ``window``: the masked variant (causal or a sliding window); ``page_size`` > 0: K/V in a paged
-    cache of that page size; ``ragged``: q (and K/V unless paged) ragged. Run it with ``TRITON_INTERPRET``
-    unset or 0 (e.g. in a subprocess, as ``tests/test_compile_targets.py`` does): in interpreter mode Triton
-    turns gl's own ``@jit`` helpers into interpreted functions, which the compiler then refuses."""
+    returns the compiled kernel's ``asm`` dict (``ttgir``, ``ptx``, ``cubin``, ...): the backend's
+    :class:`KernelSpec` for a bf16 call of that layout (:meth:`GluonPrefill.spec`); ``window``: the masked variant
+    (causal or a sliding window); ``page_size`` > 0: K/V in a paged cache of that page size; ``ragged``: q (and K/V
+    unless paged) ragged; ``consumers`` None: the unmasked rule's count. Run it with ``TRITON_INTERPRET`` unset or
+    0 (e.g. in a subprocess, as ``tests/test_compile_targets.py`` does): in interpreter mode Triton turns gl's own
+    ``@jit`` helpers into interpreted functions, which the compiler then refuses."""
     from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
 
     if head_dim not in HEAD_DIMS:
         raise ValueError(f"head_dim must be one of {HEAD_DIMS}, got {head_dim}")
-
-    def descriptor_type(block):
-        return f"tensordesc<bf16[{', '.join(map(str, block))}],{_nvmma_layout(block)!r}>"
-
-    block_n = _block_n(head_dim)
-    kv_type = descriptor_type([1, min(page_size, block_n) if page_size else block_n, head_dim])
-    consumers = consumers or _consumers(head_dim, 0, None)
-    constexprs = dict(WINDOW=bool(window), RETURN_LSE=bool(return_lse), CONSUMERS=consumers, TILE_N=block_n,
-                      RAGGED=bool(ragged), PAGE_SIZE=page_size, Q_LAYOUT=_nvmma_layout([CONSUMER_ROWS, head_dim]),
-                      KV_LAYOUT=_nvmma_layout([_block_n(head_dim), head_dim]))
-    kinds = dict(q_desc=descriptor_type([1, CONSUMER_ROWS, head_dim]), k_desc=kv_type, v_desc=kv_type,
-                 out_ptr="*bf16", lse_ptr="*fp32", qk_scale="fp32",
-                 tile_counter="*i32" if window else "*bf16", block_table_ptr="*i32" if page_size else "*bf16",
-                 seqlens_ptr="*i32" if page_size else "*bf16", cu_seqlens_q_ptr="*i32" if ragged else "*bf16",
-                 cu_seqlens_k_ptr="*i32" if ragged and not page_size else "*bf16",
-                 **dict.fromkeys(constexprs, "constexpr"))
-    fn = _attention_fwd_kernel
-    signature = {name: kinds.get(name, "i32") for name in fn.arg_names}
-    source = GluonASTSource(fn, signature, constexprs={(fn.arg_names.index(name), ): value
-                                                       for name, value in constexprs.items()},
-                            attrs={(fn.arg_names.index("out_ptr"), ): [["tt.divisibility", 16]]})
-    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32),
-                              options=dict(num_warps=4, maxnreg=MAX_REGS[consumers]))
+    consumers = consumers or attention_config.gluon_prefill_consumers(head_dim, 0, masked=False)
+    config = FA4Config(warp_specialized=True, consumer_warpgroups=consumers)
+    with pretend_gpu((9, 0)) as device:  # the spec's grid asks the device for its SMs
+        spec = BACKEND.spec(_prefill_call(head_dim, window, return_lse, page_size, ragged, device),
+                            attention_config.tiling(config, False, 1, 1, 1, 1))
+    compiled = triton.compile(spec.ast_source(), target=GPUTarget("cuda", 90, 32), options=dict(spec.options))
     return compiled.asm

@@ -12,7 +12,7 @@ from .masks import (SCORE_MOD_ALIBI, SCORE_MOD_SOFTCAP, UNBOUNDED, Chunked, Scor
                     is_jit_function, mask_tensor_4d, resolve_mask, resolve_score_mod, split_mask_tensor)
 from .paged import PagedKVCache
 
-__all__ = ["attention_reference"]
+__all__ = ["attention_reference", "paged_to_dense"]
 
 
 def _as_torch_fn(fn):
@@ -37,7 +37,7 @@ def _split_mask(mask):
     return tuple(builtin), user
 
 
-def _paged_to_dense(kv_cache: PagedKVCache, batch: int, length: int, start: int = 0):
+def paged_to_dense(kv_cache: PagedKVCache, batch: int, length: int, start: int = 0):
     """Keys and values of cache positions ``start .. length - 1`` of sequence ``batch``, read as the kernels
     read them: page ids clamped to ``[0, num_pages - 1]``."""
     pages_needed = -(-length // kv_cache.page_size)
@@ -88,7 +88,7 @@ def attention_reference(q, k, v, *, causal=False, mask=None, score_mod=None, sin
     for b in range(batch):
         qb = q[starts_q[b]:starts_q[b + 1]] if ragged else q[b]
         if kv_cache is not None:
-            kb, vb = _paged_to_dense(kv_cache, b, seqlens_cache[b], min(max(starts_cache[b], 0), seqlens_cache[b]))
+            kb, vb = paged_to_dense(kv_cache, b, seqlens_cache[b], min(max(starts_cache[b], 0), seqlens_cache[b]))
         elif ragged:
             kb, vb = k[starts_k[b]:starts_k[b + 1]], v[starts_k[b]:starts_k[b + 1]]
         else:

@@ -1,4 +1,4 @@
-"""Split-KV (flash-decoding) pieces: the combine kernel and the host-side split heuristics.
+"""Split-KV (flash-decoding): the combine kernel and its backend (the split heuristics are in ``config.py``).
 
 The split pass itself is ``kernel.attention_fwd_kernel`` with ``SPLIT=True``: program axis 1 is the
 split, each program runs the same masked/visible/masked phases over its share of whole KV tiles and
@@ -9,15 +9,21 @@ tile (``HEADS_PER_TILE``), so each K/V tile is read once per KV head, not once p
 ``combine_splits_kernel`` merges the partials with the usual LSE weights, adds the sinks (once, here),
 and writes O in the output dtype and the natural-log LSE.
 """
+import torch
 import triton
 import triton.language as tl
 
-from ..runtime import cdiv, next_power_of_2
+from ..launch import BoundKernel, KernelSpec
+from ..runtime import next_power_of_2
+from .check import CheckedCall
+from .config import Tiling, combine_block_splits
+from .layout import dummy, strides3
+from .portable import TYPE_NAMES
+
+__all__ = ["combine_splits_kernel", "BACKEND", "Combine"]
 
 LOG2E = tl.constexpr(1.4426950408889634)
 LN2 = tl.constexpr(0.6931471805599453)
-
-MAX_DECODE_QUERIES = 16  # q tokens per sequence up to which the split-KV path is the default
 
 
 @triton.jit
@@ -97,24 +103,54 @@ def combine_splits_kernel(
         tl.store(lse_ptr + batch * stride_lse_b + head * stride_lse_h + token * stride_lse_s, lse)
 
 
-def choose_num_splits(num_programs_without_split: int, num_kv_tiles_bound: int, num_sms: int) -> int:
-    """Splits so that ``programs * splits`` fills the GPU about twice (host-known bounds only, no sync).
+class Combine:
+    """The combine backend: :func:`combine_splits_kernel` after a split pass that wrote several splits' partials."""
 
-    Never more splits than KV tiles of the longest possible sequence, never fewer than one: programs that
-    already fill the GPU twice get one. Programs that fill it once but not twice still split in two (H100,
-    32 sequences x 8 KV heads at 8k: 375 vs 395 µs, ``lab/NOTES.md``).
-    """
-    wanted = cdiv(2 * num_sms, max(num_programs_without_split, 1))
-    return max(1, min(wanted, num_kv_tiles_bound, 256))
+    name = "combine"
+    kernel = combine_splits_kernel
+
+    def supports(self, call: CheckedCall, tiles: Tiling) -> bool:
+        return tiles.partials
+
+    def spec(self, call: CheckedCall, tiles: Tiling) -> KernelSpec:
+        """One program per (token row, q head): ``B * Sq`` rows (ragged: ``total_q``) by ``Hq``."""
+        batches = 1 if call.ragged else call.batch
+        block_splits = combine_block_splits(tiles.num_splits)
+        constexprs = dict(HEAD_DIM=call.head_dim, HEAD_DIM_PAD=next_power_of_2(call.head_dim),
+                          BLOCK_SPLITS=block_splits, HAS_SINKS=call.has_sinks, RETURN_LSE=call.return_lse,
+                          ONE_BLOCK=tiles.num_splits <= block_splits)
+        arg_types = dict(o_partial_ptr="*fp32", lse_partial_ptr="*fp32", out_ptr="*" + TYPE_NAMES[call.dtype],
+                         lse_ptr="*fp32", sinks_ptr="*fp32")
+        return KernelSpec(self.kernel, (batches * call.q_rows, call.num_q_heads), constexprs, dict(num_warps=4),
+                          arg_types, ("num_splits",))
+
+    def launch(self, call: CheckedCall, tiles: Tiling) -> "CombineLaunch":
+        return CombineLaunch(call, self.spec(call, tiles), tiles.num_splits)
 
 
-def decode_tiling(max_seqlen_q: int, group: int, pack_gqa_heads: int = 0) -> tuple[int, int]:
-    """(BLOCK_Q, HEADS_PER_TILE) of the split-KV path: rows are (query, head) pairs, at least 16 rows
-    (the smallest ``tl.dot`` M), at most 128."""
-    heads_per_tile = pack_gqa_heads or min(next_power_of_2(group), 64)
-    block_q = next_power_of_2(max(max_seqlen_q, 1))
-    while block_q * heads_per_tile > 128 and heads_per_tile > 1:
-        heads_per_tile //= 2
-    block_q = min(block_q, max(1, 128 // heads_per_tile))
-    block_q = max(block_q, max(1, 16 // heads_per_tile))
-    return block_q, heads_per_tile
+BACKEND = Combine()
+
+
+class CombineLaunch:
+    """The combine's launch for one plan: bound at the first call on its partials, output and sinks."""
+
+    def __init__(self, call: CheckedCall, spec: KernelSpec, num_splits: int):
+        self.spec, self.bound, self.num_splits = spec, None, num_splits
+        self.ragged, self.return_lse, self.rows_per_batch = call.ragged, call.return_lse, call.q_rows
+        self.float_dummy = dummy(call.device, torch.float32)
+
+    def __call__(self, o_partial, lse_partial, out, lse, sinks) -> None:
+        float_dummy = self.float_dummy
+        values = (o_partial, lse_partial, out, lse if lse is not None else float_dummy,
+                  sinks.contiguous() if sinks is not None else float_dummy)
+        (self.bound or self._bind(values))(*values)
+
+    def _bind(self, values) -> BoundKernel:
+        o_partial, lse_partial, out, lse, _ = values
+        ragged = self.ragged
+        stride_lse = strides3(lse, ragged) if self.return_lse else (0, 0, 0)
+        self.bound = self.spec.bind(
+            *values, o_partial.stride(0), *strides3(o_partial[0], ragged),
+            lse_partial.stride(0), *strides3(lse_partial[0], ragged), *strides3(out, ragged), *stride_lse,
+            self.rows_per_batch, self.num_splits)
+        return self.bound
