@@ -28,6 +28,7 @@ from .attention import Chunked, PagedKVCache, SlidingWindow, alibi, softcap as s
 from .attention.api import check_attention
 from .attention.kv_append import append_to_cache, apply_rotary, check_rotary_tables
 from .attention.paged import SUPPORTED_PAGE_SIZES
+from .launch import PlanCache
 from .ops import attention
 
 __all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache"]
@@ -419,6 +420,9 @@ def _validate_cache_batch_idx(idx: list[int], cache_sequences: int, appends: boo
         first_seen.setdefault(sequence, b)
 
 
+_CHECKED = PlanCache("flash_attn_with_kvcache")  # call signatures whose checks passed
+
+
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
                             cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, block_table=None,
                             softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
@@ -443,7 +447,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     keys start at that cache position (left padding; positions and rotary stay absolute, causal alignment and
     windows count from it). The other arguments as :func:`flash_attn_func`.
 
-    Every argument is checked before the cache is written: a call that raises changes no tensor. No host sync
+    Every argument is checked before the cache is written: a call that raises changes no tensor; the checks run
+    once per call signature (shapes, dtypes, strides, devices, flags and scalar values). No host sync
     (CUDA-graph capturable) unless ``validate``. Values are not read on the host; what bad ones do:
     ``cache_batch_idx`` and ``block_table`` entries are clamped to the cache (a write or read lands in some
     sequence / page of this cache, never outside it); two new tokens sent to one cache row (a repeated
@@ -474,15 +479,25 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     """
     mask, score_mod = _modifiers(causal, window_size, softcap, alibi_slopes, attention_chunk)
     block_table = _block_table(block_table, page_table)
-    _check_kvcache_call(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
-                        cache_leftpad, block_table, learnable_sink, alibi_slopes)
+    # the checks below pass or fail alike for every call of one signature: once per signature
+    key, checked = None, None
+    if not torch.compiler.is_compiling():
+        key, checked = _CHECKED.lookup(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                                       cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal, window_size,
+                                       softcap, rotary_interleaved, alibi_slopes, num_splits, return_softmax_lse,
+                                       attention_chunk, learnable_sink, validate)
+    if checked is None:
+        _check_kvcache_call(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+                            cache_leftpad, block_table, learnable_sink, alibi_slopes)
     sinks, num_splits = _sinks(learnable_sink, q), _splits(num_splits)
     new_tokens = k.shape[1] if k is not None else 0
     cache = _cache_call(q, k_cache, v_cache, new_tokens, cache_seqlens, cache_batch_idx, cache_leftpad, block_table)
-    # the attention call's own checks, on its final arguments, before the first write (q: the caller's, which the
-    # rotated copy matches in all that is checked)
-    check_attention(q, None, None, causal, mask, score_mod, sinks, softmax_scale, None, None, None, None,
-                    cache.kv_cache, num_splits, return_softmax_lse, None, validate)
+    if checked is None:
+        # the attention call's own checks, on its final arguments, before the first write (q: the caller's, which
+        # the rotated copy matches in all that is checked)
+        check_attention(q, None, None, causal, mask, score_mod, sinks, softmax_scale, None, None, None, None,
+                        cache.kv_cache, num_splits, return_softmax_lse, None, validate)
+        _CHECKED.put(key, True)
     if validate:
         _validate_kvcache_on_host(cache, new_tokens, k_cache, cache_batch_idx, cache_leftpad, block_table)
     if k is not None:

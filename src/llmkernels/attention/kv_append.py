@@ -18,6 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..launch import BoundKernel, PlanCache, bind
 from ..runtime import interpreting
 
 __all__ = ["apply_rotary", "append_to_cache", "check_rotary_tables"]
@@ -103,6 +104,9 @@ def _rotary_copy_kernel(
     tl.store(dst_row + heads * stride_dst_h + dims.to(tl.int64) * stride_dst_d, rounded, mask=keep)
 
 
+_PLANS = PlanCache("kv_append")
+
+
 def _launch(src, dst, cos, sin, start, dst_batch, block_table, interleaved, per_token, to_cache, paged,
             page_size, capacity, num_pages):
     batch, seqlen_new, num_heads, head_dim = src.shape
@@ -110,13 +114,26 @@ def _launch(src, dst, cos, sin, start, dst_batch, block_table, interleaved, per_
         return
     if to_cache and (capacity <= 0 or num_pages <= 0):  # every position is past the cache: nothing is written
         return
+    dummy = start  # pointers the compiled variant never reads
+    tensors = (src, dst, cos if cos is not None else dummy, sin if sin is not None else dummy, start,
+               dst_batch if dst_batch is not None else dummy, block_table if block_table is not None else dummy)
+    key, bound = _PLANS.lookup(src, dst, cos, sin, start, dst_batch, block_table, interleaved, per_token, to_cache,
+                               paged, page_size, capacity, num_pages)
+    if bound is None:
+        bound = _PLANS.put(key, _bind(tensors, cos, sin, dst_batch, block_table, interleaved, per_token, to_cache,
+                                      paged, page_size, capacity, num_pages))
+    bound(*tensors)
+
+
+def _bind(tensors, cos, sin, dst_batch, block_table, interleaved, per_token, to_cache, paged, page_size, capacity,
+          num_pages) -> BoundKernel:
+    """The copy kernel's launch for the signature of ``tensors`` (its seven pointer arguments), compiled once."""
+    src, dst, _, _, start, _, _ = tensors
+    batch, seqlen_new, num_heads, head_dim = src.shape
     rotary_dim = 0 if cos is None else 2 * cos.shape[1]
-    dummy = start
-    cos_arg, sin_arg = (cos, sin) if cos is not None else (dummy, dummy)
     table_strides = (0, 0, 0, 0) if cos is None else (*cos.stride(), *sin.stride())
-    _rotary_copy_kernel[(batch * seqlen_new,)](
-        src, dst, cos_arg, sin_arg, start, dst_batch if dst_batch is not None else dummy,
-        block_table if block_table is not None else dummy,
+    return bind(
+        _rotary_copy_kernel, (batch * seqlen_new,), *tensors,
         *src.stride(), *dst.stride(), *table_strides, start.stride(0),
         dst_batch.stride(0) if dst_batch is not None else 0,
         *(block_table.stride() if block_table is not None else (0, 0)),
