@@ -10,7 +10,16 @@ import triton.language as tl
 
 import llmkernels as lk
 from llmkernels.formats import format_spec
-from llmkernels.formats.layouts import BLOCKED, GROUPED_BLOCKED, HOPPER, LAYOUTS, ROW, SCALE_LAYOUTS, Layout, as_layout
+from llmkernels.formats.layouts import (
+    BLOCKED,
+    GROUPED_BLOCKED,
+    HOPPER,
+    LAYOUTS,
+    ROW,
+    SCALE_LAYOUTS,
+    Layout,
+    as_layout,
+)
 from llmkernels.launch import value_key
 
 FORMAT_NAMES = ["mxfp8", "mxfp4", "nvfp4"]
@@ -131,7 +140,8 @@ def test_layouts_compare_equal_to_their_names_and_print_as_them(device):
 def test_scaled_tensor_takes_the_names_and_holds_the_objects(device):
     x = torch.randn(150, 64, device=device)
     q = lk.quantize(x, "mxfp4")
-    assert q.scale_layout is ROW and q.scale_layout == "row" and lk.ScaledTensor(q.data, q.scales, "mxfp4").scale_layout is ROW
+    assert q.scale_layout is ROW and q.scale_layout == "row"
+    assert lk.ScaledTensor(q.data, q.scales, "mxfp4").scale_layout is ROW
     hopper = q.to_layout("hopper")
     assert hopper.scale_layout is HOPPER and hopper.scale_layout == "hopper"
     assert lk.quantize(x, "mxfp4", scale_layout=HOPPER).scale_layout is HOPPER

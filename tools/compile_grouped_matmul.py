@@ -113,7 +113,8 @@ def b200_bound(a: Operand, b: Operand, tokens_per_group: int, swiglu: bool, mma:
     n_out = GM_N // 2 if swiglu else GM_N
     flops = 2.0 * tokens * GM_N * GM_K
     weights = GM_GROUPS * GM_N * GM_K * (BYTES[b.element] + (1 / b.scale_block if b.quantized else 0))
-    moved = weights + tokens * GM_K * (BYTES[a.element] + (1 / a.scale_block if a.quantized else 0)) + tokens * n_out * 2
+    activations = tokens * GM_K * (BYTES[a.element] + (1 / a.scale_block if a.quantized else 0))
+    moved = weights + activations + tokens * n_out * 2
     compute_s, memory_s = flops / B200_RATES[mma], moved / B200_BANDWIDTH
     which = "compute" if compute_s > memory_s else "memory"
     return f"{max(compute_s, memory_s) * 1e6:.0f} us {which} ({flops / 1e12:.2f} TFLOP, {moved / 1e9:.2f} GB)"

@@ -4,5 +4,5 @@ from .config import BlockScaledMatmulConfig, default_config, default_launches
 from .epilogue import GPT_OSS_SWIGLU, SwiGLU
 from .reference import grouped_matmul_reference
 
-__all__ = ["grouped_matmul", "grouped_matmul_reference", "BlockScaledMatmulConfig", "default_config", "default_launches", "EPILOGUES",
-           "SwiGLU", "GPT_OSS_SWIGLU"]
+__all__ = ["grouped_matmul", "grouped_matmul_reference", "BlockScaledMatmulConfig", "default_config", "default_launches",
+           "EPILOGUES", "SwiGLU", "GPT_OSS_SWIGLU"]

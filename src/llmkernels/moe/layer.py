@@ -8,8 +8,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..formats import FORMATS, ScaledTensor, as_layout, unwrap_torchao
-from ..formats.layouts import HOPPER, ROW, Layout
+from ..formats import FORMATS, ScaledTensor, unwrap_torchao
+from ..formats.layouts import HOPPER, ROW, Layout, as_layout
 from ..formats.spec import format_spec
 from ..ops import combine, dispatch, grouped_matmul, quantize
 from ..routing import check_routing, route, select_experts

@@ -8,7 +8,7 @@ import triton.language as tl
 from ..check import Operand
 from ..config import compute_dtype
 
-__all__ = ["TENSORS", "pointer_types", "torch_dtype", "triton_dtype", "compute_torch_dtype", "read_a"]
+__all__ = ["TENSORS", "pointer_types", "triton_dtype", "compute_torch_dtype", "read_a"]
 
 # The tensors of a call, in the order a plan hands them to every launch (a kernel takes those of its
 # ``<name>_ptr`` arguments); a missing one is a dummy the compiled kernel never reads.
@@ -20,11 +20,6 @@ _POINTER_TYPES = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32
 _ELEMENT_POINTERS = {"bf16": "*bf16", "fp16": "*fp16", "e4m3": "*u8", "e2m1": "*u8"}  # data as the kernels get it
 _TORCH_DTYPES = {tl.bfloat16: torch.bfloat16, tl.float16: torch.float16, tl.float32: torch.float32}
 _TRITON_DTYPES = {torch_dtype: triton_dtype for triton_dtype, torch_dtype in _TORCH_DTYPES.items()}
-
-
-def torch_dtype(dtype) -> torch.dtype:
-    """The torch dtype of a Triton compute dtype (bf16, fp16, fp32)."""
-    return _TORCH_DTYPES[dtype]
 
 
 def triton_dtype(dtype: torch.dtype):
