@@ -25,7 +25,6 @@ if not torch.cuda.is_available():
 from benchmarks.common import bar_plot, default_out_dir, graph_time_ms, time_ms  # noqa: E402
 from benchmarks.common import measure_ceilings as measure_gpu_ceilings  # noqa: E402
 from benchmarks.peers import causal_mask_mod, flex_runner, sdpa_runner  # noqa: E402
-
 from llmkernels.attention.api import attention  # noqa: E402
 from llmkernels.attention.config import default_config  # noqa: E402
 from llmkernels.attention.paged import PagedKVCache  # noqa: E402

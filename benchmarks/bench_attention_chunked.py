@@ -23,7 +23,6 @@ import torch
 
 from benchmarks.common import default_out_dir, graph_time_ms, line_plots, measure_ceilings, require_gpu, write_table
 from benchmarks.peers import lower_right_mask, sdpa_runner
-
 from llmkernels.attention.api import attention
 from llmkernels.attention.config import default_config
 from llmkernels.attention.paged import PagedKVCache

@@ -24,7 +24,6 @@ if not torch.cuda.is_available():
 
 from benchmarks.common import default_out_dir, graph_time_ms, line_plots, measure_ceilings, time_ms, write_table  # noqa: E402
 from benchmarks.peers import causal_mask_mod, flex_runner, lower_right_mask, sdpa_runner  # noqa: E402
-
 from llmkernels.attention.api import attention  # noqa: E402
 from llmkernels.attention.paged import PagedKVCache  # noqa: E402
 from llmkernels.attention.reference import attention_reference  # noqa: E402

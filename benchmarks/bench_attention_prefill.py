@@ -19,9 +19,8 @@ import torch
 
 from benchmarks import bench_attention  # noqa: E402
 from benchmarks.bench_attention import PEERS, bench, bench_graph, run_peer, run_peer_graph  # noqa: E402
-from benchmarks.peers import sdpa_runner  # noqa: E402
 from benchmarks.common import default_out_dir, line_plots, measure_ceilings, require_gpu, write_table  # noqa: E402
-
+from benchmarks.peers import sdpa_runner  # noqa: E402
 from llmkernels.attention.api import attention  # noqa: E402
 
 TOKENS = 16 * 1024

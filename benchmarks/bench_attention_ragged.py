@@ -22,7 +22,6 @@ import torch
 
 from benchmarks.common import bar_plot, default_out_dir, graph_time_ms, measure_ceilings, require_gpu, write_table
 from benchmarks.peers import sdpa_backend
-
 from llmkernels.attention.api import attention
 from llmkernels.attention.paged import PagedKVCache
 

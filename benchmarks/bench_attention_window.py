@@ -23,7 +23,6 @@ if not torch.cuda.is_available():
 
 from benchmarks.common import default_out_dir, line_plots, time_ms, write_table  # noqa: E402
 from benchmarks.peers import flex_runner  # noqa: E402
-
 from llmkernels.attention.api import attention  # noqa: E402
 from llmkernels.attention.config import default_config  # noqa: E402
 from llmkernels.attention.masks import Chunked, SlidingWindow  # noqa: E402

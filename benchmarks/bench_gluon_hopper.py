@@ -16,12 +16,11 @@ import argparse
 
 import torch
 
+import llmkernels as lk
 from benchmarks.common import bar_plot, default_out_dir, graph_time_ms, require_gpu, write_table
 from benchmarks.peers import sdpa_runner
-
-import llmkernels as lk
-from llmkernels.attention.gluon_hopper import gluon_attention
 from llmkernels.attention.config import default_config
+from llmkernels.attention.gluon_hopper import gluon_attention
 
 SHAPES = [(8, 2048, 16, 64), (4, 4096, 16, 64), (4, 4096, 16, 128), (2, 8192, 16, 128), (4, 4096, 8, 256)]
 

@@ -24,11 +24,18 @@ import os
 
 import torch
 
-from benchmarks.common import (default_out_dir, graph_time_ms, line_plots, measure_ceilings, require_gpu,  # noqa: E402
-                               time_ms, write_table, zipf_offsets)
-from benchmarks.peers import TritonKernelsExperts  # noqa: E402
-
 import llmkernels as lk  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    default_out_dir,
+    graph_time_ms,
+    line_plots,
+    measure_ceilings,
+    require_gpu,
+    time_ms,
+    write_table,
+    zipf_offsets,
+)
+from benchmarks.peers import TritonKernelsExperts  # noqa: E402
 from llmkernels.testing import relative_error  # noqa: E402
 
 # name: (experts, N, K) of one grouped projection (gate_up: N = 2 x intermediate).

@@ -19,10 +19,9 @@ import time
 
 import torch
 
+import llmkernels as lk
 from benchmarks.common import bar_plot, default_out_dir, graph_time_ms, require_gpu, write_table
 from benchmarks.peers import moe_batched_mm_runner, sdpa_runner
-
-import llmkernels as lk
 from llmkernels.moe import MoEFeedForward
 
 TARGETS_US = {"paged decode B=1 ctx=4k": 35.0, "grouped_matmul bf16": 50.0, "grouped_matmul mxfp8": 50.0,

@@ -16,12 +16,18 @@ import os
 
 import torch
 
-from benchmarks.common import (default_out_dir, graph_time_ms, line_plots, measure_ceilings, require_gpu,  # noqa: E402
-                               time_ms, write_table)
-
+from benchmarks.common import (  # noqa: E402
+    default_out_dir,
+    graph_time_ms,
+    line_plots,
+    measure_ceilings,
+    require_gpu,
+    time_ms,
+    write_table,
+)
 from llmkernels import ScaledTensor, dequantize, quantize  # noqa: E402
-from llmkernels.testing import relative_error  # noqa: E402
 from llmkernels.moe import MoEFeedForward, dispatch, route  # noqa: E402
+from llmkernels.testing import relative_error  # noqa: E402
 
 MODELS = {  # name: (experts, hidden, intermediate, top_k, routing)
     "DeepSeek-V3": (256, 7168, 2048, 8, dict(scoring="sigmoid", num_groups=8, topk_groups=4)),

@@ -11,7 +11,6 @@ if not torch.cuda.is_available():
 from llmkernels.launch import clear_plans  # noqa: E402
 from llmkernels.testing import default_device  # noqa: E402
 
-
 # Hypothesis profiles of the property tests (tests/test_properties.py), picked by
 # LLMK_HYPOTHESIS_PROFILE: "ci" (default) is derandomized and small enough for the CPU interpreter
 # (each test sets its own example count for it); "gpu-long" draws 1000 fresh examples per test.

@@ -24,8 +24,8 @@ import importlib.util
 import inspect
 import pkgutil
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 

@@ -11,11 +11,26 @@ import inspect
 
 import pytest
 import torch
+from public_calls import (
+    CALLS,
+    CALLS_BY_NAME,
+    CONTAINERS,
+    HAS_TORCHAO,
+    NO_TENSOR_FUNCTIONS,
+    NON_TENSOR_ARGUMENTS,
+    NOT_WALKED,
+    PUBLIC,
+    TORCHAO_FUNCTIONS,
+    InputRejected,
+    bit_differences,
+    discover_public,
+    fill,
+    observe,
+    outcome,
+    poisoned_buffer,
+)
 
 from llmkernels import runtime
-from public_calls import (CALLS, CALLS_BY_NAME, CONTAINERS, HAS_TORCHAO, NO_TENSOR_FUNCTIONS, NON_TENSOR_ARGUMENTS,
-                          NOT_WALKED, PUBLIC, TORCHAO_FUNCTIONS, InputRejected, bit_differences, discover_public, fill, observe, outcome,
-                          poisoned_buffer)
 
 # The interpreter evaluates both sides of tl.where: -inf - -inf of fully masked rows warns in numpy.
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")

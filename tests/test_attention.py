@@ -7,18 +7,18 @@ import torch
 import triton
 import triton.language as tl
 
-from llmkernels.runtime import interpreting
-from llmkernels.testing import assert_close_relative, poison
 from llmkernels import runtime
+from llmkernels.attention import config as attention_config
+from llmkernels.attention import layout as attention_layout
 from llmkernels.attention.api import attention
 from llmkernels.attention.config import FA4Config
 from llmkernels.attention.kernel import exp2_poly
-from llmkernels.attention import config as attention_config
 from llmkernels.attention.masks import Chunked, SlidingWindow, alibi, resolve_mask, softcap
-from llmkernels.attention import layout as attention_layout
 from llmkernels.attention.paged import PagedKVCache
 from llmkernels.attention.plan import PLANS
 from llmkernels.attention.reference import attention_reference, paged_to_dense
+from llmkernels.runtime import interpreting
+from llmkernels.testing import assert_close_relative, poison
 
 # The interpreter evaluates both sides of tl.where: -inf - -inf of fully masked rows warns in numpy.
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")

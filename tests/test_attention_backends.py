@@ -8,6 +8,7 @@ import inspect
 
 import pytest
 import torch
+from public_calls import patch_launches
 
 import llmkernels as lk
 from llmkernels import flash_attn
@@ -18,8 +19,6 @@ from llmkernels.attention.plan import COMBINE, PASSES, PLANS
 from llmkernels.integrations.transformers import attention_forward
 from llmkernels.launch import BoundKernel, KernelSpec
 from llmkernels.testing import assert_close_relative
-
-from public_calls import patch_launches
 
 TOLERANCE = 2e-2  # bf16 / fp16 P and O against the float32 reference
 SMALL = lk.FA4Config(BM=16, BN=16, num_kv_stages=1)

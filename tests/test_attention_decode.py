@@ -2,20 +2,18 @@
 dense KV, GQA packing, short multi-token queries, sinks, masks; buffers poisoned with NaN."""
 import pytest
 import torch
+from test_attention import _check, _cu_seqlens, _paged_cache, _qkv, checker_mask
 
-from llmkernels.testing import assert_close_relative, poison, relative_error
 from llmkernels import runtime
-from llmkernels.attention.api import attention
-from llmkernels.attention.config import FA4Config
 from llmkernels.attention import config as attention_config
 from llmkernels.attention import layout as attention_layout
-from llmkernels.attention.config import choose_num_splits, decode_tiling
-from llmkernels.attention.plan import PLANS
+from llmkernels.attention.api import attention
+from llmkernels.attention.config import FA4Config, choose_num_splits, decode_tiling
 from llmkernels.attention.masks import SlidingWindow, softcap
 from llmkernels.attention.paged import PagedKVCache
+from llmkernels.attention.plan import PLANS
 from llmkernels.attention.reference import attention_reference
-
-from test_attention import _check, _cu_seqlens, _paged_cache, _qkv, checker_mask
+from llmkernels.testing import assert_close_relative, poison, relative_error
 
 # The interpreter evaluates both sides of tl.where: -inf - -inf of fully masked rows warns in numpy.
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")

@@ -10,16 +10,15 @@ import math
 import numpy as np
 import pytest
 import torch
+from test_attention import TOLERANCE, _check_lse, _cu_seqlens, _paged_cache, _qkv
 
-from llmkernels.testing import assert_close_relative, poison
 from llmkernels import runtime
 from llmkernels.attention import config as attention_config
 from llmkernels.attention.api import attention
 from llmkernels.attention.config import FA4Config
 from llmkernels.attention.masks import UNBOUNDED, Chunked, SlidingWindow, resolve_mask
 from llmkernels.attention.reference import attention_reference
-
-from test_attention import TOLERANCE, _check_lse, _cu_seqlens, _paged_cache, _qkv
+from llmkernels.testing import assert_close_relative, poison
 
 # The interpreter evaluates both sides of tl.where: -inf - -inf of fully masked rows warns in numpy.
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")

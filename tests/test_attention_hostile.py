@@ -9,16 +9,15 @@ from dataclasses import dataclass, field
 
 import pytest
 import torch
+from test_attention import TOLERANCE, _cu_seqlens
 
 import llmkernels as lk
-from llmkernels.testing import assert_close_relative
 from llmkernels import runtime
 from llmkernels.attention.api import attention
 from llmkernels.attention.config import FA4Config
 from llmkernels.attention.paged import PagedKVCache
 from llmkernels.attention.reference import attention_reference
-
-from test_attention import TOLERANCE, _cu_seqlens
+from llmkernels.testing import assert_close_relative
 
 # The interpreter evaluates both sides of tl.where: -inf - -inf of fully masked rows warns in numpy.
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")

@@ -11,9 +11,9 @@ On the GPU the same tests run under compute-sanitizer's memcheck (``tools/gpu_re
 """
 import pytest
 import torch
+from public_calls import CALLS_BY_NAME, bit_differences, fill, observe, outcome, poisoned_buffer
 
 from llmkernels import runtime
-from public_calls import CALLS_BY_NAME, bit_differences, fill, observe, outcome, poisoned_buffer
 
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning",
                                         "ignore:overflow encountered:RuntimeWarning")

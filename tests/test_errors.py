@@ -11,15 +11,25 @@ import inspect
 
 import pytest
 import torch
+from public_calls import (
+    CALLS,
+    CALLS_BY_NAME,
+    NO_TENSOR_FUNCTIONS,
+    PUBLIC,
+    REFERENCES,
+    InputRejected,
+    as_bits,
+    forbid_launches,
+    patch_launches,
+    poisoned_buffer,
+)
+from test_grouped_matmul import _bad_input_cases as _bad_grouped_matmul_cases
 
 import llmkernels as lk
 from llmkernels import runtime
 from llmkernels.formats import FormatSpec, format_spec
 from llmkernels.integrations import transformers as lk_transformers
 from llmkernels.moe import MoEFeedForward, combine, dispatch, route
-from public_calls import (CALLS, CALLS_BY_NAME, NO_TENSOR_FUNCTIONS, PUBLIC, REFERENCES, InputRejected, as_bits,
-                          forbid_launches, patch_launches, poisoned_buffer)
-from test_grouped_matmul import _bad_input_cases as _bad_grouped_matmul_cases
 
 FORWARD_ONLY = ("quantize", "grouped_matmul", "attention", "combine", "select_experts", "MoEFeedForward.forward",
                 "flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache", "fused_experts")

@@ -6,11 +6,11 @@ import math
 
 import pytest
 import torch
+from flash_attn_model import assert_cache_after, flash_attn_model, kvcache_model
 
 import llmkernels as lk
-from flash_attn_model import assert_cache_after, flash_attn_model, kvcache_model
-from llmkernels.testing import assert_close_relative
 from llmkernels.flash_attn import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache
+from llmkernels.testing import assert_close_relative
 
 TOLERANCE = 2e-2  # bf16 inputs, float64 reference, relative error over the whole output
 

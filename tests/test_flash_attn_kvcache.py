@@ -5,11 +5,11 @@ import math
 
 import pytest
 import torch
-
 from flash_attn_model import assert_cache_after, kvcache_model
-from llmkernels.testing import relative_error
-from llmkernels.flash_attn import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache
 from public_calls import forbid_launches
+
+from llmkernels.flash_attn import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache
+from llmkernels.testing import relative_error
 
 BATCH, SEQLEN_Q, NEW, HEADS, KV_HEADS, DIM, ROTARY_HALF = 2, 2, 3, 4, 2, 32, 8
 DENSE_CAPACITY = 40  # not a multiple of 16: attention reads a page-aligned copy, whose padding it must not see

@@ -14,8 +14,8 @@ import itertools
 
 import pytest
 import torch
-
 from flash_attn_model import flash_attn_model
+
 from llmkernels.flash_attn import flash_attn_func, flash_attn_varlen_func
 
 

@@ -4,10 +4,10 @@ row is bit-equal to the call with sound scales. A ScaledTensor whose parts were 
 construction is re-checked at the call."""
 import pytest
 import torch
+from test_canaries import Canaried
 
 import llmkernels as lk
 from llmkernels.testing import random_group_offsets
-from test_canaries import Canaried
 
 SIZES = [130, 0, 7, 128, 3]  # tile rows 0-1, -, 2, 3, 4 (each group starts a fresh 128-row tile)
 

@@ -48,7 +48,7 @@ def test_grouped_matmul_nan_stays_in_its_rows(formats, device):
     """A NaN in one row of A poisons that row's outputs only; an inf in one expert's weights
     poisons that expert's rows only; every other row matches the reference."""
     k, n = 128, 64
-    sizes, ids = [5, 7, 4], [1, 0, 2]
+    ids = [1, 0, 2]  # of groups of 5, 7 and 4 rows
     offsets = torch.tensor([0, 5, 12, 16], dtype=torch.int32, device=device)
     x = torch.randn(16, k, device=device)
     w = torch.randn(3, n, k, device=device) / k**0.5

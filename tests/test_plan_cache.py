@@ -10,6 +10,7 @@ import weakref
 
 import pytest
 import torch
+from public_calls import CALLS, bit_differences, outcome, poisoned_buffer
 
 import llmkernels as lk
 from llmkernels import launch, runtime
@@ -20,8 +21,6 @@ from llmkernels.moe import combine, dispatch
 from llmkernels.routing.combine import PLANS as COMBINE_PLANS
 from llmkernels.routing.dispatch import PLANS as DISPATCH_PLANS
 from llmkernels.routing.select import PLANS as SELECT_PLANS
-
-from public_calls import CALLS, bit_differences, outcome, poisoned_buffer
 
 CACHES = {"quantize": formats_api.PLANS, "grouped_matmul": grouped_matmul_api.PLANS,
           "attention": ATTENTION_PLANS, "dispatch": DISPATCH_PLANS, "combine": COMBINE_PLANS,

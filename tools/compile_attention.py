@@ -5,8 +5,8 @@ from __future__ import annotations
 import dataclasses
 
 import torch
-
 from compile_common import Case, _pretend_gpu, expected_mma
+
 from llmkernels.attention import portable, split_kv
 from llmkernels.attention.check import CheckedCall
 from llmkernels.attention.config import default_config, tiling

@@ -30,12 +30,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import sass_hazards  # noqa: E402
 import torch  # noqa: E402
 import triton  # noqa: E402
-from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.compiler import ASTSource  # noqa: E402
-
 from compile_attention import attention_cases  # noqa: E402
 from compile_common import GPUS, Case, Result  # noqa: E402
 from compile_grouped_matmul import PAIRS, grouped_matmul_cases  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
 
 
 @contextlib.contextmanager
@@ -158,7 +157,7 @@ def problems(case: Case, result: Result, arch: int) -> list[str]:
     return found
 
 
-@functools.lru_cache(maxsize=None)  # once per process: a worker compiles many cases of one listing
+@functools.cache  # once per process: a worker compiles many cases of one listing
 def _cases(arch: int, families: tuple, pairs: tuple) -> tuple:
     cases = []
     if "grouped_matmul" in families:

@@ -14,8 +14,8 @@ import sys
 import torch
 
 import llmkernels as lk
-from llmkernels.testing import default_device, random_group_offsets, relative_error
 from llmkernels.moe import combine, dispatch, dispatch_reference
+from llmkernels.testing import default_device, random_group_offsets, relative_error
 
 
 def check(name: str, error: float, bound: float) -> bool:

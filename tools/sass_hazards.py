@@ -96,7 +96,7 @@ class _Pending:
         self.groups: list[list[Instruction]] = []
         self.open: list[Instruction] = []
 
-    def copy(self) -> "_Pending":
+    def copy(self) -> _Pending:
         other = _Pending()
         other.groups, other.open = [list(g) for g in self.groups], list(self.open)
         return other
@@ -153,6 +153,7 @@ def cubin_sass(cubin: bytes, cuobjdump: str) -> str:
 
 def main() -> int:
     import os
+
     import triton
     cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     status = 0

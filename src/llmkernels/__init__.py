@@ -6,11 +6,11 @@
 """
 import sys
 
+from . import moe as moe  # llmkernels.moe, reachable as an attribute
+from .attention import Chunked, FA4Config, PagedKVCache, SlidingWindow, alibi, attention_reference, softcap
 from .formats import FORMATS, ScaledTensor, dequantize, quantize_reference
 from .grouped_matmul import GPT_OSS_SWIGLU, BlockScaledMatmulConfig, SwiGLU, grouped_matmul_reference
-from .attention import FA4Config, Chunked, PagedKVCache, SlidingWindow, alibi, attention_reference, softcap
 from .ops import attention, grouped_matmul, quantize  # also registers torch.ops.llmkernels.*
-from . import moe
 
 
 def _reachable_as_package(function, package) -> None:

@@ -23,13 +23,14 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .runtime import check_device, first_true, forward_only, has_internal_overlap
-from .attention import Chunked, PagedKVCache, SlidingWindow, alibi, softcap as softcap_mod
+from .attention import Chunked, PagedKVCache, SlidingWindow, alibi
+from .attention import softcap as softcap_mod
 from .attention.api import check_attention
 from .attention.kv_append import append_to_cache, apply_rotary, check_rotary_tables
 from .attention.paged import SUPPORTED_PAGE_SIZES
 from .launch import PlanCache
 from .ops import attention
+from .runtime import check_device, first_true, forward_only, has_internal_overlap
 
 __all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache"]
 

@@ -19,8 +19,9 @@ from __future__ import annotations
 import inspect
 import sys
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 from triton import knobs
@@ -30,7 +31,7 @@ from .runtime import interpreting
 __all__ = ["PlanCache", "BoundKernel", "KernelSpec", "bind", "clear_plans", "tensor_key", "value_key",
            "DIRECT_LAUNCHER_LAYOUT"]
 
-_CACHES: list["PlanCache"] = []
+_CACHES: list[PlanCache] = []
 _INTERPRETER_LOCK = threading.Lock()
 
 
@@ -392,7 +393,7 @@ class KernelSpec:
     per_call: tuple = ()
     divisible: tuple | None = None
 
-    def bind(self, *args) -> "BoundKernel":
+    def bind(self, *args) -> BoundKernel:
         """The launch on the runtime arguments ``args`` (positional, in the kernel's order) as a
         :class:`BoundKernel`; the spec's constexprs and options complete it."""
         return bind(self.fn, self.grid, *args, per_call=self.per_call, **self.constexprs, **self.options)

@@ -110,7 +110,7 @@ def _clear_device_caches() -> None:
         cache.cache_clear()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _triton_problem(capability: tuple[int, int]) -> str | None:
     needed = MIN_TRITON.get(min(capability[0], max(MIN_TRITON)))
     found = triton_version()
@@ -215,7 +215,7 @@ def describe(x) -> str:
     return type(x).__name__
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _capability_of(index: int) -> tuple[int, int]:
     return torch.cuda.get_device_capability(index)
 
@@ -229,7 +229,7 @@ def cuda_capability(device: torch.device) -> tuple[int, int] | None:
     return _capability_of(device.index if device.index is not None else torch.cuda.current_device())
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _multiprocessor_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 

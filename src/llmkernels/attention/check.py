@@ -10,8 +10,18 @@ import torch
 from ..runtime import check_device, first_bad_prefix_sum, first_true, forward_only
 from . import layout
 from .config import SUPPORTED_HEAD_DIMS, FA4Config
-from .masks import (MASK_TENSOR_DTYPES, SCORE_MOD_ALIBI, UNBOUNDED, MaskSpec, ScoreModSpec, mask_tensor_4d,
-                    mask_tensor_kind, resolve_mask, resolve_score_mod, split_mask_tensor)
+from .masks import (
+    MASK_TENSOR_DTYPES,
+    SCORE_MOD_ALIBI,
+    UNBOUNDED,
+    MaskSpec,
+    ScoreModSpec,
+    mask_tensor_4d,
+    mask_tensor_kind,
+    resolve_mask,
+    resolve_score_mod,
+    split_mask_tensor,
+)
 from .paged import PagedKVCache
 
 __all__ = ["CheckedCall", "check_attention", "check_metadata_values"]

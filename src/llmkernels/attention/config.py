@@ -170,7 +170,7 @@ class FA4Config:
             return None
         return self.num_q_heads // self.num_kv_heads
 
-    def replace(self, **changes) -> "FA4Config":
+    def replace(self, **changes) -> FA4Config:
         return dataclasses.replace(self, **changes)
 
 

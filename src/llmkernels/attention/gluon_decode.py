@@ -15,15 +15,29 @@ from __future__ import annotations
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
-                                                              warpgroup_mma_wait)
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
 
 from ..launch import BoundKernel, KernelSpec
 from ..runtime import unit_last_stride
 from .check import CheckedCall
 from .config import FA4Config, Tiling, tiling
-from .gluon_hopper import (DTYPES, LOG2E, _descriptor, _load_kv_tile, _nvmma_layout, _softmax_tile, _store_layout,
-                           descriptor_type, gluon_eligible, sequence_rows)
+from .gluon_hopper import (
+    DTYPES,
+    LOG2E,
+    _descriptor,
+    _load_kv_tile,
+    _nvmma_layout,
+    _softmax_tile,
+    _store_layout,
+    descriptor_type,
+    gluon_eligible,
+    sequence_rows,
+)
 from .layout import paged_metadata
 from .masks import MaskSpec, ScoreModSpec
 from .portable import TYPE_NAMES
@@ -199,7 +213,7 @@ class GluonDecode:
                           dict(num_warps=4), arg_types, per_call=("seqlen_kv",) if call.dynamic_kv else (),
                           divisible=())
 
-    def launch(self, call: CheckedCall, tiles: Tiling) -> "GluonDecodeLaunch":
+    def launch(self, call: CheckedCall, tiles: Tiling) -> GluonDecodeLaunch:
         return GluonDecodeLaunch(call, self.spec(call, tiles))
 
 

@@ -49,8 +49,13 @@ import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
-                                                              warpgroup_mma_wait)
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from ..launch import BoundKernel, KernelSpec, PlanCache
@@ -687,7 +692,7 @@ class GluonPrefill:
                           dict(num_warps=4, maxnreg=attention_config.GLUON_PREFILL_MAX_REGS[consumers]), arg_types,
                           per_call=("seqlen_kv",) if call.dynamic_kv else (), divisible=("out_ptr",))
 
-    def launch(self, call: CheckedCall, tiles: Tiling) -> "GluonPrefillLaunch":
+    def launch(self, call: CheckedCall, tiles: Tiling) -> GluonPrefillLaunch:
         return GluonPrefillLaunch(call, self.spec(call, tiles))
 
 

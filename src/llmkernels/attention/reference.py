@@ -8,8 +8,19 @@ import math
 
 import torch
 
-from .masks import (SCORE_MOD_ALIBI, SCORE_MOD_SOFTCAP, UNBOUNDED, Chunked, ScoreMod, SlidingWindow,
-                    is_jit_function, mask_tensor_4d, resolve_mask, resolve_score_mod, split_mask_tensor)
+from .masks import (
+    SCORE_MOD_ALIBI,
+    SCORE_MOD_SOFTCAP,
+    UNBOUNDED,
+    Chunked,
+    ScoreMod,
+    SlidingWindow,
+    is_jit_function,
+    mask_tensor_4d,
+    resolve_mask,
+    resolve_score_mod,
+    split_mask_tensor,
+)
 from .paged import PagedKVCache
 
 __all__ = ["attention_reference", "paged_to_dense"]
