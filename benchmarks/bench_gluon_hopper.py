@@ -33,7 +33,7 @@ def systems_of(q, k, v, causal):
     systems = {"sdpa_cudnn": lambda: cudnn().transpose(1, 2),
                "portable_triton": lambda: lk.attention(q, k, v, causal=causal, config=portable),
                "lk_attention": lambda: lk.attention(q, k, v, causal=causal)}
-    if dim == 64:  # the default runs two or three consumer warpgroups there (gluon_hopper._consumers)
+    if dim == 64:  # the default runs two or three consumer warpgroups there (attention.config.gluon_prefill_consumers)
         systems["gluon_2_consumers"] = lambda: gluon_attention(q, k, v, causal=causal, consumers=2)
         systems["gluon_3_consumers"] = lambda: gluon_attention(q, k, v, causal=causal, consumers=3)
     return systems

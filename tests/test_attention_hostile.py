@@ -30,7 +30,7 @@ SENTINEL = 1234.0         # exact in fp16 and float32
 
 
 class GuardedBuffers:
-    """Stands in for ``api._empty``: each buffer is a NaN-poisoned view into a larger one whose ends hold
+    """Stands in for ``runtime.new_buffer``: each buffer is a NaN-poisoned view into a larger one whose ends hold
     ``SENTINEL``, so an element left unwritten is NaN and a write outside the buffer changes a guard."""
 
     def __init__(self):
