@@ -72,7 +72,7 @@ class Portable:
                           dict(num_warps=config.num_warps, num_stages=config.num_kv_stages), arg_types, UNALIGNED,
                           PER_CALL if call.dynamic_kv else ())
 
-    def launch(self, call: CheckedCall, tiles: Tiling) -> "PortableLaunch":
+    def launch(self, call: CheckedCall, tiles: Tiling) -> PortableLaunch:
         return PortableLaunch(call, tiles, self.spec(call, tiles))
 
 
