@@ -1,4 +1,4 @@
-"""FA4-style attention forward in Triton: ``@triton.jit`` code only (launched from ``api.py``).
+"""FA4-style attention forward in Triton: ``@triton.jit`` code only (launched by the portable backend, ``portable.py``).
 
 One program owns ``NUM_Q_TILES`` Q tiles of ``BLOCK_M = BLOCK_Q * HEADS_PER_TILE`` rows of one
 (batch, KV head) pair; a row is a (query, q head) pair, so ``HEADS_PER_TILE > 1`` packs the q heads

@@ -69,14 +69,18 @@ def _dense_kv_key(k: torch.Tensor, v: torch.Tensor) -> tuple:
     """The key of dense ``[B, Skv, Hkv, D]`` k and v with Skv and their batch, token and head strides abstracted
     (:func:`_size_class`, :func:`_stride_class`) but for the relations a plan decides on: heads contiguous in a
     token row, batches evenly spaced, k and v of one length."""
-    batch, seqlen, heads, head_dim = k.shape
-    kb, ks, kh, kd = k.stride()
-    vb, vs, vh, vd = v.stride()
-    return (k.dtype, v.dtype, k.device, v.device, k.requires_grad, v.requires_grad, k.data_ptr() % 16,
-            v.data_ptr() % 16, batch, heads, head_dim, v.shape[0], v.shape[2], v.shape[3], v.shape[1] == seqlen,
-            _size_class(seqlen),
-            _stride_class(kb), _stride_class(ks), _stride_class(kh), kd, kh == head_dim, kb == seqlen * ks,
-            _stride_class(vb), _stride_class(vs), _stride_class(vh), vd, vh == head_dim, vb == seqlen * vs)
+    k_shape, k_strides, v_shape, v_strides = k.shape, k.stride(), v.shape, v.stride()
+    batch, seqlen, heads, head_dim = k_shape
+    kb, ks, kh, kd = k_strides
+    alike = v_shape == k_shape and v_strides == k_strides  # the usual case: v's part of the key is k's
+    key = (k.dtype, v.dtype, k.device, v.device, k.requires_grad, v.requires_grad, k.data_ptr() % 16,
+           v.data_ptr() % 16, batch, heads, head_dim, _size_class(seqlen), _stride_class(kb), _stride_class(ks),
+           _stride_class(kh), kd, kh == head_dim, kb == seqlen * ks, alike)
+    if alike:
+        return key
+    vb, vs, vh, vd = v_strides
+    return (*key, v_shape[0], v_shape[2], v_shape[3], v_shape[1] == seqlen, _stride_class(vb), _stride_class(vs),
+            _stride_class(vh), vd, vh == head_dim, vb == seqlen * vs)
 
 
 def _has_mask_tensor(mask) -> bool:

@@ -10,7 +10,7 @@ from ..runtime import cuda_capability, interpreting, next_power_of_2, unit_last_
 from .check import CheckedCall
 from .config import Tiling
 from .kernel import attention_fwd_kernel
-from .layout import dummy, paged_metadata, strides3, token_row_descriptor, token_rows
+from .layout import dummy, paged_metadata, strides3, token_row_descriptor
 from .masks import SCORE_MOD_ALIBI, mask_tensor_4d
 
 __all__ = ["BACKEND", "Portable", "TYPE_NAMES"]
@@ -118,14 +118,19 @@ class PortableLaunch:
             target_out, target_lse = o_partial, lse_partial
         else:
             target_out, target_lse = out, lse if lse is not None else float_dummy
-        k_desc, v_desc = k, v
-        if self.tma and self.dynamic:  # the descriptors' rows (B * Skv) vary per call
-            k_desc, v_desc = token_rows(k, self.ragged), token_rows(v, self.ragged)
-        values = (q, k, v, target_out, target_lse, cu_seqlens_q.contiguous() if self.ragged else int_dummy,
-                  cu_seqlens_k.contiguous() if self.ragged and not self.paged else int_dummy,
-                  seqlens, kv_starts, block_table, sinks, slopes, attn_mask, k_desc, v_desc)
-        if self.dynamic:
-            values = (*values, *k.stride()[:3], *v.stride()[:3], k.shape[1])
+        if not self.dynamic:
+            values = (q, k, v, target_out, target_lse, cu_seqlens_q.contiguous() if self.ragged else int_dummy,
+                      cu_seqlens_k.contiguous() if self.ragged and not self.paged else int_dummy,
+                      seqlens, kv_starts, block_table, sinks, slopes, attn_mask, k, v)
+        else:  # dense K/V: their strides and key count, and the descriptors' rows (B * Skv), vary per call
+            (batch, seqlen, heads, head_dim), k_strides, v_strides = k.shape, k.stride(), v.stride()
+            k_desc, v_desc = k, v
+            if self.tma:
+                rows = (batch * seqlen, heads * head_dim)
+                k_desc, v_desc = (k, rows, (k_strides[1], 1)), (v, rows, (v_strides[1], 1))
+            values = (q, k, v, target_out, target_lse, int_dummy, int_dummy, int_dummy, int_dummy, int_dummy, sinks,
+                      slopes, attn_mask, k_desc, v_desc, k_strides[0], k_strides[1], k_strides[2], v_strides[0],
+                      v_strides[1], v_strides[2], seqlen)
         (self.bound or self._bind(values, out, lse))(*values)
 
     def _bind(self, values, out, lse) -> BoundKernel:
