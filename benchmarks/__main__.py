@@ -1,5 +1,6 @@
 """``python -m benchmarks``: lists the suites, one line each on what it measures; ``python -m benchmarks <suite>
 [arguments]`` runs that suite's ``main`` with its arguments (``<suite> --help`` shows them)."""
+
 import ast
 import importlib
 import pathlib
@@ -18,9 +19,11 @@ def summary(suite: str) -> str:
 def listing() -> str:
     width = max(map(len, SUITES))
     lines = [f"  {suite:{width}}  {summary(suite)}" for suite in SUITES]
-    return ("usage: python -m benchmarks <suite> [arguments]   (<suite> --help: its arguments)\n\nsuites (results: "
-            "benchmarks/results/<gpu>/<suite>/; a suite that needs a GPU says so and exits with status 2):\n"
-            + "\n".join(lines))
+    return (
+        "usage: python -m benchmarks <suite> [arguments]   (<suite> --help: its arguments)\n\nsuites (results: "
+        "benchmarks/results/<gpu>/<suite>/; a suite that needs a GPU says so and exits with status 2):\n"
+        + "\n".join(lines)
+    )
 
 
 def main() -> None:

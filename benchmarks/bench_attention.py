@@ -10,6 +10,7 @@ matmul). Prints a markdown table and writes CSV + markdown + PNG (if matplotlib 
 On a machine without a GPU, ``--quick`` runs tiny shapes through the Triton interpreter (a smoke test
 of the script, not a measurement).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -128,12 +129,14 @@ def prefill_rows(shapes, ablation: bool):
             variants = {"llmkernels": None}
             if ablation and ON_GPU and (batch, heads, seqlen, head_dim) == PREFILL_SHAPES[0]:
                 base = default_config(head_dim, DTYPE, DEVICE).replace(warp_specialized=False)  # portable
-                variants.update({
-                    "llmk two_q_tiles": base.replace(BM=max(base.BM, 128), num_q_tiles=2),
-                    "llmk threshold=0": base.replace(rescale_threshold=0.0),
-                    "llmk poly_exp2=0.5": base.replace(poly_exp2_fraction=0.5),
-                    "llmk poly_exp2=0.25": base.replace(poly_exp2_fraction=0.25),
-                })
+                variants.update(
+                    {
+                        "llmk two_q_tiles": base.replace(BM=max(base.BM, 128), num_q_tiles=2),
+                        "llmk threshold=0": base.replace(rescale_threshold=0.0),
+                        "llmk poly_exp2=0.5": base.replace(poly_exp2_fraction=0.5),
+                        "llmk poly_exp2=0.25": base.replace(poly_exp2_fraction=0.25),
+                    }
+                )
             for name, config in variants.items():
                 try:
                     fn = lambda config=config: attention(q, k, v, causal=causal, config=config)  # noqa: E731
@@ -142,12 +145,14 @@ def prefill_rows(shapes, ablation: bool):
                     note = "" if error < 5e-2 else f"WRONG (rel. error {error:.2e})"
                 except Exception as exc:
                     ms, note = None, f"fails ({type(exc).__name__}: {str(exc)[:80]})"
-                rows.append(dict(section="prefill", problem=problem, impl=name, ms=ms, flops=flops, bytes=io_bytes,
-                                 note=note))
+                rows.append(
+                    dict(section="prefill", problem=problem, impl=name, ms=ms, flops=flops, bytes=io_bytes, note=note)
+                )
             for peer in PEERS:
                 ms, note = run_peer(peer, q_t, k_t, v_t, causal, expected)
-                rows.append(dict(section="prefill", problem=problem, impl=peer, ms=ms, flops=flops, bytes=io_bytes,
-                                 note=note))
+                rows.append(
+                    dict(section="prefill", problem=problem, impl=peer, ms=ms, flops=flops, bytes=io_bytes, note=note)
+                )
         del q, k, v, q_t, k_t, v_t
     return rows
 
@@ -183,18 +188,47 @@ def decode_rows(problems, heads=DECODE_HEADS, kv_heads=DECODE_KV_HEADS, head_dim
             graph_ms = bench_graph(fn)
         except Exception as exc:
             ms, graph_ms, note = None, None, f"fails ({type(exc).__name__}: {str(exc)[:80]})"
-        rows.append(dict(section="decode", problem=problem, impl="llmkernels", ms=ms, flops=flops, bytes=io_bytes,
-                         note=note, graph_ms=graph_ms))
+        rows.append(
+            dict(
+                section="decode",
+                problem=problem,
+                impl="llmkernels",
+                ms=ms,
+                flops=flops,
+                bytes=io_bytes,
+                note=note,
+                graph_ms=graph_ms,
+            )
+        )
         for peer in PEERS:
             if peer == "flex" and context != 8192 and ON_GPU:
                 # each new shape costs torch.compile ~10-20 s: compare at the baseline's 8k context only
-                rows.append(dict(section="decode", problem=problem, impl=peer, ms=None, flops=flops, bytes=io_bytes,
-                                 note="skipped (compile time; see ctx=8192)"))
+                rows.append(
+                    dict(
+                        section="decode",
+                        problem=problem,
+                        impl=peer,
+                        ms=None,
+                        flops=flops,
+                        bytes=io_bytes,
+                        note="skipped (compile time; see ctx=8192)",
+                    )
+                )
                 continue
             ms, note = run_peer(peer, q_t, k_dense, v_dense, False, expected)
             graph_ms = run_peer_graph(peer, q_t, k_dense, v_dense, False) if ms is not None else None
-            rows.append(dict(section="decode", problem=problem, impl=peer, ms=ms, flops=flops, bytes=io_bytes,
-                             note=note + (" (dense KV)" if ms is not None else ""), graph_ms=graph_ms))
+            rows.append(
+                dict(
+                    section="decode",
+                    problem=problem,
+                    impl=peer,
+                    ms=ms,
+                    flops=flops,
+                    bytes=io_bytes,
+                    note=note + (" (dense KV)" if ms is not None else ""),
+                    graph_ms=graph_ms,
+                )
+            )
         del k_pages, v_pages, k_dense, v_dense, cache
         if ON_GPU:
             torch.cuda.empty_cache()
@@ -206,14 +240,18 @@ def add_metrics(rows, ceilings):
     ours_graph = {(r["problem"]): r.get("graph_ms") for r in rows if r["impl"] == "llmkernels"}
     for r in rows:
         graph_ms, our_graph_ms = r.setdefault("graph_ms", None), ours_graph.get(r["problem"])
-        r["graph_speedup"] = (graph_ms / our_graph_ms if graph_ms and our_graph_ms and r["impl"] != "llmkernels"
-                              else None)
+        r["graph_speedup"] = (
+            graph_ms / our_graph_ms if graph_ms and our_graph_ms and r["impl"] != "llmkernels" else None
+        )
         ms = r["ms"]
         r["tflops"] = r["flops"] / ms / 1e9 if ms else None
         r["gbps"] = r["bytes"] / ms / 1e6 if ms else None
         if ms and ON_GPU:
-            r["pct_ceiling"] = (100 * r["tflops"] / ceilings["matmul_tflops"] if r["section"] == "prefill"
-                                else 100 * r["gbps"] / ceilings["copy_gbps"])
+            r["pct_ceiling"] = (
+                100 * r["tflops"] / ceilings["matmul_tflops"]
+                if r["section"] == "prefill"
+                else 100 * r["gbps"] / ceilings["copy_gbps"]
+            )
         else:
             r["pct_ceiling"] = None
         our_ms = ours.get(r["problem"])
@@ -226,18 +264,24 @@ def fmt(value, spec):
 
 
 def markdown(rows, ceilings, device_name) -> str:
-    lines = [f"# Attention benchmark on {device_name}", "",
-             f"Ceilings measured in this run: copy {ceilings['copy_gbps']:.0f} GB/s, bf16 matmul "
-             f"{ceilings['matmul_tflops']:.0f} TFLOP/s. `% ceiling`: TFLOP/s of the matmul (prefill) or GB/s of "
-             "the copy (decode). `llmk speedup`: peer time / llmkernels time (> 1: llmkernels faster). Decode "
-             "rows also give the CUDA-graph replay time (`graph ms`, no launch overhead) and the speedup "
-             "measured that way.", "",
-             "| problem | impl | ms | TFLOP/s | GB/s | % ceiling | llmk speedup | graph ms | llmk speedup (graph) | note |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        f"# Attention benchmark on {device_name}",
+        "",
+        f"Ceilings measured in this run: copy {ceilings['copy_gbps']:.0f} GB/s, bf16 matmul "
+        f"{ceilings['matmul_tflops']:.0f} TFLOP/s. `% ceiling`: TFLOP/s of the matmul (prefill) or GB/s of "
+        "the copy (decode). `llmk speedup`: peer time / llmkernels time (> 1: llmkernels faster). Decode "
+        "rows also give the CUDA-graph replay time (`graph ms`, no launch overhead) and the speedup "
+        "measured that way.",
+        "",
+        "| problem | impl | ms | TFLOP/s | GB/s | % ceiling | llmk speedup | graph ms | llmk speedup (graph) | note |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for r in rows:
-        lines.append(f"| {r['problem']} | {r['impl']} | {fmt(r['ms'], '.3f')} | {fmt(r['tflops'], '.0f')} | "
-                     f"{fmt(r['gbps'], '.0f')} | {fmt(r['pct_ceiling'], '.0f')} | {fmt(r['ours_speedup'], '.2f')} | "
-                     f"{fmt(r['graph_ms'], '.4f')} | {fmt(r['graph_speedup'], '.2f')} | {r['note']} |")
+        lines.append(
+            f"| {r['problem']} | {r['impl']} | {fmt(r['ms'], '.3f')} | {fmt(r['tflops'], '.0f')} | "
+            f"{fmt(r['gbps'], '.0f')} | {fmt(r['pct_ceiling'], '.0f')} | {fmt(r['ours_speedup'], '.2f')} | "
+            f"{fmt(r['graph_ms'], '.4f')} | {fmt(r['graph_speedup'], '.2f')} | {r['note']} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -246,9 +290,13 @@ def write_png(rows, out_dir):
     for section, metric, label in (("prefill", "tflops", "TFLOP/s"), ("decode", "gbps", "GB/s")):
         section_rows = [r for r in rows if r["section"] == section]
         problems = list(dict.fromkeys(r["problem"] for r in section_rows))
-        series = {impl: [next((r[metric] or 0.0 for r in section_rows if r["problem"] == p and r["impl"] == impl), 0.0)
-                         for p in problems]
-                  for impl in dict.fromkeys(r["impl"] for r in section_rows)}
+        series = {
+            impl: [
+                next((r[metric] or 0.0 for r in section_rows if r["problem"] == p and r["impl"] == impl), 0.0)
+                for p in problems
+            ]
+            for impl in dict.fromkeys(r["impl"] for r in section_rows)
+        }
         bar_plot(problems, series, label, os.path.join(out_dir, f"attention_{section}.png"), f"attention {section}")
 
 
@@ -277,8 +325,19 @@ def main(argv=None):
     print(table)
     with open(os.path.join(out_dir, "attention.md"), "w") as f:
         f.write(table)
-    fields = ["section", "problem", "impl", "ms", "tflops", "gbps", "pct_ceiling", "ours_speedup", "graph_ms",
-              "graph_speedup", "note"]
+    fields = [
+        "section",
+        "problem",
+        "impl",
+        "ms",
+        "tflops",
+        "gbps",
+        "pct_ceiling",
+        "ours_speedup",
+        "graph_ms",
+        "graph_speedup",
+        "note",
+    ]
     with open(os.path.join(out_dir, "attention.csv"), "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
         writer.writeheader()

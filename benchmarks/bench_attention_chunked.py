@@ -13,6 +13,7 @@ cost); TFLOP/s count the causal work, ``4 · B · Hq · D · (q_len · context +
 every system. Writes ``attention_chunked_prefill.{csv,md,png}`` to DIR (default
 ``benchmarks/results/<gpu>/bench_attention_chunked/``). GPU only.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,9 +31,11 @@ from llmkernels.attention.paged import PagedKVCache
 HEADS, KV_HEADS, DIM = 32, 8, 128
 K = 1024
 # (batch, context already cached, new tokens, page size)
-GRID = ([(1, c, q, 16) for c in (4 * K, 8 * K, 16 * K, 32 * K) for q in (512, 1024, 2048, 4096)]
-        + [(4, c, q, 16) for c in (4 * K, 16 * K) for q in (512, 2048)]
-        + [(1, c, q, 64) for c in (8 * K, 32 * K) for q in (1024, 4096)])
+GRID = (
+    [(1, c, q, 16) for c in (4 * K, 8 * K, 16 * K, 32 * K) for q in (512, 1024, 2048, 4096)]
+    + [(4, c, q, 16) for c in (4 * K, 16 * K) for q in (512, 2048)]
+    + [(1, c, q, 64) for c in (8 * K, 32 * K) for q in (1024, 4096)]
+)
 
 
 def checked_graph_ms(fn, expected):
@@ -69,12 +72,18 @@ def problem_rows(batch, context, q_len, page_size, bf16_tflops):
     runners = {
         "llmkernels paged": (lambda: attention(q, None, None, kv_cache=cache, causal=True).transpose(1, 2), expected),
         "llmkernels dense": (lambda: attention(q, k, v, causal=True).transpose(1, 2), expected),
-        "llmkernels paged portable": (lambda: attention(q, None, None, kv_cache=cache, causal=True,
-                                                        config=portable).transpose(1, 2), expected),
-        "sdpa_flash lower_right": (sdpa_runner("flash", q_t, k_t, v_t, attn_mask=causal_lower_right(q_len, keys)),
-                                   expected),
-        "sdpa_cudnn mask": (sdpa_runner("cudnn", q_t, k_t, v_t, attn_mask=lower_right_mask(q_len, keys, "cuda")),
-                            expected),
+        "llmkernels paged portable": (
+            lambda: attention(q, None, None, kv_cache=cache, causal=True, config=portable).transpose(1, 2),
+            expected,
+        ),
+        "sdpa_flash lower_right": (
+            sdpa_runner("flash", q_t, k_t, v_t, attn_mask=causal_lower_right(q_len, keys)),
+            expected,
+        ),
+        "sdpa_cudnn mask": (
+            sdpa_runner("cudnn", q_t, k_t, v_t, attn_mask=lower_right_mask(q_len, keys, "cuda")),
+            expected,
+        ),
         "sdpa_cudnn nomask": (sdpa_runner("cudnn", q_t, k_t, v_t), expected_nomask),
     }
     flops = 4 * batch * HEADS * DIM * (q_len * context + q_len * (q_len + 1) / 2)
@@ -85,13 +94,26 @@ def problem_rows(batch, context, q_len, page_size, bf16_tflops):
         ms, note = checked_graph_ms(fn, want)
         if name == "llmkernels paged":
             ours = ms
-        rows.append(dict(problem=problem, batch=batch, context=context, q_len=q_len, page=page_size, impl=name,
-                         graph_ms=ms, tflops=flops / ms / 1e9 if ms else None,
-                         pct_bf16=100 * flops / ms / 1e9 / bf16_tflops if ms and bf16_tflops else None,
-                         kv_gbps=kv_bytes / ms / 1e6 if ms else None,
-                         llmk_speedup=ms / ours if ms and ours and name != "llmkernels paged" else None, note=note))
-        print({key: (f"{value:.4g}" if isinstance(value, float) else value) for key, value in rows[-1].items()},
-              flush=True)
+        rows.append(
+            dict(
+                problem=problem,
+                batch=batch,
+                context=context,
+                q_len=q_len,
+                page=page_size,
+                impl=name,
+                graph_ms=ms,
+                tflops=flops / ms / 1e9 if ms else None,
+                pct_bf16=100 * flops / ms / 1e9 / bf16_tflops if ms and bf16_tflops else None,
+                kv_gbps=kv_bytes / ms / 1e6 if ms else None,
+                llmk_speedup=ms / ours if ms and ours and name != "llmkernels paged" else None,
+                note=note,
+            )
+        )
+        print(
+            {key: (f"{value:.4g}" if isinstance(value, float) else value) for key, value in rows[-1].items()},
+            flush=True,
+        )
     return rows  # the tensors go with this frame; main() empties the allocator's cache between problems
 
 
@@ -103,9 +125,13 @@ def write_png(rows, out_dir):
             panel = f"B={r['batch']}, {r['q_len']} new tokens, page {r['page']}"
             panels.setdefault(panel, {}).setdefault(r["impl"], []).append((r["context"], r["tflops"]))
     panels = {name: series for name, series in panels.items() if max(len(p) for p in series.values()) > 1}
-    line_plots(panels, "context (tokens)", "TFLOP/s of the causal work (graph replay)",
-               os.path.join(out_dir, "attention_chunked_prefill.png"),
-               "chunked prefill over a paged cache, bf16, Hq=32, Hkv=8, D=128")
+    line_plots(
+        panels,
+        "context (tokens)",
+        "TFLOP/s of the causal work (graph replay)",
+        os.path.join(out_dir, "attention_chunked_prefill.png"),
+        "chunked prefill over a paged cache, bf16, Hq=32, Hkv=8, D=128",
+    )
 
 
 def main():
@@ -125,12 +151,16 @@ def main():
             break
         rows += problem_rows(*problem, bf16_tflops)
         torch.cuda.empty_cache()
-    table = write_table(rows, out_dir, "attention_chunked_prefill",
-                        f"Chunked prefill over a paged cache on {torch.cuda.get_device_name()}",
-                        f"bf16, Hq={HEADS}, Hkv={KV_HEADS}, D={DIM}, bottom-right causal; CUDA-graph replay times; "
-                        "`tflops` count the causal work for every system; `pct_bf16` of the measured bf16 matmul "
-                        "ceiling; `llmk_speedup`: system time / llmkernels paged time (> 1: ours faster). "
-                        "`sdpa_cudnn nomask` does more work (no mask), `sdpa_cudnn mask` reads a bool mask.")
+    table = write_table(
+        rows,
+        out_dir,
+        "attention_chunked_prefill",
+        f"Chunked prefill over a paged cache on {torch.cuda.get_device_name()}",
+        f"bf16, Hq={HEADS}, Hkv={KV_HEADS}, D={DIM}, bottom-right causal; CUDA-graph replay times; "
+        "`tflops` count the causal work for every system; `pct_bf16` of the measured bf16 matmul "
+        "ceiling; `llmk_speedup`: system time / llmkernels paged time (> 1: ours faster). "
+        "`sdpa_cudnn nomask` does more work (no mask), `sdpa_cudnn mask` reads a bool mask.",
+    )
     write_png(rows, out_dir)
     print(table)
 

@@ -11,6 +11,7 @@ bytes, nothing masked). Eager times (do_bench median) and CUDA-graph replay time
 ``attention_decode_grid.{csv,md,png}`` to DIR (default ``benchmarks/results/<gpu>/bench_attention_decode/``).
 Without a GPU, two tiny problems run through the interpreter (a smoke test of the script, not a measurement).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,9 +36,25 @@ K = 1024
 
 # (batch, context, query tokens, page size)
 GRID = (
-    [(b, c, 1, 16) for b, c in [(1, 1 * K), (1, 8 * K), (1, 32 * K), (1, 128 * K), (8, 8 * K), (8, 32 * K),
-                                (8, 128 * K), (32, 8 * K), (32, 32 * K), (64, 8 * K), (64, 32 * K),
-                                (128, 1 * K), (128, 8 * K), (128, 16 * K)]]
+    [
+        (b, c, 1, 16)
+        for b, c in [
+            (1, 1 * K),
+            (1, 8 * K),
+            (1, 32 * K),
+            (1, 128 * K),
+            (8, 8 * K),
+            (8, 32 * K),
+            (8, 128 * K),
+            (32, 8 * K),
+            (32, 32 * K),
+            (64, 8 * K),
+            (64, 32 * K),
+            (128, 1 * K),
+            (128, 8 * K),
+            (128, 16 * K),
+        ]
+    ]
     + [(b, c, 1, 64) for b, c in [(1, 8 * K), (1, 128 * K), (8, 32 * K), (64, 8 * K), (128, 8 * K)]]
     + [(b, c, q, 16) for q in (2, 4, 16) for b, c in [(1, 8 * K), (8, 8 * K), (32, 8 * K), (8, 32 * K)]]
     + [(32, 128 * K, 1, 16)]  # 32 x 128k x 8 x 128 = 4.3e9 elements per K and per V: 64-bit offsets
@@ -75,8 +92,7 @@ def problem_rows(batch, context, q_len, page_size, heads, kv_heads, dim, copy_gb
     k_pages = torch.randn(num_pages, page_size, kv_heads, dim, dtype=dtype, device=DEVICE)
     v_pages = torch.randn_like(k_pages)
     block_table = torch.randperm(num_pages, device=DEVICE).to(torch.int32).view(batch, pages_per_seq)
-    cache = PagedKVCache(k_pages, v_pages, block_table, torch.full((batch,), context, dtype=torch.int32,
-                                                                   device=DEVICE))
+    cache = PagedKVCache(k_pages, v_pages, block_table, torch.full((batch,), context, dtype=torch.int32, device=DEVICE))
     q = torch.randn(batch, q_len, heads, dim, dtype=dtype, device=DEVICE)
     q_t = q.transpose(1, 2)
     pages = block_table.long()
@@ -84,17 +100,20 @@ def problem_rows(batch, context, q_len, page_size, heads, kv_heads, dim, copy_gb
     v_dense = v_pages[pages].reshape(batch, context, kv_heads, dim).transpose(1, 2).contiguous()
     mask = lower_right_mask(q_len, context, DEVICE) if q_len > 1 else None
     if ON_GPU:  # bf16 SDPA (default backend) as the sanity check; tests/ hold the exact float64 ones
-        expected = torch.nn.functional.scaled_dot_product_attention(q_t, k_dense, v_dense, attn_mask=mask,
-                                                                    enable_gqa=True).float()
-        expected_nomask = expected if mask is None else torch.nn.functional.scaled_dot_product_attention(
-            q_t, k_dense, v_dense, enable_gqa=True).float()
+        expected = torch.nn.functional.scaled_dot_product_attention(
+            q_t, k_dense, v_dense, attn_mask=mask, enable_gqa=True
+        ).float()
+        expected_nomask = (
+            expected
+            if mask is None
+            else torch.nn.functional.scaled_dot_product_attention(q_t, k_dense, v_dense, enable_gqa=True).float()
+        )
     else:
         expected = attention_reference(q, None, None, kv_cache=cache, causal=True).transpose(1, 2).float()
         expected_nomask = expected
     kv_bytes = 2 * k_dense.numel() * k_dense.element_size()
     flops = 4 * batch * heads * q_len * context * dim
-    runners = {"llmkernels": (lambda: attention(q, None, None, kv_cache=cache, causal=True).transpose(1, 2),
-                              expected)}
+    runners = {"llmkernels": (lambda: attention(q, None, None, kv_cache=cache, causal=True).transpose(1, 2), expected)}
     if ON_GPU:
         runners["sdpa_cudnn"] = (sdpa_runner("cudnn", q_t, k_dense, v_dense, attn_mask=mask), expected)
         runners["sdpa_flash"] = (sdpa_runner("flash", q_t, k_dense, v_dense, attn_mask=mask), expected)
@@ -110,15 +129,26 @@ def problem_rows(batch, context, q_len, page_size, heads, kv_heads, dim, copy_gb
         if name == "llmkernels":
             ours = {"ms": ms, "graph_ms": graph_ms}
         best = graph_ms or ms
-        rows.append(dict(problem=problem, batch=batch, context=context, q_len=q_len, page=page_size, impl=name,
-                         ms=ms, graph_ms=graph_ms,
-                         gbps=kv_bytes / best / 1e6 if best else None,
-                         pct_copy=100 * kv_bytes / best / 1e6 / copy_gbps if best and copy_gbps else None,
-                         tflops=flops / best / 1e9 if best else None,
-                         llmk_speedup=(ms / ours["ms"]) if ms and ours.get("ms") and name != "llmkernels" else None,
-                         llmk_speedup_graph=(graph_ms / ours["graph_ms"])
-                         if graph_ms and ours.get("graph_ms") and name != "llmkernels" else None,
-                         note=note))
+        rows.append(
+            dict(
+                problem=problem,
+                batch=batch,
+                context=context,
+                q_len=q_len,
+                page=page_size,
+                impl=name,
+                ms=ms,
+                graph_ms=graph_ms,
+                gbps=kv_bytes / best / 1e6 if best else None,
+                pct_copy=100 * kv_bytes / best / 1e6 / copy_gbps if best and copy_gbps else None,
+                tflops=flops / best / 1e9 if best else None,
+                llmk_speedup=(ms / ours["ms"]) if ms and ours.get("ms") and name != "llmkernels" else None,
+                llmk_speedup_graph=(graph_ms / ours["graph_ms"])
+                if graph_ms and ours.get("graph_ms") and name != "llmkernels"
+                else None,
+                note=note,
+            )
+        )
         print({k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in rows[-1].items()}, flush=True)
     del k_pages, v_pages, k_dense, v_dense, cache
     if ON_GPU:
@@ -135,8 +165,13 @@ def write_png(rows, out_dir):
         panel = f"batch {r['batch']}, {r['q_len']} query token(s), page {r['page']}"
         panels.setdefault(panel, {}).setdefault(r["impl"], []).append((r["context"], r["gbps"]))
     panels = {name: series for name, series in panels.items() if max(len(p) for p in series.values()) > 1}
-    line_plots(panels, "context (tokens)", "KV GB/s (graph replay where capturable)",
-               os.path.join(out_dir, "attention_decode_grid.png"), "paged decode, bf16, Hq=32, Hkv=8, D=128")
+    line_plots(
+        panels,
+        "context (tokens)",
+        "KV GB/s (graph replay where capturable)",
+        os.path.join(out_dir, "attention_decode_grid.png"),
+        "paged decode, bf16, Hq=32, Hkv=8, D=128",
+    )
 
 
 def main():
@@ -160,12 +195,17 @@ def main():
         rows += problem_rows(*problem, *shape, copy_gbps)
     device_name = torch.cuda.get_device_name() if ON_GPU else "cpu-interpreter"
     copy_note = f"copy {copy_gbps:.0f} GB/s (measured in this run)" if copy_gbps else "no GPU"
-    table = write_table(rows, out_dir, "attention_decode_grid", f"Paged decode grid on {device_name}",
-                        f"bf16, Hq={shape[0]}, Hkv={shape[1]}, D={shape[2]}; {copy_note}. `gbps`, `pct_copy`, "
-                        "`tflops` from the graph-replay time where there is one, else eager. `llmk_speedup`: peer "
-                        "time / llmkernels time (> 1: llmkernels faster), eager and graph. With q > 1, llmkernels "
-                        "and `sdpa_*` run the bottom-right causal mask; `sdpa_cudnn nomask` reads the same KV "
-                        "without a mask.")
+    table = write_table(
+        rows,
+        out_dir,
+        "attention_decode_grid",
+        f"Paged decode grid on {device_name}",
+        f"bf16, Hq={shape[0]}, Hkv={shape[1]}, D={shape[2]}; {copy_note}. `gbps`, `pct_copy`, "
+        "`tflops` from the graph-replay time where there is one, else eager. `llmk_speedup`: peer "
+        "time / llmkernels time (> 1: llmkernels faster), eager and graph. With q > 1, llmkernels "
+        "and `sdpa_*` run the bottom-right causal mask; `sdpa_cudnn nomask` reads the same KV "
+        "without a mask.",
+    )
     write_png(rows, out_dir)
     print(table)
 

@@ -10,6 +10,7 @@ Writes ``attention_prefill_grid.{csv,md}`` and ``attention_prefill_grid.png`` (T
 length, one panel per head dim and head layout, causal and not) to DIR (default
 ``benchmarks/results/<gpu>/bench_attention_prefill/``). GPU only.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -49,25 +50,37 @@ def problem_rows(seqlen: int, heads: int, kv_heads: int, head_dim: int, flex: bo
             times[peer] = run_peer(peer, q_t, k_t, v_t, causal, expected)
         # graph replay (no host launch time, which events count at 2k) of every system that ran, but flex
         graph = {"llmkernels": bench_graph(fn) if times["llmkernels"][0] else None}
-        graph.update({name: run_peer_graph(name, q_t, k_t, v_t, causal) if times[name][0] else None
-                      for name in PEERS})
+        graph.update({name: run_peer_graph(name, q_t, k_t, v_t, causal) if times[name][0] else None for name in PEERS})
         ours_ms = times["llmkernels"][0]
         peer_ms = {name: times[name][0] for name in ("sdpa_cudnn", "sdpa_flash", "flex")}
         for system, (ms, note) in times.items():
             graph_ms = graph[system]
             tflops = flops / (graph_ms or ms) / 1e9 if ms else float("nan")
-            rows.append({
-                "seqlen": seqlen, "batch": batch, "heads": f"{heads}/{kv_heads}", "head_dim": head_dim,
-                "causal": causal, "system": system, "ms": ms if ms else float("nan"),
-                "graph_ms": graph_ms if graph_ms else float("nan"), "TFLOP/s": tflops,
-                "% bf16 peak": 100 * tflops / bf16_tflops,
-                **{f"llmk vs {name}": peer / ours_ms if system == "llmkernels" and peer and ours_ms else ""
-                   for name, peer in peer_ms.items()},
-                **{f"llmk vs {name} (graph)": graph[name] / graph["llmkernels"]
-                   if system == "llmkernels" and graph[name] and graph["llmkernels"] else ""
-                   for name in ("sdpa_cudnn", "sdpa_flash")},
-                "note": note,
-            })
+            rows.append(
+                {
+                    "seqlen": seqlen,
+                    "batch": batch,
+                    "heads": f"{heads}/{kv_heads}",
+                    "head_dim": head_dim,
+                    "causal": causal,
+                    "system": system,
+                    "ms": ms if ms else float("nan"),
+                    "graph_ms": graph_ms if graph_ms else float("nan"),
+                    "TFLOP/s": tflops,
+                    "% bf16 peak": 100 * tflops / bf16_tflops,
+                    **{
+                        f"llmk vs {name}": peer / ours_ms if system == "llmkernels" and peer and ours_ms else ""
+                        for name, peer in peer_ms.items()
+                    },
+                    **{
+                        f"llmk vs {name} (graph)": graph[name] / graph["llmkernels"]
+                        if system == "llmkernels" and graph[name] and graph["llmkernels"]
+                        else ""
+                        for name in ("sdpa_cudnn", "sdpa_flash")
+                    },
+                    "note": note,
+                }
+            )
     return rows
 
 
@@ -89,18 +102,25 @@ def main():
                 print(rows[-8:], flush=True)
     gpu = torch.cuda.get_device_name()
     out_dir = args.out or default_out_dir("bench_attention_prefill")
-    header = (f"GPU: {gpu}, torch {torch.__version__}; bf16 matmul ceiling measured in this run "
-              f"{ceilings['bf16_tflops']:.0f} TFLOP/s. B·S = {TOKENS} tokens; causal counts half the FLOPs. "
-              "`llmk vs X`: X's time / ours (> 1: ours faster), median event times (do_bench); `(graph)`: the "
-              "same from CUDA-graph replay times (no host launch time), which `TFLOP/s` also uses where there is one.")
+    header = (
+        f"GPU: {gpu}, torch {torch.__version__}; bf16 matmul ceiling measured in this run "
+        f"{ceilings['bf16_tflops']:.0f} TFLOP/s. B·S = {TOKENS} tokens; causal counts half the FLOPs. "
+        "`llmk vs X`: X's time / ours (> 1: ours faster), median event times (do_bench); `(graph)`: the "
+        "same from CUDA-graph replay times (no host launch time), which `TFLOP/s` also uses where there is one."
+    )
     print(write_table(rows, out_dir, "attention_prefill_grid", "Prefill attention: the issue-8 grid", header))
     panels = {}
     for row in rows:
         if row["TFLOP/s"] == row["TFLOP/s"]:
             panel = f"D={row['head_dim']} H={row['heads']}{' causal' if row['causal'] else ''}"
             panels.setdefault(panel, {}).setdefault(row["system"], []).append((row["seqlen"], row["TFLOP/s"]))
-    line_plots(panels, "sequence length", "TFLOP/s", os.path.join(out_dir, "attention_prefill_grid.png"),
-               f"Prefill attention, bf16, {gpu}")
+    line_plots(
+        panels,
+        "sequence length",
+        "TFLOP/s",
+        os.path.join(out_dir, "attention_prefill_grid.png"),
+        f"Prefill attention, bf16, {gpu}",
+    )
 
 
 if __name__ == "__main__":

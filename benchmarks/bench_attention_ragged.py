@@ -14,6 +14,7 @@ checked against a float32 reference first; times are CUDA-graph replays; TFLOP/s
 work of the ragged batch for every system. Writes ``attention_ragged.{csv,md,png}`` to DIR (default
 ``benchmarks/results/<gpu>/bench_attention_ragged/``). GPU only.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,9 +39,9 @@ def reference(q, k, v, lengths_q, lengths_k, causal):
     """float32 ``[total_q, Hq, D]``, each sequence on its own keys, bottom-right causal."""
     out, cu_q, cu_k = [], cumulative(lengths_q).tolist(), cumulative(lengths_k).tolist()
     for b in range(len(lengths_q)):
-        qs = q[cu_q[b]:cu_q[b + 1]].float().transpose(0, 1)
-        ks = k[cu_k[b]:cu_k[b + 1]].float().transpose(0, 1).repeat_interleave(HEADS // KV_HEADS, 0)
-        vs = v[cu_k[b]:cu_k[b + 1]].float().transpose(0, 1).repeat_interleave(HEADS // KV_HEADS, 0)
+        qs = q[cu_q[b] : cu_q[b + 1]].float().transpose(0, 1)
+        ks = k[cu_k[b] : cu_k[b + 1]].float().transpose(0, 1).repeat_interleave(HEADS // KV_HEADS, 0)
+        vs = v[cu_k[b] : cu_k[b + 1]].float().transpose(0, 1).repeat_interleave(HEADS // KV_HEADS, 0)
         mask = None
         if causal:
             rows = torch.arange(qs.shape[1], device="cuda")[:, None] + ks.shape[1] - qs.shape[1]
@@ -60,13 +61,26 @@ def cudnn_per_sequence(q, k, v, lengths_q, lengths_k, causal):
     from torch.nn.attention import sdpa_kernel
 
     cu_q, cu_k = cumulative(lengths_q).tolist(), cumulative(lengths_k).tolist()
-    views = [(q[cu_q[b]:cu_q[b + 1]].transpose(0, 1)[None], k[cu_k[b]:cu_k[b + 1]].transpose(0, 1)[None],
-              v[cu_k[b]:cu_k[b + 1]].transpose(0, 1)[None]) for b in range(len(lengths_q))]
+    views = [
+        (
+            q[cu_q[b] : cu_q[b + 1]].transpose(0, 1)[None],
+            k[cu_k[b] : cu_k[b + 1]].transpose(0, 1)[None],
+            v[cu_k[b] : cu_k[b + 1]].transpose(0, 1)[None],
+        )
+        for b in range(len(lengths_q))
+    ]
 
     def run():
         with sdpa_kernel(sdpa_backend("cudnn")):
-            return torch.cat([torch.nn.functional.scaled_dot_product_attention(
-                qs, ks, vs, is_causal=causal, enable_gqa=True)[0].transpose(0, 1) for qs, ks, vs in views])
+            return torch.cat(
+                [
+                    torch.nn.functional.scaled_dot_product_attention(qs, ks, vs, is_causal=causal, enable_gqa=True)[
+                        0
+                    ].transpose(0, 1)
+                    for qs, ks, vs in views
+                ]
+            )
+
     return run
 
 
@@ -76,16 +90,18 @@ def cudnn_padded(q, k, v, lengths):
     from torch.nn.attention import sdpa_kernel
 
     batch, longest, cu = len(lengths), max(lengths), cumulative(lengths).tolist()
-    padded = [torch.zeros(batch, heads, longest, DIM, dtype=q.dtype, device="cuda")
-              for heads in (HEADS, KV_HEADS, KV_HEADS)]
+    padded = [
+        torch.zeros(batch, heads, longest, DIM, dtype=q.dtype, device="cuda") for heads in (HEADS, KV_HEADS, KV_HEADS)
+    ]
     for b in range(batch):
         for buffer, t in zip(padded, (q, k, v)):
-            buffer[b, :, :lengths[b]] = t[cu[b]:cu[b + 1]].transpose(0, 1)
+            buffer[b, :, : lengths[b]] = t[cu[b] : cu[b + 1]].transpose(0, 1)
 
     def run():
         with sdpa_kernel(sdpa_backend("cudnn")):
             out = torch.nn.functional.scaled_dot_product_attention(*padded, is_causal=True, enable_gqa=True)
-        return torch.cat([out[b, :, :lengths[b]].transpose(0, 1) for b in range(batch)])
+        return torch.cat([out[b, :, : lengths[b]].transpose(0, 1) for b in range(batch)])
+
     return run
 
 
@@ -110,21 +126,39 @@ def problem_rows(name, lengths_q, lengths_k, causal, paged, bf16_tflops):
         table = torch.zeros(len(counts), max(counts), dtype=torch.int32, device="cuda")
         first = 0
         for b, count in enumerate(counts):
-            table[b, :count] = pages[first:first + count].to(torch.int32)
+            table[b, :count] = pages[first : first + count].to(torch.int32)
             first += count
         cache = PagedKVCache(k_pages, v_pages, table, torch.tensor(lengths_k, dtype=torch.int32, device="cuda"))
-        ours = lambda: attention(q, None, None, kv_cache=cache, cu_seqlens_q=cu_q, max_seqlen_q=max(lengths_q),  # noqa: E731
-                                 causal=causal)
+        ours = lambda: attention(
+            q,
+            None,
+            None,
+            kv_cache=cache,
+            cu_seqlens_q=cu_q,
+            max_seqlen_q=max(lengths_q),  # noqa: E731
+            causal=causal,
+        )
     else:
-        ours = lambda: attention(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max(lengths_q),  # noqa: E731
-                                 max_seqlen_k=max(lengths_k), causal=causal)
+        ours = lambda: attention(
+            q,
+            k,
+            v,
+            cu_seqlens_q=cu_q,
+            cu_seqlens_k=cu_k,
+            max_seqlen_q=max(lengths_q),  # noqa: E731
+            max_seqlen_k=max(lengths_k),
+            causal=causal,
+        )
     expected = reference(q, k, v, lengths_q, lengths_k, causal)
-    runners = {"llmkernels": (ours, expected),
-               "sdpa_flash varlen": (flash_varlen(q, k, v, lengths_q, lengths_k, causal), expected)}
+    runners = {
+        "llmkernels": (ours, expected),
+        "sdpa_flash varlen": (flash_varlen(q, k, v, lengths_q, lengths_k, causal), expected),
+    }
     same_work = not paged or not causal
     runners["sdpa_cudnn per sequence" + ("" if same_work else " nomask")] = (
         cudnn_per_sequence(q, k, v, lengths_q, lengths_k, causal and same_work),
-        expected if same_work else reference(q, k, v, lengths_q, lengths_k, False))
+        expected if same_work else reference(q, k, v, lengths_q, lengths_k, False),
+    )
     if not paged and causal:
         runners["sdpa_cudnn padded"] = (cudnn_padded(q, k, v, lengths_q), expected)
     flops = causal_flops(lengths_q, lengths_k, causal)
@@ -137,11 +171,22 @@ def problem_rows(name, lengths_q, lengths_k, causal, paged, bf16_tflops):
         except Exception as exc:  # noqa: BLE001 - a system that cannot run a problem is reported, not fatal
             ms, note = None, f"fails ({type(exc).__name__}: {str(exc)[:60]})"
         mine = ms if impl == "llmkernels" else mine
-        rows.append(dict(problem=name, causal=causal, impl=impl, graph_ms=ms, tflops=flops / ms / 1e9 if ms else None,
-                         pct_bf16=100 * flops / ms / 1e9 / bf16_tflops if ms else None,
-                         llmk_speedup=ms / mine if ms and mine and impl != "llmkernels" else None, note=note))
-        print({key: (f"{value:.4g}" if isinstance(value, float) else value) for key, value in rows[-1].items()},
-              flush=True)
+        rows.append(
+            dict(
+                problem=name,
+                causal=causal,
+                impl=impl,
+                graph_ms=ms,
+                tflops=flops / ms / 1e9 if ms else None,
+                pct_bf16=100 * flops / ms / 1e9 / bf16_tflops if ms else None,
+                llmk_speedup=ms / mine if ms and mine and impl != "llmkernels" else None,
+                note=note,
+            )
+        )
+        print(
+            {key: (f"{value:.4g}" if isinstance(value, float) else value) for key, value in rows[-1].items()},
+            flush=True,
+        )
     return rows
 
 
@@ -156,20 +201,31 @@ def main():
     rows = []
     for causal in (False, True):
         rows += problem_rows("ragged prefill 16k tokens", PREFILL_LENGTHS, PREFILL_LENGTHS, causal, False, bf16_tflops)
-    rows += problem_rows("chunked prefill over pages", [c[0] for c in CHUNKS], [c[1] for c in CHUNKS], True, True,
-                         bf16_tflops)
-    table = write_table(rows, out_dir, "attention_ragged", f"Ragged prefill on {torch.cuda.get_device_name()}",
-                        f"bf16, Hq={HEADS}, Hkv={KV_HEADS}, D={DIM}; ragged prefill lengths {PREFILL_LENGTHS}; "
-                        f"chunked prefill (new tokens, cached keys) {CHUNKS}, page 16, bottom-right causal. CUDA-graph "
-                        "replay times; `tflops` count the ragged batch's (causal) work for every system; `pct_bf16` "
-                        "of the measured bf16 matmul ceiling; `llmk_speedup`: system time / llmkernels time.")
+    rows += problem_rows(
+        "chunked prefill over pages", [c[0] for c in CHUNKS], [c[1] for c in CHUNKS], True, True, bf16_tflops
+    )
+    table = write_table(
+        rows,
+        out_dir,
+        "attention_ragged",
+        f"Ragged prefill on {torch.cuda.get_device_name()}",
+        f"bf16, Hq={HEADS}, Hkv={KV_HEADS}, D={DIM}; ragged prefill lengths {PREFILL_LENGTHS}; "
+        f"chunked prefill (new tokens, cached keys) {CHUNKS}, page 16, bottom-right causal. CUDA-graph "
+        "replay times; `tflops` count the ragged batch's (causal) work for every system; `pct_bf16` "
+        "of the measured bf16 matmul ceiling; `llmk_speedup`: system time / llmkernels time.",
+    )
     labels = [f"{r['problem']}{' causal' if r['causal'] else ''}" for r in rows if r["impl"] == "llmkernels"]
     series = {}
     for r in rows:
         series.setdefault(r["impl"], []).append(r["tflops"] or 0.0)
     series = {impl: values for impl, values in series.items() if len(values) == len(labels)}
-    bar_plot(labels, series, "TFLOP/s (graph replay)", f"{out_dir}/attention_ragged.png",
-             "ragged prefill, bf16, Hq=32, Hkv=8, D=128")
+    bar_plot(
+        labels,
+        series,
+        "TFLOP/s (graph replay)",
+        f"{out_dir}/attention_ragged.png",
+        "ragged prefill, bf16, Hq=32, Hkv=8, D=128",
+    )
     print(table)
 
 

@@ -10,6 +10,7 @@ FlexAttention with the same block mask is the peer (it skips whole invisible blo
 ``attention_window.{csv,md,png}`` to DIR (default ``benchmarks/results/<gpu>/bench_attention_window/``). Without a
 GPU, a tiny shape runs through the interpreter (a smoke test).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,6 +46,7 @@ def visible_pairs(seqlen: int, window: int | None = None, chunk: int | None = No
 
 def window_mask_mod(window, chunk):
     """FlexAttention mask_mod of causal attention within a sliding window and / or a chunk."""
+
     def mask_mod(b, h, q_idx, kv_idx):
         keep = kv_idx <= q_idx
         if window is not None:
@@ -52,6 +54,7 @@ def window_mask_mod(window, chunk):
         if chunk is not None:
             keep = keep & ((kv_idx // chunk) == (q_idx // chunk))
         return keep
+
     return mask_mod
 
 
@@ -59,8 +62,11 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=None)
     parser.add_argument("--no-flex", action="store_true")
-    parser.add_argument("--tiles", action="store_true",
-                        help="also time smaller K/V tiles (BM128 BN64, BM64 BN64): fewer masked columns per edge")
+    parser.add_argument(
+        "--tiles",
+        action="store_true",
+        help="also time smaller K/V tiles (BM128 BN64, BM64 BN64): fewer masked columns per edge",
+    )
     args = parser.parse_args()
     torch.manual_seed(0)
     if ON_GPU:
@@ -89,15 +95,29 @@ def main():
             started = time.perf_counter()
             fn()
             ms = (time.perf_counter() - started) * 1e3
-        row = dict(mask=name, visible_pairs_m=pairs / 1e6, ms=ms, ns_per_m_pairs=ms * 1e6 / (pairs / 1e6),
-                   tflops=4 * pairs * dim / ms / 1e9, flex_ms="not run")
+        row = dict(
+            mask=name,
+            visible_pairs_m=pairs / 1e6,
+            ms=ms,
+            ns_per_m_pairs=ms * 1e6 / (pairs / 1e6),
+            tflops=4 * pairs * dim / ms / 1e9,
+            flex_ms="not run",
+        )
         if args.tiles and ON_GPU:
             base = default_config(dim, q.dtype, q.device).replace(warp_specialized=False)  # portable
-            for label, config in (("ms_bm128_bn64", base.replace(BN=64)),
-                                  ("ms_bm64_bn64", base.replace(BM=64, BN=64, num_warps=4))):
+            for label, config in (
+                ("ms_bm128_bn64", base.replace(BN=64)),
+                ("ms_bm64_bn64", base.replace(BM=64, BN=64, num_warps=4)),
+            ):
                 try:
-                    tiled = lambda mask=mask, config=config: attention(q, k, v, causal=True, mask=mask,  # noqa: E731
-                                                                       config=config)
+                    tiled = lambda mask=mask, config=config: attention(
+                        q,
+                        k,
+                        v,
+                        causal=True,
+                        mask=mask,  # noqa: E731
+                        config=config,
+                    )
                     error = ((tiled().float() - out.float()).norm() / out.float().norm()).item()
                     row[label] = time_ms(tiled) if error < 2e-2 else f"WRONG ({error:.1e})"
                 except Exception as exc:  # noqa: BLE001 - a config that does not compile is a result too
@@ -113,11 +133,15 @@ def main():
         print(row, flush=True)
     device_name = torch.cuda.get_device_name() if ON_GPU else "cpu-interpreter"
     out_dir = args.out or default_out_dir("bench_attention_window")
-    table = write_table(rows, out_dir, "attention_window",
-                        f"Sliding-window and chunked attention on {device_name}",
-                        f"bf16 causal prefill {batch}x{heads}x{seqlen}x{dim}; `ns_per_m_pairs`: time per million "
-                        "visible query-key pairs (flat = time proportional to the visible area); `tflops` counts "
-                        "visible pairs only; `flex_ms`: FlexAttention with the same block mask.")
+    table = write_table(
+        rows,
+        out_dir,
+        "attention_window",
+        f"Sliding-window and chunked attention on {device_name}",
+        f"bf16 causal prefill {batch}x{heads}x{seqlen}x{dim}; `ns_per_m_pairs`: time per million "
+        "visible query-key pairs (flat = time proportional to the visible area); `tflops` counts "
+        "visible pairs only; `flex_ms`: FlexAttention with the same block mask.",
+    )
     write_png(rows, out_dir)
     print(table)
 
@@ -130,9 +154,15 @@ def write_png(rows, out_dir):
         for impl, key in (("llmkernels", "ms"), ("flex", "flex_ms")):
             if isinstance(row[key], float):
                 panels.setdefault(f"{family} (causal)", {}).setdefault(impl, []).append(
-                    (row["visible_pairs_m"], row[key]))
-    line_plots(panels, "visible query-key pairs (millions)", "ms", os.path.join(out_dir, "attention_window.png"),
-               "time against the visible area")
+                    (row["visible_pairs_m"], row[key])
+                )
+    line_plots(
+        panels,
+        "visible query-key pairs (millions)",
+        "ms",
+        os.path.join(out_dir, "attention_window.png"),
+        "time against the visible area",
+    )
 
 
 if __name__ == "__main__":

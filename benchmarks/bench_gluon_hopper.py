@@ -10,6 +10,7 @@ D 64, 128 and 256, causal and not. Systems: ``sdpa_cudnn``;
 cuDNN's first (relative error). Writes gluon_hopper.{csv,md,png} to DIR (default
 ``benchmarks/results/<gpu>/bench_gluon_hopper/``).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,12 +28,15 @@ SHAPES = [(8, 2048, 16, 64), (4, 4096, 16, 64), (4, 4096, 16, 128), (2, 8192, 16
 
 def systems_of(q, k, v, causal):
     dim, heads = q.shape[-1], q.shape[2]
-    portable = default_config(dim, q.dtype, q.device, num_q_heads=heads,
-                              num_kv_heads=k.shape[2]).replace(warp_specialized=False)
+    portable = default_config(dim, q.dtype, q.device, num_q_heads=heads, num_kv_heads=k.shape[2]).replace(
+        warp_specialized=False
+    )
     cudnn = sdpa_runner("cudnn", *(t.transpose(1, 2) for t in (q, k, v)), causal=causal)
-    systems = {"sdpa_cudnn": lambda: cudnn().transpose(1, 2),
-               "portable_triton": lambda: lk.attention(q, k, v, causal=causal, config=portable),
-               "lk_attention": lambda: lk.attention(q, k, v, causal=causal)}
+    systems = {
+        "sdpa_cudnn": lambda: cudnn().transpose(1, 2),
+        "portable_triton": lambda: lk.attention(q, k, v, causal=causal, config=portable),
+        "lk_attention": lambda: lk.attention(q, k, v, causal=causal),
+    }
     if dim == 64:  # the default runs two or three consumer warpgroups there (attention.config.gluon_prefill_consumers)
         systems["gluon_2_consumers"] = lambda: gluon_attention(q, k, v, causal=causal, consumers=2)
         systems["gluon_3_consumers"] = lambda: gluon_attention(q, k, v, causal=causal, consumers=3)
@@ -55,17 +59,38 @@ def main(argv=None):
             for name, run in systems.items():
                 error = ((run().float() - expected).norm() / expected.norm()).item()
                 times[name] = graph_time_ms(run)
-                rows.append(dict(batch=batch, seqlen=seqlen, heads=heads, head_dim=dim, causal=causal, system=name,
-                                 ms=times[name], tflops=flops / times[name] / 1e9, rel_err_vs_cudnn=error))
-            for row in rows[-len(systems):]:
+                rows.append(
+                    dict(
+                        batch=batch,
+                        seqlen=seqlen,
+                        heads=heads,
+                        head_dim=dim,
+                        causal=causal,
+                        system=name,
+                        ms=times[name],
+                        tflops=flops / times[name] / 1e9,
+                        rel_err_vs_cudnn=error,
+                    )
+                )
+            for row in rows[-len(systems) :]:
                 row["vs_cudnn"] = times["sdpa_cudnn"] / row["ms"]
-                print(f"  {batch}x{heads}x{seqlen}x{dim} {'causal' if causal else 'full  '} {row['system']:18s}"
-                      f" {row['tflops']:6.0f} TFLOP/s  {row['vs_cudnn']:.2f}x cuDNN  err {row['rel_err_vs_cudnn']:.1e}")
-    print(write_table(rows, args.out, "gluon_hopper", "Gluon Hopper attention against cuDNN",
-                      f"{torch.cuda.get_device_name()}, torch {torch.__version__}; median CUDA-graph replay times."))
+                print(
+                    f"  {batch}x{heads}x{seqlen}x{dim} {'causal' if causal else 'full  '} {row['system']:18s}"
+                    f" {row['tflops']:6.0f} TFLOP/s  {row['vs_cudnn']:.2f}x cuDNN  err {row['rel_err_vs_cudnn']:.1e}"
+                )
+    print(
+        write_table(
+            rows,
+            args.out,
+            "gluon_hopper",
+            "Gluon Hopper attention against cuDNN",
+            f"{torch.cuda.get_device_name()}, torch {torch.__version__}; median CUDA-graph replay times.",
+        )
+    )
 
     def label(r):
         return f"{r['batch']}x{r['seqlen']} D{r['head_dim']} {'causal' if r['causal'] else 'full'}"
+
     labels = [label(r) for r in rows if r["system"] == "sdpa_cudnn"]
     tflops = {(r["system"], label(r)): r["tflops"] for r in rows}
     names = dict.fromkeys(r["system"] for r in rows)

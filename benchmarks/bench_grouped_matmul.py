@@ -17,6 +17,7 @@ each peer) and writes grouped_matmul.{csv,md}, quantize.{csv,md}, routing.{csv,m
 regime (decode: weight GB/s, compute: TFLOP/s, against tokens per expert) to DIR (default
 benchmarks/results/<gpu>/bench_grouped_matmul/).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -104,18 +105,19 @@ class Problem:
         x = self.x[:rows]
         a = x if activation_format == "bf16" else lk.quantize(x, activation_format)
         b = self.weights[weight_format]
-        return lambda: lk.grouped_matmul(a, b, offsets, self.ids[:offsets.numel() - 1])
+        return lambda: lk.grouped_matmul(a, b, offsets, self.ids[: offsets.numel() - 1])
 
     def peer_bf16(self, offsets: torch.Tensor):
-        x, w_t = self.x[:int(offsets[-1])], self.w.transpose(-2, -1)
+        x, w_t = self.x[: int(offsets[-1])], self.w.transpose(-2, -1)
         return lambda: torch._grouped_mm(x, w_t, offs=offsets[1:], out_dtype=torch.bfloat16)
 
     def peer_fp8(self, offsets: torch.Tensor):
-        x = self.x[:int(offsets[-1])].to(torch.float8_e4m3fn)
+        x = self.x[: int(offsets[-1])].to(torch.float8_e4m3fn)
         scale_a = torch.ones(x.shape[0], device="cuda")
         scale_b = torch.ones(self.num_experts, self.n, device="cuda")
-        return lambda: torch._scaled_grouped_mm(x, self.w_fp8_t, scale_a, scale_b, offs=offsets[1:],
-                                                out_dtype=torch.bfloat16)
+        return lambda: torch._scaled_grouped_mm(
+            x, self.w_fp8_t, scale_a, scale_b, offs=offsets[1:], out_dtype=torch.bfloat16
+        )
 
 
 def _time(make) -> tuple[float, object]:
@@ -137,8 +139,10 @@ def sweep(problem: Problem, model: str, tokens_per_expert: int, ceilings: dict, 
     flops = 2.0 * rows_total * problem.n * problem.k
     weight_elements = problem.num_experts * problem.n * problem.k
     x = problem.x[:rows_total]
-    systems = {PEER_BF16: (("bf16", "bf16"), lambda: problem.peer_bf16(offsets)),
-               PEER_FP8: (("fp8", "fp8"), lambda: problem.peer_fp8(offsets))}
+    systems = {
+        PEER_BF16: (("bf16", "bf16"), lambda: problem.peer_bf16(offsets)),
+        PEER_FP8: (("fp8", "fp8"), lambda: problem.peer_fp8(offsets)),
+    }
     if problem.triton_kernels is not None:
         systems[PEER_TK_MXFP4] = (("bf16", "mxfp4"), lambda: problem.triton_kernels.mxfp4(x, offsets))
         systems[PEER_TK_BF16] = (("bf16", "bf16"), lambda: problem.triton_kernels.bf16(x, offsets))
@@ -161,16 +165,24 @@ def sweep(problem: Problem, model: str, tokens_per_expert: int, ceilings: dict, 
     for name, (ms, (fa, fb), error) in timings.items():
         weight_bytes = weight_elements * BYTES_PER_ELEMENT[fb.split()[0]]
         total_bytes = weight_bytes + rows_total * (problem.k * BYTES_PER_ELEMENT[fa] + problem.n * 2)
-        rows.append({
-            "model": model, "routing": label or "balanced", "tokens/expert": tokens_per_expert, "system": name,
-            "us": ms * 1e3, "TFLOP/s": flops / ms / 1e9, "GB/s": total_bytes / ms / 1e6,
-            "weight GB/s": weight_bytes / ms / 1e6,
-            "% bf16 peak": 100 * flops / ms / 1e9 / ceilings["bf16_tflops"],
-            "% copy BW": 100 * total_bytes / ms / 1e6 / ceilings["copy_gbps"],
-            "vs _grouped_mm": timings[PEER_BF16][0] / ms, "vs _scaled_grouped_mm": timings[PEER_FP8][0] / ms,
-            "vs_triton_kernels": timings.get(PEER_TK_MXFP4, (float("nan"),))[0] / ms,
-            "rel err vs bf16": error,
-        })
+        rows.append(
+            {
+                "model": model,
+                "routing": label or "balanced",
+                "tokens/expert": tokens_per_expert,
+                "system": name,
+                "us": ms * 1e3,
+                "TFLOP/s": flops / ms / 1e9,
+                "GB/s": total_bytes / ms / 1e6,
+                "weight GB/s": weight_bytes / ms / 1e6,
+                "% bf16 peak": 100 * flops / ms / 1e9 / ceilings["bf16_tflops"],
+                "% copy BW": 100 * total_bytes / ms / 1e6 / ceilings["copy_gbps"],
+                "vs _grouped_mm": timings[PEER_BF16][0] / ms,
+                "vs _scaled_grouped_mm": timings[PEER_FP8][0] / ms,
+                "vs_triton_kernels": timings.get(PEER_TK_MXFP4, (float("nan"),))[0] / ms,
+                "rel err vs bf16": error,
+            }
+        )
     return rows
 
 
@@ -183,12 +195,28 @@ def quantize_rows(ceilings: dict) -> list:
             global_scale = lk.quantize(x, fmt).global_scale if fmt == "nvfp4" else None
             ms = time_ms(lambda: lk.quantize(x, fmt, global_scale=global_scale))
             moved = tokens * k * (2 + BYTES_PER_ELEMENT[fmt])
-            rows.append({"tokens": tokens, "K": k, "format": fmt, "us": ms * 1e3, "GB/s": moved / ms / 1e6,
-                         "% copy BW": 100 * moved / ms / 1e6 / ceilings["copy_gbps"]})
+            rows.append(
+                {
+                    "tokens": tokens,
+                    "K": k,
+                    "format": fmt,
+                    "us": ms * 1e3,
+                    "GB/s": moved / ms / 1e6,
+                    "% copy BW": 100 * moved / ms / 1e6 / ceilings["copy_gbps"],
+                }
+            )
             if fmt == "nvfp4":  # and with the per-tensor amax pass that a fresh global scale needs
                 ms = time_ms(lambda: lk.quantize(x, fmt))
-                rows.append({"tokens": tokens, "K": k, "format": "nvfp4 + amax", "us": ms * 1e3,
-                             "GB/s": moved / ms / 1e6, "% copy BW": 100 * moved / ms / 1e6 / ceilings["copy_gbps"]})
+                rows.append(
+                    {
+                        "tokens": tokens,
+                        "K": k,
+                        "format": "nvfp4 + amax",
+                        "us": ms * 1e3,
+                        "GB/s": moved / ms / 1e6,
+                        "% copy BW": 100 * moved / ms / 1e6 / ceilings["copy_gbps"],
+                    }
+                )
         del x
     return rows
 
@@ -207,8 +235,11 @@ def routing_rows(problem: Problem, model: str, ceilings: dict) -> list:
         sizes[::2] = 2 * tokens_per_expert
         offsets = torch.cat([torch.zeros(1, dtype=torch.int32), sizes.cumsum(0).int()]).cuda()
         rows += sweep(problem, model, tokens_per_expert, ceilings, offsets, "half empty")
-    return [r for r in rows if r["system"] in (PEER_BF16, "ours bf16", "ours mxfp8", "ours bf16 x mxfp4",
-                                               "ours bf16 x mxfp4 hopper")]
+    return [
+        r
+        for r in rows
+        if r["system"] in (PEER_BF16, "ours bf16", "ours mxfp8", "ours bf16 x mxfp4", "ours bf16 x mxfp4 hopper")
+    ]
 
 
 def main():
@@ -222,8 +253,11 @@ def main():
     torch.manual_seed(0)
     ceilings = measure_ceilings()
     gpu = torch.cuda.get_device_name()
-    print(f"{gpu}: copy {ceilings['copy_gbps']:.0f} GB/s, bf16 {ceilings['bf16_tflops']:.0f} TFLOP/s, "
-          f"fp8 {ceilings['fp8_tflops']:.0f} TFLOP/s", flush=True)
+    print(
+        f"{gpu}: copy {ceilings['copy_gbps']:.0f} GB/s, bf16 {ceilings['bf16_tflops']:.0f} TFLOP/s, "
+        f"fp8 {ceilings['fp8_tflops']:.0f} TFLOP/s",
+        flush=True,
+    )
     models = {name: (*shape, TOKENS_PER_EXPERT) for name, shape in MODELS.items()}
     if args.quick:
         models = {name: (*shape[:3], (1, 16, 64, 512)) for name, shape in list(models.items())[2:4]}
@@ -241,24 +275,33 @@ def main():
         del problem
         torch.cuda.empty_cache()
 
-    header = (f"GPU: {gpu}, torch {torch.__version__}. Ceilings measured in this run: copy "
-              f"{ceilings['copy_gbps']:.0f} GB/s, bf16 matmul {ceilings['bf16_tflops']:.0f} TFLOP/s, fp8 matmul "
-              f"{ceilings['fp8_tflops']:.0f} TFLOP/s. Times are medians of CUDA-graph replays. 'vs' columns: peer "
-              "time / this system's time (> 1: faster than the peer; vs_triton_kernels: its bf16 x mxfp4). GB/s counts A, all of B (with scales) and the bf16 output once; "
-              "'weight GB/s' counts B alone (the decode regime's floor). 'rel err vs bf16': against the "
-              "bf16 peer's output, a sanity check (tests/ hold the exact ones).")
+    header = (
+        f"GPU: {gpu}, torch {torch.__version__}. Ceilings measured in this run: copy "
+        f"{ceilings['copy_gbps']:.0f} GB/s, bf16 matmul {ceilings['bf16_tflops']:.0f} TFLOP/s, fp8 matmul "
+        f"{ceilings['fp8_tflops']:.0f} TFLOP/s. Times are medians of CUDA-graph replays. 'vs' columns: peer "
+        "time / this system's time (> 1: faster than the peer; vs_triton_kernels: its bf16 x mxfp4). GB/s counts A, all of B (with scales) and the bf16 output once; "
+        "'weight GB/s' counts B alone (the decode regime's floor). 'rel err vs bf16': against the "
+        "bf16 peer's output, a sanity check (tests/ hold the exact ones)."
+    )
     print(write_table(rows, out_dir, "grouped_matmul", "Grouped MoE matmul: tokens-per-expert sweep", header))
     if routing:
         print(write_table(routing, out_dir, "routing", "Imbalanced and half-empty routing at equal tokens", header))
     print(write_table(quantize_rows(ceilings), out_dir, "quantize", "Activation quantize kernel", header))
-    for regime, metric, keep in (("decode", "weight GB/s", lambda t: t <= DECODE_MAX),
-                                 ("compute", "TFLOP/s", lambda t: t >= COMPUTE_MIN)):
+    for regime, metric, keep in (
+        ("decode", "weight GB/s", lambda t: t <= DECODE_MAX),
+        ("compute", "TFLOP/s", lambda t: t >= COMPUTE_MIN),
+    ):
         panels = {}
         for r in rows:
             if keep(r["tokens/expert"]):
                 panels.setdefault(r["model"], {}).setdefault(r["system"], []).append((r["tokens/expert"], r[metric]))
-        line_plots(panels, "tokens per expert", metric, os.path.join(out_dir, f"grouped_matmul_{regime}.png"),
-                   f"Grouped matmul, {regime} regime, {gpu}")
+        line_plots(
+            panels,
+            "tokens per expert",
+            metric,
+            os.path.join(out_dir, f"grouped_matmul_{regime}.png"),
+            f"Grouped matmul, {regime} regime, {gpu}",
+        )
 
 
 if __name__ == "__main__":

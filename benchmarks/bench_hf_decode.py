@@ -18,6 +18,7 @@ and experts in bf16, then with MXFP4 experts (``quantize_experts(..., "mxfp4", "
 defaults' (relative error). Writes hf_decode.{csv,md,png} (``--accuracy``: hf_decode_accuracy.{csv,md}) to DIR
 (default benchmarks/results/<gpu>/bench_hf_decode/). Needs a CUDA GPU and transformers (``.[hf]``).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,15 +39,37 @@ def _configs():
     import transformers
 
     qwen = transformers.Qwen3MoeConfig(
-        vocab_size=VOCAB, hidden_size=2048, num_hidden_layers=2, num_attention_heads=32, num_key_value_heads=4,
-        head_dim=128, moe_intermediate_size=768, intermediate_size=6144, num_experts=128, num_experts_per_tok=8,
-        norm_topk_prob=True, max_position_embeddings=4096)
+        vocab_size=VOCAB,
+        hidden_size=2048,
+        num_hidden_layers=2,
+        num_attention_heads=32,
+        num_key_value_heads=4,
+        head_dim=128,
+        moe_intermediate_size=768,
+        intermediate_size=6144,
+        num_experts=128,
+        num_experts_per_tok=8,
+        norm_topk_prob=True,
+        max_position_embeddings=4096,
+    )
     gpt_oss = transformers.GptOssConfig(
-        vocab_size=VOCAB, hidden_size=2880, num_hidden_layers=2, num_attention_heads=64, num_key_value_heads=8,
-        head_dim=64, intermediate_size=2880, num_local_experts=32, num_experts_per_tok=4, sliding_window=128,
-        layer_types=["sliding_attention", "full_attention"], max_position_embeddings=4096)
-    return {"Qwen3-30B-A3B-like": (qwen, transformers.Qwen3MoeForCausalLM, "sdpa"),
-            "gpt-oss-20b-like": (gpt_oss, transformers.GptOssForCausalLM, "eager")}
+        vocab_size=VOCAB,
+        hidden_size=2880,
+        num_hidden_layers=2,
+        num_attention_heads=64,
+        num_key_value_heads=8,
+        head_dim=64,
+        intermediate_size=2880,
+        num_local_experts=32,
+        num_experts_per_tok=4,
+        sliding_window=128,
+        layer_types=["sliding_attention", "full_attention"],
+        max_position_embeddings=4096,
+    )
+    return {
+        "Qwen3-30B-A3B-like": (qwen, transformers.Qwen3MoeForCausalLM, "sdpa"),
+        "gpt-oss-20b-like": (gpt_oss, transformers.GptOssForCausalLM, "eager"),
+    }
 
 
 def _build(config, model_class):
@@ -124,10 +147,11 @@ def accuracy(batch: int = 4) -> list[dict]:
         model = _build(config, model_class)
         results = {}
         for label, attention, experts, weight_format in (
-                ("defaults", default_attention, "grouped_mm", None),
-                ("llmkernels attention", "llmkernels", "grouped_mm", None),
-                ("llmkernels bf16 experts", "llmkernels", "llmkernels", None),
-                ("llmkernels mxfp4 experts", "llmkernels", "llmkernels", "mxfp4")):
+            ("defaults", default_attention, "grouped_mm", None),
+            ("llmkernels attention", "llmkernels", "grouped_mm", None),
+            ("llmkernels bf16 experts", "llmkernels", "llmkernels", None),
+            ("llmkernels mxfp4 experts", "llmkernels", "llmkernels", "mxfp4"),
+        ):
             if weight_format is not None:
                 lk_transformers.quantize_experts(model, weight_format, scale_layout="hopper")
             _use(model, attention, experts)
@@ -139,10 +163,19 @@ def accuracy(batch: int = 4) -> list[dict]:
         reference = _decode_step(reference_model, batch)[1]
         for label, logits in results.items():
             errors = (logits - reference).norm(dim=-1).flatten() / reference.norm(dim=-1).flatten()
-            rows.append(dict(model=model_name, batch=batch, system=label, err_vs_fp32_median=errors.median().item(),
-                             err_vs_fp32_max=errors.max().item()))
-            print(f"  {model_name} {label:28s} vs float32 eager: median {rows[-1]['err_vs_fp32_median']:.2e}, "
-                  f"max {rows[-1]['err_vs_fp32_max']:.2e}")
+            rows.append(
+                dict(
+                    model=model_name,
+                    batch=batch,
+                    system=label,
+                    err_vs_fp32_median=errors.median().item(),
+                    err_vs_fp32_max=errors.max().item(),
+                )
+            )
+            print(
+                f"  {model_name} {label:28s} vs float32 eager: median {rows[-1]['err_vs_fp32_median']:.2e}, "
+                f"max {rows[-1]['err_vs_fp32_max']:.2e}"
+            )
         del model, reference_model
         torch.cuda.empty_cache()
     return rows
@@ -160,8 +193,11 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=default_out_dir("bench_hf_decode"))
     parser.add_argument("--quick", action="store_true", help="batch 1 only")
-    parser.add_argument("--accuracy", action="store_true",
-                        help="only compare first-step logits with a float32 eager model (hf_decode_accuracy.*)")
+    parser.add_argument(
+        "--accuracy",
+        action="store_true",
+        help="only compare first-step logits with a float32 eager model (hf_decode_accuracy.*)",
+    )
     args = parser.parse_args(argv)
     require_gpu("bench_hf_decode")
     try:
@@ -175,17 +211,26 @@ def main(argv=None):
     lk_transformers.register()
     print(f"transformers {transformers.__version__}, torch {torch.__version__}, {torch.cuda.get_device_name()}")
     if args.accuracy:
-        print(write_table(accuracy(), args.out, "hf_decode_accuracy", "first-step logits against float32 eager",
-                          f"{torch.cuda.get_device_name()}, transformers {transformers.__version__}: the bf16 "
-                          "model's weights in float32 with eager attention and experts as the reference."))
+        print(
+            write_table(
+                accuracy(),
+                args.out,
+                "hf_decode_accuracy",
+                "first-step logits against float32 eager",
+                f"{torch.cuda.get_device_name()}, transformers {transformers.__version__}: the bf16 "
+                "model's weights in float32 with eager attention and experts as the reference.",
+            )
+        )
         return
     rows = []
     for model_name, (config, model_class, default_attention) in _configs().items():
         model = _build(config, model_class)
-        systems = [("defaults", default_attention, "grouped_mm", None),
-                   ("llmkernels attention", "llmkernels", "grouped_mm", None),
-                   ("llmkernels bf16 experts", "llmkernels", "llmkernels", None),
-                   ("llmkernels mxfp4 experts", "llmkernels", "llmkernels", "mxfp4")]
+        systems = [
+            ("defaults", default_attention, "grouped_mm", None),
+            ("llmkernels attention", "llmkernels", "grouped_mm", None),
+            ("llmkernels bf16 experts", "llmkernels", "llmkernels", None),
+            ("llmkernels mxfp4 experts", "llmkernels", "llmkernels", "mxfp4"),
+        ]
         if _flash_attn_installed():
             systems.insert(1, ("flash_attention_2", "flash_attention_2", "grouped_mm", None))
         else:
@@ -208,36 +253,58 @@ def main(argv=None):
                 # per sequence: a routing decision flipped by bf16 noise changes a few sequences a lot
                 errors = ((logits - baseline["logits"]).norm(dim=-1) / baseline["logits"].norm(dim=-1)).flatten()
                 error, worst = errors.median().item(), errors.max().item()
-                rows.append(dict(
-                    model=model_name, batch=batch, system=label, attention=attention, experts=experts,
-                    weights=weight_format or "bf16", eager_step_ms=eager_ms, graph_step_ms=graph_ms,
-                    graph_tokens_per_s=batch / graph_ms * 1e3, eager_tokens_per_s=batch / eager_ms * 1e3,
-                    vs_defaults_graph=baseline["graph_ms"] / graph_ms, vs_defaults_eager=baseline["eager_ms"] / eager_ms,
-                    vs_default_experts_graph=default_experts_ms / graph_ms if experts == "llmkernels" else float("nan"),
-                    logits_err_median=error, logits_err_max=worst))
-                print(f"  {model_name} B={batch:3d} {label:28s} eager {eager_ms:7.3f} ms  graph {graph_ms:7.3f} ms"
-                      f"  ({rows[-1]['vs_defaults_graph']:.2f}x defaults, logits err {error:.1e} / {worst:.1e},"
-                      f" {time.perf_counter() - started:.0f} s)")
+                rows.append(
+                    dict(
+                        model=model_name,
+                        batch=batch,
+                        system=label,
+                        attention=attention,
+                        experts=experts,
+                        weights=weight_format or "bf16",
+                        eager_step_ms=eager_ms,
+                        graph_step_ms=graph_ms,
+                        graph_tokens_per_s=batch / graph_ms * 1e3,
+                        eager_tokens_per_s=batch / eager_ms * 1e3,
+                        vs_defaults_graph=baseline["graph_ms"] / graph_ms,
+                        vs_defaults_eager=baseline["eager_ms"] / eager_ms,
+                        vs_default_experts_graph=default_experts_ms / graph_ms
+                        if experts == "llmkernels"
+                        else float("nan"),
+                        logits_err_median=error,
+                        logits_err_max=worst,
+                    )
+                )
+                print(
+                    f"  {model_name} B={batch:3d} {label:28s} eager {eager_ms:7.3f} ms  graph {graph_ms:7.3f} ms"
+                    f"  ({rows[-1]['vs_defaults_graph']:.2f}x defaults, logits err {error:.1e} / {worst:.1e},"
+                    f" {time.perf_counter() - started:.0f} s)"
+                )
             for module in model.modules():  # back to bf16 experts for the next batch size
                 module.__dict__.pop("llmkernels_weights", None)
         del model
         torch.cuda.empty_cache()
-    notes = (f"{torch.cuda.get_device_name()}, transformers {transformers.__version__}, torch {torch.__version__}. "
-             f"2-layer models, random bf16 weights, vocabulary {VOCAB}, prompt {PROMPT} in a DynamicCache; one "
-             "decode step, median of CUDA-event timings (eager calls, and one CUDA-graph replay). "
-             "logits_err_median / _max: relative error of each sequence's first-step logits against the defaults' "
-             "(median and worst over the batch; a routing decision flipped by bf16 noise changes a few sequences a "
-             "lot). vs_default_experts_graph: the step with llmkernels attention and grouped_mm experts over this "
-             "row's (the experts' share; gpt-oss' default eager attention cannot be captured). "
-             "vs_defaults: the defaults' step time over this row's (>1 is faster).")
-    print(write_table(rows, args.out, "hf_decode", "transformers decode step: llmkernels against the defaults",
-                      notes))
+    notes = (
+        f"{torch.cuda.get_device_name()}, transformers {transformers.__version__}, torch {torch.__version__}. "
+        f"2-layer models, random bf16 weights, vocabulary {VOCAB}, prompt {PROMPT} in a DynamicCache; one "
+        "decode step, median of CUDA-event timings (eager calls, and one CUDA-graph replay). "
+        "logits_err_median / _max: relative error of each sequence's first-step logits against the defaults' "
+        "(median and worst over the batch; a routing decision flipped by bf16 noise changes a few sequences a "
+        "lot). vs_default_experts_graph: the step with llmkernels attention and grouped_mm experts over this "
+        "row's (the experts' share; gpt-oss' default eager attention cannot be captured). "
+        "vs_defaults: the defaults' step time over this row's (>1 is faster)."
+    )
+    print(write_table(rows, args.out, "hf_decode", "transformers decode step: llmkernels against the defaults", notes))
     labels = [f"{r['model']} B{r['batch']}" for r in rows if r["system"] == "defaults"]
     series = {}
     for r in rows:
         series.setdefault(r["system"], []).append(r["graph_tokens_per_s"])
-    bar_plot(labels, series, "decode tokens/s (CUDA graph)", f"{args.out}/hf_decode.png",
-             "transformers decode: llmkernels against the defaults")
+    bar_plot(
+        labels,
+        series,
+        "decode tokens/s (CUDA graph)",
+        f"{args.out}/hf_decode.png",
+        "transformers decode: llmkernels against the defaults",
+    )
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ Writes ``moe_ep.{csv,md,png}`` under DIR (default ``benchmarks/results/<gpu>/ben
 the exchange degenerates to local copies: the baseline and the block's overhead, not a scaling figure. Needs a CUDA
 GPU per rank and torchrun, except with ``--cpu-smoke``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,6 +32,7 @@ import torch.distributed as dist
 def _timer(device: torch.device):
     """``time_ms(fn, reps)``: mean milliseconds per call, CUDA events on a GPU, wall clock on the CPU; every rank
     enters it together (a barrier first), so collective calls line up."""
+
     def time_ms(fn, reps: int) -> float:
         fn()
         dist.barrier()
@@ -47,6 +49,7 @@ def _timer(device: torch.device):
         for _ in range(reps):
             fn()
         return (time.perf_counter() - started) * 1e3 / reps
+
     return time_ms
 
 
@@ -79,18 +82,29 @@ def main(argv=None):
     if args.cpu_smoke:
         import torch.multiprocessing as mp
 
-        os.environ.update(TRITON_INTERPRET="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ.get("MASTER_PORT",
-                                                                                                   "29631"))
-        small = dict(experts=8, hidden=64, intermediate=32, top_k=2, tokens=16, weight_format=args.weight_format,
-                     out=args.out or "/tmp/moe_ep_smoke")
+        os.environ.update(
+            TRITON_INTERPRET="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ.get("MASTER_PORT", "29631")
+        )
+        small = dict(
+            experts=8,
+            hidden=64,
+            intermediate=32,
+            top_k=2,
+            tokens=16,
+            weight_format=args.weight_format,
+            out=args.out or "/tmp/moe_ep_smoke",
+        )
         mp.spawn(_smoke_rank, args=(small,), nprocs=2)
         return
     from benchmarks.common import CANNOT_RUN, require_gpu
 
     require_gpu("bench_moe_ep", "a CUDA GPU per rank (--cpu-smoke checks the script on the CPU)")
     if "RANK" not in os.environ:
-        print("bench_moe_ep: start it under torchrun, one process per GPU: torchrun --nproc-per-node W -m "
-              "benchmarks.bench_moe_ep [arguments]", file=sys.stderr)
+        print(
+            "bench_moe_ep: start it under torchrun, one process per GPU: torchrun --nproc-per-node W -m "
+            "benchmarks.bench_moe_ep [arguments]",
+            file=sys.stderr,
+        )
         raise SystemExit(CANNOT_RUN)
     dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
     run(vars(args))
@@ -108,12 +122,14 @@ def run(options: dict, decode_tokens=(1, 2, 4, 8, 16, 32, 64)) -> None:
     from llmkernels.moe import MoEFeedForward
 
     rank, world = dist.get_rank(), dist.get_world_size()
-    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank))) if torch.cuda.is_available() else (
-        torch.device("cpu"))
+    device = (
+        torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)))
+        if torch.cuda.is_available()
+        else (torch.device("cpu"))
+    )
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    num_experts, hidden, intermediate, top_k = (options[key] for key in ("experts", "hidden", "intermediate",
-                                                                         "top_k"))
+    num_experts, hidden, intermediate, top_k = (options[key] for key in ("experts", "hidden", "intermediate", "top_k"))
     tokens, weight_format = options["tokens"], options["weight_format"]
     generator = torch.Generator(device=device).manual_seed(0)  # the same weights on every rank
     router = torch.randn(num_experts, hidden, device=device, generator=generator)
@@ -121,10 +137,11 @@ def run(options: dict, decode_tokens=(1, 2, 4, 8, 16, 32, 64)) -> None:
     w_down = torch.randn(num_experts, hidden, intermediate, device=device, generator=generator) / intermediate**0.5
     per_rank = num_experts // world
     mine = slice(rank * per_rank, (rank + 1) * per_rank)
-    block = MoEFeedForward.from_float(router, w_gate_up[mine], w_down[mine], top_k, weight_format=weight_format,
-                                      process_group=dist.group.WORLD)
+    block = MoEFeedForward.from_float(
+        router, w_gate_up[mine], w_down[mine], top_k, weight_format=weight_format, process_group=dist.group.WORLD
+    )
     x_all = torch.randn(world * tokens, hidden, device=device, generator=generator).to(torch.bfloat16)
-    x = x_all[rank * tokens:(rank + 1) * tokens]
+    x = x_all[rank * tokens : (rank + 1) * tokens]
     time_ms = _timer(device)
     reps = 3 if device.type == "cpu" else 20
     rows = []
@@ -137,10 +154,18 @@ def run(options: dict, decode_tokens=(1, 2, 4, 8, 16, 32, 64)) -> None:
         started = _timer_local(device)
         whole_ms = started(lambda: whole(x_all), reps)
         del whole
-    rows.append(dict(part="prefill", tokens_per_rank=tokens, ranks=world, ms=ep_ms,
-                     tokens_per_s=world * tokens / ep_ms * 1e3, one_gpu_ms=whole_ms,
-                     one_gpu_tokens_per_s=world * tokens / whole_ms * 1e3,
-                     speedup=whole_ms / ep_ms))
+    rows.append(
+        dict(
+            part="prefill",
+            tokens_per_rank=tokens,
+            ranks=world,
+            ms=ep_ms,
+            tokens_per_s=world * tokens / ep_ms * 1e3,
+            one_gpu_ms=whole_ms,
+            one_gpu_tokens_per_s=world * tokens / whole_ms * 1e3,
+            speedup=whole_ms / ep_ms,
+        )
+    )
 
     # all-to-all: a forward's dispatch volume against the group's measured bandwidth
     dispatch_bytes = tokens * top_k * hidden * 2  # bf16 rows sent by one rank (upper bound: all to others)
@@ -151,15 +176,29 @@ def run(options: dict, decode_tokens=(1, 2, 4, 8, 16, 32, 64)) -> None:
     rows_x = torch.empty(tokens * top_k, hidden, dtype=torch.bfloat16, device=device)
     rows_out = torch.empty_like(rows_x)
     a2a_ms = time_ms(lambda: dist.all_to_all_single(rows_out, rows_x), reps)
-    rows.append(dict(part="all_to_all", tokens_per_rank=tokens, ranks=world, ms=a2a_ms,
-                     bytes_per_rank=dispatch_bytes, link_gbps=link_gbps,
-                     at_link_ms=dispatch_bytes * (world - 1) / world / link_gbps / 1e6 if world > 1 else 0.0))
+    rows.append(
+        dict(
+            part="all_to_all",
+            tokens_per_rank=tokens,
+            ranks=world,
+            ms=a2a_ms,
+            bytes_per_rank=dispatch_bytes,
+            link_gbps=link_gbps,
+            at_link_ms=dispatch_bytes * (world - 1) / world / link_gbps / 1e6 if world > 1 else 0.0,
+        )
+    )
 
     # decode: bounded mode, capacity = tokens · top_k (nothing dropped), graph replay on GPUs
     for n in decode_tokens:
-        decode_block = MoEFeedForward.from_float(router, w_gate_up[mine], w_down[mine], top_k,
-                                                 weight_format=weight_format, process_group=dist.group.WORLD,
-                                                 capacity=n * top_k)
+        decode_block = MoEFeedForward.from_float(
+            router,
+            w_gate_up[mine],
+            w_down[mine],
+            top_k,
+            weight_format=weight_format,
+            process_group=dist.group.WORLD,
+            capacity=n * top_k,
+        )
         xd = x[:n].contiguous()
         ms = time_ms(_graphed(lambda: decode_block(xd), device), reps)
         rows.append(dict(part="decode", tokens_per_rank=n, ranks=world, ms=ms, tokens_per_s=world * n / ms * 1e3))
@@ -169,16 +208,29 @@ def run(options: dict, decode_tokens=(1, 2, 4, 8, 16, 32, 64)) -> None:
     if rank == 0:
         out_dir = options.get("out") or default_out_dir("bench_moe_ep")
         name = torch.cuda.get_device_name() if device.type == "cuda" else "CPU (gloo, interpreter)"
-        print(write_table(rows, out_dir, "moe_ep", "Expert-parallel MoE block",
-                          f"{world} ranks of {name}, torch {torch.__version__}; E={num_experts}, H={hidden}, "
-                          f"I={intermediate}, top-{top_k}, {weight_format} weights; mean times per call."))
+        print(
+            write_table(
+                rows,
+                out_dir,
+                "moe_ep",
+                "Expert-parallel MoE block",
+                f"{world} ranks of {name}, torch {torch.__version__}; E={num_experts}, H={hidden}, "
+                f"I={intermediate}, top-{top_k}, {weight_format} weights; mean times per call.",
+            )
+        )
         decode = [r for r in rows if r["part"] == "decode"]
-        bar_plot([str(r["tokens_per_rank"]) for r in decode], {"decode ms": [r["ms"] for r in decode]},
-                 "ms per forward", os.path.join(out_dir, "moe_ep.png"), "Expert-parallel decode latency")
+        bar_plot(
+            [str(r["tokens_per_rank"]) for r in decode],
+            {"decode ms": [r["ms"] for r in decode]},
+            "ms per forward",
+            os.path.join(out_dir, "moe_ep.png"),
+            "Expert-parallel decode latency",
+        )
 
 
 def _timer_local(device: torch.device):
     """Like :func:`_timer` for one rank alone (no barrier: the other ranks do not take part)."""
+
     def time_ms(fn, reps: int) -> float:
         fn()
         if device.type == "cuda":
@@ -189,6 +241,7 @@ def _timer_local(device: torch.device):
         if device.type == "cuda":
             torch.cuda.synchronize()
         return (time.perf_counter() - started) * 1e3 / reps
+
     return time_ms
 
 

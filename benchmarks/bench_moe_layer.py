@@ -9,6 +9,7 @@ experts, one run. DeepSeek-V3 (E=256, H=7168, I=2048, top-8 of sigmoid scores in
 expert computation and combine. Writes moe_layer.{csv,md} and moe_layer.png (tokens/s against tokens,
 one panel per model) to DIR (default benchmarks/results/<gpu>/bench_moe_layer/).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,9 +38,14 @@ MODELS = {  # name: (experts, hidden, intermediate, top_k, routing)
 TOKENS = (1, 8, 64, 512, 2048, 8192)
 # label: (weight format, activation format, weight layout; None: from_float's default, "hopper" for mxfp4 and
 # nvfp4 on Hopper)
-FORMATS = (("ours mxfp8", "mxfp8", None, None), ("ours bf16 x mxfp4", "mxfp4", "bf16", None),
-           ("ours bf16 x mxfp4 row layout", "mxfp4", "bf16", "row"), ("ours nvfp4", "nvfp4", None, None),
-           ("ours nvfp4 row layout", "nvfp4", None, "row"), ("ours bf16", "bf16", None, None))
+FORMATS = (
+    ("ours mxfp8", "mxfp8", None, None),
+    ("ours bf16 x mxfp4", "mxfp4", "bf16", None),
+    ("ours bf16 x mxfp4 row layout", "mxfp4", "bf16", "row"),
+    ("ours nvfp4", "nvfp4", None, None),
+    ("ours nvfp4 row layout", "nvfp4", None, "row"),
+    ("ours bf16", "bf16", None, None),
+)
 
 
 class GroupedMMBlock:
@@ -56,7 +62,7 @@ class GroupedMMBlock:
         token_of_row, offsets, row_of_copy = dispatch(ids, self.router.shape[0])
         rows = x[token_of_row]
         gate_up = torch._grouped_mm(rows, self.w_gate_up_t, offs=offsets[1:], out_dtype=torch.bfloat16)
-        h = torch.nn.functional.silu(gate_up[:, :self.intermediate]) * gate_up[:, self.intermediate:]
+        h = torch.nn.functional.silu(gate_up[:, : self.intermediate]) * gate_up[:, self.intermediate :]
         y = torch._grouped_mm(h, self.w_down_t, offs=offsets[1:], out_dtype=torch.bfloat16)
         return (y[row_of_copy].float() * weights[..., None]).sum(1).to(x.dtype)
 
@@ -74,7 +80,7 @@ class LoopBlock(GroupedMMBlock):
             start, end = bounds[expert], bounds[expert + 1]
             if end > start:
                 gate_up = rows[start:end] @ self.w_gate_up_t[expert]
-                h = torch.nn.functional.silu(gate_up[:, :self.intermediate]) * gate_up[:, self.intermediate:]
+                h = torch.nn.functional.silu(gate_up[:, : self.intermediate]) * gate_up[:, self.intermediate :]
                 y[start:end] = h @ self.w_down_t[expert]
         return (y[row_of_copy].float() * weights[..., None]).sum(1).to(x.dtype)
 
@@ -93,10 +99,13 @@ def _rounded(t: torch.Tensor, activation_format: str) -> torch.Tensor:
 def same_weights_reference(block: MoEFeedForward, x: torch.Tensor) -> torch.Tensor:
     """float32 reference of ``block`` on its own (dequantized) weights and activation rounding, expert
     by expert (a host loop: the check, not a timed system)."""
-    w_gate_up, w_down = (w.to_layout("row") if isinstance(w, ScaledTensor) and w.scale_layout == "hopper" else w
-                         for w in (block.w_gate_up, block.w_down))
-    weights, ids = route(x.float() @ block.router_weight.float().t(), block.top_k,
-                         correction_bias=block.correction_bias, **block.routing)
+    w_gate_up, w_down = (
+        w.to_layout("row") if isinstance(w, ScaledTensor) and w.scale_layout == "hopper" else w
+        for w in (block.w_gate_up, block.w_down)
+    )
+    weights, ids = route(
+        x.float() @ block.router_weight.float().t(), block.top_k, correction_bias=block.correction_bias, **block.routing
+    )
     token_of_row, offsets, row_of_copy = dispatch(ids, block.num_experts)
     a = _rounded(x.to(torch.bfloat16), block.activation_format)[token_of_row]
     hidden = torch.empty(a.shape[0], block.intermediate, device=x.device, dtype=torch.bfloat16)
@@ -105,8 +114,9 @@ def same_weights_reference(block: MoEFeedForward, x: torch.Tensor) -> torch.Tens
         start, end = bounds[expert], bounds[expert + 1]
         if end > start:
             gate_up = a[start:end] @ _expert(w_gate_up, expert).t()
-            hidden[start:end] = (torch.nn.functional.silu(gate_up[:, :block.intermediate])
-                                 * gate_up[:, block.intermediate:]).to(torch.bfloat16)
+            hidden[start:end] = (
+                torch.nn.functional.silu(gate_up[:, : block.intermediate]) * gate_up[:, block.intermediate :]
+            ).to(torch.bfloat16)
     h = _rounded(hidden, block.activation_format)
     y = torch.empty(a.shape[0], block.hidden, device=x.device, dtype=torch.bfloat16)
     for expert in range(block.num_experts):
@@ -118,8 +128,15 @@ def same_weights_reference(block: MoEFeedForward, x: torch.Tensor) -> torch.Tens
 
 def weight_bytes_per_expert(block) -> int:
     if isinstance(block, MoEFeedForward):
-        return sum(getattr(block, f"{name}_{part}").nbytes for name in ("w_gate_up", "w_down")
-                   for part in ("data", "scales") if getattr(block, f"{name}_{part}") is not None) // block.num_experts
+        return (
+            sum(
+                getattr(block, f"{name}_{part}").nbytes
+                for name in ("w_gate_up", "w_down")
+                for part in ("data", "scales")
+                if getattr(block, f"{name}_{part}") is not None
+            )
+            // block.num_experts
+        )
     return (block.w_gate_up_t.nbytes + block.w_down_t.nbytes) // block.w_gate_up_t.shape[0]
 
 
@@ -137,13 +154,22 @@ def main():
         router = torch.randn(experts, hidden, device="cuda", dtype=torch.bfloat16) * hidden**-0.5
         w_gate_up = torch.randn(experts, 2 * intermediate, hidden, device="cuda", dtype=torch.bfloat16) * hidden**-0.5
         w_down = torch.randn(experts, hidden, intermediate, device="cuda", dtype=torch.bfloat16) * intermediate**-0.5
-        systems = {"torch._grouped_mm bf16": GroupedMMBlock(router, w_gate_up, w_down, top_k, routing),
-                   "loop over experts bf16": LoopBlock(router, w_gate_up, w_down, top_k, routing)}
+        systems = {
+            "torch._grouped_mm bf16": GroupedMMBlock(router, w_gate_up, w_down, top_k, routing),
+            "loop over experts bf16": LoopBlock(router, w_gate_up, w_down, top_k, routing),
+        }
         for label, weight_format, activation_format, weight_layout in FORMATS:
-            systems[label] = MoEFeedForward.from_float(router, w_gate_up, w_down, top_k, weight_format=weight_format,
-                                                       activation_format=activation_format,
-                                                       weight_layout=weight_layout, **routing)
-        for tokens in ((1, 64, 2048) if args.quick else TOKENS):
+            systems[label] = MoEFeedForward.from_float(
+                router,
+                w_gate_up,
+                w_down,
+                top_k,
+                weight_format=weight_format,
+                activation_format=activation_format,
+                weight_layout=weight_layout,
+                **routing,
+            )
+        for tokens in (1, 64, 2048) if args.quick else TOKENS:
             print(f"{model}: {tokens} tokens", flush=True)
             x = torch.randn(tokens, hidden, device="cuda", dtype=torch.bfloat16)
             bf16_block = systems["torch._grouped_mm bf16"]
@@ -169,27 +195,44 @@ def main():
             peer_eager, peer_graph = timings["torch._grouped_mm bf16"][:2]
             for name, (eager, graphed, error, check, weight_bytes) in timings.items():
                 best = graphed if graphed == graphed else eager
-                rows.append({"model": model, "tokens": tokens, "system": name, "eager us": eager * 1e3,
-                             "graph us": graphed * 1e3, "tokens/s (graph)": tokens / best * 1e3,
-                             "weight GB/s": weight_bytes / best / 1e6,
-                             "% copy BW": 100 * weight_bytes / best / 1e6 / ceilings["copy_gbps"],
-                             "vs _grouped_mm eager": peer_eager / eager, "vs _grouped_mm graph": peer_graph / graphed,
-                             "rel err vs bf16 block": error, "rel err vs own weights": check})
+                rows.append(
+                    {
+                        "model": model,
+                        "tokens": tokens,
+                        "system": name,
+                        "eager us": eager * 1e3,
+                        "graph us": graphed * 1e3,
+                        "tokens/s (graph)": tokens / best * 1e3,
+                        "weight GB/s": weight_bytes / best / 1e6,
+                        "% copy BW": 100 * weight_bytes / best / 1e6 / ceilings["copy_gbps"],
+                        "vs _grouped_mm eager": peer_eager / eager,
+                        "vs _grouped_mm graph": peer_graph / graphed,
+                        "rel err vs bf16 block": error,
+                        "rel err vs own weights": check,
+                    }
+                )
                 panels.setdefault(model, {}).setdefault(name, []).append((tokens, tokens / best * 1e3))
         del systems, w_gate_up, w_down
         torch.cuda.empty_cache()
     out_dir = args.out or default_out_dir("bench_moe_layer")
-    notes = (f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}; ceilings {ceilings}. Median times "
-             "(do_bench) of eager calls and of CUDA-graph replays (the GPU time without the host's launch "
-             "overhead; the per-expert loop reads counts on the host and cannot be captured); tokens/s, "
-             "weight GB/s and % copy BW use the graph time where there is one. Weight bytes: the experts "
-             "that the routing hit, gate_up + down (+ scales), read once. The same routing and dispatch in "
-             "every system. 'rel err vs bf16 block': the quantization's effect; 'rel err vs own weights': "
-             "against a float32 loop on the block's own dequantized weights and activation rounding "
-             "(the correctness check; a system over 3e-2 is not timed).")
+    notes = (
+        f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}; ceilings {ceilings}. Median times "
+        "(do_bench) of eager calls and of CUDA-graph replays (the GPU time without the host's launch "
+        "overhead; the per-expert loop reads counts on the host and cannot be captured); tokens/s, "
+        "weight GB/s and % copy BW use the graph time where there is one. Weight bytes: the experts "
+        "that the routing hit, gate_up + down (+ scales), read once. The same routing and dispatch in "
+        "every system. 'rel err vs bf16 block': the quantization's effect; 'rel err vs own weights': "
+        "against a float32 loop on the block's own dequantized weights and activation rounding "
+        "(the correctness check; a system over 3e-2 is not timed)."
+    )
     print(write_table(rows, out_dir, "moe_layer", "MoE feed-forward block", notes))
-    line_plots(panels, "tokens", "tokens/s (CUDA graph)", os.path.join(out_dir, "moe_layer.png"),
-               f"MoE block, {torch.cuda.get_device_name()}")
+    line_plots(
+        panels,
+        "tokens",
+        "tokens/s (CUDA graph)",
+        os.path.join(out_dir, "moe_layer.png"),
+        f"MoE block, {torch.cuda.get_device_name()}",
+    )
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
 """Shared benchmark plumbing: device ceilings, timing, tables (markdown + CSV) and plots."""
+
 from __future__ import annotations
 
 import csv
@@ -136,8 +137,9 @@ def bar_plot(labels: list[str], series: dict[str, list[float]], ylabel: str, pat
     plt.close(fig)
 
 
-def line_plots(panels: dict[str, dict[str, list[tuple[float, float]]]], xlabel: str, ylabel: str, path: str,
-               title: str) -> None:
+def line_plots(
+    panels: dict[str, dict[str, list[tuple[float, float]]]], xlabel: str, ylabel: str, path: str, title: str
+) -> None:
     """One subplot per panel, one line per series of (x, y) points, log2 x axis; skipped quietly
     when matplotlib is missing."""
     try:
@@ -162,7 +164,7 @@ def line_plots(panels: dict[str, dict[str, list[tuple[float, float]]]], xlabel: 
         ax.set_ylabel(ylabel)
         ax.set_title(panel, fontsize=10)
         ax.grid(alpha=0.3)
-    for ax in list(axes.flat)[len(panels):]:
+    for ax in list(axes.flat)[len(panels) :]:
         ax.axis("off")
     axes.flat[0].legend(fontsize=7)
     fig.suptitle(title)

@@ -1,6 +1,7 @@
 """The peers benchmarks run beside llmkernels, written once: PyTorch's SDPA with a chosen backend (flash,
 cuDNN) and FlexAttention (inputs in SDPA's layout ``[B, H, S, D]``), and a Mixture-of-Experts block in plain
 PyTorch ops. Each function returns a zero-argument callable or a function of the input (what the timers take)."""
+
 from __future__ import annotations
 
 import torch
@@ -12,8 +13,12 @@ def sdpa_backend(name: str):
     """``"flash"``, ``"cudnn"``, ``"efficient"`` or ``"math"`` → the ``SDPBackend``."""
     from torch.nn.attention import SDPBackend
 
-    return {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
-            "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}[name]
+    return {
+        "flash": SDPBackend.FLASH_ATTENTION,
+        "cudnn": SDPBackend.CUDNN_ATTENTION,
+        "efficient": SDPBackend.EFFICIENT_ATTENTION,
+        "math": SDPBackend.MATH,
+    }[name]
 
 
 def sdpa_runner(backend: str, q, k, v, *, causal: bool = False, attn_mask=None):
@@ -25,8 +30,10 @@ def sdpa_runner(backend: str, q, k, v, *, causal: bool = False, attn_mask=None):
 
     def run():
         with sdpa_kernel(chosen):
-            return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=causal,
-                                                                    enable_gqa=enable_gqa)
+            return torch.nn.functional.scaled_dot_product_attention(
+                q, k, v, attn_mask=attn_mask, is_causal=causal, enable_gqa=enable_gqa
+            )
+
     return run
 
 
@@ -78,6 +85,7 @@ def moe_batched_mm_runner(router_weight, w_gate_up, w_down, top_k: int):
         h = torch.nn.functional.silu(gate_up[:, :intermediate]) * gate_up[:, intermediate:]
         y = torch.bmm(w_down[ids.view(-1)], h).view(x.shape[0], top_k, -1)  # [T, k, H]
         return (y.float() * weights[..., None]).sum(1).to(x.dtype)
+
     return run
 
 
@@ -100,11 +108,11 @@ class TritonKernelsExperts:
         self.w_t = w.transpose(-2, -1)  # its logical [E, K, N], K contiguous
         data, scales = downcast_to_mxfp(self.w_t, torch.uint8, axis=1)  # quantized along K
         value_layout, value_options = layout.make_default_matmul_mxfp4_w_layout(mx_axis=1)
-        scale_layout, scale_options = layout.make_default_matmul_mxfp4_w_scale_layout(mx_axis=1,
-                                                                                      num_warps=scale_warps)
+        scale_layout, scale_options = layout.make_default_matmul_mxfp4_w_scale_layout(mx_axis=1, num_warps=scale_warps)
         self.w_mxfp4 = convert_layout(wrap_torch_tensor(data, dtype=FP4), value_layout, **value_options)
-        self.precision = PrecisionConfig(weight_scale=convert_layout(wrap_torch_tensor(scales), scale_layout,
-                                                                     **scale_options))
+        self.precision = PrecisionConfig(
+            weight_scale=convert_layout(wrap_torch_tensor(scales), scale_layout, **scale_options)
+        )
 
     @staticmethod
     def _routing(offsets: torch.Tensor):
@@ -114,8 +122,14 @@ class TritonKernelsExperts:
         sizes = (offsets[1:] - offsets[:-1]).to(torch.int32)
         rows = int(offsets[-1])
         metadata = make_ragged_tensor_metadata(sizes, rows)
-        return RoutingData(None, metadata.slice_sizes, sizes.numel(), 1, metadata,
-                           expected_tokens_per_expt=max(1, rows // max(sizes.numel(), 1)))
+        return RoutingData(
+            None,
+            metadata.slice_sizes,
+            sizes.numel(),
+            1,
+            metadata,
+            expected_tokens_per_expt=max(1, rows // max(sizes.numel(), 1)),
+        )
 
     def mxfp4(self, x: torch.Tensor, offsets: torch.Tensor):
         """bf16 ``x [rows, K]`` × MXFP4 weights, groups at ``offsets`` (int32 ``[E + 1]``)."""

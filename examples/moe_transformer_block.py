@@ -4,6 +4,7 @@ torch.compile(fullgraph=True), printing tokens/s.
     python examples/moe_transformer_block.py            # on the GPU (a Qwen3-30B-A3B-sized layer)
     python examples/moe_transformer_block.py --tiny     # tiny sizes; without a GPU, through the interpreter
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,8 +25,18 @@ from llmkernels.moe import MoEFeedForward  # noqa: E402
 class MoETransformerBlock(nn.Module):
     """Pre-norm block: x + attention(norm(x)), then x + moe(norm(x)); GQA causal attention."""
 
-    def __init__(self, hidden: int, heads: int, kv_heads: int, experts: int, intermediate: int, top_k: int,
-                 weight_format: str, device, dtype=torch.bfloat16):
+    def __init__(
+        self,
+        hidden: int,
+        heads: int,
+        kv_heads: int,
+        experts: int,
+        intermediate: int,
+        top_k: int,
+        weight_format: str,
+        device,
+        dtype=torch.bfloat16,
+    ):
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, hidden // heads
         self.attn_norm = nn.RMSNorm(hidden, device=device, dtype=dtype)
@@ -40,10 +51,14 @@ class MoETransformerBlock(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, S, H]
         batch, seqlen, _ = x.shape
         q, k, v = self.qkv(self.attn_norm(x)).split(
-            [self.heads * self.head_dim, self.kv_heads * self.head_dim, self.kv_heads * self.head_dim], dim=-1)
-        attn = lk.attention(q.reshape(batch, seqlen, self.heads, self.head_dim),
-                            k.reshape(batch, seqlen, self.kv_heads, self.head_dim),
-                            v.reshape(batch, seqlen, self.kv_heads, self.head_dim), causal=True)
+            [self.heads * self.head_dim, self.kv_heads * self.head_dim, self.kv_heads * self.head_dim], dim=-1
+        )
+        attn = lk.attention(
+            q.reshape(batch, seqlen, self.heads, self.head_dim),
+            k.reshape(batch, seqlen, self.kv_heads, self.head_dim),
+            v.reshape(batch, seqlen, self.kv_heads, self.head_dim),
+            causal=True,
+        )
         x = x + self.proj(attn.reshape(batch, seqlen, -1))
         return x + self.moe(self.moe_norm(x))
 

@@ -1,4 +1,5 @@
 """Without a GPU, run every kernel through Triton's interpreter (must be set before llmkernels is imported)."""
+
 import os
 import zlib
 
@@ -20,10 +21,18 @@ except ImportError:  # hypothesis is in the [test] extra; without it the propert
     HYPOTHESIS_PROFILE = None
 else:
     _SLOW_OK = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
-    settings.register_profile("ci", derandomize=True, deadline=None, database=None, print_blob=True,
-                              max_examples=10, suppress_health_check=_SLOW_OK)
-    settings.register_profile("gpu-long", derandomize=False, deadline=None, print_blob=True,
-                              max_examples=1000, suppress_health_check=_SLOW_OK)
+    settings.register_profile(
+        "ci",
+        derandomize=True,
+        deadline=None,
+        database=None,
+        print_blob=True,
+        max_examples=10,
+        suppress_health_check=_SLOW_OK,
+    )
+    settings.register_profile(
+        "gpu-long", derandomize=False, deadline=None, print_blob=True, max_examples=1000, suppress_health_check=_SLOW_OK
+    )
     HYPOTHESIS_PROFILE = os.environ.get("LLMK_HYPOTHESIS_PROFILE", "ci")
     settings.load_profile(HYPOTHESIS_PROFILE)
 

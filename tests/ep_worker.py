@@ -9,6 +9,7 @@ Cases: ``balanced`` (random routing), ``skewed`` (one hot expert), ``no-tokens``
 rank must raise the same ValueError at construction), ``bad-inputs`` (errors raised before any collective),
 ``graph`` (GPUs only: the bounded block captured in a CUDA graph and replayed on new tokens equals the eager block).
 """
+
 import json
 import os
 import sys
@@ -25,15 +26,15 @@ def _problem(world: int, case: str):
     """The same weights and tokens on every rank (one seed): router, w_gate_up, w_down, x of every rank."""
     generator = torch.Generator().manual_seed(1234)
     router = torch.randn(NUM_EXPERTS, HIDDEN, generator=generator)
-    w_gate_up = torch.randn(NUM_EXPERTS, 2 * INTERMEDIATE, HIDDEN, generator=generator) / HIDDEN ** 0.5
-    w_down = torch.randn(NUM_EXPERTS, HIDDEN, INTERMEDIATE, generator=generator) / INTERMEDIATE ** 0.5
+    w_gate_up = torch.randn(NUM_EXPERTS, 2 * INTERMEDIATE, HIDDEN, generator=generator) / HIDDEN**0.5
+    w_down = torch.randn(NUM_EXPERTS, HIDDEN, INTERMEDIATE, generator=generator) / INTERMEDIATE**0.5
     counts = [0 if case == "no-tokens" and rank == 0 else TOKENS_PER_RANK + 3 * rank for rank in range(world)]
     x = torch.randn(sum(counts), HIDDEN, generator=generator)
     if case in ("skewed", "idle-experts"):  # every token leans towards expert 0
         x = x + 4 * router[0] / router[0].norm()
     if case == "idle-experts":  # the last rank's experts point away from every token
         per_rank = NUM_EXPERTS // world
-        router[NUM_EXPERTS - per_rank:] = -router[0].abs().sum() * router[0] / router[0].norm() ** 2
+        router[NUM_EXPERTS - per_rank :] = -router[0].abs().sum() * router[0] / router[0].norm() ** 2
     return router, w_gate_up, w_down, list(torch.split(x.to(torch.bfloat16), counts))
 
 
@@ -64,12 +65,15 @@ def _bad_inputs(router, w_gate_up, w_down, mine, x) -> list:
 
     group = dist.group.WORLD
     attempts = [
-        lambda: MoEFeedForward.from_float(router[:7], w_gate_up[:3], w_down[:3], TOP_K, weight_format="bf16",
-                                          process_group=group),  # 7 experts over 2 ranks
-        lambda: MoEFeedForward.from_float(router, w_gate_up, w_down, TOP_K, weight_format="bf16",
-                                          process_group=group),  # every expert given to one rank
-        lambda: MoEFeedForward.from_float(router, w_gate_up[mine], w_down[mine], TOP_K, weight_format="bf16",
-                                          process_group=group, capacity=0),
+        lambda: MoEFeedForward.from_float(
+            router[:7], w_gate_up[:3], w_down[:3], TOP_K, weight_format="bf16", process_group=group
+        ),  # 7 experts over 2 ranks
+        lambda: MoEFeedForward.from_float(
+            router, w_gate_up, w_down, TOP_K, weight_format="bf16", process_group=group
+        ),  # every expert given to one rank
+        lambda: MoEFeedForward.from_float(
+            router, w_gate_up[mine], w_down[mine], TOP_K, weight_format="bf16", process_group=group, capacity=0
+        ),
         lambda: MoEFeedForward.from_float(router, w_gate_up, w_down, TOP_K, weight_format="bf16", capacity=4),
     ]
     errors = []
@@ -79,8 +83,9 @@ def _bad_inputs(router, w_gate_up, w_down, mine, x) -> list:
             errors.append(None)
         except ValueError as error:
             errors.append(str(error))
-    block = MoEFeedForward.from_float(router, w_gate_up[mine], w_down[mine], TOP_K, weight_format="bf16",
-                                      process_group=group)  # a good block (its construction check is collective)
+    block = MoEFeedForward.from_float(
+        router, w_gate_up[mine], w_down[mine], TOP_K, weight_format="bf16", process_group=group
+    )  # a good block (its construction check is collective)
     try:
         block(x[:, :-1])
         errors.append(None)
@@ -112,13 +117,19 @@ def _run(rank: int, world: int, port: int, case: str, weight_format: str, capaci
         torch.cuda.set_device(rank)
     else:
         os.environ["TRITON_INTERPRET"] = "1"
-    dist.init_process_group("nccl" if on_gpu else "gloo", rank=rank, world_size=world,
-                            device_id=torch.device("cuda", rank) if on_gpu else None)
+    dist.init_process_group(
+        "nccl" if on_gpu else "gloo",
+        rank=rank,
+        world_size=world,
+        device_id=torch.device("cuda", rank) if on_gpu else None,
+    )
     from llmkernels.moe import MoEFeedForward
 
     device = torch.device("cuda", rank) if on_gpu else torch.device("cpu")
-    router, w_gate_up, w_down, xs = (tensor.to(device) if isinstance(tensor, torch.Tensor) else
-                                     [x.to(device) for x in tensor] for tensor in _problem(world, case))
+    router, w_gate_up, w_down, xs = (
+        tensor.to(device) if isinstance(tensor, torch.Tensor) else [x.to(device) for x in tensor]
+        for tensor in _problem(world, case)
+    )
     per_rank = NUM_EXPERTS // world
     mine = slice(rank * per_rank, (rank + 1) * per_rank)
     report = {"rank": rank}
@@ -128,8 +139,15 @@ def _run(rank: int, world: int, port: int, case: str, weight_format: str, capaci
         return
     try:
         top_k = TOP_K + 1 if case == "disagree" and rank == 0 else TOP_K
-        block = MoEFeedForward.from_float(router, w_gate_up[mine], w_down[mine], top_k, weight_format=weight_format,
-                                          process_group=dist.group.WORLD, capacity=capacity)
+        block = MoEFeedForward.from_float(
+            router,
+            w_gate_up[mine],
+            w_down[mine],
+            top_k,
+            weight_format=weight_format,
+            process_group=dist.group.WORLD,
+            capacity=capacity,
+        )
     except ValueError as error:
         report["error"] = str(error)
     else:
@@ -141,11 +159,16 @@ def _run(rank: int, world: int, port: int, case: str, weight_format: str, capaci
         kept_copies = _kept_copies(router, xs, rank, world, capacity)
         kept = kept_copies.all(dim=1)  # tokens with every copy computed
         difference = (got[kept] - expected[kept]).norm().item()
-        report.update(tokens=x.shape[0], tokens_whole=int(kept.sum()), finite=bool(torch.isfinite(got).all()),
-                      rel_error=difference / max(expected[kept].norm().item(), 1e-30), shape_ok=got.shape == x.shape,
-                      dropped=None if block.exchange.dropped is None else int(block.exchange.dropped),
-                      dropped_expected=int((~kept_copies).sum()),
-                      copies_to=_copies_to(router, x, world))
+        report.update(
+            tokens=x.shape[0],
+            tokens_whole=int(kept.sum()),
+            finite=bool(torch.isfinite(got).all()),
+            rel_error=difference / max(expected[kept].norm().item(), 1e-30),
+            shape_ok=got.shape == x.shape,
+            dropped=None if block.exchange.dropped is None else int(block.exchange.dropped),
+            dropped_expected=int((~kept_copies).sum()),
+            copies_to=_copies_to(router, x, world),
+        )
     _finish(report, out, rank)
 
 
@@ -163,5 +186,8 @@ def _finish(report: dict, out: str, rank: int) -> None:
 
 if __name__ == "__main__":
     world, port, case, weight_format, capacity, out = sys.argv[1:7]
-    mp.spawn(_run, args=(int(world), int(port), case, weight_format, None if capacity == "none" else int(capacity),
-                         out), nprocs=int(world))
+    mp.spawn(
+        _run,
+        args=(int(world), int(port), case, weight_format, None if capacity == "none" else int(capacity), out),
+        nprocs=int(world),
+    )

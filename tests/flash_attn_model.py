@@ -1,6 +1,7 @@
 """A model of flash-attn's forward semantics in PyTorch, shared by the flash-attn API tests
 (``test_flash_attn_api.py``, ``test_flash_attn_kvcache.py``, ``test_flash_attn_upstream.py``). Written from the
 definitions (flash-attn's docstrings), never with llmkernels' functions."""
+
 import math
 
 import torch
@@ -8,8 +9,9 @@ import torch
 from llmkernels.runtime import interpreting
 
 
-def flash_attn_model(q, k, v, causal, window, softcap, alibi_slopes, query_keep=None, key_keep=None, exact=True,
-                     sinks=None, chunk=0):
+def flash_attn_model(
+    q, k, v, causal, window, softcap, alibi_slopes, query_keep=None, key_keep=None, exact=True, sinks=None, chunk=0
+):
     """Attention of q ``[B, Sq, Hq, D]`` over k, v ``[B, Sk, Hkv, D]`` as flash-attn defines it (bottom-right
     aligned causal and window, ALiBi ``-slope·|i + Sk - Sq - j|``, tanh softcap), per sequence over its kept keys
     and queries (``*_keep`` bool ``[B, S]``; sequence lengths then count kept positions only). ``sinks`` ``[Hq]``:
@@ -29,8 +31,11 @@ def flash_attn_model(q, k, v, causal, window, softcap, alibi_slopes, query_keep=
         qb = q[b, qi].to(dtype)
         kb = k[b, kj].to(dtype).repeat_interleave(group, 1)
         vb = v[b, kj].to(dtype).repeat_interleave(group, 1)
-        scores = torch.einsum("qhd,khd->hqk", qb / math.sqrt(dim), kb).float() if not exact else \
-            torch.einsum("qhd,khd->hqk", qb, kb) / math.sqrt(dim)
+        scores = (
+            torch.einsum("qhd,khd->hqk", qb / math.sqrt(dim), kb).float()
+            if not exact
+            else torch.einsum("qhd,khd->hqk", qb, kb) / math.sqrt(dim)
+        )
         if softcap > 0:
             scores = softcap * torch.tanh(scores / softcap)
         rows = torch.arange(qi.numel(), device=q.device)[:, None] + kj.numel() - qi.numel()
@@ -67,15 +72,32 @@ def rotary_model(x, cos, sin, positions, interleaved, dtype=torch.float64):
     c = cos.to(dtype)[rows][:, :, None, :]
     s = sin.to(dtype)[rows][:, :, None, :]
     x = x.to(dtype)
-    rot, rest = x[..., :2 * half], x[..., 2 * half:]
+    rot, rest = x[..., : 2 * half], x[..., 2 * half :]
     x1, x2 = (rot[..., 0::2], rot[..., 1::2]) if interleaved else (rot[..., :half], rot[..., half:])
     first, second = x1 * c - x2 * s, x2 * c + x1 * s
     rotated = torch.stack([first, second], -1).flatten(-2) if interleaved else torch.cat([first, second], -1)
     return torch.cat([rotated, rest], -1)
 
 
-def kvcache_model(q, k_cache, v_cache, k, v, cache_seqlens, *, cos=None, sin=None, interleaved=True, causal=False,
-                  window=(-1, -1), softcap=0.0, alibi_slopes=None, sinks=None, chunk=0, leftpad=None):
+def kvcache_model(
+    q,
+    k_cache,
+    v_cache,
+    k,
+    v,
+    cache_seqlens,
+    *,
+    cos=None,
+    sin=None,
+    interleaved=True,
+    causal=False,
+    window=(-1, -1),
+    softcap=0.0,
+    alibi_slopes=None,
+    sinks=None,
+    chunk=0,
+    leftpad=None,
+):
     """flash-attn's ``flash_attn_with_kvcache`` on logical caches ``[B, capacity, Hkv, D]`` (sequence b's rows,
     whatever the physical layout): token i of k / v written at position ``cache_seqlens[b] + i`` when that is
     below the capacity (k rotated there, in float32, rounded once to the cache's dtype), q rotated at
@@ -97,15 +119,29 @@ def kvcache_model(q, k_cache, v_cache, k, v, cache_seqlens, *, cos=None, sin=Non
                     v_after[b, seqlens[b] + i] = v[b, i]
     if cos is not None:
         per_token = causal or any(side >= 0 for side in window)
-        steps = torch.arange(q.shape[1], device=q.device) if per_token else torch.zeros(q.shape[1], dtype=torch.long,
-                                                                                        device=q.device)
-        q = rotary_model(q, cos, sin, torch.tensor(seqlens, device=q.device)[:, None] + steps[None, :], interleaved,
-                         torch.float32).to(q.dtype)
+        steps = (
+            torch.arange(q.shape[1], device=q.device)
+            if per_token
+            else torch.zeros(q.shape[1], dtype=torch.long, device=q.device)
+        )
+        q = rotary_model(
+            q, cos, sin, torch.tensor(seqlens, device=q.device)[:, None] + steps[None, :], interleaved, torch.float32
+        ).to(q.dtype)
     ends = torch.tensor([min(n + new_tokens, capacity) for n in seqlens], device=q.device)[:, None]
     starts = torch.zeros_like(ends) if leftpad is None else torch.as_tensor(leftpad, device=q.device).reshape(-1, 1)
     key = torch.arange(capacity, device=q.device)[None, :]
-    out = flash_attn_model(q, k_after, v_after, causal, window, softcap, alibi_slopes,
-                           key_keep=(key >= starts) & (key < ends), sinks=sinks, chunk=chunk)
+    out = flash_attn_model(
+        q,
+        k_after,
+        v_after,
+        causal,
+        window,
+        softcap,
+        alibi_slopes,
+        key_keep=(key >= starts) & (key < ends),
+        sinks=sinks,
+        chunk=chunk,
+    )
     return out, k_after, v_after
 
 

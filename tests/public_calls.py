@@ -17,6 +17,7 @@ that every discovered function is in exactly one of them and that every tensor a
 function is the root of some leaf, so that a public function or tensor argument added later cannot go
 unwalked.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -49,8 +50,13 @@ class Call:
     aliases: tuple = ()  # (leaf, name) pairs: an adapter's argument under the name of the function it calls
 
 
-PUBLIC_MODULES = ("llmkernels", "llmkernels.flash_attn", "llmkernels.moe", "llmkernels.formats",
-                  "llmkernels.integrations")
+PUBLIC_MODULES = (
+    "llmkernels",
+    "llmkernels.flash_attn",
+    "llmkernels.moe",
+    "llmkernels.formats",
+    "llmkernels.integrations",
+)
 
 
 def _public_modules():
@@ -83,8 +89,11 @@ def discover_public() -> dict:
             found[key] = obj
             if inspect.isclass(obj):
                 for attr, value in vars(obj).items():
-                    if not attr.startswith("_") and isinstance(value, (classmethod, staticmethod)) or (
-                            not attr.startswith("_") and inspect.isfunction(value)):
+                    if (
+                        not attr.startswith("_")
+                        and isinstance(value, (classmethod, staticmethod))
+                        or (not attr.startswith("_") and inspect.isfunction(value))
+                    ):
                         found[f"{key}.{attr}"] = getattr(obj, attr)
     return found
 
@@ -134,8 +143,18 @@ PUBLIC = {
 }
 
 # Public functions that take no tensor: their bad arguments are cases of test_errors.py's table.
-NO_TENSOR_FUNCTIONS = ("BlockScaledMatmulConfig", "SwiGLU", "FA4Config", "FA4Config.replace", "SlidingWindow",
-                       "Chunked", "softcap", "FormatSpec", "format_spec", "register")
+NO_TENSOR_FUNCTIONS = (
+    "BlockScaledMatmulConfig",
+    "SwiGLU",
+    "FA4Config",
+    "FA4Config.replace",
+    "SlidingWindow",
+    "Chunked",
+    "softcap",
+    "FormatSpec",
+    "format_spec",
+    "register",
+)
 
 # The PyTorch references take what the function they mirror takes and check nothing (they are oracles for
 # tests: a bad argument raises whatever PyTorch raises); the error walk leaves them out.
@@ -163,35 +182,94 @@ NON_TENSOR_ARGUMENTS = {
     "ScaledTensor": {"format", "scale_layout", "logical_shape"},
     "ScaledTensor.to_layout": {"self", "layout"},
     "grouped_matmul": {"epilogue", "out_dtype", "config", "validate"},
-    "attention": {"causal", "mask", "softmax_scale", "max_seqlen_q", "max_seqlen_k", "num_splits", "return_lse",
-                  "config", "validate"},
+    "attention": {
+        "causal",
+        "mask",
+        "softmax_scale",
+        "max_seqlen_q",
+        "max_seqlen_k",
+        "num_splits",
+        "return_lse",
+        "config",
+        "validate",
+    },
     "PagedKVCache": set(),
     "alibi": set(),
     "route": {"top_k", "scoring", "renormalize", "num_groups", "topk_groups"},
     "select_experts": {"top_k", "scoring", "renormalize"},
     "dispatch": {"num_experts"},
     "combine": {"out_dtype"},
-    "MoEFeedForward": {"top_k", "activation_format", "scoring", "renormalize", "num_groups", "topk_groups",
-                       "process_group", "capacity"},
+    "MoEFeedForward": {
+        "top_k",
+        "activation_format",
+        "scoring",
+        "renormalize",
+        "num_groups",
+        "topk_groups",
+        "process_group",
+        "capacity",
+    },
     "MoEFeedForward.forward": {"self"},
-    "MoEFeedForward.from_float": {"top_k", "weight_format", "activation_format", "weight_layout", "process_group",
-                                  "capacity", "routing"},
+    "MoEFeedForward.from_float": {
+        "top_k",
+        "weight_format",
+        "activation_format",
+        "weight_layout",
+        "process_group",
+        "capacity",
+        "routing",
+    },
     "quantize_reference": {"format"},
     "grouped_matmul_reference": {"epilogue"},
     "attention_reference": {"causal", "mask", "softmax_scale", "return_lse", "_ignored"},
     "dispatch_reference": {"num_experts"},
-    "fused_experts": {"inplace", "activation", "apply_router_weight_on_input", "global_num_experts",
-                      "activation_format", "validate"},
+    "fused_experts": {
+        "inplace",
+        "activation",
+        "apply_router_weight_on_input",
+        "global_num_experts",
+        "activation_format",
+        "validate",
+    },
     "ScaledTensor.validate": set(),
     "ScaledTensor.unchecked": {"format", "scale_layout", "logical_shape"},
     "ScaledTensor.row_data": set(),
     "ScaledTensor.row_scales": set(),
-    "flash_attn_func": {"dropout_p", "softmax_scale", "causal", "window_size", "softcap", "deterministic",
-                        "return_attn_probs", "attention_chunk", "num_splits"},
-    "flash_attn_varlen_func": {"max_seqlen_q", "max_seqlen_k", "dropout_p", "softmax_scale", "causal", "window_size",
-                               "softcap", "deterministic", "return_attn_probs", "attention_chunk", "num_splits"},
-    "flash_attn_with_kvcache": {"softmax_scale", "causal", "window_size", "softcap", "rotary_interleaved",
-                                "num_splits", "return_softmax_lse", "attention_chunk", "validate"},
+    "flash_attn_func": {
+        "dropout_p",
+        "softmax_scale",
+        "causal",
+        "window_size",
+        "softcap",
+        "deterministic",
+        "return_attn_probs",
+        "attention_chunk",
+        "num_splits",
+    },
+    "flash_attn_varlen_func": {
+        "max_seqlen_q",
+        "max_seqlen_k",
+        "dropout_p",
+        "softmax_scale",
+        "causal",
+        "window_size",
+        "softcap",
+        "deterministic",
+        "return_attn_probs",
+        "attention_chunk",
+        "num_splits",
+    },
+    "flash_attn_with_kvcache": {
+        "softmax_scale",
+        "causal",
+        "window_size",
+        "softcap",
+        "rotary_interleaved",
+        "num_splits",
+        "return_softmax_lse",
+        "attention_chunk",
+        "validate",
+    },
     "nvfp4_global_scale": set(),
     "to_blocked_scales": set(),
     "from_blocked_scales": {"rows", "cols"},
@@ -208,8 +286,11 @@ NON_TENSOR_ARGUMENTS = {
 }
 
 # Classes passed as one argument whose tensor fields become leaves "<argument>.<field>".
-CONTAINERS = {"ScaledTensor": ("a", "b", "x", "w_gate_up", "w_down", "w1", "w2"), "PagedKVCache": ("kv_cache",),
-              "alibi": ("score_mod",)}
+CONTAINERS = {
+    "ScaledTensor": ("a", "b", "x", "w_gate_up", "w_down", "w1", "w2"),
+    "PagedKVCache": ("kv_cache",),
+    "alibi": ("score_mod",),
+}
 
 
 def scaled_leaves(prefix: str, tensor: lk.ScaledTensor) -> dict:
@@ -220,8 +301,16 @@ def scaled_leaves(prefix: str, tensor: lk.ScaledTensor) -> dict:
 def scaled_from(leaves: dict, prefix: str, format: str, layout: str = "row", shape=None) -> lk.ScaledTensor:
     """The ScaledTensor of the leaves under ``prefix`` (``shape``: the logical shape of the hopper layout)."""
     part = lambda field: leaves.get(f"{prefix}.{field}")  # noqa: E731
-    return lk.ScaledTensor(part("data"), part("scales"), format, part("global_scale"), layout,
-                           part("group_offsets"), part("group_scale_offsets"), shape)
+    return lk.ScaledTensor(
+        part("data"),
+        part("scales"),
+        format,
+        part("global_scale"),
+        layout,
+        part("group_offsets"),
+        part("group_scale_offsets"),
+        shape,
+    )
 
 
 def _offsets(sizes, device) -> torch.Tensor:
@@ -229,6 +318,7 @@ def _offsets(sizes, device) -> torch.Tensor:
 
 
 # ----------------------------------------------------------------------------- formats
+
 
 def _quantize_call(format: str, gather: bool, grouped: bool) -> Call:
     def make(device):
@@ -242,11 +332,21 @@ def _quantize_call(format: str, gather: bool, grouped: bool) -> Call:
         return leaves
 
     def run(leaves):
-        return lk.quantize(leaves["x"], format, global_scale=leaves.get("global_scale"), rows=leaves.get("rows"),
-                           scale_layout="128x4" if grouped else "row", group_offsets=leaves.get("group_offsets"))
+        return lk.quantize(
+            leaves["x"],
+            format,
+            global_scale=leaves.get("global_scale"),
+            rows=leaves.get("rows"),
+            scale_layout="128x4" if grouped else "row",
+            group_offsets=leaves.get("group_offsets"),
+        )
 
-    return Call(f"quantize[{format}{', rows' if gather else ''}{', grouped 128x4' if grouped else ''}]",
-                ("quantize",), make, run)
+    return Call(
+        f"quantize[{format}{', rows' if gather else ''}{', grouped 128x4' if grouped else ''}]",
+        ("quantize",),
+        make,
+        run,
+    )
 
 
 def _dequantize_call(format: str, layout: str) -> Call:
@@ -261,9 +361,14 @@ def _dequantize_call(format: str, layout: str) -> Call:
         return scaled_leaves("x", x)
 
     scale_layout = "128x4" if layout == "grouped" else layout
-    return Call(f"dequantize[{format}, {layout}]", ("dequantize", "ScaledTensor"), make,
-                lambda leaves: lk.dequantize(scaled_from(leaves, "x", format, scale_layout,
-                                                         shape if layout == "hopper" else None)))
+    return Call(
+        f"dequantize[{format}, {layout}]",
+        ("dequantize", "ScaledTensor"),
+        make,
+        lambda leaves: lk.dequantize(
+            scaled_from(leaves, "x", format, scale_layout, shape if layout == "hopper" else None)
+        ),
+    )
 
 
 def _to_layout_call() -> Call:
@@ -271,22 +376,30 @@ def _to_layout_call() -> Call:
         x = lk.quantize(torch.randn(12, 64, device=device), "mxfp8")
         return {**scaled_leaves("self", x), "group_offsets": _offsets([5, 0, 7], device)}
 
-    return Call("ScaledTensor.to_layout[grouped 128x4]", ("ScaledTensor.to_layout",), make,
-                lambda leaves: scaled_from(leaves, "self", "mxfp8").to_layout("128x4", leaves["group_offsets"]))
+    return Call(
+        "ScaledTensor.to_layout[grouped 128x4]",
+        ("ScaledTensor.to_layout",),
+        make,
+        lambda leaves: scaled_from(leaves, "self", "mxfp8").to_layout("128x4", leaves["group_offsets"]),
+    )
 
 
 # ----------------------------------------------------------------------------- grouped matmul
 
-def _grouped_matmul_call(a_format: str, b_format: str, a_layout: str = "row", b_layout: str = "row",
-                         epilogue=None, bias: bool = False) -> Call:
+
+def _grouped_matmul_call(
+    a_format: str, b_format: str, a_layout: str = "row", b_layout: str = "row", epilogue=None, bias: bool = False
+) -> Call:
     sizes, experts, n, k = [5, 0, 9, 3], 3, 32, 64
 
     def make(device):
         x = torch.randn(sum(sizes) + 2, k, device=device)  # two rows outside every group
         w = torch.randn(experts, n, k, device=device) / 8
-        leaves = {"a_offsets": _offsets(sizes, device),
-                  "expert_ids": torch.tensor([2, 0, 1, -1], dtype=torch.int32, device=device),
-                  "expert_scales": torch.rand(experts, device=device) + 0.5}
+        leaves = {
+            "a_offsets": _offsets(sizes, device),
+            "expert_ids": torch.tensor([2, 0, 1, -1], dtype=torch.int32, device=device),
+            "expert_scales": torch.rand(experts, device=device) + 0.5,
+        }
         if bias:
             leaves["bias"] = torch.randn(experts, n, device=device)
         if a_format == "bf16":
@@ -306,19 +419,36 @@ def _grouped_matmul_call(a_format: str, b_format: str, a_layout: str = "row", b_
         return leaves
 
     def run(leaves):
-        a = leaves["a"] if a_format == "bf16" else scaled_from(leaves, "a", a_format, "row" if a_layout == "row"
-                                                                 else "128x4")
-        b = leaves["b"] if b_format == "bf16" else scaled_from(leaves, "b", b_format, b_layout,
-                                                                 (experts, n, k) if b_layout == "hopper" else None)
-        return lk.grouped_matmul(a, b, leaves["a_offsets"], leaves["expert_ids"], leaves["expert_scales"],
-                                 epilogue=epilogue, bias=leaves.get("bias"), out=leaves["out"])
+        a = (
+            leaves["a"]
+            if a_format == "bf16"
+            else scaled_from(leaves, "a", a_format, "row" if a_layout == "row" else "128x4")
+        )
+        b = (
+            leaves["b"]
+            if b_format == "bf16"
+            else scaled_from(leaves, "b", b_format, b_layout, (experts, n, k) if b_layout == "hopper" else None)
+        )
+        return lk.grouped_matmul(
+            a,
+            b,
+            leaves["a_offsets"],
+            leaves["expert_ids"],
+            leaves["expert_scales"],
+            epilogue=epilogue,
+            bias=leaves.get("bias"),
+            out=leaves["out"],
+        )
 
-    name = (f"grouped_matmul[{a_format} ({a_layout}) x {b_format} ({b_layout}){f', {epilogue}' if epilogue else ''}"
-            f"{', bias' if bias else ''}]")
+    name = (
+        f"grouped_matmul[{a_format} ({a_layout}) x {b_format} ({b_layout}){f', {epilogue}' if epilogue else ''}"
+        f"{', bias' if bias else ''}]"
+    )
     return Call(name, ("grouped_matmul", "ScaledTensor"), make, run, written=("out",))
 
 
 # ----------------------------------------------------------------------------- attention
+
 
 def _attention_call(mode: str) -> Call:
     """mode: "dense" (causal window, sinks, ALiBi, an additive mask tensor), "ragged" (cu_seqlens, sliding
@@ -331,20 +461,29 @@ def _attention_call(mode: str) -> Call:
         leaves = {}
         if mode in ("dense", "dense-decode"):
             sq = 20 if mode == "dense" else 2
-            leaves.update(q=rand(2, sq, heads, HEAD_DIM), k=rand(2, 37, kv_heads, HEAD_DIM),
-                          v=rand(2, 37, kv_heads, HEAD_DIM))
+            leaves.update(
+                q=rand(2, sq, heads, HEAD_DIM), k=rand(2, 37, kv_heads, HEAD_DIM), v=rand(2, 37, kv_heads, HEAD_DIM)
+            )
         elif mode == "ragged":
-            leaves.update(q=rand(29, heads, HEAD_DIM), k=rand(41, kv_heads, HEAD_DIM), v=rand(41, kv_heads, HEAD_DIM),
-                          cu_seqlens_q=_offsets([9, 0, 20], device), cu_seqlens_k=_offsets([12, 5, 24], device))
+            leaves.update(
+                q=rand(29, heads, HEAD_DIM),
+                k=rand(41, kv_heads, HEAD_DIM),
+                v=rand(41, kv_heads, HEAD_DIM),
+                cu_seqlens_q=_offsets([9, 0, 20], device),
+                cu_seqlens_k=_offsets([12, 5, 24], device),
+            )
         else:
             page_size, num_pages = 16, 7
-            leaves.update(q=rand(2, 3 if mode == "decode" else 18, heads, HEAD_DIM),
-                          **{"kv_cache.k_pages": rand(num_pages, page_size, kv_heads, HEAD_DIM),
-                             "kv_cache.v_pages": rand(num_pages, page_size, kv_heads, HEAD_DIM),
-                             "kv_cache.block_table": torch.tensor([[4, 1, 6], [0, 5, 2]], dtype=torch.int32,
-                                                                  device=device),
-                             "kv_cache.seqlens": torch.tensor([40, 23], dtype=torch.int32, device=device),
-                             "kv_cache.starts": torch.tensor([3, 0], dtype=torch.int32, device=device)})
+            leaves.update(
+                q=rand(2, 3 if mode == "decode" else 18, heads, HEAD_DIM),
+                **{
+                    "kv_cache.k_pages": rand(num_pages, page_size, kv_heads, HEAD_DIM),
+                    "kv_cache.v_pages": rand(num_pages, page_size, kv_heads, HEAD_DIM),
+                    "kv_cache.block_table": torch.tensor([[4, 1, 6], [0, 5, 2]], dtype=torch.int32, device=device),
+                    "kv_cache.seqlens": torch.tensor([40, 23], dtype=torch.int32, device=device),
+                    "kv_cache.starts": torch.tensor([3, 0], dtype=torch.int32, device=device),
+                },
+            )
         if mode in ("dense", "decode", "dense-decode"):
             leaves["sinks"] = torch.randn(heads, device=device)
         if mode == "dense":
@@ -357,52 +496,87 @@ def _attention_call(mode: str) -> Call:
     def run(leaves):
         kv_cache = None
         if "kv_cache.k_pages" in leaves:
-            kv_cache = PagedKVCache(*(leaves[f"kv_cache.{field}"] for field in
-                                      ("k_pages", "v_pages", "block_table", "seqlens", "starts")))
+            kv_cache = PagedKVCache(
+                *(leaves[f"kv_cache.{field}"] for field in ("k_pages", "v_pages", "block_table", "seqlens", "starts"))
+            )
         ragged = "cu_seqlens_q" in leaves
         return lk.attention(
-            leaves["q"], leaves.get("k"), leaves.get("v"), causal=mode != "ragged",
+            leaves["q"],
+            leaves.get("k"),
+            leaves.get("v"),
+            causal=mode != "ragged",
             mask=lk.SlidingWindow(12, 3) if mode == "ragged" else leaves.get("mask.tensor"),
             score_mod=lk.alibi(leaves["score_mod.slopes"]) if "score_mod.slopes" in leaves else None,
-            sinks=leaves.get("sinks"), cu_seqlens_q=leaves.get("cu_seqlens_q"), cu_seqlens_k=leaves.get("cu_seqlens_k"),
-            max_seqlen_q=20 if ragged else None, max_seqlen_k=24 if ragged else None, kv_cache=kv_cache,
-            num_splits=3 if mode in ("decode", "dense-decode") else 1, return_lse=True, config=ATTENTION_CONFIG)
+            sinks=leaves.get("sinks"),
+            cu_seqlens_q=leaves.get("cu_seqlens_q"),
+            cu_seqlens_k=leaves.get("cu_seqlens_k"),
+            max_seqlen_q=20 if ragged else None,
+            max_seqlen_k=24 if ragged else None,
+            kv_cache=kv_cache,
+            num_splits=3 if mode in ("decode", "dense-decode") else 1,
+            return_lse=True,
+            config=ATTENTION_CONFIG,
+        )
 
     return Call(f"attention[{mode}]", ("attention", "PagedKVCache", "alibi"), make, run)
 
 
 # ----------------------------------------------------------------------------- MoE
 
+
 def _route_call() -> Call:
     def make(device):
         return {"router_logits": torch.randn(6, 8, device=device), "correction_bias": torch.rand(8, device=device)}
 
-    return Call("route[grouped, bias]", ("route",), make,
-                lambda leaves: route(leaves["router_logits"], 2, scoring="sigmoid", num_groups=4, topk_groups=2,
-                                     correction_bias=leaves["correction_bias"]))
+    return Call(
+        "route[grouped, bias]",
+        ("route",),
+        make,
+        lambda leaves: route(
+            leaves["router_logits"],
+            2,
+            scoring="sigmoid",
+            num_groups=4,
+            topk_groups=2,
+            correction_bias=leaves["correction_bias"],
+        ),
+    )
 
 
 def _select_call() -> Call:
     def make(device):
         return {"router_logits": torch.randn(6, 12, device=device), "correction_bias": torch.rand(12, device=device)}
 
-    return Call("select_experts[sigmoid, bias]", ("select_experts",), make,
-                lambda leaves: select_experts(leaves["router_logits"], 3, scoring="sigmoid",
-                                              correction_bias=leaves["correction_bias"]))
+    return Call(
+        "select_experts[sigmoid, bias]",
+        ("select_experts",),
+        make,
+        lambda leaves: select_experts(
+            leaves["router_logits"], 3, scoring="sigmoid", correction_bias=leaves["correction_bias"]
+        ),
+    )
 
 
 def _dispatch_call() -> Call:
-    return Call("dispatch", ("dispatch",), lambda device: {"expert_ids": torch.randint(0, 5, (7, 3), device=device)},
-                lambda leaves: dispatch(leaves["expert_ids"], 5))
+    return Call(
+        "dispatch",
+        ("dispatch",),
+        lambda device: {"expert_ids": torch.randint(0, 5, (7, 3), device=device)},
+        lambda leaves: dispatch(leaves["expert_ids"], 5),
+    )
 
 
 def _combine_call() -> Call:
     def make(device):
-        return {"y": torch.randn(12, 40, dtype=torch.bfloat16, device=device),
-                "row_of_copy": torch.randperm(12, device=device).view(6, 2),
-                "weights": torch.rand(6, 2, device=device)}
+        return {
+            "y": torch.randn(12, 40, dtype=torch.bfloat16, device=device),
+            "row_of_copy": torch.randperm(12, device=device).view(6, 2),
+            "weights": torch.rand(6, 2, device=device),
+        }
 
-    return Call("combine", ("combine",), make, lambda leaves: combine(leaves["y"], leaves["row_of_copy"], leaves["weights"]))
+    return Call(
+        "combine", ("combine",), make, lambda leaves: combine(leaves["y"], leaves["row_of_copy"], leaves["weights"])
+    )
 
 
 def _moe_call(weight_format: str, weight_layout: str = "row") -> Call:
@@ -410,31 +584,52 @@ def _moe_call(weight_format: str, weight_layout: str = "row") -> Call:
     shapes = {"w_gate_up": (experts, 2 * intermediate, hidden), "w_down": (experts, hidden, intermediate)}
 
     def make(device):
-        block = MoEFeedForward.from_float(torch.randn(experts, hidden, device=device),
-                                          torch.randn(experts, 2 * intermediate, hidden, device=device) / 8,
-                                          torch.randn(experts, hidden, intermediate, device=device) / 8, 2,
-                                          weight_format=weight_format, weight_layout=weight_layout)
-        leaves = {"router_weight": block.router_weight, "correction_bias": torch.rand(experts, device=device) / 8,
-                  "hidden_states": torch.randn(5, hidden, dtype=torch.bfloat16, device=device)}
+        block = MoEFeedForward.from_float(
+            torch.randn(experts, hidden, device=device),
+            torch.randn(experts, 2 * intermediate, hidden, device=device) / 8,
+            torch.randn(experts, hidden, intermediate, device=device) / 8,
+            2,
+            weight_format=weight_format,
+            weight_layout=weight_layout,
+        )
+        leaves = {
+            "router_weight": block.router_weight,
+            "correction_bias": torch.rand(experts, device=device) / 8,
+            "hidden_states": torch.randn(5, hidden, dtype=torch.bfloat16, device=device),
+        }
         for name in ("w_gate_up", "w_down"):
             weight = block.weight(name)
             leaves.update(scaled_leaves(name, weight) if weight_format != "bf16" else {name: weight})
         return leaves
 
     def run(leaves):
-        weights = [leaves[name] if weight_format == "bf16" else
-                   scaled_from(leaves, name, weight_format, weight_layout, shapes[name] if weight_layout == "hopper"
-                               else None)
-                   for name in ("w_gate_up", "w_down")]
-        block = MoEFeedForward(leaves["router_weight"], *weights, 2, correction_bias=leaves["correction_bias"],
-                               activation_format=weight_format if weight_format != "mxfp4" else "bf16")
+        weights = [
+            leaves[name]
+            if weight_format == "bf16"
+            else scaled_from(
+                leaves, name, weight_format, weight_layout, shapes[name] if weight_layout == "hopper" else None
+            )
+            for name in ("w_gate_up", "w_down")
+        ]
+        block = MoEFeedForward(
+            leaves["router_weight"],
+            *weights,
+            2,
+            correction_bias=leaves["correction_bias"],
+            activation_format=weight_format if weight_format != "mxfp4" else "bf16",
+        )
         return block(leaves["hidden_states"])
 
-    return Call(f"MoEFeedForward[{weight_format}{', hopper' if weight_layout == 'hopper' else ''}]", ("MoEFeedForward", "MoEFeedForward.forward", "ScaledTensor"),
-                make, run)
+    return Call(
+        f"MoEFeedForward[{weight_format}{', hopper' if weight_layout == 'hopper' else ''}]",
+        ("MoEFeedForward", "MoEFeedForward.forward", "ScaledTensor"),
+        make,
+        run,
+    )
 
 
 # ----------------------------------------------------------------------------- references (PyTorch)
+
 
 def _quantize_reference_call(format: str) -> Call:
     def make(device):
@@ -443,8 +638,12 @@ def _quantize_reference_call(format: str) -> Call:
             leaves["global_scale"] = torch.tensor(0.002, device=device)
         return leaves
 
-    return Call(f"quantize_reference[{format}]", ("quantize_reference",), make,
-                lambda leaves: lk.quantize_reference(leaves["x"], format, leaves.get("global_scale")))
+    return Call(
+        f"quantize_reference[{format}]",
+        ("quantize_reference",),
+        make,
+        lambda leaves: lk.quantize_reference(leaves["x"], format, leaves.get("global_scale")),
+    )
 
 
 def _grouped_matmul_reference_call() -> Call:
@@ -453,14 +652,25 @@ def _grouped_matmul_reference_call() -> Call:
     def make(device):
         a = lk.quantize(torch.randn(sum(sizes) + 1, k, device=device), "mxfp8")
         b = lk.quantize(torch.randn(experts, n, k, device=device) / 8, "mxfp4")
-        return {**scaled_leaves("a", a), **scaled_leaves("b", b), "a_offsets": _offsets(sizes, device),
-                "expert_ids": torch.tensor([2, 0, -1], dtype=torch.int32, device=device),
-                "expert_scales": torch.rand(experts, device=device) + 0.5, "bias": torch.randn(experts, n, device=device)}
+        return {
+            **scaled_leaves("a", a),
+            **scaled_leaves("b", b),
+            "a_offsets": _offsets(sizes, device),
+            "expert_ids": torch.tensor([2, 0, -1], dtype=torch.int32, device=device),
+            "expert_scales": torch.rand(experts, device=device) + 0.5,
+            "bias": torch.randn(experts, n, device=device),
+        }
 
     def run(leaves):
-        return lk.grouped_matmul_reference(scaled_from(leaves, "a", "mxfp8"), scaled_from(leaves, "b", "mxfp4"),
-                                           leaves["a_offsets"], leaves["expert_ids"], leaves["expert_scales"],
-                                           epilogue="swiglu", bias=leaves["bias"])
+        return lk.grouped_matmul_reference(
+            scaled_from(leaves, "a", "mxfp8"),
+            scaled_from(leaves, "b", "mxfp4"),
+            leaves["a_offsets"],
+            leaves["expert_ids"],
+            leaves["expert_scales"],
+            epilogue="swiglu",
+            bias=leaves["bias"],
+        )
 
     return Call("grouped_matmul_reference[mxfp8 x mxfp4, swiglu, bias]", ("grouped_matmul_reference",), make, run)
 
@@ -468,36 +678,65 @@ def _grouped_matmul_reference_call() -> Call:
 def _attention_reference_call(paged: bool) -> Call:
     def make(device):
         rand = lambda *shape: torch.randn(*shape, dtype=torch.float16, device=device)  # noqa: E731
-        leaves = {"q": rand(2, 5, 4, HEAD_DIM), "sinks": torch.randn(4, device=device),
-                  "score_mod.slopes": torch.rand(4, device=device) / 4}
+        leaves = {
+            "q": rand(2, 5, 4, HEAD_DIM),
+            "sinks": torch.randn(4, device=device),
+            "score_mod.slopes": torch.rand(4, device=device) / 4,
+        }
         if paged:
-            leaves.update({"kv_cache.k_pages": rand(5, 16, 2, HEAD_DIM), "kv_cache.v_pages": rand(5, 16, 2, HEAD_DIM),
-                           "kv_cache.block_table": torch.tensor([[3, 0], [1, 4]], dtype=torch.int32, device=device),
-                           "kv_cache.seqlens": torch.tensor([20, 9], dtype=torch.int32, device=device),
-                           "kv_cache.starts": torch.tensor([2, 0], dtype=torch.int32, device=device)})
+            leaves.update(
+                {
+                    "kv_cache.k_pages": rand(5, 16, 2, HEAD_DIM),
+                    "kv_cache.v_pages": rand(5, 16, 2, HEAD_DIM),
+                    "kv_cache.block_table": torch.tensor([[3, 0], [1, 4]], dtype=torch.int32, device=device),
+                    "kv_cache.seqlens": torch.tensor([20, 9], dtype=torch.int32, device=device),
+                    "kv_cache.starts": torch.tensor([2, 0], dtype=torch.int32, device=device),
+                }
+            )
         else:
-            leaves.update(q=rand(11, 4, HEAD_DIM), k=rand(13, 2, HEAD_DIM), v=rand(13, 2, HEAD_DIM),
-                          cu_seqlens_q=_offsets([5, 6], device), cu_seqlens_k=_offsets([6, 7], device))
+            leaves.update(
+                q=rand(11, 4, HEAD_DIM),
+                k=rand(13, 2, HEAD_DIM),
+                v=rand(13, 2, HEAD_DIM),
+                cu_seqlens_q=_offsets([5, 6], device),
+                cu_seqlens_k=_offsets([6, 7], device),
+            )
         return leaves
 
     def run(leaves):
         kv_cache = None
         if paged:
-            kv_cache = PagedKVCache(*(leaves[f"kv_cache.{field}"] for field in
-                                      ("k_pages", "v_pages", "block_table", "seqlens", "starts")))
-        return lk.attention_reference(leaves["q"], leaves.get("k"), leaves.get("v"), causal=True,
-                                      score_mod=lk.alibi(leaves["score_mod.slopes"]), sinks=leaves["sinks"],
-                                      cu_seqlens_q=leaves.get("cu_seqlens_q"), cu_seqlens_k=leaves.get("cu_seqlens_k"),
-                                      kv_cache=kv_cache, return_lse=True)
+            kv_cache = PagedKVCache(
+                *(leaves[f"kv_cache.{field}"] for field in ("k_pages", "v_pages", "block_table", "seqlens", "starts"))
+            )
+        return lk.attention_reference(
+            leaves["q"],
+            leaves.get("k"),
+            leaves.get("v"),
+            causal=True,
+            score_mod=lk.alibi(leaves["score_mod.slopes"]),
+            sinks=leaves["sinks"],
+            cu_seqlens_q=leaves.get("cu_seqlens_q"),
+            cu_seqlens_k=leaves.get("cu_seqlens_k"),
+            kv_cache=kv_cache,
+            return_lse=True,
+        )
 
-    return Call(f"attention_reference[{'paged' if paged else 'ragged'}]", ("attention_reference", "PagedKVCache", "alibi"),
-                make, run)
+    return Call(
+        f"attention_reference[{'paged' if paged else 'ragged'}]",
+        ("attention_reference", "PagedKVCache", "alibi"),
+        make,
+        run,
+    )
 
 
 def _dispatch_reference_call() -> Call:
-    return Call("dispatch_reference", ("dispatch_reference",),
-                lambda device: {"expert_ids": torch.randint(0, 5, (7, 3), device=device)},
-                lambda leaves: dispatch_reference(leaves["expert_ids"], 5))
+    return Call(
+        "dispatch_reference",
+        ("dispatch_reference",),
+        lambda device: {"expert_ids": torch.randint(0, 5, (7, 3), device=device)},
+        lambda leaves: dispatch_reference(leaves["expert_ids"], 5),
+    )
 
 
 # ----------------------------------------------------------------------------- formats: layouts, parts, torchao
@@ -505,6 +744,7 @@ def _dispatch_reference_call() -> Call:
 # torchao is optional (the [test] extra installs it); without it its converters' calls are not walked.
 HAS_TORCHAO = importlib.util.find_spec("torchao") is not None
 TORCHAO_FUNCTIONS = ("from_torchao", "unwrap_torchao", "to_torchao")
+
 
 def _scale_layout_call(grouped: bool) -> Call:
     rows, cols = 12, 3
@@ -519,13 +759,19 @@ def _scale_layout_call(grouped: bool) -> Call:
     def run(leaves):
         if grouped:
             tiles, group_scale_offsets = formats.to_grouped_blocked_scales(leaves["scales"], leaves["group_offsets"])
-            return tiles, group_scale_offsets, formats.from_grouped_blocked_scales(tiles, leaves["group_offsets"],
-                                                                                   rows, cols)
+            return (
+                tiles,
+                group_scale_offsets,
+                formats.from_grouped_blocked_scales(tiles, leaves["group_offsets"], rows, cols),
+            )
         tiles = formats.to_blocked_scales(leaves["scales"])
         return tiles, formats.from_blocked_scales(tiles, rows, cols)
 
-    functions = (("to_grouped_blocked_scales", "from_grouped_blocked_scales") if grouped
-                 else ("to_blocked_scales", "from_blocked_scales"))
+    functions = (
+        ("to_grouped_blocked_scales", "from_grouped_blocked_scales")
+        if grouped
+        else ("to_blocked_scales", "from_blocked_scales")
+    )
     return Call(f"{functions[0]} + {functions[1]}", functions, make, run)
 
 
@@ -550,26 +796,54 @@ def _blocked_scales_call(grouped: bool) -> Call:
 
 
 def _global_scale_call() -> Call:
-    return Call("nvfp4_global_scale", ("nvfp4_global_scale",), lambda device: {"x": torch.randn(5, 48, device=device)},
-                lambda leaves: formats.nvfp4_global_scale(leaves["x"]))
+    return Call(
+        "nvfp4_global_scale",
+        ("nvfp4_global_scale",),
+        lambda device: {"x": torch.randn(5, 48, device=device)},
+        lambda leaves: formats.nvfp4_global_scale(leaves["x"]),
+    )
 
 
 def _parts_call() -> Call:
     def make(device):
         x = lk.quantize(torch.randn(12, 64, device=device), "nvfp4").to_layout("128x4", _offsets([5, 0, 7], device))
-        return {**scaled_leaves("x", x), "data": x.data, "scales": x.scales, "global_scale": x.global_scale,
-                "group_offsets": x.group_offsets, "group_scale_offsets": x.group_scale_offsets}
+        return {
+            **scaled_leaves("x", x),
+            "data": x.data,
+            "scales": x.scales,
+            "global_scale": x.global_scale,
+            "group_offsets": x.group_offsets,
+            "group_scale_offsets": x.group_scale_offsets,
+        }
 
     def run(leaves):
         parts = formats.scaled_tensor_parts(scaled_from(leaves, "x", "nvfp4", "128x4"))
-        rebuilt = formats.scaled_tensor_from_parts(leaves["data"], leaves["scales"], leaves["global_scale"], "nvfp4",
-                                                   "128x4", leaves["group_offsets"], leaves["group_scale_offsets"])
-        unchecked = lk.ScaledTensor.unchecked(leaves["data"], leaves["scales"], "nvfp4", leaves["global_scale"],
-                                              "128x4", leaves["group_offsets"], leaves["group_scale_offsets"])
+        rebuilt = formats.scaled_tensor_from_parts(
+            leaves["data"],
+            leaves["scales"],
+            leaves["global_scale"],
+            "nvfp4",
+            "128x4",
+            leaves["group_offsets"],
+            leaves["group_scale_offsets"],
+        )
+        unchecked = lk.ScaledTensor.unchecked(
+            leaves["data"],
+            leaves["scales"],
+            "nvfp4",
+            leaves["global_scale"],
+            "128x4",
+            leaves["group_offsets"],
+            leaves["group_scale_offsets"],
+        )
         return parts, lk.dequantize(rebuilt), lk.dequantize(unchecked)
 
-    return Call("scaled_tensor_parts + scaled_tensor_from_parts + unchecked",
-                ("scaled_tensor_parts", "scaled_tensor_from_parts", "ScaledTensor.unchecked"), make, run)
+    return Call(
+        "scaled_tensor_parts + scaled_tensor_from_parts + unchecked",
+        ("scaled_tensor_parts", "scaled_tensor_from_parts", "ScaledTensor.unchecked"),
+        make,
+        run,
+    )
 
 
 def _scaled_tensor_methods_call(layout: str) -> Call:
@@ -584,12 +858,17 @@ def _scaled_tensor_methods_call(layout: str) -> Call:
     def run(leaves):
         x = scaled_from(leaves, "self", "mxfp4", layout, shape if layout == "hopper" else None)
         x.validate()
-        built = lk.ScaledTensor.unchecked(leaves["data"], leaves["scales"], "mxfp4", None, layout,
-                                          logical_shape=shape if layout == "hopper" else None)
+        built = lk.ScaledTensor.unchecked(
+            leaves["data"], leaves["scales"], "mxfp4", None, layout, logical_shape=shape if layout == "hopper" else None
+        )
         return x.row_data(), x.row_scales(), lk.dequantize(built)
 
-    return Call(f"ScaledTensor methods[{layout}]", ("ScaledTensor.validate", "ScaledTensor.row_data",
-                                                    "ScaledTensor.row_scales", "ScaledTensor.unchecked"), make, run)
+    return Call(
+        f"ScaledTensor methods[{layout}]",
+        ("ScaledTensor.validate", "ScaledTensor.row_data", "ScaledTensor.row_scales", "ScaledTensor.unchecked"),
+        make,
+        run,
+    )
 
 
 def _torchao_tensor(leaves: dict, prefix: str, format: str):
@@ -602,8 +881,13 @@ def _torchao_tensor(leaves: dict, prefix: str, format: str):
     qdata, scale = leaves[f"{prefix}.qdata"], leaves[f"{prefix}.scale"]
     try:
         if format == "nvfp4":
-            return NVFP4Tensor(qdata, scale, block_size=16, orig_dtype=torch.float32,
-                               per_tensor_scale=leaves[f"{prefix}.per_tensor_scale"].reshape(()))
+            return NVFP4Tensor(
+                qdata,
+                scale,
+                block_size=16,
+                orig_dtype=torch.float32,
+                per_tensor_scale=leaves[f"{prefix}.per_tensor_scale"].reshape(()),
+            )
         element = torch.float8_e4m3fn if format == "mxfp8" else torch.float4_e2m1fn_x2
         return MXTensor(qdata, scale, element, 32, torch.float32, KernelPreference.EMULATED, None, False)
     except (AssertionError, RuntimeError, IndexError) as error:  # torchao's checks
@@ -625,16 +909,19 @@ def _torchao_call(format: str) -> Call:
         back = formats.to_torchao(ours, torch.float32)
         return lk.dequantize(ours), lk.dequantize(unwrapped), torchao_parts(back)
 
-    return Call(f"from_torchao + unwrap_torchao + to_torchao[{format}]",
-                ("from_torchao", "unwrap_torchao"), make, run)
+    return Call(f"from_torchao + unwrap_torchao + to_torchao[{format}]", ("from_torchao", "unwrap_torchao"), make, run)
 
 
 def _to_torchao_call(format: str) -> Call:
     def make(device):
         return scaled_leaves("x", lk.quantize(torch.randn(10, 64, device=device), format))
 
-    return Call(f"to_torchao[{format}]", ("to_torchao", "ScaledTensor"), make,
-                lambda leaves: torchao_parts(formats.to_torchao(scaled_from(leaves, "x", format), torch.float32)))
+    return Call(
+        f"to_torchao[{format}]",
+        ("to_torchao", "ScaledTensor"),
+        make,
+        lambda leaves: torchao_parts(formats.to_torchao(scaled_from(leaves, "x", format), torch.float32)),
+    )
 
 
 def torchao_parts(x) -> tuple:
@@ -645,44 +932,79 @@ def torchao_parts(x) -> tuple:
 
 # ----------------------------------------------------------------------------- flash-attn drop-ins
 
+
 def _flash_attn_func_call() -> Call:
     head_dim = 24  # not a multiple of 16: the padded path
 
     def make(device):
         rand = lambda *shape: torch.randn(*shape, dtype=torch.bfloat16, device=device)  # noqa: E731
-        return {"q": rand(2, 7, 4, head_dim), "k": rand(2, 11, 2, head_dim), "v": rand(2, 11, 2, head_dim),
-                "alibi_slopes": torch.rand(4, device=device) / 4, "learnable_sink": torch.randn(4, device=device)}
+        return {
+            "q": rand(2, 7, 4, head_dim),
+            "k": rand(2, 11, 2, head_dim),
+            "v": rand(2, 11, 2, head_dim),
+            "alibi_slopes": torch.rand(4, device=device) / 4,
+            "learnable_sink": torch.randn(4, device=device),
+        }
 
     def run(leaves):
-        return flash_attn.flash_attn_func(leaves["q"], leaves["k"], leaves["v"], causal=True, window_size=(6, 0),
-                                          alibi_slopes=leaves["alibi_slopes"], return_attn_probs=True,
-                                          learnable_sink=leaves["learnable_sink"])
+        return flash_attn.flash_attn_func(
+            leaves["q"],
+            leaves["k"],
+            leaves["v"],
+            causal=True,
+            window_size=(6, 0),
+            alibi_slopes=leaves["alibi_slopes"],
+            return_attn_probs=True,
+            learnable_sink=leaves["learnable_sink"],
+        )
 
     return Call("flash_attn_func[D 24, causal window, alibi, sink]", ("flash_attn_func",), make, run)
 
 
 def _flash_attn_varlen_call(mode: str) -> Call:
     """mode: "seqused_k" (ragged K, FA3's seqused_k), "block_table" / "page_table" (K / V as shuffled pages)."""
+
     def make(device):
         rand = lambda *shape: torch.randn(*shape, dtype=torch.float16, device=device)  # noqa: E731
-        leaves = {"q": rand(9, 4, HEAD_DIM), "cu_seqlens_q": _offsets([4, 0, 5], device),
-                  "learnable_sink": torch.randn(4, device=device)}
+        leaves = {
+            "q": rand(9, 4, HEAD_DIM),
+            "cu_seqlens_q": _offsets([4, 0, 5], device),
+            "learnable_sink": torch.randn(4, device=device),
+        }
         if mode == "seqused_k":
-            leaves.update(k=rand(30, 2, HEAD_DIM), v=rand(30, 2, HEAD_DIM), cu_seqlens_k=_offsets([12, 3, 15], device),
-                          seqused_k=torch.tensor([9, 0, 15], dtype=torch.int32, device=device),
-                          alibi_slopes=torch.rand(4, device=device) / 4)
+            leaves.update(
+                k=rand(30, 2, HEAD_DIM),
+                v=rand(30, 2, HEAD_DIM),
+                cu_seqlens_k=_offsets([12, 3, 15], device),
+                seqused_k=torch.tensor([9, 0, 15], dtype=torch.int32, device=device),
+                alibi_slopes=torch.rand(4, device=device) / 4,
+            )
         else:
-            leaves.update(k=rand(6, 16, 2, HEAD_DIM), v=rand(6, 16, 2, HEAD_DIM),
-                          cu_seqlens_k=_offsets([20, 5, 31], device),
-                          **{mode: torch.tensor([[4, 1], [0, 3], [5, 2]], dtype=torch.int32, device=device)})
+            leaves.update(
+                k=rand(6, 16, 2, HEAD_DIM),
+                v=rand(6, 16, 2, HEAD_DIM),
+                cu_seqlens_k=_offsets([20, 5, 31], device),
+                **{mode: torch.tensor([[4, 1], [0, 3], [5, 2]], dtype=torch.int32, device=device)},
+            )
         return leaves
 
     def run(leaves):
         return flash_attn.flash_attn_varlen_func(
-            leaves["q"], leaves["k"], leaves["v"], leaves["cu_seqlens_q"], leaves["cu_seqlens_k"], 5, 32, causal=True,
-            alibi_slopes=leaves.get("alibi_slopes"), return_attn_probs=True, block_table=leaves.get("block_table"),
-            seqused_k=leaves.get("seqused_k"), page_table=leaves.get("page_table"),
-            learnable_sink=leaves["learnable_sink"])
+            leaves["q"],
+            leaves["k"],
+            leaves["v"],
+            leaves["cu_seqlens_q"],
+            leaves["cu_seqlens_k"],
+            5,
+            32,
+            causal=True,
+            alibi_slopes=leaves.get("alibi_slopes"),
+            return_attn_probs=True,
+            block_table=leaves.get("block_table"),
+            seqused_k=leaves.get("seqused_k"),
+            page_table=leaves.get("page_table"),
+            learnable_sink=leaves["learnable_sink"],
+        )
 
     return Call(f"flash_attn_varlen_func[{mode}]", ("flash_attn_varlen_func",), make, run)
 
@@ -695,40 +1017,64 @@ def _flash_attn_kvcache_call(mode: str) -> Call:
     def make(device):
         rand = lambda *shape: torch.randn(*shape, dtype=dtype, device=device)  # noqa: E731
         if mode == "dense":
-            leaves = {"q": rand(2, 2, heads, HEAD_DIM), "k_cache": rand(3, 40, kv_heads, HEAD_DIM),
-                      "v_cache": rand(3, 40, kv_heads, HEAD_DIM), "k": rand(2, 2, kv_heads, HEAD_DIM),
-                      "v": rand(2, 2, kv_heads, HEAD_DIM), "rotary_cos": torch.rand(48, 4, device=device).to(dtype),
-                      "rotary_sin": torch.rand(48, 4, device=device).to(dtype),
-                      "cache_seqlens": torch.tensor([5, 37], dtype=torch.int32, device=device),
-                      "cache_batch_idx": torch.tensor([2, 0], dtype=torch.int32, device=device),
-                      "cache_leftpad": torch.tensor([1, 0], dtype=torch.int32, device=device),
-                      "learnable_sink": torch.randn(heads, device=device)}
+            leaves = {
+                "q": rand(2, 2, heads, HEAD_DIM),
+                "k_cache": rand(3, 40, kv_heads, HEAD_DIM),
+                "v_cache": rand(3, 40, kv_heads, HEAD_DIM),
+                "k": rand(2, 2, kv_heads, HEAD_DIM),
+                "v": rand(2, 2, kv_heads, HEAD_DIM),
+                "rotary_cos": torch.rand(48, 4, device=device).to(dtype),
+                "rotary_sin": torch.rand(48, 4, device=device).to(dtype),
+                "cache_seqlens": torch.tensor([5, 37], dtype=torch.int32, device=device),
+                "cache_batch_idx": torch.tensor([2, 0], dtype=torch.int32, device=device),
+                "cache_leftpad": torch.tensor([1, 0], dtype=torch.int32, device=device),
+                "learnable_sink": torch.randn(heads, device=device),
+            }
         else:
-            leaves = {"q": rand(2, 1, heads, HEAD_DIM), "k_cache": rand(7, 16, kv_heads, HEAD_DIM),
-                      "v_cache": rand(7, 16, kv_heads, HEAD_DIM),
-                      mode: torch.tensor([[4, 1, 6], [0, 5, 2]], dtype=torch.int32, device=device),
-                      "cache_seqlens": torch.tensor([20, 30], dtype=torch.int32, device=device)}
+            leaves = {
+                "q": rand(2, 1, heads, HEAD_DIM),
+                "k_cache": rand(7, 16, kv_heads, HEAD_DIM),
+                "v_cache": rand(7, 16, kv_heads, HEAD_DIM),
+                mode: torch.tensor([[4, 1, 6], [0, 5, 2]], dtype=torch.int32, device=device),
+                "cache_seqlens": torch.tensor([20, 30], dtype=torch.int32, device=device),
+            }
             if mode == "page_table":
-                leaves.update(k=rand(2, 3, kv_heads, HEAD_DIM), v=rand(2, 3, kv_heads, HEAD_DIM),
-                              alibi_slopes=torch.rand(heads, device=device) / 4)
+                leaves.update(
+                    k=rand(2, 3, kv_heads, HEAD_DIM),
+                    v=rand(2, 3, kv_heads, HEAD_DIM),
+                    alibi_slopes=torch.rand(heads, device=device) / 4,
+                )
         return leaves
 
     def run(leaves):
         return flash_attn.flash_attn_with_kvcache(
-            leaves["q"], leaves["k_cache"], leaves["v_cache"], leaves.get("k"), leaves.get("v"),
-            rotary_cos=leaves.get("rotary_cos"), rotary_sin=leaves.get("rotary_sin"),
-            cache_seqlens=leaves["cache_seqlens"], cache_batch_idx=leaves.get("cache_batch_idx"),
-            cache_leftpad=leaves.get("cache_leftpad"), block_table=leaves.get("block_table"),
-            page_table=leaves.get("page_table"), causal=mode != "block_table",
-            softcap=2.0 if mode == "block_table" else 0.0, alibi_slopes=leaves.get("alibi_slopes"),
-            num_splits=3 if mode == "page_table" else 0, return_softmax_lse=True,
-            attention_chunk=32 if mode == "block_table" else 0, learnable_sink=leaves.get("learnable_sink"))
+            leaves["q"],
+            leaves["k_cache"],
+            leaves["v_cache"],
+            leaves.get("k"),
+            leaves.get("v"),
+            rotary_cos=leaves.get("rotary_cos"),
+            rotary_sin=leaves.get("rotary_sin"),
+            cache_seqlens=leaves["cache_seqlens"],
+            cache_batch_idx=leaves.get("cache_batch_idx"),
+            cache_leftpad=leaves.get("cache_leftpad"),
+            block_table=leaves.get("block_table"),
+            page_table=leaves.get("page_table"),
+            causal=mode != "block_table",
+            softcap=2.0 if mode == "block_table" else 0.0,
+            alibi_slopes=leaves.get("alibi_slopes"),
+            num_splits=3 if mode == "page_table" else 0,
+            return_softmax_lse=True,
+            attention_chunk=32 if mode == "block_table" else 0,
+            learnable_sink=leaves.get("learnable_sink"),
+        )
 
     written = ("k_cache", "v_cache") if mode != "block_table" else ()
     return Call(f"flash_attn_with_kvcache[{mode}]", ("flash_attn_with_kvcache",), make, run, written=written)
 
 
 # ----------------------------------------------------------------------------- vLLM's fused_experts
+
 
 def _fused_experts_call(weight_format: str, inplace: bool) -> Call:
     """bf16 weights with biases and an expert map (one expert on another rank), or quantized weights run
@@ -738,52 +1084,89 @@ def _fused_experts_call(weight_format: str, inplace: bool) -> Call:
     def make(device):
         w1 = torch.randn(experts, 2 * intermediate, hidden, device=device) / 8
         w2 = torch.randn(experts, hidden, intermediate, device=device) / 8
-        leaves = {"hidden_states": torch.randn(5, hidden, dtype=torch.bfloat16, device=device),
-                  "topk_weights": torch.rand(5, top_k, device=device),
-                  "topk_ids": torch.randint(0, experts + 1, (5, top_k), dtype=torch.int32, device=device)}
+        leaves = {
+            "hidden_states": torch.randn(5, hidden, dtype=torch.bfloat16, device=device),
+            "topk_weights": torch.rand(5, top_k, device=device),
+            "topk_ids": torch.randint(0, experts + 1, (5, top_k), dtype=torch.int32, device=device),
+        }
         if weight_format == "bf16":
-            leaves.update(w1=w1.bfloat16(), w2=w2.bfloat16(), w1_bias=torch.randn(experts, 2 * intermediate, device=device),
-                          w2_bias=torch.randn(experts, hidden, device=device),
-                          expert_map=torch.tensor([0, 1, -1, 2, 3], dtype=torch.int32, device=device))
+            leaves.update(
+                w1=w1.bfloat16(),
+                w2=w2.bfloat16(),
+                w1_bias=torch.randn(experts, 2 * intermediate, device=device),
+                w2_bias=torch.randn(experts, hidden, device=device),
+                expert_map=torch.tensor([0, 1, -1, 2, 3], dtype=torch.int32, device=device),
+            )
         else:
-            leaves.update(scaled_leaves("w1", lk.quantize(w1, weight_format)),
-                          **scaled_leaves("w2", lk.quantize(w2, weight_format)))
+            leaves.update(
+                scaled_leaves("w1", lk.quantize(w1, weight_format)),
+                **scaled_leaves("w2", lk.quantize(w2, weight_format)),
+            )
             leaves["topk_ids"] %= experts
         return leaves
 
     def run(leaves):
-        weights = [leaves[name] if weight_format == "bf16" else scaled_from(leaves, name, weight_format)
-                   for name in ("w1", "w2")]
-        return fused_experts(leaves["hidden_states"], *weights, leaves["topk_weights"], leaves["topk_ids"],
-                             inplace=inplace, apply_router_weight_on_input=inplace,
-                             global_num_experts=experts + 1 if "expert_map" in leaves else -1,
-                             expert_map=leaves.get("expert_map"), w1_bias=leaves.get("w1_bias"),
-                             w2_bias=leaves.get("w2_bias"), activation_format="bf16" if not inplace else weight_format)
+        weights = [
+            leaves[name] if weight_format == "bf16" else scaled_from(leaves, name, weight_format)
+            for name in ("w1", "w2")
+        ]
+        return fused_experts(
+            leaves["hidden_states"],
+            *weights,
+            leaves["topk_weights"],
+            leaves["topk_ids"],
+            inplace=inplace,
+            apply_router_weight_on_input=inplace,
+            global_num_experts=experts + 1 if "expert_map" in leaves else -1,
+            expert_map=leaves.get("expert_map"),
+            w1_bias=leaves.get("w1_bias"),
+            w2_bias=leaves.get("w2_bias"),
+            activation_format="bf16" if not inplace else weight_format,
+        )
 
-    return Call(f"fused_experts[{weight_format}{', in place' if inplace else ', expert_map, biases'}]",
-                ("fused_experts", "ScaledTensor"), make, run, written=("hidden_states",) if inplace else ())
+    return Call(
+        f"fused_experts[{weight_format}{', in place' if inplace else ', expert_map, biases'}]",
+        ("fused_experts", "ScaledTensor"),
+        make,
+        run,
+        written=("hidden_states",) if inplace else (),
+    )
 
 
 def _from_float_call() -> Call:
     experts, hidden, intermediate = 4, 64, 32
 
     def make(device):
-        return {"router_weight": torch.randn(experts, hidden, device=device),
-                "w_gate_up": torch.randn(experts, 2 * intermediate, hidden, device=device) / 8,
-                "w_down": torch.randn(experts, hidden, intermediate, device=device) / 8,
-                "correction_bias": torch.rand(experts, device=device)}
+        return {
+            "router_weight": torch.randn(experts, hidden, device=device),
+            "w_gate_up": torch.randn(experts, 2 * intermediate, hidden, device=device) / 8,
+            "w_down": torch.randn(experts, hidden, intermediate, device=device) / 8,
+            "correction_bias": torch.rand(experts, device=device),
+        }
 
     def run(leaves):
-        block = MoEFeedForward.from_float(leaves["router_weight"], leaves["w_gate_up"], leaves["w_down"], 2,
-                                          weight_format="nvfp4", weight_layout="hopper", scoring="sigmoid",
-                                          correction_bias=leaves["correction_bias"])
-        return (block.router_weight, block.correction_bias, lk.dequantize(block.weight("w_gate_up")),
-                lk.dequantize(block.weight("w_down")))
+        block = MoEFeedForward.from_float(
+            leaves["router_weight"],
+            leaves["w_gate_up"],
+            leaves["w_down"],
+            2,
+            weight_format="nvfp4",
+            weight_layout="hopper",
+            scoring="sigmoid",
+            correction_bias=leaves["correction_bias"],
+        )
+        return (
+            block.router_weight,
+            block.correction_bias,
+            lk.dequantize(block.weight("w_gate_up")),
+            lk.dequantize(block.weight("w_down")),
+        )
 
     return Call("MoEFeedForward.from_float[nvfp4, hopper]", ("MoEFeedForward.from_float",), make, run)
 
 
 # ----------------------------------------------------------------------------- transformers integration
+
 
 class _AttentionModule(torch.nn.Module):
     is_causal = True
@@ -794,15 +1177,32 @@ def _attention_forward_call() -> Call:
         rand = lambda *shape: torch.randn(*shape, dtype=torch.bfloat16, device=device)  # noqa: E731
         mask = torch.ones(2, 1, 6, 9, dtype=torch.bool, device=device).tril(3)
         mask[1, :, :, :2] = False  # left padding
-        return {"query": rand(2, 4, 6, HEAD_DIM), "key": rand(2, 2, 9, HEAD_DIM), "value": rand(2, 2, 9, HEAD_DIM),
-                "attention_mask": mask, "s_aux": torch.randn(4, device=device)}
+        return {
+            "query": rand(2, 4, 6, HEAD_DIM),
+            "key": rand(2, 2, 9, HEAD_DIM),
+            "value": rand(2, 2, 9, HEAD_DIM),
+            "attention_mask": mask,
+            "s_aux": torch.randn(4, device=device),
+        }
 
     def run(leaves):
-        return lk_transformers.attention_forward(_AttentionModule(), leaves["query"], leaves["key"], leaves["value"],
-                                                 leaves["attention_mask"], scaling=0.3, s_aux=leaves["s_aux"])[0]
+        return lk_transformers.attention_forward(
+            _AttentionModule(),
+            leaves["query"],
+            leaves["key"],
+            leaves["value"],
+            leaves["attention_mask"],
+            scaling=0.3,
+            s_aux=leaves["s_aux"],
+        )[0]
 
-    return Call("attention_forward[bool mask, sinks]", ("attention_forward",), make, run,
-                aliases=(("query", "q"), ("key", "k"), ("value", "v"), ("attention_mask", "mask"), ("s_aux", "sinks")))
+    return Call(
+        "attention_forward[bool mask, sinks]",
+        ("attention_forward",),
+        make,
+        run,
+        aliases=(("query", "q"), ("key", "k"), ("value", "v"), ("attention_mask", "mask"), ("s_aux", "sinks")),
+    )
 
 
 def _mixtral_experts(leaves: dict, prefix: str) -> torch.nn.Module:
@@ -812,8 +1212,14 @@ def _mixtral_experts(leaves: dict, prefix: str) -> torch.nn.Module:
         from transformers import MixtralConfig
         from transformers.models.mixtral.modeling_mixtral import MixtralExperts
     gate_up, down = leaves[f"{prefix}.gate_up_proj"], leaves[f"{prefix}.down_proj"]
-    experts = MixtralExperts(MixtralConfig(hidden_size=MOE_SIZES[1], intermediate_size=MOE_SIZES[2],
-                                           num_local_experts=MOE_SIZES[0], num_experts_per_tok=2))
+    experts = MixtralExperts(
+        MixtralConfig(
+            hidden_size=MOE_SIZES[1],
+            intermediate_size=MOE_SIZES[2],
+            num_local_experts=MOE_SIZES[0],
+            num_experts_per_tok=2,
+        )
+    )
     experts.gate_up_proj = torch.nn.Parameter(gate_up, requires_grad=False)
     experts.down_proj = torch.nn.Parameter(down, requires_grad=False)
     return experts
@@ -827,28 +1233,36 @@ def _experts_call(quantized: bool) -> Call:
     prefix = "model" if quantized else "self"
 
     def make(device):
-        leaves = {f"{prefix}.gate_up_proj": torch.randn(experts, 2 * intermediate, hidden, device=device).bfloat16() / 8,
-                  f"{prefix}.down_proj": torch.randn(experts, hidden, intermediate, device=device).bfloat16() / 8}
+        leaves = {
+            f"{prefix}.gate_up_proj": torch.randn(experts, 2 * intermediate, hidden, device=device).bfloat16() / 8,
+            f"{prefix}.down_proj": torch.randn(experts, hidden, intermediate, device=device).bfloat16() / 8,
+        }
         if not quantized:
-            leaves.update(hidden_states=torch.randn(5, hidden, dtype=torch.bfloat16, device=device),
-                          top_k_index=torch.randint(0, experts, (5, 2), device=device),
-                          top_k_weights=torch.rand(5, 2, device=device))
+            leaves.update(
+                hidden_states=torch.randn(5, hidden, dtype=torch.bfloat16, device=device),
+                top_k_index=torch.randint(0, experts, (5, 2), device=device),
+                top_k_weights=torch.rand(5, 2, device=device),
+            )
         return leaves
 
     def run(leaves):
         module = _mixtral_experts(leaves, prefix)
         if not quantized:
-            return lk_transformers.experts_forward(module, leaves["hidden_states"], leaves["top_k_index"],
-                                                   leaves["top_k_weights"])
+            return lk_transformers.experts_forward(
+                module, leaves["hidden_states"], leaves["top_k_index"], leaves["top_k_weights"]
+            )
         count = lk_transformers.quantize_experts(torch.nn.Sequential(module), "mxfp4")
         weights = module.llmkernels_weights
         return torch.tensor(count), lk.dequantize(weights.w1), lk.dequantize(weights.w2)
 
     name = "quantize_experts" if quantized else "experts_forward"
-    aliases = (("top_k_index", "topk_ids"), ("top_k_weights", "topk_weights"), (f"{prefix}.gate_up_proj", "w1"),
-               (f"{prefix}.down_proj", "w2"))
+    aliases = (
+        ("top_k_index", "topk_ids"),
+        ("top_k_weights", "topk_weights"),
+        (f"{prefix}.gate_up_proj", "w1"),
+        (f"{prefix}.down_proj", "w2"),
+    )
     return Call(f"{name}[Mixtral experts]", (name,), make, run, aliases=aliases)
-
 
 
 CALLS = [
@@ -930,6 +1344,7 @@ def patch_launches(monkeypatch, replace) -> None:
 
 def forbid_launches(monkeypatch) -> None:
     """From here on any kernel launch fails the test: the errors must come first."""
+
     def launched(*args, **kwargs):
         raise AssertionError("a kernel was launched before the error")
 

@@ -7,6 +7,7 @@ none) and that every tensor argument of every walked function is some call's lea
 writes in place (``out=``, a KV cache, in-place hidden states) takes every view but the expanded one,
 which must raise (its rows would race); its contents afterwards are compared too.
 """
+
 import inspect
 
 import pytest
@@ -51,7 +52,7 @@ def view_of(tensor: torch.Tensor, kind: str) -> torch.Tensor | None:
         if not long_dims:
             return None
         dim = long_dims[-1]
-        base = fill(tensor.new_empty((*sizes[:dim], 2 * sizes[dim], *sizes[dim + 1:])), "high")
+        base = fill(tensor.new_empty((*sizes[:dim], 2 * sizes[dim], *sizes[dim + 1 :])), "high")
         view = base[(slice(None),) * dim + (slice(None, None, 2),)]
     elif kind == "offset":
         base = fill(tensor.new_empty(tensor.numel() + 3), "high")
@@ -116,8 +117,9 @@ def test_the_walk_covers_every_tensor_argument(function_key, device):
     """A tensor argument added to a public function fails here until a call in ``public_calls.py`` feeds it
     (or it is listed there as holding no tensor)."""
     leaves = _leaf_names(function_key, device)
-    parameters = [p for p in inspect.signature(PUBLIC[function_key]).parameters
-                  if p not in NON_TENSOR_ARGUMENTS[function_key]]
+    parameters = [
+        p for p in inspect.signature(PUBLIC[function_key]).parameters if p not in NON_TENSOR_ARGUMENTS[function_key]
+    ]
     assert parameters, f"{function_key} has no tensor argument: drop it from PUBLIC"
     if function_key in CONTAINERS:
         missing = [p for p in parameters if not any(f"{arg}.{p}" in leaves for arg in CONTAINERS[function_key])]
@@ -130,14 +132,20 @@ def test_every_public_function_is_walked():
     """A public function added to a public module fails here until a call in ``public_calls.py`` walks it, or
     it is listed there as taking no tensor or reading none."""
     discovered = discover_public()
-    listed = {**{key: "walked" for key in PUBLIC}, **{key: "takes no tensor" for key in NO_TENSOR_FUNCTIONS},
-              **{key: "reads no tensor" for key in NOT_WALKED}}
+    listed = {
+        **{key: "walked" for key in PUBLIC},
+        **{key: "takes no tensor" for key in NO_TENSOR_FUNCTIONS},
+        **{key: "reads no tensor" for key in NOT_WALKED},
+    }
     unlisted = sorted(set(discovered) - set(listed))
     assert not unlisted, f"public functions in no walk of public_calls.py: {unlisted}"
     gone = sorted(set(listed) - set(discovered))
     assert not gone, f"public_calls.py lists functions that are not public: {gone}"
     twice = [key for key in PUBLIC if key in NO_TENSOR_FUNCTIONS or key in NOT_WALKED]
     assert not twice, f"listed both as walked and not: {twice}"
-    unwalked = [key for key in PUBLIC if not any(key in call.functions for call in CALLS)
-                and (HAS_TORCHAO or key not in TORCHAO_FUNCTIONS)]
+    unwalked = [
+        key
+        for key in PUBLIC
+        if not any(key in call.functions for call in CALLS) and (HAS_TORCHAO or key not in TORCHAO_FUNCTIONS)
+    ]
     assert not unwalked, f"in PUBLIC but fed by no call: {unwalked}"

@@ -25,9 +25,9 @@ pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:Runtim
 
 # Relative-error tolerances (‖out − ref‖ / ‖ref‖), one table for the module.
 TOLERANCE = {
-    torch.float16: 4e-3,   # P and O rounded to fp16
+    torch.float16: 4e-3,  # P and O rounded to fp16
     torch.bfloat16: 2e-2,  # P and O rounded to bf16 (8-bit mantissa)
-    "lse": 1e-4,           # float32 LSE; the exp2 polynomial adds <= 9e-5 relative to l
+    "lse": 1e-4,  # float32 LSE; the exp2 polynomial adds <= 9e-5 relative to l
     "gpu_bf16": 2e-2,
 }
 
@@ -37,8 +37,9 @@ CPU_CONFIG = FA4Config(BM=32, BN=16, num_q_tiles=2, num_kv_stages=1)  # small ti
 @pytest.fixture(autouse=True)
 def poisoned_buffers(monkeypatch):
     """Every output / partial buffer starts as NaN, so an element the kernels forget to write fails."""
-    monkeypatch.setattr(runtime, "new_buffer",
-                        lambda shape, dtype, device: poison(torch.empty(shape, dtype=dtype, device=device)))
+    monkeypatch.setattr(
+        runtime, "new_buffer", lambda shape, dtype, device: poison(torch.empty(shape, dtype=dtype, device=device))
+    )
 
 
 def _qkv(batch, seqlen_q, seqlen_k, num_q_heads, num_kv_heads, head_dim, dtype, device):
@@ -76,11 +77,13 @@ def _paged_cache(seqlens, page_size, num_kv_heads, head_dim, dtype, device, extr
     block_table = torch.full((len(seqlens), max_pages), 10**6, dtype=torch.int32)
     cursor = 0
     for b, count in enumerate(pages_per_seq):
-        block_table[b, :count] = torch.tensor(permutation[cursor:cursor + count], dtype=torch.int32)
+        block_table[b, :count] = torch.tensor(permutation[cursor : cursor + count], dtype=torch.int32)
         cursor += count
     k_pages = torch.randn(num_pages, page_size, num_kv_heads, head_dim, dtype=dtype, device=device)
     v_pages = torch.randn(num_pages, page_size, num_kv_heads, head_dim, dtype=dtype, device=device)
-    return PagedKVCache(k_pages, v_pages, block_table.to(device), torch.tensor(seqlens, dtype=torch.int32, device=device))
+    return PagedKVCache(
+        k_pages, v_pages, block_table.to(device), torch.tensor(seqlens, dtype=torch.int32, device=device)
+    )
 
 
 def _cu_seqlens(lengths, device):
@@ -101,6 +104,7 @@ def biased_score(score, b, h, q_idx, kv_idx):
 
 
 # --------------------------------------------------------------------------- dense prefill
+
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("heads", [(2, 2), (4, 1), (8, 2), (8, 1)], ids=["mha", "mqa", "gqa4", "gqa8"])
@@ -129,9 +133,18 @@ def test_default_config_and_scale(device):
     _check(q, k, v, causal=True, softmax_scale=0.3, what="default config")
 
 
-@pytest.mark.parametrize("causal, mask, band", [
-    (False, None, None), (True, None, None), (False, SlidingWindow(100, 27), 128), (True, SlidingWindow(63, -1), 64),
-    (False, SlidingWindow(-1, 5), None), (True, Chunked(256), 256), (False, (SlidingWindow(500, 500), Chunked(64)), 64)])
+@pytest.mark.parametrize(
+    "causal, mask, band",
+    [
+        (False, None, None),
+        (True, None, None),
+        (False, SlidingWindow(100, 27), 128),
+        (True, SlidingWindow(63, -1), 64),
+        (False, SlidingWindow(-1, 5), None),
+        (True, Chunked(256), 256),
+        (False, (SlidingWindow(500, 500), Chunked(64)), 64),
+    ],
+)
 def test_visible_band_of_masks(causal, mask, band):
     assert resolve_mask(causal, mask).visible_band == band
 
@@ -149,7 +162,8 @@ def test_hopper_defaults_narrow_tiles_for_short_windows(monkeypatch):
     assert (narrow.BM, narrow.BN, narrow.num_warps) == (64, 64, 4)
     assert default(64, torch.bfloat16, device, visible_band=128) == default(64, torch.bfloat16, device)
     assert default(128, torch.bfloat16, device, decode=True, visible_band=128) == default(
-        128, torch.bfloat16, device, decode=True)
+        128, torch.bfloat16, device, decode=True
+    )
 
 
 def test_strided_inputs(device):
@@ -164,8 +178,8 @@ def test_matches_sdpa(device):
     q, k, v = _qkv(2, 40, 40, 4, 2, 32, torch.float16, device)
     out = attention(q, k, v, causal=True, config=CPU_CONFIG)
     expected = torch.nn.functional.scaled_dot_product_attention(
-        q.float().transpose(1, 2), k.float().transpose(1, 2), v.float().transpose(1, 2),
-        is_causal=True, enable_gqa=True).transpose(1, 2)
+        q.float().transpose(1, 2), k.float().transpose(1, 2), v.float().transpose(1, 2), is_causal=True, enable_gqa=True
+    ).transpose(1, 2)
     assert_close_relative(out, expected, TOLERANCE[torch.float16], "sdpa")
 
 
@@ -183,9 +197,15 @@ FA4_CONFIGS = [
 ]
 
 
-@pytest.mark.parametrize("config", FA4_CONFIGS, ids=lambda c: f"BM{c.BM}BN{c.BN}x{c.num_q_tiles}"
-                         f"-t{c.rescale_threshold:g}-p{c.poly_exp2_fraction:g}"
-                         f"{'' if c.tma_kv else '-notma'}")
+@pytest.mark.parametrize(
+    "config",
+    FA4_CONFIGS,
+    ids=lambda c: (
+        f"BM{c.BM}BN{c.BN}x{c.num_q_tiles}"
+        f"-t{c.rescale_threshold:g}-p{c.poly_exp2_fraction:g}"
+        f"{'' if c.tma_kv else '-notma'}"
+    ),
+)
 def test_fa4_switches(device, config):
     q, k, v = _qkv(1, 50, 61, 4, 2, 32, torch.float16, device)
     _check(q, k, v, causal=True, sinks=torch.randn(4, device=device), config=config, what="fa4")
@@ -223,6 +243,7 @@ def test_exp2_polynomial(device):
 
 # --------------------------------------------------------------------------- ragged
 
+
 @pytest.mark.parametrize("heads", [(4, 4), (4, 1), (8, 2)], ids=["mha", "mqa", "gqa4"])
 @pytest.mark.parametrize("causal", [False, True])
 def test_ragged(device, heads, causal):
@@ -231,13 +252,18 @@ def test_ragged(device, heads, causal):
     q = torch.randn(sum(lengths_q), heads[0], 32, dtype=torch.bfloat16, device=device)
     k = torch.randn(sum(lengths_k), heads[1], 32, dtype=torch.bfloat16, device=device)
     v = torch.randn_like(k)
-    kwargs = dict(cu_seqlens_q=_cu_seqlens(lengths_q, device), cu_seqlens_k=_cu_seqlens(lengths_k, device),
-                  causal=causal, sinks=torch.randn(heads[0], device=device))
+    kwargs = dict(
+        cu_seqlens_q=_cu_seqlens(lengths_q, device),
+        cu_seqlens_k=_cu_seqlens(lengths_k, device),
+        causal=causal,
+        sinks=torch.randn(heads[0], device=device),
+    )
     _check(q, k, v, config=CPU_CONFIG, max_seqlen_q=33, max_seqlen_k=40, what="ragged", **kwargs)
     _check(q, k, v, config=CPU_CONFIG, what="ragged, no max_seqlen", **kwargs)
 
 
 # --------------------------------------------------------------------------- paged
+
 
 @pytest.mark.parametrize("page_size", [16, 32])
 @pytest.mark.parametrize("ragged_q", [False, True])
@@ -271,25 +297,37 @@ def test_paged_starts_skip_leading_positions(device, split):
     seqlens[b] - 1 as its keys 0, 1, ... (causal alignment from there); a start past the end clamps (no keys)."""
     seqlens, starts = [40, 7, 65, 20], [5, 7, 0, 30]
     cache = _paged_cache(seqlens, 16, 2, 32, torch.float16, device)
-    cache = PagedKVCache(cache.k_pages, cache.v_pages, cache.block_table, cache.seqlens,
-                         torch.tensor(starts, dtype=torch.int32, device=device))
+    cache = PagedKVCache(
+        cache.k_pages,
+        cache.v_pages,
+        cache.block_table,
+        cache.seqlens,
+        torch.tensor(starts, dtype=torch.int32, device=device),
+    )
     q = torch.randn(4, 6, 8, 32, dtype=torch.float16, device=device)
     _check(q, None, None, kv_cache=cache, causal=True, config=CPU_CONFIG, num_splits=split, what="paged starts")
     out = attention(q, None, None, kv_cache=cache, causal=True, config=CPU_CONFIG, num_splits=split)
     for b in (0, 2):  # against the dense call on the same keys
         k, v = paged_to_dense(cache, b, seqlens[b])
-        dense = attention(q[b:b + 1], k[starts[b]:][None], v[starts[b]:][None], causal=True, config=CPU_CONFIG,
-                          num_splits=split)
-        assert_close_relative(out[b:b + 1].float(), dense.float(), 1e-3)
+        dense = attention(
+            q[b : b + 1], k[starts[b] :][None], v[starts[b] :][None], causal=True, config=CPU_CONFIG, num_splits=split
+        )
+        assert_close_relative(out[b : b + 1].float(), dense.float(), 1e-3)
     assert not out[1].any() and not out[3].any()  # no keys: zero output
     with pytest.raises(ValueError, match="starts"):
-        attention(q, None, None, kv_cache=PagedKVCache(cache.k_pages, cache.v_pages, cache.block_table,
-                                                        cache.seqlens, cache.starts + 50), validate=True)
+        attention(
+            q,
+            None,
+            None,
+            kv_cache=PagedKVCache(cache.k_pages, cache.v_pages, cache.block_table, cache.seqlens, cache.starts + 50),
+            validate=True,
+        )
     with pytest.raises(TypeError, match="starts"):
         PagedKVCache(cache.k_pages, cache.v_pages, cache.block_table, cache.seqlens, cache.starts.long())
 
 
 # --------------------------------------------------------------------------- materialized masks (SDPA's attn_mask)
+
 
 def _mask_inputs(device, batch=3, seqlen_q=37, seqlen_k=53, heads=4, kv_heads=2, dim=32):
     q = torch.randn(batch, seqlen_q, heads, dim, dtype=torch.float16, device=device)
@@ -327,8 +365,10 @@ def test_mask_views_and_paged_decode(device):
     dense = torch.rand(3, 4, 53, 37, device=device).transpose(-1, -2) > 0.3
     _check(q, k, v, mask=dense, config=CPU_CONFIG, num_splits=1, what="transposed mask")
     expanded = (torch.rand(1, 1, 37, 53, device=device) > 0.5).expand(3, 4, 37, 53)
-    assert torch.equal(attention(q, k, v, mask=expanded, config=CPU_CONFIG, num_splits=1),
-                       attention(q, k, v, mask=expanded.contiguous(), config=CPU_CONFIG, num_splits=1))
+    assert torch.equal(
+        attention(q, k, v, mask=expanded, config=CPU_CONFIG, num_splits=1),
+        attention(q, k, v, mask=expanded.contiguous(), config=CPU_CONFIG, num_splits=1),
+    )
     cache = _paged_cache([40, 7, 65], 16, 2, 32, torch.float16, device)
     q1 = torch.randn(3, 2, 4, 32, dtype=torch.float16, device=device)
     keep = torch.rand(3, 1, 2, cache.max_seqlen_bound, device=device) > 0.4
@@ -349,8 +389,14 @@ def test_mask_tensor_errors(device):
     ragged_q = q.reshape(-1, 4, 32)
     cu = _cu_seqlens([37, 37, 37], device)
     with pytest.raises(ValueError, match="dense q"):
-        attention(ragged_q, k.reshape(-1, 2, 32)[:111], v.reshape(-1, 2, 32)[:111], cu_seqlens_q=cu, cu_seqlens_k=cu,
-                  mask=torch.ones(53, dtype=torch.bool, device=device))
+        attention(
+            ragged_q,
+            k.reshape(-1, 2, 32)[:111],
+            v.reshape(-1, 2, 32)[:111],
+            cu_seqlens_q=cu,
+            cu_seqlens_k=cu,
+            mask=torch.ones(53, dtype=torch.bool, device=device),
+        )
 
 
 # --------------------------------------------------------------------------- masks and score mods
@@ -389,8 +435,20 @@ def test_score_mod_with_mask_and_sinks_ragged(device):
     k = torch.randn(sum(lengths), 4, 16, dtype=torch.float16, device=device)
     v = torch.randn_like(k)
     cu = _cu_seqlens(lengths, device)
-    _check(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=29, causal=True, mask=SlidingWindow(6, 0),
-           score_mod=softcap(5.0), sinks=torch.randn(4, device=device), config=CPU_CONFIG, what="combo")
+    _check(
+        q,
+        k,
+        v,
+        cu_seqlens_q=cu,
+        cu_seqlens_k=cu,
+        max_seqlen_q=29,
+        causal=True,
+        mask=SlidingWindow(6, 0),
+        score_mod=softcap(5.0),
+        sinks=torch.randn(4, device=device),
+        config=CPU_CONFIG,
+        what="combo",
+    )
 
 
 def test_hidden_tiles_are_skipped(device):
@@ -452,10 +510,13 @@ def test_tma_kv_loads_match_pointer_loads(device, layout, causal):
         k = torch.randn(148, 2, 32, dtype=torch.float16, device=device)
         v = torch.randn(148, 2, 32, dtype=torch.float16, device=device)
         kwargs = dict(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=70, max_seqlen_k=70)
-        outs = [attention(q, k, v, causal=causal, config=CPU_CONFIG.replace(tma_kv=tma), **kwargs)
-                for tma in (True, False)]
-        refs = [attention_reference(q[a:b][None], k[a:b][None], v[a:b][None], causal=causal)[0]
-                for a, b in zip(cu[:-1].tolist(), cu[1:].tolist())]
+        outs = [
+            attention(q, k, v, causal=causal, config=CPU_CONFIG.replace(tma_kv=tma), **kwargs) for tma in (True, False)
+        ]
+        refs = [
+            attention_reference(q[a:b][None], k[a:b][None], v[a:b][None], causal=causal)[0]
+            for a, b in zip(cu[:-1].tolist(), cu[1:].tolist())
+        ]
         ref = torch.cat(refs)
     else:
         if layout == "packed_qkv":
@@ -481,10 +542,15 @@ def test_visible_band_with_score_mods(device, score_mod, layout):
         cu = torch.tensor([0, 20, 90, 107], dtype=torch.int32, device=device)  # bands of 1, 4 and 1 tiles
         q = torch.randn(107, 4, 32, dtype=torch.float16, device=device)
         k, v = (torch.randn(107, 2, 32, dtype=torch.float16, device=device) for _ in range(2))
-        out = attention(q, k, v, score_mod=mod, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=70, max_seqlen_k=70,
-                        config=config)
-        ref = torch.cat([attention_reference(q[a:b][None], k[a:b][None], v[a:b][None], score_mod=mod)[0]
-                         for a, b in zip(cu[:-1].tolist(), cu[1:].tolist())])
+        out = attention(
+            q, k, v, score_mod=mod, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=70, max_seqlen_k=70, config=config
+        )
+        ref = torch.cat(
+            [
+                attention_reference(q[a:b][None], k[a:b][None], v[a:b][None], score_mod=mod)[0]
+                for a, b in zip(cu[:-1].tolist(), cu[1:].tolist())
+            ]
+        )
     else:
         q, k, v = _qkv(2, 40, 70, 4, 2, 32, torch.float16, device)
         out = attention(q, k, v, score_mod=mod, config=config)
@@ -504,6 +570,7 @@ def test_tma_band_never_reads_past_a_sequence(device):
 
 
 # --------------------------------------------------------------------------- sinks, fully masked rows
+
 
 @pytest.mark.parametrize("num_splits", [None, 1, 4])
 def test_sinks(device, num_splits):
@@ -539,15 +606,26 @@ def test_mask_mod_hiding_whole_rows(device):
 
 # --------------------------------------------------------------------------- config and bad input
 
+
 def test_config_validation():
-    cases = [("BM", dict(BM=24)), ("BN", dict(BN=8)), ("num_q_tiles", dict(num_q_tiles=3)),
-             ("depth", dict(depth=20)), ("num_kv_stages", dict(num_kv_stages=0)), ("num_warps", dict(num_warps=3)),
-             ("rescale_threshold", dict(rescale_threshold=-1.0)), ("rescale_threshold", dict(rescale_threshold=20.0)),
-             ("poly_exp2_fraction", dict(poly_exp2_fraction=0.3)), ("num_q_heads", dict(num_q_heads=6, num_kv_heads=4)),
-             ("page_size", dict(page_size=8)), ("pack_gqa_heads", dict(pack_gqa_heads=3)),
-             ("padded_depth", dict(depth=64, padded_depth=32)), ("warp_specialized", dict(warp_specialized=1)),
-             ("consumer_warpgroups", dict(consumer_warpgroups=4)),
-             ("consumer_warpgroups", dict(depth=128, consumer_warpgroups=3))]
+    cases = [
+        ("BM", dict(BM=24)),
+        ("BN", dict(BN=8)),
+        ("num_q_tiles", dict(num_q_tiles=3)),
+        ("depth", dict(depth=20)),
+        ("num_kv_stages", dict(num_kv_stages=0)),
+        ("num_warps", dict(num_warps=3)),
+        ("rescale_threshold", dict(rescale_threshold=-1.0)),
+        ("rescale_threshold", dict(rescale_threshold=20.0)),
+        ("poly_exp2_fraction", dict(poly_exp2_fraction=0.3)),
+        ("num_q_heads", dict(num_q_heads=6, num_kv_heads=4)),
+        ("page_size", dict(page_size=8)),
+        ("pack_gqa_heads", dict(pack_gqa_heads=3)),
+        ("padded_depth", dict(depth=64, padded_depth=32)),
+        ("warp_specialized", dict(warp_specialized=1)),
+        ("consumer_warpgroups", dict(consumer_warpgroups=4)),
+        ("consumer_warpgroups", dict(depth=128, consumer_warpgroups=3)),
+    ]
     for field, kwargs in cases:
         with pytest.raises(ValueError, match=field):
             FA4Config(**kwargs)
@@ -589,12 +667,21 @@ def test_bad_inputs(device):
         (TypeError, "SlidingWindow.left", lambda: SlidingWindow(1.5, 0)),
         (ValueError, "Chunked.size", lambda: Chunked(0)),
         (ValueError, "softcap", lambda: softcap(0.0)),
-        (ValueError, "page_size", lambda: PagedKVCache(cache.k_pages[:, :8], cache.v_pages[:, :8], cache.block_table,
-                                                       cache.seqlens)),
-        (TypeError, "block_table", lambda: PagedKVCache(cache.k_pages, cache.v_pages, cache.block_table.long(),
-                                                        cache.seqlens)),
-        (ValueError, "seqlens", lambda: PagedKVCache(cache.k_pages, cache.v_pages, cache.block_table,
-                                                     cache.seqlens[:1])),
+        (
+            ValueError,
+            "page_size",
+            lambda: PagedKVCache(cache.k_pages[:, :8], cache.v_pages[:, :8], cache.block_table, cache.seqlens),
+        ),
+        (
+            TypeError,
+            "block_table",
+            lambda: PagedKVCache(cache.k_pages, cache.v_pages, cache.block_table.long(), cache.seqlens),
+        ),
+        (
+            ValueError,
+            "seqlens",
+            lambda: PagedKVCache(cache.k_pages, cache.v_pages, cache.block_table, cache.seqlens[:1]),
+        ),
     ]
     for error, match, call in cases:
         with pytest.raises(error, match=match):
@@ -603,6 +690,7 @@ def test_bad_inputs(device):
 
 def test_cpu_tensors_rejected_outside_interpreter(device, monkeypatch):
     import llmkernels.runtime as runtime
+
     monkeypatch.setattr(runtime, "interpreting", lambda: False)
     q, k, v = _qkv(1, 4, 4, 1, 1, 16, torch.float16, torch.device("cpu"))
     with pytest.raises(ValueError, match="q is on cpu"):
@@ -611,27 +699,44 @@ def test_cpu_tensors_rejected_outside_interpreter(device, monkeypatch):
 
 # --------------------------------------------------------------------------- realistic shapes (GPU)
 
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", [(2, 16, 1024, 64), (2, 16, 2048, 128), (1, 8, 1024, 256), (1, 32, 777, 96)])
 @pytest.mark.parametrize("causal", [False, True])
 def test_gpu_prefill_vs_sdpa(device, shape, causal):
     batch, heads, seqlen, head_dim = shape
-    q, k, v = _qkv(batch, seqlen, seqlen, heads, heads // 4 if heads >= 4 else heads, head_dim,
-                   torch.bfloat16, device)
+    q, k, v = _qkv(batch, seqlen, seqlen, heads, heads // 4 if heads >= 4 else heads, head_dim, torch.bfloat16, device)
     out = attention(q, k, v, causal=causal)
     expected = torch.nn.functional.scaled_dot_product_attention(
-        q.float().transpose(1, 2), k.float().transpose(1, 2), v.float().transpose(1, 2),
-        is_causal=causal, enable_gqa=True).transpose(1, 2)
+        q.float().transpose(1, 2),
+        k.float().transpose(1, 2),
+        v.float().transpose(1, 2),
+        is_causal=causal,
+        enable_gqa=True,
+    ).transpose(1, 2)
     assert_close_relative(out, expected, TOLERANCE["gpu_bf16"], f"{shape} causal={causal}")
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("config", [FA4Config(BM=128, BN=64, num_q_tiles=2, num_warps=8, poly_exp2_fraction=0.5),
-                                    FA4Config(BM=128, BN=128, num_q_tiles=1, num_warps=8, rescale_threshold=0.0)])
+@pytest.mark.parametrize(
+    "config",
+    [
+        FA4Config(BM=128, BN=64, num_q_tiles=2, num_warps=8, poly_exp2_fraction=0.5),
+        FA4Config(BM=128, BN=128, num_q_tiles=1, num_warps=8, rescale_threshold=0.0),
+    ],
+)
 def test_gpu_fa4_switches(device, config):
     q, k, v = _qkv(2, 1500, 2000, 16, 4, 128, torch.bfloat16, device)
-    _check(q, k, v, causal=True, sinks=torch.randn(16, device=device), config=config,
-           tolerance=TOLERANCE["gpu_bf16"], what="gpu fa4")
+    _check(
+        q,
+        k,
+        v,
+        causal=True,
+        sinks=torch.randn(16, device=device),
+        config=config,
+        tolerance=TOLERANCE["gpu_bf16"],
+        what="gpu fa4",
+    )
 
 
 @pytest.mark.gpu
@@ -641,11 +746,26 @@ def test_gpu_ragged_masks(device):
     k = torch.randn(sum(lengths), 4, 128, dtype=torch.bfloat16, device=device)
     v = torch.randn_like(k)
     cu = _cu_seqlens(lengths, device)
-    for kwargs in (dict(causal=True), dict(mask=SlidingWindow(256, 0), causal=True),
-                   dict(mask=Chunked(512), causal=True), dict(score_mod=softcap(30.0), causal=True),
-                   dict(mask=checker_mask), dict(score_mod=biased_score)):
-        _check(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=2048, max_seqlen_k=2048,
-               tolerance=TOLERANCE["gpu_bf16"], what=str(kwargs), **kwargs)
+    for kwargs in (
+        dict(causal=True),
+        dict(mask=SlidingWindow(256, 0), causal=True),
+        dict(mask=Chunked(512), causal=True),
+        dict(score_mod=softcap(30.0), causal=True),
+        dict(mask=checker_mask),
+        dict(score_mod=biased_score),
+    ):
+        _check(
+            q,
+            k,
+            v,
+            cu_seqlens_q=cu,
+            cu_seqlens_k=cu,
+            max_seqlen_q=2048,
+            max_seqlen_k=2048,
+            tolerance=TOLERANCE["gpu_bf16"],
+            what=str(kwargs),
+            **kwargs,
+        )
 
 
 LOG2E = 1.4426950408889634  # the Gluon launches bind softmax_scale * log2(e)
@@ -662,6 +782,7 @@ def _gluon_stand_in(monkeypatch, backend, record):
 
     def stand_in(bound, *values):
         return record(bound, *values) if bound.fn is backend.kernel else launch(bound, *values)
+
     monkeypatch.setattr(BoundKernel, "__call__", stand_in)
 
 
@@ -691,8 +812,13 @@ def test_gluon_decode_dispatch(monkeypatch):
 
     def record(bound, *values):
         names = ("q", "k", "v", "o", "lse", "block_table", "seqlens")
-        seen.append(dict(zip(names, values), scale=_bound_value(bound, "qk_scale") / LOG2E,
-                         paged=_bound_value(bound, "PAGE_SIZE") > 0))
+        seen.append(
+            dict(
+                zip(names, values),
+                scale=_bound_value(bound, "qk_scale") / LOG2E,
+                paged=_bound_value(bound, "PAGE_SIZE") > 0,
+            )
+        )
         values[3].fill_(1.0)
         values[4].fill_(0.0)
 
@@ -719,11 +845,13 @@ def test_gluon_decode_dispatch(monkeypatch):
     assert call["block_table"] is call["lse"] and call["seqlens"] is call["lse"]
 
     handed_over = len(seen)
-    starts = PagedKVCache(cache.k_pages, cache.v_pages, cache.block_table, cache.seqlens,
-                          torch.tensor([3, 0], dtype=torch.int32))
+    starts = PagedKVCache(
+        cache.k_pages, cache.v_pages, cache.block_table, cache.seqlens, torch.tensor([3, 0], dtype=torch.int32)
+    )
     many = _paged_cache([20] * 9, 16, 2, 64, torch.bfloat16, "cpu")  # 18 (sequence, KV head) pairs
-    strided = PagedKVCache(cache.k_pages.transpose(2, 3).contiguous().transpose(2, 3), cache.v_pages,
-                           cache.block_table, cache.seqlens)
+    strided = PagedKVCache(
+        cache.k_pages.transpose(2, 3).contiguous().transpose(2, 3), cache.v_pages, cache.block_table, cache.seqlens
+    )
     portable_calls = [
         (q, dict(kv_cache=cache, mask=SlidingWindow(5, 0))),
         (torch.randn(2, 2, 8, 64, dtype=torch.bfloat16), dict(kv_cache=cache, causal=True)),
@@ -754,11 +882,19 @@ def test_gluon_dispatch_hands_over_tma_readable_tensors(monkeypatch):
     seen = {}
 
     def record(bound, *values):
-        seen.update(q=_base(values[0]), k=_base(values[1]), v=_base(values[2]), cu=values[6:8],
-                    window=(_bound_value(bound, "window_left"), _bound_value(bound, "window_right")),
-                    consumers=_bound_value(bound, "CONSUMERS"), scale=_bound_value(bound, "qk_scale") / LOG2E,
-                    paged=_bound_value(bound, "PAGE_SIZE") > 0, ragged=_bound_value(bound, "RAGGED"),
-                    seqlen_q=_bound_value(bound, "seqlen_q"), pages=values[8:10])
+        seen.update(
+            q=_base(values[0]),
+            k=_base(values[1]),
+            v=_base(values[2]),
+            cu=values[6:8],
+            window=(_bound_value(bound, "window_left"), _bound_value(bound, "window_right")),
+            consumers=_bound_value(bound, "CONSUMERS"),
+            scale=_bound_value(bound, "qk_scale") / LOG2E,
+            paged=_bound_value(bound, "PAGE_SIZE") > 0,
+            ragged=_bound_value(bound, "RAGGED"),
+            seqlen_q=_bound_value(bound, "seqlen_q"),
+            pages=values[8:10],
+        )
         values[3].fill_(1.0)
 
     _gluon_stand_in(monkeypatch, gluon_hopper.BACKEND, record)
@@ -776,8 +912,9 @@ def test_gluon_dispatch_hands_over_tma_readable_tensors(monkeypatch):
     # ragged q and k: the cumulative lengths and the host bound on one sequence's queries
     cu = _cu_seqlens([30, 50], "cpu")
     q_ragged, k_ragged = torch.randn(80, 4, 64, dtype=torch.bfloat16), torch.randn(80, 2, 64, dtype=torch.bfloat16)
-    attention(q_ragged, k_ragged, k_ragged, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=50, max_seqlen_k=50,
-              config=config)
+    attention(
+        q_ragged, k_ragged, k_ragged, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=50, max_seqlen_k=50, config=config
+    )
     assert seen["cu"][0] is cu and seen["cu"][1] is cu and seen["seqlen_q"] == 50 and seen["ragged"]
     assert not seen["paged"]
     # a paged cache: the pages as k and v, the block table and key counts beside them

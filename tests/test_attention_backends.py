@@ -2,6 +2,7 @@
 :class:`~llmkernels.launch.KernelSpec` it launches; every launch goes through a bound kernel; a decode loop whose
 cache grows by a token per call (transformers' DynamicCache) keeps its plan; flash_attn_with_kvcache checks a call
 signature once."""
+
 from __future__ import annotations
 
 import inspect
@@ -35,15 +36,19 @@ def test_every_backend_gives_a_spec_of_its_kernel(device):
     assert [backend.name for backend in PASSES][-1] == "portable", "the portable kernel is the last resort"
     q = torch.randn(2, 1, 8, 64, dtype=torch.bfloat16, device=device)
     k = torch.randn(2, 40, 2, 64, dtype=torch.bfloat16, device=device)
-    call = check_attention(q, k, k, False, None, None, None, None, None, None, None, None, None, None, True, None,
-                           False)
+    call = check_attention(
+        q, k, k, False, None, None, None, None, None, None, None, None, None, None, True, None, False
+    )
     config = default_config(64, q.dtype, q.device, decode=True)
     tiles = tiling(config, True, call.q_bound, call.group, call.batch, call.num_kv_heads, num_splits=3)
     for backend in (*PASSES, COMBINE):
         spec = backend.spec(call, tiles)
         assert isinstance(spec, KernelSpec) and spec.fn is backend.kernel, backend.name
-        constexprs = {name for name, param in inspect.signature(backend.kernel.fn).parameters.items()
-                      if "constexpr" in str(param.annotation)}
+        constexprs = {
+            name
+            for name, param in inspect.signature(backend.kernel.fn).parameters.items()
+            if "constexpr" in str(param.annotation)
+        }
         assert set(spec.constexprs) == constexprs, (backend.name, set(spec.constexprs) ^ constexprs)
         assert all(size >= 1 for size in spec.grid), (backend.name, spec.grid)
         assert set(spec.per_call) <= set(backend.kernel.arg_names) - constexprs
@@ -65,12 +70,14 @@ def test_every_launch_goes_through_a_bound_kernel(device, call_name):
                 return original(self, *values)
             finally:
                 inside.pop()
+
         return call
 
     def kernel_run(original):
         def run(*args, **kwargs):
             assert inside, "a kernel launched outside a bound launch"
             return original(*args, **kwargs)
+
         return run
 
     with pytest.MonkeyPatch.context() as monkeypatch:
@@ -89,12 +96,20 @@ def test_every_launch_goes_through_a_bound_kernel(device, call_name):
             if call_name in ("prefill", "decode"):
                 lk.attention(q, k, v, causal=True, config=SMALL)
             elif call_name == "paged":
-                lk.attention(q, None, None, kv_cache=lk.PagedKVCache(pages, pages, table, seqlens), causal=True,
-                             num_splits=2, config=SMALL)
+                lk.attention(
+                    q,
+                    None,
+                    None,
+                    kv_cache=lk.PagedKVCache(pages, pages, table, seqlens),
+                    causal=True,
+                    num_splits=2,
+                    config=SMALL,
+                )
             else:
                 new = torch.randn(2, 1, 2, 16, dtype=torch.float16, device=device)
-                flash_attn.flash_attn_with_kvcache(q, pages.clone(), pages.clone(), new, new, cache_seqlens=seqlens,
-                                                   block_table=table, causal=True)
+                flash_attn.flash_attn_with_kvcache(
+                    q, pages.clone(), pages.clone(), new, new, cache_seqlens=seqlens, block_table=table, causal=True
+                )
 
 
 def _decode_step(module, query, keys, values, scale):
@@ -117,7 +132,7 @@ def test_a_growing_cache_keeps_its_plan(device, kv_layout):
         if kv_layout == "token_rows":  # contiguous [B, S, H, D], seen head-major as transformers passes them
             keys, values = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (keys, values))
             assert layout.kv_token_rows(keys.transpose(1, 2), values.transpose(1, 2), False)
-        out = _decode_step(module, query, keys, values, head_dim ** -0.5)
+        out = _decode_step(module, query, keys, values, head_dim**-0.5)
         expected = lk.attention_reference(*(t.transpose(1, 2) for t in (query, keys, values)))
         assert_close_relative(out, expected, TOLERANCE, f"{seqlen} keys")
     assert len(PLANS) <= 2, f"{len(PLANS)} plans for 20 steps of a growing cache"
@@ -133,15 +148,23 @@ def test_a_growing_cache_keeps_its_plan_in_prefill_and_under_a_window(device):
     for seqlen in range(20, 36, 3):
         q = torch.randn(1, 20, 4, 16, dtype=torch.float16, device=device)
         k, v = (torch.randn(1, seqlen, 2, 16, dtype=torch.float16, device=device) for _ in range(2))
-        assert_close_relative(lk.attention(q, k, v, causal=True, config=SMALL),
-                              lk.attention_reference(q, k, v, causal=True), TOLERANCE, f"prefill {seqlen}")
+        assert_close_relative(
+            lk.attention(q, k, v, causal=True, config=SMALL),
+            lk.attention_reference(q, k, v, causal=True),
+            TOLERANCE,
+            f"prefill {seqlen}",
+        )
     assert len(PLANS) == 2  # 32 keys: a multiple of 16
     window = lk.SlidingWindow(12, 0)
     for seqlen in range(5, 21):
         q = torch.randn(1, 1, 4, 16, dtype=torch.float16, device=device)
         k, v = (torch.randn(1, seqlen, 2, 16, dtype=torch.float16, device=device) for _ in range(2))
-        assert_close_relative(lk.attention(q, k, v, mask=window), lk.attention_reference(q, k, v, mask=window),
-                              TOLERANCE, f"window {seqlen}")
+        assert_close_relative(
+            lk.attention(q, k, v, mask=window),
+            lk.attention_reference(q, k, v, mask=window),
+            TOLERANCE,
+            f"window {seqlen}",
+        )
     assert len(PLANS) == 4  # and two for the window (16 keys)
 
 
@@ -168,6 +191,7 @@ def test_flash_attn_with_kvcache_checks_a_signature_once(device, monkeypatch):
     def counting(*args, **kwargs):
         checks.append(args)
         return check_attention(*args, **kwargs)
+
     monkeypatch.setattr(flash_attn, "check_attention", counting)
     q = torch.randn(2, 1, 4, 16, dtype=torch.float16, device=device)
     k_cache, v_cache = (torch.zeros(2, 32, 2, 16, dtype=torch.float16, device=device) for _ in range(2))
@@ -177,10 +201,14 @@ def test_flash_attn_with_kvcache_checks_a_signature_once(device, monkeypatch):
         flash_attn.flash_attn_with_kvcache(q, k_cache, v_cache, new, new, cache_seqlens=seqlens + step, causal=True)
     assert len(checks) == 1
     with pytest.raises(ValueError):
-        flash_attn.flash_attn_with_kvcache(q, k_cache, v_cache, torch.randn(2, 1, 3, 16, dtype=torch.float16,
-                                                                           device=device),
-                                           torch.randn(2, 1, 3, 16, dtype=torch.float16, device=device),
-                                           cache_seqlens=seqlens)
+        flash_attn.flash_attn_with_kvcache(
+            q,
+            k_cache,
+            v_cache,
+            torch.randn(2, 1, 3, 16, dtype=torch.float16, device=device),
+            torch.randn(2, 1, 3, 16, dtype=torch.float16, device=device),
+            cache_seqlens=seqlens,
+        )
 
 
 def test_cached_paths_launch_without_checking(device):
@@ -195,6 +223,7 @@ def test_cached_paths_launch_without_checking(device):
         for call in calls:
             call()
         from llmkernels.attention import api
+
         monkeypatch.setattr(api, "check_attention", lambda *args: pytest.fail("checked a cached call"))
         for call in calls:
             call()

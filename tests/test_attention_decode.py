@@ -1,5 +1,6 @@
 """Split-KV decode + combine: every num_splits (also more than keys) gives the same result, paged and
 dense KV, GQA packing, short multi-token queries, sinks, masks; buffers poisoned with NaN."""
+
 import pytest
 import torch
 from test_attention import _check, _cu_seqlens, _paged_cache, _qkv, checker_mask
@@ -31,8 +32,9 @@ DECODE_CONFIG = FA4Config(BM=16, BN=16, num_kv_stages=1)
 
 @pytest.fixture(autouse=True)
 def poisoned_buffers(monkeypatch):
-    monkeypatch.setattr(runtime, "new_buffer",
-                        lambda shape, dtype, device: poison(torch.empty(shape, dtype=dtype, device=device)))
+    monkeypatch.setattr(
+        runtime, "new_buffer", lambda shape, dtype, device: poison(torch.empty(shape, dtype=dtype, device=device))
+    )
 
 
 @pytest.mark.parametrize("heads", [(8, 2), (4, 4), (8, 1), (16, 2)], ids=["gqa4", "mha", "mqa8", "gqa8"])
@@ -44,8 +46,17 @@ def test_paged_decode_every_num_splits(device, heads, page_size):
     sinks = torch.randn(heads[0], device=device)
     outputs = []
     for num_splits in (1, 2, 3, 5, 100):
-        out, _ = _check(q, None, None, kv_cache=cache, num_splits=num_splits, sinks=sinks, config=DECODE_CONFIG,
-                        tolerance=TOLERANCE[torch.bfloat16], what=f"splits={num_splits}")
+        out, _ = _check(
+            q,
+            None,
+            None,
+            kv_cache=cache,
+            num_splits=num_splits,
+            sinks=sinks,
+            config=DECODE_CONFIG,
+            tolerance=TOLERANCE[torch.bfloat16],
+            what=f"splits={num_splits}",
+        )
         outputs.append(out)
     for out in outputs[1:]:
         assert relative_error(out, outputs[0]) <= TOLERANCE["splits_agree"]
@@ -58,8 +69,16 @@ def test_combine_in_one_block_and_in_blocks(device):
     sinks = torch.randn(4, device=device)
     expected, _ = _check(q, k, v, num_splits=1, sinks=sinks, config=DECODE_CONFIG, what="one pass")
     for num_splits in (40, 80):
-        out, _ = _check(q, k, v, num_splits=num_splits, sinks=sinks, config=DECODE_CONFIG,
-                        tolerance=TOLERANCE[torch.bfloat16], what=f"splits={num_splits}")
+        out, _ = _check(
+            q,
+            k,
+            v,
+            num_splits=num_splits,
+            sinks=sinks,
+            config=DECODE_CONFIG,
+            tolerance=TOLERANCE[torch.bfloat16],
+            what=f"splits={num_splits}",
+        )
         assert relative_error(out, expected) <= TOLERANCE["splits_agree"]
 
 
@@ -84,8 +103,11 @@ def _decode_float64(q, k, v, sinks):
 SINK_DECODE_BOUND = {"out": 2e-2, "lse": 2e-6}
 
 
-@pytest.mark.parametrize("num_splits,batch,seqlen_k", [(1, 2, 96), (5, 2, 96), (80, 1, 1088)],
-                         ids=["one_pass", "combine_one_block", "combine_blocked"])
+@pytest.mark.parametrize(
+    "num_splits,batch,seqlen_k",
+    [(1, 2, 96), (5, 2, 96), (80, 1, 1088)],
+    ids=["one_pass", "combine_one_block", "combine_blocked"],
+)
 def test_decode_with_sinks_against_the_definition(device, num_splits, batch, seqlen_k):
     """Sinks holding from a quarter to four fifths of each row's weight, so that a combine that drops them
     moves the output far past the bound: one pass, the combine's one-block path (<= 64 splits: 5 over 6 key
@@ -117,12 +139,25 @@ def test_ragged_q_paged_decode(device):
     cache = _paged_cache(seqlens, 16, 2, 32, torch.float16, device)
     q = torch.randn(sum(lengths_q), 8, 32, dtype=torch.float16, device=device)
     for num_splits in (None, 2, 64):
-        _check(q, None, None, kv_cache=cache, cu_seqlens_q=_cu_seqlens(lengths_q, device), max_seqlen_q=3,
-               causal=True, num_splits=num_splits, config=DECODE_CONFIG, what=f"ragged paged {num_splits}")
+        _check(
+            q,
+            None,
+            None,
+            kv_cache=cache,
+            cu_seqlens_q=_cu_seqlens(lengths_q, device),
+            max_seqlen_q=3,
+            causal=True,
+            num_splits=num_splits,
+            config=DECODE_CONFIG,
+            what=f"ragged paged {num_splits}",
+        )
 
 
-@pytest.mark.parametrize("kwargs", [dict(mask=SlidingWindow(10, 0), causal=True), dict(mask=checker_mask),
-                                    dict(score_mod=softcap(3.0), causal=True)], ids=["window", "mask_mod", "softcap"])
+@pytest.mark.parametrize(
+    "kwargs",
+    [dict(mask=SlidingWindow(10, 0), causal=True), dict(mask=checker_mask), dict(score_mod=softcap(3.0), causal=True)],
+    ids=["window", "mask_mod", "softcap"],
+)
 def test_decode_masks_and_mods(device, kwargs):
     q, k, v = _qkv(2, 2, 60, 4, 1, 16, torch.float16, device)
     for num_splits in (1, 3):
@@ -157,13 +192,22 @@ def test_one_split_writes_the_output_directly(device, monkeypatch):
     def recording_empty(shape, dtype, device):
         written.append(tuple(shape))
         return poison(torch.empty(shape, dtype=dtype, device=device))
+
     monkeypatch.setattr(runtime, "new_buffer", recording_empty)
     monkeypatch.setattr(attention_config, "choose_num_splits", lambda *bounds: 1)
     cache = _paged_cache([70, 1, 0, 33], 16, 2, 32, torch.bfloat16, device)
     q = torch.randn(4, 1, 8, 32, dtype=torch.bfloat16, device=device)
     sinks = torch.randn(8, device=device)
-    _check(q, None, None, kv_cache=cache, sinks=sinks, config=DECODE_CONFIG, tolerance=TOLERANCE[torch.bfloat16],
-           what="one split")
+    _check(
+        q,
+        None,
+        None,
+        kv_cache=cache,
+        sinks=sinks,
+        config=DECODE_CONFIG,
+        tolerance=TOLERANCE[torch.bfloat16],
+        what="one split",
+    )
     (plan,) = PLANS.plans()
     ((backend, spec),) = plan.specs()  # no combine
     assert plan.tiles.split and backend == "portable" and spec.grid[1] == 1 and not spec.constexprs["SPLIT"]
@@ -179,11 +223,18 @@ def test_page_offsets_in_int64_give_the_int32_bits(device, monkeypatch):
     view = storage[:, 0]
     assert attention_layout.last_offset(view) == 9 * view.stride(0) + 15 * 64 + 63
     cache = _paged_cache([70, 1, 0, 33], 16, 2, 32, torch.bfloat16, device)
-    calls = [(torch.randn(4, 1, 8, 32, dtype=torch.bfloat16, device=device), dict(num_splits=3)),
-             (torch.randn(4, 40, 8, 32, dtype=torch.bfloat16, device=device), dict(causal=True))]
+    calls = [
+        (torch.randn(4, 1, 8, 32, dtype=torch.bfloat16, device=device), dict(num_splits=3)),
+        (torch.randn(4, 40, 8, 32, dtype=torch.bfloat16, device=device), dict(causal=True)),
+    ]
+
     def bound_flags():
-        return {spec.constexprs["PAGE_OFFSETS_64"] for plan in PLANS.plans() for name, spec in plan.specs()
-                if name == "portable"}
+        return {
+            spec.constexprs["PAGE_OFFSETS_64"]
+            for plan in PLANS.plans()
+            for name, spec in plan.specs()
+            if name == "portable"
+        }
 
     PLANS.clear()
     expected = [attention(q, None, None, kv_cache=cache, config=DECODE_CONFIG, **kwargs) for q, kwargs in calls]
@@ -208,15 +259,17 @@ def test_page_aligned_tiles_give_the_gather_bits(device, page_size, block_n):
     hostile = PagedKVCache(cache.k_pages, cache.v_pages, table, cache.seqlens)
     leftpad = PagedKVCache(cache.k_pages, cache.v_pages, table, cache.seqlens, torch.zeros_like(cache.seqlens))
     config = FA4Config(BM=16, BN=block_n, num_kv_stages=1)
-    for q, kwargs in [(torch.randn(5, 1, 8, 32, dtype=torch.bfloat16, device=device), dict(num_splits=3)),
-                      (torch.randn(5, 40, 8, 32, dtype=torch.bfloat16, device=device), dict(causal=True))]:
+    for q, kwargs in [
+        (torch.randn(5, 1, 8, 32, dtype=torch.bfloat16, device=device), dict(num_splits=3)),
+        (torch.randn(5, 40, 8, 32, dtype=torch.bfloat16, device=device), dict(causal=True)),
+    ]:
         aligned, lse = attention(q, None, None, kv_cache=hostile, config=config, return_lse=True, **kwargs)
-        gathered, lse_gathered = attention(q, None, None, kv_cache=leftpad, config=config, return_lse=True,
-                                           **kwargs)
+        gathered, lse_gathered = attention(q, None, None, kv_cache=leftpad, config=config, return_lse=True, **kwargs)
         assert torch.equal(aligned, gathered) and torch.equal(lse, lse_gathered)
         clamped = table.clamp(0, cache.num_pages - 1)
-        reference = attention_reference(q, None, None, kv_cache=PagedKVCache(
-            cache.k_pages, cache.v_pages, clamped, cache.seqlens), **kwargs)
+        reference = attention_reference(
+            q, None, None, kv_cache=PagedKVCache(cache.k_pages, cache.v_pages, clamped, cache.seqlens), **kwargs
+        )
         assert_close_relative(aligned, reference, TOLERANCE[torch.bfloat16])
 
 

@@ -5,6 +5,7 @@ descriptors). Each run equals, bit for bit, the same call with the equivalent fi
 no mask), and matches the reference. Sinks of +inf / -inf / NaN agree with the reference (O = 0 and
 LSE = +inf / no sink / NaN), one pass and split. The custom op rejects negative chunk sizes and
 softcaps. Tiny shapes for the CPU interpreter; every buffer the API allocates starts as NaN."""
+
 import math
 
 import numpy as np
@@ -29,15 +30,24 @@ FINITE = 256  # a window side / chunk size past every sequence below: binds noth
 
 # (left, right): the brief's spellings of "no limit" on one or both sides, plus the largest side that
 # still enters the kernel's int32 bound arithmetic unclamped and ints past int64.
-WINDOWS = [(2**31 - 1, 2**31 - 1), (2**40, 2**40), (2**63 - 1, 0), (-5, 3), (-1, -1), (2**30, 2**30),
-           (2**30 - 1, 2**30 - 1), (-(2**70), 2**64)]
+WINDOWS = [
+    (2**31 - 1, 2**31 - 1),
+    (2**40, 2**40),
+    (2**63 - 1, 0),
+    (-5, 3),
+    (-1, -1),
+    (2**30, 2**30),
+    (2**30 - 1, 2**30 - 1),
+    (-(2**70), 2**64),
+]
 LAYOUTS = ["dense", "ragged", "paged", "decode", "paged_decode"]
 
 
 @pytest.fixture(autouse=True)
 def poisoned_buffers(monkeypatch):
-    monkeypatch.setattr(runtime, "new_buffer",
-                        lambda shape, dtype, device: poison(torch.empty(shape, dtype=dtype, device=device)))
+    monkeypatch.setattr(
+        runtime, "new_buffer", lambda shape, dtype, device: poison(torch.empty(shape, dtype=dtype, device=device))
+    )
 
 
 def _problem(layout, device):
@@ -49,8 +59,12 @@ def _problem(layout, device):
         lengths_q, lengths_k = [7, 19], [23, 11]
         q = torch.randn(sum(lengths_q), HEADS, HEAD_DIM, dtype=DTYPE, device=device)
         k, v = (torch.randn(sum(lengths_k), KV_HEADS, HEAD_DIM, dtype=DTYPE, device=device) for _ in range(2))
-        kwargs.update(cu_seqlens_q=_cu_seqlens(lengths_q, device), cu_seqlens_k=_cu_seqlens(lengths_k, device),
-                      max_seqlen_q=max(lengths_q), max_seqlen_k=max(lengths_k))
+        kwargs.update(
+            cu_seqlens_q=_cu_seqlens(lengths_q, device),
+            cu_seqlens_k=_cu_seqlens(lengths_k, device),
+            max_seqlen_q=max(lengths_q),
+            max_seqlen_k=max(lengths_k),
+        )
     elif layout == "decode":
         q, k, v = _qkv(2, 1, 37, HEADS, KV_HEADS, HEAD_DIM, DTYPE, device)
     else:
@@ -106,8 +120,15 @@ def test_huge_chunk_is_one_chunk(device, layout, causal):
 @pytest.mark.parametrize("layout", ["dense", "decode"])
 def test_huge_chunk_and_window_together(device, layout):
     q, k, v, kwargs = _problem(layout, device)
-    _run_and_compare(q, k, v, kwargs, (SlidingWindow(2**40, -3), Chunked(2**63 - 1)),
-                     [(SlidingWindow(FINITE, FINITE), Chunked(FINITE))], f"{layout} chunk + window")
+    _run_and_compare(
+        q,
+        k,
+        v,
+        kwargs,
+        (SlidingWindow(2**40, -3), Chunked(2**63 - 1)),
+        [(SlidingWindow(FINITE, FINITE), Chunked(FINITE))],
+        f"{layout} chunk + window",
+    )
 
 
 def test_mask_resolution_of_extreme_sizes():
@@ -125,12 +146,21 @@ def test_mask_resolution_of_extreme_sizes():
     assert resolve_mask(False, Chunked(UNBOUNDED - 1)).chunk_size == UNBOUNDED - 1
 
 
-@pytest.mark.parametrize("causal, mask, band", [
-    (False, SlidingWindow(2**40, 2**40), None), (False, SlidingWindow(2**63 - 1, 0), None),
-    (True, SlidingWindow(2**31 - 1, -7), None), (False, SlidingWindow(-5, 3), None),
-    (False, SlidingWindow(2**30 - 1, 0), 2**30), (True, Chunked(2**40), None), (False, Chunked(2**30 - 1), 2**30 - 1),
-    (False, (SlidingWindow(2**40, 2**40), Chunked(2**50)), None), (False, (SlidingWindow(2**40, 5), Chunked(64)), 64),
-    (True, (SlidingWindow(100, 2**40), Chunked(2**40)), 101)])
+@pytest.mark.parametrize(
+    "causal, mask, band",
+    [
+        (False, SlidingWindow(2**40, 2**40), None),
+        (False, SlidingWindow(2**63 - 1, 0), None),
+        (True, SlidingWindow(2**31 - 1, -7), None),
+        (False, SlidingWindow(-5, 3), None),
+        (False, SlidingWindow(2**30 - 1, 0), 2**30),
+        (True, Chunked(2**40), None),
+        (False, Chunked(2**30 - 1), 2**30 - 1),
+        (False, (SlidingWindow(2**40, 2**40), Chunked(2**50)), None),
+        (False, (SlidingWindow(2**40, 5), Chunked(64)), 64),
+        (True, (SlidingWindow(100, 2**40), Chunked(2**40)), 101),
+    ],
+)
 def test_visible_band_of_extreme_masks(causal, mask, band):
     assert resolve_mask(causal, mask).visible_band == band
 
@@ -141,8 +171,12 @@ def test_hopper_tiles_for_extreme_windows(monkeypatch):
     default = attention_config.default_config.__wrapped__
     device = torch.device("cuda", 0)
     wide = default(128, torch.bfloat16, device)
-    for causal, mask in [(False, SlidingWindow(2**40, 2**40)), (True, SlidingWindow(2**63 - 1, 0)),
-                         (True, Chunked(2**40)), (False, SlidingWindow(-5, 2**31 - 1))]:
+    for causal, mask in [
+        (False, SlidingWindow(2**40, 2**40)),
+        (True, SlidingWindow(2**63 - 1, 0)),
+        (True, Chunked(2**40)),
+        (False, SlidingWindow(-5, 2**31 - 1)),
+    ]:
         band = resolve_mask(causal, mask).visible_band
         assert default(128, torch.bfloat16, device, visible_band=band) == wide, mask
     short = resolve_mask(True, SlidingWindow(127, 2**40)).visible_band  # 128 keys: causal caps the huge right side
@@ -157,8 +191,17 @@ def test_window_and_chunk_argument_types():
     assert window == SlidingWindow(7, -3) and type(window.left) is int and type(window.right) is int
     chunk = Chunked(np.int32(16))
     assert chunk == Chunked(16) and type(chunk.size) is int
-    for bad in (True, np.bool_(False), torch.tensor(True), 1.0, np.float32(2.0), torch.tensor(2.0), "3", None,
-                torch.tensor([3])):
+    for bad in (
+        True,
+        np.bool_(False),
+        torch.tensor(True),
+        1.0,
+        np.float32(2.0),
+        torch.tensor(2.0),
+        "3",
+        None,
+        torch.tensor([3]),
+    ):
         with pytest.raises(TypeError, match="SlidingWindow.left"):
             SlidingWindow(bad, 0)
         with pytest.raises(TypeError, match="SlidingWindow.right"):
@@ -171,6 +214,7 @@ def test_window_and_chunk_argument_types():
 
 
 # --------------------------------------------------------------------------- sinks of +inf, -inf, NaN
+
 
 @pytest.mark.parametrize("num_splits", [1, 3])
 def test_infinite_and_nan_sinks(device, num_splits):
@@ -200,8 +244,9 @@ def test_infinite_sinks_paged_decode(device, num_splits):
     cache = _paged_cache([37, 0], 16, KV_HEADS, HEAD_DIM, DTYPE, device)  # sequence 1 holds no key
     q = torch.randn(2, 1, HEADS, HEAD_DIM, dtype=DTYPE, device=device)
     sinks = torch.tensor([math.inf, -math.inf, math.inf, -math.inf], device=device)
-    out, lse = attention(q, None, None, kv_cache=cache, sinks=sinks, num_splits=num_splits, config=CONFIG,
-                         return_lse=True)
+    out, lse = attention(
+        q, None, None, kv_cache=cache, sinks=sinks, num_splits=num_splits, config=CONFIG, return_lse=True
+    )
     ref_out, ref_lse = attention_reference(q, None, None, kv_cache=cache, sinks=sinks, return_lse=True)
     assert torch.equal(torch.isposinf(lse), torch.isposinf(ref_lse)) and torch.isposinf(lse[:, 0::2]).all()
     assert torch.equal(torch.isneginf(lse), torch.isneginf(ref_lse)) and torch.isneginf(lse[1, 1::2]).all()
@@ -212,17 +257,43 @@ def test_infinite_sinks_paged_decode(device, num_splits):
 
 # --------------------------------------------------------------------------- the custom op
 
+
 def _op_args(q, k, v, *, has_window=False, left=-1, right=-1, chunk=0, softcap=0.0):
-    return (q, k, v, has_window, left, right, chunk, softcap, None, None, q.shape[-1] ** -0.5, None, None, None,
-            None, None, None, None, None, 1, True)
+    return (
+        q,
+        k,
+        v,
+        has_window,
+        left,
+        right,
+        chunk,
+        softcap,
+        None,
+        None,
+        q.shape[-1] ** -0.5,
+        None,
+        None,
+        None,
+        None,
+        None,
+        None,
+        None,
+        None,
+        1,
+        True,
+    )
 
 
 def test_op_rejects_negative_chunk_and_softcap(device):
     q, k, v = _qkv(1, 5, 7, 2, 1, HEAD_DIM, DTYPE, device)
     op = torch.ops.llmkernels.attention
-    for kwargs, name in ((dict(chunk=-1), "chunk_size"), (dict(chunk=-(2**40)), "chunk_size"),
-                         (dict(softcap=-1.0), "softcap"), (dict(softcap=-1e-30), "softcap"),
-                         (dict(softcap=math.nan), "softcap")):
+    for kwargs, name in (
+        (dict(chunk=-1), "chunk_size"),
+        (dict(chunk=-(2**40)), "chunk_size"),
+        (dict(softcap=-1.0), "softcap"),
+        (dict(softcap=-1e-30), "softcap"),
+        (dict(softcap=math.nan), "softcap"),
+    ):
         with pytest.raises(ValueError, match=name):
             op(*_op_args(q, k, v, **kwargs))
     out, lse = op(*_op_args(q, k, v, chunk=0, softcap=0.0))  # 0 still means "none"

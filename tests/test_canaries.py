@@ -9,14 +9,16 @@ The metadata leaves (integer tensors: offsets, ids, page tables, sequence length
 hostile values too: all maximal, all minimal, and a mix of extremes, -1, 0 and in-range values.
 On the GPU the same tests run under compute-sanitizer's memcheck (``tools/gpu_reliability.sh``).
 """
+
 import pytest
 import torch
 from public_calls import CALLS_BY_NAME, bit_differences, fill, observe, outcome, poisoned_buffer
 
 from llmkernels import runtime
 
-pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning",
-                                        "ignore:overflow encountered:RuntimeWarning")
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:invalid value encountered:RuntimeWarning", "ignore:overflow encountered:RuntimeWarning"
+)
 
 FILLINGS = ("high", "low")
 HOSTILE_VALUES = ("max", "min", "mixed")
@@ -34,11 +36,14 @@ class Canaried:
         pad = tensor.numel() + EXTRA_CANARIES
         storage = torch.empty(tensor.numel() + 2 * pad, dtype=tensor.dtype, device=tensor.device)
         if filling is None:
-            storage.view(torch.uint8).copy_(torch.randint(0, 256, (storage.numel() * storage.element_size(),),
-                                                          dtype=torch.uint8).view(storage.view(torch.uint8).shape))
+            storage.view(torch.uint8).copy_(
+                torch.randint(0, 256, (storage.numel() * storage.element_size(),), dtype=torch.uint8).view(
+                    storage.view(torch.uint8).shape
+                )
+            )
         else:
             fill(storage, filling)
-        view = storage[pad:pad + tensor.numel()].view(tensor.shape)
+        view = storage[pad : pad + tensor.numel()].view(tensor.shape)
         view.copy_(tensor)
         self.placed.append((name, storage, pad, tensor.numel(), _bits(storage).clone()))
         return view
@@ -67,16 +72,33 @@ def hostile(tensor: torch.Tensor, kind: str) -> torch.Tensor:
         return torch.full_like(tensor, info.max)
     if kind == "min":
         return torch.full_like(tensor, info.min)
-    choices = torch.tensor([info.min, -(2**31) if info.bits > 32 else info.min + 1, -1, 0, 1, 7, 2**30, info.max,
-                            *tensor.reshape(-1).tolist()], dtype=tensor.dtype)
+    choices = torch.tensor(
+        [
+            info.min,
+            -(2**31) if info.bits > 32 else info.min + 1,
+            -1,
+            0,
+            1,
+            7,
+            2**30,
+            info.max,
+            *tensor.reshape(-1).tolist(),
+        ],
+        dtype=tensor.dtype,
+    )
     picks = torch.randint(0, choices.numel(), tensor.shape)
     return choices[picks].to(tensor.device)
 
 
 def run_canaried(call, leaves: dict, filling: str, monkeypatch):
     canaried = Canaried()
-    monkeypatch.setattr(runtime, "new_buffer", lambda shape, dtype, device: canaried.place(
-        "a buffer the library allocated", poisoned_buffer(shape, dtype, device), None))
+    monkeypatch.setattr(
+        runtime,
+        "new_buffer",
+        lambda shape, dtype, device: canaried.place(
+            "a buffer the library allocated", poisoned_buffer(shape, dtype, device), None
+        ),
+    )
     placed = {name: canaried.place(name, tensor, filling) for name, tensor in leaves.items()}
     result = outcome(call, placed)
     written = {*call.written, "a buffer the library allocated"}
@@ -85,8 +107,7 @@ def run_canaried(call, leaves: dict, filling: str, monkeypatch):
 
 
 def _metadata_leaves(leaves: dict) -> list[str]:
-    return [name for name, tensor in leaves.items()
-            if not tensor.is_floating_point() and tensor.element_size() > 1]
+    return [name for name, tensor in leaves.items() if not tensor.is_floating_point() and tensor.element_size() > 1]
 
 
 @pytest.mark.parametrize("name", list(CALLS_BY_NAME))

@@ -3,6 +3,7 @@ MMA instruction its design says, within each GPU's shared-memory and register li
 ahead-of-time compiler and ptxas run on the CPU (``tools/compile_defaults.py``), so a regression of what
 a GPU user would run fails here, without a GPU. And the Triton releases that cannot compile them are
 refused with the version to install."""
+
 from __future__ import annotations
 
 import os
@@ -33,8 +34,13 @@ def report() -> dict[int, list[str]]:
     if not archs:
         return {}
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, str(TOOL), "--arch", ",".join(map(str, archs)), "--jobs", "2"],
-                          capture_output=True, text=True, env=env, timeout=900)
+    done = subprocess.run(
+        [sys.executable, str(TOOL), "--arch", ",".join(map(str, archs)), "--jobs", "2"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+    )
     lines, arch = {}, None
     for line in done.stdout.splitlines():
         header = re.fullmatch(r"## sm_(\d+)a", line)
@@ -50,8 +56,10 @@ def report() -> dict[int, list[str]]:
 def _need(arch: int) -> None:
     if not _compilable(arch):
         needed = ".".join(map(str, runtime.MIN_TRITON[arch // 10]))
-        pytest.skip(f"Triton {'.'.join(map(str, runtime.triton_version()))} cannot compile the sm_{arch}a "
-                    f"defaults (needs {needed}); the library refuses that GPU there (test_old_triton_is_refused)")
+        pytest.skip(
+            f"Triton {'.'.join(map(str, runtime.triton_version()))} cannot compile the sm_{arch}a "
+            f"defaults (needs {needed}); the library refuses that GPU there (test_old_triton_is_refused)"
+        )
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -73,8 +81,12 @@ def test_every_default_config_compiles_to_its_mma_within_limits(report, arch):
 
 def test_blackwell_block_scaled_pairs_take_the_native_block_scaled_mma(report):
     _need(100)
-    expected = {"mxfp8xmxfp8": "tcgen05.mxf8f6f4.block32", "mxfp8xmxfp4": "tcgen05.mxf8f6f4.block32",
-                "mxfp4xmxfp4": "tcgen05.mxf4.block32", "nvfp4xnvfp4": "tcgen05.mxf4nvf4.block16"}
+    expected = {
+        "mxfp8xmxfp8": "tcgen05.mxf8f6f4.block32",
+        "mxfp8xmxfp4": "tcgen05.mxf8f6f4.block32",
+        "mxfp4xmxfp4": "tcgen05.mxf4.block32",
+        "nvfp4xnvfp4": "tcgen05.mxf4nvf4.block16",
+    }
     for line in report[100]:
         fields = line.split()
         if fields[0] == "grouped_matmul" and fields[1] in expected:
@@ -91,8 +103,9 @@ def test_blackwell_attention_prefill_shows_fa4(report):
     assert len(prefill) == 4
     for line in prefill:
         assert " tcgen05.f16 " in line and "MMAs per K/V tile 2," in line, line
-        rescales, mufu, poly = map(int, re.search(r"conditional rescales (\d+), exp2 MUFU (\d+) / poly (\d+)",
-                                                  line).groups())
+        rescales, mufu, poly = map(
+            int, re.search(r"conditional rescales (\d+), exp2 MUFU (\d+) / poly (\d+)", line).groups()
+        )
         assert rescales > 0 and mufu > 0 and poly > 0, line
 
 
@@ -105,13 +118,24 @@ def test_hopper_attention_and_large_tiles_take_wgmma(report):
             assert " wgmma " in line, line
 
 
-@pytest.mark.parametrize("capability, version, refused", [
-    ((10, 0), (3, 6), True), ((10, 0), (3, 7), True), ((10, 0), (3, 8), False), ((10, 3), (3, 9), False),
-    ((12, 0), (3, 6), True), ((9, 0), (3, 6), False), ((8, 0), (3, 6), False)])
+@pytest.mark.parametrize(
+    "capability, version, refused",
+    [
+        ((10, 0), (3, 6), True),
+        ((10, 0), (3, 7), True),
+        ((10, 0), (3, 8), False),
+        ((10, 3), (3, 9), False),
+        ((12, 0), (3, 6), True),
+        ((9, 0), (3, 6), False),
+        ((8, 0), (3, 6), False),
+    ],
+)
 def test_old_triton_is_refused(capability, version, refused):
     with runtime.pretend_gpu(capability, triton_version=version) as device:
         if refused:
-            with pytest.raises(RuntimeError, match=r"needs Triton >= 3\.8, found " + re.escape(".".join(map(str, version)))):
+            with pytest.raises(
+                RuntimeError, match=r"needs Triton >= 3\.8, found " + re.escape(".".join(map(str, version)))
+            ):
                 runtime.check_triton(device)
         else:
             runtime.check_triton(device)
@@ -134,14 +158,16 @@ def test_gluon_hopper_attention_compiles_to_warp_specialized_wgmma():
     the masked variants' load warp takes work tiles from an atomic counter."""
     if not _compilable(90):
         pytest.skip("this Triton does not compile for sm_90a")
-    script = ("import re\n"
-              "from llmkernels.attention.gluon_hopper import compile_for_sm90\n"
-              "for d, window, lse, consumers in ((64, False, False, 3), (64, True, True, 2), (128, True, True, 2),\n"
-              "                                  (256, True, False, 2)):\n"
-              "    ptx = compile_for_sm90(d, window, return_lse=lse, consumers=consumers)['ptx']\n"
-              "    regs = sorted(set(re.findall(r'setmaxnreg\\.\\w+\\.sync\\.aligned\\.u32\\s+(\\d+)', ptx)), key=int)\n"
-              "    print(d, window, ptx.count('wgmma.mma_async'), ptx.count('cp.async.bulk.tensor.3d'), ','.join(regs),\n"
-              "          ptx.count('atom.global'))\n")
+    script = (
+        "import re\n"
+        "from llmkernels.attention.gluon_hopper import compile_for_sm90\n"
+        "for d, window, lse, consumers in ((64, False, False, 3), (64, True, True, 2), (128, True, True, 2),\n"
+        "                                  (256, True, False, 2)):\n"
+        "    ptx = compile_for_sm90(d, window, return_lse=lse, consumers=consumers)['ptx']\n"
+        "    regs = sorted(set(re.findall(r'setmaxnreg\\.\\w+\\.sync\\.aligned\\.u32\\s+(\\d+)', ptx)), key=int)\n"
+        "    print(d, window, ptx.count('wgmma.mma_async'), ptx.count('cp.async.bulk.tensor.3d'), ','.join(regs),\n"
+        "          ptx.count('atom.global'))\n"
+    )
     rows = _compiler_rows(script)
     assert len(rows) == 4
     for (head_dim, window, wgmmas, tma_loads, regs, atomics), consumers in zip(rows, (3, 2, 2, 2)):
@@ -158,13 +184,15 @@ def test_gluon_hopper_attention_compiles_over_a_paged_cache_and_ragged():
     registers."""
     if not _compilable(90):
         pytest.skip("this Triton does not compile for sm_90a")
-    script = ("import re\n"
-              "from llmkernels.attention.gluon_hopper import compile_for_sm90\n"
-              "for d, window, page, ragged in ((128, True, 16, False), (256, False, 256, True), (64, True, 0, True)):\n"
-              "    ptx = compile_for_sm90(d, window, return_lse=True, page_size=page, ragged=ragged)['ptx']\n"
-              "    regs = sorted(set(re.findall(r'setmaxnreg\\.\\w+\\.sync\\.aligned\\.u32\\s+(\\d+)', ptx)), key=int)\n"
-              "    print(d, ptx.count('cp.async.bulk.tensor.3d'), ptx.count('fence.proxy.async.shared::cta'),\n"
-              "          ptx.count('ld.local') + ptx.count('st.local'), ','.join(regs))\n")
+    script = (
+        "import re\n"
+        "from llmkernels.attention.gluon_hopper import compile_for_sm90\n"
+        "for d, window, page, ragged in ((128, True, 16, False), (256, False, 256, True), (64, True, 0, True)):\n"
+        "    ptx = compile_for_sm90(d, window, return_lse=True, page_size=page, ragged=ragged)['ptx']\n"
+        "    regs = sorted(set(re.findall(r'setmaxnreg\\.\\w+\\.sync\\.aligned\\.u32\\s+(\\d+)', ptx)), key=int)\n"
+        "    print(d, ptx.count('cp.async.bulk.tensor.3d'), ptx.count('fence.proxy.async.shared::cta'),\n"
+        "          ptx.count('ld.local') + ptx.count('st.local'), ','.join(regs))\n"
+    )
     rows = _compiler_rows(script)
     assert len(rows) == 3
     (_, loads_16, fences_16, spills_16, regs_16), (_, loads_256, fences_256, spills_256, _), ragged = rows
@@ -185,11 +213,13 @@ def test_gluon_decode_split_pass_compiles():
     reads a V tile zeroed past the sequence (paged only), and no spill."""
     if not _compilable(90):
         pytest.skip("this Triton does not compile for sm_90a")
-    script = ("from llmkernels.attention.gluon_decode import compile_for_sm90\n"
-              "for d, page in ((128, 16), (128, 64), (64, 0)):\n"
-              "    ptx = compile_for_sm90(d, page)['ptx']\n"
-              "    print(d, page, ptx.count('wgmma.mma_async'), ptx.count('cp.async.bulk.tensor.3d'),\n"
-              "          ptx.count('fence.proxy.async.shared::cta'), ptx.count('ld.local') + ptx.count('st.local'))\n")
+    script = (
+        "from llmkernels.attention.gluon_decode import compile_for_sm90\n"
+        "for d, page in ((128, 16), (128, 64), (64, 0)):\n"
+        "    ptx = compile_for_sm90(d, page)['ptx']\n"
+        "    print(d, page, ptx.count('wgmma.mma_async'), ptx.count('cp.async.bulk.tensor.3d'),\n"
+        "          ptx.count('fence.proxy.async.shared::cta'), ptx.count('ld.local') + ptx.count('st.local'))\n"
+    )
     rows = [[int(word) for word in row] for row in _compiler_rows(script)]
     assert len(rows) == 3
     (_, _, wgmma_16, loads_16, fences_16, spills_16), (_, _, _, loads_64, _, spills_64), dense = rows
@@ -197,4 +227,3 @@ def test_gluon_decode_split_pass_compiles():
     # K and V boxes in the prologue and the refill: 4 per tile at 16-key pages, 1 at 64 (LLVM may duplicate)
     assert loads_16 >= 4 * 4 and loads_64 >= 4 and loads_16 >= 4 * loads_64 - 4, (loads_16, loads_64)
     assert fences_16 >= 2 and spills_16 == 0 and spills_64 == 0 and dense[5] == 0, rows
-

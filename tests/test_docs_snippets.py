@@ -5,6 +5,7 @@ block runs where a CUDA GPU is present and is skipped elsewhere. Shell blocks ar
 self-contained (its own imports and data) and pick its device with ``device = "cuda" if torch.cuda.is_available()
 else "cpu"``, so that a reader can paste it as it is.
 """
+
 from __future__ import annotations
 
 import pathlib
@@ -34,9 +35,14 @@ def _blocks(path: pathlib.Path) -> list[dict]:
         end = index + 1
         while end < len(lines) and not re.match(rf"^{opening['indent']}```\s*$", lines[end]):
             end += 1
-        blocks.append({"language": opening["info"].strip(), "line": index + 1,
-                       "code": "\n".join(lines[index + 1:end]) + "\n",
-                       "before": lines[index - 1] if index else ""})
+        blocks.append(
+            {
+                "language": opening["info"].strip(),
+                "line": index + 1,
+                "code": "\n".join(lines[index + 1 : end]) + "\n",
+                "before": lines[index - 1] if index else "",
+            }
+        )
         index = end + 1
     return blocks
 
@@ -47,8 +53,9 @@ def _snippets() -> list[dict]:
         for block in _blocks(path):
             if block["language"] == "python":
                 marker = GPU_ONLY.search(block["before"])
-                snippets.append({**block, "path": path.relative_to(ROOT).as_posix(),
-                                 "gpu_only": marker["why"] if marker else None})
+                snippets.append(
+                    {**block, "path": path.relative_to(ROOT).as_posix(), "gpu_only": marker["why"] if marker else None}
+                )
     return snippets
 
 
@@ -65,8 +72,9 @@ def test_few_blocks_opt_out_and_each_says_why():
     gpu_only = [s for s in SNIPPETS if s["gpu_only"] is not None]
     assert len(gpu_only) <= MAX_GPU_ONLY, [f"{s['path']}:{s['line']}" for s in gpu_only]
     for snippet in gpu_only:
-        assert len(snippet["gpu_only"].split()) >= 3, \
+        assert len(snippet["gpu_only"].split()) >= 3, (
             f"{snippet['path']}:{snippet['line']}: the gpu-only marker must say why ({snippet['gpu_only']!r})"
+        )
     # a marker that does not sit right before a python fence is a typo: it would silently opt nothing out
     for path in DOCUMENTS:
         marked = {block["line"] - 1 for block in _blocks(path) if block["language"] == "python"}

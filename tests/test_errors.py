@@ -6,6 +6,7 @@ data-driven one over every call of ``public_calls.py`` in which each tensor leaf
 dtype, one more row, one dim fewer, or requires grad: whatever the call does with it, it either runs or
 raises TypeError / ValueError naming the argument, before any launch and with every tensor (the ones it
 writes in place included) byte-identical to before."""
+
 import functools
 import inspect
 
@@ -31,8 +32,18 @@ from llmkernels.formats import FormatSpec, format_spec
 from llmkernels.integrations import transformers as lk_transformers
 from llmkernels.moe import MoEFeedForward, combine, dispatch, route
 
-FORWARD_ONLY = ("quantize", "grouped_matmul", "attention", "combine", "select_experts", "MoEFeedForward.forward",
-                "flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache", "fused_experts")
+FORWARD_ONLY = (
+    "quantize",
+    "grouped_matmul",
+    "attention",
+    "combine",
+    "select_experts",
+    "MoEFeedForward.forward",
+    "flash_attn_func",
+    "flash_attn_varlen_func",
+    "flash_attn_with_kvcache",
+    "fused_experts",
+)
 MOE_WEIGHTS = ("router_weight", "correction_bias", "w_gate_up", "w_down")
 
 
@@ -42,43 +53,84 @@ def _cases(device):
     q = torch.randn(1, 4, 2, 16, dtype=torch.float16, device=device)
     kv = torch.randn(1, 6, 2, 16, dtype=torch.float16, device=device)
     logits = torch.randn(4, 8, device=device)
-    moe_args = (torch.randn(4, 64, device=device), torch.randn(4, 64, 64, device=device).bfloat16(),
-                torch.randn(4, 64, 32, device=device).bfloat16(), 2)
+    moe_args = (
+        torch.randn(4, 64, device=device),
+        torch.randn(4, 64, 64, device=device).bfloat16(),
+        torch.randn(4, 64, 32, device=device).bfloat16(),
+        2,
+    )
     offsets = torch.tensor([0, 4, 8], dtype=torch.int32, device=device)
-    grouped = {f"grouped_matmul case {i}": (error, message, functools.partial(lk.grouped_matmul, **kwargs))
-               for i, (error, message, kwargs) in enumerate(_bad_grouped_matmul_cases(device))}
+    grouped = {
+        f"grouped_matmul case {i}": (error, message, functools.partial(lk.grouped_matmul, **kwargs))
+        for i, (error, message, kwargs) in enumerate(_bad_grouped_matmul_cases(device))
+    }
     return {
         **grouped,
         "dequantize, scales moved to another device after construction": (
-            ValueError, "share one device", lambda: _moved_scales(lk.ScaledTensor(a.data, a.scales, "mxfp8"))),
+            ValueError,
+            "share one device",
+            lambda: _moved_scales(lk.ScaledTensor(a.data, a.scales, "mxfp8")),
+        ),
         # formats
-        "quantize, unknown scale_layout": (ValueError, "scale_layout must be", lambda: lk.quantize(x, "mxfp8",
-                                                                                                 scale_layout="col")),
-        "quantize, group_offsets with row scales": (ValueError, "group_offsets pads 128x4",
-                                                    lambda: lk.quantize(x, "mxfp8", group_offsets=offsets)),
-        "quantize, float group_offsets": (TypeError, "group_offsets must be", lambda: lk.quantize(
-            x, "mxfp8", scale_layout="128x4", group_offsets=offsets.float())),
+        "quantize, unknown scale_layout": (
+            ValueError,
+            "scale_layout must be",
+            lambda: lk.quantize(x, "mxfp8", scale_layout="col"),
+        ),
+        "quantize, group_offsets with row scales": (
+            ValueError,
+            "group_offsets pads 128x4",
+            lambda: lk.quantize(x, "mxfp8", group_offsets=offsets),
+        ),
+        "quantize, float group_offsets": (
+            TypeError,
+            "group_offsets must be",
+            lambda: lk.quantize(x, "mxfp8", scale_layout="128x4", group_offsets=offsets.float()),
+        ),
         "quantize, float rows": (TypeError, "rows must be", lambda: lk.quantize(x, "mxfp8", rows=offsets.float())),
         "dequantize of a plain tensor": (TypeError, "dequantize takes a ScaledTensor", lambda: lk.dequantize(x)),
         "dequantize of None": (TypeError, "dequantize takes a ScaledTensor", lambda: lk.dequantize(None)),
         # attention
-        "attention, alibi slopes of another length": (ValueError, "alibi slopes must be", lambda: lk.attention(
-            q, kv, kv, score_mod=lk.alibi(torch.ones(3, device=device)))),
-        "attention, sinks of another dtype": (TypeError, "sinks must be", lambda: lk.attention(
-            q, kv, kv, sinks=torch.ones(2, dtype=torch.float16, device=device))),
+        "attention, alibi slopes of another length": (
+            ValueError,
+            "alibi slopes must be",
+            lambda: lk.attention(q, kv, kv, score_mod=lk.alibi(torch.ones(3, device=device))),
+        ),
+        "attention, sinks of another dtype": (
+            TypeError,
+            "sinks must be",
+            lambda: lk.attention(q, kv, kv, sinks=torch.ones(2, dtype=torch.float16, device=device)),
+        ),
         "attention, a window of floats": (TypeError, "SlidingWindow.left", lambda: lk.SlidingWindow(1.5, 0)),
         # MoE
         "route, num_groups = 0": (ValueError, "num_groups", lambda: route(logits, 2, num_groups=0, topk_groups=1)),
-        "route, correction_bias of another shape": (ValueError, "correction_bias must be", lambda: route(
-            logits, 2, correction_bias=torch.zeros(4, device=device))),
+        "route, correction_bias of another shape": (
+            ValueError,
+            "correction_bias must be",
+            lambda: route(logits, 2, correction_bias=torch.zeros(4, device=device)),
+        ),
         "route, integer logits": (TypeError, "router_logits must be", lambda: route(logits.int(), 2)),
-        "MoEFeedForward, correction_bias of another shape": (ValueError, "correction_bias must be", lambda:
-            MoEFeedForward(*moe_args, correction_bias=torch.zeros(3, device=device))),
-        "combine, float row_of_copy": (TypeError, "row_of_copy must be", lambda: combine(
-            torch.randn(8, 16, device=device), torch.zeros(4, 2, device=device), torch.ones(4, 2, device=device))),
-        "combine, float16 weights": (TypeError, "weights must be", lambda: combine(
-            torch.randn(8, 16, device=device), torch.zeros(4, 2, dtype=torch.int64, device=device),
-            torch.ones(4, 2, dtype=torch.float16, device=device))),
+        "MoEFeedForward, correction_bias of another shape": (
+            ValueError,
+            "correction_bias must be",
+            lambda: MoEFeedForward(*moe_args, correction_bias=torch.zeros(3, device=device)),
+        ),
+        "combine, float row_of_copy": (
+            TypeError,
+            "row_of_copy must be",
+            lambda: combine(
+                torch.randn(8, 16, device=device), torch.zeros(4, 2, device=device), torch.ones(4, 2, device=device)
+            ),
+        ),
+        "combine, float16 weights": (
+            TypeError,
+            "weights must be",
+            lambda: combine(
+                torch.randn(8, 16, device=device),
+                torch.zeros(4, 2, dtype=torch.int64, device=device),
+                torch.ones(4, 2, dtype=torch.float16, device=device),
+            ),
+        ),
         "dispatch, float ids": (TypeError, "expert_ids must be", lambda: dispatch(logits, 8)),
         **{f"{key}, bad argument": case for key, case in NO_TENSOR_CASES.items()},
     }
@@ -126,8 +178,11 @@ def test_errors_name_the_argument_before_any_launch(device, monkeypatch):
 
 
 def _floating_leaves(leaves):
-    return [name for name, t in leaves.items() if t.dtype in (torch.float32, torch.float16, torch.bfloat16)
-            and name != "out"]
+    return [
+        name
+        for name, t in leaves.items()
+        if t.dtype in (torch.float32, torch.float16, torch.bfloat16) and name != "out"
+    ]
 
 
 @pytest.mark.parametrize("call", [c for c in CALLS if set(c.functions) & set(FORWARD_ONLY)], ids=lambda c: c.name)
@@ -157,6 +212,7 @@ def test_empty_shapes_quantize_and_dequantize(format, shape, device):
 
 # ----------------------------------------------------------------------------- validate, then write
 
+
 def _bad_values(tensor: torch.Tensor):
     """``(what, bad tensor)``: the tensor in another dtype, with one more row, with one dim fewer, and
     (floating) requiring grad."""
@@ -182,6 +238,7 @@ def _count_launches(monkeypatch) -> list:
         def run(*args, **kwargs):
             launches.append(original)
             return original(*args, **kwargs)
+
         return run
 
     patch_launches(monkeypatch, counted)
@@ -197,7 +254,9 @@ def _argument_names(call, leaves: dict) -> set:
     return names | {name.replace("_", " ") for name in names}
 
 
-@pytest.mark.parametrize("name", [name for name, call in CALLS_BY_NAME.items() if not set(call.functions) & set(REFERENCES)])
+@pytest.mark.parametrize(
+    "name", [name for name, call in CALLS_BY_NAME.items() if not set(call.functions) & set(REFERENCES)]
+)
 def test_a_call_that_raises_leaves_every_tensor_as_it_was(name, device, monkeypatch):
     """A bad tensor argument: the call runs, or raises TypeError / ValueError naming one of its arguments before
     any launch and with every tensor unchanged (a shape mismatch may name either side)."""
@@ -227,6 +286,8 @@ def test_a_call_that_raises_leaves_every_tensor_as_it_was(name, device, monkeypa
                 if not any(argument in str(error) for argument in names):
                     failures.append(f"{problem} names no argument")
             except Exception as error:  # noqa: BLE001 - any other kind is the failure this test reports
-                failures.append(f"{leaf} {what}: {type(error).__name__}({str(error)[:200]}), not a TypeError / "
-                                f"ValueError naming the argument")
+                failures.append(
+                    f"{leaf} {what}: {type(error).__name__}({str(error)[:200]}), not a TypeError / "
+                    f"ValueError naming the argument"
+                )
     assert not failures, f"{name}:\n" + "\n".join(failures)

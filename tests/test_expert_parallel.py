@@ -3,6 +3,7 @@ shapes); each rank's outputs must equal the single-process ``MoEFeedForward`` wi
 tokens (exact mode: every token; bounded mode: every token whose copies all fit the capacity, the dropped copies
 counted exactly), for bf16, mxfp8 and mxfp4 weights, balanced and skewed routing, a rank with no token and a rank
 whose experts get none; ranks built differently and bad arguments raise ValueError on every rank, never hang."""
+
 import json
 import os
 import socket
@@ -28,29 +29,48 @@ def _free_port() -> int:
 
 def _run_ranks(tmp_path, world: int, case: str, weight_format: str, capacity, device: str = "cpu") -> list:
     out = tmp_path / "rank"
-    env = {**os.environ, "EP_DEVICE": device,
-           "PYTHONPATH": os.pathsep.join([str(WORKER.parents[1] / "src"), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "EP_DEVICE": device,
+        "PYTHONPATH": os.pathsep.join([str(WORKER.parents[1] / "src"), os.environ.get("PYTHONPATH", "")]),
+    }
     if device == "cpu":
         env["TRITON_INTERPRET"] = "1"
     else:
         env.pop("TRITON_INTERPRET", None)
-    done = subprocess.run([sys.executable, str(WORKER), str(world), str(_free_port()), case, weight_format,
-                           "none" if capacity is None else str(capacity), str(out)],
-                          capture_output=True, text=True, env=env, timeout=600)
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(WORKER),
+            str(world),
+            str(_free_port()),
+            case,
+            weight_format,
+            "none" if capacity is None else str(capacity),
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return [json.loads(Path(f"{out}.{rank}.json").read_text()) for rank in range(world)]
 
 
 @cpu_only
-@pytest.mark.parametrize("world, case, weight_format, capacity", [
-    (2, "balanced", "bf16", None),
-    (2, "skewed", "mxfp8", None),
-    (2, "no-tokens", "bf16", None),
-    (2, "idle-experts", "mxfp4", None),
-    (2, "balanced", "mxfp4", 64),  # bounded, nothing dropped
-    (2, "skewed", "bf16", 5),  # bounded, the hot expert's rank overflows
-    (4, "balanced", "mxfp8", 3),
-])
+@pytest.mark.parametrize(
+    "world, case, weight_format, capacity",
+    [
+        (2, "balanced", "bf16", None),
+        (2, "skewed", "mxfp8", None),
+        (2, "no-tokens", "bf16", None),
+        (2, "idle-experts", "mxfp4", None),
+        (2, "balanced", "mxfp4", 64),  # bounded, nothing dropped
+        (2, "skewed", "bf16", 5),  # bounded, the hot expert's rank overflows
+        (4, "balanced", "mxfp8", 3),
+    ],
+)
 def test_ranks_match_one_process(tmp_path, world, case, weight_format, capacity):
     reports = _run_ranks(tmp_path, world, case, weight_format, capacity)
     for report in reports:
@@ -97,14 +117,17 @@ def _gpus() -> int:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("case, weight_format, capacity", [
-    ("balanced", "bf16", None),
-    ("skewed", "mxfp8", None),
-    ("balanced", "mxfp4", 64),
-    ("skewed", "bf16", 5),
-    ("graph", "mxfp4", 64),
-    ("graph", "bf16", 5),  # overflowing capacity, replayed
-])
+@pytest.mark.parametrize(
+    "case, weight_format, capacity",
+    [
+        ("balanced", "bf16", None),
+        ("skewed", "mxfp8", None),
+        ("balanced", "mxfp4", 64),
+        ("skewed", "bf16", 5),
+        ("graph", "mxfp4", 64),
+        ("graph", "bf16", 5),  # overflowing capacity, replayed
+    ],
+)
 def test_nccl_ranks_match_one_process(tmp_path, case, weight_format, capacity):
     """The same check through NCCL on every GPU of this machine (world size 1 on one GPU: the exchange is a copy
     but runs the whole path); ``graph``: the bounded block captured in a CUDA graph replays the eager bits."""

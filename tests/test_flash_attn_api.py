@@ -2,6 +2,7 @@
 the equivalent ``lk.attention`` call; ``flash_attn_with_kvcache`` (append in place, rotary, cache_batch_idx, dense
 and paged caches) is checked against a float64 model of flash-attn's documented behaviour (``flash_attn_model.py``),
 the cache after the append bit for bit."""
+
 import math
 
 import pytest
@@ -21,7 +22,11 @@ def _randn(*shape, device, dtype=torch.bfloat16):
 
 @pytest.mark.parametrize("case", ["plain", "causal", "window", "softcap", "alibi", "sink", "chunk"])
 def test_func_is_attention(case, device):
-    q, k, v = _randn(2, 9, 4, 32, device=device), _randn(2, 13, 2, 32, device=device), _randn(2, 13, 2, 32, device=device)
+    q, k, v = (
+        _randn(2, 9, 4, 32, device=device),
+        _randn(2, 13, 2, 32, device=device),
+        _randn(2, 13, 2, 32, device=device),
+    )
     kwargs, ours = {}, {}
     if case == "causal":
         kwargs, ours = dict(causal=True), dict(causal=True)
@@ -55,8 +60,9 @@ def test_varlen_is_ragged_attention(device):
     k, cu_k = _ragged([5, 4, 8], 2, device)
     v = _randn(*k.shape, device=device)
     out, lse, probs = flash_attn_varlen_func(q, k, v, cu_q, cu_k, 8, 8, causal=True, return_attn_probs=True)
-    expected, expected_lse = lk.attention(q, k, v, causal=True, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=8,
-                                          max_seqlen_k=8, return_lse=True)
+    expected, expected_lse = lk.attention(
+        q, k, v, causal=True, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=8, max_seqlen_k=8, return_lse=True
+    )
     assert probs is None and lse.shape == (4, q.shape[0])
     assert torch.equal(out, expected) and torch.equal(lse, expected_lse)
 
@@ -70,8 +76,8 @@ def test_varlen_seqused_k(total_k, device):
     used = [17, 0, total_k - 25]
     seqused = torch.tensor(used, dtype=torch.int32, device=device)
     out = flash_attn_varlen_func(q, k, v, cu_q, cu_k, 4, total_k, causal=True, seqused_k=seqused)
-    kept = torch.cat([k[int(cu_k[b]):int(cu_k[b]) + n] for b, n in enumerate(used)])
-    kept_v = torch.cat([v[int(cu_k[b]):int(cu_k[b]) + n] for b, n in enumerate(used)])
+    kept = torch.cat([k[int(cu_k[b]) : int(cu_k[b]) + n] for b, n in enumerate(used)])
+    kept_v = torch.cat([v[int(cu_k[b]) : int(cu_k[b]) + n] for b, n in enumerate(used)])
     cu_kept = torch.tensor([0, *torch.tensor(used).cumsum(0).tolist()], dtype=torch.int32, device=device)
     expected = flash_attn_varlen_func(q, kept, kept_v, cu_q, cu_kept, 4, total_k, causal=True)
     assert_close_relative(out.float(), expected.float(), 1e-2)
@@ -99,8 +105,9 @@ def test_varlen_over_pages_equals_ragged(table, device):
     assert_close_relative(out.float(), expected.float(), 1e-2)
     seqused = torch.tensor(lengths, dtype=torch.int32, device=device)
     bogus_cu_k = torch.zeros_like(cu_k)  # seqused_k wins over cu_seqlens_k's differences
-    out = flash_attn_varlen_func(q, k_pages, v_pages, cu_q, bogus_cu_k, 5, 33, causal=True, seqused_k=seqused,
-                                 **{table: block_table})
+    out = flash_attn_varlen_func(
+        q, k_pages, v_pages, cu_q, bogus_cu_k, 5, 33, causal=True, seqused_k=seqused, **{table: block_table}
+    )
     assert_close_relative(out.float(), expected.float(), 1e-2)
 
 
@@ -115,17 +122,23 @@ def _attend(q, k, v, lengths, causal, window, starts=None):
 
 # flash-attn's test_flash_attn_kvcache sizes on the GPU: (seqlen_q, new keys, head dim, capacity, page size,
 # rotary dims / 2); its seqlen_q > new case too (queries past the appended keys see them causally)
-KVCACHE_SIZES = {"small": (2, 2, 32, 48, 16, 8), "decode": (1, 1, 128, 1024, 64, 32),
-                 "spec": (3, 3, 64, 832, 16, 16), "chunk": (128, 128, 128, 2048, 64, 64),
-                 "q_past_new": (4, 1, 64, 512, 16, 32)}
+KVCACHE_SIZES = {
+    "small": (2, 2, 32, 48, 16, 8),
+    "decode": (1, 1, 128, 1024, 64, 32),
+    "spec": (3, 3, 64, 832, 16, 16),
+    "chunk": (128, 128, 128, 2048, 64, 64),
+    "q_past_new": (4, 1, 64, 512, 16, 32),
+}
 
 
-@pytest.mark.parametrize("size", ["small", *(pytest.param(size, marks=pytest.mark.gpu) for size in KVCACHE_SIZES
-                                             if size != "small")])
+@pytest.mark.parametrize(
+    "size", ["small", *(pytest.param(size, marks=pytest.mark.gpu) for size in KVCACHE_SIZES if size != "small")]
+)
 @pytest.mark.parametrize("cache", ["dense", "dense_odd_length", "paged", "dense_leftpad", "paged_leftpad"])
 @pytest.mark.parametrize("rotary", [None, "interleaved", "neox"])
-@pytest.mark.parametrize("causal,window", [(True, (-1, -1)), (False, (-1, -1)), (True, (5, 0))],
-                         ids=["causal", "full", "window"])
+@pytest.mark.parametrize(
+    "causal,window", [(True, (-1, -1)), (False, (-1, -1)), (True, (5, 0))], ids=["causal", "full", "window"]
+)
 def test_with_kvcache(size, cache, rotary, causal, window, device):
     seqlen_q, new, dim, capacity, page, rotary_half = KVCACHE_SIZES[size]
     batch, heads, kv_heads = 3, 4, 2
@@ -136,15 +149,19 @@ def test_with_kvcache(size, cache, rotary, causal, window, device):
     rotary_kwargs = {}
     if rotary is not None:
         angle = torch.rand(capacity + seqlen_q, rotary_half, device=device) * 2 * math.pi
-        rotary_kwargs = dict(rotary_cos=angle.cos().bfloat16(), rotary_sin=angle.sin().bfloat16(),
-                             rotary_interleaved=rotary == "interleaved")
-    leftpad = (torch.tensor([0, 3, capacity // 4], dtype=torch.int32, device=device) if cache.endswith("leftpad")
-               else None)
+        rotary_kwargs = dict(
+            rotary_cos=angle.cos().bfloat16(),
+            rotary_sin=angle.sin().bfloat16(),
+            rotary_interleaved=rotary == "interleaved",
+        )
+    leftpad = (
+        torch.tensor([0, 3, capacity // 4], dtype=torch.int32, device=device) if cache.endswith("leftpad") else None
+    )
     if cache.startswith("paged"):
         pages_per_seq = capacity // page
         k_cache = _randn(batch * pages_per_seq + 2, page, kv_heads, dim, device=device)
         v_cache = _randn(*k_cache.shape, device=device)
-        block_table = torch.randperm(k_cache.shape[0], device=device)[:batch * pages_per_seq].int()
+        block_table = torch.randperm(k_cache.shape[0], device=device)[: batch * pages_per_seq].int()
         block_table = block_table.view(batch, pages_per_seq)
         cache_kwargs = dict(block_table=block_table)
         logical = lambda c: c[block_table.long()].flatten(1, 2)  # noqa: E731 - [B, capacity, Hkv, D]
@@ -156,13 +173,34 @@ def test_with_kvcache(size, cache, rotary, causal, window, device):
         logical = lambda c: c[cache_batch_idx.long()]  # noqa: E731
     k_before, v_before = k_cache.clone(), v_cache.clone()
     expected, expected_k, expected_v = kvcache_model(
-        q, logical(k_before), logical(v_before), k_new, v_new, cache_seqlens, interleaved=rotary == "interleaved",
-        cos=rotary_kwargs.get("rotary_cos"), sin=rotary_kwargs.get("rotary_sin"), causal=causal, window=window,
-        leftpad=leftpad)
+        q,
+        logical(k_before),
+        logical(v_before),
+        k_new,
+        v_new,
+        cache_seqlens,
+        interleaved=rotary == "interleaved",
+        cos=rotary_kwargs.get("rotary_cos"),
+        sin=rotary_kwargs.get("rotary_sin"),
+        causal=causal,
+        window=window,
+        leftpad=leftpad,
+    )
 
-    out, lse = flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens=cache_seqlens, causal=causal,
-                                       window_size=window, return_softmax_lse=True, cache_leftpad=leftpad,
-                                       **rotary_kwargs, **cache_kwargs)
+    out, lse = flash_attn_with_kvcache(
+        q,
+        k_cache,
+        v_cache,
+        k_new,
+        v_new,
+        cache_seqlens=cache_seqlens,
+        causal=causal,
+        window_size=window,
+        return_softmax_lse=True,
+        cache_leftpad=leftpad,
+        **rotary_kwargs,
+        **cache_kwargs,
+    )
     assert out.shape == q.shape and lse.shape == (batch, heads, seqlen_q)
     assert_close_relative(out.float(), expected, TOLERANCE)
     # appended rows: the float32 rotation rounded once; every other row of the sequences keeps its bits
@@ -185,8 +223,9 @@ def test_kvcache_without_new_keys_and_past_the_end(device):
     assert_close_relative(out.float(), expected, TOLERANCE)
     before = k_cache.clone()
     k_new, v_new = _randn(2, 3, 2, 32, device=device), _randn(2, 3, 2, 32, device=device)
-    flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens=torch.tensor([31, 30], dtype=torch.int32,
-                                                                                          device=device))
+    flash_attn_with_kvcache(
+        q, k_cache, v_cache, k_new, v_new, cache_seqlens=torch.tensor([31, 30], dtype=torch.int32, device=device)
+    )
     assert torch.equal(k_cache[0, 31], k_new[0, 0]) and torch.equal(k_cache[1, 30:], k_new[1, :2])
     assert torch.equal(k_cache[0, :31], before[0, :31]) and torch.equal(k_cache[1, :30], before[1, :30])
 
@@ -218,8 +257,10 @@ def test_kvcache_decode_step_replays_in_a_cuda_graph(device):
     """A decode step (append with rotary, attend) captured once reads cache_seqlens on the device: replays with
     new lengths equal eager calls."""
     batch, heads, kv_heads, dim, capacity = 4, 8, 2, 64, 256
-    k_cache, v_cache = _randn(batch, capacity, kv_heads, dim, device=device), _randn(batch, capacity, kv_heads, dim,
-                                                                                    device=device)
+    k_cache, v_cache = (
+        _randn(batch, capacity, kv_heads, dim, device=device),
+        _randn(batch, capacity, kv_heads, dim, device=device),
+    )
     angle = torch.rand(capacity, dim // 2, device=device) * 2 * math.pi
     cos, sin = angle.cos().bfloat16(), angle.sin().bfloat16()
     q, k, v = (_randn(batch, 1, h, dim, device=device) for h in (heads, kv_heads, kv_heads))
@@ -227,8 +268,11 @@ def test_kvcache_decode_step_replays_in_a_cuda_graph(device):
     out = torch.empty_like(q)
 
     def step():
-        out.copy_(flash_attn_with_kvcache(q, k_cache, v_cache, k, v, rotary_cos=cos, rotary_sin=sin,
-                                          cache_seqlens=seqlens, causal=True))
+        out.copy_(
+            flash_attn_with_kvcache(
+                q, k_cache, v_cache, k, v, rotary_cos=cos, rotary_sin=sin, cache_seqlens=seqlens, causal=True
+            )
+        )
 
     caches = (k_cache.clone(), v_cache.clone())
     step()  # compile outside the capture
@@ -243,6 +287,7 @@ def test_kvcache_decode_step_replays_in_a_cuda_graph(device):
         replayed, replayed_cache = out.clone(), k_cache.clone()
         k_cache.copy_(caches[0])
         v_cache.copy_(caches[1])
-        eager = flash_attn_with_kvcache(q, k_cache, v_cache, k, v, rotary_cos=cos, rotary_sin=sin,
-                                        cache_seqlens=seqlens, causal=True)
+        eager = flash_attn_with_kvcache(
+            q, k_cache, v_cache, k, v, rotary_cos=cos, rotary_sin=sin, cache_seqlens=seqlens, causal=True
+        )
         assert torch.equal(replayed, eager) and torch.equal(replayed_cache, k_cache)

@@ -10,6 +10,7 @@ flash-attn's (each combination compiles a kernel).
 Not ported: dropout, attention probabilities and backward (out of scope: they raise), and ALiBi combined with
 softcap (one score modifier per call: it raises ``NotImplementedError``, checked here).
 """
+
 import itertools
 
 import pytest
@@ -48,18 +49,42 @@ def _scores(score, heads, device):
 
 
 HEAD_DIMS = (32, 40, 59, 64, 96, 111, 128, 160, 192, 224, 256)
-SEQLENS = ((113, 203), (128, 217), (113, 211), (108, 256), (256, 512), (512, 256), (1024, 1024), (1023, 1024),
-           (1024, 1023), (2048, 2048), (1, 339), (3, 799))
+SEQLENS = (
+    (113, 203),
+    (128, 217),
+    (113, 211),
+    (108, 256),
+    (256, 512),
+    (512, 256),
+    (1024, 1024),
+    (1023, 1024),
+    (1024, 1023),
+    (2048, 2048),
+    (1, 339),
+    (3, 799),
+)
 # every flag combination at five head dims and four length pairs (each combination compiles its own kernel on the
 # GPU: flash-attn's full grid would take most of a session's device time), MQA at one of them
-GPU_GRID = [pytest.param(*case, marks=pytest.mark.gpu) for case in itertools.product(
-    (40, 59, 64, 128, 256), ((113, 203), (512, 256), (1023, 1024), (1, 339)), ("mha", "gqa"), (False, True),
-    (False, True), ("none", "alibi", "softcap"))] + [
-    pytest.param(111, (2048, 2048), "mqa", causal, False, "none", marks=pytest.mark.gpu) for causal in (False, True)]
+GPU_GRID = [
+    pytest.param(*case, marks=pytest.mark.gpu)
+    for case in itertools.product(
+        (40, 59, 64, 128, 256),
+        ((113, 203), (512, 256), (1023, 1024), (1, 339)),
+        ("mha", "gqa"),
+        (False, True),
+        (False, True),
+        ("none", "alibi", "softcap"),
+    )
+] + [pytest.param(111, (2048, 2048), "mqa", causal, False, "none", marks=pytest.mark.gpu) for causal in (False, True)]
 # the interpreter's sample: every flag, odd head dims, both seqlen orders, small sizes
-CPU_GRID = [(59, (113, 203), "gqa", True, False, "none"), (40, (128, 67), "mqa", False, True, "alibi"),
-            (32, (1, 147), "mha", True, True, "softcap"), (96, (97, 61), "gqa", False, False, "softcap"),
-            (64, (64, 128), "mqa", True, True, "alibi"), (111, (33, 33), "mha", False, True, "none")]
+CPU_GRID = [
+    (59, (113, 203), "gqa", True, False, "none"),
+    (40, (128, 67), "mqa", False, True, "alibi"),
+    (32, (1, 147), "mha", True, True, "softcap"),
+    (96, (97, 61), "gqa", False, False, "softcap"),
+    (64, (64, 128), "mqa", True, True, "alibi"),
+    (111, (33, 33), "mha", False, True, "none"),
+]
 
 
 @pytest.mark.parametrize("d, seqlens, mha_type, causal, local, score", CPU_GRID + GPU_GRID)
@@ -77,10 +102,17 @@ def test_flash_attn_output(d, seqlens, mha_type, causal, local, score, device):
     _assert_flash_attn_rule(out, q, k, v, causal, window, softcap, slopes)
 
 
-VARLEN_GPU_GRID = [pytest.param(*case, marks=pytest.mark.gpu) for case in itertools.product(
-    (59, 128), ((113, 203), (1023, 1024)), ("gqa",), (False, True), (False, True), ("none", "alibi", "softcap"))]
-VARLEN_CPU_GRID = [(59, (70, 90), "gqa", True, False, "none"), (32, (40, 25), "mha", False, True, "alibi"),
-                   (48, (33, 100), "mqa", True, True, "softcap")]
+VARLEN_GPU_GRID = [
+    pytest.param(*case, marks=pytest.mark.gpu)
+    for case in itertools.product(
+        (59, 128), ((113, 203), (1023, 1024)), ("gqa",), (False, True), (False, True), ("none", "alibi", "softcap")
+    )
+]
+VARLEN_CPU_GRID = [
+    (59, (70, 90), "gqa", True, False, "none"),
+    (32, (40, 25), "mha", False, True, "alibi"),
+    (48, (33, 100), "mqa", True, True, "softcap"),
+]
 
 
 def _padding(batch, seqlen, device):
@@ -104,8 +136,19 @@ def test_flash_attn_varlen_output(d, seqlens, mha_type, causal, local, score, de
     key_keep, cu_k, max_k = _padding(batch, seqlen_k, device)
     window = _window(local, causal, seqlen_k)
     softcap, slopes = _scores(score, heads, device)
-    out_unpad = flash_attn_varlen_func(q[query_keep], k[key_keep], v[key_keep], cu_q, cu_k, max_q, max_k,
-                                       causal=causal, window_size=window, softcap=softcap, alibi_slopes=slopes)
+    out_unpad = flash_attn_varlen_func(
+        q[query_keep],
+        k[key_keep],
+        v[key_keep],
+        cu_q,
+        cu_k,
+        max_q,
+        max_k,
+        causal=causal,
+        window_size=window,
+        softcap=softcap,
+        alibi_slopes=slopes,
+    )
     out = torch.zeros_like(q)
     out[query_keep] = out_unpad
     _assert_flash_attn_rule(out, q, k, v, causal, window, softcap, slopes, query_keep, key_keep)

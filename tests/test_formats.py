@@ -1,5 +1,6 @@
 """Block-scaled formats: the Triton quantize kernel against the PyTorch reference, known values,
 round trips and the 128x4 scale layouts."""
+
 import pytest
 import torch
 import triton
@@ -228,7 +229,9 @@ def _decode_pairs_kernel(packed_ptr, scale_ptr, even_ptr, odd_ptr, SIZE: tl.cons
     tl.store(odd_ptr + offsets, odd)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="PTX decoder: NVIDIA GPUs only (the interpreter decodes in float32)")
+@pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="PTX decoder: NVIDIA GPUs only (the interpreter decodes in float32)"
+)
 def test_packed_e2m1_decoder_matches_the_reference_for_every_byte_and_scale():
     """Every byte (two codes, both signs, ±0) times every e8m0 scale (subnormal 2^-127 and NaN included)
     and every finite e4m3 scale, against the float32 reference rounded to bf16: bit for bit."""
@@ -269,6 +272,7 @@ def test_quantize_gathered_rows_match_quantize_of_the_gather(format, device):
 
 # --- regressions found by the property tests (tests/test_properties.py) ----------------------------
 
+
 def test_mxfp8_keeps_the_sign_of_zero(device):
     """-0.0, and negatives that round to zero, code as e4m3 -0 (0x80): the bits of the reference's
     PyTorch cast (the kernel's round-by-addition gave +0)."""
@@ -305,6 +309,5 @@ def test_grouped_blocked_layout_with_no_groups(format, device):
     assert (_bits(q.to_layout("row").scales) == one).all()  # rows outside every group read as 1.0
     w = lk.quantize(torch.randn(2, 32, 64, device=device), "nvfp4" if format == "nvfp4" else "mxfp8")
     out = poison(torch.empty(5, 32, device=device))
-    lk.grouped_matmul(q, w, offsets, torch.zeros(0, dtype=torch.int32, device=device), out=out,
-                      out_dtype=torch.float32)
+    lk.grouped_matmul(q, w, offsets, torch.zeros(0, dtype=torch.int32, device=device), out=out, out_dtype=torch.float32)
     assert out.isnan().all()

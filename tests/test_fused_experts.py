@@ -1,6 +1,7 @@
 """``llmkernels.moe.fused_experts``: vLLM's call shape (``w1 [E, 2N, K]`` gate first, ``w2 [E, K, N]``) against a
 float64 loop over tokens and their experts, for bf16 and quantized weights and activations, expert maps,
 out-of-range ids and router weights on the input; every check before the first launch."""
+
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -26,8 +27,19 @@ def _quantized(v, fmt):
     return lk.dequantize(lk.quantize_reference(v.reshape(1, -1).to(torch.bfloat16), fmt)).double().reshape(-1)
 
 
-def _reference(x, w1, w2, topk_weights, topk_ids, on_input=False, expert_map=None, b1=None, b2=None,
-               activation="silu", activation_format=None):
+def _reference(
+    x,
+    w1,
+    w2,
+    topk_weights,
+    topk_ids,
+    on_input=False,
+    expert_map=None,
+    b1=None,
+    b2=None,
+    activation="silu",
+    activation_format=None,
+):
     """float64: for each token and slot, the expert's gated MLP, weighted (on its input or its output). A copy
     whose id lies outside [0, G) (G: the map's length, or E) or whose mapped expert lies outside [0, E) adds
     nothing. With ``activation_format``, both activations are quantized (each row on its own, as MX blocks
@@ -105,8 +117,9 @@ def test_expert_map_inplace_and_weights_on_input(device):
     remote = (expert_map[global_ids.long()] < 0).all(1)
     assert (out[remote] == 0).all()
     on_input = fused_experts(x, w1, w2, topk_weights, topk_ids, apply_router_weight_on_input=True)
-    assert_close_relative(on_input.float(), _reference(x, w1, w2, topk_weights, topk_ids, on_input=True),
-                          TOLERANCE["bf16"])
+    assert_close_relative(
+        on_input.float(), _reference(x, w1, w2, topk_weights, topk_ids, on_input=True), TOLERANCE["bf16"]
+    )
     y = x.clone()
     assert fused_experts(y, w1, w2, topk_weights, topk_ids, inplace=True) is y
     assert torch.equal(y, fused_experts(x, w1, w2, topk_weights, topk_ids))
@@ -125,8 +138,9 @@ def test_errors(device):
     with pytest.raises(ValueError, match="w1_bias must be a \\[E, 64\\]"):
         fused_experts(x, w1, w2, topk_weights, topk_ids, w1_bias=torch.zeros(4, 32, device=device))
     with pytest.raises(ValueError, match="interleaved"):
-        fused_experts(x, lk.quantize(w1, "mxfp4", scale_layout="hopper"), w2, topk_weights, topk_ids,
-                      activation="swigluoai")
+        fused_experts(
+            x, lk.quantize(w1, "mxfp4", scale_layout="hopper"), w2, topk_weights, topk_ids, activation="swigluoai"
+        )
 
 
 def test_router_weights_on_input_with_top_k_above_one(device):
@@ -197,13 +211,16 @@ def test_out_of_range_ids_contribute_nothing(device):
             fused_experts(x, w1, w2, topk_weights, ids, expert_map=mapping, validate=True)
         ids[0, 1:] = -1
         ids[2:4] = 0
-        assert torch.equal(fused_experts(x, w1, w2, topk_weights, ids, expert_map=mapping, validate=True),
-                           fused_experts(x, w1, w2, topk_weights, ids, expert_map=mapping))
+        assert torch.equal(
+            fused_experts(x, w1, w2, topk_weights, ids, expert_map=mapping, validate=True),
+            fused_experts(x, w1, w2, topk_weights, ids, expert_map=mapping),
+        )
     bad_map = torch.tensor([0, 1, 9, -3], dtype=torch.int64, device=device)  # entries past E = 4 and below -1
     ids = torch.randint(0, 4, (x.shape[0], 3), device=device, dtype=torch.int32)
     out = fused_experts(x, w1, w2, topk_weights, ids, global_num_experts=4, expert_map=bad_map)
-    assert_close_relative(out.float(), _reference(x, w1, w2, topk_weights, ids, expert_map=bad_map),
-                          TOLERANCE["bf16"], "bad map entries")
+    assert_close_relative(
+        out.float(), _reference(x, w1, w2, topk_weights, ids, expert_map=bad_map), TOLERANCE["bf16"], "bad map entries"
+    )
     with pytest.raises(ValueError, match=r"expert_map\[2\] = 9"):
         fused_experts(x, w1, w2, topk_weights, ids, expert_map=bad_map, validate=True)
     with pytest.raises(ValueError, match="global_num_experts must be -1 or len"):
@@ -230,11 +247,17 @@ def test_inplace_checks_every_argument_before_any_launch(device):
     q1, q2 = lk.quantize(w1, "mxfp8"), lk.quantize(w2, "mxfp8")
     experts, two_n, k = w1.shape
     cases = {
-        "w2_bias of ints": (TypeError, "w2_bias", dict(w2_bias=torch.zeros(experts, k, dtype=torch.int32,
-                                                                            device=device))),
+        "w2_bias of ints": (
+            TypeError,
+            "w2_bias",
+            dict(w2_bias=torch.zeros(experts, k, dtype=torch.int32, device=device)),
+        ),
         "w1_bias of another shape": (ValueError, "w1_bias", dict(w1_bias=torch.zeros(experts, 3, device=device))),
-        "topk_weights requiring grad": (ValueError, "forward-only", dict(
-            topk_weights=topk_weights.clone().requires_grad_(True))),
+        "topk_weights requiring grad": (
+            ValueError,
+            "forward-only",
+            dict(topk_weights=topk_weights.clone().requires_grad_(True)),
+        ),
         "w1 requiring grad": (ValueError, "forward-only", dict(w1=w1.float().requires_grad_(True).bfloat16())),
         "bf16 weights under mxfp8 activations": (TypeError, "activation_format", dict(activation_format="mxfp8")),
         "nvfp4 activations, mxfp8 weights": (TypeError, "nvfp4", dict(w1=q1, w2=q2, activation_format="nvfp4")),
@@ -244,8 +267,11 @@ def test_inplace_checks_every_argument_before_any_launch(device):
         "topk_ids elsewhere": (ValueError, "topk_ids is on meta", dict(topk_ids=topk_ids.to("meta"))),
         "topk_ids of other tokens": (ValueError, "topk_ids", dict(topk_ids=topk_ids[1:])),
         "validate not a bool": (TypeError, "validate", dict(validate="yes")),
-        "interleaved rows in the hopper layout": (ValueError, "interleaved", dict(
-            w1=lk.quantize(w1, "mxfp4", scale_layout="hopper"), activation="swigluoai")),
+        "interleaved rows in the hopper layout": (
+            ValueError,
+            "interleaved",
+            dict(w1=lk.quantize(w1, "mxfp4", scale_layout="hopper"), activation="swigluoai"),
+        ),
         "w2 of another shape": (ValueError, "w2", dict(w2=w2.transpose(1, 2))),
     }
     arguments = dict(w1=w1, w2=w2, topk_weights=topk_weights, topk_ids=topk_ids)
@@ -253,12 +279,21 @@ def test_inplace_checks_every_argument_before_any_launch(device):
         hidden_states = x.clone()
         call = {**arguments, **changes}
         with _TensorOps() as recorded, pytest.raises(error, match=message):
-            fused_experts(hidden_states, call.pop("w1"), call.pop("w2"), call.pop("topk_weights"),
-                          call.pop("topk_ids"), inplace=True, **call)
+            fused_experts(
+                hidden_states,
+                call.pop("w1"),
+                call.pop("w2"),
+                call.pop("topk_weights"),
+                call.pop("topk_ids"),
+                inplace=True,
+                **call,
+            )
         assert recorded.ops == [], f"{name}: ran {recorded.ops} before raising"
         assert torch.equal(hidden_states, x), name
-    for hidden_states, error, message in ((x[:1].expand_as(x), ValueError, "share memory"),
-                                          (x.double(), TypeError, "hidden_states")):
+    for hidden_states, error, message in (
+        (x[:1].expand_as(x), ValueError, "share memory"),
+        (x.double(), TypeError, "hidden_states"),
+    ):
         with _TensorOps() as recorded, pytest.raises(error, match=message):
             fused_experts(hidden_states, w1, w2, topk_weights, topk_ids, inplace=True)
         assert recorded.ops == [], f"{message}: ran {recorded.ops} before raising"

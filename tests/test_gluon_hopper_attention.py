@@ -2,6 +2,7 @@
 PyTorch reference, on an sm_90 GPU (the kernel uses TMA, wgmma and warp specialization: it cannot run elsewhere,
 nor in the interpreter). ``lk.attention`` takes this path on such a GPU: tests/test_attention*.py cover it there
 too."""
+
 import math
 
 import pytest
@@ -21,10 +22,12 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not _on_sm90(), reason="needs 
 def attend():
     """The kernel, called after NaN was written to the memory its outputs will likely take (the caching
     allocator hands back the blocks just freed), so that an element it leaves unwritten fails the check."""
+
     def poisoned_call(q, k, v, **kwargs):
         torch.full(q.shape, float("nan"), dtype=q.dtype, device=q.device)
         torch.full((q.shape[0], q.shape[2], q.shape[1]), float("nan"), device=q.device)
         return gluon_attention(q, k, v, **kwargs)
+
     return poisoned_call
 
 
@@ -81,29 +84,43 @@ def _check(result, q, k, v, causal, softmax_scale, window=None):
 @pytest.mark.parametrize("seqlen", [128, 1000, 2048, 4500])
 def test_matches_reference(attend, seqlen, head_dim, causal):
     q, k, v = _inputs(2, seqlen, seqlen, 8, 2, head_dim)
-    _check(attend(q, k, v, causal=causal, return_lse=True), q, k, v, causal, head_dim ** -0.5)
+    _check(attend(q, k, v, causal=causal, return_lse=True), q, k, v, causal, head_dim**-0.5)
 
 
-@pytest.mark.parametrize("batch, seqlen_q, seqlen_kv, q_heads, kv_heads, head_dim, causal, q_gain, scale, dtype", [
-    (1, 1, 1000, 4, 1, 128, False, 1.0, None, torch.bfloat16),  # MQA, one query: Sq far below the Q block
-    (3, 300, 77, 8, 8, 64, False, 1.0, None, torch.bfloat16),  # Skv below one K/V tile
-    (2, 513, 513, 6, 3, 128, True, 4.0, None, torch.bfloat16),  # peaked scores: the running max moves
-    (2, 700, 700, 4, 2, 64, True, 1.0, 0.3, torch.bfloat16),  # explicit softmax_scale
-    (2, 200, 1000, 4, 2, 128, True, 1.0, None, torch.bfloat16),  # causal, Sq < Skv: bottom-right aligned
-    (1, 1, 300, 2, 1, 64, True, 1.0, None, torch.bfloat16),  # one query sees every key
-    (2, 640, 640, 4, 4, 128, True, 1.0, None, torch.float16),
-    (1, 3000, 3000, 2, 1, 64, False, 1.0, None, torch.float16),
-    (2, 333, 900, 4, 1, 256, True, 4.0, None, torch.bfloat16),  # D = 256: 64-key tiles
-], ids=["mqa-one-query", "mha-short-kv", "peaked-causal", "scale", "causal-bottom-right", "causal-one-query",
-        "fp16-causal", "fp16-long", "d256-causal-bottom-right"])
+@pytest.mark.parametrize(
+    "batch, seqlen_q, seqlen_kv, q_heads, kv_heads, head_dim, causal, q_gain, scale, dtype",
+    [
+        (1, 1, 1000, 4, 1, 128, False, 1.0, None, torch.bfloat16),  # MQA, one query: Sq far below the Q block
+        (3, 300, 77, 8, 8, 64, False, 1.0, None, torch.bfloat16),  # Skv below one K/V tile
+        (2, 513, 513, 6, 3, 128, True, 4.0, None, torch.bfloat16),  # peaked scores: the running max moves
+        (2, 700, 700, 4, 2, 64, True, 1.0, 0.3, torch.bfloat16),  # explicit softmax_scale
+        (2, 200, 1000, 4, 2, 128, True, 1.0, None, torch.bfloat16),  # causal, Sq < Skv: bottom-right aligned
+        (1, 1, 300, 2, 1, 64, True, 1.0, None, torch.bfloat16),  # one query sees every key
+        (2, 640, 640, 4, 4, 128, True, 1.0, None, torch.float16),
+        (1, 3000, 3000, 2, 1, 64, False, 1.0, None, torch.float16),
+        (2, 333, 900, 4, 1, 256, True, 4.0, None, torch.bfloat16),  # D = 256: 64-key tiles
+    ],
+    ids=[
+        "mqa-one-query",
+        "mha-short-kv",
+        "peaked-causal",
+        "scale",
+        "causal-bottom-right",
+        "causal-one-query",
+        "fp16-causal",
+        "fp16-long",
+        "d256-causal-bottom-right",
+    ],
+)
 def test_other_shapes(attend, batch, seqlen_q, seqlen_kv, q_heads, kv_heads, head_dim, causal, q_gain, scale, dtype):
     q, k, v = _inputs(batch, seqlen_q, seqlen_kv, q_heads, kv_heads, head_dim, q_gain, dtype)
     result = attend(q, k, v, causal=causal, softmax_scale=scale, return_lse=True)
-    _check(result, q, k, v, causal, head_dim ** -0.5 if scale is None else scale)
+    _check(result, q, k, v, causal, head_dim**-0.5 if scale is None else scale)
 
 
-@pytest.mark.parametrize("window", [(0, 0), (100, 50), (300, -1), (-1, 200), (128, 0), (1, 5000)],
-                         ids=lambda w: f"window{w[0]}_{w[1]}")
+@pytest.mark.parametrize(
+    "window", [(0, 0), (100, 50), (300, -1), (-1, 200), (128, 0), (1, 5000)], ids=lambda w: f"window{w[0]}_{w[1]}"
+)
 @pytest.mark.parametrize("causal", [False, True], ids=["", "causal"])
 @pytest.mark.parametrize("seqlen_q, seqlen_kv", [(700, 700), (300, 1000), (1000, 300)])
 def test_sliding_window(attend, seqlen_q, seqlen_kv, causal, window):
@@ -115,19 +132,22 @@ def test_sliding_window(attend, seqlen_q, seqlen_kv, causal, window):
 
 
 @pytest.mark.parametrize("consumers", [2, 3])
-@pytest.mark.parametrize("causal, window", [(False, None), (True, None), (False, (100, 50)), (True, (300, -1))],
-                         ids=["full", "causal", "window", "causal-window"])
+@pytest.mark.parametrize(
+    "causal, window",
+    [(False, None), (True, None), (False, (100, 50)), (True, (300, -1))],
+    ids=["full", "causal", "window", "causal-window"],
+)
 def test_consumer_counts(attend, consumers, causal, window):
     """Head dim 64 runs two or three consumer warpgroups per block (192-row blocks with three)."""
     q, k, v = _inputs(2, 1000, 1200, 4, 2, 64)
     result = attend(q, k, v, causal=causal, window=window, return_lse=True, consumers=consumers)
-    _check(result, q, k, v, causal, 64 ** -0.5, window)
+    _check(result, q, k, v, causal, 64**-0.5, window)
 
 
 def test_causal_rows_before_the_first_key(attend):
     """Causal with Sq > Skv: the first Sq - Skv queries see no key (0, LSE -inf); whole 128-row blocks of them."""
     q, k, v = _inputs(2, 1000, 200, 4, 4, 128)
-    _check(attend(q, k, v, causal=True, return_lse=True), q, k, v, True, 128 ** -0.5)
+    _check(attend(q, k, v, causal=True, return_lse=True), q, k, v, True, 128**-0.5)
 
 
 def test_strided_views(attend):
@@ -139,7 +159,7 @@ def test_strided_views(attend):
     out, lse = attend(q, k, v, causal=True, return_lse=True)
     expected, expected_lse = attend(q.contiguous(), k.contiguous(), v.contiguous(), causal=True, return_lse=True)
     assert torch.equal(out, expected) and torch.equal(lse, expected_lse)
-    _check((out, lse), q, k, v, True, 128 ** -0.5)
+    _check((out, lse), q, k, v, True, 128**-0.5)
 
 
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
@@ -149,7 +169,7 @@ def test_next_sequence_is_never_read(attend, head_dim):
     q, k, v = _inputs(2, 100, 1000, 4, 2, head_dim)
     k[1], v[1] = float("nan"), float("inf")
     out, lse = attend(q, k, v, return_lse=True)
-    _check((out[:1], lse[:1]), q[:1], k[:1], v[:1], False, head_dim ** -0.5)
+    _check((out[:1], lse[:1]), q[:1], k[:1], v[:1], False, head_dim**-0.5)
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["strided", "counter"])
@@ -158,7 +178,7 @@ def test_more_work_tiles_than_a_grid_dimension_held(attend, causal):
     program runs hundreds of work tiles, handed out by striding (unmasked) or the counter (causal)."""
     q, k, v = _inputs(1100, 20, 20, 64, 16, 64)
     result = attend(q, k, v, causal=causal, return_lse=True)
-    _check(result, q, k, v, causal, 64 ** -0.5)
+    _check(result, q, k, v, causal, 64**-0.5)
 
 
 def test_repeated_masked_calls_start_from_a_fresh_counter(attend):
@@ -273,6 +293,7 @@ def test_lk_attention_takes_this_kernel():
 
 # --------------------------------------------------------------------------- paged KV cache (chunked prefill)
 
+
 def _paged(k, v, page_size, seqlens, extra_pages=3, page_stride_pad=0):
     """A PagedKVCache of sequence b's first ``seqlens[b]`` keys of dense ``k, v [B, S, Hkv, D]`` in shuffled
     pages. Slots past a sequence's keys and the unused pages hold NaN (so that a kernel reading them into the
@@ -285,18 +306,20 @@ def _paged(k, v, page_size, seqlens, extra_pages=3, page_stride_pad=0):
     permutation = torch.randperm(num_pages).tolist()
     block_table = torch.full((batch, max_pages), 10**6, dtype=torch.int32)
     page_elems = page_size * kv_heads * head_dim
-    storage = [torch.full((num_pages, page_elems + page_stride_pad), float("nan"), dtype=k.dtype, device=k.device)
-               for _ in range(2)]
+    storage = [
+        torch.full((num_pages, page_elems + page_stride_pad), float("nan"), dtype=k.dtype, device=k.device)
+        for _ in range(2)
+    ]
     k_pages, v_pages = (s[:, :page_elems].unflatten(1, (page_size, kv_heads, head_dim)) for s in storage)
     cursor = 0
     for b, count in enumerate(counts):
-        pages = permutation[cursor:cursor + count]
+        pages = permutation[cursor : cursor + count]
         cursor += count
         block_table[b, :count] = torch.tensor(pages, dtype=torch.int32)
         for i, page in enumerate(pages):
             keys = slice(i * page_size, min((i + 1) * page_size, seqlens[b]))
-            k_pages[page, :keys.stop - keys.start] = k[b, keys]
-            v_pages[page, :keys.stop - keys.start] = v[b, keys]
+            k_pages[page, : keys.stop - keys.start] = k[b, keys]
+            v_pages[page, : keys.stop - keys.start] = v[b, keys]
     from llmkernels.attention.paged import PagedKVCache
 
     return PagedKVCache(k_pages, v_pages, block_table.cuda(), torch.tensor(seqlens, dtype=torch.int32, device="cuda"))
@@ -314,6 +337,7 @@ def _record_launches(monkeypatch, kernel, describe) -> list:
         if bound.fn is kernel:
             calls.append(describe(bound))
         return launch(bound, *values)
+
     monkeypatch.setattr(BoundKernel, "__call__", counting)
     return calls
 
@@ -328,8 +352,11 @@ def gluon_launches(monkeypatch):
     with which layout)."""
     from llmkernels.attention import gluon_hopper
 
-    return _record_launches(monkeypatch, gluon_hopper.BACKEND.kernel,
-                            lambda bound: (_bound_value(bound, "RAGGED"), _bound_value(bound, "PAGE_SIZE") > 0))
+    return _record_launches(
+        monkeypatch,
+        gluon_hopper.BACKEND.kernel,
+        lambda bound: (_bound_value(bound, "RAGGED"), _bound_value(bound, "PAGE_SIZE") > 0),
+    )
 
 
 def _check_paged(out, lse, q, k, v, seqlens, causal, window=None):
@@ -337,11 +364,11 @@ def _check_paged(out, lse, q, k, v, seqlens, causal, window=None):
     assert not torch.isnan(out).any(), "NaN in the output"
     for b, n in enumerate(seqlens):
         n = max(n, 0)
-        ref, ref_lse = _reference(q[b:b + 1], k[b:b + 1, :n], v[b:b + 1, :n], causal, q.shape[-1] ** -0.5, window)
-        error = ((out[b:b + 1].float() - ref).norm() / ref.norm().clamp_min(1e-6)).item()
+        ref, ref_lse = _reference(q[b : b + 1], k[b : b + 1, :n], v[b : b + 1, :n], causal, q.shape[-1] ** -0.5, window)
+        error = ((out[b : b + 1].float() - ref).norm() / ref.norm().clamp_min(1e-6)).item()
         assert error < TOLERANCE, f"sequence {b} ({n} keys): relative error {error:.2e}"
-        torch.testing.assert_close(lse[b:b + 1], ref_lse, atol=2e-2, rtol=1e-3)
-        assert (out[b:b + 1][torch.isinf(ref_lse).transpose(1, 2)] == 0).all(), "a row that sees no key must give 0"
+        torch.testing.assert_close(lse[b : b + 1], ref_lse, atol=2e-2, rtol=1e-3)
+        assert (out[b : b + 1][torch.isinf(ref_lse).transpose(1, 2)] == 0).all(), "a row that sees no key must give 0"
 
 
 @pytest.mark.parametrize("mask", ["none", "causal", "window"])
@@ -359,8 +386,15 @@ def test_paged_cache_matches_reference(gluon_launches, head_dim, page_size, mask
     causal = mask == "causal"
     window = (400, 0) if mask == "window" else None
     torch.full(q.shape, float("nan"), dtype=q.dtype, device=q.device)  # poison what out will likely take
-    out, lse = lk.attention(q, None, None, kv_cache=cache, causal=causal, return_lse=True,
-                            mask=lk.SlidingWindow(*window) if window else None)
+    out, lse = lk.attention(
+        q,
+        None,
+        None,
+        kv_cache=cache,
+        causal=causal,
+        return_lse=True,
+        mask=lk.SlidingWindow(*window) if window else None,
+    )
     assert gluon_launches == [(False, True)]
     _check_paged(out, lse, q, k, v, seqlens, causal, window)
 
@@ -397,8 +431,9 @@ def test_paged_cache_bad_metadata_matches_the_portable_kernel(gluon_launches):
     out, lse = lk.attention(q, None, None, kv_cache=hostile, causal=True, return_lse=True)
     assert gluon_launches == [(False, True)]
     portable = default_config(128, q.dtype, q.device).replace(warp_specialized=False)
-    expected, expected_lse = lk.attention(q, None, None, kv_cache=hostile, causal=True, return_lse=True,
-                                          config=portable)
+    expected, expected_lse = lk.attention(
+        q, None, None, kv_cache=hostile, causal=True, return_lse=True, config=portable
+    )
     assert not torch.isnan(out).any()
     error = ((out.float() - expected.float()).norm() / expected.float().norm()).item()
     assert error < TOLERANCE, f"relative error against the portable kernel {error:.2e}"
@@ -422,13 +457,15 @@ def test_paged_cache_views(gluon_launches):
     _check_paged(out, lse, q, k, v, seqlens, False)
     strided = cache.k_pages.transpose(1, 3).contiguous().transpose(1, 3)  # head dim strided
     assert not supports_paged(q, strided, cache.v_pages, 0.1)
-    out, lse = lk.attention(q, None, None, kv_cache=PagedKVCache(strided, cache.v_pages, cache.block_table,
-                                                                  cache.seqlens), return_lse=True)
+    out, lse = lk.attention(
+        q, None, None, kv_cache=PagedKVCache(strided, cache.v_pages, cache.block_table, cache.seqlens), return_lse=True
+    )
     assert gluon_launches == [(False, True)]  # not this kernel
     _check_paged(out, lse, q, k, v, seqlens, False)
 
 
 # --------------------------------------------------------------------------- ragged q (and k / v)
+
 
 def _cu(lengths):
     return torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
@@ -467,9 +504,18 @@ def test_ragged_matches_reference(gluon_launches, head_dim, mask):
     causal = mask == "causal"
     window = (300, 0) if mask == "window" else None
     torch.full(q.shape, float("nan"), dtype=q.dtype, device=q.device)  # poison what out will likely take
-    out, lse = lk.attention(q, k, v, cu_seqlens_q=_cu(lengths_q), cu_seqlens_k=_cu(lengths_k), max_seqlen_q=700,
-                            max_seqlen_k=1000, causal=causal, return_lse=True,
-                            mask=lk.SlidingWindow(*window) if window else None)
+    out, lse = lk.attention(
+        q,
+        k,
+        v,
+        cu_seqlens_q=_cu(lengths_q),
+        cu_seqlens_k=_cu(lengths_k),
+        max_seqlen_q=700,
+        max_seqlen_k=1000,
+        causal=causal,
+        return_lse=True,
+        mask=lk.SlidingWindow(*window) if window else None,
+    )
     assert gluon_launches == [(True, False)]
     _check_ragged(out, lse, q, k, v, lengths_q, lengths_k, causal, window, skip=(4,))
 
@@ -484,8 +530,9 @@ def test_ragged_queries_over_a_paged_cache(gluon_launches, page_size):
     q = torch.randn(sum(lengths_q), 8, 128, device="cuda", dtype=torch.bfloat16)
     k, v = (torch.randn(4, max(seqlens), 2, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     cache = _paged(k, v, page_size, seqlens)
-    out, lse = lk.attention(q, None, None, kv_cache=cache, cu_seqlens_q=_cu(lengths_q), max_seqlen_q=500,
-                            causal=True, return_lse=True)
+    out, lse = lk.attention(
+        q, None, None, kv_cache=cache, cu_seqlens_q=_cu(lengths_q), max_seqlen_q=500, causal=True, return_lse=True
+    )
     assert gluon_launches == [(True, True)]
     k_ragged = torch.cat([k[b, :n] for b, n in enumerate(seqlens)])
     v_ragged = torch.cat([v[b, :n] for b, n in enumerate(seqlens)])
@@ -503,8 +550,9 @@ def test_ragged_bad_cu_seqlens_match_the_portable_kernel(gluon_launches):
     v = torch.randn_like(k)
     cu_q = torch.tensor([0, 300, 200, 700, 5000], dtype=torch.int32, device="cuda")
     cu_k = torch.tensor([0, 400, 900, 800, 9000], dtype=torch.int32, device="cuda")
-    kwargs = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=600, max_seqlen_k=1200, causal=True,
-                  return_lse=True)
+    kwargs = dict(
+        cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=600, max_seqlen_k=1200, causal=True, return_lse=True
+    )
     out, lse = lk.attention(q, k, v, **kwargs)
     assert gluon_launches == [(True, False)]
     portable = default_config(128, q.dtype, q.device).replace(warp_specialized=False)
@@ -522,6 +570,7 @@ def test_ragged_bad_cu_seqlens_match_the_portable_kernel(gluon_launches):
 
 # --------------------------------------------------------------------------- split-KV decode (gluon_decode.py)
 
+
 @pytest.fixture
 def decode_launches(monkeypatch):
     """The Gluon split pass's launches, as ``paged`` flags (so that a test knows lk.attention took it)."""
@@ -529,8 +578,7 @@ def decode_launches(monkeypatch):
     from llmkernels.launch import clear_plans
 
     clear_plans()
-    yield _record_launches(monkeypatch, gluon_decode.BACKEND.kernel,
-                           lambda bound: _bound_value(bound, "PAGE_SIZE") > 0)
+    yield _record_launches(monkeypatch, gluon_decode.BACKEND.kernel, lambda bound: _bound_value(bound, "PAGE_SIZE") > 0)
     clear_plans()
 
 
@@ -543,7 +591,7 @@ def test_decode_split_pass_matches_reference(decode_launches, head_dim, q_heads,
     import llmkernels as lk
     from llmkernels.attention.gluon_decode import MAX_HEAD_PROGRAMS
 
-    seqlens = [4096, 2049, 0, 37][:max(1, MAX_HEAD_PROGRAMS // kv_heads)]
+    seqlens = [4096, 2049, 0, 37][: max(1, MAX_HEAD_PROGRAMS // kv_heads)]
     q, k, v = _inputs(len(seqlens), 1, max(seqlens), q_heads, kv_heads, head_dim)
     cache = _paged(k, v, page_size, seqlens)
     torch.full((len(seqlens), 8, q_heads, head_dim), float("nan"), device="cuda")  # poison the partials' memory
@@ -565,14 +613,15 @@ def test_decode_split_pass_dense_kv_sinks_and_splits(decode_launches):
         decode_launches.clear()
         out, lse = lk.attention(q, k, v, sinks=sinks, num_splits=num_splits, return_lse=True)
         assert decode_launches == [False]
-        expected, expected_lse = lk.attention(q, k, v, sinks=sinks, num_splits=num_splits, return_lse=True,
-                                              config=portable)
+        expected, expected_lse = lk.attention(
+            q, k, v, sinks=sinks, num_splits=num_splits, return_lse=True, config=portable
+        )
         assert decode_launches == [False]
         error = ((out.float() - expected.float()).norm() / expected.float().norm()).item()
         assert error < TOLERANCE, f"{num_splits} splits: relative error against the portable pass {error:.2e}"
         torch.testing.assert_close(lse, expected_lse, atol=1e-3, rtol=1e-4)
     no_sinks, _ = lk.attention(q, k, v, num_splits=3, return_lse=True)
-    ref, _ = _reference(q, k, v, False, 128 ** -0.5)
+    ref, _ = _reference(q, k, v, False, 128**-0.5)
     assert ((no_sinks.float() - ref).norm() / ref.norm()).item() < TOLERANCE
 
 
@@ -589,8 +638,12 @@ def test_decode_split_pass_bad_metadata_matches_the_portable_pass(decode_launche
     block_table = cache.block_table.clone()
     block_table[0, 3], block_table[1, 0] = -7, cache.num_pages + 5
     for counts in ([700, -5], [10**6, 500]):
-        hostile = PagedKVCache(cache.k_pages.nan_to_num(0.0), cache.v_pages.nan_to_num(0.0), block_table,
-                               torch.tensor(counts, dtype=torch.int32, device="cuda"))
+        hostile = PagedKVCache(
+            cache.k_pages.nan_to_num(0.0),
+            cache.v_pages.nan_to_num(0.0),
+            block_table,
+            torch.tensor(counts, dtype=torch.int32, device="cuda"),
+        )
         decode_launches.clear()
         out, lse = lk.attention(q, None, None, kv_cache=hostile, return_lse=True)
         assert decode_launches == [True]
@@ -618,16 +671,16 @@ def test_decode_split_pass_views_and_fallbacks(decode_launches):
     _check_paged(out, lse, q, k, v, seqlens, False)
 
     decode_launches.clear()
-    strided = PagedKVCache(cache.k_pages.transpose(2, 3).contiguous().transpose(2, 3),
-                           cache.v_pages, cache.block_table, cache.seqlens)  # head dim not unit-stride
+    strided = PagedKVCache(
+        cache.k_pages.transpose(2, 3).contiguous().transpose(2, 3), cache.v_pages, cache.block_table, cache.seqlens
+    )  # head dim not unit-stride
     out, lse = lk.attention(q, None, None, kv_cache=strided, return_lse=True)
     assert decode_launches == []
     _check_paged(out, lse, q, k, v, seqlens, False)
 
     many = MAX_HEAD_PROGRAMS // 4 + 1  # sequences x 4 KV heads past the limit
     q_many, k_many, v_many = _inputs(many, 1, 300, 32, 4, 128)
-    out, lse = lk.attention(q_many, None, None, kv_cache=_paged(k_many, v_many, 16, [300] * many),
-                            return_lse=True)
+    out, lse = lk.attention(q_many, None, None, kv_cache=_paged(k_many, v_many, 16, [300] * many), return_lse=True)
     assert decode_launches == []
     _check_paged(out, lse, q_many, k_many, v_many, [300] * many, False)
 

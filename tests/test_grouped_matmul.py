@@ -3,6 +3,7 @@
 Every output is poisoned with NaN first: an unwritten row fails, and rows outside every group must
 still be NaN afterwards. Runs under the Triton interpreter on CPU (small shapes) and on the GPU.
 """
+
 import pytest
 import torch
 import triton
@@ -21,9 +22,16 @@ TOLERANCE = {torch.float32: 2e-5, torch.bfloat16: 8e-3, torch.float16: 1e-3}
 
 # (a format, b format); "bf16"/"fp16" are plain tensors.
 FORMAT_PAIRS = [
-    ("bf16", "bf16"), ("fp16", "fp16"),
-    ("mxfp8", "mxfp8"), ("mxfp4", "mxfp4"), ("nvfp4", "nvfp4"), ("mxfp8", "mxfp4"),
-    ("bf16", "mxfp8"), ("bf16", "mxfp4"), ("bf16", "nvfp4"), ("fp16", "mxfp4"),
+    ("bf16", "bf16"),
+    ("fp16", "fp16"),
+    ("mxfp8", "mxfp8"),
+    ("mxfp4", "mxfp4"),
+    ("nvfp4", "nvfp4"),
+    ("mxfp8", "mxfp4"),
+    ("bf16", "mxfp8"),
+    ("bf16", "mxfp4"),
+    ("bf16", "nvfp4"),
+    ("fp16", "mxfp4"),
 ]
 DOT_SCALED_PAIRS = [("mxfp8", "mxfp8"), ("mxfp4", "mxfp4"), ("mxfp8", "mxfp4"), ("bf16", "mxfp8"), ("bf16", "mxfp4")]
 SMALL = lk.BlockScaledMatmulConfig(block_m=16, block_n=32, block_k=64, num_stages=1, num_warps=4)
@@ -58,16 +66,41 @@ def _problem(grouping: str, k: int, n: int, device, trailing_rows: int = 3):
     return x, w, a_offsets, expert_ids, expert_scales, sum(sizes)
 
 
-def _check(a, b, a_offsets, expert_ids, expert_scales, rows_in_groups, *, out_dtype=torch.float32,
-           epilogue=None, reference_epilogue=None, config=SMALL, validate=False, bias=None):
+def _check(
+    a,
+    b,
+    a_offsets,
+    expert_ids,
+    expert_scales,
+    rows_in_groups,
+    *,
+    out_dtype=torch.float32,
+    epilogue=None,
+    reference_epilogue=None,
+    config=SMALL,
+    validate=False,
+    bias=None,
+):
     num_tokens = a.shape[0]
     n_out = b.shape[1] // 2 if epilogue == "swiglu" or isinstance(epilogue, lk.SwiGLU) else b.shape[1]
     out = poison(torch.empty(num_tokens, n_out, dtype=out_dtype, device=a_offsets.device))
-    result = lk.grouped_matmul(a, b, a_offsets, expert_ids, expert_scales, epilogue=epilogue, bias=bias,
-                               out_dtype=out_dtype, out=out, config=config, validate=validate)
+    result = lk.grouped_matmul(
+        a,
+        b,
+        a_offsets,
+        expert_ids,
+        expert_scales,
+        epilogue=epilogue,
+        bias=bias,
+        out_dtype=out_dtype,
+        out=out,
+        config=config,
+        validate=validate,
+    )
     assert result is out
-    expected = lk.grouped_matmul_reference(a, b, a_offsets, expert_ids, expert_scales,
-                                           epilogue=reference_epilogue or epilogue, bias=bias)
+    expected = lk.grouped_matmul_reference(
+        a, b, a_offsets, expert_ids, expert_scales, epilogue=reference_epilogue or epilogue, bias=bias
+    )
     assert_close_relative(out[:rows_in_groups].float(), expected[:rows_in_groups], TOLERANCE[out_dtype])
     assert out[rows_in_groups:].isnan().all(), "rows outside every group were written"
 
@@ -79,8 +112,10 @@ def test_format_pairs(formats, grouping, device):
     _check(_make_operand(x, formats[0]), _make_operand(w, formats[1]), offsets, ids, scales, rows)
 
 
-@pytest.mark.skipif(interpreting() and tuple(map(int, triton.__version__.split(".")[:2])) < (3, 9),
-                    reason="Triton's interpreter runs tl.dot_scaled from 3.9 on")
+@pytest.mark.skipif(
+    interpreting() and tuple(map(int, triton.__version__.split(".")[:2])) < (3, 9),
+    reason="Triton's interpreter runs tl.dot_scaled from 3.9 on",
+)
 @pytest.mark.parametrize("formats", DOT_SCALED_PAIRS, ids="x".join)
 def test_dot_scaled_path(formats, device):
     x, w, offsets, ids, scales, rows = _problem("ragged", k=128, n=48, device=device)
@@ -92,8 +127,16 @@ def test_dot_scaled_path(formats, device):
 def test_swapped_ab(formats, device):
     x, w, offsets, ids, scales, rows = _problem("ragged", k=128, n=48, device=device)
     config = lk.BlockScaledMatmulConfig(block_m=16, block_n=32, block_k=64, num_stages=1, num_warps=4, ab_swapped=True)
-    _check(_make_operand(x, formats[0]), _make_operand(w, formats[1]), offsets, ids, scales, rows, config=config,
-           epilogue="swiglu")
+    _check(
+        _make_operand(x, formats[0]),
+        _make_operand(w, formats[1]),
+        offsets,
+        ids,
+        scales,
+        rows,
+        config=config,
+        epilogue="swiglu",
+    )
 
 
 @pytest.mark.parametrize("formats", [("mxfp8", "mxfp8"), ("nvfp4", "nvfp4"), ("bf16", "mxfp4")], ids="x".join)
@@ -104,8 +147,9 @@ def test_scale_loading_orders(formats, prefetch, words, device):
     products, over K steps whose words straddle nothing and past K (the last prefetch), with SwiGLU's
     second B tile and both scale layouts of B."""
     x, w, offsets, ids, scales, rows = _problem("ragged", k=384, n=48, device=device)
-    config = lk.BlockScaledMatmulConfig(block_m=16, block_n=32, block_k=128, num_stages=1, num_warps=4,
-                                        prefetch_scales=prefetch, scale_words=words)
+    config = lk.BlockScaledMatmulConfig(
+        block_m=16, block_n=32, block_k=128, num_stages=1, num_warps=4, prefetch_scales=prefetch, scale_words=words
+    )
     a, b = _make_operand(x, formats[0]), _make_operand(w, formats[1])
     _check(a, b, offsets, ids, scales, rows, config=config, epilogue="swiglu")
     _check(a, b.to_layout("128x4"), offsets, ids, scales, rows, config=config, epilogue="swiglu")
@@ -115,8 +159,9 @@ def test_scale_loading_orders(formats, prefetch, words, device):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the packed decode is PTX: NVIDIA GPUs only")
-@pytest.mark.parametrize("formats", [("mxfp4", "mxfp4"), ("bf16", "mxfp4"), ("nvfp4", "nvfp4"), ("mxfp8", "mxfp4")],
-                         ids="x".join)
+@pytest.mark.parametrize(
+    "formats", [("mxfp4", "mxfp4"), ("bf16", "mxfp4"), ("nvfp4", "nvfp4"), ("mxfp8", "mxfp4")], ids="x".join
+)
 @pytest.mark.parametrize("swap", [False, True])
 def test_packed_e2m1_decode_equals_the_float32_decode(formats, swap, monkeypatch):
     """The packed decode (bf16 pairs through PTX, what bf16 tiles take on NVIDIA GPUs) and the float32
@@ -125,8 +170,16 @@ def test_packed_e2m1_decode_equals_the_float32_decode(formats, swap, monkeypatch
     device = torch.device("cuda")
     x, w, offsets, ids, scales, rows = _problem("ragged", k=192, n=48, device=device)
     a, b = _make_operand(x, formats[0]), _make_operand(w, formats[1])
-    config = lk.BlockScaledMatmulConfig(block_m=16, block_n=32, block_k=64, num_stages=2, num_warps=4,
-                                        mma="dequant", ab_swapped=swap, upcast_a=formats[0] != "bf16" and not swap)
+    config = lk.BlockScaledMatmulConfig(
+        block_m=16,
+        block_n=32,
+        block_k=64,
+        num_stages=2,
+        num_warps=4,
+        mma="dequant",
+        ab_swapped=swap,
+        upcast_a=formats[0] != "bf16" and not swap,
+    )
     outputs = []
     for packed in (True, False):
         if not packed:  # the float32 decode, which the product takes elsewhere (fp16, the interpreter)
@@ -137,18 +190,22 @@ def test_packed_e2m1_decode_equals_the_float32_decode(formats, swap, monkeypatch
     assert torch.equal(outputs[0][:rows], outputs[1][:rows])
 
 
-@pytest.mark.skipif(interpreting() and tuple(map(int, triton.__version__.split(".")[:2])) < (3, 9),
-                    reason="Triton's interpreter runs tl.dot_scaled from 3.9 on")
+@pytest.mark.skipif(
+    interpreting() and tuple(map(int, triton.__version__.split(".")[:2])) < (3, 9),
+    reason="Triton's interpreter runs tl.dot_scaled from 3.9 on",
+)
 @pytest.mark.parametrize("formats", DOT_SCALED_PAIRS, ids="x".join)
 def test_swapped_ab_dot_scaled(formats, device):
     x, w, offsets, ids, scales, rows = _problem("minus_one", k=128, n=48, device=device)
-    config = lk.BlockScaledMatmulConfig(block_m=16, block_n=32, block_k=64, num_stages=1, num_warps=4,
-                                        mma="dot_scaled", ab_swapped=True)
+    config = lk.BlockScaledMatmulConfig(
+        block_m=16, block_n=32, block_k=64, num_stages=1, num_warps=4, mma="dot_scaled", ab_swapped=True
+    )
     _check(_make_operand(x, formats[0]), _make_operand(w, formats[1]), offsets, ids, scales, rows, config=config)
 
 
-@pytest.mark.parametrize("formats", [("bf16", "bf16"), ("mxfp8", "mxfp8"), ("nvfp4", "nvfp4"), ("bf16", "mxfp4")],
-                         ids="x".join)
+@pytest.mark.parametrize(
+    "formats", [("bf16", "bf16"), ("mxfp8", "mxfp8"), ("nvfp4", "nvfp4"), ("bf16", "mxfp4")], ids="x".join
+)
 def test_default_size_class_launches(formats, device, monkeypatch):
     """config=None splits small-group calls into size classes, each launch taking its own groups."""
     monkeypatch.setattr(gm_config, "_SPLIT_MIN_WEIGHT_BYTES", 0)  # split these small weights too
@@ -174,13 +231,24 @@ def test_groupings(grouping, format, device):
 @pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_epilogues_and_out_dtypes(epilogue, out_dtype, device):
     x, w, offsets, ids, scales, rows = _problem("ragged", k=64, n=64, device=device)
-    _check(lk.quantize(x, "mxfp4"), lk.quantize(w, "mxfp4"), offsets, ids, scales, rows, out_dtype=out_dtype,
-           epilogue=epilogue)
+    _check(
+        lk.quantize(x, "mxfp4"),
+        lk.quantize(w, "mxfp4"),
+        offsets,
+        ids,
+        scales,
+        rows,
+        out_dtype=out_dtype,
+        epilogue=epilogue,
+    )
 
 
 # gpt-oss' activation, and one whose clamp and shift bite on these values (|pre-activation| ~ 1)
-SWIGLUS = {"gpt_oss": lk.GPT_OSS_SWIGLU, "clamped": lk.SwiGLU(alpha=1.702, limit=0.5, up_shift=-0.25),
-           "clamped_interleaved": lk.SwiGLU(alpha=0.5, limit=0.75, up_shift=1.0, interleaved=True)}
+SWIGLUS = {
+    "gpt_oss": lk.GPT_OSS_SWIGLU,
+    "clamped": lk.SwiGLU(alpha=1.702, limit=0.5, up_shift=-0.25),
+    "clamped_interleaved": lk.SwiGLU(alpha=0.5, limit=0.75, up_shift=1.0, interleaved=True),
+}
 
 
 @pytest.mark.parametrize("format", ["bf16", "mxfp8", "mxfp4", "nvfp4"])
@@ -192,8 +260,16 @@ def test_bias_and_gated_epilogues(format, epilogue, bias_dtype, device):
     epilogue = SWIGLUS.get(epilogue, epilogue)
     x, w, offsets, ids, scales, rows = _problem("minus_one", k=64, n=64, device=device)
     bias = (torch.randn(w.shape[:2], device=device) * 0.5).to(bias_dtype)
-    _check(_make_operand(x, "bf16" if format == "bf16" else format), _make_operand(w, format), offsets, ids,
-           scales, rows, epilogue=epilogue, bias=bias)
+    _check(
+        _make_operand(x, "bf16" if format == "bf16" else format),
+        _make_operand(w, format),
+        offsets,
+        ids,
+        scales,
+        rows,
+        epilogue=epilogue,
+        bias=bias,
+    )
 
 
 @pytest.mark.parametrize("format", ["mxfp4", "nvfp4"])
@@ -203,9 +279,19 @@ def test_bias_and_gated_epilogues_hopper_layout(format, epilogue, device):
     x, w, offsets, ids, scales, rows = _problem("ragged", k=128, n=64, device=device)
     bias = torch.randn(w.shape[:2], device=device) * 0.5
     b = lk.quantize(w, format, scale_layout="hopper")
-    _check(x.bfloat16(), b, offsets, ids, scales, rows, epilogue=epilogue, bias=bias,
-           config=lk.BlockScaledMatmulConfig(block_m=16, block_n=32, block_k=64, num_stages=1, num_warps=4)
-           if interpreting() else None)
+    _check(
+        x.bfloat16(),
+        b,
+        offsets,
+        ids,
+        scales,
+        rows,
+        epilogue=epilogue,
+        bias=bias,
+        config=lk.BlockScaledMatmulConfig(block_m=16, block_n=32, block_k=64, num_stages=1, num_warps=4)
+        if interpreting()
+        else None,
+    )
 
 
 def test_swiglu_clamp_keeps_nan(device):
@@ -234,8 +320,16 @@ def _bias_by_position_reference(value, row, col):
 @pytest.mark.parametrize("format", ["bf16", "nvfp4"])
 def test_user_epilogue(format, device):
     x, w, offsets, ids, scales, rows = _problem("minus_one", k=64, n=40, device=device)
-    _check(_make_operand(x, format), _make_operand(w, format), offsets, ids, scales, rows,
-           epilogue=_bias_by_position, reference_epilogue=_bias_by_position_reference)
+    _check(
+        _make_operand(x, format),
+        _make_operand(w, format),
+        offsets,
+        ids,
+        scales,
+        rows,
+        epilogue=_bias_by_position,
+        reference_epilogue=_bias_by_position_reference,
+    )
 
 
 @pytest.mark.parametrize("format", ["mxfp8", "mxfp4", "nvfp4"])
@@ -256,19 +350,22 @@ def test_scale_layouts(format, a_layout, b_layout, upcast_a, device):
     _check(a, b, offsets, ids, None, sum(sizes), config=lk.BlockScaledMatmulConfig(32, 32, 64, 1, 4, upcast_a=upcast_a))
 
 
-@pytest.mark.parametrize("formats", [("mxfp8", "mxfp8"), ("mxfp4", "mxfp4"), ("nvfp4", "nvfp4"), ("mxfp8", "mxfp4")],
-                         ids="x".join)
+@pytest.mark.parametrize(
+    "formats", [("mxfp8", "mxfp8"), ("mxfp4", "mxfp4"), ("nvfp4", "nvfp4"), ("mxfp8", "mxfp4")], ids="x".join
+)
 @pytest.mark.parametrize("mma", ["dequant", "dot_scaled"])
 def test_a_decoded_ahead(formats, mma, device):
     """upcast_a: A decoded to bf16 by the pre-pass, then bf16 × B (nvfp4's global scale of A still
     applied by the matmul), with SwiGLU and the -1 ids; dot_scaled takes the decoded A as bf16."""
-    if mma == "dot_scaled" and (formats[1] == "nvfp4" or (
-            interpreting() and tuple(map(int, triton.__version__.split(".")[:2])) < (3, 9))):
+    if mma == "dot_scaled" and (
+        formats[1] == "nvfp4" or (interpreting() and tuple(map(int, triton.__version__.split(".")[:2])) < (3, 9))
+    ):
         pytest.skip("dot_scaled: MX weights only, and Triton's interpreter runs it from 3.9 on")
     x, w, offsets, ids, scales, rows = _problem("minus_one", k=192, n=48, device=device)
     a = _make_operand(x * 3.0, formats[0])  # a global scale of A away from 1
-    config = lk.BlockScaledMatmulConfig(block_m=16, block_n=32, block_k=64, num_stages=1, num_warps=4,
-                                        mma=mma, upcast_a=True)
+    config = lk.BlockScaledMatmulConfig(
+        block_m=16, block_n=32, block_k=64, num_stages=1, num_warps=4, mma=mma, upcast_a=True
+    )
     _check(a, _make_operand(w, formats[1]), offsets, ids, scales, rows, config=config, epilogue="swiglu")
 
 
@@ -305,13 +402,17 @@ def test_bad_offsets_never_write_outside_out(device):
     with pytest.raises(ValueError, match=r"non-decreasing: a_offsets\[2\] = 7 < a_offsets\[1\] = 12"):
         lk.grouped_matmul(a, b, offsets, ids, validate=True)
     with pytest.raises(ValueError, match=r"a_offsets\[2\] = 30 exceeds the 20 rows"):
-        lk.grouped_matmul(a, b, torch.tensor([0, 12, 30], dtype=torch.int32, device=device),
-                          ids[:2], validate=True)
+        lk.grouped_matmul(a, b, torch.tensor([0, 12, 30], dtype=torch.int32, device=device), ids[:2], validate=True)
     with pytest.raises(ValueError, match=r"a_offsets\[0\] must be 0"):
         lk.grouped_matmul(a, b, torch.tensor([2, 12, 20], dtype=torch.int32, device=device), ids[:2], validate=True)
     with pytest.raises(ValueError, match=r"expert_ids\[1\] = 3"):
-        lk.grouped_matmul(a, b, torch.tensor([0, 12, 20], dtype=torch.int32, device=device),
-                          torch.tensor([0, 3], dtype=torch.int32, device=device), validate=True)
+        lk.grouped_matmul(
+            a,
+            b,
+            torch.tensor([0, 12, 20], dtype=torch.int32, device=device),
+            torch.tensor([0, 3], dtype=torch.int32, device=device),
+            validate=True,
+        )
 
 
 def _bad_input_cases(device):
@@ -348,21 +449,41 @@ def _bad_input_cases(device):
         (ValueError, "epilogue must be", dict(ok, epilogue="relu")),
         (ValueError, "bias must have shape", dict(ok, bias=torch.zeros(2, 16, device=device))),
         (TypeError, "bias must be a float32", dict(ok, bias=torch.zeros(2, 32, device=device, dtype=torch.int32))),
-        (ValueError, "interleaved", dict(ok, a=x.bfloat16(), b=lk.quantize(w, "mxfp4", scale_layout="hopper"),
-                                         epilogue=lk.GPT_OSS_SWIGLU)),
+        (
+            ValueError,
+            "interleaved",
+            dict(ok, a=x.bfloat16(), b=lk.quantize(w, "mxfp4", scale_layout="hopper"), epilogue=lk.GPT_OSS_SWIGLU),
+        ),
         (ValueError, "out must have shape", dict(ok, out=torch.empty(8, 31, device=device, dtype=torch.bfloat16))),
         (TypeError, "out_dtype", dict(ok, out_dtype=torch.int32)),
-        (ValueError, "even N", dict(ok, b=lk.quantize(torch.randn(2, 33, 64, device=device), "mxfp8"),
-                                    epilogue="swiglu")),
-        (ValueError, "mma='dot_scaled'", dict(ok, a=lk.quantize(x, "nvfp4"), b=lk.quantize(w, "nvfp4"),
-                                              config=lk.BlockScaledMatmulConfig(mma="dot_scaled"))),
+        (
+            ValueError,
+            "even N",
+            dict(ok, b=lk.quantize(torch.randn(2, 33, 64, device=device), "mxfp8"), epilogue="swiglu"),
+        ),
+        (
+            ValueError,
+            "mma='dot_scaled'",
+            dict(
+                ok,
+                a=lk.quantize(x, "nvfp4"),
+                b=lk.quantize(w, "nvfp4"),
+                config=lk.BlockScaledMatmulConfig(mma="dot_scaled"),
+            ),
+        ),
     ]
 
 
-@pytest.mark.parametrize("fields, message", [
-    (dict(limit=0.0), "limit must be None or a finite number > 0"), (dict(limit=float("inf")), "limit"),
-    (dict(alpha=float("nan")), "alpha must be a finite"), (dict(up_shift="1"), "up_shift"),
-    (dict(interleaved=1), "interleaved must be a bool")])
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        (dict(limit=0.0), "limit must be None or a finite number > 0"),
+        (dict(limit=float("inf")), "limit"),
+        (dict(alpha=float("nan")), "alpha must be a finite"),
+        (dict(up_shift="1"), "up_shift"),
+        (dict(interleaved=1), "interleaved must be a bool"),
+    ],
+)
 def test_swiglu_fields_are_checked(fields, message):
     with pytest.raises((TypeError, ValueError), match=message):
         lk.SwiGLU(**fields)
@@ -380,8 +501,9 @@ def test_cpu_tensors_need_the_interpreter(monkeypatch):
     monkeypatch.setattr(runtime, "interpreting", lambda: False)
     x, w = torch.randn(4, 32), torch.randn(1, 16, 32)
     with pytest.raises(ValueError, match="CUDA tensors"):
-        lk.grouped_matmul(x.bfloat16(), w.bfloat16(), torch.tensor([0, 4], dtype=torch.int32),
-                          torch.tensor([0], dtype=torch.int32))
+        lk.grouped_matmul(
+            x.bfloat16(), w.bfloat16(), torch.tensor([0, 4], dtype=torch.int32), torch.tensor([0], dtype=torch.int32)
+        )
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs two devices: CPU and CUDA")
@@ -408,16 +530,29 @@ def test_hopper_compute_defaults(monkeypatch):
     assert (decode.block_n, decode.num_programs, decode.mma) == (64, 3 * 132, "dequant")
 
 
-@pytest.mark.parametrize("field, value", [("block_m", 24), ("block_n", 512), ("block_k", 16), ("num_stages", 0),
-                                          ("num_warps", 3), ("num_programs", 0), ("mma", "wgmma"),
-                                          ("ab_swapped", 1), ("prefetch_scales", 1),
-                                          ("scale_words", 0), ("upcast_a", "yes")])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("block_m", 24),
+        ("block_n", 512),
+        ("block_k", 16),
+        ("num_stages", 0),
+        ("num_warps", 3),
+        ("num_programs", 0),
+        ("mma", "wgmma"),
+        ("ab_swapped", 1),
+        ("prefetch_scales", 1),
+        ("scale_words", 0),
+        ("upcast_a", "yes"),
+    ],
+)
 def test_config_validation(field, value):
     with pytest.raises(ValueError, match=field):
         lk.BlockScaledMatmulConfig(**{field: value})
 
 
 # --- realistic shapes: GPU only -------------------------------------------------------------------
+
 
 def _moe_offsets(num_experts: int, tokens_per_expert: int, device):
     """Uneven routing: group sizes drawn around tokens_per_expert, some empty."""
@@ -428,8 +563,9 @@ def _moe_offsets(num_experts: int, tokens_per_expert: int, device):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("formats", FORMAT_PAIRS, ids="x".join)
-@pytest.mark.parametrize("num_experts, tokens_per_expert, n, k",
-                         [(8, 300, 4096, 7168), (64, 24, 2048, 7168), (32, 5, 5760, 2880)])
+@pytest.mark.parametrize(
+    "num_experts, tokens_per_expert, n, k", [(8, 300, 4096, 7168), (64, 24, 2048, 7168), (32, 5, 5760, 2880)]
+)
 def test_realistic_shapes(formats, num_experts, tokens_per_expert, n, k, device):
     offsets, rows = _moe_offsets(num_experts, tokens_per_expert, device)
     ids = torch.randperm(num_experts, device=device).int()
@@ -447,8 +583,17 @@ def test_realistic_dot_scaled(formats, device):
     ids = torch.randperm(16, device=device).int()
     x, w = torch.randn(rows, 2048, device=device), torch.randn(16, 1024, 2048, device=device) / 45
     config = lk.BlockScaledMatmulConfig(mma="dot_scaled")
-    _check(_make_operand(x, formats[0]), _make_operand(w, formats[1]), offsets, ids, None, rows,
-           out_dtype=torch.bfloat16, config=config, epilogue="swiglu")
+    _check(
+        _make_operand(x, formats[0]),
+        _make_operand(w, formats[1]),
+        offsets,
+        ids,
+        None,
+        rows,
+        out_dtype=torch.bfloat16,
+        config=config,
+        epilogue="swiglu",
+    )
 
 
 @pytest.mark.gpu

@@ -2,6 +2,7 @@
 row whose scale tile-row lies outside A's scale tensor reads no scales and is written as NaN; every other
 row is bit-equal to the call with sound scales. A ScaledTensor whose parts were changed after
 construction is re-checked at the call."""
+
 import pytest
 import torch
 from test_canaries import Canaried
@@ -25,7 +26,7 @@ def _rows_of(groups, device):
     rows = torch.zeros(sum(SIZES), dtype=torch.bool, device=device)
     offsets = random_group_offsets(SIZES)
     for g in groups:
-        rows[int(offsets[g]):int(offsets[g + 1])] = True
+        rows[int(offsets[g]) : int(offsets[g + 1])] = True
     return rows
 
 

@@ -1,6 +1,7 @@
 """The Hopper register-fragment layout of MXFP4 and NVFP4 weights (``llmkernels.formats.layouts.hopper``): exact round trips
 at odd shapes, zero/unit padding, and the decode contract a kernel relies on (masks and shifts of each word
 give bf16 lanes that times 2^126 are the e2m1 values of the documented rows and columns)."""
+
 import pytest
 import torch
 import triton
@@ -14,7 +15,7 @@ from llmkernels.formats.layouts.hopper import (
 )
 from llmkernels.runtime import interpreting
 
-E2M1 = torch.tensor([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6], dtype=torch.float64)
+E2M1 = torch.tensor([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], dtype=torch.float64)
 
 
 def _operands(lead, n, k, seed=0, block=32):
@@ -42,8 +43,12 @@ def _decode(words: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """What the kernel does to one word: four masked/shifted copies, each two bf16 lanes times 2^126;
     returns row g's four values (k = 2t, 2t+1, 2t+8, 2t+9) and row g+8's."""
     mask = 0x81C081C0
-    slots = [words & mask, (words << 3) & mask, (words << 6) & mask,
-             ((words << 1) & 0x80008000) | ((words >> 5) & 0x01000100) | ((words >> 4) & 0x00C000C0)]
+    slots = [
+        words & mask,
+        (words << 3) & mask,
+        (words << 6) & mask,
+        ((words << 1) & 0x80008000) | ((words >> 5) & 0x01000100) | ((words >> 4) & 0x00C000C0),
+    ]
 
     def lanes(x):
         low = ((x & 0xFFFF).to(torch.int32) << 16).view(torch.float32).double()
@@ -97,17 +102,21 @@ def test_scales_that_do_not_fit_are_refused():
 
 
 @triton.jit
-def _decode_whole(data_ptr, scales_ptr, out_ptr, NB: tl.constexpr, C: tl.constexpr, PACKED_DECODE: tl.constexpr,
-                  SCALE: tl.constexpr):
+def _decode_whole(
+    data_ptr, scales_ptr, out_ptr, NB: tl.constexpr, C: tl.constexpr, PACKED_DECODE: tl.constexpr, SCALE: tl.constexpr
+):
     """Decodes a whole fragment tensor ``[NB, C, 8, 4, 16]`` as one tile into ``out [NB * 16, C * 64]``."""
     S: tl.constexpr = 2 if SCALE == "e8m0" else 4
     a = tl.arange(0, NB)[:, None, None, None, None] * C + tl.arange(0, C)[None, :, None, None, None]
-    data_offsets = ((a * 8 + tl.arange(0, 8)[None, None, :, None, None]) * 4
-                    + tl.arange(0, 4)[None, None, None, :, None]) * 16 + tl.arange(0, 16)[None, None, None, None, :]
-    scale_offsets = ((a * 8 + tl.arange(0, 8)[None, None, :, None, None]) * 2
-                     + tl.arange(0, 2)[None, None, None, :, None]) * S + tl.arange(0, S)[None, None, None, None, :]
-    values = decode_fragment_tile(tl.load(data_ptr + data_offsets), tl.load(scales_ptr + scale_offsets), NB, C,
-                                  PACKED_DECODE, SCALE=SCALE)
+    data_offsets = (
+        (a * 8 + tl.arange(0, 8)[None, None, :, None, None]) * 4 + tl.arange(0, 4)[None, None, None, :, None]
+    ) * 16 + tl.arange(0, 16)[None, None, None, None, :]
+    scale_offsets = (
+        (a * 8 + tl.arange(0, 8)[None, None, :, None, None]) * 2 + tl.arange(0, 2)[None, None, None, :, None]
+    ) * S + tl.arange(0, S)[None, None, None, None, :]
+    values = decode_fragment_tile(
+        tl.load(data_ptr + data_offsets), tl.load(scales_ptr + scale_offsets), NB, C, PACKED_DECODE, SCALE=SCALE
+    )
     rows, cols = tl.arange(0, NB * 16), tl.arange(0, C * 64)
     tl.store(out_ptr + rows[:, None] * (C * 64) + cols[None, :], values.to(tl.float32))
 
@@ -131,8 +140,9 @@ def test_kernel_tile_decode_gives_the_dequantized_weights(scale, device):
     data[0, :8] = torch.arange(0, 256, 32, dtype=torch.uint8) | torch.arange(8, dtype=torch.uint8)
     fragment_data, fragment_scales = to_hopper_fragments(data, scales, block)
     out = torch.full((n, k), float("nan"), device=device)
-    _decode_whole[(1,)](fragment_data.to(device), fragment_scales.to(device), out, nb, c,
-                        PACKED_DECODE=not interpreting(), SCALE=scale)
+    _decode_whole[(1,)](
+        fragment_data.to(device), fragment_scales.to(device), out, nb, c, PACKED_DECODE=not interpreting(), SCALE=scale
+    )
     codes = torch.stack([data & 0xF, data >> 4], -1).reshape(n, k).long()
     expected = E2M1[codes] * scale_values.repeat_interleave(block, dim=1)
     if interpreting():  # the interpreter's float32 → bf16 cast flushes subnormals (GPUs keep them: tested there)

@@ -4,6 +4,7 @@ grouped matmul's Hopper kernel against the reference and against the row layout.
 In the interpreter both layouts compute in float32 from the same decoded values, so their results must be
 bit-equal; on the GPU the Hopper kernel decodes through PTX and multiplies bf16 on wgmma (checked against
 the float64 reference here, the PTX tile decode itself in ``test_hopper_fragments.py``)."""
+
 import pytest
 import torch
 import triton
@@ -33,8 +34,9 @@ HOPPER_FORMATS = ("mxfp4", "nvfp4")
 
 
 @pytest.mark.parametrize("fmt", HOPPER_FORMATS)
-@pytest.mark.parametrize("shape", [(40, 96), (3, 5, 32), (2, 3, 16, 64), (1, 33, 1056), (0, 16, 64)],
-                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize(
+    "shape", [(40, 96), (3, 5, 32), (2, 3, 16, 64), (1, 33, 1056), (0, 16, 64)], ids=lambda s: "x".join(map(str, s))
+)
 def test_layout_round_trips_are_exact(shape, fmt, device):
     x = lk.quantize(torch.randn(*shape, device=device) * 4, fmt)
     hopper = x.to_layout("hopper")
@@ -82,8 +84,9 @@ def test_layout_errors(device):
         hopper.to_layout("sm90")
     nv = lk.quantize(w, "nvfp4").to_layout("hopper")
     with pytest.raises(ValueError, match="do not fit"):  # MXFP4's two scales per chunk row, not NVFP4's four
-        lk.ScaledTensor(hopper.data, nv.scales.view(torch.float8_e8m0fnu), "mxfp4", scale_layout="hopper",
-                        logical_shape=(2, 16, 64))
+        lk.ScaledTensor(
+            hopper.data, nv.scales.view(torch.float8_e8m0fnu), "mxfp4", scale_layout="hopper", logical_shape=(2, 16, 64)
+        )
     with pytest.raises(TypeError, match="global_scale"):
         lk.ScaledTensor(nv.data, nv.scales, "nvfp4", scale_layout="hopper", logical_shape=(2, 16, 64))
 
@@ -92,19 +95,27 @@ def _problem(grouping: str, n: int, k: int, device, trailing_rows: int = 3, fmt:
     sizes, ids, experts = GROUPINGS[grouping]
     x = torch.randn(sum(sizes) + trailing_rows, k, device=device)
     w = lk.quantize(torch.randn(experts, n, k, device=device) / k**0.5, fmt)
-    return (x, w, random_group_offsets(sizes, device=device), torch.tensor(ids, dtype=torch.int32, device=device),
-            torch.rand(experts, device=device) + 0.5, sum(sizes))
+    return (
+        x,
+        w,
+        random_group_offsets(sizes, device=device),
+        torch.tensor(ids, dtype=torch.int32, device=device),
+        torch.rand(experts, device=device) + 0.5,
+        sum(sizes),
+    )
 
 
-def _check(a, w, offsets, ids, scales, rows, *, epilogue=None, reference_epilogue=None, out_dtype=torch.float32,
-           config=None):
+def _check(
+    a, w, offsets, ids, scales, rows, *, epilogue=None, reference_epilogue=None, out_dtype=torch.float32, config=None
+):
     """The Hopper layout's result: poisoned out fully written in the groups, untouched past them, close to the
     float64 reference and (interpreter) bit-equal to the row layout's."""
     hopper = w.to_layout("hopper")
     n_out = w.shape[1] // 2 if epilogue == "swiglu" else w.shape[1]
     out = poison(torch.empty(a.shape[0], n_out, dtype=out_dtype, device=offsets.device))
-    result = lk.grouped_matmul(a, hopper, offsets, ids, scales, epilogue=epilogue, out_dtype=out_dtype, out=out,
-                               config=config)
+    result = lk.grouped_matmul(
+        a, hopper, offsets, ids, scales, epilogue=epilogue, out_dtype=out_dtype, out=out, config=config
+    )
     assert result is out
     expected = lk.grouped_matmul_reference(a, w, offsets, ids, scales, epilogue=reference_epilogue or epilogue)
     assert_close_relative(out[:rows].float(), expected[:rows], TOLERANCE[out_dtype])
@@ -112,8 +123,9 @@ def _check(a, w, offsets, ids, scales, rows, *, epilogue=None, reference_epilogu
     if interpreting():  # the same K steps in both layouts: the same float32 sums up to the order numpy's dot
         # sums a step in, which depends on the operands' layout and the CPU (one float32 ulp seen on an AMD EPYC)
         row_config = config or gm_config.hopper_config(a.shape[0], ids.numel(), offsets.device)
-        row_layout = lk.grouped_matmul(a, w, offsets, ids, scales, epilogue=epilogue, out_dtype=out_dtype,
-                                       config=row_config)
+        row_layout = lk.grouped_matmul(
+            a, w, offsets, ids, scales, epilogue=epilogue, out_dtype=out_dtype, config=row_config
+        )
         ulp = max(1e-5, torch.finfo(out_dtype).eps)  # a 16-bit output may round the one-ulp float32 apart
         torch.testing.assert_close(out[:rows], row_layout[:rows], rtol=ulp, atol=1e-6)
 
@@ -144,21 +156,40 @@ def _bias_by_position_reference(value, row, col):
 
 def test_user_epilogue_sees_rows_and_columns(device):
     x, w, offsets, ids, scales, rows = _problem("minus_one", n=40, k=64, device=device)
-    _check(x.bfloat16(), w, offsets, ids, scales, rows, epilogue=_bias_by_position,
-           reference_epilogue=_bias_by_position_reference)
+    _check(
+        x.bfloat16(),
+        w,
+        offsets,
+        ids,
+        scales,
+        rows,
+        epilogue=_bias_by_position,
+        reference_epilogue=_bias_by_position_reference,
+    )
 
 
-@pytest.mark.parametrize("fmt,n,k", [(fmt, n, k) for fmt in HOPPER_FORMATS
-                                     for n, k in ((40, 160), (16, 32), (80, 1088), (48, 64))] + [("nvfp4", 24, 16)])
+@pytest.mark.parametrize(
+    "fmt,n,k",
+    [(fmt, n, k) for fmt in HOPPER_FORMATS for n, k in ((40, 160), (16, 32), (80, 1088), (48, 64))]
+    + [("nvfp4", 24, 16)],
+)
 def test_partial_tiles_and_padded_chunks(fmt, n, k, device):
     """N not a multiple of the tile nor of 16; K not a multiple of 64 or of the K step (nor of 32: NVFP4)."""
     x, w, offsets, ids, scales, rows = _problem("ragged", n=n, k=k, device=device, fmt=fmt)
     _check(x.bfloat16(), w, offsets, ids, None, rows)
 
 
-@pytest.mark.parametrize("a_format,a_layout,b_format", [
-    ("mxfp8", "row", "mxfp4"), ("mxfp4", "128x4", "mxfp4"), ("nvfp4", "row", "nvfp4"), ("nvfp4", "128x4", "nvfp4"),
-    ("nvfp4", "row", "mxfp4"), ("mxfp4", "row", "nvfp4")])
+@pytest.mark.parametrize(
+    "a_format,a_layout,b_format",
+    [
+        ("mxfp8", "row", "mxfp4"),
+        ("mxfp4", "128x4", "mxfp4"),
+        ("nvfp4", "row", "nvfp4"),
+        ("nvfp4", "128x4", "nvfp4"),
+        ("nvfp4", "row", "mxfp4"),
+        ("mxfp4", "row", "nvfp4"),
+    ],
+)
 def test_quantized_activations_are_decoded_ahead(a_format, a_layout, b_format, device):
     """A quantized A is decoded to bf16 first; NVFP4's global scales (A's and B's) reach the epilogue."""
     x, w, offsets, ids, scales, rows = _problem("ragged", n=32, k=64, device=device, fmt=b_format)
@@ -228,8 +259,11 @@ def test_argument_errors(device):
 
 
 def _moe_weights(device, experts=4, hidden=64, intermediate=32):
-    return (torch.randn(experts, hidden, device=device), torch.randn(experts, 2 * intermediate, hidden, device=device)
-            / 8, torch.randn(experts, hidden, intermediate, device=device) / 8)
+    return (
+        torch.randn(experts, hidden, device=device),
+        torch.randn(experts, 2 * intermediate, hidden, device=device) / 8,
+        torch.randn(experts, hidden, intermediate, device=device) / 8,
+    )
 
 
 @pytest.mark.parametrize("fmt", HOPPER_FORMATS)
@@ -252,7 +286,8 @@ def test_moe_block_in_the_hopper_layout(fmt, device):
 def test_moe_default_layout_follows_the_gpu(device, monkeypatch):
     weights = _moe_weights(device)
     assert MoEFeedForward.from_float(*weights, 2, weight_format="mxfp4").w_down.scale_layout == (
-        "hopper" if moe_layer.prefers_hopper_layout(weights[0].device) else "row")
+        "hopper" if moe_layer.prefers_hopper_layout(weights[0].device) else "row"
+    )
     monkeypatch.setattr(moe_layer, "prefers_hopper_layout", lambda device: True)
     for fmt in HOPPER_FORMATS:
         assert MoEFeedForward.from_float(*weights, 2, weight_format=fmt).w_down.scale_layout == "hopper"
@@ -281,6 +316,8 @@ def test_realistic_shapes_default_tiles(tokens_per_expert, epilogue, fmt, device
     scales = torch.rand(experts, device=device) + 0.5
     _check(x.bfloat16(), w, offsets, ids, scales, int(sizes.sum()), epilogue=epilogue, out_dtype=torch.bfloat16)
     hopper = w.to_layout("hopper")
-    runs = [lk.grouped_matmul(x.bfloat16(), hopper, offsets, ids, scales, epilogue=epilogue)[:int(sizes.sum())]
-            for _ in range(3)]
+    runs = [
+        lk.grouped_matmul(x.bfloat16(), hopper, offsets, ids, scales, epilogue=epilogue)[: int(sizes.sum())]
+        for _ in range(3)
+    ]
     assert all(torch.equal(run, runs[0]) for run in runs[1:])

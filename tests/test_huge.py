@@ -1,6 +1,7 @@
 """Inputs with more than 2^31 elements (GPU only): every index product that can pass int32 must be
 64-bit. Each test checks the rows that lie beyond the 2^31-element mark against the reference, and
 poisons the output so that an unwritten row fails."""
+
 import pytest
 import torch
 
@@ -40,7 +41,7 @@ def test_grouped_matmul_a_past_int32(a_format, device):
         a_tail = lk.ScaledTensor(a.data[tail], a.scales[tail], "mxfp8")
         expected = lk.dequantize(a_tail) @ lk.dequantize(lk.ScaledTensor(b.data[1], b.scales[1], "mxfp8")).t()
     assert_close_relative(out[tail].float(), expected, 1e-2, "rows past 2^31 elements")
-    assert not out[:rows - 5000].isnan().any()
+    assert not out[: rows - 5000].isnan().any()
 
 
 @pytest.mark.parametrize("b_format", ["bf16", "mxfp8"])
@@ -55,11 +56,15 @@ def test_grouped_matmul_b_past_int32(b_format, device):
     a = torch.randn(48, k, device=device, dtype=torch.bfloat16)
     offsets = torch.tensor([0, 16, 32, 48], device=device, dtype=torch.int32)
     ids = torch.tensor([experts - 1, 0, experts - 2], device=device, dtype=torch.int32)
-    out = lk.grouped_matmul(a, b, offsets, ids, out=torch.full((48, n), float("nan"), device=device,
-                                                                     dtype=torch.bfloat16))
+    out = lk.grouped_matmul(
+        a, b, offsets, ids, out=torch.full((48, n), float("nan"), device=device, dtype=torch.bfloat16)
+    )
     for group, expert in enumerate(ids.tolist()):
-        weight = b[expert].float() if b_format == "bf16" else lk.dequantize(
-            lk.ScaledTensor(b.data[expert], b.scales[expert], "mxfp8"))
+        weight = (
+            b[expert].float()
+            if b_format == "bf16"
+            else lk.dequantize(lk.ScaledTensor(b.data[expert], b.scales[expert], "mxfp8"))
+        )
         rows = slice(16 * group, 16 * group + 16)
         assert_close_relative(out[rows].float(), a[rows].float() @ weight.t(), 1e-2, f"expert {expert}")
 
@@ -104,8 +109,9 @@ def test_attention_decode_kv_past_int32(layout, device):
         block_table = block_table.view(batch, pages_per_sequence)
         seqlens = torch.full((batch,), context, device=device, dtype=torch.int32)
         out = lk.attention(q, None, None, kv_cache=lk.PagedKVCache(k, v, block_table, seqlens))
-        sequence_kv = {b: (k[block_table[b].long()].flatten(0, 1), v[block_table[b].long()].flatten(0, 1))
-                       for b in (0, batch - 1)}
+        sequence_kv = {
+            b: (k[block_table[b].long()].flatten(0, 1), v[block_table[b].long()].flatten(0, 1)) for b in (0, batch - 1)
+        }
     assert not out.isnan().any()
     for b, (k_b, v_b) in sequence_kv.items():
         assert_close_relative(out[b, 0].float(), _decode_reference(q[b, 0], k_b, v_b), 1e-2, f"sequence {b}")

@@ -1,5 +1,6 @@
 """The scale layouts as objects (``llmkernels.formats.layouts``): each one's host pack / unpack round trip, its device
 addressing against its host rearrangement, the strings users name them by, and their plan keys."""
+
 import copy
 import pickle
 
@@ -24,8 +25,12 @@ from llmkernels.launch import value_key
 
 FORMAT_NAMES = ["mxfp8", "mxfp4", "nvfp4"]
 # (layout, logical shape) of each round trip: odd rows and scale columns, padded tiles, two leading dims
-SHAPES = {ROW: [(5, 96), (2, 3, 64)], BLOCKED: [(130, 160), (2, 33, 64)], GROUPED_BLOCKED: [(150, 96)],
-          HOPPER: [(17, 96), (2, 33, 160)]}
+SHAPES = {
+    ROW: [(5, 96), (2, 3, 64)],
+    BLOCKED: [(130, 160), (2, 33, 64)],
+    GROUPED_BLOCKED: [(150, 96)],
+    HOPPER: [(17, 96), (2, 33, 160)],
+}
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
@@ -37,8 +42,11 @@ def _offsets(rows: int, device) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("format", FORMAT_NAMES)
-@pytest.mark.parametrize("layout, shape", [(layout, shape) for layout, shapes in SHAPES.items() for shape in shapes],
-                         ids=lambda value: str(value) if isinstance(value, Layout) else "x".join(map(str, value)))
+@pytest.mark.parametrize(
+    "layout, shape",
+    [(layout, shape) for layout, shapes in SHAPES.items() for shape in shapes],
+    ids=lambda value: str(value) if isinstance(value, Layout) else "x".join(map(str, value)),
+)
 def test_pack_unpack_round_trip(layout, shape, format, device):
     """Row data and scales packed into the layout and unpacked give the same bits; the ScaledTensor made of the
     packed parts validates, holds the layout and dequantizes as the row one."""
@@ -48,8 +56,16 @@ def test_pack_unpack_round_trip(layout, shape, format, device):
     spec = format_spec(format)
     offsets = _offsets(shape[0], device) if layout.grouped else None
     parts = layout.pack(row.data, row.scales, spec, tuple(row.shape), offsets)
-    tensor = lk.ScaledTensor(parts.data, parts.scales, format, row.global_scale, layout, parts.group_offsets,
-                             parts.group_scale_offsets, parts.logical_shape)
+    tensor = lk.ScaledTensor(
+        parts.data,
+        parts.scales,
+        format,
+        row.global_scale,
+        layout,
+        parts.group_offsets,
+        parts.group_scale_offsets,
+        parts.logical_shape,
+    )
     assert tensor.scale_layout is layout and tensor.shape == row.shape
     expected = layout.scale_shape(tuple(row.shape), spec.block)  # (a grouped layout's tile rows: any number)
     assert all(isinstance(e, str) or e == f for e, f in zip(expected, tensor.scales.shape, strict=True))
@@ -61,10 +77,25 @@ def test_pack_unpack_round_trip(layout, shape, format, device):
 
 
 @triton.jit
-def _scales_through_layout(scales_ptr, out_ptr, group_tiles_ptr, stride_expert, stride_row, num_experts, num_rows,
-                           num_tile_rows, K, group_start, group, SCALE_BLOCK: tl.constexpr, SCALE_ROWS: tl.constexpr,
-                           SCALE_COLS: tl.constexpr, EXPERTS: tl.constexpr, BLOCK_ROWS: tl.constexpr,
-                           BLOCK_COLS: tl.constexpr):
+def _scales_through_layout(
+    scales_ptr,
+    out_ptr,
+    group_tiles_ptr,
+    stride_expert,
+    stride_row,
+    num_experts,
+    num_rows,
+    num_tile_rows,
+    K,
+    group_start,
+    group,
+    SCALE_BLOCK: tl.constexpr,
+    SCALE_ROWS: tl.constexpr,
+    SCALE_COLS: tl.constexpr,
+    EXPERTS: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr,
+    BLOCK_COLS: tl.constexpr,
+):
     """out[e, r, c] = the scale a kernel finds for row r, column c through the layout's helpers: for each expert
     (EXPERTS: ``expert_scale_rows``) or for the rows of one group (``token_scale_rows``)."""
     expert = tl.program_id(0)
@@ -74,8 +105,17 @@ def _scales_through_layout(scales_ptr, out_ptr, group_tiles_ptr, stride_expert, 
     if EXPERTS:
         offsets = SCALE_ROWS(expert.to(tl.int64), rows, stride_expert, stride_row, num_rows, K, SCALE_BLOCK)
     else:
-        offsets, row_mask = SCALE_ROWS(group_start + rows.to(tl.int64), row_mask, group, group_start,
-                                       group_tiles_ptr, stride_row, num_tile_rows, K, SCALE_BLOCK)
+        offsets, row_mask = SCALE_ROWS(
+            group_start + rows.to(tl.int64),
+            row_mask,
+            group,
+            group_start,
+            group_tiles_ptr,
+            stride_row,
+            num_tile_rows,
+            K,
+            SCALE_BLOCK,
+        )
     mask = row_mask[:, None] & (cols < K // SCALE_BLOCK)[None, :]
     found = tl.load(scales_ptr + offsets[:, None] + SCALE_COLS(cols)[None, :], mask=mask, other=0)
     out = out_ptr + (expert * num_rows + rows[:, None]) * (K // SCALE_BLOCK) + cols[None, :]
@@ -91,9 +131,25 @@ def test_expert_scale_rows_find_the_packed_scales(layout, device):
     found = torch.zeros(3, 130, 5, dtype=torch.uint8, device=device)
     scales = weights.scales.view(torch.uint8)
     strides = scales.stride() if layout.strided else (0, 0)
-    _scales_through_layout[(3,)](scales, found, scales, strides[0], strides[1], 3, 130, 0, 160, 0, 0,
-                                 SCALE_BLOCK=32, SCALE_ROWS=layout.expert_scale_rows, SCALE_COLS=layout.scale_cols,
-                                 EXPERTS=True, BLOCK_ROWS=256, BLOCK_COLS=8)
+    _scales_through_layout[(3,)](
+        scales,
+        found,
+        scales,
+        strides[0],
+        strides[1],
+        3,
+        130,
+        0,
+        160,
+        0,
+        0,
+        SCALE_BLOCK=32,
+        SCALE_ROWS=layout.expert_scale_rows,
+        SCALE_COLS=layout.scale_cols,
+        EXPERTS=True,
+        BLOCK_ROWS=256,
+        BLOCK_COLS=8,
+    )
     assert torch.equal(found, _bits(row.scales))
 
 
@@ -109,16 +165,47 @@ def test_token_scale_rows_find_the_packed_scales(layout, device):
     for group in range(4):
         start, end = int(offsets[group]), int(offsets[group + 1])
         found = torch.zeros(end - start, 3, dtype=torch.uint8, device=device)
-        _scales_through_layout[(1,)](scales, found, group_tiles, 0, scales.stride(0) if layout.strided else 0, 1,
-                                     end - start, scales.shape[0], 96, start, group, SCALE_BLOCK=32,
-                                     SCALE_ROWS=layout.token_scale_rows, SCALE_COLS=layout.scale_cols,
-                                     EXPERTS=False, BLOCK_ROWS=256, BLOCK_COLS=4)
+        _scales_through_layout[(1,)](
+            scales,
+            found,
+            group_tiles,
+            0,
+            scales.stride(0) if layout.strided else 0,
+            1,
+            end - start,
+            scales.shape[0],
+            96,
+            start,
+            group,
+            SCALE_BLOCK=32,
+            SCALE_ROWS=layout.token_scale_rows,
+            SCALE_COLS=layout.scale_cols,
+            EXPERTS=False,
+            BLOCK_ROWS=256,
+            BLOCK_COLS=4,
+        )
         assert torch.equal(found, _bits(x.scales[start:end])), f"group {group}"
     if layout.rows_may_miss_scales:  # group 2 (rows 3-139, tile rows 1-2) told of 2 tile rows: its last 9 have none
         found = torch.full((137, 3), 7, dtype=torch.uint8, device=device)
-        _scales_through_layout[(1,)](scales, found, group_tiles, 0, 0, 1, 137, 2, 96, 3, 2, SCALE_BLOCK=32,
-                                     SCALE_ROWS=layout.token_scale_rows, SCALE_COLS=layout.scale_cols,
-                                     EXPERTS=False, BLOCK_ROWS=256, BLOCK_COLS=4)
+        _scales_through_layout[(1,)](
+            scales,
+            found,
+            group_tiles,
+            0,
+            0,
+            1,
+            137,
+            2,
+            96,
+            3,
+            2,
+            SCALE_BLOCK=32,
+            SCALE_ROWS=layout.token_scale_rows,
+            SCALE_COLS=layout.scale_cols,
+            EXPERTS=False,
+            BLOCK_ROWS=256,
+            BLOCK_COLS=4,
+        )
         assert torch.equal(found[:128], _bits(x.scales[3:131])) and bool((found[128:] == 7).all())
 
 
@@ -149,8 +236,9 @@ def test_scaled_tensor_takes_the_names_and_holds_the_objects(device):
     offsets = _offsets(150, device)
     grouped = lk.quantize(x, "mxfp4", scale_layout="128x4", group_offsets=offsets)
     assert grouped.scale_layout is GROUPED_BLOCKED and grouped.scale_layout == "128x4"
-    by_name = lk.ScaledTensor(grouped.data, grouped.scales, "mxfp4", None, "128x4_grouped", offsets,
-                              grouped.group_scale_offsets)
+    by_name = lk.ScaledTensor(
+        grouped.data, grouped.scales, "mxfp4", None, "128x4_grouped", offsets, grouped.group_scale_offsets
+    )
     assert by_name.scale_layout is GROUPED_BLOCKED and torch.equal(lk.dequantize(by_name), lk.dequantize(q))
     with pytest.raises(ValueError, match="group_offsets"):
         lk.ScaledTensor(grouped.data, grouped.scales, "mxfp4", None, "128x4_grouped")

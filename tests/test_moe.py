@@ -1,6 +1,7 @@
 """The MoE block against a plain float32 PyTorch MoE with the same (dequantized) weights and a float64
 routing written from its definition; routing and dispatch on their own; every argument of the block checked
 before anything is quantized."""
+
 import pytest
 import torch
 from test_fused_experts import _exactly_quantizable_problem, _reference, _TensorOps
@@ -14,8 +15,16 @@ from llmkernels.testing import assert_close_relative, relative_error
 TOLERANCE = {"bf16": 1.5e-2, "mxfp8": 5e-2, "nvfp4": 0.12}  # measured: <= 7e-3, 2.5e-2, 6.9e-2
 
 
-def _route_reference(logits, top_k, scoring="softmax", renormalize=True, num_groups=None, topk_groups=None,
-                     correction_bias=None, group_top=2):
+def _route_reference(
+    logits,
+    top_k,
+    scoring="softmax",
+    renormalize=True,
+    num_groups=None,
+    topk_groups=None,
+    correction_bias=None,
+    group_top=2,
+):
     """Top-k routing in float64, token by token, from its definition (DeepSeek-V3's for sigmoid scores with
     groups): scores (softmax or sigmoid of the logits); selection scores = scores + correction_bias; with groups,
     a group's score is the sum of its ``group_top`` best selection scores and only the ``topk_groups`` best
@@ -32,7 +41,7 @@ def _route_reference(logits, top_k, scoring="softmax", renormalize=True, num_gro
         candidates = list(range(num_experts))
         if num_groups is not None:
             size = num_experts // num_groups
-            groups = [candidates[g * size:(g + 1) * size] for g in range(num_groups)]
+            groups = [candidates[g * size : (g + 1) * size] for g in range(num_groups)]
             group_scores = [sum(sorted((row[e] for e in group), reverse=True)[:group_top]) for group in groups]
             kept = sorted(range(num_groups), key=lambda g: -group_scores[g])[:topk_groups]
             candidates = [e for g in kept for e in groups[g]]
@@ -73,7 +82,7 @@ def _reference_moe(x, block: MoEFeedForward):
     for t in range(x.shape[0]):
         for slot in range(block.top_k):
             gate_up = w_gate_up[experts[t, slot]] @ x_rounded[t]
-            hidden[t, slot] = torch.nn.functional.silu(gate_up[:block.intermediate]) * gate_up[block.intermediate:]
+            hidden[t, slot] = torch.nn.functional.silu(gate_up[: block.intermediate]) * gate_up[block.intermediate :]
     # all copies rounded together, as the block quantizes them (nvfp4's global scale spans them all)
     hidden = _activations(hidden.view(-1, block.intermediate), block).view_as(hidden)
     out = torch.zeros_like(x)
@@ -84,13 +93,15 @@ def _reference_moe(x, block: MoEFeedForward):
 
 
 @pytest.mark.parametrize("top_k", [1, 2, 4, 8])
-@pytest.mark.parametrize("formats", [("bf16", "bf16"), ("mxfp8", "mxfp8"), ("bf16", "mxfp4"), ("nvfp4", "nvfp4")],
-                         ids="x".join)
+@pytest.mark.parametrize(
+    "formats", [("bf16", "bf16"), ("mxfp8", "mxfp8"), ("bf16", "mxfp4"), ("nvfp4", "nvfp4")], ids="x".join
+)
 def test_moe_block_matches_float_moe(top_k, formats, device):
     num_experts, hidden, intermediate = 8, 64, 32
     router, w_gate_up, w_down = _weights(num_experts, hidden, intermediate, device)
-    block = MoEFeedForward.from_float(router, w_gate_up, w_down, top_k, weight_format=formats[1],
-                                      activation_format=formats[0])
+    block = MoEFeedForward.from_float(
+        router, w_gate_up, w_down, top_k, weight_format=formats[1], activation_format=formats[0]
+    )
     x = torch.randn(3, 5, hidden, device=device, dtype=torch.bfloat16)
     out = block(x)
     assert out.shape == x.shape and out.dtype == x.dtype
@@ -130,8 +141,9 @@ def test_dispatch_sorts_by_expert_and_inverts(device):
             assert offsets[ids[t, slot]] <= row < offsets[ids[t, slot] + 1]
 
 
-@pytest.mark.parametrize("tokens,top_k,experts", [(0, 2, 4), (1, 1, 1), (5, 3, 7), (300, 8, 256), (1000, 4, 128),
-                                                   (77, 2, 384), (2048, 1, 3)])
+@pytest.mark.parametrize(
+    "tokens,top_k,experts", [(0, 2, 4), (1, 1, 1), (5, 3, 7), (300, 8, 256), (1000, 4, 128), (77, 2, 384), (2048, 1, 3)]
+)
 def test_dispatch_matches_reference(tokens, top_k, experts, device):
     """The counting-sort kernels give exactly the stable argsort's layout (several blocks of copies
     at the larger sizes, experts not a power of two, skewed routing)."""
@@ -182,8 +194,10 @@ def test_moe_block_compiles_fullgraph(device):
 def test_moe_block_dtype_casts_leave_quantized_weights_alone(weight_format, device):
     router, w_gate_up, w_down = _weights(4, 64, 32, device)
     block = MoEFeedForward.from_float(router, w_gate_up, w_down, 2, weight_format=weight_format)
-    before = {name: (lk.dequantize(w) if isinstance(w, lk.ScaledTensor) else w.float())
-              for name, w in (("w_gate_up", block.w_gate_up), ("w_down", block.w_down))}
+    before = {
+        name: (lk.dequantize(w) if isinstance(w, lk.ScaledTensor) else w.float())
+        for name, w in (("w_gate_up", block.w_gate_up), ("w_down", block.w_down))
+    }
     block.half()
     block.to(device)
     for name, expected in before.items():
@@ -196,6 +210,7 @@ def test_moe_block_dtype_casts_leave_quantized_weights_alone(weight_format, devi
 @pytest.mark.parametrize("top_k", [1, 3])
 def test_combine_matches_weighted_gather(top_k, device):
     from llmkernels.moe import combine
+
     tokens, hidden = 5, 80  # hidden not a power of two: masked columns
     y = torch.randn(tokens * top_k + 2, hidden, device=device, dtype=torch.bfloat16)
     row_of_copy = torch.randperm(tokens * top_k, device=device).view(tokens, top_k)
@@ -208,23 +223,35 @@ def test_combine_matches_weighted_gather(top_k, device):
 def test_moe_block_deepseek_routing(device):
     router, w_gate_up, w_down = _weights(16, 64, 32, device)
     bias = torch.rand(16, device=device)
-    block = MoEFeedForward.from_float(router, w_gate_up, w_down, 4, weight_format="bf16", scoring="sigmoid",
-                                      num_groups=4, topk_groups=2, correction_bias=bias)
+    block = MoEFeedForward.from_float(
+        router,
+        w_gate_up,
+        w_down,
+        4,
+        weight_format="bf16",
+        scoring="sigmoid",
+        num_groups=4,
+        topk_groups=2,
+        correction_bias=bias,
+    )
     x = torch.randn(6, 64, device=device, dtype=torch.bfloat16)
     assert_close_relative(block(x).float(), _reference_moe(x, block), TOLERANCE["bf16"], "deepseek routing")
     logits = x.float() @ router.t()
     groups = dict(scoring="sigmoid", num_groups=4, topk_groups=2, correction_bias=bias)
     best_only = _route_reference(logits, 4, **groups, group_top=1)[1]
-    assert not torch.equal(_route_reference(logits, 4, **groups)[1], best_only), \
+    assert not torch.equal(_route_reference(logits, 4, **groups)[1], best_only), (
         "no token where scoring groups by their best expert picks other experts"
+    )
     with pytest.raises(ValueError, match="top_k"):
         MoEFeedForward.from_float(router, w_gate_up, w_down, 17)
 
 
-ROUTINGS = {"softmax": dict(scoring="softmax"),
-            "sigmoid, bias": dict(scoring="sigmoid", correction_bias=True),
-            "softmax, groups": dict(scoring="softmax", num_groups=4, topk_groups=2),
-            "sigmoid, groups, bias": dict(scoring="sigmoid", num_groups=4, topk_groups=2, correction_bias=True)}
+ROUTINGS = {
+    "softmax": dict(scoring="softmax"),
+    "sigmoid, bias": dict(scoring="sigmoid", correction_bias=True),
+    "softmax, groups": dict(scoring="softmax", num_groups=4, topk_groups=2),
+    "sigmoid, groups, bias": dict(scoring="sigmoid", num_groups=4, topk_groups=2, correction_bias=True),
+}
 
 
 def _logits_that_tell_group_scores_apart(num_tokens, scoring, device):
@@ -299,11 +326,17 @@ def test_from_float_checks_every_argument_before_quantizing(device):
     router, w_gate_up, w_down, top_k = _block_arguments(device)
     w_down_40 = torch.randn(4, 64, 40, device=device)  # I = 40: not a multiple of mxfp8's 32
     cases = {
-        "process_group": (TypeError, "process_group must be None or a torch.distributed ProcessGroup",
-                          dict(process_group="world")),
+        "process_group": (
+            TypeError,
+            "process_group must be None or a torch.distributed ProcessGroup",
+            dict(process_group="world"),
+        ),
         "correction_bias": (ValueError, "correction_bias must be", dict(correction_bias=torch.zeros(3, device=device))),
-        "correction_bias elsewhere": (ValueError, "correction_bias is on meta", dict(
-            correction_bias=torch.zeros(4, device="meta"))),
+        "correction_bias elsewhere": (
+            ValueError,
+            "correction_bias is on meta",
+            dict(correction_bias=torch.zeros(4, device="meta")),
+        ),
         "weight_format": (ValueError, "weight_format", dict(weight_format="fp8")),
         "activation_format": (ValueError, "activation_format", dict(activation_format="fp8")),
         "format pair": (ValueError, "does not pair", dict(activation_format="nvfp4")),
@@ -314,8 +347,11 @@ def test_from_float_checks_every_argument_before_quantizing(device):
         "top_k above the kept groups": (ValueError, "top_k", dict(num_groups=4, topk_groups=1)),
         "top_k": (ValueError, "top_k", dict(top_k=5)),
         "capacity": (ValueError, "capacity", dict(capacity=2)),
-        "I not a multiple of the block": (ValueError, "blocks of 32", dict(
-            w_gate_up=torch.randn(4, 80, 64, device=device), w_down=w_down_40)),
+        "I not a multiple of the block": (
+            ValueError,
+            "blocks of 32",
+            dict(w_gate_up=torch.randn(4, 80, 64, device=device), w_down=w_down_40),
+        ),
         "float64 weights": (TypeError, "w_down", dict(w_down=w_down.double())),
         "w_down of another shape": (ValueError, "w_down", dict(w_down=w_down.transpose(1, 2))),
     }
@@ -328,12 +364,21 @@ def test_from_float_checks_every_argument_before_quantizing(device):
     scaled = (lk.quantize(w_gate_up, "mxfp8"), lk.quantize(w_down, "mxfp8"))
     tiled = lk.quantize(w_down, "mxfp8", scale_layout="128x4")
     for name, (error, message, call) in {
-        "bf16 weights under mxfp8 activations": (ValueError, "does not pair", lambda: MoEFeedForward(
-            router, *bf16, 2, activation_format="mxfp8")),
-        "128x4 scales": (ValueError, "w_down must have row-major scales", lambda: MoEFeedForward(
-            router, scaled[0], tiled, 2)),
-        "a group that is not a group": (TypeError, "process_group", lambda: MoEFeedForward(
-            router, *scaled, 2, process_group=object())),
+        "bf16 weights under mxfp8 activations": (
+            ValueError,
+            "does not pair",
+            lambda: MoEFeedForward(router, *bf16, 2, activation_format="mxfp8"),
+        ),
+        "128x4 scales": (
+            ValueError,
+            "w_down must have row-major scales",
+            lambda: MoEFeedForward(router, scaled[0], tiled, 2),
+        ),
+        "a group that is not a group": (
+            TypeError,
+            "process_group",
+            lambda: MoEFeedForward(router, *scaled, 2, process_group=object()),
+        ),
     }.items():
         with _TensorOps() as recorded, pytest.raises(error, match=message):
             call()
@@ -347,13 +392,16 @@ def test_select_experts_matches_route(scoring, num_experts, top_k, renormalize, 
     """The one-launch selection of the MoE block picks route()'s experts in its order, with its weights;
     the logits are a strided view, and the correction bias only steers the pick."""
     from llmkernels.moe import select_experts
+
     logits = torch.randn(9, 2 * num_experts, device=device)[:, ::2] * 3
     bias = torch.randn(num_experts, device=device) if num_experts > 1 else None
     for correction_bias in (None, bias):
-        expected_weights, expected_ids = route(logits, top_k, scoring=scoring, renormalize=renormalize,
-                                               correction_bias=correction_bias)
-        weights, ids = select_experts(logits, top_k, scoring=scoring, renormalize=renormalize,
-                                      correction_bias=correction_bias)
+        expected_weights, expected_ids = route(
+            logits, top_k, scoring=scoring, renormalize=renormalize, correction_bias=correction_bias
+        )
+        weights, ids = select_experts(
+            logits, top_k, scoring=scoring, renormalize=renormalize, correction_bias=correction_bias
+        )
         assert ids.dtype == torch.int32 and weights.dtype == torch.float32
         assert torch.equal(ids, expected_ids)
         torch.testing.assert_close(weights, expected_weights, rtol=1e-6, atol=1e-7)
@@ -362,6 +410,7 @@ def test_select_experts_matches_route(scoring, num_experts, top_k, renormalize, 
 def test_select_experts_edge_rows(device):
     """No tokens; a NaN logit gives NaN weights (as route's softmax would), the other rows stay exact."""
     from llmkernels.moe import select_experts
+
     weights, ids = select_experts(torch.randn(0, 8, device=device), 2)
     assert weights.shape == (0, 2) and ids.shape == (0, 2)
     logits = torch.randn(3, 8, device=device)

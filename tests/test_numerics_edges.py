@@ -2,6 +2,7 @@
 and inf in inputs (they propagate where the reference propagates them and never reach unrelated
 rows), subnormal block scales. All-zero blocks and fully masked rows are in test_formats.py and
 test_attention.py."""
+
 import pytest
 import torch
 
@@ -10,13 +11,15 @@ from llmkernels.testing import assert_close_relative, poison
 
 SMALL = lk.BlockScaledMatmulConfig(block_m=16, block_n=32, block_k=64, num_stages=1, num_warps=4)
 
-pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning",
-                                        "ignore:overflow encountered:RuntimeWarning")
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:invalid value encountered:RuntimeWarning", "ignore:overflow encountered:RuntimeWarning"
+)
 
 
 def _bits_equal(q, ref):
-    return (torch.equal(q.data.view(torch.uint8), ref.data.view(torch.uint8))
-            and torch.equal(q.scales.view(torch.uint8), ref.scales.view(torch.uint8)))
+    return torch.equal(q.data.view(torch.uint8), ref.data.view(torch.uint8)) and torch.equal(
+        q.scales.view(torch.uint8), ref.scales.view(torch.uint8)
+    )
 
 
 @pytest.mark.parametrize("format", ["mxfp8", "mxfp4", "nvfp4"])
@@ -57,8 +60,9 @@ def test_grouped_matmul_nan_stays_in_its_rows(formats, device):
     a = x.to(torch.bfloat16) if formats[0] == "bf16" else lk.quantize(x, formats[0])
     b = w.to(torch.bfloat16) if formats[1] == "bf16" else lk.quantize(w, formats[1])
     expert_ids = torch.tensor(ids, dtype=torch.int32, device=device)
-    out = lk.grouped_matmul(a, b, offsets, expert_ids, out_dtype=torch.float32, config=SMALL,
-                            out=poison(torch.empty(16, n, device=device)))
+    out = lk.grouped_matmul(
+        a, b, offsets, expert_ids, out_dtype=torch.float32, config=SMALL, out=poison(torch.empty(16, n, device=device))
+    )
     ref = lk.grouped_matmul_reference(a, b, offsets, expert_ids)
     assert torch.equal(torch.isnan(out), torch.isnan(ref)) and torch.equal(torch.isinf(out), torch.isinf(ref))
     bad_rows = torch.isnan(ref).any(1) | torch.isinf(ref).any(1)
@@ -103,12 +107,11 @@ def test_attention_nan_in_one_sequence_stays_there(device):
     k = torch.randn(49, 2, 32, device=device, dtype=torch.bfloat16)
     v = torch.randn(49, 2, 32, device=device, dtype=torch.bfloat16)
     k[17 + 5, 1, 7] = float("nan")  # key 5 of sequence 1, kv head 1 (q heads 2, 3)
-    kwargs = dict(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=max(lengths), max_seqlen_k=max(lengths),
-                  causal=True)
+    kwargs = dict(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=max(lengths), max_seqlen_k=max(lengths), causal=True)
     out = lk.attention(q, k, v, **kwargs)
     ref = lk.attention_reference(q, k, v, **kwargs)
     assert torch.equal(torch.isnan(out), torch.isnan(ref))
     nan_rows = torch.isnan(ref).any(-1)
-    assert nan_rows[17 + 5:40, 2:].all() and not nan_rows[:17].any() and not nan_rows[40:].any()
+    assert nan_rows[17 + 5 : 40, 2:].all() and not nan_rows[:17].any() and not nan_rows[40:].any()
     clean = ~nan_rows
     assert_close_relative(out[clean], ref[clean], 2e-2, "clean rows")

@@ -1,4 +1,5 @@
 """The package as users import it: names reachable both as functions and as packages."""
+
 import importlib
 
 import llmkernels
@@ -25,8 +26,9 @@ def test_python_m_benchmarks_lists_every_suite_with_a_line_and_exits_0():
     import sys
 
     root = pathlib.Path(__file__).resolve().parents[1]
-    listing = subprocess.run([sys.executable, "-m", "benchmarks"], cwd=root, capture_output=True, text=True,
-                             timeout=120)
+    listing = subprocess.run(
+        [sys.executable, "-m", "benchmarks"], cwd=root, capture_output=True, text=True, timeout=120
+    )
     assert listing.returncode == 0, listing.stderr
     lines = {line.split()[0]: line for line in listing.stdout.splitlines() if line.startswith("  bench_")}
     suites = {path.stem for path in (root / "benchmarks").glob("bench_*.py")}

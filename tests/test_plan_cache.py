@@ -1,6 +1,7 @@
 """The plan caches (validate → plan → launch): a cached call gives the bits of the first, every part of the
 call signature re-plans, the caches are bounded, thread-safe and keep no tensor alive, and the checks that
 depend on more than the signature (where ``out`` lies, grad mode) still run on cached calls."""
+
 from __future__ import annotations
 
 import gc
@@ -22,9 +23,14 @@ from llmkernels.routing.combine import PLANS as COMBINE_PLANS
 from llmkernels.routing.dispatch import PLANS as DISPATCH_PLANS
 from llmkernels.routing.select import PLANS as SELECT_PLANS
 
-CACHES = {"quantize": formats_api.PLANS, "grouped_matmul": grouped_matmul_api.PLANS,
-          "attention": ATTENTION_PLANS, "dispatch": DISPATCH_PLANS, "combine": COMBINE_PLANS,
-          "select_experts": SELECT_PLANS}
+CACHES = {
+    "quantize": formats_api.PLANS,
+    "grouped_matmul": grouped_matmul_api.PLANS,
+    "attention": ATTENTION_PLANS,
+    "dispatch": DISPATCH_PLANS,
+    "combine": COMBINE_PLANS,
+    "select_experts": SELECT_PLANS,
+}
 ATTENTION_CONFIG = lk.FA4Config(BM=16, BN=16, num_kv_stages=1)
 
 
@@ -106,8 +112,9 @@ def test_each_signature_component_replans_grouped_matmul(device):
     check(_replans(cache, lambda: lk.grouped_matmul(row_padded, b, offsets, ids)), reference(row_padded, b))
     shifted = torch.randn(24 * 64 + 1, device=device, dtype=torch.bfloat16)[1:].view(24, 64)  # 2-byte aligned
     check(_replans(cache, lambda: lk.grouped_matmul(shifted, b, offsets, ids)), reference(shifted, b))
-    check(_replans(cache, lambda: lk.grouped_matmul(a, b, offsets, ids, epilogue="silu")),
-          reference(a, b, "silu"))  # a flag
+    check(
+        _replans(cache, lambda: lk.grouped_matmul(a, b, offsets, ids, epilogue="silu")), reference(a, b, "silu")
+    )  # a flag
     result = _replans(cache, lambda: lk.grouped_matmul(a, b, offsets, ids, out_dtype=torch.float32))
     assert result.dtype == torch.float32
     check(result, reference(a, b))
@@ -129,8 +136,7 @@ def test_each_signature_component_replans_attention(device):
     check(_replans(cache, lambda: lk.attention(q, k, v, causal=True, config=ATTENTION_CONFIG)), causal=True)
     out, lse = _replans(cache, lambda: lk.attention(q, k, v, return_lse=True, config=ATTENTION_CONFIG))
     check(out)
-    check(_replans(cache, lambda: lk.attention(q, k, v, softmax_scale=0.5, config=ATTENTION_CONFIG)),
-          softmax_scale=0.5)
+    check(_replans(cache, lambda: lk.attention(q, k, v, softmax_scale=0.5, config=ATTENTION_CONFIG)), softmax_scale=0.5)
     window = lk.SlidingWindow(3, 0)
     check(_replans(cache, lambda: lk.attention(q, k, v, mask=window, config=ATTENTION_CONFIG)), mask=window)
     check(lk.attention(q, k, v, mask=lk.SlidingWindow(3, 0), config=ATTENTION_CONFIG), mask=window)  # equal mask

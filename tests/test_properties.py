@@ -21,6 +21,7 @@ Tensors come from a ``torch.Generator`` seeded by a drawn integer, so an example
 prints is reproducible on its own. Outputs are poisoned with NaN first: an element the kernels forget
 to write fails.
 """
+
 from __future__ import annotations
 
 import math
@@ -46,8 +47,9 @@ from llmkernels.runtime import interpreting  # noqa: E402
 from llmkernels.testing import default_device, on_gpu, poison, random_group_offsets, relative_error  # noqa: E402
 
 # The interpreter evaluates both sides of tl.where: -inf - -inf of fully masked rows warns in numpy.
-pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning",
-                                        "ignore:overflow encountered:RuntimeWarning")
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:invalid value encountered:RuntimeWarning", "ignore:overflow encountered:RuntimeWarning"
+)
 
 GPU = on_gpu()
 INTERPRETER = interpreting()
@@ -217,14 +219,18 @@ NVFP4_MIN_NORMAL_AMAX = 2688.0 * 2.0**-126
 def quantize_inputs(draw, format: str):
     spec = FORMATS[format]
     dtype = draw(st.sampled_from(INPUT_DTYPES), label="dtype")
-    lead_shape = draw(st.one_of(
-        st.tuples(st.integers(0, MAX_ROWS)),
-        st.tuples(st.integers(0, 4), st.integers(0, MAX_ROWS // 4)),
-        st.just(()),
-    ), label="leading shape")
+    lead_shape = draw(
+        st.one_of(
+            st.tuples(st.integers(0, MAX_ROWS)),
+            st.tuples(st.integers(0, 4), st.integers(0, MAX_ROWS // 4)),
+            st.just(()),
+        ),
+        label="leading shape",
+    )
     num_cols = spec.block * draw(st.integers(1, MAX_COLS // spec.block), label="K / block")
-    regimes = tuple(draw(st.lists(st.sampled_from(VALUE_REGIMES), min_size=1, max_size=3, unique=True),
-                         label="value regimes"))
+    regimes = tuple(
+        draw(st.lists(st.sampled_from(VALUE_REGIMES), min_size=1, max_size=3, unique=True), label="value regimes")
+    )
     spread = draw(st.sampled_from([0, 3, 10, 40]), label="binades spread inside a block")
     seed = draw(SEEDS, label="seed")
     return format, spec, dtype, lead_shape, num_cols, regimes, spread, seed
@@ -248,8 +254,11 @@ def test_quantize_matches_reference_bits(format, data):
     reference_global_scale = global_scale
     if x.dim() == 2 and x.shape[0] > 0 and data.draw(st.booleans(), label="gather rows"):
         # indices out of order, repeated and out of range (clamped to x's rows)
-        rows = torch.tensor(data.draw(st.lists(st.integers(-2, x.shape[0] + 1), max_size=20), label="rows"),
-                            dtype=torch.int64, device=DEVICE)
+        rows = torch.tensor(
+            data.draw(st.lists(st.integers(-2, x.shape[0] + 1), max_size=20), label="rows"),
+            dtype=torch.int64,
+            device=DEVICE,
+        )
         if spec.has_global_scale and global_scale is None:  # the default comes from all of x
             reference_global_scale = nvfp4_global_scale(x)
     layout = "row"
@@ -272,8 +281,9 @@ def test_quantize_matches_reference_bits(format, data):
         event("explicit global_scale")
     if x.numel() == 0:
         event("empty x")
-    ours = lk.quantize(x, format, global_scale=global_scale, scale_layout=layout, group_offsets=group_offsets,
-                       rows=rows)
+    ours = lk.quantize(
+        x, format, global_scale=global_scale, scale_layout=layout, group_offsets=group_offsets, rows=rows
+    )
     source = x if rows is None else x[rows.clamp(0, x.shape[0] - 1)]
     ref = lk.quantize_reference(source, format, global_scale=reference_global_scale)
     assert ours.data.shape == ref.data.shape and ours.data.dtype == ref.data.dtype
@@ -312,8 +322,10 @@ def _first_difference(actual, expected, what):
     if where.numel() == 0:
         return f"{what}: equal"
     index = int(where[0])
-    return (f"{what}: {where.numel()} bytes differ, first at flat index {index}: "
-            f"{int(a[index]):#x} != {int(e[index]):#x} (expected)")
+    return (
+        f"{what}: {where.numel()} bytes differ, first at flat index {index}: "
+        f"{int(a[index]):#x} != {int(e[index]):#x} (expected)"
+    )
 
 
 def _half_ulp_and_saturation(y_abs: torch.Tensor, spec) -> torch.Tensor:
@@ -381,7 +393,8 @@ def test_dequantize_quantize_round_trip_error_bound(format, data):
         assert (block_scale[target >= high] == high).all(), "nvfp4 block scale not clamped to 448"
         scale_error = (block_scale[inside] - target[inside]).abs() / target[inside]
         assert (scale_error <= NVFP4_SCALE_ROUNDING).all(), (
-            f"nvfp4 block scale off the e4m3 rounding of amax / 6 / global_scale by {scale_error.max().item():.3g}")
+            f"nvfp4 block scale off the e4m3 rounding of amax / 6 / global_scale by {scale_error.max().item():.3g}"
+        )
         scale = (row_scales.float().reshape(amax.shape) * q.global_scale.float().cpu()).double()
         y_limit = spec.element_max / (1 - NVFP4_SCALE_ROUNDING) * (1 + 2.0**-20)
     assert torch.isfinite(decoded).all(), "dequantize gave inf/NaN"
@@ -397,7 +410,8 @@ def test_dequantize_quantize_round_trip_error_bound(format, data):
     assert not bad.any(), (
         f"{int(bad.sum())} elements outside the rounding bound; first: x={blocks[bad][0].item()!r} "
         f"decoded={decoded.double().cpu().reshape(blocks.shape)[bad][0].item()!r} "
-        f"scale={scale.expand_as(blocks)[bad][0].item()!r}")
+        f"scale={scale.expand_as(blocks)[bad][0].item()!r}"
+    )
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
@@ -425,9 +439,12 @@ def _upcast_kernel(x_ptr, y_ptr, N: tl.constexpr):
     tl.store(y_ptr + offsets, tl.load(x_ptr + offsets).to(tl.float32))
 
 
-@pytest.mark.xfail(INTERPRETER, strict=True,
-                   reason="Triton 3.9's interpreter (_convert_float) upcasts subnormal bf16 to wrong float32 "
-                          "values; compiled kernels are exact. The property tests flush bf16 subnormals there.")
+@pytest.mark.xfail(
+    INTERPRETER,
+    strict=True,
+    reason="Triton 3.9's interpreter (_convert_float) upcasts subnormal bf16 to wrong float32 "
+    "values; compiled kernels are exact. The property tests flush bf16 subnormals there.",
+)
 def test_interpreter_bf16_subnormal_upcast():
     x = torch.tensor([2.0**-127, -3 * 2.0**-130, 2.0**-133, 1.5 * 2.0**-126], dtype=torch.bfloat16, device=DEVICE)
     y = torch.empty(4, device=DEVICE)
@@ -443,9 +460,19 @@ PLAIN = ("bf16", "fp16")
 # Every pair the API accepts: plain x plain of one dtype, plain activations x any quantized weights,
 # MX x MX, nvfp4 x nvfp4 (tests/test_grouped_matmul.py's FORMAT_PAIRS and the three it leaves out).
 GM_FORMAT_PAIRS = (
-    ("bf16", "bf16"), ("fp16", "fp16"),
-    ("bf16", "mxfp8"), ("bf16", "mxfp4"), ("bf16", "nvfp4"), ("fp16", "mxfp8"), ("fp16", "mxfp4"), ("fp16", "nvfp4"),
-    ("mxfp8", "mxfp8"), ("mxfp4", "mxfp4"), ("mxfp8", "mxfp4"), ("mxfp4", "mxfp8"), ("nvfp4", "nvfp4"),
+    ("bf16", "bf16"),
+    ("fp16", "fp16"),
+    ("bf16", "mxfp8"),
+    ("bf16", "mxfp4"),
+    ("bf16", "nvfp4"),
+    ("fp16", "mxfp8"),
+    ("fp16", "mxfp4"),
+    ("fp16", "nvfp4"),
+    ("mxfp8", "mxfp8"),
+    ("mxfp4", "mxfp4"),
+    ("mxfp8", "mxfp4"),
+    ("mxfp4", "mxfp8"),
+    ("nvfp4", "nvfp4"),
 )
 GM_EPILOGUES = (None, "silu", "gelu", "swiglu")
 # Relative error bounds by output dtype (as tests/test_grouped_matmul.py): decoded products are exact
@@ -473,8 +500,11 @@ def _special_group_sizes() -> list[int]:
 
 
 SPECIAL_GROUP_SIZES = _special_group_sizes()
-GM_LIMITS = (dict(max_experts=16, max_groups=24, max_random_size=600, max_n=640, max_k=2048) if GPU else
-             dict(max_experts=5, max_groups=6, max_random_size=40, max_n=80, max_k=192))
+GM_LIMITS = (
+    dict(max_experts=16, max_groups=24, max_random_size=600, max_n=640, max_k=2048)
+    if GPU
+    else dict(max_experts=5, max_groups=6, max_random_size=40, max_n=80, max_k=192)
+)
 # Explicit configs besides the default: small tiles, swap-AB, tl.dot_scaled (MX weights only), A
 # decoded ahead (quantized A only).
 SMALL_TILES = dict(block_m=16, block_n=32, block_k=64, num_stages=1, num_warps=4)
@@ -497,28 +527,46 @@ def _gm_variant(choose, formats) -> dict:
     epilogue = choose("epilogue", GM_EPILOGUES)
     a_layout = choose("a_scale_layout", ("row", "128x4", "128x4_grouped") if a_format in FORMATS else ("row",))
     b_layout = choose("b_scale_layout", ("row", "128x4") if b_format in FORMATS else ("row",))
-    dot_scaled_ok = FORMATS.get(b_format) is not None and FORMATS[b_format].scale == "e8m0" and (
-        a_format == "bf16" or (a_format in FORMATS and FORMATS[a_format].scale == "e8m0"))
-    configs = ("default", "swapped") + (("dot_scaled", "dot_scaled_swapped") if dot_scaled_ok else ()) + (
-        ("upcast",) if a_format in FORMATS else ())
+    dot_scaled_ok = (
+        FORMATS.get(b_format) is not None
+        and FORMATS[b_format].scale == "e8m0"
+        and (a_format == "bf16" or (a_format in FORMATS and FORMATS[a_format].scale == "e8m0"))
+    )
+    configs = (
+        ("default", "swapped")
+        + (("dot_scaled", "dot_scaled_swapped") if dot_scaled_ok else ())
+        + (("upcast",) if a_format in FORMATS else ())
+    )
     config = choose("config", configs)
     expert_scales = choose("expert_scales", (False, True))
     out_dtype = choose("out_dtype", GM_OUT_DTYPES)
     offsets_dtype = choose("offsets_dtype", (torch.int32, torch.uint32))
-    return dict(a_format=a_format, b_format=b_format, epilogue=epilogue, a_layout=a_layout, b_layout=b_layout,
-                config=config, expert_scales=expert_scales, out_dtype=out_dtype, offsets_dtype=offsets_dtype)
+    return dict(
+        a_format=a_format,
+        b_format=b_format,
+        epilogue=epilogue,
+        a_layout=a_layout,
+        b_layout=b_layout,
+        config=config,
+        expert_scales=expert_scales,
+        out_dtype=out_dtype,
+        offsets_dtype=offsets_dtype,
+    )
 
 
-GM_POOLS = {formats: _variant_pool(lambda choose, formats=formats: _gm_variant(choose, formats),
-                                    {"epilogue": GM_EPILOGUES}, repeats=4) for formats in GM_FORMAT_PAIRS}
+GM_POOLS = {
+    formats: _variant_pool(
+        lambda choose, formats=formats: _gm_variant(choose, formats), {"epilogue": GM_EPILOGUES}, repeats=4
+    )
+    for formats in GM_FORMAT_PAIRS
+}
 
 
 def _expert_ids(num_groups: int, num_experts: int):
     """int lists of length G: independent ids in [-1, E) (repeats, -1), or a permutation of
     [-1, E) cycled (every expert once before any repeats)."""
     independent = st.lists(st.integers(-1, num_experts - 1), min_size=num_groups, max_size=num_groups)
-    permuted = st.permutations(list(range(-1, num_experts))).map(
-        lambda p: [p[i % len(p)] for i in range(num_groups)])
+    permuted = st.permutations(list(range(-1, num_experts))).map(lambda p: [p[i % len(p)] for i in range(num_groups)])
     return st.one_of(independent, permuted)
 
 
@@ -546,8 +594,9 @@ def test_grouped_matmul_matches_reference(formats, data):
     trailing = data.draw(st.integers(0, 5), label="rows past the last group")
     k_align = math.lcm(_scale_block(variant["a_format"]), _scale_block(variant["b_format"]))
     k = k_align * data.draw(st.integers(1, limits["max_k"] // k_align), label="K / alignment")
-    n_out = data.draw(st.integers(1, limits["max_n"] // 2 if variant["epilogue"] == "swiglu" else limits["max_n"]),
-                      label="N out")
+    n_out = data.draw(
+        st.integers(1, limits["max_n"] // 2 if variant["epilogue"] == "swiglu" else limits["max_n"]), label="N out"
+    )
     n = 2 * n_out if variant["epilogue"] == "swiglu" else n_out
     seed = data.draw(SEEDS, label="seed")
 
@@ -580,8 +629,17 @@ def test_grouped_matmul_matches_reference(formats, data):
 
     out_dtype = variant["out_dtype"]
     out = poison(torch.empty(num_tokens, n_out, dtype=out_dtype, device=DEVICE))
-    result = lk.grouped_matmul(a, b, a_offsets, expert_ids, expert_scales, epilogue=variant["epilogue"],
-                               out_dtype=out_dtype, out=out, config=GM_CONFIGS[variant["config"]])
+    result = lk.grouped_matmul(
+        a,
+        b,
+        a_offsets,
+        expert_ids,
+        expert_scales,
+        epilogue=variant["epilogue"],
+        out_dtype=out_dtype,
+        out=out,
+        config=GM_CONFIGS[variant["config"]],
+    )
     assert result is out
     expected = lk.grouped_matmul_reference(a, b, a_offsets, expert_ids, expert_scales, epilogue=variant["epilogue"])
     assert out[rows_in_groups:].isnan().all(), "rows past the last group were written"
@@ -609,7 +667,8 @@ def _assert_groups_close(actual, expected, sizes, ids, tolerance):
                 denominator = max(want.norm().item(), share)
                 group_error = (got - want).norm().item() / denominator if denominator else (got - want).norm().item()
                 assert group_error <= tolerance, (
-                    f"group {group} (rows {start}:{end}, expert {ids[group]}): relative error {group_error:.3e}")
+                    f"group {group} (rows {start}:{end}, expert {ids[group]}): relative error {group_error:.3e}"
+                )
         start = end
 
 
@@ -626,8 +685,11 @@ ATTN_LAYOUTS = ("dense", "ragged", "paged", "paged_ragged_q")
 MASK_KINDS = ("none", "causal", "window", "window_causal", "chunked", "chunked_causal", "chunk_and_window")
 SCORE_MODS = (None, "softcap", "alibi")
 ATTN_TOLERANCE = {torch.float16: 4e-3, torch.bfloat16: 2e-2, "lse": 1e-4}  # as tests/test_attention.py
-ATTN_LIMITS = (dict(max_batch=4, max_seqlen_q=300, max_seqlen_k=1200, max_window=400) if GPU else
-               dict(max_batch=3, max_seqlen_q=16, max_seqlen_k=70, max_window=24))
+ATTN_LIMITS = (
+    dict(max_batch=4, max_seqlen_q=300, max_seqlen_k=1200, max_window=400)
+    if GPU
+    else dict(max_batch=3, max_seqlen_q=16, max_seqlen_k=70, max_window=24)
+)
 # Lengths at tile edges: q tiles of 16 (CPU decode and prefill tiles), multiples of the KV tiles (16 on
 # the CPU, 32 to 128 on the GPU).
 _KV_TILE_EDGES = (16, 32, 64, 128, 256) if GPU else (16, 32, 64)
@@ -651,16 +713,19 @@ def _attn_variant(choose, layout, dtype) -> dict:
 
 
 ATTN_CASES = [(layout, dtype) for layout in ATTN_LAYOUTS for dtype in ATTN_DTYPES]
-ATTN_POOLS = {case: _variant_pool(lambda choose, case=case: _attn_variant(choose, *case), {"head_dim": HEAD_DIMS},
-                                  repeats=3) for case in ATTN_CASES}
+ATTN_POOLS = {
+    case: _variant_pool(lambda choose, case=case: _attn_variant(choose, *case), {"head_dim": HEAD_DIMS}, repeats=3)
+    for case in ATTN_CASES
+}
 
 
 def _cu_seqlens(lengths):
     return random_group_offsets(lengths, device=DEVICE)
 
 
-def _paged_cache(generator, seqlens, page_size, num_kv_heads, head_dim, dtype, shared_pages, extra_pages,
-                 extra_columns):
+def _paged_cache(
+    generator, seqlens, page_size, num_kv_heads, head_dim, dtype, shared_pages, extra_pages, extra_columns
+):
     """``(cache, sharing)``: a PagedKVCache whose pages are shuffled; the first ``shared_pages`` pages of
     every sequence (at most the shortest one's) are the same physical pages, a shared prefix, used by
     ``sharing`` sequences; unused block-table entries hold an out-of-range index."""
@@ -673,15 +738,16 @@ def _paged_cache(generator, seqlens, page_size, num_kv_heads, head_dim, dtype, s
     max_pages = max(pages_per_seq + [1]) + extra_columns
     block_table = torch.full((len(seqlens), max_pages), 10**6, dtype=torch.int32)
     for b, count in enumerate(pages_per_seq):
-        ids = shared_ids[:min(shared, count)] + permutation[cursor:cursor + own_pages[b]]
+        ids = shared_ids[: min(shared, count)] + permutation[cursor : cursor + own_pages[b]]
         cursor += own_pages[b]
         if ids:
-            block_table[b, :len(ids)] = torch.tensor(ids, dtype=torch.int32)
+            block_table[b, : len(ids)] = torch.tensor(ids, dtype=torch.int32)
     shape = (max(num_pages, 1), page_size, num_kv_heads, head_dim)
     k_pages = _randn(generator, *shape, dtype=dtype)
     v_pages = _randn(generator, *shape, dtype=dtype)
-    cache = lk.PagedKVCache(k_pages, v_pages, block_table.to(DEVICE),
-                            torch.tensor(seqlens, dtype=torch.int32, device=DEVICE))
+    cache = lk.PagedKVCache(
+        k_pages, v_pages, block_table.to(DEVICE), torch.tensor(seqlens, dtype=torch.int32, device=DEVICE)
+    )
     return cache, sum(1 for count in pages_per_seq if count and shared)  # sequences on the shared pages
 
 
@@ -698,8 +764,10 @@ def _mask_arguments(data, kind: str):
     elif kind in ("chunked", "chunked_causal"):
         kwargs["mask"] = lk.Chunked(data.draw(st.integers(1, max_window + 4), label="chunk size"))
     elif kind == "chunk_and_window":
-        kwargs["mask"] = (lk.Chunked(data.draw(st.integers(1, max_window + 4), label="chunk size")),
-                          lk.SlidingWindow(data.draw(side, label="window left"), data.draw(side, label="window right")))
+        kwargs["mask"] = (
+            lk.Chunked(data.draw(st.integers(1, max_window + 4), label="chunk size")),
+            lk.SlidingWindow(data.draw(side, label="window left"), data.draw(side, label="window right")),
+        )
     return kwargs
 
 
@@ -741,16 +809,24 @@ def test_attention_matches_reference(layout, dtype, data):
     if ragged_q:
         q = _randn(generator, sum(lengths_q), num_q_heads, head_dim, dtype=dtype)
         kwargs["cu_seqlens_q"] = _cu_seqlens(lengths_q)
-        kwargs["max_seqlen_q"] = data.draw(st.sampled_from([None, max(lengths_q), max(lengths_q) + 3]),
-                                           label="max_seqlen_q")
+        kwargs["max_seqlen_q"] = data.draw(
+            st.sampled_from([None, max(lengths_q), max(lengths_q) + 3]), label="max_seqlen_q"
+        )
     else:
         q = _randn(generator, batch, lengths_q[0], num_q_heads, head_dim, dtype=dtype)
     if layout.startswith("paged"):
         page_size = variant["page_size"]
-        cache, sharing = _paged_cache(generator, lengths_k, page_size, num_kv_heads, head_dim, dtype,
-                             shared_pages=data.draw(st.integers(0, 3), label="shared prefix pages"),
-                             extra_pages=data.draw(st.integers(0, 3), label="unused pages"),
-                             extra_columns=data.draw(st.integers(0, 2), label="extra block-table columns"))
+        cache, sharing = _paged_cache(
+            generator,
+            lengths_k,
+            page_size,
+            num_kv_heads,
+            head_dim,
+            dtype,
+            shared_pages=data.draw(st.integers(0, 3), label="shared prefix pages"),
+            extra_pages=data.draw(st.integers(0, 3), label="unused pages"),
+            extra_columns=data.draw(st.integers(0, 2), label="extra block-table columns"),
+        )
         if sharing > 1:
             event("sequences sharing prefix pages")
         k = v = None
@@ -760,8 +836,9 @@ def test_attention_matches_reference(layout, dtype, data):
         k = _randn(generator, sum(lengths_k), num_kv_heads, head_dim, dtype=dtype)
         v = _randn(generator, sum(lengths_k), num_kv_heads, head_dim, dtype=dtype)
         kwargs["cu_seqlens_k"] = _cu_seqlens(lengths_k)
-        kwargs["max_seqlen_k"] = data.draw(st.sampled_from([None, max(lengths_k), max(lengths_k) + 5]),
-                                           label="max_seqlen_k")
+        kwargs["max_seqlen_k"] = data.draw(
+            st.sampled_from([None, max(lengths_k), max(lengths_k) + 5]), label="max_seqlen_k"
+        )
     else:
         k = _randn(generator, batch, lengths_k[0], num_kv_heads, head_dim, dtype=dtype)
         v = _randn(generator, batch, lengths_k[0], num_kv_heads, head_dim, dtype=dtype)

@@ -1,6 +1,7 @@
 """The custom operators: schema and fake implementations (opcheck), and torch.compile(fullgraph=True) of the
 public functions (quantize + grouped matmul, attention, dispatch, combine, select_experts), also with
 dynamic=True at two sizes (one graph of symbolic shapes), against the eager call's bits."""
+
 import pytest
 import torch
 from torch._dynamo.testing import CompileCounterWithBackend
@@ -21,18 +22,33 @@ def _moe_problem(device, num_experts=3, n=64, k=64):
     return x, w, offsets, ids, scales, sum(sizes)
 
 
-@pytest.mark.parametrize("formats", [("bf16", "bf16"), ("mxfp8", "mxfp8"), ("nvfp4", "nvfp4"), ("bf16", "mxfp4")],
-                         ids="x".join)
+@pytest.mark.parametrize(
+    "formats", [("bf16", "bf16"), ("mxfp8", "mxfp8"), ("nvfp4", "nvfp4"), ("bf16", "mxfp4")], ids="x".join
+)
 def test_grouped_matmul_opcheck(formats, device):
     x, w, offsets, ids, scales, _ = _moe_problem(device)
     a = x.to(torch.bfloat16) if formats[0] == "bf16" else lk.quantize(x, formats[0])
     b = w.to(torch.bfloat16) if formats[1] == "bf16" else lk.quantize(w, formats[1])
     b_parts = scaled_tensor_parts(b)
-    args = (*scaled_tensor_parts(a)[:7], *b_parts[:5], b_parts[7], offsets, ids, scales, "swiglu", torch.bfloat16,
-            torch.randn(w.shape[:2], device=device), 1.702, 7.0, 1.0, True)
+    args = (
+        *scaled_tensor_parts(a)[:7],
+        *b_parts[:5],
+        b_parts[7],
+        offsets,
+        ids,
+        scales,
+        "swiglu",
+        torch.bfloat16,
+        torch.randn(w.shape[:2], device=device),
+        1.702,
+        7.0,
+        1.0,
+        True,
+    )
     # rows past the groups are left unwritten, so compare only the checks that do not read them
-    torch.library.opcheck(torch.ops.llmkernels.grouped_matmul.default, args,
-                          test_utils=("test_schema", "test_faketensor"))
+    torch.library.opcheck(
+        torch.ops.llmkernels.grouped_matmul.default, args, test_utils=("test_schema", "test_faketensor")
+    )
 
 
 @pytest.mark.parametrize("format", ["mxfp8", "mxfp4", "nvfp4", "nvfp4_given_scale"])
@@ -84,12 +100,47 @@ def test_compile_cuda_graph(device):
     assert_close_relative(out[:rows].float(), eager[:rows].float(), 1e-6, "compiled + CUDA graph")
 
 
-def _attention_args(q, k=None, v=None, *, has_window=False, left=-1, right=-1, chunk=0, softcap=0.0, slopes=None,
-                    sinks=None, cu_q=None, cu_k=None, max_q=None, max_k=None, cache=None, num_splits=None,
-                    return_lse=True):
+def _attention_args(
+    q,
+    k=None,
+    v=None,
+    *,
+    has_window=False,
+    left=-1,
+    right=-1,
+    chunk=0,
+    softcap=0.0,
+    slopes=None,
+    sinks=None,
+    cu_q=None,
+    cu_k=None,
+    max_q=None,
+    max_k=None,
+    cache=None,
+    num_splits=None,
+    return_lse=True,
+):
     pages = (cache.k_pages, cache.v_pages, cache.block_table, cache.seqlens) if cache is not None else (None,) * 4
-    return (q, k, v, has_window, left, right, chunk, softcap, slopes, sinks, q.shape[-1] ** -0.5, cu_q, cu_k, max_q,
-            max_k, *pages, num_splits, return_lse)
+    return (
+        q,
+        k,
+        v,
+        has_window,
+        left,
+        right,
+        chunk,
+        softcap,
+        slopes,
+        sinks,
+        q.shape[-1] ** -0.5,
+        cu_q,
+        cu_k,
+        max_q,
+        max_k,
+        *pages,
+        num_splits,
+        return_lse,
+    )
 
 
 @pytest.mark.parametrize("layout", ["dense", "ragged", "paged"])
@@ -108,16 +159,20 @@ def test_attention_opcheck(layout, device):
     else:
         q = torch.randn(2, 1, 4, 32, device=device, dtype=dtype)
         pages = torch.randperm(6, device=device).to(torch.int32).view(2, 3)
-        cache = lk.PagedKVCache(torch.randn(6, 16, 2, 32, device=device, dtype=dtype),
-                                torch.randn(6, 16, 2, 32, device=device, dtype=dtype), pages,
-                                torch.tensor([40, 17], dtype=torch.int32, device=device))
+        cache = lk.PagedKVCache(
+            torch.randn(6, 16, 2, 32, device=device, dtype=dtype),
+            torch.randn(6, 16, 2, 32, device=device, dtype=dtype),
+            pages,
+            torch.tensor([40, 17], dtype=torch.int32, device=device),
+        )
         args = _attention_args(q, cache=cache, num_splits=3, slopes=torch.rand(4, device=device))
     torch.library.opcheck(torch.ops.llmkernels.attention.default, args, test_utils=("test_schema", "test_faketensor"))
 
 
 def _attention_block(q, k, v, sinks):
-    return lk.attention(q, k, v, causal=True, mask=lk.SlidingWindow(8, 0), score_mod=lk.softcap(30.0), sinks=sinks,
-                        return_lse=True)
+    return lk.attention(
+        q, k, v, causal=True, mask=lk.SlidingWindow(8, 0), score_mod=lk.softcap(30.0), sinks=sinks, return_lse=True
+    )
 
 
 def test_attention_compile_fullgraph_matches_eager(device):
@@ -131,8 +186,9 @@ def test_attention_compile_fullgraph_matches_eager(device):
 
 def test_attention_compile_fullgraph_with_a_traced_softmax_scale(device):
     q, k = (torch.randn(1, 16, 2, 16, device=device, dtype=torch.float16) for _ in range(2))
-    compiled = torch.compile(lambda q, k, scale: lk.attention(q, k, k, causal=True, softmax_scale=scale),
-                             fullgraph=True, backend="aot_eager")
+    compiled = torch.compile(
+        lambda q, k, scale: lk.attention(q, k, k, causal=True, softmax_scale=scale), fullgraph=True, backend="aot_eager"
+    )
     for scale in (0.3, 0.2):
         assert torch.equal(compiled(q, k, scale), lk.attention(q, k, k, causal=True, softmax_scale=scale))
     with pytest.raises(TypeError, match="softmax_scale must be a finite float"):
@@ -153,11 +209,13 @@ def test_moe_dispatch_opcheck(device):
 
 def test_moe_select_experts_opcheck(device):
     logits = torch.randn(7, 6, device=device)
-    torch.library.opcheck(torch.ops.llmkernels.moe_select_experts.default, (logits, 2, "sigmoid", True,
-                                                                            torch.rand(6, device=device)))
+    torch.library.opcheck(
+        torch.ops.llmkernels.moe_select_experts.default, (logits, 2, "sigmoid", True, torch.rand(6, device=device))
+    )
 
 
 # ------------------------------------------------------------------------------------------------ dynamic=True
+
 
 def _assert_same_bits(compiled, eager) -> None:
     if isinstance(eager, torch.Tensor):
@@ -188,6 +246,7 @@ def _grouped_inputs(device, k=64, dtype=torch.float32):
     def inputs_of_size(size):
         x = torch.randn(3 * size + 2, k, device=device, dtype=dtype)
         return x, random_group_offsets([size, 0, 2 * size], device=device), ids
+
     return inputs_of_size
 
 
@@ -196,7 +255,8 @@ def test_dynamic_compile_quantize_and_grouped_matmul_default_backend(device):
     w = lk.quantize(torch.randn(3, 64, 64, device=device) / 8, "mxfp8")
 
     def block(x, offsets, ids):  # the rows past the groups are not written: compare the others
-        return lk.grouped_matmul(lk.quantize(x, "mxfp8"), w, offsets, ids, epilogue="swiglu")[:x.shape[0] - 2]
+        return lk.grouped_matmul(lk.quantize(x, "mxfp8"), w, offsets, ids, epilogue="swiglu")[: x.shape[0] - 2]
+
     _assert_dynamic_compile_matches_eager(block, _grouped_inputs(device), backend="inductor")
 
 
@@ -208,7 +268,8 @@ def _swiglu_of_traced_floats(device):
 
     def block(x, offsets, ids, alpha, limit):
         glu = lk.SwiGLU(alpha, limit, interleaved=True)
-        return lk.grouped_matmul(x, w, offsets, ids, epilogue=glu)[:x.shape[0] - 2]
+        return lk.grouped_matmul(x, w, offsets, ids, epilogue=glu)[: x.shape[0] - 2]
+
     return block, lambda size: (*grouped(size), 1.702, 7.0)
 
 
@@ -221,6 +282,7 @@ def _nvfp4_gathered_rows(device):
         rows = torch.arange(x.shape[0] - 2, device=x.device)
         a = lk.quantize(x, "nvfp4", rows=rows, global_scale=x.abs().amax() / (448 * 6))
         return lk.grouped_matmul(a, w, offsets, ids)
+
     return block, grouped
 
 
@@ -229,37 +291,55 @@ def _hopper_layout_weights(device):
     w = lk.quantize(torch.randn(3, 64, 64, device=device) / 8, "mxfp4").to_layout("hopper")
 
     def block(x, offsets, ids):
-        return lk.grouped_matmul(x, w, offsets, ids, epilogue="swiglu")[:x.shape[0] - 2]
+        return lk.grouped_matmul(x, w, offsets, ids, epilogue="swiglu")[: x.shape[0] - 2]
+
     return block, _grouped_inputs(device, dtype=torch.bfloat16)
 
 
 def _moe_routing(device):
     """select_experts, dispatch and combine: the routing around the expert matmuls."""
+
     def route(logits, y):
         weights, expert_ids = ops.select_experts(logits, 2)
         token_of_row, offsets, row_of_copy = ops.dispatch(expert_ids, 6)
-        return token_of_row, offsets, ops.combine(y[:row_of_copy.numel()], row_of_copy, weights)
+        return token_of_row, offsets, ops.combine(y[: row_of_copy.numel()], row_of_copy, weights)
+
     return route, lambda size: (torch.randn(size, 6, device=device), torch.randn(18, 32, device=device))
 
 
 def _attention_dense_and_paged(device):
     """A causal dense call with sinks and a split-KV paged decode step of symbolic lengths."""
+
     def layer(q, k, v, sinks, k_pages, v_pages, block_table, seqlens):
         cache = lk.PagedKVCache(k_pages, v_pages, block_table, seqlens)
-        return (lk.attention(q, k, v, causal=True, sinks=sinks, return_lse=True),
-                lk.attention(q[:, -1:], None, None, kv_cache=cache, num_splits=3))
+        return (
+            lk.attention(q, k, v, causal=True, sinks=sinks, return_lse=True),
+            lk.attention(q[:, -1:], None, None, kv_cache=cache, num_splits=3),
+        )
 
     def inputs_of_size(size):
         rand = lambda *shape: torch.randn(*shape, device=device, dtype=torch.bfloat16)  # noqa: E731
         pages = torch.randperm(2 * size, device=device).to(torch.int32).view(2, size)
         seqlens = torch.tensor([4 * size, 16 * size - 3], dtype=torch.int32, device=device)
-        return (rand(2, size, 4, 16), rand(2, size + 3, 2, 16), rand(2, size + 3, 2, 16), torch.randn(4, device=device),
-                rand(2 * size, 16, 2, 16), rand(2 * size, 16, 2, 16), pages, seqlens)
+        return (
+            rand(2, size, 4, 16),
+            rand(2, size + 3, 2, 16),
+            rand(2, size + 3, 2, 16),
+            torch.randn(4, device=device),
+            rand(2 * size, 16, 2, 16),
+            rand(2 * size, 16, 2, 16),
+            pages,
+            seqlens,
+        )
+
     return layer, inputs_of_size
 
 
-@pytest.mark.parametrize("case", [_swiglu_of_traced_floats, _nvfp4_gathered_rows, _hopper_layout_weights, _moe_routing,
-                                  _attention_dense_and_paged], ids=lambda case: case.__name__.strip("_"))
+@pytest.mark.parametrize(
+    "case",
+    [_swiglu_of_traced_floats, _nvfp4_gathered_rows, _hopper_layout_weights, _moe_routing, _attention_dense_and_paged],
+    ids=lambda case: case.__name__.strip("_"),
+)
 def test_dynamic_compile_matches_eager(case, device):
     fn, inputs_of_size = case(device)
     _assert_dynamic_compile_matches_eager(fn, inputs_of_size)

@@ -2,6 +2,7 @@
 torchao's own dequantized values for the views torchao's ops make (row and column slices, select, swizzled and 3D
 tensors), a transposed one refused, and ``grouped_matmul`` / ``MoEFeedForward`` results equal to those of the same
 data passed as ScaledTensors."""
+
 import warnings
 
 import pytest
@@ -32,9 +33,11 @@ def _bits(x: lk.ScaledTensor):
 
 
 @pytest.mark.parametrize("fmt", ["mxfp8", "mxfp4", "nvfp4"])
-@pytest.mark.parametrize("shape,swizzled", [((40, 64), False), ((3, 20, 96), False), ((200, 96), True),
-                                           ((2, 128, 64), True)],
-                         ids=["2d", "3d", "2d_swizzled", "3d_swizzled"])
+@pytest.mark.parametrize(
+    "shape,swizzled",
+    [((40, 64), False), ((3, 20, 96), False), ((200, 96), True), ((2, 128, 64), True)],
+    ids=["2d", "3d", "2d_swizzled", "3d_swizzled"],
+)
 def test_round_trip_keeps_bits_and_storage(fmt, shape, swizzled, device):
     x = torch.randn(*shape, device=device) * 3
     theirs = _torchao(x, fmt, swizzled)
@@ -60,12 +63,16 @@ def test_grouped_matmul_and_moe_take_them(device):
         a, b = _torchao(x, fmt), _torchao(w, fmt)
         expected = lk.grouped_matmul(from_torchao(a), from_torchao(b), offsets, ids)
         assert torch.equal(lk.grouped_matmul(a, b, offsets, ids), expected)
-        assert torch.equal(lk.grouped_matmul(x.bfloat16(), b, offsets, ids),
-                           lk.grouped_matmul(x.bfloat16(), from_torchao(b), offsets, ids))
+        assert torch.equal(
+            lk.grouped_matmul(x.bfloat16(), b, offsets, ids),
+            lk.grouped_matmul(x.bfloat16(), from_torchao(b), offsets, ids),
+        )
     router = torch.randn(experts, k, device=device)
     w_gate_up, w_down = torch.randn(experts, 2 * n, k, device=device) / 8, torch.randn(experts, k, n, device=device) / 8
     theirs = MoEFeedForward(router, _torchao(w_gate_up, "mxfp4"), _torchao(w_down, "mxfp4"), 2)
-    ours = MoEFeedForward(router, from_torchao(_torchao(w_gate_up, "mxfp4")), from_torchao(_torchao(w_down, "mxfp4")), 2)
+    ours = MoEFeedForward(
+        router, from_torchao(_torchao(w_gate_up, "mxfp4")), from_torchao(_torchao(w_down, "mxfp4")), 2
+    )
     tokens = torch.randn(9, k, dtype=torch.bfloat16, device=device)
     assert torch.equal(theirs(tokens), ours(tokens))
 
@@ -126,7 +133,7 @@ def test_column_slices_at_block_boundaries(fmt, columns, device):
     if fmt == "nvfp4":
         assert torch.equal(lk.dequantize(ours), _dequantized(theirs[:, start:end]))
     with pytest.raises(AssertionError, match="multiple of block_size"):
-        theirs[:, start + 8:end]  # torchao's own refusal: never a ScaledTensor to make
+        theirs[:, start + 8 : end]  # torchao's own refusal: never a ScaledTensor to make
 
 
 def test_swizzled_nvfp4_column_slice(device):
@@ -144,13 +151,19 @@ def test_transposed_is_refused(fmt, swizzled, device):
     """A transposed MXTensor / NVFP4Tensor blocks along dim 0: read as a ScaledTensor (blocks along the last
     dim) its scales would scale the wrong elements."""
     theirs = _torchao(torch.randn(64, 128, device=device), fmt, swizzled)
-    with pytest.raises(ValueError, match=r"^x: a transposed \w+ of shape \(128, 64\): its blocks run along dim 0, "
-                                         r"and a ScaledTensor blocks along the last dim"):
+    with pytest.raises(
+        ValueError,
+        match=r"^x: a transposed \w+ of shape \(128, 64\): its blocks run along dim 0, "
+        r"and a ScaledTensor blocks along the last dim",
+    ):
         from_torchao(theirs.t())
     with pytest.raises(ValueError, match="transposed"):  # torchao's linear hands its weight over as w.t()
-        lk.grouped_matmul(torch.randn(5, 64, device=device, dtype=torch.bfloat16), theirs.t(),
-                          torch.tensor([0, 5], dtype=torch.int32, device=device),
-                          torch.zeros(1, dtype=torch.int32, device=device))
+        lk.grouped_matmul(
+            torch.randn(5, 64, device=device, dtype=torch.bfloat16),
+            theirs.t(),
+            torch.tensor([0, 5], dtype=torch.int32, device=device),
+            torch.zeros(1, dtype=torch.int32, device=device),
+        )
     assert torch.equal(lk.dequantize(from_torchao(theirs.t().t())), _dequantized(theirs))
 
 
@@ -170,8 +183,9 @@ def test_data_of_other_strides_is_not_transposed(device):
         if fmt == "nvfp4":
             same = nvfp4_tensor.NVFP4Tensor(column_major, theirs.scale, 16, torch.float32, theirs.per_tensor_scale)
         else:
-            same = mx_tensor.MXTensor(column_major, theirs.scale, ELEMENTS[fmt], 32, torch.float32,
-                                      theirs.kernel_preference, None, False)
+            same = mx_tensor.MXTensor(
+                column_major, theirs.scale, ELEMENTS[fmt], 32, torch.float32, theirs.kernel_preference, None, False
+            )
         assert torch.equal(lk.dequantize(from_torchao(same)), _dequantized(theirs))
 
 
@@ -181,8 +195,9 @@ def test_what_a_scaled_tensor_cannot_hold_is_refused(device):
     with pytest.raises(ValueError, match=r"per_tensor_scale of shape \(3, 1, 1\)"):
         from_torchao(nvfp4_tensor.NVFP4Tensor.to_nvfp4(x, per_tensor_scale=per_expert))
     theirs = _torchao(x[0], "mxfp8")
-    short_scale = mx_tensor.MXTensor(theirs.qdata, theirs.scale[:, :1], torch.float8_e4m3fn, 32, torch.float32,
-                                     theirs.kernel_preference, None, False)
+    short_scale = mx_tensor.MXTensor(
+        theirs.qdata, theirs.scale[:, :1], torch.float8_e4m3fn, 32, torch.float32, theirs.kernel_preference, None, False
+    )
     with pytest.raises(ValueError, match="scale holds 32 scales, but data of logical shape"):
         from_torchao(short_scale)
 
@@ -192,12 +207,15 @@ def test_to_torchao_of_any_strides_gives_our_values(fmt, device):
     """torchao reads non-contiguous MX data as transposed: to_torchao hands it a contiguous copy."""
     x = lk.quantize(torch.randn(48, 128, device=device), fmt)
     views = {
-        "column_major": lk.ScaledTensor(x.data.t().contiguous().t(), x.scales.t().contiguous().t(), fmt,
-                                        x.global_scale),
-        "column_slice": lk.ScaledTensor(x.data[:, x.data.shape[1] // 4:], x.scales[:, x.scales.shape[1] // 4:], fmt,
-                                        x.global_scale),
-        "expanded": lk.ScaledTensor(x.data[:1].expand_as(x.data), x.scales[:1].expand_as(x.scales), fmt,
-                                    x.global_scale),
+        "column_major": lk.ScaledTensor(
+            x.data.t().contiguous().t(), x.scales.t().contiguous().t(), fmt, x.global_scale
+        ),
+        "column_slice": lk.ScaledTensor(
+            x.data[:, x.data.shape[1] // 4 :], x.scales[:, x.scales.shape[1] // 4 :], fmt, x.global_scale
+        ),
+        "expanded": lk.ScaledTensor(
+            x.data[:1].expand_as(x.data), x.scales[:1].expand_as(x.scales), fmt, x.global_scale
+        ),
         "swizzled": x.to_layout("128x4"),
     }
     for name, view in views.items():

@@ -4,6 +4,7 @@ DeepSeek-V3-like models built from configs (no download) generate the same greed
 bf16 weights (a differing token only where eager's top two logits are within twice the logits' difference: a
 near-tie of random tiny models, checked), and their logits agree at every non-padding position. With MXFP4 experts
 (``quantize_experts``) the logits agree with an eager model on the dequantized weights within ``TOLERANCE``."""
+
 import copy
 import warnings
 
@@ -19,8 +20,16 @@ TOLERANCE = 2e-2  # bf16 attention against transformers' eager bf16 attention, r
 def _models(device, config_class, model_class, experts=None, **fields):
     lk_transformers.register()
     torch.manual_seed(0)
-    sizes = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2, head_dim=16, max_position_embeddings=64)
+    sizes = dict(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=64,
+    )
     config = config_class(**{**sizes, **fields})
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -38,6 +47,7 @@ def _counted(calls: dict, name: str, forward):
     def counted(*args, **kwargs):
         calls[name] = calls.get(name, 0) + 1
         return forward(*args, **kwargs)
+
     return counted
 
 
@@ -48,10 +58,12 @@ def _compare(eager, ours, device, tolerance=TOLERANCE, experts=False):
     padding = torch.ones_like(ids)
     padding[1, :3] = 0  # left padding: those query rows see no key (ours: 0, eager: uniform weights)
     calls = {}
-    transformers.AttentionInterface.register("llmkernels", _counted(calls, "attention",
-                                                                    lk_transformers.attention_forward))
-    transformers.integrations.moe.ExpertsInterface.register("llmkernels", _counted(calls, "experts",
-                                                                                   lk_transformers.experts_forward))
+    transformers.AttentionInterface.register(
+        "llmkernels", _counted(calls, "attention", lk_transformers.attention_forward)
+    )
+    transformers.integrations.moe.ExpertsInterface.register(
+        "llmkernels", _counted(calls, "experts", lk_transformers.experts_forward)
+    )
     try:
         with torch.no_grad():
             expected = eager.generate(ids, attention_mask=padding, max_new_tokens=8, do_sample=False)
@@ -66,17 +78,19 @@ def _compare(eager, ours, device, tolerance=TOLERANCE, experts=False):
     error = (logits[keep] - expected_logits[keep]).norm() / expected_logits[keep].norm()
     assert error < tolerance, f"logits differ by {error:.2e}"
     if not torch.equal(tokens, expected):  # only a near-tie of the eager logits may flip a greedy token
-        row, step = next((r, s) for r in range(tokens.shape[0]) for s in range(tokens.shape[1])
-                         if tokens[r, s] != expected[r, s])
-        prefix = expected[row:row + 1, :step]
+        row, step = next(
+            (r, s) for r in range(tokens.shape[0]) for s in range(tokens.shape[1]) if tokens[r, s] != expected[r, s]
+        )
+        prefix = expected[row : row + 1, :step]
         prefix_mask = torch.ones_like(prefix)
-        prefix_mask[0, :padding.shape[1]] = padding[row]
+        prefix_mask[0, : padding.shape[1]] = padding[row]
         with torch.no_grad():
             step_logits = eager(prefix, attention_mask=prefix_mask).logits[0, -1].float()
             ours_logits = ours(prefix, attention_mask=prefix_mask).logits[0, -1].float()
         gap = (step_logits[expected[row, step]] - step_logits[tokens[row, step]]).item()
         assert gap <= 2 * (ours_logits - step_logits).abs().max().item(), (
-            f"token {step} of row {row} differs where eager's choice leads by {gap:.3f}: not a near-tie")
+            f"token {step} of row {row} differs where eager's choice leads by {gap:.3f}: not a near-tie"
+        )
 
 
 def test_llama_like(device):
@@ -107,9 +121,17 @@ def test_gpt_oss_like_sinks_sliding_windows_and_experts(device):
     """Sinks, per-layer sliding windows, and gpt-oss' experts fused (interleaved, transposed, biased, the clamped
     SwiGLU), bf16 then MXFP4."""
     # every token takes both experts: a routing decision flipped by bf16 noise would swamp the comparison
-    eager, ours = _models(device, transformers.GptOssConfig, transformers.GptOssForCausalLM, experts="llmkernels",
-                          num_local_experts=2, num_experts_per_tok=2, sliding_window=4,
-                          layer_types=["sliding_attention", "full_attention"], swiglu_limit=1.0)
+    eager, ours = _models(
+        device,
+        transformers.GptOssConfig,
+        transformers.GptOssForCausalLM,
+        experts="llmkernels",
+        num_local_experts=2,
+        num_experts_per_tok=2,
+        sliding_window=4,
+        layer_types=["sliding_attention", "full_attention"],
+        swiglu_limit=1.0,
+    )
     with torch.no_grad():  # non-zero sinks and biases, so that they matter
         for layer in (*eager.model.layers, *ours.model.layers):
             layer.self_attn.sinks.copy_(torch.linspace(-1, 1, 4))
@@ -145,17 +167,46 @@ def test_moe_experts(family, device):
     MXFP4 from ``quantize_experts`` against an eager model on the dequantized weights). Every token takes every
     routed expert (no routing flips)."""
     if family == "qwen3_moe":
-        models = _models(device, transformers.Qwen3MoeConfig, transformers.Qwen3MoeForCausalLM, experts="llmkernels",
-                         moe_intermediate_size=32, num_experts=4, num_experts_per_tok=4)
+        models = _models(
+            device,
+            transformers.Qwen3MoeConfig,
+            transformers.Qwen3MoeForCausalLM,
+            experts="llmkernels",
+            moe_intermediate_size=32,
+            num_experts=4,
+            num_experts_per_tok=4,
+        )
     elif family == "mixtral":
-        models = _models(device, transformers.MixtralConfig, transformers.MixtralForCausalLM, experts="llmkernels",
-                         intermediate_size=32, num_local_experts=4, num_experts_per_tok=4)
+        models = _models(
+            device,
+            transformers.MixtralConfig,
+            transformers.MixtralForCausalLM,
+            experts="llmkernels",
+            intermediate_size=32,
+            num_local_experts=4,
+            num_experts_per_tok=4,
+        )
     else:  # one dense layer, one MoE layer with a shared expert and grouped routing that keeps 2 of 4 groups
-        models = _models(device, transformers.DeepseekV3Config, transformers.DeepseekV3ForCausalLM,
-                         experts="llmkernels", moe_intermediate_size=32, n_routed_experts=8, num_experts_per_tok=4,
-                         n_group=4, topk_group=2, first_k_dense_replace=1, n_shared_experts=1, q_lora_rank=32,
-                         kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16, head_dim=8,
-                         num_key_value_heads=4)
+        models = _models(
+            device,
+            transformers.DeepseekV3Config,
+            transformers.DeepseekV3ForCausalLM,
+            experts="llmkernels",
+            moe_intermediate_size=32,
+            n_routed_experts=8,
+            num_experts_per_tok=4,
+            n_group=4,
+            topk_group=2,
+            first_k_dense_replace=1,
+            n_shared_experts=1,
+            q_lora_rank=32,
+            kv_lora_rank=16,
+            qk_rope_head_dim=8,
+            qk_nope_head_dim=8,
+            v_head_dim=16,
+            head_dim=8,
+            num_key_value_heads=4,
+        )
         _keep_two_groups(*models)
     eager, ours = models
     assert ours.config._experts_implementation == "llmkernels"

@@ -1,5 +1,6 @@
 """The attention launches ``tools/compile_defaults.py`` compiles: prefill, windowed prefill, split-KV decode, combine,
 each the :class:`~llmkernels.launch.KernelSpec` its backend gives for a call of that layout."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -13,10 +14,12 @@ from llmkernels.attention.config import default_config, tiling
 from llmkernels.attention.masks import MaskSpec, ScoreModSpec
 
 # The attention calls: (label, head dim, decode, paged, visible band)
-ATTENTION_CALLS = [(f"prefill d{d}", d, False, False, None) for d in (64, 128, 256)] + [
-    ("prefill d128 window 1024", 128, False, False, 1024)] + [
-    (f"decode d{d} paged gqa8", d, True, True, None) for d in (64, 128, 256)] + [
-    ("decode d128 gqa8", 128, True, False, None)]
+ATTENTION_CALLS = (
+    [(f"prefill d{d}", d, False, False, None) for d in (64, 128, 256)]
+    + [("prefill d128 window 1024", 128, False, False, 1024)]
+    + [(f"decode d{d} paged gqa8", d, True, True, None) for d in (64, 128, 256)]
+    + [("decode d128 gqa8", 128, True, False, None)]
+)
 NUM_Q_HEADS, NUM_KV_HEADS, PAGE_SIZE = 32, 4, 64
 
 
@@ -24,16 +27,44 @@ def _call(depth: int, decode: bool, paged: bool, band: int | None, device: torch
     """A bf16 call of one sequence (one query for decode), 8 q heads per KV head, K/V token rows TMA can read
     (dense) or pages of 64 keys; ``band``: a sliding window that shows each query that many keys."""
     mask = MaskSpec(has_window=True, window_left=band - 1, window_right=0) if band else MaskSpec()
-    return CheckedCall(False, paged, 1, NUM_Q_HEADS, NUM_KV_HEADS, depth, NUM_Q_HEADS // NUM_KV_HEADS,
-                       1 if decode else 4096, 4096, mask, ScoreModSpec(), depth ** -0.5, device,
-                       dtype=torch.bfloat16, q_rows=1 if decode else 4096, kv_rows=4096,
-                       page_size=PAGE_SIZE if paged else 0, kv_token_rows=not paged, tma_ready=(True, True, True))
+    return CheckedCall(
+        False,
+        paged,
+        1,
+        NUM_Q_HEADS,
+        NUM_KV_HEADS,
+        depth,
+        NUM_Q_HEADS // NUM_KV_HEADS,
+        1 if decode else 4096,
+        4096,
+        mask,
+        ScoreModSpec(),
+        depth**-0.5,
+        device,
+        dtype=torch.bfloat16,
+        q_rows=1 if decode else 4096,
+        kv_rows=4096,
+        page_size=PAGE_SIZE if paged else 0,
+        kv_token_rows=not paged,
+        tma_ready=(True, True, True),
+    )
 
 
 def _case(label: str, spec, mma_m: int, arch: int) -> Case:
     options = dict(spec.options)
-    return Case("attention", label, spec.fn, {}, dict(spec.constexprs), {}, options["num_warps"],
-                options.get("num_stages", 3), mma_m, expected_mma(arch, mma_m), spec=spec)
+    return Case(
+        "attention",
+        label,
+        spec.fn,
+        {},
+        dict(spec.constexprs),
+        {},
+        options["num_warps"],
+        options.get("num_stages", 3),
+        mma_m,
+        expected_mma(arch, mma_m),
+        spec=spec,
+    )
 
 
 def attention_cases(arch: int, calls=tuple(ATTENTION_CALLS)) -> list[Case]:
@@ -44,15 +75,24 @@ def attention_cases(arch: int, calls=tuple(ATTENTION_CALLS)) -> list[Case]:
     cases = []
     for label, depth, decode, paged, band in calls:
         call = _call(depth, decode, paged, band, device)
-        config = default_config(depth, torch.bfloat16, device, decode=decode, num_q_heads=NUM_Q_HEADS,
-                                num_kv_heads=NUM_KV_HEADS, visible_band=band)
+        config = default_config(
+            depth,
+            torch.bfloat16,
+            device,
+            decode=decode,
+            num_q_heads=NUM_Q_HEADS,
+            num_kv_heads=NUM_KV_HEADS,
+            visible_band=band,
+        )
         tiles = tiling(config, decode, call.q_bound, call.group, call.batch, call.num_kv_heads, num_splits=2)
         spec = portable.BACKEND.spec(call, tiles)
         rows = tiles.block_q * tiles.heads_per_tile
         tiles_label = f"{tiles.num_q_tiles}x{rows}x{config.BN}"
-        full = (f"{label:24s} q-tiles x rows x keys {tiles_label:9s} s{config.num_kv_stages} w{config.num_warps} "
-                f"{'tma' if spec.constexprs['TMA_KV'] else '   '} rescale>{config.rescale_threshold:g} "
-                f"poly {config.poly_exp2_fraction:g}")
+        full = (
+            f"{label:24s} q-tiles x rows x keys {tiles_label:9s} s{config.num_kv_stages} w{config.num_warps} "
+            f"{'tma' if spec.constexprs['TMA_KV'] else '   '} rescale>{config.rescale_threshold:g} "
+            f"poly {config.poly_exp2_fraction:g}"
+        )
         cases.append(_case(full, spec, rows, arch))
     call = _call(128, True, False, None, device)
     config = default_config(128, torch.bfloat16, device, decode=True)

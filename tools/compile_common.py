@@ -1,6 +1,7 @@
 """What the ahead-of-time compile tools share: the GPUs they pretend to be, one compiled launch (:class:`Case`) and
 what it should contain (:func:`expected_mma`). The cases of each kernel family live in ``compile_<family>.py``;
 ``compile_defaults.py`` compiles and checks them."""
+
 from __future__ import annotations
 
 import os
@@ -19,6 +20,8 @@ from llmkernels.grouped_matmul import config as gm_config  # noqa: E402
 # Per architecture: streaming multiprocessors the defaults assume (H100 / B200), shared memory a block
 # may take, registers per SM.
 GPUS = {90: dict(sms=132, shared=232448, registers=65536), 100: dict(sms=148, shared=232448, registers=65536)}
+
+
 @dataclass(frozen=True)
 class Case:
     """One kernel launch as the library would compile it."""
@@ -50,8 +53,15 @@ class Result:
     hgmma_hazards: int = 0  # Hopper: writes to the A registers of an HGMMA in flight (tools/sass_hazards.py)
 
 
-def expected_mma(arch: int, mma_m: int, a_scale: str = "none", b_scale: str = "none", a_element: str = "bf16",
-                 b_element: str = "bf16", dot_scaled: bool = False) -> str:
+def expected_mma(
+    arch: int,
+    mma_m: int,
+    a_scale: str = "none",
+    b_scale: str = "none",
+    a_element: str = "bf16",
+    b_element: str = "bf16",
+    dot_scaled: bool = False,
+) -> str:
     """The tensor-core instruction a path should compile to.
 
     Hopper (sm_90a): ``wgmma`` for an MMA M of 64 rows or more, ``mma.sync`` below (decode tiles whose

@@ -11,6 +11,7 @@ and the constexprs the library binds for them. Prints one line per config and ex
 fails to compile, misses its expected MMA instruction (:func:`expected_mma`) or does not fit the GPU.
 ``tests/test_compile_targets.py`` runs the same checks in CI.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -56,8 +57,12 @@ def compile_case(case: Case, arch: int) -> Result:
         source, options = case.spec.ast_source(), dict(case.spec.options)
     else:
         names = case.fn.arg_names
-        source = ASTSource(case.fn, case.signature,
-                           constexprs={(names.index(k),): v for k, v in case.constexprs.items()}, attrs=case.attrs)
+        source = ASTSource(
+            case.fn,
+            case.signature,
+            constexprs={(names.index(k),): v for k, v in case.constexprs.items()},
+            attrs=case.attrs,
+        )
         options = dict(num_warps=case.num_warps, num_stages=case.num_stages)
     try:
         with _hushed_stderr():
@@ -73,8 +78,16 @@ def compile_case(case: Case, arch: int) -> Result:
     registers, stack = _registers_and_stack(compiled.asm["cubin"])
     fa4 = fa4_features(compiled.asm["ttgir"], ptx) if case.family == "attention" and case.mma_m else ""
     hgmma, hgmma_waits, hazards = _hgmma_waits(compiled.asm["cubin"]) if arch == 90 else (0, 0, 0)
-    return Result(compiled.metadata.shared, registers, stack, mma_kinds(ptx), fa4, hgmma=hgmma,
-                  hgmma_waits=hgmma_waits, hgmma_hazards=hazards)
+    return Result(
+        compiled.metadata.shared,
+        registers,
+        stack,
+        mma_kinds(ptx),
+        fa4,
+        hgmma=hgmma,
+        hgmma_waits=hgmma_waits,
+        hgmma_hazards=hazards,
+    )
 
 
 _POLY_EXP2_COEFFICIENT = "0f3D9DD09C"  # exp2_poly's cubic coefficient (0.0770580...) as a PTX float
@@ -89,8 +102,10 @@ def fa4_features(ttgir: str, ptx: str) -> str:
     sharing = min((operands.count(operand) for operand in set(operands)), default=0)
     rescales = len(re.findall(r"scf\.if %\w+ -> \(tensor<\d+x\d+xf32", ttgir))
     mufu = len(re.findall(r"\bex2\.approx", ptx))
-    return (f"MMAs per K/V tile {sharing}, conditional rescales {rescales}, "
-            f"exp2 MUFU {mufu} / poly {ptx.count(_POLY_EXP2_COEFFICIENT)}")
+    return (
+        f"MMAs per K/V tile {sharing}, conditional rescales {rescales}, "
+        f"exp2 MUFU {mufu} / poly {ptx.count(_POLY_EXP2_COEFFICIENT)}"
+    )
 
 
 def mma_kinds(ptx: str) -> str:
@@ -99,7 +114,8 @@ def mma_kinds(ptx: str) -> str:
     # Triton >= 3.8 writes the scale block (".block32"), older ones the scale vector (".scale_vec::2X").
     found = set()
     for kind, block, vector in re.findall(
-            r"tcgen05\.mma\.cta_group::\d\.kind::(\w+)(?:\.block_scale)?(?:\.block(\d+)|\.scale_vec::(\d)X)?", ptx):
+        r"tcgen05\.mma\.cta_group::\d\.kind::(\w+)(?:\.block_scale)?(?:\.block(\d+)|\.scale_vec::(\d)X)?", ptx
+    ):
         block = block or ({"4": "16"}.get(vector, "32") if vector else "")
         found.add(f"tcgen05.{kind}" + (f".block{block}" if block else ""))
     found = sorted(found)
@@ -124,8 +140,7 @@ def _hgmma_waits(cubin: bytes) -> tuple[int, int, int]:
     wait after every HGMMA, so a warpgroup's tensor cores idle while it decodes the next operand. A hazard
     (``sass_hazards``) is a write to the A registers of an HGMMA that may still be reading them."""
     sass = _sass(cubin, "-sass")
-    return (sass.count("HGMMA."), sass.count("WARPGROUP.DEPBAR.LE gsb0, 0x0"),
-            len(sass_hazards.hazards(sass)))
+    return (sass.count("HGMMA."), sass.count("WARPGROUP.DEPBAR.LE gsb0, 0x0"), len(sass_hazards.hazards(sass)))
 
 
 def _registers_and_stack(cubin: bytes) -> tuple[int, int]:
@@ -182,6 +197,7 @@ def compile_all(arch: int, families=("grouped_matmul", "attention"), pairs=tuple
         results = [compile_case(case, arch) for case in cases]
     else:
         import multiprocessing
+
         work = [(arch, families, pairs, index) for index in range(len(cases))]
         with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
             results = list(pool.map(_compile_listed, work))
@@ -198,18 +214,29 @@ def main():
     args = parser.parse_args()
     if args.markdown:
         return markdown(args)
-    print(f"# Triton {triton.__version__}, torch {torch.__version__}; columns: config, shared bytes, registers, "
-          f"stack (spill) bytes per thread, MMA instruction in the PTX (attention: and its FA4 features), verdict")
+    print(
+        f"# Triton {triton.__version__}, torch {torch.__version__}; columns: config, shared bytes, registers, "
+        f"stack (spill) bytes per thread, MMA instruction in the PTX (attention: and its FA4 features), verdict"
+    )
     failures = 0
     for arch in map(int, args.arch.split(",")):
         print(f"## sm_{arch}a")
         for case, result in compile_all(arch, args.family.split(","), tuple(args.pairs.split(",")), args.jobs):
             found = problems(case, result, arch)
             failures += bool(found)
-            waits = (f"HGMMA {result.hgmma:3d} waits {result.hgmma_waits:3d} hazards {result.hgmma_hazards:3d} "
-                     if result.hgmma else "")
-            figures = (f"shared {result.shared:6d} registers {result.registers:3d} stack {result.stack:4d} "
-                       f"{waits}{result.mma:26s}{result.fa4}") if not result.error else ""
+            waits = (
+                f"HGMMA {result.hgmma:3d} waits {result.hgmma_waits:3d} hazards {result.hgmma_hazards:3d} "
+                if result.hgmma
+                else ""
+            )
+            figures = (
+                (
+                    f"shared {result.shared:6d} registers {result.registers:3d} stack {result.stack:4d} "
+                    f"{waits}{result.mma:26s}{result.fa4}"
+                )
+                if not result.error
+                else ""
+            )
             print(f"{case.family:14s} {case.label} {figures} {'; '.join(found) or 'ok'}", flush=True)
     sys.exit(1 if failures else 0)
 
@@ -225,8 +252,11 @@ def markdown(args) -> None:
             config = " ".join(case.label.split())
             mma = result.mma if not found else f"{result.mma or ''} **{'; '.join(found)}**"
             bound = case.roofline.replace(" tokens/group: B200 bound ", ": ") or result.fa4
-            print(f"| {case.family} | {config} | {mma} | {result.shared / 1024:.1f} | {result.registers} | "
-                  f"{result.stack} | {bound} |", flush=True)
+            print(
+                f"| {case.family} | {config} | {mma} | {result.shared / 1024:.1f} | {result.registers} | "
+                f"{result.stack} | {bound} |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """The grouped-matmul launches ``tools/compile_defaults.py`` compiles: every default config per format pair, each as
 the library plans it (the backend that takes it and the :class:`llmkernels.launch.KernelSpec` it binds)."""
+
 from __future__ import annotations
 
 import contextlib
@@ -33,8 +34,12 @@ PAIRS = {
 # The problem the grouped-matmul defaults are asked for: DeepSeek-V3-sized experts
 GM_N, GM_K, GM_GROUPS, GM_TOKENS_PER_GROUP = 4096, 7168, 64, (2048, 48, 8)
 # B200's published dense tensor-core rates (FLOP/s) per MMA kind and its HBM3e bandwidth (bytes/s)
-B200_RATES = {"tcgen05.f16": 2.25e15, "tcgen05.mxf8f6f4.block32": 4.5e15, "tcgen05.mxf4.block32": 9e15,
-              "tcgen05.mxf4nvf4.block16": 9e15}
+B200_RATES = {
+    "tcgen05.f16": 2.25e15,
+    "tcgen05.mxf8f6f4.block32": 4.5e15,
+    "tcgen05.mxf4.block32": 9e15,
+    "tcgen05.mxf4nvf4.block16": 9e15,
+}
 B200_BANDWIDTH = 8e12
 BYTES = {"bf16": 2.0, "e4m3": 1.0, "e2m1": 0.5}
 
@@ -52,10 +57,21 @@ def described_call(pair: str, tokens_per_group: int, swiglu: bool, device: torch
     """The checked call (without tensors) of the default problem for ``pair`` at ``tokens_per_group``: expert
     scales, no bias, bf16 out, every expert's weights (1 TiB, so that decode sizes split into size classes)."""
     a_format, b_format, b_layout = PAIRS[pair]
-    return CheckedCall(operand(a_format), operand(b_format, b_layout), tokens_per_group * GM_GROUPS, GM_K, GM_GROUPS,
-                       GM_N, GM_N // 2 if swiglu else GM_N, GM_GROUPS, device,
-                       epilogue_kind="swiglu" if swiglu else "none", glu=SwiGLU() if swiglu else None,
-                       has_expert_scales=True, weight_bytes=1 << 40)
+    return CheckedCall(
+        operand(a_format),
+        operand(b_format, b_layout),
+        tokens_per_group * GM_GROUPS,
+        GM_K,
+        GM_GROUPS,
+        GM_N,
+        GM_N // 2 if swiglu else GM_N,
+        GM_GROUPS,
+        device,
+        epilogue_kind="swiglu" if swiglu else "none",
+        glu=SwiGLU() if swiglu else None,
+        has_expert_scales=True,
+        weight_bytes=1 << 40,
+    )
 
 
 @contextlib.contextmanager
@@ -95,14 +111,26 @@ def _case(pair: str, call: CheckedCall, config, group_rows: tuple[int, int], arc
     dot_scaled = spec.constexprs.get("USE_DOT_SCALED", False)
     swiglu = call.epilogue_kind == "swiglu"
     mma_m = config.block_n if config.ab_swapped else config.block_m  # the weights' rows under swap-AB
-    label = (f"{pair:11s} {'swiglu' if swiglu else 'plain ':6s} {config.block_m}x{config.block_n}x{config.block_k} "
-             f"s{config.num_stages} w{config.num_warps} {'swap' if config.ab_swapped else '    '} "
-             f"{'dot_scaled' if dot_scaled else 'tl.dot':10s}")
+    label = (
+        f"{pair:11s} {'swiglu' if swiglu else 'plain ':6s} {config.block_m}x{config.block_n}x{config.block_k} "
+        f"s{config.num_stages} w{config.num_warps} {'swap' if config.ab_swapped else '    '} "
+        f"{'dot_scaled' if dot_scaled else 'tl.dot':10s}"
+    )
     expect = expected_mma(arch, mma_m, a.scale, b.scale, a.element, b.element, dot_scaled)
     roofline = b200_bound(call.a, b, tokens_per_group, swiglu, expect) if expect in B200_RATES else ""
-    return Case("grouped_matmul", label, spec.fn, source.signature, dict(spec.constexprs), source.attrs,
-                spec.options["num_warps"], spec.options["num_stages"], mma_m, expect,
-                f"{tokens_per_group} tokens/group: B200 bound {roofline}" if roofline else "")
+    return Case(
+        "grouped_matmul",
+        label,
+        spec.fn,
+        source.signature,
+        dict(spec.constexprs),
+        source.attrs,
+        spec.options["num_warps"],
+        spec.options["num_stages"],
+        mma_m,
+        expect,
+        f"{tokens_per_group} tokens/group: B200 bound {roofline}" if roofline else "",
+    )
 
 
 def b200_bound(a: Operand, b: Operand, tokens_per_group: int, swiglu: bool, mma: str) -> str:

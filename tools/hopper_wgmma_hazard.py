@@ -11,6 +11,7 @@ step's register-operand wgmmas in flight while the next step's decode writes the
 fix). Run it under another assembler with ``TRITON_PTXAS_PATH`` and a fresh ``TRITON_CACHE_DIR``.
 Figures: ``lab/NOTES.md`` (the experiment record).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,14 +46,22 @@ TILES = {  # name: (block_m, block_n, block_k, warps, stages); None = the defaul
     "16x64x128 s4": (16, 64, 128, 4, 4),
     "64x64x128": (64, 64, 128, 4, 3),
 }
-SHAPES = ((8, 4096, 7168, 2048), (128, 4096, 7168, 256), (32, 5760, 2880, 64), (128, 4096, 7168, 1),
-          (128, 4096, 7168, 64), (256, 7168, 2048, 16))
+SHAPES = (
+    (8, 4096, 7168, 2048),
+    (128, 4096, 7168, 256),
+    (32, 5760, 2880, 64),
+    (128, 4096, 7168, 1),
+    (128, 4096, 7168, 64),
+    (256, 7168, 2048, 16),
+)
 
 
 def _assembler() -> str:
     from triton.backends.nvidia import compiler
-    tool = compiler.get_ptxas(90) if "arch" in inspect.signature(compiler.get_ptxas).parameters else \
-        compiler.get_ptxas()
+
+    tool = (
+        compiler.get_ptxas(90) if "arch" in inspect.signature(compiler.get_ptxas).parameters else compiler.get_ptxas()
+    )
     version = subprocess.check_output([tool.path, "--version"]).decode().strip().splitlines()[-1]
     return f"{tool.path}: {version}"
 
@@ -79,7 +88,7 @@ def main():
             expected = torch.bmm(x.view(experts, tokens, k).float(), w_ref.transpose(1, 2)).view(-1, n)
             for epilogue in (None, "swiglu"):
                 if epilogue == "swiglu":
-                    gate, up = expected[:, :n // 2], expected[:, n // 2:]
+                    gate, up = expected[:, : n // 2], expected[:, n // 2 :]
                     reference = torch.nn.functional.silu(gate) * up
                 else:
                     reference = expected
@@ -92,20 +101,31 @@ def main():
                             bn //= 2
                         if bn < 64:  # refused by the product on the GPU (32-row SwiGLU halves were wrong)
                             continue
-                        config = lk.BlockScaledMatmulConfig(bm, bn, bk, num_stages=stages, num_warps=warps,
-                                                            ab_swapped=True, mma="dequant")
-                    run = lambda: lk.grouped_matmul(x, hopper, offsets, ids, epilogue=epilogue,  # noqa: E731
-                                                    config=config)
+                        config = lk.BlockScaledMatmulConfig(
+                            bm, bn, bk, num_stages=stages, num_warps=warps, ab_swapped=True, mma="dequant"
+                        )
+                    run = lambda: lk.grouped_matmul(
+                        x,
+                        hopper,
+                        offsets,
+                        ids,
+                        epilogue=epilogue,  # noqa: E731
+                        config=config,
+                    )
                     outs = [run().float() for _ in range(5)]
                     errors = [((o - reference).norm() / reference.norm()).item() for o in outs]
                     same = all(torch.equal(o, outs[0]) for o in outs[1:])
-                    shown = config or gm_config.hopper_config(experts * tokens, experts, x.device,
-                                                              epilogue == "swiglu", hopper.spec.block)
-                    line = (f"E={experts} N={n} K={k} T={tokens} {fmt} {epilogue or 'plain'} {name} "
-                            f"({shown.block_m}x{shown.block_n}x{shown.block_k} w{shown.num_warps} "
-                            f"s{shown.num_stages}): max rel err {max(errors):.2e}, runs equal {same}")
+                    shown = config or gm_config.hopper_config(
+                        experts * tokens, experts, x.device, epilogue == "swiglu", hopper.spec.block
+                    )
+                    line = (
+                        f"E={experts} N={n} K={k} T={tokens} {fmt} {epilogue or 'plain'} {name} "
+                        f"({shown.block_m}x{shown.block_n}x{shown.block_k} w{shown.num_warps} "
+                        f"s{shown.num_stages}): max rel err {max(errors):.2e}, runs equal {same}"
+                    )
                     if args.timing:
                         from benchmarks.common import graph_time_ms
+
                         line += f", {graph_time_ms(run) * 1e3:.1f} us"
                     print(line + ("" if max(errors) < 1e-2 and same else "  <-- WRONG"), flush=True)
             del hopper, w_ref, x, expected, reference, outs

@@ -9,6 +9,7 @@ pipelined ones included. Run the script once without the sanitizer first so that
     python tools/racecheck_smoke.py
     compute-sanitizer --tool racecheck --racecheck-report all python tools/racecheck_smoke.py
 """
+
 import sys
 
 import torch
@@ -32,8 +33,9 @@ def main() -> int:
     x = torch.randn(256, 256, device=dev, dtype=torch.bfloat16)
     for fmt in ("mxfp8", "mxfp4", "nvfp4"):
         ours, ref = lk.quantize(x, fmt), lk.quantize_reference(x, fmt)
-        same = torch.equal(ours.data.view(torch.uint8), ref.data.view(torch.uint8)) and \
-            torch.equal(ours.scales.view(torch.uint8), ref.scales.view(torch.uint8))
+        same = torch.equal(ours.data.view(torch.uint8), ref.data.view(torch.uint8)) and torch.equal(
+            ours.scales.view(torch.uint8), ref.scales.view(torch.uint8)
+        )
         results.append(check(f"quantize {fmt} (bits)", 0.0 if same else 1.0, 0.0))
 
     num_experts, n, k = 4, 256, 512
@@ -47,8 +49,9 @@ def main() -> int:
         for epilogue in (None, "swiglu"):
             out = lk.grouped_matmul(a_in, b_in, offsets, ids, epilogue=epilogue)
             ref = lk.grouped_matmul_reference(a_in, b_in, offsets, ids, epilogue=epilogue)
-            results.append(check(f"grouped_matmul {a_fmt or 'bf16'}x{b_fmt or 'bf16'} {epilogue}",
-                                 relative_error(out, ref), 2e-2))
+            results.append(
+                check(f"grouped_matmul {a_fmt or 'bf16'}x{b_fmt or 'bf16'} {epilogue}", relative_error(out, ref), 2e-2)
+            )
 
     q = torch.randn(2, 200, 4, 64, device=dev, dtype=torch.bfloat16)
     kv = torch.randn(2, 300, 2, 64, device=dev, dtype=torch.bfloat16)
@@ -68,13 +71,19 @@ def main() -> int:
     v_dense = v_pages[table.long()].flatten(1, 2)
     for splits in (1, 4):
         out = lk.attention(qd, None, None, kv_cache=cache, num_splits=splits)
-        refs = [lk.attention_reference(qd[b:b + 1], k_dense[b:b + 1, :int(seqlens[b])], v_dense[b:b + 1, :int(seqlens[b])])
-                for b in range(2)]
+        refs = [
+            lk.attention_reference(
+                qd[b : b + 1], k_dense[b : b + 1, : int(seqlens[b])], v_dense[b : b + 1, : int(seqlens[b])]
+            )
+            for b in range(2)
+        ]
         results.append(check(f"attention paged decode splits={splits}", relative_error(out, torch.cat(refs)), 2e-2))
 
     expert_ids = torch.randint(0, 8, (50, 2), device=dev, dtype=torch.int32)
     got, want = dispatch(expert_ids, 8), dispatch_reference(expert_ids, 8)
-    results.append(check("moe dispatch (exact)", 0.0 if all(torch.equal(g, r) for g, r in zip(got, want)) else 1.0, 0.0))
+    results.append(
+        check("moe dispatch (exact)", 0.0 if all(torch.equal(g, r) for g, r in zip(got, want)) else 1.0, 0.0)
+    )
     y = torch.randn(100, 128, device=dev, dtype=torch.bfloat16)
     weights = torch.rand(50, 2, device=dev)
     rows = got[2]

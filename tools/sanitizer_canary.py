@@ -5,6 +5,7 @@ that ran it.
     PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck --target-processes all \\
         python -m pytest tools/sanitizer_canary.py -n 2 -p no:cacheprovider
 """
+
 import pytest
 import torch
 import triton

@@ -11,6 +11,7 @@ registers. Straight-line approximation: forward branches inside a loop are read 
 
     python tools/sass_hazards.py kernel.cubin      # prints the hazards, exits 1 when there are some
 """
+
 from __future__ import annotations
 
 import re
@@ -21,9 +22,39 @@ from dataclasses import dataclass
 _LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
 _REGISTER = re.compile(r"^R(\d+)$")
 # Mnemonics whose first register operand is read, not written.
-_NO_DESTINATION = ("ST", "STS", "STG", "STL", "LDGSTS", "RED", "BAR", "BRA", "WARPGROUP", "DEPBAR", "MEMBAR",
-                   "ISETP", "FSETP", "HSETP2", "DSETP", "PLOP3", "EXIT", "RET", "CALL", "SYNCS", "UTMALDG",
-                   "UTMASTG", "FENCE", "ERRBAR", "CCTL", "NOP", "LDGDEPBAR", "ARRIVES", "BSYNC", "BSSY", "R2UR")
+_NO_DESTINATION = (
+    "ST",
+    "STS",
+    "STG",
+    "STL",
+    "LDGSTS",
+    "RED",
+    "BAR",
+    "BRA",
+    "WARPGROUP",
+    "DEPBAR",
+    "MEMBAR",
+    "ISETP",
+    "FSETP",
+    "HSETP2",
+    "DSETP",
+    "PLOP3",
+    "EXIT",
+    "RET",
+    "CALL",
+    "SYNCS",
+    "UTMALDG",
+    "UTMASTG",
+    "FENCE",
+    "ERRBAR",
+    "CCTL",
+    "NOP",
+    "LDGDEPBAR",
+    "ARRIVES",
+    "BSYNC",
+    "BSSY",
+    "R2UR",
+)
 
 
 @dataclass(frozen=True)
@@ -110,14 +141,13 @@ class _Pending:
             return
         if instruction.mnemonic.startswith("WARPGROUP.DEPBAR"):
             keep = int(instruction.operands[-1], 0)
-            self.groups = self.groups[len(self.groups) - keep:] if keep else []
+            self.groups = self.groups[len(self.groups) - keep :] if keep else []
             return
         written = written_registers(instruction)
         for group in self.groups:
             for hgmma in group:
                 if written & hgmma_a_registers(hgmma):
-                    found.append(Hazard(instruction.address, instruction.text, hgmma.address, hgmma.text,
-                                        around_loop))
+                    found.append(Hazard(instruction.address, instruction.text, hgmma.address, hgmma.text, around_loop))
 
 
 def hazards(sass: str) -> list[Hazard]:
@@ -137,7 +167,7 @@ def hazards(sass: str) -> list[Hazard]:
         if target >= instruction.address or target not in index:
             continue
         wrapped = state_at[end].copy()
-        for inner in instructions[index[target]:end + 1]:
+        for inner in instructions[index[target] : end + 1]:
             wrapped.step(inner, True, found)
     unique = {(h.address, h.hgmma_address): h for h in found}
     return sorted(unique.values(), key=lambda h: (h.address, h.hgmma_address))
@@ -145,6 +175,7 @@ def hazards(sass: str) -> list[Hazard]:
 
 def cubin_sass(cubin: bytes, cuobjdump: str) -> str:
     import tempfile
+
     with tempfile.NamedTemporaryFile(suffix=".cubin") as file:
         file.write(cubin)
         file.flush()
@@ -155,6 +186,7 @@ def main() -> int:
     import os
 
     import triton
+
     cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     status = 0
     for path in sys.argv[1:]:

@@ -4,6 +4,7 @@
 * :func:`quantize` / :func:`dequantize` / :class:`ScaledTensor`: MXFP8, MXFP4 and NVFP4.
 * :func:`attention`: FA4-style attention forward (dense, ragged, paged KV; masks, score mods, sinks, split-KV).
 """
+
 import sys
 
 from . import moe as moe  # llmkernels.moe, reachable as an attribute
@@ -33,7 +34,22 @@ del _reachable_as_package
 __version__ = "0.1.0"
 
 __all__ = [
-    "ScaledTensor", "quantize", "dequantize", "quantize_reference", "FORMATS",
-    "grouped_matmul", "grouped_matmul_reference", "BlockScaledMatmulConfig", "SwiGLU", "GPT_OSS_SWIGLU",
-    "attention", "attention_reference", "FA4Config", "PagedKVCache", "SlidingWindow", "Chunked", "softcap", "alibi",
+    "ScaledTensor",
+    "quantize",
+    "dequantize",
+    "quantize_reference",
+    "FORMATS",
+    "grouped_matmul",
+    "grouped_matmul_reference",
+    "BlockScaledMatmulConfig",
+    "SwiGLU",
+    "GPT_OSS_SWIGLU",
+    "attention",
+    "attention_reference",
+    "FA4Config",
+    "PagedKVCache",
+    "SlidingWindow",
+    "Chunked",
+    "softcap",
+    "alibi",
 ]

@@ -1,6 +1,7 @@
 """``python -m llmkernels demo``: runs each kernel family on a default problem, checks it against the
 PyTorch reference and prints timings. Without a GPU it runs small problems through Triton's
 interpreter (and says so)."""
+
 from __future__ import annotations
 
 import argparse
@@ -39,8 +40,10 @@ def demo(selected: list[str]) -> int:
     if device.type == "cuda":
         print(f"llmkernels demo on {torch.cuda.get_device_name(device)}")
     else:
-        print("llmkernels demo: no CUDA GPU, so small problems run through the Triton interpreter on the CPU "
-              "(correctness only, no timings)")
+        print(
+            "llmkernels demo: no CUDA GPU, so small problems run through the Triton interpreter on the CPU "
+            "(correctness only, no timings)"
+        )
     families = _families()
     failures = 0
     for name in selected or list(families):

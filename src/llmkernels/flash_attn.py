@@ -16,6 +16,7 @@ call that raises leaves every tensor as it was.
 Not yet supported, each raising ``NotImplementedError`` that names the argument: per-batch ``alibi_slopes``
 ``[B, H]``, softcap together with ALiBi.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -58,11 +59,14 @@ def _modifiers(causal, window_size, softcap, alibi_slopes, attention_chunk, drop
         if not isinstance(alibi_slopes, torch.Tensor):
             raise TypeError(f"alibi_slopes must be a float32 tensor [nheads], got {type(alibi_slopes).__name__}")
         if alibi_slopes.dim() == 2:
-            raise NotImplementedError(f"alibi_slopes must be [nheads] for now, got shape "
-                                      f"{tuple(alibi_slopes.shape)} (per-batch [B, H] not yet)")
+            raise NotImplementedError(
+                f"alibi_slopes must be [nheads] for now, got shape "
+                f"{tuple(alibi_slopes.shape)} (per-batch [B, H] not yet)"
+            )
         if alibi_slopes.dim() != 1:
-            raise ValueError(f"alibi_slopes must be [nheads] (or flash-attn's [B, nheads]), got shape "
-                             f"{tuple(alibi_slopes.shape)}")
+            raise ValueError(
+                f"alibi_slopes must be [nheads] (or flash-attn's [B, nheads]), got shape {tuple(alibi_slopes.shape)}"
+            )
         score_mod = alibi(alibi_slopes)
     mask = tuple(parts) if len(parts) > 1 else (parts[0] if parts else None)
     return mask, score_mod
@@ -80,8 +84,10 @@ def _sinks(learnable_sink, q):
     if learnable_sink is None:
         return None
     if not isinstance(learnable_sink, torch.Tensor) or not learnable_sink.is_floating_point():
-        raise TypeError(f"learnable_sink must be a float tensor [Hq], got "
-                        f"{getattr(learnable_sink, 'dtype', type(learnable_sink).__name__)}")
+        raise TypeError(
+            f"learnable_sink must be a float tensor [Hq], got "
+            f"{getattr(learnable_sink, 'dtype', type(learnable_sink).__name__)}"
+        )
     num_q_heads = q.shape[-2] if isinstance(q, torch.Tensor) and q.dim() >= 2 else None
     if learnable_sink.shape != (num_q_heads,):
         raise ValueError(f"learnable_sink must be [Hq] = [{num_q_heads}], got shape {tuple(learnable_sink.shape)}")
@@ -112,13 +118,27 @@ def _pad_head_dim(q, k, v, softmax_scale):
     if head_dim % 16 == 0 or head_dim > 256:
         return q, k, v, softmax_scale
     pad = -head_dim % 16
-    scale = softmax_scale if softmax_scale is not None else head_dim ** -0.5
+    scale = softmax_scale if softmax_scale is not None else head_dim**-0.5
     return F.pad(q, (0, pad)), F.pad(k, (0, pad)), F.pad(v, (0, pad)), scale
 
 
-def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                    alibi_slopes=None, deterministic=False, return_attn_probs=False, *, attention_chunk=0,
-                    num_splits=0, learnable_sink=None):
+def flash_attn_func(
+    q,
+    k,
+    v,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    alibi_slopes=None,
+    deterministic=False,
+    return_attn_probs=False,
+    *,
+    attention_chunk=0,
+    num_splits=0,
+    learnable_sink=None,
+):
     """flash-attn's ``flash_attn_func``: q ``[B, Sq, Hq, D]``, k / v ``[B, Skv, Hkv, D]`` (fp16 / bf16, Hq a
     multiple of Hkv) → out ``[B, Sq, Hq, D]``; with ``return_attn_probs`` ``(out, lse [B, Hq, Sq] float32,
     None)``. ``window_size=(left, right)`` (-1: unbounded), ``softcap`` (0: off), ``alibi_slopes`` float32
@@ -138,16 +158,27 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     sinks = _sinks(learnable_sink, q)
     head_dim = q.shape[-1] if isinstance(q, torch.Tensor) and q.dim() >= 1 else None
     q, k, v, softmax_scale = _pad_head_dim(q, k, v, softmax_scale)
-    result = attention(q, k, v, causal=causal, mask=mask, score_mod=score_mod, sinks=sinks,
-                       softmax_scale=softmax_scale, num_splits=_splits(num_splits), return_lse=return_attn_probs)
+    result = attention(
+        q,
+        k,
+        v,
+        causal=causal,
+        mask=mask,
+        score_mod=score_mod,
+        sinks=sinks,
+        softmax_scale=softmax_scale,
+        num_splits=_splits(num_splits),
+        return_lse=return_attn_probs,
+    )
     return _results(result, return_attn_probs, True, head_dim)
 
 
 def _check_index_vector(name: str, tensor, length: int) -> None:
     """``tensor``: an int32 tensor ``[length]`` (any strides)."""
     if not isinstance(tensor, torch.Tensor) or tensor.dtype != torch.int32:
-        raise TypeError(f"{name} must be an int32 tensor [{length}], got "
-                        f"{getattr(tensor, 'dtype', type(tensor).__name__)}")
+        raise TypeError(
+            f"{name} must be an int32 tensor [{length}], got {getattr(tensor, 'dtype', type(tensor).__name__)}"
+        )
     if tuple(tensor.shape) != (length,):
         raise ValueError(f"{name} must be [{length}], got shape {tuple(tensor.shape)}")
 
@@ -156,8 +187,9 @@ def _check_varlen_metadata(cu_seqlens_q, cu_seqlens_k, seqused_k) -> None:
     """cu_seqlens_q / cu_seqlens_k int32 ``[B + 1]`` of one length, ``seqused_k`` int32 ``[B]``."""
     for name, cu_seqlens in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
         if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dtype != torch.int32:
-            raise TypeError(f"{name} must be an int32 tensor [B + 1], got "
-                            f"{getattr(cu_seqlens, 'dtype', type(cu_seqlens).__name__)}")
+            raise TypeError(
+                f"{name} must be an int32 tensor [B + 1], got {getattr(cu_seqlens, 'dtype', type(cu_seqlens).__name__)}"
+            )
         if cu_seqlens.dim() != 1 or cu_seqlens.shape[0] < 1:
             raise ValueError(f"{name} must be 1-D [B + 1], got shape {tuple(cu_seqlens.shape)}")
     batch = cu_seqlens_q.shape[0] - 1
@@ -167,10 +199,30 @@ def _check_varlen_metadata(cu_seqlens_q, cu_seqlens_k, seqused_k) -> None:
         _check_index_vector("seqused_k", seqused_k, batch)
 
 
-def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
-                           softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                           deterministic=False, return_attn_probs=False, block_table=None, *, seqused_k=None,
-                           page_table=None, attention_chunk=0, num_splits=0, learnable_sink=None):
+def flash_attn_varlen_func(
+    q,
+    k,
+    v,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    alibi_slopes=None,
+    deterministic=False,
+    return_attn_probs=False,
+    block_table=None,
+    *,
+    seqused_k=None,
+    page_table=None,
+    attention_chunk=0,
+    num_splits=0,
+    learnable_sink=None,
+):
     """flash-attn's ``flash_attn_varlen_func``: q ``[total_q, Hq, D]``, k / v ``[total_k, Hkv, D]`` with int32
     ``cu_seqlens_q`` / ``cu_seqlens_k`` ``[B + 1]`` → out ``[total_q, Hq, D]``; with ``return_attn_probs``
     ``(out, lse [Hq, total_q], None)``. ``seqused_k`` int32 ``[B]`` (FA3): sequence b attends only its first
@@ -192,15 +244,26 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     sinks = _sinks(learnable_sink, q)
     head_dim = q.shape[-1] if isinstance(q, torch.Tensor) and q.dim() >= 1 else None
     q, k, v, softmax_scale = _pad_head_dim(q, k, v, softmax_scale)
-    common = dict(causal=causal, mask=mask, score_mod=score_mod, sinks=sinks,
-                  softmax_scale=softmax_scale, num_splits=_splits(num_splits), return_lse=return_attn_probs,
-                  cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
+    common = dict(
+        causal=causal,
+        mask=mask,
+        score_mod=score_mod,
+        sinks=sinks,
+        softmax_scale=softmax_scale,
+        num_splits=_splits(num_splits),
+        return_lse=return_attn_probs,
+        cu_seqlens_q=cu_seqlens_q,
+        max_seqlen_q=max_seqlen_q,
+        max_seqlen_k=max_seqlen_k,
+    )
     if block_table is None and seqused_k is None:
         result = attention(q, k, v, cu_seqlens_k=cu_seqlens_k, **common)
     elif block_table is None:  # rows cu_seqlens_k[b] .. + seqused_k[b]: one run of pages every sequence shares
         if not isinstance(k, torch.Tensor) or k.dim() != 3 or not isinstance(v, torch.Tensor) or v.shape != k.shape:
-            raise ValueError(f"k / v must be [total_k, Hkv, D] of one shape with seqused_k, got "
-                             f"{tuple(getattr(k, 'shape', ()))} / {tuple(getattr(v, 'shape', ()))}")
+            raise ValueError(
+                f"k / v must be [total_k, Hkv, D] of one shape with seqused_k, got "
+                f"{tuple(getattr(k, 'shape', ()))} / {tuple(getattr(v, 'shape', ()))}"
+            )
         total_k = k.shape[0]
         k_pages, v_pages = _rows_as_pages(k), _rows_as_pages(v)
         starts = cu_seqlens_k[:-1].clamp(0, total_k)
@@ -239,8 +302,21 @@ def _dense_cache_pages(cache: torch.Tensor) -> tuple[torch.Tensor, int, bool]:
         return grouped.reshape(shape), page_size, True
 
 
-def _check_kvcache_call(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
-                        cache_leftpad, block_table, learnable_sink, alibi_slopes) -> None:
+def _check_kvcache_call(
+    q,
+    k_cache,
+    v_cache,
+    k,
+    v,
+    rotary_cos,
+    rotary_sin,
+    cache_seqlens,
+    cache_batch_idx,
+    cache_leftpad,
+    block_table,
+    learnable_sink,
+    alibi_slopes,
+) -> None:
     """flash-attn's rules for the arguments of :func:`flash_attn_with_kvcache`, with their names; no launch, no
     sync. The attention call's own rules are checked next, on the final arguments (:func:`check_attention`)."""
     if not isinstance(q, torch.Tensor) or q.dtype not in (torch.float16, torch.bfloat16):
@@ -254,30 +330,38 @@ def _check_kvcache_call(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache
         if cache.dtype != q.dtype:
             raise TypeError(f"{name} dtype {cache.dtype} != q dtype {q.dtype}")
         if cache.dim() != 4:
-            raise ValueError(f"{name} must be [B_cache, S, Hkv, D] or pages [num_pages, page_size, Hkv, D], got "
-                             f"shape {tuple(cache.shape)}")
+            raise ValueError(
+                f"{name} must be [B_cache, S, Hkv, D] or pages [num_pages, page_size, Hkv, D], got "
+                f"shape {tuple(cache.shape)}"
+            )
     if v_cache.shape != k_cache.shape:
         raise ValueError(f"v_cache shape {tuple(v_cache.shape)} != k_cache shape {tuple(k_cache.shape)}")
     if k_cache.shape[3] != head_dim:
         raise ValueError(f"k_cache head dim {k_cache.shape[3]} != q head dim {head_dim}")
     if block_table is not None:
         if not isinstance(block_table, torch.Tensor) or block_table.dtype != torch.int32:
-            raise TypeError(f"block_table must be an int32 tensor [B, max_pages], got "
-                            f"{getattr(block_table, 'dtype', type(block_table).__name__)}")
+            raise TypeError(
+                f"block_table must be an int32 tensor [B, max_pages], got "
+                f"{getattr(block_table, 'dtype', type(block_table).__name__)}"
+            )
         if block_table.dim() != 2 or block_table.shape[0] != batch:
             raise ValueError(f"block_table must be [B={batch}, max_pages], got shape {tuple(block_table.shape)}")
         if cache_batch_idx is not None:
             raise ValueError("cache_batch_idx goes with a dense cache, not with block_table")
         if k_cache.shape[1] not in SUPPORTED_PAGE_SIZES:
-            raise ValueError(f"with block_table, k_cache.shape[1] is the page size: one of {SUPPORTED_PAGE_SIZES}, "
-                             f"got {k_cache.shape[1]}")
+            raise ValueError(
+                f"with block_table, k_cache.shape[1] is the page size: one of {SUPPORTED_PAGE_SIZES}, "
+                f"got {k_cache.shape[1]}"
+            )
     elif cache_batch_idx is not None:
         _check_index_vector("cache_batch_idx", cache_batch_idx, batch)
         if batch > 0 and k_cache.shape[0] == 0:
             raise ValueError("cache_batch_idx indexes k_cache, which holds no sequence (B_cache = 0)")
     elif k_cache.shape[0] < batch:
-        raise ValueError(f"k_cache holds {k_cache.shape[0]} sequences, fewer than q's batch {batch}: pass "
-                         f"cache_batch_idx to pick them")
+        raise ValueError(
+            f"k_cache holds {k_cache.shape[0]} sequences, fewer than q's batch {batch}: pass "
+            f"cache_batch_idx to pick them"
+        )
     capacity = _capacity(k_cache, block_table)
     if isinstance(cache_seqlens, torch.Tensor):
         _check_index_vector("cache_seqlens", cache_seqlens, batch)
@@ -297,14 +381,37 @@ def _check_kvcache_call(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache
     if rotary_cos is not None:
         check_rotary_tables(rotary_cos, rotary_sin, head_dim, "rotary_cos", "rotary_sin")
         if rotary_cos.shape[0] < capacity:
-            raise ValueError(f"rotary_cos / rotary_sin have {rotary_cos.shape[0]} rows (positions), fewer than the "
-                             f"cache's {capacity}")
-    check_device(q=q, k_cache=k_cache, v_cache=v_cache, k=k, v=v, rotary_cos=rotary_cos, rotary_sin=rotary_sin,
-                 cache_seqlens=cache_seqlens if isinstance(cache_seqlens, torch.Tensor) else None,
-                 cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad, block_table=block_table,
-                 learnable_sink=learnable_sink, alibi_slopes=alibi_slopes)
-    forward_only("flash_attn_with_kvcache", q=q, k=k, v=v, k_cache=k_cache, v_cache=v_cache, rotary_cos=rotary_cos,
-                 rotary_sin=rotary_sin, learnable_sink=learnable_sink, alibi_slopes=alibi_slopes)
+            raise ValueError(
+                f"rotary_cos / rotary_sin have {rotary_cos.shape[0]} rows (positions), fewer than the "
+                f"cache's {capacity}"
+            )
+    check_device(
+        q=q,
+        k_cache=k_cache,
+        v_cache=v_cache,
+        k=k,
+        v=v,
+        rotary_cos=rotary_cos,
+        rotary_sin=rotary_sin,
+        cache_seqlens=cache_seqlens if isinstance(cache_seqlens, torch.Tensor) else None,
+        cache_batch_idx=cache_batch_idx,
+        cache_leftpad=cache_leftpad,
+        block_table=block_table,
+        learnable_sink=learnable_sink,
+        alibi_slopes=alibi_slopes,
+    )
+    forward_only(
+        "flash_attn_with_kvcache",
+        q=q,
+        k=k,
+        v=v,
+        k_cache=k_cache,
+        v_cache=v_cache,
+        rotary_cos=rotary_cos,
+        rotary_sin=rotary_sin,
+        learnable_sink=learnable_sink,
+        alibi_slopes=alibi_slopes,
+    )
 
 
 def _check_new_tokens(k, v, k_cache, v_cache, batch: int) -> None:
@@ -316,14 +423,18 @@ def _check_new_tokens(k, v, k_cache, v_cache, batch: int) -> None:
             raise TypeError(f"{name} dtype {new.dtype} != {name}_cache dtype {cache.dtype}")
     expected = (batch, "S_new", *k_cache.shape[2:])
     if k.dim() != 4 or k.shape[0] != batch or k.shape[2:] != k_cache.shape[2:]:
-        raise ValueError(f"k must be [B, S_new, Hkv, D] = {list(expected)} (q's batch, the cache's heads and head "
-                         f"dim), got shape {tuple(k.shape)}")
+        raise ValueError(
+            f"k must be [B, S_new, Hkv, D] = {list(expected)} (q's batch, the cache's heads and head "
+            f"dim), got shape {tuple(k.shape)}"
+        )
     if v.shape != k.shape:
         raise ValueError(f"v shape {tuple(v.shape)} != k shape {tuple(k.shape)}")
     for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
         if has_internal_overlap(cache):
-            raise ValueError(f"{name} has elements that share memory (strides {cache.stride()}, e.g. an expanded "
-                             f"view): new keys / values cannot be written into it")
+            raise ValueError(
+                f"{name} has elements that share memory (strides {cache.stride()}, e.g. an expanded "
+                f"view): new keys / values cannot be written into it"
+            )
 
 
 def _capacity(k_cache: torch.Tensor, block_table) -> int:
@@ -341,8 +452,9 @@ class _CacheCall:
     v_pages_copied: bool  # likewise for the values
 
 
-def _cache_call(q, k_cache, v_cache, new_tokens: int, cache_seqlens, cache_batch_idx, cache_leftpad,
-                block_table) -> _CacheCall:
+def _cache_call(
+    q, k_cache, v_cache, new_tokens: int, cache_seqlens, cache_batch_idx, cache_leftpad, block_table
+) -> _CacheCall:
     """Seqlens, pages and block table for attention over the cache after the append, without launching nor
     syncing. Sequence b attends its keys ``cache_leftpad[b] .. min(cache_seqlens[b] + new_tokens, capacity)``:
     never past the cache's capacity, whatever padding the page view adds."""
@@ -355,21 +467,29 @@ def _cache_call(q, k_cache, v_cache, new_tokens: int, cache_seqlens, cache_batch
     # min(cache_seqlens + new, capacity), without int32 overflow
     seqlens = torch.clamp(cache_seqlens, max=capacity - new_tokens) + new_tokens
     if block_table is not None:
-        return _CacheCall(PagedKVCache(k_cache, v_cache, block_table, seqlens, cache_leftpad), cache_seqlens, False,
-                          False)
+        return _CacheCall(
+            PagedKVCache(k_cache, v_cache, block_table, seqlens, cache_leftpad), cache_seqlens, False, False
+        )
     k_pages, _, k_copied = _dense_cache_pages(k_cache)
     v_pages, _, v_copied = _dense_cache_pages(v_cache)
     pages_per_sequence = k_pages.shape[0] // max(k_cache.shape[0], 1)
-    sequences = (cache_batch_idx.clamp(0, max(k_cache.shape[0] - 1, 0)) if cache_batch_idx is not None
-                 else torch.arange(batch, dtype=torch.int32, device=device))
-    dense_table = (sequences[:, None] * pages_per_sequence
-                   + torch.arange(pages_per_sequence, dtype=torch.int32, device=device)[None, :])
-    return _CacheCall(PagedKVCache(k_pages, v_pages, dense_table, seqlens, cache_leftpad), cache_seqlens, k_copied,
-                      v_copied)
+    sequences = (
+        cache_batch_idx.clamp(0, max(k_cache.shape[0] - 1, 0))
+        if cache_batch_idx is not None
+        else torch.arange(batch, dtype=torch.int32, device=device)
+    )
+    dense_table = (
+        sequences[:, None] * pages_per_sequence
+        + torch.arange(pages_per_sequence, dtype=torch.int32, device=device)[None, :]
+    )
+    return _CacheCall(
+        PagedKVCache(k_pages, v_pages, dense_table, seqlens, cache_leftpad), cache_seqlens, k_copied, v_copied
+    )
 
 
-def _validate_kvcache_on_host(cache: _CacheCall, new_tokens: int, k_cache, cache_batch_idx, cache_leftpad,
-                              block_table) -> None:
+def _validate_kvcache_on_host(
+    cache: _CacheCall, new_tokens: int, k_cache, cache_batch_idx, cache_leftpad, block_table
+) -> None:
     """``validate=True``: the values a wrong entry of which would write where it should not or read another
     sequence's keys, read on the host (one sync) before anything is written; raises ``ValueError`` naming the
     argument and its first bad index."""
@@ -377,16 +497,18 @@ def _validate_kvcache_on_host(cache: _CacheCall, new_tokens: int, k_cache, cache
     seqlens = cache.cache_seqlens.cpu().long()
     first = first_true((seqlens < 0) | (seqlens > capacity))
     if first is not None:
-        raise ValueError(f"cache_seqlens[{first[0]}] = {int(seqlens[first[0]])} not in [0, {capacity}] (the cache's "
-                         f"capacity)")
+        raise ValueError(
+            f"cache_seqlens[{first[0]}] = {int(seqlens[first[0]])} not in [0, {capacity}] (the cache's capacity)"
+        )
     ends = torch.clamp(seqlens + new_tokens, max=capacity)
     if cache_leftpad is not None:
         leftpad = cache_leftpad.cpu().long()
         first = first_true((leftpad < 0) | (leftpad > ends))
         if first is not None:
             b = first[0]
-            raise ValueError(f"cache_leftpad[{b}] = {int(leftpad[b])} not in [0, {int(ends[b])}] (the keys of "
-                             f"sequence {b})")
+            raise ValueError(
+                f"cache_leftpad[{b}] = {int(leftpad[b])} not in [0, {int(ends[b])}] (the keys of sequence {b})"
+            )
     if block_table is None:
         if cache_batch_idx is not None:
             _validate_cache_batch_idx(cache_batch_idx.cpu().tolist(), k_cache.shape[0], appends=new_tokens > 0)
@@ -406,8 +528,10 @@ def _validate_kvcache_on_host(cache: _CacheCall, new_tokens: int, k_cache, cache
     values, counts = slots.unique(return_counts=True)
     if (counts > 1).any():
         slot = int(values[counts > 1][0])
-        raise ValueError(f"block_table sends two new tokens to page {slot // page_size}, slot {slot % page_size}: "
-                         f"the pages two sequences append into must differ")
+        raise ValueError(
+            f"block_table sends two new tokens to page {slot // page_size}, slot {slot % page_size}: "
+            f"the pages two sequences append into must differ"
+        )
 
 
 def _validate_cache_batch_idx(idx: list[int], cache_sequences: int, appends: bool) -> None:
@@ -416,19 +540,42 @@ def _validate_cache_batch_idx(idx: list[int], cache_sequences: int, appends: boo
         if not 0 <= sequence < cache_sequences:
             raise ValueError(f"cache_batch_idx[{b}] = {sequence} not in [0, B_cache={cache_sequences})")
         if appends and sequence in first_seen:
-            raise ValueError(f"cache_batch_idx[{b}] = {sequence} repeats cache_batch_idx[{first_seen[sequence]}]: "
-                             f"two sequences would append into one cache sequence")
+            raise ValueError(
+                f"cache_batch_idx[{b}] = {sequence} repeats cache_batch_idx[{first_seen[sequence]}]: "
+                f"two sequences would append into one cache sequence"
+            )
         first_seen.setdefault(sequence, b)
 
 
 _CHECKED = PlanCache("flash_attn_with_kvcache")  # call signatures whose checks passed
 
 
-def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
-                            cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, block_table=None,
-                            softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                            rotary_interleaved=True, alibi_slopes=None, num_splits=0, return_softmax_lse=False, *,
-                            page_table=None, attention_chunk=0, learnable_sink=None, validate=False):
+def flash_attn_with_kvcache(
+    q,
+    k_cache,
+    v_cache,
+    k=None,
+    v=None,
+    rotary_cos=None,
+    rotary_sin=None,
+    cache_seqlens=None,
+    cache_batch_idx=None,
+    cache_leftpad=None,
+    block_table=None,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    rotary_interleaved=True,
+    alibi_slopes=None,
+    num_splits=0,
+    return_softmax_lse=False,
+    *,
+    page_table=None,
+    attention_chunk=0,
+    learnable_sink=None,
+    validate=False,
+):
     """flash-attn's ``flash_attn_with_kvcache``: attention of q ``[B, Sq, Hq, D]`` (fp16 / bf16, D a multiple of
     16 up to 256) over a KV cache, after appending new keys and values to it in place.
 
@@ -483,21 +630,71 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     # the checks below pass or fail alike for every call of one signature: once per signature
     key, checked = None, None
     if not torch.compiler.is_compiling():
-        key, checked = _CHECKED.lookup(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
-                                       cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal, window_size,
-                                       softcap, rotary_interleaved, alibi_slopes, num_splits, return_softmax_lse,
-                                       attention_chunk, learnable_sink, validate)
+        key, checked = _CHECKED.lookup(
+            q,
+            k_cache,
+            v_cache,
+            k,
+            v,
+            rotary_cos,
+            rotary_sin,
+            cache_seqlens,
+            cache_batch_idx,
+            cache_leftpad,
+            block_table,
+            softmax_scale,
+            causal,
+            window_size,
+            softcap,
+            rotary_interleaved,
+            alibi_slopes,
+            num_splits,
+            return_softmax_lse,
+            attention_chunk,
+            learnable_sink,
+            validate,
+        )
     if checked is None:
-        _check_kvcache_call(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
-                            cache_leftpad, block_table, learnable_sink, alibi_slopes)
+        _check_kvcache_call(
+            q,
+            k_cache,
+            v_cache,
+            k,
+            v,
+            rotary_cos,
+            rotary_sin,
+            cache_seqlens,
+            cache_batch_idx,
+            cache_leftpad,
+            block_table,
+            learnable_sink,
+            alibi_slopes,
+        )
     sinks, num_splits = _sinks(learnable_sink, q), _splits(num_splits)
     new_tokens = k.shape[1] if k is not None else 0
     cache = _cache_call(q, k_cache, v_cache, new_tokens, cache_seqlens, cache_batch_idx, cache_leftpad, block_table)
     if checked is None:
         # the attention call's own checks, on its final arguments, before the first write (q: the caller's, which
         # the rotated copy matches in all that is checked)
-        check_attention(q, None, None, causal, mask, score_mod, sinks, softmax_scale, None, None, None, None,
-                        cache.kv_cache, num_splits, return_softmax_lse, None, validate)
+        check_attention(
+            q,
+            None,
+            None,
+            causal,
+            mask,
+            score_mod,
+            sinks,
+            softmax_scale,
+            None,
+            None,
+            None,
+            None,
+            cache.kv_cache,
+            num_splits,
+            return_softmax_lse,
+            None,
+            validate,
+        )
         _CHECKED.put(key, True)
     if validate:
         _validate_kvcache_on_host(cache, new_tokens, k_cache, cache_batch_idx, cache_leftpad, block_table)
@@ -514,9 +711,19 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             append_to_cache(v, cache.kv_cache.v_pages, cache.cache_seqlens, **paged)
     if rotary_cos is not None:
         local = any(int(side) >= 0 for side in window_size)
-        q = apply_rotary(q, rotary_cos, rotary_sin, cache.cache_seqlens, rotary_interleaved,
-                         per_token=causal or local)
-    result = attention(q, None, None, kv_cache=cache.kv_cache, causal=causal, mask=mask, score_mod=score_mod,
-                       sinks=sinks, softmax_scale=softmax_scale, num_splits=num_splits,
-                       return_lse=return_softmax_lse, validate=validate)
+        q = apply_rotary(q, rotary_cos, rotary_sin, cache.cache_seqlens, rotary_interleaved, per_token=causal or local)
+    result = attention(
+        q,
+        None,
+        None,
+        kv_cache=cache.kv_cache,
+        causal=causal,
+        mask=mask,
+        score_mod=score_mod,
+        sinks=sinks,
+        softmax_scale=softmax_scale,
+        num_splits=num_splits,
+        return_lse=return_softmax_lse,
+        validate=validate,
+    )
     return _results(result, return_softmax_lse, False)

@@ -14,6 +14,7 @@ variant fits every call of the same signature, because everything Triton special
 integers' divisibility by 16 and equality with 1, 16-byte pointer alignment) is part of the signature.
 Under the Triton interpreter the same object calls ``fn[grid](...)``, so CPU tests run the same plans.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -28,8 +29,16 @@ from triton import knobs
 
 from .runtime import interpreting
 
-__all__ = ["PlanCache", "BoundKernel", "KernelSpec", "bind", "clear_plans", "tensor_key", "value_key",
-           "DIRECT_LAUNCHER_LAYOUT"]
+__all__ = [
+    "PlanCache",
+    "BoundKernel",
+    "KernelSpec",
+    "bind",
+    "clear_plans",
+    "tensor_key",
+    "value_key",
+    "DIRECT_LAUNCHER_LAYOUT",
+]
 
 _CACHES: list[PlanCache] = []
 _INTERPRETER_LOCK = threading.Lock()
@@ -172,8 +181,11 @@ class BoundKernel:
         self.fn, self.options, self.names = fn, options, names
         self.grid = tuple(grid) + (1,) * (3 - len(grid))
         per_call = {names.index(name) for name in per_call}
-        self.slots = tuple(i for i, value in enumerate(values)
-                           if i in per_call or isinstance(value, torch.Tensor) or _is_descriptor(value))
+        self.slots = tuple(
+            i
+            for i, value in enumerate(values)
+            if i in per_call or isinstance(value, torch.Tensor) or _is_descriptor(value)
+        )
         self.tensors_lead = self.slots == tuple(range(len(self.slots)))  # every tensor before every scalar
         self._kernel = None
         # No tensor of the binding call stays referenced (a cached plan must not keep memory alive);
@@ -184,8 +196,9 @@ class BoundKernel:
         self.values = tuple(None if i in self.slots else value for i, value in enumerate(values))
 
     def _compile(self, values) -> None:
-        first = next((values[i] for i in self.slots
-                      if isinstance(values[i], torch.Tensor) or _is_descriptor(values[i])), None)
+        first = next(
+            (values[i] for i in self.slots if isinstance(values[i], torch.Tensor) or _is_descriptor(values[i])), None
+        )
         first = first.base if _is_descriptor(first) else first
         self.device_index = first.device.index if first is not None and first.is_cuda else None
         with torch.cuda.device(self.device_index):
@@ -200,7 +213,7 @@ class BoundKernel:
     def _arguments(self, tensors) -> list:
         values = list(self.values)
         if self.tensors_lead:
-            values[:len(tensors)] = tensors
+            values[: len(tensors)] = tensors
         else:
             for i, tensor in zip(self.slots, tensors):
                 values[i] = tensor
@@ -226,8 +239,9 @@ class BoundKernel:
             return self._direct(self.grid, stream, self._function, tensors)
         values = self._arguments(tensors)
         metadata = self._kernel.launch_metadata(self.grid, stream, *values) if enter_hook is not None else None
-        self._launcher(*self.grid, stream, self._function, self._packed_metadata, metadata, enter_hook, exit_hook,
-                       *values)
+        self._launcher(
+            *self.grid, stream, self._function, self._packed_metadata, metadata, enter_hook, exit_hook, *values
+        )
 
     @property
     def compiled(self):
@@ -268,8 +282,12 @@ class _DirectLaunch:
     def of(cls, kernel, values, slots, templates, packed_metadata):
         launcher = kernel.run
         module = sys.modules.get(type(launcher).__module__)
-        if (type(launcher).__name__ != "CudaLauncher" or getattr(module, "_BASE_ARGS_FORMAT", None) != cls._LAYOUT
-                or getattr(launcher, "global_scratch_size", 1) or getattr(launcher, "profile_scratch_size", 1)):
+        if (
+            type(launcher).__name__ != "CudaLauncher"
+            or getattr(module, "_BASE_ARGS_FORMAT", None) != cls._LAYOUT
+            or getattr(launcher, "global_scratch_size", 1)
+            or getattr(launcher, "profile_scratch_size", 1)
+        ):
             return None
         launch, descriptor_meta = launcher.launch, {}
         if getattr(launch, "__name__", None) == "inner":  # wrapped to expand tensor descriptors
@@ -281,9 +299,15 @@ class _DirectLaunch:
             descriptor_meta = dict(zip(sorted(cells["tensordesc_indices"]), metas))
         elif not callable(launch) or any(_is_descriptor(values[i]) for i in slots):
             return None
-        return cls(launch, (launcher.launch_cooperative_grid, launcher.launch_pdl, None, None, packed_metadata,
-                            None, None, None), values, slots, templates, descriptor_meta,
-                   expand if descriptor_meta else None)
+        return cls(
+            launch,
+            (launcher.launch_cooperative_grid, launcher.launch_pdl, None, None, packed_metadata, None, None, None),
+            values,
+            slots,
+            templates,
+            descriptor_meta,
+            expand if descriptor_meta else None,
+        )
 
     def __init__(self, launch, head, values, slots, templates, descriptor_meta, expand):
         self.launch, self.head = launch, head
@@ -336,7 +360,7 @@ class _DirectLaunch:
                 arguments[position] = tensor
             elif type(tensor) is tuple:
                 expanded = self._expanded(position, tensor)
-                arguments[position:position + len(expanded)] = expanded
+                arguments[position : position + len(expanded)] = expanded
             else:
                 arguments[position] = self._map(position, tensor) if position in self.maps else tensor
         self.launch(*grid, stream, function, *self.head, *arguments)

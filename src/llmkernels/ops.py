@@ -13,6 +13,7 @@ layout strings), masks and score modifiers as numbers; Python callables do not, 
 user ``@triton.jit`` epilogue, mask_mod or score_mod, an ``out=`` buffer, an explicit config or
 ``validate=True`` stay on the traced Python path (where Dynamo may break the graph).
 """
+
 from __future__ import annotations
 
 import functools
@@ -38,45 +39,96 @@ from .routing.select import select_experts as eager_select_experts
 from .routing.topk import check_selection
 from .runtime import check_device, forward_only
 
-__all__ = ["quantize", "grouped_matmul", "attention", "dispatch", "combine", "select_experts",
-           "attention_op", "grouped_matmul_op", "moe_combine_op", "moe_dispatch_op", "moe_select_experts_op",
-           "quantize_op"]
+__all__ = [
+    "quantize",
+    "grouped_matmul",
+    "attention",
+    "dispatch",
+    "combine",
+    "select_experts",
+    "attention_op",
+    "grouped_matmul_op",
+    "moe_combine_op",
+    "moe_dispatch_op",
+    "moe_select_experts_op",
+    "quantize_op",
+]
 
 
 @torch.library.custom_op("llmkernels::grouped_matmul", mutates_args=())
 def grouped_matmul_op(
-    a_data: torch.Tensor, a_scales: torch.Tensor | None, a_global_scale: torch.Tensor | None, a_format: str,
-    a_scale_layout: str, a_group_offsets: torch.Tensor | None, a_group_scale_offsets: torch.Tensor | None,
-    b_data: torch.Tensor, b_scales: torch.Tensor | None, b_global_scale: torch.Tensor | None, b_format: str,
-    b_scale_layout: str, b_shape: list[int], a_offsets: torch.Tensor, expert_ids: torch.Tensor,
-    expert_scales: torch.Tensor | None, epilogue: str | None, out_dtype: torch.dtype,
-    bias: torch.Tensor | None = None, glu_alpha: float = 1.0, glu_limit: float = 0.0, glu_up_shift: float = 0.0,
+    a_data: torch.Tensor,
+    a_scales: torch.Tensor | None,
+    a_global_scale: torch.Tensor | None,
+    a_format: str,
+    a_scale_layout: str,
+    a_group_offsets: torch.Tensor | None,
+    a_group_scale_offsets: torch.Tensor | None,
+    b_data: torch.Tensor,
+    b_scales: torch.Tensor | None,
+    b_global_scale: torch.Tensor | None,
+    b_format: str,
+    b_scale_layout: str,
+    b_shape: list[int],
+    a_offsets: torch.Tensor,
+    expert_ids: torch.Tensor,
+    expert_scales: torch.Tensor | None,
+    epilogue: str | None,
+    out_dtype: torch.dtype,
+    bias: torch.Tensor | None = None,
+    glu_alpha: float = 1.0,
+    glu_limit: float = 0.0,
+    glu_up_shift: float = 0.0,
     glu_interleaved: bool = False,
 ) -> torch.Tensor:
     """:func:`llmkernels.grouped_matmul` on the parts of its operands (``b_shape``: b's logical ``[E, N, K]``);
     returns ``[T, N_out]``. A :class:`SwiGLU` epilogue crosses as ``epilogue="swiglu"`` and its fields
     (``glu_limit`` 0: no clamp)."""
-    a = scaled_tensor_from_parts(a_data, a_scales, a_global_scale, a_format, a_scale_layout, a_group_offsets,
-                                 a_group_scale_offsets)
+    a = scaled_tensor_from_parts(
+        a_data, a_scales, a_global_scale, a_format, a_scale_layout, a_group_offsets, a_group_scale_offsets
+    )
     b = scaled_tensor_from_parts(b_data, b_scales, b_global_scale, b_format, b_scale_layout, shape=b_shape)
     if epilogue == "swiglu":
         epilogue = SwiGLU(glu_alpha, glu_limit or None, glu_up_shift, glu_interleaved)
-    return grouped_matmul_api.grouped_matmul(a, b, a_offsets, expert_ids, expert_scales, epilogue=epilogue,
-                                             bias=bias, out_dtype=out_dtype)
+    return grouped_matmul_api.grouped_matmul(
+        a, b, a_offsets, expert_ids, expert_scales, epilogue=epilogue, bias=bias, out_dtype=out_dtype
+    )
 
 
 @grouped_matmul_op.register_fake
-def _grouped_matmul_fake(a_data, a_scales, a_global_scale, a_format, a_scale_layout, a_group_offsets,
-                         a_group_scale_offsets, b_data, b_scales, b_global_scale, b_format, b_scale_layout, b_shape,
-                         a_offsets, expert_ids, expert_scales, epilogue, out_dtype, bias=None, glu_alpha=1.0,
-                         glu_limit=0.0, glu_up_shift=0.0, glu_interleaved=False):
+def _grouped_matmul_fake(
+    a_data,
+    a_scales,
+    a_global_scale,
+    a_format,
+    a_scale_layout,
+    a_group_offsets,
+    a_group_scale_offsets,
+    b_data,
+    b_scales,
+    b_global_scale,
+    b_format,
+    b_scale_layout,
+    b_shape,
+    a_offsets,
+    expert_ids,
+    expert_scales,
+    epilogue,
+    out_dtype,
+    bias=None,
+    glu_alpha=1.0,
+    glu_limit=0.0,
+    glu_up_shift=0.0,
+    glu_interleaved=False,
+):
     n = b_shape[1]
     return a_data.new_empty((a_data.shape[0], n // 2 if epilogue == "swiglu" else n), dtype=out_dtype)
 
 
 @torch.library.custom_op("llmkernels::quantize", mutates_args=())
-def quantize_op(x: torch.Tensor, format: str, global_scale: torch.Tensor | None
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def quantize_op(
+    x: torch.Tensor, format: str, global_scale: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """:func:`llmkernels.quantize` with row scales: ``(data, scales, global_scale)``, data and scales
     as uint8 bytes; the global scale is a float32 scalar, 1.0 for the MX formats (which have none), a copy
     of a given one (an operator's output may not alias its input)."""
@@ -99,13 +151,28 @@ def _quantize_fake(x, format, global_scale):
 
 @torch.library.custom_op("llmkernels::attention", mutates_args=())
 def attention_op(
-    q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None,
-    has_window: bool, window_left: int, window_right: int, chunk_size: int, softcap: float,
-    alibi_slopes: torch.Tensor | None, sinks: torch.Tensor | None, softmax_scale: float,
-    cu_seqlens_q: torch.Tensor | None, cu_seqlens_k: torch.Tensor | None,
-    max_seqlen_q: int | None, max_seqlen_k: int | None,
-    k_pages: torch.Tensor | None, v_pages: torch.Tensor | None, block_table: torch.Tensor | None,
-    seqlens: torch.Tensor | None, num_splits: int | None, return_lse: bool, kv_starts: torch.Tensor | None = None,
+    q: torch.Tensor,
+    k: torch.Tensor | None,
+    v: torch.Tensor | None,
+    has_window: bool,
+    window_left: int,
+    window_right: int,
+    chunk_size: int,
+    softcap: float,
+    alibi_slopes: torch.Tensor | None,
+    sinks: torch.Tensor | None,
+    softmax_scale: float,
+    cu_seqlens_q: torch.Tensor | None,
+    cu_seqlens_k: torch.Tensor | None,
+    max_seqlen_q: int | None,
+    max_seqlen_k: int | None,
+    k_pages: torch.Tensor | None,
+    v_pages: torch.Tensor | None,
+    block_table: torch.Tensor | None,
+    seqlens: torch.Tensor | None,
+    num_splits: int | None,
+    return_lse: bool,
+    kv_starts: torch.Tensor | None = None,
     attn_mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`llmkernels.attention` with its mask and score modifier as plain values: a window
@@ -126,19 +193,53 @@ def attention_op(
         mask.append(Chunked(chunk_size))
     score_mod = make_softcap(softcap) if softcap > 0 else alibi(alibi_slopes) if alibi_slopes is not None else None
     kv_cache = PagedKVCache(k_pages, v_pages, block_table, seqlens, kv_starts) if k_pages is not None else None
-    result = attention_api.attention(q, k, v, mask=tuple(mask) or None, score_mod=score_mod, sinks=sinks,
-                       softmax_scale=softmax_scale, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-                       max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, kv_cache=kv_cache,
-                       num_splits=num_splits, return_lse=return_lse)
+    result = attention_api.attention(
+        q,
+        k,
+        v,
+        mask=tuple(mask) or None,
+        score_mod=score_mod,
+        sinks=sinks,
+        softmax_scale=softmax_scale,
+        cu_seqlens_q=cu_seqlens_q,
+        cu_seqlens_k=cu_seqlens_k,
+        max_seqlen_q=max_seqlen_q,
+        max_seqlen_k=max_seqlen_k,
+        kv_cache=kv_cache,
+        num_splits=num_splits,
+        return_lse=return_lse,
+    )
     if return_lse:
         return result
     return result, q.new_empty(0, dtype=torch.float32)
 
 
 @attention_op.register_fake
-def _attention_fake(q, k, v, has_window, window_left, window_right, chunk_size, softcap, alibi_slopes, sinks,
-                    softmax_scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, k_pages, v_pages,
-                    block_table, seqlens, num_splits, return_lse, kv_starts=None, attn_mask=None):
+def _attention_fake(
+    q,
+    k,
+    v,
+    has_window,
+    window_left,
+    window_right,
+    chunk_size,
+    softcap,
+    alibi_slopes,
+    sinks,
+    softmax_scale,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    k_pages,
+    v_pages,
+    block_table,
+    seqlens,
+    num_splits,
+    return_lse,
+    kv_starts=None,
+    attn_mask=None,
+):
     out = torch.empty_like(q)
     if not return_lse:
         return out, q.new_empty(0, dtype=torch.float32)
@@ -148,8 +249,9 @@ def _attention_fake(q, k, v, has_window, window_left, window_right, chunk_size, 
 
 
 @torch.library.custom_op("llmkernels::moe_combine", mutates_args=())
-def moe_combine_op(y: torch.Tensor, row_of_copy: torch.Tensor, weights: torch.Tensor,
-                   out_dtype: torch.dtype) -> torch.Tensor:
+def moe_combine_op(
+    y: torch.Tensor, row_of_copy: torch.Tensor, weights: torch.Tensor, out_dtype: torch.dtype
+) -> torch.Tensor:
     """:func:`llmkernels.routing.combine`: ``[T, H]`` router-weighted sums of the expert rows."""
     return eager_combine(y, row_of_copy, weights, out_dtype)
 
@@ -168,17 +270,21 @@ def moe_dispatch_op(expert_ids: torch.Tensor, num_experts: int) -> tuple[torch.T
 @moe_dispatch_op.register_fake
 def _moe_dispatch_fake(expert_ids, num_experts):
     num_tokens, top_k = expert_ids.shape
-    return (expert_ids.new_empty(num_tokens * top_k, dtype=torch.int64),
-            expert_ids.new_empty(num_experts + 1, dtype=torch.int32),
-            expert_ids.new_empty((num_tokens, top_k), dtype=torch.int64))
+    return (
+        expert_ids.new_empty(num_tokens * top_k, dtype=torch.int64),
+        expert_ids.new_empty(num_experts + 1, dtype=torch.int32),
+        expert_ids.new_empty((num_tokens, top_k), dtype=torch.int64),
+    )
 
 
 @torch.library.custom_op("llmkernels::moe_select_experts", mutates_args=())
-def moe_select_experts_op(router_logits: torch.Tensor, top_k: int, scoring: str, renormalize: bool,
-                          correction_bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+def moe_select_experts_op(
+    router_logits: torch.Tensor, top_k: int, scoring: str, renormalize: bool, correction_bias: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`llmkernels.moe.select_experts`: ``(weights, expert_ids)``, float32 and int32 ``[T, top_k]``."""
-    return eager_select_experts(router_logits, top_k, scoring=scoring, renormalize=renormalize,
-                                correction_bias=correction_bias)
+    return eager_select_experts(
+        router_logits, top_k, scoring=scoring, renormalize=renormalize, correction_bias=correction_bias
+    )
 
 
 @moe_select_experts_op.register_fake
@@ -191,62 +297,175 @@ def _moe_select_experts_fake(router_logits, top_k, scoring, renormalize, correct
 # The public functions: the family's eager function, or while torch.compile traces its checks + the op
 # ------------------------------------------------------------------------------------------------
 
+
 @functools.wraps(formats_api.quantize)
 def quantize(x, format, *, global_scale=None, scale_layout=ROW, group_offsets=None, rows=None):
     if not torch.compiler.is_compiling():
-        return formats_api.quantize(x, format, global_scale=global_scale, scale_layout=scale_layout,
-                                    group_offsets=group_offsets, rows=rows)
+        return formats_api.quantize(
+            x, format, global_scale=global_scale, scale_layout=scale_layout, group_offsets=group_offsets, rows=rows
+        )
     spec = formats_api.check_quantize(x, format, global_scale, scale_layout, group_offsets, rows)
     if rows is not None:  # the compiler sees a gather and the quantize op
         if spec.has_global_scale and global_scale is None:
             global_scale = nvfp4_global_scale(x)
         x = x[rows]
     data, scales, op_global_scale = quantize_op(x, format, global_scale)
-    result = ScaledTensor(data.view(spec.data_dtype), scales.view(spec.scale_dtype), format,
-                          op_global_scale if spec.has_global_scale else None)
+    result = ScaledTensor(
+        data.view(spec.data_dtype),
+        scales.view(spec.scale_dtype),
+        format,
+        op_global_scale if spec.has_global_scale else None,
+    )
     if as_layout(scale_layout) is not ROW or group_offsets is not None:
         result = result.to_layout(scale_layout, group_offsets=group_offsets)
     return result
 
 
 @functools.wraps(grouped_matmul_api.grouped_matmul)
-def grouped_matmul(a, b, a_offsets, expert_ids, expert_scales=None, *, epilogue=None, bias=None,
-                   out_dtype=torch.bfloat16, out=None, config=None, validate=False):
+def grouped_matmul(
+    a,
+    b,
+    a_offsets,
+    expert_ids,
+    expert_scales=None,
+    *,
+    epilogue=None,
+    bias=None,
+    out_dtype=torch.bfloat16,
+    out=None,
+    config=None,
+    validate=False,
+):
     a, b = unwrap_torchao(a), unwrap_torchao(b)  # torchao's MXTensor / NVFP4Tensor: views as ScaledTensors
     call = None
     if torch.compiler.is_compiling() and out is None and config is None and not validate:
-        call = check_grouped_matmul(a, b, a_offsets, expert_ids, expert_scales, epilogue, out_dtype, out, config,
-                                    bias)
+        call = check_grouped_matmul(a, b, a_offsets, expert_ids, expert_scales, epilogue, out_dtype, out, config, bias)
     if call is None or call.epilogue_fn is not None:
-        return grouped_matmul_api.grouped_matmul(a, b, a_offsets, expert_ids, expert_scales, epilogue=epilogue,
-                                                 bias=bias, out_dtype=out_dtype, out=out, config=config,
-                                                 validate=validate)
+        return grouped_matmul_api.grouped_matmul(
+            a,
+            b,
+            a_offsets,
+            expert_ids,
+            expert_scales,
+            epilogue=epilogue,
+            bias=bias,
+            out_dtype=out_dtype,
+            out=out,
+            config=config,
+            validate=validate,
+        )
     b_parts = scaled_tensor_parts(b)
     glu = call.glu or SwiGLU()
-    return grouped_matmul_op(*scaled_tensor_parts(a)[:7], *b_parts[:5], b_parts[7], call.a_offsets, call.expert_ids,
-                             call.expert_scales, call.epilogue_kind if call.epilogue_kind != "none" else None,
-                             out_dtype, call.bias, glu.alpha, glu.limit or 0.0, glu.up_shift, glu.interleaved)
+    return grouped_matmul_op(
+        *scaled_tensor_parts(a)[:7],
+        *b_parts[:5],
+        b_parts[7],
+        call.a_offsets,
+        call.expert_ids,
+        call.expert_scales,
+        call.epilogue_kind if call.epilogue_kind != "none" else None,
+        out_dtype,
+        call.bias,
+        glu.alpha,
+        glu.limit or 0.0,
+        glu.up_shift,
+        glu.interleaved,
+    )
 
 
 @functools.wraps(attention_api.attention)
-def attention(q, k, v, *, causal=False, mask=None, score_mod=None, sinks=None, softmax_scale=None,
-              cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, kv_cache=None,
-              num_splits=None, return_lse=False, config=None, validate=False):
+def attention(
+    q,
+    k,
+    v,
+    *,
+    causal=False,
+    mask=None,
+    score_mod=None,
+    sinks=None,
+    softmax_scale=None,
+    cu_seqlens_q=None,
+    cu_seqlens_k=None,
+    max_seqlen_q=None,
+    max_seqlen_k=None,
+    kv_cache=None,
+    num_splits=None,
+    return_lse=False,
+    config=None,
+    validate=False,
+):
     if torch.compiler.is_compiling() and config is None and not validate:
-        call = attention_api.check_attention(q, k, v, causal, mask, score_mod, sinks, softmax_scale, cu_seqlens_q,
-                                             cu_seqlens_k, max_seqlen_q, max_seqlen_k, kv_cache, num_splits,
-                                             return_lse, config, validate)
+        call = attention_api.check_attention(
+            q,
+            k,
+            v,
+            causal,
+            mask,
+            score_mod,
+            sinks,
+            softmax_scale,
+            cu_seqlens_q,
+            cu_seqlens_k,
+            max_seqlen_q,
+            max_seqlen_k,
+            kv_cache,
+            num_splits,
+            return_lse,
+            config,
+            validate,
+        )
         if call.mask_spec.mask_mod is None and call.mod_spec.fn is None:  # Python callables cannot cross the op
-            return _attention_through_op(q, k, v, call, sinks, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                         kv_cache, num_splits, return_lse, split_mask_tensor(mask)[1])
-    return attention_api.attention(q, k, v, causal=causal, mask=mask, score_mod=score_mod, sinks=sinks,
-                                   softmax_scale=softmax_scale, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-                                   max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, kv_cache=kv_cache,
-                                   num_splits=num_splits, return_lse=return_lse, config=config, validate=validate)
+            return _attention_through_op(
+                q,
+                k,
+                v,
+                call,
+                sinks,
+                cu_seqlens_q,
+                cu_seqlens_k,
+                max_seqlen_q,
+                max_seqlen_k,
+                kv_cache,
+                num_splits,
+                return_lse,
+                split_mask_tensor(mask)[1],
+            )
+    return attention_api.attention(
+        q,
+        k,
+        v,
+        causal=causal,
+        mask=mask,
+        score_mod=score_mod,
+        sinks=sinks,
+        softmax_scale=softmax_scale,
+        cu_seqlens_q=cu_seqlens_q,
+        cu_seqlens_k=cu_seqlens_k,
+        max_seqlen_q=max_seqlen_q,
+        max_seqlen_k=max_seqlen_k,
+        kv_cache=kv_cache,
+        num_splits=num_splits,
+        return_lse=return_lse,
+        config=config,
+        validate=validate,
+    )
 
 
-def _attention_through_op(q, k, v, call, sinks, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, kv_cache,
-                          num_splits, return_lse, attn_mask=None):
+def _attention_through_op(
+    q,
+    k,
+    v,
+    call,
+    sinks,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    kv_cache,
+    num_splits,
+    return_lse,
+    attn_mask=None,
+):
     """The custom op's call for checked arguments: mask and score modifier as plain values."""
     mask_spec, mod_spec = call.mask_spec, call.mod_spec
 
@@ -255,12 +474,30 @@ def _attention_through_op(q, k, v, call, sinks, cu_seqlens_q, cu_seqlens_k, max_
 
     paged = kv_cache is not None
     result = attention_op(
-        q, k, v, mask_spec.has_window, side(mask_spec.window_left), side(mask_spec.window_right),
-        mask_spec.chunk_size if mask_spec.has_chunk else 0, mod_spec.cap if mod_spec.kind == SCORE_MOD_SOFTCAP else 0.0,
-        mod_spec.slopes, sinks, call.softmax_scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-        kv_cache.k_pages if paged else None, kv_cache.v_pages if paged else None,
-        kv_cache.block_table if paged else None, kv_cache.seqlens if paged else None, num_splits, return_lse,
-        kv_cache.starts if paged else None, attn_mask)
+        q,
+        k,
+        v,
+        mask_spec.has_window,
+        side(mask_spec.window_left),
+        side(mask_spec.window_right),
+        mask_spec.chunk_size if mask_spec.has_chunk else 0,
+        mod_spec.cap if mod_spec.kind == SCORE_MOD_SOFTCAP else 0.0,
+        mod_spec.slopes,
+        sinks,
+        call.softmax_scale,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        max_seqlen_q,
+        max_seqlen_k,
+        kv_cache.k_pages if paged else None,
+        kv_cache.v_pages if paged else None,
+        kv_cache.block_table if paged else None,
+        kv_cache.seqlens if paged else None,
+        num_splits,
+        return_lse,
+        kv_cache.starts if paged else None,
+        attn_mask,
+    )
     return result if return_lse else result[0]
 
 
@@ -283,8 +520,9 @@ def combine(y, row_of_copy, weights, out_dtype=None):
 @functools.wraps(eager_select_experts)
 def select_experts(router_logits, top_k, *, scoring="softmax", renormalize=True, correction_bias=None):
     if not torch.compiler.is_compiling():
-        return eager_select_experts(router_logits, top_k, scoring=scoring, renormalize=renormalize,
-                                    correction_bias=correction_bias)
+        return eager_select_experts(
+            router_logits, top_k, scoring=scoring, renormalize=renormalize, correction_bias=correction_bias
+        )
     check_selection(router_logits, top_k, scoring, correction_bias)
     check_device(router_logits=router_logits, correction_bias=correction_bias)
     forward_only("select_experts", router_logits=router_logits, correction_bias=correction_bias)

@@ -1,4 +1,5 @@
 """Where kernels run: CUDA, or the Triton interpreter on the CPU; input checks shared by the APIs."""
+
 from __future__ import annotations
 
 import contextlib
@@ -7,9 +8,23 @@ import os
 
 import torch
 
-__all__ = ["interpreting", "check_device", "check_triton", "forward_only", "check_out", "new_buffer",
-           "unit_last_stride", "describe", "num_programs_hint", "cdiv", "next_power_of_2", "cuda_capability",
-           "triton_version", "per_device", "pretend_gpu"]
+__all__ = [
+    "interpreting",
+    "check_device",
+    "check_triton",
+    "forward_only",
+    "check_out",
+    "new_buffer",
+    "unit_last_stride",
+    "describe",
+    "num_programs_hint",
+    "cdiv",
+    "next_power_of_2",
+    "cuda_capability",
+    "triton_version",
+    "per_device",
+    "pretend_gpu",
+]
 
 # The oldest Triton that compiles every default config for a GPU generation (major compute capability):
 # tools/compile_defaults.py on each release. Triton 3.6 (torch 2.11) and 3.7 compile Hopper's, but their
@@ -46,7 +61,9 @@ def check_device(**tensors: torch.Tensor | None) -> torch.device:
         if device is None:
             device, first = tensor.device, name
         elif tensor.device != device:
-            raise ValueError(f"{name} is on {tensor.device} but {first} is on {device}; all tensors must share a device")
+            raise ValueError(
+                f"{name} is on {tensor.device} but {first} is on {device}; all tensors must share a device"
+            )
     if device is None:
         raise ValueError("no tensor given")
     if device.type != "cuda" and not interpreting():
@@ -116,9 +133,11 @@ def _triton_problem(capability: tuple[int, int]) -> str | None:
     found = triton_version()
     if needed is None or found >= needed:
         return None
-    return (f"llmkernels on this GPU (compute capability {capability[0]}.{capability[1]}) needs Triton >= "
-            f"{needed[0]}.{needed[1]}, found {found[0]}.{found[1]}: its compiler fails on kernels the library "
-            f"launches there (docs/blackwell.md). Install triton>={needed[0]}.{needed[1]}")
+    return (
+        f"llmkernels on this GPU (compute capability {capability[0]}.{capability[1]}) needs Triton >= "
+        f"{needed[0]}.{needed[1]}, found {found[0]}.{found[1]}: its compiler fails on kernels the library "
+        f"launches there (docs/blackwell.md). Install triton>={needed[0]}.{needed[1]}"
+    )
 
 
 def check_triton(device: torch.device) -> None:
@@ -142,7 +161,8 @@ def forward_only(function: str, **tensors: torch.Tensor | None) -> None:
         if isinstance(tensor, torch.Tensor) and tensor.requires_grad:
             raise ValueError(
                 f"{name} requires grad, but {function} is forward-only (no autograd): call it under "
-                f"torch.no_grad() / torch.inference_mode(), or pass {name}.detach()")
+                f"torch.no_grad() / torch.inference_mode(), or pass {name}.detach()"
+            )
 
 
 def has_internal_overlap(tensor: torch.Tensor) -> bool:
@@ -190,8 +210,9 @@ def check_out(out, shape: tuple, dtype: torch.dtype, **inputs: torch.Tensor | No
     if tuple(out.shape) != tuple(shape):
         raise ValueError(f"out must have shape {tuple(shape)}, got {tuple(out.shape)}")
     if has_internal_overlap(out):
-        raise ValueError(f"out has elements that share memory (strides {out.stride()}, e.g. an expanded view): "
-                         "its rows would race")
+        raise ValueError(
+            f"out has elements that share memory (strides {out.stride()}, e.g. an expanded view): its rows would race"
+        )
     for name, tensor in inputs.items():
         if isinstance(tensor, torch.Tensor) and shares_memory(out, tensor):
             raise ValueError(f"out shares memory with {name}: the kernel would read what it overwrites")

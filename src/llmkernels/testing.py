@@ -1,4 +1,5 @@
 """Helpers shared by the tests, the benchmarks and the demo: devices, random inputs, poison, errors."""
+
 from __future__ import annotations
 
 import torch

@@ -12,11 +12,21 @@ A call runs check → plan → launch: ``check`` validates once per call signatu
 combine) whether they support the call and binds the :class:`~llmkernels.launch.KernelSpec` each gives; ``config``
 holds the configs and every tiling choice; ``layout`` the layout facts and per-call views of the tensors.
 """
+
 from .api import attention
 from .config import FA4Config, default_config
 from .masks import Chunked, SlidingWindow, alibi, softcap
 from .paged import PagedKVCache
 from .reference import attention_reference
 
-__all__ = ["attention", "FA4Config", "default_config", "PagedKVCache", "SlidingWindow", "Chunked", "softcap",
-           "alibi", "attention_reference"]
+__all__ = [
+    "attention",
+    "FA4Config",
+    "default_config",
+    "PagedKVCache",
+    "SlidingWindow",
+    "Chunked",
+    "softcap",
+    "alibi",
+    "attention_reference",
+]

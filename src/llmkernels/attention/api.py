@@ -1,5 +1,6 @@
 """attention(): the public call, thin: its checks once per call signature (:mod:`.check`), the plan of that
 signature (:mod:`.plan`: backends, tiling, bound launches), the launches."""
+
 from __future__ import annotations
 
 import torch
@@ -120,16 +121,57 @@ def attention(
             ``"cu_seqlens_k[3] = 90 > total keys 64"`` or ``"kv_cache.block_table[0, 2] = 17 not in [0,
             num_pages=16)"``.
     """
-    key = plan_key(q, k, v, causal, mask, score_mod, sinks, softmax_scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                   max_seqlen_k, kv_cache, num_splits, return_lse, config, validate)
+    key = plan_key(
+        q,
+        k,
+        v,
+        causal,
+        mask,
+        score_mod,
+        sinks,
+        softmax_scale,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        max_seqlen_q,
+        max_seqlen_k,
+        kv_cache,
+        num_splits,
+        return_lse,
+        config,
+        validate,
+    )
     plan = PLANS.get(key)
     if plan is None:
-        call = check_attention(q, k, v, causal, mask, score_mod, sinks, softmax_scale, cu_seqlens_q, cu_seqlens_k,
-                               max_seqlen_q, max_seqlen_k, kv_cache, num_splits, return_lse, config, validate)
+        call = check_attention(
+            q,
+            k,
+            v,
+            causal,
+            mask,
+            score_mod,
+            sinks,
+            softmax_scale,
+            cu_seqlens_q,
+            cu_seqlens_k,
+            max_seqlen_q,
+            max_seqlen_k,
+            kv_cache,
+            num_splits,
+            return_lse,
+            config,
+            validate,
+        )
         plan = PLANS.put(key, Plan(call, config, tuple(q.shape)))
     if validate:
-        check_metadata_values(q, k, cu_seqlens_q, cu_seqlens_k if kv_cache is None else None,
-                              max_seqlen_q if cu_seqlens_q is not None else None, max_seqlen_k, kv_cache)
+        check_metadata_values(
+            q,
+            k,
+            cu_seqlens_q,
+            cu_seqlens_k if kv_cache is None else None,
+            max_seqlen_q if cu_seqlens_q is not None else None,
+            max_seqlen_k,
+            kv_cache,
+        )
     if mask is not None and type(mask) is not SlidingWindow:
         mask = split_mask_tensor(mask)[1]
     else:

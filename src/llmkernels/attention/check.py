@@ -1,5 +1,6 @@
 """check_attention: every check of an attention call that needs no device sync, once per plan; and the checks of
 metadata values (``validate=True``, one sync). What the checks found is a :class:`CheckedCall`."""
+
 from __future__ import annotations
 
 import math
@@ -63,8 +64,9 @@ def _to_host(*tensors: torch.Tensor | None) -> list[torch.Tensor | None]:
     return [None if t is None else next(parts).view(t.shape) for t in tensors]
 
 
-def _check_cu_seqlens_values(name: str, cu_seqlens: torch.Tensor, total: int, rows: str,
-                             max_seqlen: int | None, max_name: str) -> None:
+def _check_cu_seqlens_values(
+    name: str, cu_seqlens: torch.Tensor, total: int, rows: str, max_seqlen: int | None, max_name: str
+) -> None:
     """Prefix sums on the host: ``[0] == 0``, non-decreasing, ``<= total``, lengths ``<= max_seqlen``;
     raises on the first bad entry."""
     i = first_bad_prefix_sum(cu_seqlens, total, max_seqlen)
@@ -81,8 +83,9 @@ def _check_cu_seqlens_values(name: str, cu_seqlens: torch.Tensor, total: int, ro
     raise ValueError(f"{name}[{i}] - {name}[{i - 1}] = {value - previous} > {max_name} = {max_seqlen}")
 
 
-def _check_paged_values(seqlens: torch.Tensor, block_table: torch.Tensor, num_pages: int, page_size: int,
-                        max_seqlen_k: int | None) -> None:
+def _check_paged_values(
+    seqlens: torch.Tensor, block_table: torch.Tensor, num_pages: int, page_size: int, max_seqlen_k: int | None
+) -> None:
     """Key counts in ``[0, max_pages * page_size]`` (and ``<= max_seqlen_k``); the pages each sequence
     uses (the first ``ceil(seqlens[b] / page_size)`` of its row) in ``[0, num_pages)``."""
     bound = block_table.shape[1] * page_size
@@ -91,8 +94,13 @@ def _check_paged_values(seqlens: torch.Tensor, block_table: torch.Tensor, num_pa
     if first is not None:
         b = first[0]
         value = int(seqlens[b])
-        what = "< 0" if value < 0 else f"> max_pages * page_size = {bound}" if value > bound else (
-            f"> max_seqlen_k = {max_seqlen_k}")
+        what = (
+            "< 0"
+            if value < 0
+            else f"> max_pages * page_size = {bound}"
+            if value > bound
+            else (f"> max_seqlen_k = {max_seqlen_k}")
+        )
         raise ValueError(f"kv_cache.seqlens[{b}] = {value} {what}")
     pages_used = (seqlens + page_size - 1) // page_size
     used = torch.arange(block_table.shape[1])[None, :] < pages_used[:, None]
@@ -107,8 +115,12 @@ def check_metadata_values(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_se
     ValueError naming the argument and its first bad entry."""
     paged = kv_cache is not None
     cu_q, cu_k, seqlens, block_table, starts = _to_host(
-        cu_seqlens_q, cu_seqlens_k, kv_cache.seqlens if paged else None, kv_cache.block_table if paged else None,
-        kv_cache.starts if paged else None)
+        cu_seqlens_q,
+        cu_seqlens_k,
+        kv_cache.seqlens if paged else None,
+        kv_cache.block_table if paged else None,
+        kv_cache.starts if paged else None,
+    )
     if cu_q is not None:
         _check_cu_seqlens_values("cu_seqlens_q", cu_q, q.shape[0], "queries", max_seqlen_q, "max_seqlen_q")
     if cu_k is not None:
@@ -119,8 +131,9 @@ def check_metadata_values(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_se
             first = first_true((starts < 0) | (starts > seqlens))
             if first is not None:
                 b = first[0]
-                raise ValueError(f"kv_cache.starts[{b}] = {int(starts[b])} not in "
-                                 f"[0, seqlens[{b}] = {int(seqlens[b])}]")
+                raise ValueError(
+                    f"kv_cache.starts[{b}] = {int(starts[b])} not in [0, seqlens[{b}] = {int(seqlens[b])}]"
+                )
 
 
 @dataclass(frozen=True)
@@ -164,8 +177,25 @@ class CheckedCall:
         return not self.ragged and not self.paged and self.mask_kind == "none"
 
 
-def check_attention(q, k, v, causal, mask, score_mod, sinks, softmax_scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                    max_seqlen_k, kv_cache, num_splits, return_lse, config, validate) -> CheckedCall:
+def check_attention(
+    q,
+    k,
+    v,
+    causal,
+    mask,
+    score_mod,
+    sinks,
+    softmax_scale,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    kv_cache,
+    num_splits,
+    return_lse,
+    config,
+    validate,
+) -> CheckedCall:
     """The checks of :func:`attention` that need no sync (no launch; safe while torch.compile traces)."""
     if not isinstance(q, torch.Tensor) or q.dtype not in _DTYPES:
         raise TypeError(f"q must be a float16 or bfloat16 tensor, got {_dtype_name(q)}")
@@ -174,8 +204,9 @@ def check_attention(q, k, v, causal, mask, score_mod, sinks, softmax_scale, cu_s
     if ragged and q.dim() != 3:
         raise ValueError(f"q must be [total_q, Hq, D] with cu_seqlens_q, got shape {tuple(q.shape)}")
     if not ragged and q.dim() != 4:
-        raise ValueError(f"q must be [B, Sq, Hq, D] (or ragged [total_q, Hq, D] with cu_seqlens_q), "
-                         f"got shape {tuple(q.shape)}")
+        raise ValueError(
+            f"q must be [B, Sq, Hq, D] (or ragged [total_q, Hq, D] with cu_seqlens_q), got shape {tuple(q.shape)}"
+        )
     if ragged:
         _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q)
     if paged:
@@ -189,8 +220,10 @@ def check_attention(q, k, v, causal, mask, score_mod, sinks, softmax_scale, cu_s
             raise TypeError(f"kv_cache.k_pages dtype {kv_cache.dtype} != q dtype {q.dtype}")
         batch = kv_cache.batch_size
         if ragged and cu_seqlens_q.shape[0] != batch + 1:
-            raise ValueError(f"cu_seqlens_q must have {batch + 1} entries (kv_cache.block_table has {batch} rows), "
-                             f"got {cu_seqlens_q.shape[0]}")
+            raise ValueError(
+                f"cu_seqlens_q must have {batch + 1} entries (kv_cache.block_table has {batch} rows), "
+                f"got {cu_seqlens_q.shape[0]}"
+            )
         if not ragged and q.shape[0] != batch:
             raise ValueError(f"q has batch {q.shape[0]} but kv_cache.block_table has {batch} rows")
         num_kv_heads, head_dim_k = kv_cache.num_kv_heads, kv_cache.head_dim
@@ -198,8 +231,10 @@ def check_attention(q, k, v, causal, mask, score_mod, sinks, softmax_scale, cu_s
         _check_optional_int("max_seqlen_k", max_seqlen_k, 0)
         if max_seqlen_k is not None:
             if max_seqlen_k > kv_bound:
-                raise ValueError(f"block_table too small for max_seqlen_k={max_seqlen_k}: "
-                                 f"{kv_cache.block_table.shape[1]} pages x {kv_cache.page_size} = {kv_bound} keys")
+                raise ValueError(
+                    f"block_table too small for max_seqlen_k={max_seqlen_k}: "
+                    f"{kv_cache.block_table.shape[1]} pages x {kv_cache.page_size} = {kv_bound} keys"
+                )
             kv_bound = max_seqlen_k
     else:
         for name, tensor in (("k", k), ("v", v)):
@@ -237,8 +272,10 @@ def check_attention(q, k, v, causal, mask, score_mod, sinks, softmax_scale, cu_s
     q_bound = (q.shape[0] if max_seqlen_q is None else min(max_seqlen_q, q.shape[0])) if ragged else q.shape[1]
     for name, bound in (("queries", q_bound), ("keys", kv_bound)):
         if bound >= UNBOUNDED:  # positions and window bounds are int32 in the kernel
-            raise ValueError(f"a sequence may hold up to {UNBOUNDED - 1} {name}, got a bound of {bound} "
-                             f"(ragged inputs: pass max_seqlen_q / max_seqlen_k)")
+            raise ValueError(
+                f"a sequence may hold up to {UNBOUNDED - 1} {name}, got a bound of {bound} "
+                f"(ragged inputs: pass max_seqlen_q / max_seqlen_k)"
+            )
     _check_optional_int("num_splits", num_splits, 1)
     if not isinstance(return_lse, bool):
         raise TypeError(f"return_lse must be a bool, got {type(return_lse).__name__}")
@@ -247,8 +284,14 @@ def check_attention(q, k, v, causal, mask, score_mod, sinks, softmax_scale, cu_s
     mask, attn_mask = split_mask_tensor(mask)
     mask_spec = resolve_mask(causal, mask)
     if attn_mask is not None:
-        _check_mask_tensor(attn_mask, ragged, batch, num_q_heads, q_bound,
-                           kv_cache.max_seqlen_bound if paged else (k.shape[1] if not ragged else None))
+        _check_mask_tensor(
+            attn_mask,
+            ragged,
+            batch,
+            num_q_heads,
+            q_bound,
+            kv_cache.max_seqlen_bound if paged else (k.shape[1] if not ragged else None),
+        )
     mod_spec = resolve_score_mod(score_mod)
     if mod_spec.kind == SCORE_MOD_ALIBI and mod_spec.slopes.shape[0] != num_q_heads:
         raise ValueError(f"alibi slopes must be [Hq] = [{num_q_heads}], got {tuple(mod_spec.slopes.shape)}")
@@ -259,9 +302,14 @@ def check_attention(q, k, v, causal, mask, score_mod, sinks, softmax_scale, cu_s
             raise ValueError(f"sinks must be [Hq] = [{num_q_heads}], got {tuple(sinks.shape)}")
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(head_dim)
-    elif isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)) or (
+    elif (
+        isinstance(softmax_scale, bool)
+        or not isinstance(softmax_scale, (int, float))
+        or (
             # traced by torch.compile, its value is unknown while tracing: the op checks it when it runs
-            not torch.compiler.is_compiling() and not math.isfinite(softmax_scale)):
+            not torch.compiler.is_compiling() and not math.isfinite(softmax_scale)
+        )
+    ):
         raise TypeError(f"softmax_scale must be a finite float or None, got {softmax_scale!r}")
     if config is not None:
         if not isinstance(config, FA4Config):
@@ -275,13 +323,29 @@ def check_attention(q, k, v, causal, mask, score_mod, sinks, softmax_scale, cu_s
         if paged and config.page_size is not None and config.page_size != kv_cache.page_size:
             raise ValueError(f"config.page_size={config.page_size} but kv_cache has page size {kv_cache.page_size}")
     device = check_device(
-        q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, sinks=sinks,
-        alibi_slopes=mod_spec.slopes, mask=attn_mask,
+        q=q,
+        k=k,
+        v=v,
+        cu_seqlens_q=cu_seqlens_q,
+        cu_seqlens_k=cu_seqlens_k,
+        sinks=sinks,
+        alibi_slopes=mod_spec.slopes,
+        mask=attn_mask,
         k_pages=kv_cache.k_pages if paged else None,
         block_table=kv_cache.block_table if paged else None,
-        seqlens=kv_cache.seqlens if paged else None)
-    forward_only("attention", q=q, k=k, v=v, sinks=sinks, alibi_slopes=mod_spec.slopes, mask=attn_mask,
-                 k_pages=kv_cache.k_pages if paged else None, v_pages=kv_cache.v_pages if paged else None)
+        seqlens=kv_cache.seqlens if paged else None,
+    )
+    forward_only(
+        "attention",
+        q=q,
+        k=k,
+        v=v,
+        sinks=sinks,
+        alibi_slopes=mod_spec.slopes,
+        mask=attn_mask,
+        k_pages=kv_cache.k_pages if paged else None,
+        v_pages=kv_cache.v_pages if paged else None,
+    )
 
     pages = (kv_cache.k_pages, kv_cache.v_pages) if paged else (k, v)
     kv_rows, page_size = (kv_cache.num_pages, kv_cache.page_size) if paged else (k.shape[0 if ragged else 1], 0)
@@ -292,10 +356,33 @@ def check_attention(q, k, v, causal, mask, score_mod, sinks, softmax_scale, cu_s
             page_offsets_64 = max(map(layout.read_extent, pages)) >= 2**31
         else:
             token_rows = layout.kv_token_rows(k, v, ragged)
-    return CheckedCall(ragged, paged, batch, num_q_heads, num_kv_heads, head_dim, group, q_bound, kv_bound, mask_spec,
-                       mod_spec, softmax_scale, device, mask_tensor_kind(attn_mask),
-                       paged and kv_cache.starts is not None, q.dtype, q.shape[0 if ragged else 1], kv_rows,
-                       page_size, sinks is not None, return_lse, num_splits, token_rows, readable, page_offsets_64)
+    return CheckedCall(
+        ragged,
+        paged,
+        batch,
+        num_q_heads,
+        num_kv_heads,
+        head_dim,
+        group,
+        q_bound,
+        kv_bound,
+        mask_spec,
+        mod_spec,
+        softmax_scale,
+        device,
+        mask_tensor_kind(attn_mask),
+        paged and kv_cache.starts is not None,
+        q.dtype,
+        q.shape[0 if ragged else 1],
+        kv_rows,
+        page_size,
+        sinks is not None,
+        return_lse,
+        num_splits,
+        token_rows,
+        readable,
+        page_offsets_64,
+    )
 
 
 def _check_mask_tensor(attn_mask, ragged: bool, batch: int, num_q_heads: int, seqlen_q: int, seqlen_k) -> None:
@@ -306,5 +393,6 @@ def _check_mask_tensor(attn_mask, ragged: bool, batch: int, num_q_heads: int, se
         raise ValueError("a mask tensor needs dense q [B, Sq, Hq, D] (ragged q: not supported)")
     full = (batch, num_q_heads, seqlen_q, seqlen_k)
     if attn_mask.dim() > 4 or any(size not in (1, want) for size, want in zip(mask_tensor_4d(attn_mask).shape, full)):
-        raise ValueError(f"mask tensor of shape {tuple(attn_mask.shape)} does not broadcast to [B, Hq, Sq, Skv] = "
-                         f"{list(full)}")
+        raise ValueError(
+            f"mask tensor of shape {tuple(attn_mask.shape)} does not broadcast to [B, Hq, Sq, Skv] = {list(full)}"
+        )

@@ -61,6 +61,7 @@ roles (load / MMA / softmax / correction warpgroups): Triton schedules one progr
 automatic warp specialization and a software-pipelined ``Q K^T`` both lost on the H100, ``lab/NOTES.md``);
 the Gluon kernel's roles are explicit (``warp_specialized`` above).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -70,9 +71,23 @@ import torch
 
 from ..runtime import cdiv, cuda_capability, interpreting, next_power_of_2, per_device
 
-__all__ = ["FA4Config", "default_config", "SUPPORTED_HEAD_DIMS", "Tiling", "tiling", "splits_kv", "split_count",
-           "choose_num_splits", "decode_tiling", "gluon_prefill_consumers", "gluon_prefill_block_n",
-           "GLUON_PREFILL_MAX_REGS", "combine_block_splits", "MAX_DECODE_QUERIES", "runs_gluon"]
+__all__ = [
+    "FA4Config",
+    "default_config",
+    "SUPPORTED_HEAD_DIMS",
+    "Tiling",
+    "tiling",
+    "splits_kv",
+    "split_count",
+    "choose_num_splits",
+    "decode_tiling",
+    "gluon_prefill_consumers",
+    "gluon_prefill_block_n",
+    "GLUON_PREFILL_MAX_REGS",
+    "combine_block_splits",
+    "MAX_DECODE_QUERIES",
+    "runs_gluon",
+]
 
 SUPPORTED_HEAD_DIMS = tuple(range(16, 257, 16))
 _POLY_FRACTIONS = (0.0, 0.25, 0.5, 0.75, 1.0)
@@ -130,7 +145,8 @@ class FA4Config:
                 raise ValueError(f"{field} must be a positive int, got {value!r}")
         if self.num_q_heads is not None and self.num_kv_heads is not None and self.num_q_heads % self.num_kv_heads:
             raise ValueError(
-                f"num_q_heads ({self.num_q_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
+                f"num_q_heads ({self.num_q_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})"
+            )
         if not isinstance(self.num_kv_stages, int) or not 1 <= self.num_kv_stages <= 8:
             raise ValueError(f"num_kv_stages must be an int in [1, 8], got {self.num_kv_stages!r}")
         if self.num_warps not in (1, 2, 4, 8, 16):
@@ -138,7 +154,8 @@ class FA4Config:
         threshold = self.rescale_threshold
         if not isinstance(threshold, (int, float)) or not 0.0 <= threshold <= _MAX_RESCALE_THRESHOLD:
             raise ValueError(
-                f"rescale_threshold must be in [0, {_MAX_RESCALE_THRESHOLD}] (log2 units), got {threshold!r}")
+                f"rescale_threshold must be in [0, {_MAX_RESCALE_THRESHOLD}] (log2 units), got {threshold!r}"
+            )
         object.__setattr__(self, "rescale_threshold", float(threshold))
         if self.poly_exp2_fraction not in _POLY_FRACTIONS:
             raise ValueError(f"poly_exp2_fraction must be one of {_POLY_FRACTIONS}, got {self.poly_exp2_fraction!r}")
@@ -151,8 +168,11 @@ class FA4Config:
             raise ValueError(f"page_size must be a power of two in [16, 256], got {self.page_size!r}")
         if not isinstance(self.warp_specialized, bool):
             raise ValueError(f"warp_specialized must be a bool, got {self.warp_specialized!r}")
-        if self.consumer_warpgroups not in (None, 2, 3) or isinstance(self.consumer_warpgroups, bool) or (
-                self.consumer_warpgroups == 3 and self.depth is not None and self.depth != 64):
+        if (
+            self.consumer_warpgroups not in (None, 2, 3)
+            or isinstance(self.consumer_warpgroups, bool)
+            or (self.consumer_warpgroups == 3 and self.depth is not None and self.depth != 64)
+        ):
             raise ValueError(f"consumer_warpgroups must be None, 2, or 3 at depth 64, got {self.consumer_warpgroups!r}")
 
     # -- derived and compiler-fixed fields (the seed's names) ------------------------------------
@@ -175,9 +195,16 @@ class FA4Config:
 
 
 @per_device  # a pure function of hashable arguments and the device's properties; configs are frozen
-def default_config(depth: int, dtype: torch.dtype, device: torch.device, *, decode: bool = False,
-                   num_q_heads: int | None = None, num_kv_heads: int | None = None,
-                   visible_band: int | None = None) -> FA4Config:
+def default_config(
+    depth: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    *,
+    decode: bool = False,
+    num_q_heads: int | None = None,
+    num_kv_heads: int | None = None,
+    visible_band: int | None = None,
+) -> FA4Config:
     """The default FA4Config for a head dim, dtype and device (``decode`` = the split-KV path;
     ``visible_band``: the most keys a query can see under a sliding window or chunk, None if unbounded).
 
@@ -191,27 +218,57 @@ def default_config(depth: int, dtype: torch.dtype, device: torch.device, *, deco
     capability = cuda_capability(device)
     if capability is None:
         if decode:
-            return FA4Config(BM=16, BN=16, num_q_tiles=1, num_kv_stages=1, num_warps=4,
-                             rescale_threshold=8.0, **common)
-        return FA4Config(BM=32, BN=16, num_q_tiles=2, num_kv_stages=1, num_warps=4,
-                         rescale_threshold=8.0, poly_exp2_fraction=0.0, **common)
+            return FA4Config(BM=16, BN=16, num_q_tiles=1, num_kv_stages=1, num_warps=4, rescale_threshold=8.0, **common)
+        return FA4Config(
+            BM=32,
+            BN=16,
+            num_q_tiles=2,
+            num_kv_stages=1,
+            num_warps=4,
+            rescale_threshold=8.0,
+            poly_exp2_fraction=0.0,
+            **common,
+        )
     major = capability[0]
     if decode:
         # Two warps per program at D <= 128: more programs resident per SM, which large batches need. On sm_90
         # ``warp_specialized`` lets the Gluon split pass take the latency-bound calls (gluon_decode.py).
-        return FA4Config(BM=16, BN=64 if depth <= 128 else 32, num_q_tiles=1, num_kv_stages=3,
-                         num_warps=2 if depth <= 128 else 4, rescale_threshold=8.0, warp_specialized=major == 9,
-                         **common)
+        return FA4Config(
+            BM=16,
+            BN=64 if depth <= 128 else 32,
+            num_q_tiles=1,
+            num_kv_stages=3,
+            num_warps=2 if depth <= 128 else 4,
+            rescale_threshold=8.0,
+            warp_specialized=major == 9,
+            **common,
+        )
     if major >= 10:
         # Compiled for sm_100a, never run on a Blackwell GPU (docs/blackwell.md). Each Q tile keeps S, P
         # and O in tensor memory (Triton does not alias P onto S as the seed does), so two tiles need
         # 2 * (BN + BN / 2 + D) of its 512 columns: BN = 128 at D = 128 over-subscribes it and Triton
         # compiles the kernel to a trap. BN = 64 fits every D <= 128 without register spills.
         if depth <= 128:
-            return FA4Config(BM=256, BN=64, num_q_tiles=2, num_kv_stages=3, num_warps=8,
-                             rescale_threshold=8.0, poly_exp2_fraction=0.25, **common)
-        return FA4Config(BM=128, BN=64, num_q_tiles=2, num_kv_stages=2, num_warps=8,
-                         rescale_threshold=8.0, poly_exp2_fraction=0.25, **common)
+            return FA4Config(
+                BM=256,
+                BN=64,
+                num_q_tiles=2,
+                num_kv_stages=3,
+                num_warps=8,
+                rescale_threshold=8.0,
+                poly_exp2_fraction=0.25,
+                **common,
+            )
+        return FA4Config(
+            BM=128,
+            BN=64,
+            num_q_tiles=2,
+            num_kv_stages=2,
+            num_warps=8,
+            rescale_threshold=8.0,
+            poly_exp2_fraction=0.25,
+            **common,
+        )
     if major == 9:
         # Prefill takes the warp-specialized Gluon kernel where it applies (0.68-1.16x cuDNN against the
         # portable kernel's 0.53-0.96x on the H100 grid, lab/NOTES.md); the tiles below are the
@@ -220,18 +277,22 @@ def default_config(depth: int, dtype: torch.dtype, device: torch.device, *, deco
         # rows (D=256) lost to pointer loads, so they are off there.
         common["warp_specialized"] = True
         if depth <= 64:
-            return FA4Config(BM=128, BN=64, num_q_tiles=1, num_kv_stages=3, num_warps=4,
-                             rescale_threshold=0.0, **common)
+            return FA4Config(
+                BM=128, BN=64, num_q_tiles=1, num_kv_stages=3, num_warps=4, rescale_threshold=0.0, **common
+            )
         if depth <= 128:
             if visible_band is not None and visible_band <= _NARROW_BAND and depth > 64:
                 # Short windows and chunks: each 128-row Q block sees only a few K/V tiles, half of
                 # them masked edge tiles; 64 x 64 tiles halve the masked work.
-                return FA4Config(BM=64, BN=64, num_q_tiles=1, num_kv_stages=3, num_warps=4,
-                                 rescale_threshold=0.0, **common)
-            return FA4Config(BM=128, BN=128, num_q_tiles=1, num_kv_stages=3, num_warps=8,
-                             rescale_threshold=0.0, **common)
-        return FA4Config(BM=128, BN=64, num_q_tiles=1, num_kv_stages=2, num_warps=8,
-                         rescale_threshold=0.0, tma_kv=False, **common)
+                return FA4Config(
+                    BM=64, BN=64, num_q_tiles=1, num_kv_stages=3, num_warps=4, rescale_threshold=0.0, **common
+                )
+            return FA4Config(
+                BM=128, BN=128, num_q_tiles=1, num_kv_stages=3, num_warps=8, rescale_threshold=0.0, **common
+            )
+        return FA4Config(
+            BM=128, BN=64, num_q_tiles=1, num_kv_stages=2, num_warps=8, rescale_threshold=0.0, tma_kv=False, **common
+        )
     # Ampere / Ada and anything else: smaller tiles, fewer registers.
     if depth <= 128:
         return FA4Config(BM=128, BN=64, num_q_tiles=1, num_kv_stages=2, num_warps=4, rescale_threshold=8.0, **common)
@@ -326,8 +387,9 @@ class Tiling:
         return (self.num_q_blocks * self.num_head_programs, self.num_splits)
 
 
-def tiling(config: FA4Config, split: bool, max_seqlen_q: int, group: int, batch: int, num_kv_heads: int,
-           num_splits: int = 1) -> Tiling:
+def tiling(
+    config: FA4Config, split: bool, max_seqlen_q: int, group: int, batch: int, num_kv_heads: int, num_splits: int = 1
+) -> Tiling:
     """The :class:`Tiling` of a call of ``batch`` sequences of at most ``max_seqlen_q`` queries, ``group`` q heads
     per KV head: the split path packs the q heads of a KV head into a tile (:func:`decode_tiling`), one pass takes
     ``config.MMA_M`` rows and ``config.num_q_tiles`` tiles per program."""
@@ -336,8 +398,16 @@ def tiling(config: FA4Config, split: bool, max_seqlen_q: int, group: int, batch:
         num_q_tiles = 1
     else:
         block_q, heads_per_tile, num_q_tiles, num_splits = config.MMA_M, 1, config.num_q_tiles, 1
-    return Tiling(config, split, num_splits, block_q, heads_per_tile, num_q_tiles,
-                  cdiv(max_seqlen_q, block_q * num_q_tiles), batch * num_kv_heads * cdiv(group, heads_per_tile))
+    return Tiling(
+        config,
+        split,
+        num_splits,
+        block_q,
+        heads_per_tile,
+        num_q_tiles,
+        cdiv(max_seqlen_q, block_q * num_q_tiles),
+        batch * num_kv_heads * cdiv(group, heads_per_tile),
+    )
 
 
 def split_count(tiles: Tiling, num_kv_tiles_bound: int, num_splits: int | None, num_sms: int) -> int:

@@ -1,5 +1,6 @@
 """The attention's part of ``python -m llmkernels demo``: a causal prefill and a paged GQA decode,
 checked against the float32 reference and timed on the GPU."""
+
 from __future__ import annotations
 
 import torch
@@ -35,13 +36,19 @@ def run_demo(device: torch.device) -> list[dict]:
     q_decode, cache = _paged_problem(*decode_shape, device=device, generator=generator)
 
     cases = [
-        ("attention prefill causal bf16", f"B={batch} H={heads} S={seqlen} D={head_dim}",
-         lambda: attention(q, k, v, causal=True), lambda: attention_reference(q, k, v, causal=True)),
-        ("attention paged decode bf16 (split-KV)",
-         f"B={decode_shape[0]} ctx={decode_shape[1]} Hq={decode_shape[2]} Hkv={decode_shape[3]} D={decode_shape[4]} "
-         f"page={decode_shape[5]}",
-         lambda: attention(q_decode, None, None, kv_cache=cache),
-         lambda: attention_reference(q_decode, None, None, kv_cache=cache)),
+        (
+            "attention prefill causal bf16",
+            f"B={batch} H={heads} S={seqlen} D={head_dim}",
+            lambda: attention(q, k, v, causal=True),
+            lambda: attention_reference(q, k, v, causal=True),
+        ),
+        (
+            "attention paged decode bf16 (split-KV)",
+            f"B={decode_shape[0]} ctx={decode_shape[1]} Hq={decode_shape[2]} Hkv={decode_shape[3]} D={decode_shape[4]} "
+            f"page={decode_shape[5]}",
+            lambda: attention(q_decode, None, None, kv_cache=cache),
+            lambda: attention_reference(q_decode, None, None, kv_cache=cache),
+        ),
     ]
     rows = []
     for kernel, problem, run, reference in cases:
@@ -51,6 +58,7 @@ def run_demo(device: torch.device) -> list[dict]:
             import triton.testing
 
             time_ms = triton.testing.do_bench(run, return_mode="median")
-        rows.append({"kernel": kernel, "problem": problem, "rel_error": error, "ok": error <= TOLERANCE,
-                     "time_ms": time_ms})
+        rows.append(
+            {"kernel": kernel, "problem": problem, "rel_error": error, "ok": error <= TOLERANCE, "time_ms": time_ms}
+        )
     return rows

@@ -10,6 +10,7 @@ partials, which :func:`llmkernels.attention.split_kv.combine_splits_kernel` merg
 ``attention`` takes this pass on an sm_90 GPU where :meth:`GluonDecode.supports` holds (:data:`BACKEND`, second in
 the plan's list); everything else runs the portable kernel.
 """
+
 from __future__ import annotations
 
 import torch
@@ -57,11 +58,36 @@ _cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
 
 
 @gluon.jit
-def _decode_split_kernel(q_ptr, k_desc, v_desc, o_part_ptr, lse_part_ptr, block_table_ptr, seqlens_ptr,
-                         stride_qb, stride_qh, stride_block_table, max_pages, num_pages, seqlen_kv, num_kv_heads,
-                         group, num_splits, stride_ps, stride_pb, stride_ph, stride_ls, stride_lb, stride_lh,
-                         qk_scale, TILE: gl.constexpr, STAGES: gl.constexpr, PAGE_SIZE: gl.constexpr,
-                         Q_LAYOUT: gl.constexpr, KV_LAYOUT: gl.constexpr):
+def _decode_split_kernel(
+    q_ptr,
+    k_desc,
+    v_desc,
+    o_part_ptr,
+    lse_part_ptr,
+    block_table_ptr,
+    seqlens_ptr,
+    stride_qb,
+    stride_qh,
+    stride_block_table,
+    max_pages,
+    num_pages,
+    seqlen_kv,
+    num_kv_heads,
+    group,
+    num_splits,
+    stride_ps,
+    stride_pb,
+    stride_ph,
+    stride_ls,
+    stride_lb,
+    stride_lh,
+    qk_scale,
+    TILE: gl.constexpr,
+    STAGES: gl.constexpr,
+    PAGE_SIZE: gl.constexpr,
+    Q_LAYOUT: gl.constexpr,
+    KV_LAYOUT: gl.constexpr,
+):
     """Program (``(batch, kv_head)``, split): key tiles ``[t0, t1)`` of that sequence's ``cdiv(seqlen, TILE)``,
     ``cdiv(tiles, num_splits)`` per split, through a ring of ``STAGES`` K and V tiles.
 
@@ -112,15 +138,16 @@ def _decode_split_kernel(q_ptr, k_desc, v_desc, o_part_ptr, lse_part_ptr, block_
     rows = gl.arange(0, 64, layout=gl.SliceLayout(1, blocked))
     dims = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, blocked))
     q_rows = batch.to(gl.int64) * stride_qb + (kv_head * group + rows).to(gl.int64) * stride_qh
-    q = gl.load(q_ptr + gl.expand_dims(q_rows, 1) + gl.expand_dims(dims, 0), mask=gl.expand_dims(rows < group, 1),
-                other=0.0)
+    q = gl.load(
+        q_ptr + gl.expand_dims(q_rows, 1) + gl.expand_dims(dims, 0), mask=gl.expand_dims(rows < group, 1), other=0.0
+    )
     q_smem.store(q)
     fence_async_shared()
 
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, TILE, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, HEAD_DIM, 16])
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, TILE, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 16]
+    )
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
     s_zero = gl.zeros([64, TILE], gl.float32, layout=s_layout)
@@ -134,7 +161,7 @@ def _decode_split_kernel(q_ptr, k_desc, v_desc, o_part_ptr, lse_part_ptr, block_
         key = (t0 + i) * TILE
         mbarrier.wait(k_ready.index(stage), phase)
         s = warpgroup_mma(q_smem, k_smem.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
+        s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
         p, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, t0 + i, 0, geometry, qk_scale, True, False)
         acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
         mbarrier.wait(v_ready.index(stage), phase)
@@ -146,26 +173,26 @@ def _decode_split_kernel(q_ptr, k_desc, v_desc, o_part_ptr, lse_part_ptr, block_
                 fence_async_shared()
                 _cta_barrier()
         acc = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout), v_smem.index(stage), acc, is_async=True)
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         if i + STAGES < n:
             _cta_barrier()  # every warp is done with this stage before TMA overwrites it
             next_key = (t0 + i + STAGES) * TILE
             mbarrier.expect(k_ready.index(stage), TILE_BYTES)
-            _load_kv_tile(k_desc, k_smem.index(stage), k_ready.index(stage), batch, next_key, kv_head, pages,
-                          PAGE_SIZE)
+            _load_kv_tile(k_desc, k_smem.index(stage), k_ready.index(stage), batch, next_key, kv_head, pages, PAGE_SIZE)
             mbarrier.expect(v_ready.index(stage), TILE_BYTES)
-            _load_kv_tile(v_desc, v_smem.index(stage), v_ready.index(stage), batch, next_key, kv_head, pages,
-                          PAGE_SIZE)
+            _load_kv_tile(v_desc, v_smem.index(stage), v_ready.index(stage), batch, next_key, kv_head, pages, PAGE_SIZE)
 
     nonempty = l_i != 0.0
     lse = gl.where(nonempty, m_i * qk_scale + gl.log2(gl.where(nonempty, l_i, 1.0)), float("-inf"))
     inverse = gl.where(nonempty, 1.0 / gl.where(nonempty, l_i, 1.0), 0.0)
-    out = gl.convert_layout(acc * gl.expand_dims(gl.convert_layout(inverse, gl.SliceLayout(1, o_layout)), 1),
-                            blocked)
+    out = gl.convert_layout(acc * gl.expand_dims(gl.convert_layout(inverse, gl.SliceLayout(1, o_layout)), 1), blocked)
     heads = (kv_head * group + rows).to(gl.int64)
     o_base = o_part_ptr + split.to(gl.int64) * stride_ps + batch.to(gl.int64) * stride_pb
-    gl.store(o_base + gl.expand_dims(heads * stride_ph, 1) + gl.expand_dims(dims, 0), out,
-             mask=gl.expand_dims(rows < group, 1))
+    gl.store(
+        o_base + gl.expand_dims(heads * stride_ph, 1) + gl.expand_dims(dims, 0),
+        out,
+        mask=gl.expand_dims(rows < group, 1),
+    )
     lse_rows = gl.arange(0, 64, layout=row_layout)
     lse_base = lse_part_ptr + split.to(gl.int64) * stride_ls + batch.to(gl.int64) * stride_lb
     gl.store(lse_base + (kv_head * group + lse_rows).to(gl.int64) * stride_lh, lse, mask=lse_rows < group)
@@ -173,8 +200,24 @@ def _decode_split_kernel(q_ptr, k_desc, v_desc, o_part_ptr, lse_part_ptr, block_
 
 def _decode_call(head_dim: int, page_size: int) -> CheckedCall:
     """A bf16 call of the split pass's layout (one query, 8 q heads per KV head), without tensors."""
-    return CheckedCall(False, page_size > 0, 1, 8, 1, head_dim, 8, 1, 0, MaskSpec(), ScoreModSpec(), 1.0,
-                       torch.device("cuda", 0), dtype=torch.bfloat16, page_size=page_size, tma_ready=(True, True, True))
+    return CheckedCall(
+        False,
+        page_size > 0,
+        1,
+        8,
+        1,
+        head_dim,
+        8,
+        1,
+        0,
+        MaskSpec(),
+        ScoreModSpec(),
+        1.0,
+        torch.device("cuda", 0),
+        dtype=torch.bfloat16,
+        page_size=page_size,
+        tma_ready=(True, True, True),
+    )
 
 
 class GluonDecode:
@@ -193,25 +236,53 @@ class GluonDecode:
         in place (never copied: a cache is large)."""
         spec = call.mask_spec
         whole = not spec.has_window or (spec.window_left >= call.kv_bound and spec.window_right >= 0)
-        return (tiles.partials and not call.ragged and call.q_bound == 1 and whole
-                and gluon_eligible(call, tiles.config) and call.softmax_scale > 0 and call.head_dim in HEAD_DIMS
-                and call.group <= ROWS and not (call.paged and call.kv_rows == 0)
-                and call.batch * call.num_kv_heads <= MAX_HEAD_PROGRAMS and call.tma_ready[1] and call.tma_ready[2])
+        return (
+            tiles.partials
+            and not call.ragged
+            and call.q_bound == 1
+            and whole
+            and gluon_eligible(call, tiles.config)
+            and call.softmax_scale > 0
+            and call.head_dim in HEAD_DIMS
+            and call.group <= ROWS
+            and not (call.paged and call.kv_rows == 0)
+            and call.batch * call.num_kv_heads <= MAX_HEAD_PROGRAMS
+            and call.tma_ready[1]
+            and call.tma_ready[2]
+        )
 
     def spec(self, call: CheckedCall, tiles: Tiling) -> KernelSpec:
         head_dim, dtype, paged = call.head_dim, call.dtype, call.paged
         page_size = call.page_size if paged else 0
         box = [1, min(page_size, TILE_N) if paged else TILE_N, head_dim]
-        constexprs = dict(TILE=TILE_N, STAGES=STAGES, PAGE_SIZE=page_size,
-                          Q_LAYOUT=_nvmma_layout([ROWS, head_dim], DTYPES[dtype]),
-                          KV_LAYOUT=_nvmma_layout([TILE_N, head_dim], DTYPES[dtype]))
+        constexprs = dict(
+            TILE=TILE_N,
+            STAGES=STAGES,
+            PAGE_SIZE=page_size,
+            Q_LAYOUT=_nvmma_layout([ROWS, head_dim], DTYPES[dtype]),
+            KV_LAYOUT=_nvmma_layout([TILE_N, head_dim], DTYPES[dtype]),
+        )
         kv_type = descriptor_type(dtype, box)
         metadata = "*i32" if paged else "*fp32"  # dense: the LSE partials stand in for the unread block table
-        arg_types = dict(q_ptr="*" + TYPE_NAMES[dtype], k_desc=kv_type, v_desc=kv_type, o_part_ptr="*fp32",
-                         lse_part_ptr="*fp32", block_table_ptr=metadata, seqlens_ptr=metadata, qk_scale="fp32")
-        return KernelSpec(self.kernel, (call.batch * call.num_kv_heads, tiles.num_splits), constexprs,
-                          dict(num_warps=4), arg_types, per_call=("seqlen_kv",) if call.dynamic_kv else (),
-                          divisible=())
+        arg_types = dict(
+            q_ptr="*" + TYPE_NAMES[dtype],
+            k_desc=kv_type,
+            v_desc=kv_type,
+            o_part_ptr="*fp32",
+            lse_part_ptr="*fp32",
+            block_table_ptr=metadata,
+            seqlens_ptr=metadata,
+            qk_scale="fp32",
+        )
+        return KernelSpec(
+            self.kernel,
+            (call.batch * call.num_kv_heads, tiles.num_splits),
+            constexprs,
+            dict(num_warps=4),
+            arg_types,
+            per_call=("seqlen_kv",) if call.dynamic_kv else (),
+            divisible=(),
+        )
 
     def launch(self, call: CheckedCall, tiles: Tiling) -> GluonDecodeLaunch:
         return GluonDecodeLaunch(call, self.spec(call, tiles))
@@ -228,8 +299,9 @@ class GluonDecodeLaunch:
         self.spec, self.bound, self.call = spec, None, call
         self.paged, self.dynamic = call.paged, call.dynamic_kv
 
-    def __call__(self, q, k, v, kv_cache, cu_seqlens_q, cu_seqlens_k, sinks, slopes, attn_mask, out, lse, o_partial,
-                 lse_partial) -> None:
+    def __call__(
+        self, q, k, v, kv_cache, cu_seqlens_q, cu_seqlens_k, sinks, slopes, attn_mask, out, lse, o_partial, lse_partial
+    ) -> None:
         q = unit_last_stride(q)
         if self.paged:
             k, v = kv_cache.k_pages, kv_cache.v_pages
@@ -253,10 +325,30 @@ class GluonDecodeLaunch:
             num_pages = max_pages = stride_block_table = 0
             seqlen_kv, box = k.shape[1], TILE_N
         self.bound = self.spec.bind(
-            q, _descriptor(k, box), _descriptor(v, box), o_partial, lse_partial, block_table, seqlens,
-            q.stride(0), q.stride(2), stride_block_table, max_pages, num_pages, seqlen_kv, call.num_kv_heads,
-            call.group, o_partial.shape[0], o_partial.stride(0), o_partial.stride(1), o_partial.stride(3),
-            lse_partial.stride(0), lse_partial.stride(1), lse_partial.stride(2), float(call.softmax_scale) * LOG2E)
+            q,
+            _descriptor(k, box),
+            _descriptor(v, box),
+            o_partial,
+            lse_partial,
+            block_table,
+            seqlens,
+            q.stride(0),
+            q.stride(2),
+            stride_block_table,
+            max_pages,
+            num_pages,
+            seqlen_kv,
+            call.num_kv_heads,
+            call.group,
+            o_partial.shape[0],
+            o_partial.stride(0),
+            o_partial.stride(1),
+            o_partial.stride(3),
+            lse_partial.stride(0),
+            lse_partial.stride(1),
+            lse_partial.stride(2),
+            float(call.softmax_scale) * LOG2E,
+        )
         return self.bound
 
 

@@ -38,6 +38,7 @@ each: FA3's choice there; two for masked calls of at most 4096 queries), at D 12
 
 :func:`compile_for_sm90` builds the kernel without a GPU, so that CPU tests can inspect its PTX.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -67,8 +68,17 @@ from .layout import paged_metadata, tma_ready
 from .masks import SCORE_MOD_NONE, UNBOUNDED, MaskSpec, ScoreModSpec
 from .portable import TYPE_NAMES
 
-__all__ = ["gluon_attention", "supports", "supports_paged", "tma_ready", "as_tma_ready", "BACKEND", "GluonPrefill",
-           "gluon_eligible", "compile_for_sm90"]
+__all__ = [
+    "gluon_attention",
+    "supports",
+    "supports_paged",
+    "tma_ready",
+    "as_tma_ready",
+    "BACKEND",
+    "GluonPrefill",
+    "gluon_eligible",
+    "compile_for_sm90",
+]
 
 LOG2E = 1.4426950408889634
 LN2 = gl.constexpr(0.6931471805599453)
@@ -123,9 +133,20 @@ def _ragged_bounds(cu_seqlens_ptr, batch, total, NUM_WARPS: gl.constexpr):
 
 
 @gluon.jit
-def _tile_block(tile, geometry, lens, num_q_heads, group_size, num_m_blocks, WINDOW: gl.constexpr,
-                TILE_N: gl.constexpr, CONSUMERS: gl.constexpr, RAGGED: gl.constexpr, PAGED: gl.constexpr,
-                NUM_WARPS: gl.constexpr):
+def _tile_block(
+    tile,
+    geometry,
+    lens,
+    num_q_heads,
+    group_size,
+    num_m_blocks,
+    WINDOW: gl.constexpr,
+    TILE_N: gl.constexpr,
+    CONSUMERS: gl.constexpr,
+    RAGGED: gl.constexpr,
+    PAGED: gl.constexpr,
+    NUM_WARPS: gl.constexpr,
+):
     """Work tile ``tile``, as every role computes it: ``(batch, q head, kv head, first Q row, first K/V tile,
     number of K/V tiles, geometry, place)``. Tiles are head-major, so that the blocks running together share their
     heads' K/V in L2; masked blocks of a head run longest first, so that the last ones to finish are short.
@@ -220,8 +241,9 @@ def _load_kv_tile(desc, buffer, bar, batch, key, kv_head, pages, PAGE_SIZE: gl.c
             box_key = key + r * BOX
             page = gl.load(row_ptr + gl.minimum(box_key // PAGE_SIZE, max_pages - 1))
             page = gl.minimum(gl.maximum(page, 0), num_pages - 1)
-            _tma_load(desc, [page, box_key % PAGE_SIZE, kv_head * HEAD_DIM], bar,
-                      _as_box(buffer).slice(r * BOX, BOX, dim=1))
+            _tma_load(
+                desc, [page, box_key % PAGE_SIZE, kv_head * HEAD_DIM], bar, _as_box(buffer).slice(r * BOX, BOX, dim=1)
+            )
 
 
 @gluon.jit
@@ -240,9 +262,24 @@ def _zero_rows_from(buffer, first):
 
 
 @gluon.jit
-def _load_partition(descs, smem, bars, v_landed, schedule, geometry, lens, pages, num_q_heads, group_size,
-                    num_m_blocks, num_work_tiles, tile_counter, WINDOW: gl.constexpr, RAGGED: gl.constexpr,
-                    PAGE_SIZE: gl.constexpr):
+def _load_partition(
+    descs,
+    smem,
+    bars,
+    v_landed,
+    schedule,
+    geometry,
+    lens,
+    pages,
+    num_q_heads,
+    group_size,
+    num_m_blocks,
+    num_work_tiles,
+    tile_counter,
+    WINDOW: gl.constexpr,
+    RAGGED: gl.constexpr,
+    PAGE_SIZE: gl.constexpr,
+):
     """The load warp: for each work tile of this program (ragged blocks past their sequence skipped), publishes
     it, loads its Q tiles once the consumers released the last ones, then K_j and V_j for every key tile into the
     rings, once released. The next work tile comes from ``tile_counter`` (WINDOW: masked blocks differ in length,
@@ -267,8 +304,19 @@ def _load_partition(descs, smem, bars, v_landed, schedule, geometry, lens, pages
     zeroed = 0  # V tiles zeroed past their sequence's end so far: v_landed's phase
     while tile < num_work_tiles:
         batch, head, kv_head, q_start, first_tile, num_tiles, tile_geometry, place = _tile_block(
-            tile, geometry, lens, num_q_heads, group_size, num_m_blocks, WINDOW, TILE_N, CONSUMERS, RAGGED,
-            PAGE_SIZE > 0, 1)
+            tile,
+            geometry,
+            lens,
+            num_q_heads,
+            group_size,
+            num_m_blocks,
+            WINDOW,
+            TILE_N,
+            CONSUMERS,
+            RAGGED,
+            PAGE_SIZE > 0,
+            1,
+        )
         seqlen_q = tile_geometry[0]
         seqlen_kv = tile_geometry[1]
         q_batch, q_row0, kv_batch, kv_row0, _, _ = place
@@ -278,24 +326,44 @@ def _load_partition(descs, smem, bars, v_landed, schedule, geometry, lens, pages
                 # Fresh mbarriers count as having completed the phase before 0: the first lap does not wait.
                 mbarrier.wait(q_empty.index(c), (count & 1) ^ 1)
                 mbarrier.expect(q_ready.index(c), q_desc.block_type.nbytes)
-                _tma_load(q_desc, [q_batch, q_row0 + q_start + c * 64, head * HEAD_DIM], q_ready.index(c),
-                          _as_box(q_smem.index(c)))
+                _tma_load(
+                    q_desc,
+                    [q_batch, q_row0 + q_start + c * 64, head * HEAD_DIM],
+                    q_ready.index(c),
+                    _as_box(q_smem.index(c)),
+                )
             for i in range(num_tiles):
                 stage = (loaded + i) % STAGES
                 phase = ((loaded + i) // STAGES) & 1
                 key = (first_tile + i) * TILE_N
                 mbarrier.wait(k_empty.index(stage), phase ^ 1)
                 mbarrier.expect(k_ready.index(stage), TILE_BYTES)
-                _load_kv_tile(k_desc, k_smem.index(stage), k_ready.index(stage), kv_batch, kv_row0 + key, kv_head,
-                              pages, PAGE_SIZE)
+                _load_kv_tile(
+                    k_desc,
+                    k_smem.index(stage),
+                    k_ready.index(stage),
+                    kv_batch,
+                    kv_row0 + key,
+                    kv_head,
+                    pages,
+                    PAGE_SIZE,
+                )
                 mbarrier.wait(v_empty.index(stage), phase ^ 1)
                 zero_tail = False
                 if ZERO_TAILS:
                     zero_tail = key + TILE_N > seqlen_kv
                 if zero_tail:
                     mbarrier.expect(v_landed.index(0), TILE_BYTES)
-                    _load_kv_tile(v_desc, v_smem.index(stage), v_landed.index(0), kv_batch, kv_row0 + key, kv_head,
-                                  pages, PAGE_SIZE)
+                    _load_kv_tile(
+                        v_desc,
+                        v_smem.index(stage),
+                        v_landed.index(0),
+                        kv_batch,
+                        kv_row0 + key,
+                        kv_head,
+                        pages,
+                        PAGE_SIZE,
+                    )
                     mbarrier.wait(v_landed.index(0), zeroed & 1)
                     _zero_rows_from(v_smem.index(stage), seqlen_kv - key)
                     fence_async_shared()  # the generic-proxy stores, before wgmma reads the tile
@@ -303,8 +371,16 @@ def _load_partition(descs, smem, bars, v_landed, schedule, geometry, lens, pages
                     zeroed += 1
                 else:
                     mbarrier.expect(v_ready.index(stage), TILE_BYTES)
-                    _load_kv_tile(v_desc, v_smem.index(stage), v_ready.index(stage), kv_batch, kv_row0 + key,
-                                  kv_head, pages, PAGE_SIZE)
+                    _load_kv_tile(
+                        v_desc,
+                        v_smem.index(stage),
+                        v_ready.index(stage),
+                        kv_batch,
+                        kv_row0 + key,
+                        kv_head,
+                        pages,
+                        PAGE_SIZE,
+                    )
             loaded += num_tiles
             count += 1
         if WINDOW:
@@ -338,8 +414,9 @@ def _softmax_tile(s, m_i, l_i, j, rows, geometry, qk_scale, MASKED: gl.constexpr
 
 
 @gluon.jit
-def _consumer_step(i, j, q, smem, bars, p, m_i, l_i, acc, rows, s_zero, geometry, qk_scale, MASKED: gl.constexpr,
-                   WINDOW: gl.constexpr):
+def _consumer_step(
+    i, j, q, smem, bars, p, m_i, l_i, acc, rows, s_zero, geometry, qk_scale, MASKED: gl.constexpr, WINDOW: gl.constexpr
+):
     """Ring position i (the block's tiles follow the program's earlier blocks' tiles; key tile j): issue
     ``S_j = Q K_j^T`` and ``O += P_{j-1} V_{j-1}``, run the softmax of ``S_j`` once the first is done, then rescale
     O. Returns ``(p_j, m, l, acc)``."""
@@ -352,7 +429,7 @@ def _consumer_step(i, j, q, smem, bars, p, m_i, l_i, acc, rows, s_zero, geometry
     s = warpgroup_mma(q, k_smem.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
     mbarrier.wait(v_ready.index(prev), ((i - 1) // STAGES) & 1)
     acc = warpgroup_mma(p, v_smem.index(prev), acc, is_async=True)
-    s = warpgroup_mma_wait(num_outstanding=1, deps=(s, ))
+    s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))
     mbarrier.arrive(k_empty.index(stage))
     p_new, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, j, rows, geometry, qk_scale, MASKED, WINDOW)
     p_new = gl.convert_layout(p_new.to(p.dtype), p.type.layout)
@@ -365,9 +442,26 @@ def _consumer_step(i, j, q, smem, bars, p, m_i, l_i, acc, rows, s_zero, geometry
 
 
 @gluon.jit
-def _consumer_block(tile, count, base, smem, bars, out_ptr, lse_ptr, geometry, lens, num_q_heads, group_size,
-                    num_m_blocks, qk_scale, CONSUMER: gl.constexpr, WINDOW: gl.constexpr, RETURN_LSE: gl.constexpr,
-                    RAGGED: gl.constexpr, PAGED: gl.constexpr):
+def _consumer_block(
+    tile,
+    count,
+    base,
+    smem,
+    bars,
+    out_ptr,
+    lse_ptr,
+    geometry,
+    lens,
+    num_q_heads,
+    group_size,
+    num_m_blocks,
+    qk_scale,
+    CONSUMER: gl.constexpr,
+    WINDOW: gl.constexpr,
+    RETURN_LSE: gl.constexpr,
+    RAGGED: gl.constexpr,
+    PAGED: gl.constexpr,
+):
     """One consumer warpgroup on work tile ``tile`` (this program's ``count``-th, its K/V tiles from ring position
     ``base``): the block's Q rows ``[64 * CONSUMER, 64 * CONSUMER + 64)`` against its K/V tiles. Returns the number
     of K/V tiles it used."""
@@ -377,15 +471,18 @@ def _consumer_block(tile, count, base, smem, bars, out_ptr, lse_ptr, geometry, l
     HEAD_DIM: gl.constexpr = k_smem.shape[2]
     STAGES: gl.constexpr = k_smem.shape[0]
     dtype: gl.constexpr = q_smem.dtype
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, TILE_N, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, HEAD_DIM, 16])
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, TILE_N, 16]
+    )
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 16]
+    )
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
 
     batch, head, kv_head, q_start, first_tile, num_tiles, geometry, place = _tile_block(
-        tile, geometry, lens, num_q_heads, group_size, num_m_blocks, WINDOW, TILE_N, q_smem.shape[0], RAGGED, PAGED, 4)
+        tile, geometry, lens, num_q_heads, group_size, num_m_blocks, WINDOW, TILE_N, q_smem.shape[0], RAGGED, PAGED, 4
+    )
     seqlen_q, seqlen_kv, shift, window_left, window_right = geometry
     out_token0 = place[4]
     lse_base = place[5]
@@ -418,7 +515,7 @@ def _consumer_block(tile, count, base, smem, bars, out_ptr, lse_ptr, geometry, l
     # The first tile alone: S and its softmax.
     mbarrier.wait(k_ready.index(base % STAGES), (base // STAGES) & 1)
     s = warpgroup_mma(q, k_smem.index(base % STAGES).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-    s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
+    s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
     mbarrier.arrive(k_empty.index(base % STAGES))
     m_i = gl.full([64], float("-inf"), gl.float32, layout=row_layout)
     l_i = gl.full([64], 0.0, gl.float32, layout=row_layout)
@@ -426,21 +523,24 @@ def _consumer_block(tile, count, base, smem, bars, out_ptr, lse_ptr, geometry, l
     p = gl.convert_layout(p.to(dtype), p_layout)
 
     for j in range(first_tile + 1, band_lo):
-        p, m_i, l_i, acc = _consumer_step(offset + j, j, q, smem, bars, p, m_i, l_i, acc, rows, s_zero, geometry,
-                                          qk_scale, True, WINDOW)
+        p, m_i, l_i, acc = _consumer_step(
+            offset + j, j, q, smem, bars, p, m_i, l_i, acc, rows, s_zero, geometry, qk_scale, True, WINDOW
+        )
     for j in range(band_lo, band_hi):
-        p, m_i, l_i, acc = _consumer_step(offset + j, j, q, smem, bars, p, m_i, l_i, acc, rows, s_zero, geometry,
-                                          qk_scale, False, WINDOW)
+        p, m_i, l_i, acc = _consumer_step(
+            offset + j, j, q, smem, bars, p, m_i, l_i, acc, rows, s_zero, geometry, qk_scale, False, WINDOW
+        )
     for j in range(band_hi, my_end):
-        p, m_i, l_i, acc = _consumer_step(offset + j, j, q, smem, bars, p, m_i, l_i, acc, rows, s_zero, geometry,
-                                          qk_scale, True, WINDOW)
+        p, m_i, l_i, acc = _consumer_step(
+            offset + j, j, q, smem, bars, p, m_i, l_i, acc, rows, s_zero, geometry, qk_scale, True, WINDOW
+        )
     mbarrier.arrive(q_empty.index(CONSUMER))  # every S of the block is done: the next block's Q may land
 
     # The last tile's P V.
     last = offset + my_end - 1
     mbarrier.wait(v_ready.index(last % STAGES), (last // STAGES) & 1)
     acc = warpgroup_mma(p, v_smem.index(last % STAGES), acc, is_async=True)
-    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
     mbarrier.arrive(v_empty.index(last % STAGES))
     # Tiles this consumer does not see, released once landed (an early arrive would count towards the phase
     # of the tile two before); after the last P V, whose release the load of the second of them waits for.
@@ -468,27 +568,89 @@ def _consumer_block(tile, count, base, smem, bars, out_ptr, lse_ptr, geometry, l
 
 
 @gluon.jit
-def _consumer_partition(smem, bars, schedule, out_ptr, lse_ptr, geometry, lens, num_q_heads, group_size,
-                        num_m_blocks, num_work_tiles, qk_scale, CONSUMER: gl.constexpr, WINDOW: gl.constexpr,
-                        RETURN_LSE: gl.constexpr, RAGGED: gl.constexpr, PAGED: gl.constexpr):
+def _consumer_partition(
+    smem,
+    bars,
+    schedule,
+    out_ptr,
+    lse_ptr,
+    geometry,
+    lens,
+    num_q_heads,
+    group_size,
+    num_m_blocks,
+    num_work_tiles,
+    qk_scale,
+    CONSUMER: gl.constexpr,
+    WINDOW: gl.constexpr,
+    RETURN_LSE: gl.constexpr,
+    RAGGED: gl.constexpr,
+    PAGED: gl.constexpr,
+):
     """One consumer warpgroup: every work tile the load warp hands this program, in turn."""
     count = 0
     base = 0
     tile = _receive_tile(count, schedule)
     while tile < num_work_tiles:
-        base += _consumer_block(tile, count, base, smem, bars, out_ptr, lse_ptr, geometry, lens, num_q_heads,
-                                group_size, num_m_blocks, qk_scale, CONSUMER, WINDOW, RETURN_LSE, RAGGED, PAGED)
+        base += _consumer_block(
+            tile,
+            count,
+            base,
+            smem,
+            bars,
+            out_ptr,
+            lse_ptr,
+            geometry,
+            lens,
+            num_q_heads,
+            group_size,
+            num_m_blocks,
+            qk_scale,
+            CONSUMER,
+            WINDOW,
+            RETURN_LSE,
+            RAGGED,
+            PAGED,
+        )
         count += 1
         tile = _receive_tile(count, schedule)
 
 
 @gluon.jit
-def _attention_fwd_kernel(q_desc, k_desc, v_desc, out_ptr, lse_ptr, tile_counter, cu_seqlens_q_ptr, cu_seqlens_k_ptr,
-                          total_q, total_k, block_table_ptr, seqlens_ptr, stride_block_table, max_pages, num_pages,
-                          seqlen_q, seqlen_kv, window_left, window_right, num_q_heads, group_size, num_m_blocks,
-                          num_work_tiles, qk_scale, WINDOW: gl.constexpr, RETURN_LSE: gl.constexpr,
-                          CONSUMERS: gl.constexpr, TILE_N: gl.constexpr, RAGGED: gl.constexpr,
-                          PAGE_SIZE: gl.constexpr, Q_LAYOUT: gl.constexpr, KV_LAYOUT: gl.constexpr):
+def _attention_fwd_kernel(
+    q_desc,
+    k_desc,
+    v_desc,
+    out_ptr,
+    lse_ptr,
+    tile_counter,
+    cu_seqlens_q_ptr,
+    cu_seqlens_k_ptr,
+    total_q,
+    total_k,
+    block_table_ptr,
+    seqlens_ptr,
+    stride_block_table,
+    max_pages,
+    num_pages,
+    seqlen_q,
+    seqlen_kv,
+    window_left,
+    window_right,
+    num_q_heads,
+    group_size,
+    num_m_blocks,
+    num_work_tiles,
+    qk_scale,
+    WINDOW: gl.constexpr,
+    RETURN_LSE: gl.constexpr,
+    CONSUMERS: gl.constexpr,
+    TILE_N: gl.constexpr,
+    RAGGED: gl.constexpr,
+    PAGE_SIZE: gl.constexpr,
+    Q_LAYOUT: gl.constexpr,
+    KV_LAYOUT: gl.constexpr,
+):
     """Persistent: each program runs work tiles (a Q block of ``CONSUMERS`` x 64 rows of one (batch, q head))
     until none is left.
 
@@ -550,27 +712,171 @@ def _attention_fwd_kernel(q_desc, k_desc, v_desc, out_ptr, lse_ptr, tile_counter
     lens = (cu_seqlens_q_ptr, cu_seqlens_k_ptr, seqlens_ptr, total_q, total_k)
     PAGED: gl.constexpr = PAGE_SIZE > 0
     if CONSUMERS == 3:
-        gl.warp_specialize([
-            (_consumer_partition, (smem, bars, schedule, out_ptr, lse_ptr, geometry, lens, num_q_heads, group_size,
-                                   num_m_blocks, num_work_tiles, qk_scale, 0, WINDOW, RETURN_LSE, RAGGED, PAGED)),
-            (_consumer_partition, (smem, bars, schedule, out_ptr, lse_ptr, geometry, lens, num_q_heads, group_size,
-                                   num_m_blocks, num_work_tiles, qk_scale, 1, WINDOW, RETURN_LSE, RAGGED, PAGED)),
-            (_consumer_partition, (smem, bars, schedule, out_ptr, lse_ptr, geometry, lens, num_q_heads, group_size,
-                                   num_m_blocks, num_work_tiles, qk_scale, 2, WINDOW, RETURN_LSE, RAGGED, PAGED)),
-            (_load_partition, ((q_desc, k_desc, v_desc), smem, bars, v_landed, schedule, geometry, lens, pages,
-                               num_q_heads, group_size, num_m_blocks, num_work_tiles, tile_counter, WINDOW, RAGGED,
-                               PAGE_SIZE)),
-        ], [4, 4, 1], [CONSUMER_REGS_3, CONSUMER_REGS_3, LOADER_REGS])
+        gl.warp_specialize(
+            [
+                (
+                    _consumer_partition,
+                    (
+                        smem,
+                        bars,
+                        schedule,
+                        out_ptr,
+                        lse_ptr,
+                        geometry,
+                        lens,
+                        num_q_heads,
+                        group_size,
+                        num_m_blocks,
+                        num_work_tiles,
+                        qk_scale,
+                        0,
+                        WINDOW,
+                        RETURN_LSE,
+                        RAGGED,
+                        PAGED,
+                    ),
+                ),
+                (
+                    _consumer_partition,
+                    (
+                        smem,
+                        bars,
+                        schedule,
+                        out_ptr,
+                        lse_ptr,
+                        geometry,
+                        lens,
+                        num_q_heads,
+                        group_size,
+                        num_m_blocks,
+                        num_work_tiles,
+                        qk_scale,
+                        1,
+                        WINDOW,
+                        RETURN_LSE,
+                        RAGGED,
+                        PAGED,
+                    ),
+                ),
+                (
+                    _consumer_partition,
+                    (
+                        smem,
+                        bars,
+                        schedule,
+                        out_ptr,
+                        lse_ptr,
+                        geometry,
+                        lens,
+                        num_q_heads,
+                        group_size,
+                        num_m_blocks,
+                        num_work_tiles,
+                        qk_scale,
+                        2,
+                        WINDOW,
+                        RETURN_LSE,
+                        RAGGED,
+                        PAGED,
+                    ),
+                ),
+                (
+                    _load_partition,
+                    (
+                        (q_desc, k_desc, v_desc),
+                        smem,
+                        bars,
+                        v_landed,
+                        schedule,
+                        geometry,
+                        lens,
+                        pages,
+                        num_q_heads,
+                        group_size,
+                        num_m_blocks,
+                        num_work_tiles,
+                        tile_counter,
+                        WINDOW,
+                        RAGGED,
+                        PAGE_SIZE,
+                    ),
+                ),
+            ],
+            [4, 4, 1],
+            [CONSUMER_REGS_3, CONSUMER_REGS_3, LOADER_REGS],
+        )
     else:
-        gl.warp_specialize([
-            (_consumer_partition, (smem, bars, schedule, out_ptr, lse_ptr, geometry, lens, num_q_heads, group_size,
-                                   num_m_blocks, num_work_tiles, qk_scale, 0, WINDOW, RETURN_LSE, RAGGED, PAGED)),
-            (_consumer_partition, (smem, bars, schedule, out_ptr, lse_ptr, geometry, lens, num_q_heads, group_size,
-                                   num_m_blocks, num_work_tiles, qk_scale, 1, WINDOW, RETURN_LSE, RAGGED, PAGED)),
-            (_load_partition, ((q_desc, k_desc, v_desc), smem, bars, v_landed, schedule, geometry, lens, pages,
-                               num_q_heads, group_size, num_m_blocks, num_work_tiles, tile_counter, WINDOW, RAGGED,
-                               PAGE_SIZE)),
-        ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
+        gl.warp_specialize(
+            [
+                (
+                    _consumer_partition,
+                    (
+                        smem,
+                        bars,
+                        schedule,
+                        out_ptr,
+                        lse_ptr,
+                        geometry,
+                        lens,
+                        num_q_heads,
+                        group_size,
+                        num_m_blocks,
+                        num_work_tiles,
+                        qk_scale,
+                        0,
+                        WINDOW,
+                        RETURN_LSE,
+                        RAGGED,
+                        PAGED,
+                    ),
+                ),
+                (
+                    _consumer_partition,
+                    (
+                        smem,
+                        bars,
+                        schedule,
+                        out_ptr,
+                        lse_ptr,
+                        geometry,
+                        lens,
+                        num_q_heads,
+                        group_size,
+                        num_m_blocks,
+                        num_work_tiles,
+                        qk_scale,
+                        1,
+                        WINDOW,
+                        RETURN_LSE,
+                        RAGGED,
+                        PAGED,
+                    ),
+                ),
+                (
+                    _load_partition,
+                    (
+                        (q_desc, k_desc, v_desc),
+                        smem,
+                        bars,
+                        v_landed,
+                        schedule,
+                        geometry,
+                        lens,
+                        pages,
+                        num_q_heads,
+                        group_size,
+                        num_m_blocks,
+                        num_work_tiles,
+                        tile_counter,
+                        WINDOW,
+                        RAGGED,
+                        PAGE_SIZE,
+                    ),
+                ),
+            ],
+            [4, 1],
+            [CONSUMER_REGS, LOADER_REGS],
+        )
 
 
 def _nvmma_layout(block_shape, dtype=gl.bfloat16):
@@ -595,17 +901,27 @@ def _work_tiles(batch: int, max_seqlen_q: int, num_q_heads: int) -> int:
 def _fits(head_dim: int, work_tiles: int, softmax_scale: float, device: torch.device) -> bool:
     """What every layout asks beyond :func:`llmkernels.attention.check.check_attention`'s rules: an sm_90 GPU,
     ``D`` in {64, 128, 256}, at most 2**31 - 2**20 Q blocks of 128 rows (``work_tiles``) and a positive scale."""
-    return (head_dim in HEAD_DIMS and work_tiles <= MAX_WORK_TILES and softmax_scale > 0
-            and attention_config.runs_gluon(device))
+    return (
+        head_dim in HEAD_DIMS
+        and work_tiles <= MAX_WORK_TILES
+        and softmax_scale > 0
+        and attention_config.runs_gluon(device)
+    )
 
 
 def gluon_eligible(call: CheckedCall, config: FA4Config) -> bool:
     """What both Gluon backends ask of a call: a config with ``warp_specialized``, an sm_90 GPU
     (:func:`config.runs_gluon`), and no key starts, chunked mask, mask_mod, mask tensor or score_mod."""
     spec = call.mask_spec
-    return (config.warp_specialized and not call.kv_starts and not spec.has_chunk and spec.mask_mod is None
-            and call.mask_kind == "none" and call.mod_spec.kind == SCORE_MOD_NONE
-            and attention_config.runs_gluon(call.device))
+    return (
+        config.warp_specialized
+        and not call.kv_starts
+        and not spec.has_chunk
+        and spec.mask_mod is None
+        and call.mask_kind == "none"
+        and call.mod_spec.kind == SCORE_MOD_NONE
+        and attention_config.runs_gluon(call.device)
+    )
 
 
 def _tensors_fit(q: torch.Tensor, kv: torch.Tensor, softmax_scale: float, work_tiles: int) -> bool:
@@ -614,25 +930,38 @@ def _tensors_fit(q: torch.Tensor, kv: torch.Tensor, softmax_scale: float, work_t
     if q.dtype not in DTYPES or kv.dtype != q.dtype or q.dim() != 4 or kv.dim() != 4 or kv.shape[3] != q.shape[3]:
         return False
     num_q_heads, num_kv_heads = q.shape[2], kv.shape[2]
-    return (num_kv_heads >= 1 and num_q_heads % num_kv_heads == 0
-            and _fits(q.shape[3], work_tiles, softmax_scale, q.device))
+    return (
+        num_kv_heads >= 1 and num_q_heads % num_kv_heads == 0 and _fits(q.shape[3], work_tiles, softmax_scale, q.device)
+    )
 
 
 def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float) -> bool:
     """Whether :func:`gluon_attention` runs this dense call: an sm_90 GPU, fp16/bf16 ``[B, S, H, D]`` q, k, v of
     one dtype with D in {64, 128, 256}, at least one key, fewer than 2**31 - 2**20 Q blocks of 128 rows
     (``cdiv(Sq, 128) * B * Hq``) and a positive scale (any strides: layouts TMA cannot read are copied)."""
-    return (q.dim() == 4 and _tensors_fit(q, k, softmax_scale, _work_tiles(q.shape[0], q.shape[1], q.shape[2]))
-            and v.shape == k.shape and v.dtype == k.dtype and k.shape[0] == q.shape[0] and k.shape[1] >= 1)
+    return (
+        q.dim() == 4
+        and _tensors_fit(q, k, softmax_scale, _work_tiles(q.shape[0], q.shape[1], q.shape[2]))
+        and v.shape == k.shape
+        and v.dtype == k.dtype
+        and k.shape[0] == q.shape[0]
+        and k.shape[1] >= 1
+    )
 
 
 def supports_paged(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, softmax_scale: float) -> bool:
     """Whether :func:`llmkernels.attention` may run dense ``q [B, Sq, Hq, D]`` over a paged cache on this kernel:
     what :func:`supports` asks of dtypes, heads and scale, and pages ``[num_pages, page_size, Hkv, D]`` (at least
     one) that TMA reads in place (:func:`tma_ready`: the cache is never copied)."""
-    return (q.dim() == 4 and _tensors_fit(q, k_pages, softmax_scale, _work_tiles(q.shape[0], q.shape[1], q.shape[2]))
-            and v_pages.shape == k_pages.shape and v_pages.dtype == k_pages.dtype and k_pages.shape[0] >= 1
-            and tma_ready(k_pages) and tma_ready(v_pages))
+    return (
+        q.dim() == 4
+        and _tensors_fit(q, k_pages, softmax_scale, _work_tiles(q.shape[0], q.shape[1], q.shape[2]))
+        and v_pages.shape == k_pages.shape
+        and v_pages.dtype == k_pages.dtype
+        and k_pages.shape[0] >= 1
+        and tma_ready(k_pages)
+        and tma_ready(v_pages)
+    )
 
 
 def _descriptor(t: torch.Tensor, block_rows: int) -> TensorDescriptor:
@@ -661,14 +990,21 @@ class GluonPrefill:
         """A config with ``warp_specialized`` (sm_90's default) on an sm_90 GPU (not the interpreter), one pass,
         no sinks, :func:`gluon_eligible`, what :func:`_fits` asks, at least one key row (or page), and pages TMA
         reads in place (q, k, v in other layouts are copied)."""
-        return (not tiles.split and not call.has_sinks and gluon_eligible(call, tiles.config) and call.kv_rows >= 1
-                and _fits(call.head_dim, _work_tiles(call.batch, call.q_bound, call.num_q_heads), call.softmax_scale,
-                          call.device)
-                and (not call.paged or (call.tma_ready[1] and call.tma_ready[2])))
+        return (
+            not tiles.split
+            and not call.has_sinks
+            and gluon_eligible(call, tiles.config)
+            and call.kv_rows >= 1
+            and _fits(
+                call.head_dim, _work_tiles(call.batch, call.q_bound, call.num_q_heads), call.softmax_scale, call.device
+            )
+            and (not call.paged or (call.tma_ready[1] and call.tma_ready[2]))
+        )
 
     def consumers(self, call: CheckedCall, tiles: Tiling) -> int:
         return tiles.config.consumer_warpgroups or attention_config.gluon_prefill_consumers(
-            call.head_dim, call.q_bound, call.mask_spec.has_window)
+            call.head_dim, call.q_bound, call.mask_spec.has_window
+        )
 
     def spec(self, call: CheckedCall, tiles: Tiling) -> KernelSpec:
         head_dim, dtype, paged, ragged = call.head_dim, call.dtype, call.paged, call.ragged
@@ -676,21 +1012,41 @@ class GluonPrefill:
         block_n = attention_config.gluon_prefill_block_n(head_dim)
         box = min(call.page_size, block_n) if paged else block_n
         num_work_tiles = triton.cdiv(call.q_bound, consumers * CONSUMER_ROWS) * call.batch * call.num_q_heads
-        constexprs = dict(WINDOW=window, RETURN_LSE=call.return_lse, CONSUMERS=consumers, TILE_N=block_n,
-                          RAGGED=ragged, PAGE_SIZE=call.page_size if paged else 0,
-                          Q_LAYOUT=_nvmma_layout([CONSUMER_ROWS, head_dim], DTYPES[dtype]),
-                          KV_LAYOUT=_nvmma_layout([block_n, head_dim], DTYPES[dtype]))
+        constexprs = dict(
+            WINDOW=window,
+            RETURN_LSE=call.return_lse,
+            CONSUMERS=consumers,
+            TILE_N=block_n,
+            RAGGED=ragged,
+            PAGE_SIZE=call.page_size if paged else 0,
+            Q_LAYOUT=_nvmma_layout([CONSUMER_ROWS, head_dim], DTYPES[dtype]),
+            KV_LAYOUT=_nvmma_layout([block_n, head_dim], DTYPES[dtype]),
+        )
         data = "*" + TYPE_NAMES[dtype]
         unused = data  # the pointers a variant never reads are bound to out
         kv_type = descriptor_type(dtype, [1, box, head_dim])
-        arg_types = dict(q_desc=descriptor_type(dtype, [1, CONSUMER_ROWS, head_dim]), k_desc=kv_type, v_desc=kv_type,
-                         out_ptr=data, lse_ptr="*fp32", qk_scale="fp32", tile_counter="*i32" if window else unused,
-                         block_table_ptr="*i32" if paged else unused, seqlens_ptr="*i32" if paged else unused,
-                         cu_seqlens_q_ptr="*i32" if ragged else unused,
-                         cu_seqlens_k_ptr="*i32" if ragged and not paged else unused)
-        return KernelSpec(self.kernel, (min(num_work_tiles, num_programs_hint(call.device)),), constexprs,
-                          dict(num_warps=4, maxnreg=attention_config.GLUON_PREFILL_MAX_REGS[consumers]), arg_types,
-                          per_call=("seqlen_kv",) if call.dynamic_kv else (), divisible=("out_ptr",))
+        arg_types = dict(
+            q_desc=descriptor_type(dtype, [1, CONSUMER_ROWS, head_dim]),
+            k_desc=kv_type,
+            v_desc=kv_type,
+            out_ptr=data,
+            lse_ptr="*fp32",
+            qk_scale="fp32",
+            tile_counter="*i32" if window else unused,
+            block_table_ptr="*i32" if paged else unused,
+            seqlens_ptr="*i32" if paged else unused,
+            cu_seqlens_q_ptr="*i32" if ragged else unused,
+            cu_seqlens_k_ptr="*i32" if ragged and not paged else unused,
+        )
+        return KernelSpec(
+            self.kernel,
+            (min(num_work_tiles, num_programs_hint(call.device)),),
+            constexprs,
+            dict(num_warps=4, maxnreg=attention_config.GLUON_PREFILL_MAX_REGS[consumers]),
+            arg_types,
+            per_call=("seqlen_kv",) if call.dynamic_kv else (),
+            divisible=("out_ptr",),
+        )
 
     def launch(self, call: CheckedCall, tiles: Tiling) -> GluonPrefillLaunch:
         return GluonPrefillLaunch(call, self.spec(call, tiles))
@@ -708,7 +1064,7 @@ class _TileCounters:
 
     def __init__(self, device: torch.device):
         self.slab = torch.zeros(4 * self.COUNT, dtype=torch.int32, device=device)
-        self.views = [self.slab[4 * i:4 * i + 1] for i in range(self.COUNT)]
+        self.views = [self.slab[4 * i : 4 * i + 1] for i in range(self.COUNT)]
         self.taken = 0
 
     def take(self) -> torch.Tensor:
@@ -738,15 +1094,17 @@ class GluonPrefillLaunch:
         while a CUDA graph is captured (each captured launch keeps its own) and off the GPU."""
         if device.type != "cuda" or torch.cuda.is_current_stream_capturing():
             return torch.zeros(1, dtype=torch.int32, device=device)
-        stream = torch._C._cuda_getCurrentRawStream(device.index if device.index is not None else
-                                                   torch.cuda.current_device())
+        stream = torch._C._cuda_getCurrentRawStream(
+            device.index if device.index is not None else torch.cuda.current_device()
+        )
         counters = self.counters.get(stream)
         if counters is None:
             counters = self.counters.setdefault(stream, _TileCounters(device))
         return counters.take()
 
-    def __call__(self, q, k, v, kv_cache, cu_seqlens_q, cu_seqlens_k, sinks, slopes, attn_mask, out, lse, o_partial,
-                 lse_partial) -> None:
+    def __call__(
+        self, q, k, v, kv_cache, cu_seqlens_q, cu_seqlens_k, sinks, slopes, attn_mask, out, lse, o_partial, lse_partial
+    ) -> None:
         block_table = seqlens = cu_q = cu_k = out  # pointers a variant never reads
         if self.paged:
             k, v = kv_cache.k_pages, kv_cache.v_pages
@@ -787,16 +1145,45 @@ class GluonPrefillLaunch:
         num_m_blocks = triton.cdiv(call.q_bound, consumers * CONSUMER_ROWS)
         left, right = self.sides
         self.bound = spec.bind(
-            _descriptor(q, CONSUMER_ROWS), _descriptor(k, box), _descriptor(v, box), out, lse, counter, cu_q, cu_k,
-            total_q, total_k, block_table, seqlens, stride_block_table, max_pages, num_pages, call.q_bound, seqlen_kv,
-            left, right, call.num_q_heads, call.group, num_m_blocks, num_m_blocks * call.batch * call.num_q_heads,
-            float(call.softmax_scale) * LOG2E)
+            _descriptor(q, CONSUMER_ROWS),
+            _descriptor(k, box),
+            _descriptor(v, box),
+            out,
+            lse,
+            counter,
+            cu_q,
+            cu_k,
+            total_q,
+            total_k,
+            block_table,
+            seqlens,
+            stride_block_table,
+            max_pages,
+            num_pages,
+            call.q_bound,
+            seqlen_kv,
+            left,
+            right,
+            call.num_q_heads,
+            call.group,
+            num_m_blocks,
+            num_m_blocks * call.batch * call.num_q_heads,
+            float(call.softmax_scale) * LOG2E,
+        )
         return self.bound
 
 
-def gluon_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
-                    softmax_scale: float | None = None, *, window: tuple[int, int] | None = None,
-                    return_lse: bool = False, consumers: int | None = None):
+def gluon_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool = False,
+    softmax_scale: float | None = None,
+    *,
+    window: tuple[int, int] | None = None,
+    return_lse: bool = False,
+    consumers: int | None = None,
+):
     """Attention forward ``softmax(scale * q k^T) v`` on an sm_90 GPU, warp-specialized (the kernel alone:
     :func:`llmkernels.attention` is the public entry, which takes this path when it can).
 
@@ -819,8 +1206,11 @@ def gluon_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
             raise TypeError(f"{name} must be float16 or bfloat16, got {tensor.dtype}")
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
-    if window is not None and (not isinstance(window, tuple) or len(window) != 2
-                               or not all(isinstance(side, int) and not isinstance(side, bool) for side in window)):
+    if window is not None and (
+        not isinstance(window, tuple)
+        or len(window) != 2
+        or not all(isinstance(side, int) and not isinstance(side, bool) for side in window)
+    ):
         raise TypeError(f"window must be None or a (left, right) tuple of ints, got {window!r}")
     if softmax_scale is None:
         softmax_scale = q.shape[-1] ** -0.5 if q.dim() == 4 else 1.0
@@ -831,9 +1221,11 @@ def gluon_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     if consumers not in (None, 2, 3) or (consumers == 3 and q.shape[-1] != 64):
         raise ValueError(f"consumers must be None (the default), 2, or 3 at head dim 64, got {consumers!r}")
     if not supports(q, k, v, softmax_scale):
-        raise ValueError(f"gluon_attention does not run q {tuple(q.shape)} {q.dtype} strides {q.stride()}, "
-                         f"k {tuple(k.shape)} {k.dtype} strides {k.stride()}, v strides {v.stride()} on {q.device} "
-                         "(see supports())")
+        raise ValueError(
+            f"gluon_attention does not run q {tuple(q.shape)} {q.dtype} strides {q.stride()}, "
+            f"k {tuple(k.shape)} {k.dtype} strides {k.stride()}, v strides {v.stride()} on {q.device} "
+            "(see supports())"
+        )
     sides = None  # the kernel's window, as given (unbounded sides included)
     if causal or window is not None:
         left, right = window if window is not None else (-1, -1)
@@ -846,8 +1238,25 @@ def gluon_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     if seqlen_q > 0 and batch > 0 and num_q_heads > 0:
         key, launch = _LAUNCHES.lookup(q, k, v, sides, float(softmax_scale), return_lse, consumers)
         if launch is None:
-            call = check_attention(q, k, v, False, None, None, None, float(softmax_scale), None, None, None, None,
-                                   None, None, return_lse, None, False)
+            call = check_attention(
+                q,
+                k,
+                v,
+                False,
+                None,
+                None,
+                None,
+                float(softmax_scale),
+                None,
+                None,
+                None,
+                None,
+                None,
+                None,
+                return_lse,
+                None,
+                False,
+            )
             if sides is not None:
                 call = dataclasses.replace(call, mask_spec=MaskSpec(True, *sides))
             config = FA4Config(warp_specialized=True, consumer_warpgroups=consumers)
@@ -860,17 +1269,41 @@ def gluon_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
 _LAUNCHES = PlanCache("gluon_attention")
 
 
-def _prefill_call(head_dim: int, window: bool, return_lse: bool, page_size: int, ragged: bool,
-                  device: torch.device) -> CheckedCall:
+def _prefill_call(
+    head_dim: int, window: bool, return_lse: bool, page_size: int, ragged: bool, device: torch.device
+) -> CheckedCall:
     """A bf16 call of the prefill kernel's layout, without tensors (what an ahead-of-time compile needs)."""
     mask = MaskSpec(has_window=True, window_right=0) if window else MaskSpec()
-    return CheckedCall(ragged, page_size > 0, 1, 8, 8, head_dim, 1, 0, 0, mask, ScoreModSpec(), 1.0, device,
-                       dtype=torch.bfloat16, page_size=page_size, return_lse=return_lse,
-                       tma_ready=(True, True, True))
+    return CheckedCall(
+        ragged,
+        page_size > 0,
+        1,
+        8,
+        8,
+        head_dim,
+        1,
+        0,
+        0,
+        mask,
+        ScoreModSpec(),
+        1.0,
+        device,
+        dtype=torch.bfloat16,
+        page_size=page_size,
+        return_lse=return_lse,
+        tma_ready=(True, True, True),
+    )
 
 
-def compile_for_sm90(head_dim: int, window: bool, *, return_lse: bool = False,
-                     consumers: int | None = None, page_size: int = 0, ragged: bool = False) -> dict:
+def compile_for_sm90(
+    head_dim: int,
+    window: bool,
+    *,
+    return_lse: bool = False,
+    consumers: int | None = None,
+    page_size: int = 0,
+    ragged: bool = False,
+) -> dict:
     """Compiles the kernel for sm_90a without a GPU (ptxas from the Triton wheel runs, nothing launches) and
     returns the compiled kernel's ``asm`` dict (``ttgir``, ``ptx``, ``cubin``, ...): the backend's
     :class:`KernelSpec` for a bf16 call of that layout (:meth:`GluonPrefill.spec`); ``window``: the masked variant
@@ -885,7 +1318,9 @@ def compile_for_sm90(head_dim: int, window: bool, *, return_lse: bool = False,
     consumers = consumers or attention_config.gluon_prefill_consumers(head_dim, 0, masked=False)
     config = FA4Config(warp_specialized=True, consumer_warpgroups=consumers)
     with pretend_gpu((9, 0)) as device:  # the spec's grid asks the device for its SMs
-        spec = BACKEND.spec(_prefill_call(head_dim, window, return_lse, page_size, ragged, device),
-                            attention_config.tiling(config, False, 1, 1, 1, 1))
+        spec = BACKEND.spec(
+            _prefill_call(head_dim, window, return_lse, page_size, ragged, device),
+            attention_config.tiling(config, False, 1, 1, 1, 1),
+        )
     compiled = triton.compile(spec.ast_source(), target=GPUTarget("cuda", 90, 32), options=dict(spec.options))
     return compiled.asm

@@ -17,6 +17,7 @@ FA4 pieces:
 * ``exp2_poly``: Cody-Waite ``2**x = 2**floor(x) * P(frac(x))`` on FMA units, for a
   ``POLY_EXP2_FRACTION`` of the score columns.
 """
+
 import triton
 import triton.language as tl
 
@@ -86,9 +87,18 @@ def exp2_mixed(x, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, POLY_EXP2_FRACTI
 
 
 @triton.jit
-def online_softmax_update(acc, row_sum, row_max, scores, v,
-                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                          RESCALE_THRESHOLD: tl.constexpr, POLY_EXP2_FRACTION: tl.constexpr, UPCAST: tl.constexpr):
+def online_softmax_update(
+    acc,
+    row_sum,
+    row_max,
+    scores,
+    v,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    RESCALE_THRESHOLD: tl.constexpr,
+    POLY_EXP2_FRACTION: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
     """One KV tile of base-2 online softmax. ``scores`` ``[M, N]`` are log2-scaled (masked = -inf);
     ``row_max`` is the exponent reference (-inf until the row saw a visible key)."""
     tile_max = tl.max(scores, 1)
@@ -115,8 +125,19 @@ def online_softmax_update(acc, row_sum, row_max, scores, v,
 
 
 @triton.jit
-def page_aligned_tile_ptrs(base_ptr, start_n, head_offset, stride_page, stride_row, block_table_row, num_pages, dims,
-                           BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGE_OFFSETS_64: tl.constexpr):
+def page_aligned_tile_ptrs(
+    base_ptr,
+    start_n,
+    head_offset,
+    stride_page,
+    stride_row,
+    block_table_row,
+    num_pages,
+    dims,
+    BLOCK_N: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    PAGE_OFFSETS_64: tl.constexpr,
+):
     """Pointers ``[BLOCK_N, HEAD_DIM_PAD]`` to paged keys ``[start_n, start_n + BLOCK_N)`` when the tile lies inside
     one page (``PAGE_SIZE >= BLOCK_N``, key 0 at the start of the sequence's first page, ``start_n`` a multiple
     of ``BLOCK_N``): one page id per tile, a scalar, instead of :func:`load_kv_tile`'s per-row gather of page
@@ -131,11 +152,27 @@ def page_aligned_tile_ptrs(base_ptr, start_n, head_offset, stride_page, stride_r
 
 
 @triton.jit
-def load_kv_tile(base_ptr, batch_offset, kv_start, start_n, seqlen_k, head_offset, stride_page, stride_row,
-                 block_table_row, num_pages, dims,
-                 HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_N: tl.constexpr, PAGED: tl.constexpr,
-                 PAGE_SIZE: tl.constexpr, MASKED: tl.constexpr, PAGE_OFFSETS_64: tl.constexpr = True,
-                 PAGE_ALIGNED: tl.constexpr = False):
+def load_kv_tile(
+    base_ptr,
+    batch_offset,
+    kv_start,
+    start_n,
+    seqlen_k,
+    head_offset,
+    stride_page,
+    stride_row,
+    block_table_row,
+    num_pages,
+    dims,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    PAGED: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    MASKED: tl.constexpr,
+    PAGE_OFFSETS_64: tl.constexpr = True,
+    PAGE_ALIGNED: tl.constexpr = False,
+):
     """K or V keys ``[start_n, start_n + BLOCK_N)`` of one KV head -> ``[BLOCK_N, HEAD_DIM_PAD]`` (zeros past
     seqlen_k / HEAD_DIM).
 
@@ -148,8 +185,19 @@ def load_kv_tile(base_ptr, batch_offset, kv_start, start_n, seqlen_k, head_offse
     kv_raw = start_n + tl.arange(0, BLOCK_N)
     in_range = kv_raw < seqlen_k
     if PAGED and PAGE_ALIGNED and PAGE_SIZE >= BLOCK_N:
-        ptrs = page_aligned_tile_ptrs(base_ptr, start_n, head_offset, stride_page, stride_row, block_table_row,
-                                      num_pages, dims, BLOCK_N, PAGE_SIZE, PAGE_OFFSETS_64)
+        ptrs = page_aligned_tile_ptrs(
+            base_ptr,
+            start_n,
+            head_offset,
+            stride_page,
+            stride_row,
+            block_table_row,
+            num_pages,
+            dims,
+            BLOCK_N,
+            PAGE_SIZE,
+            PAGE_OFFSETS_64,
+        )
     else:
         if PAGED:
             position = kv_start + kv_raw
@@ -172,74 +220,239 @@ def load_kv_tile(base_ptr, batch_offset, kv_start, start_n, seqlen_k, head_offse
 
 
 @triton.jit
-def log2_scores(qk, batch, heads, q_idx_mod, q_pos, alibi_slopes, kv_mod, softmax_scale, qk_scale_log2,
-                softcap_value, SCORE_MOD_KIND: tl.constexpr, SCORE_MOD: tl.constexpr):
+def log2_scores(
+    qk,
+    batch,
+    heads,
+    q_idx_mod,
+    q_pos,
+    alibi_slopes,
+    kv_mod,
+    softmax_scale,
+    qk_scale_log2,
+    softcap_value,
+    SCORE_MOD_KIND: tl.constexpr,
+    SCORE_MOD: tl.constexpr,
+):
     """Raw ``Q K^T`` ``[M, N]`` -> ``log2(e) * score_mod(softmax_scale * QK^T)``."""
     if SCORE_MOD_KIND == "none":
         return qk * qk_scale_log2
     else:
-        scores = apply_score_mod(qk * softmax_scale, batch, heads[:, None], q_idx_mod[:, None],
-                                 kv_mod[None, :], q_pos[:, None], softcap_value, alibi_slopes[:, None],
-                                 SCORE_MOD_KIND, SCORE_MOD)
+        scores = apply_score_mod(
+            qk * softmax_scale,
+            batch,
+            heads[:, None],
+            q_idx_mod[:, None],
+            kv_mod[None, :],
+            q_pos[:, None],
+            softcap_value,
+            alibi_slopes[:, None],
+            SCORE_MOD_KIND,
+            SCORE_MOD,
+        )
         return scores * LOG2E
 
 
 @triton.jit
-def update_q_tile(acc, row_sum, row_max, q, k, v, batch, heads, q_idx_mod, q_pos, alibi_slopes,
-                  kv_raw, kv_mod, seqlen_k, softmax_scale, qk_scale_log2,
-                  window_left, window_right, chunk_size, softcap_value,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
-                  HAS_WINDOW: tl.constexpr, HAS_CHUNK: tl.constexpr, HAS_MASK_MOD: tl.constexpr,
-                  MASK_MOD: tl.constexpr, SCORE_MOD_KIND: tl.constexpr, SCORE_MOD: tl.constexpr,
-                  RESCALE_THRESHOLD: tl.constexpr, POLY_EXP2_FRACTION: tl.constexpr, UPCAST: tl.constexpr,
-                  mask_tile=0.0, MASK_TENSOR: tl.constexpr = "none"):
+def update_q_tile(
+    acc,
+    row_sum,
+    row_max,
+    q,
+    k,
+    v,
+    batch,
+    heads,
+    q_idx_mod,
+    q_pos,
+    alibi_slopes,
+    kv_raw,
+    kv_mod,
+    seqlen_k,
+    softmax_scale,
+    qk_scale_log2,
+    window_left,
+    window_right,
+    chunk_size,
+    softcap_value,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    MASKED: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
+    HAS_CHUNK: tl.constexpr,
+    HAS_MASK_MOD: tl.constexpr,
+    MASK_MOD: tl.constexpr,
+    SCORE_MOD_KIND: tl.constexpr,
+    SCORE_MOD: tl.constexpr,
+    RESCALE_THRESHOLD: tl.constexpr,
+    POLY_EXP2_FRACTION: tl.constexpr,
+    UPCAST: tl.constexpr,
+    mask_tile=0.0,
+    MASK_TENSOR: tl.constexpr = "none",
+):
     """QK^T, score mod, mask, online softmax and PV of one Q tile against one K/V tile (``mask_tile``
     ``[M, N]``: the materialized mask's values, ``MASK_TENSOR`` ``"bool"`` or ``"additive"``)."""
-    scores = log2_scores(mma(q, tl.trans(k), None, UPCAST), batch, heads, q_idx_mod, q_pos, alibi_slopes, kv_mod,
-                         softmax_scale, qk_scale_log2, softcap_value, SCORE_MOD_KIND, SCORE_MOD)
+    scores = log2_scores(
+        mma(q, tl.trans(k), None, UPCAST),
+        batch,
+        heads,
+        q_idx_mod,
+        q_pos,
+        alibi_slopes,
+        kv_mod,
+        softmax_scale,
+        qk_scale_log2,
+        softcap_value,
+        SCORE_MOD_KIND,
+        SCORE_MOD,
+    )
     if MASK_TENSOR == "additive":  # natural-log bias on the scaled score, as SDPA's float attn_mask
         scores = scores + mask_tile.to(tl.float32) * LOG2E
     if MASKED:
-        visible = visible_mask(batch, heads[:, None], q_idx_mod[:, None], kv_mod[None, :], q_pos[:, None],
-                               kv_raw[None, :], seqlen_k, window_left, window_right, chunk_size,
-                               HAS_WINDOW, HAS_CHUNK, HAS_MASK_MOD, MASK_MOD)
+        visible = visible_mask(
+            batch,
+            heads[:, None],
+            q_idx_mod[:, None],
+            kv_mod[None, :],
+            q_pos[:, None],
+            kv_raw[None, :],
+            seqlen_k,
+            window_left,
+            window_right,
+            chunk_size,
+            HAS_WINDOW,
+            HAS_CHUNK,
+            HAS_MASK_MOD,
+            MASK_MOD,
+        )
         if MASK_TENSOR == "bool":
             visible = visible & (mask_tile != 0)
         scores = tl.where(visible, scores, float("-inf"))
-    return online_softmax_update(acc, row_sum, row_max, scores, v, BLOCK_M, BLOCK_N,
-                                 RESCALE_THRESHOLD, POLY_EXP2_FRACTION, UPCAST)
+    return online_softmax_update(
+        acc, row_sum, row_max, scores, v, BLOCK_M, BLOCK_N, RESCALE_THRESHOLD, POLY_EXP2_FRACTION, UPCAST
+    )
 
 
 @triton.jit
-def load_band_tile(base_ptr, desc, batch_offset, kv_start, kv_row_base, kv_col, start_n, seqlen_k, head_offset,
-                   stride_page, stride_row, block_table_row, num_pages, dims,
-                   HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_N: tl.constexpr, PAGED: tl.constexpr,
-                   PAGE_SIZE: tl.constexpr, TMA_KV: tl.constexpr, PAGE_OFFSETS_64: tl.constexpr = True,
-                   PAGE_ALIGNED: tl.constexpr = False):
+def load_band_tile(
+    base_ptr,
+    desc,
+    batch_offset,
+    kv_start,
+    kv_row_base,
+    kv_col,
+    start_n,
+    seqlen_k,
+    head_offset,
+    stride_page,
+    stride_row,
+    block_table_row,
+    num_pages,
+    dims,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    PAGED: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    TMA_KV: tl.constexpr,
+    PAGE_OFFSETS_64: tl.constexpr = True,
+    PAGE_ALIGNED: tl.constexpr = False,
+):
     """One K or V tile of the fully visible band (every key in the sequence): descriptor or pointer load."""
     if TMA_KV:
         return desc.load([kv_row_base + start_n, kv_col])
     else:
-        return load_kv_tile(base_ptr, batch_offset, kv_start, start_n, seqlen_k, head_offset,
-                            stride_page, stride_row, block_table_row, num_pages, dims,
-                            HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, PAGED, PAGE_SIZE, False, PAGE_OFFSETS_64, PAGE_ALIGNED)
+        return load_kv_tile(
+            base_ptr,
+            batch_offset,
+            kv_start,
+            start_n,
+            seqlen_k,
+            head_offset,
+            stride_page,
+            stride_row,
+            block_table_row,
+            num_pages,
+            dims,
+            HEAD_DIM,
+            HEAD_DIM_PAD,
+            BLOCK_N,
+            PAGED,
+            PAGE_SIZE,
+            False,
+            PAGE_OFFSETS_64,
+            PAGE_ALIGNED,
+        )
 
 
 @triton.jit
-def attend_kv_range(acc_a, sum_a, max_a, acc_b, sum_b, max_b, q_a, q_b,
-                    q_idx_mod_a, q_idx_mod_b, q_pos_a, q_pos_b, heads, alibi_slopes,
-                    k_ptr, v_ptr, k_desc, v_desc, k_batch_offset, v_batch_offset, k_head_offset, v_head_offset,
-                    stride_kb, stride_ks, stride_vb, stride_vs, block_table_row, num_pages,
-                    kv_start, kv_row_base, kv_col, seqlen_k, batch, kv_lo, kv_hi,
-                    softmax_scale, qk_scale_log2, window_left, window_right, chunk_size, softcap_value,
-                    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
-                    BLOCK_N: tl.constexpr, NUM_Q_TILES: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr,
-                    MASKED: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_CHUNK: tl.constexpr,
-                    HAS_MASK_MOD: tl.constexpr, MASK_MOD: tl.constexpr, SCORE_MOD_KIND: tl.constexpr,
-                    SCORE_MOD: tl.constexpr, RESCALE_THRESHOLD: tl.constexpr, POLY_EXP2_FRACTION: tl.constexpr,
-                    TMA_KV: tl.constexpr, UPCAST: tl.constexpr,
-                    mask_rows_a=0, mask_rows_b=0, stride_mask_k=0, MASK_TENSOR: tl.constexpr = "none",
-                    PAGE_OFFSETS_64: tl.constexpr = True, PAGE_ALIGNED: tl.constexpr = False):
+def attend_kv_range(
+    acc_a,
+    sum_a,
+    max_a,
+    acc_b,
+    sum_b,
+    max_b,
+    q_a,
+    q_b,
+    q_idx_mod_a,
+    q_idx_mod_b,
+    q_pos_a,
+    q_pos_b,
+    heads,
+    alibi_slopes,
+    k_ptr,
+    v_ptr,
+    k_desc,
+    v_desc,
+    k_batch_offset,
+    v_batch_offset,
+    k_head_offset,
+    v_head_offset,
+    stride_kb,
+    stride_ks,
+    stride_vb,
+    stride_vs,
+    block_table_row,
+    num_pages,
+    kv_start,
+    kv_row_base,
+    kv_col,
+    seqlen_k,
+    batch,
+    kv_lo,
+    kv_hi,
+    softmax_scale,
+    qk_scale_log2,
+    window_left,
+    window_right,
+    chunk_size,
+    softcap_value,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    NUM_Q_TILES: tl.constexpr,
+    PAGED: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    MASKED: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
+    HAS_CHUNK: tl.constexpr,
+    HAS_MASK_MOD: tl.constexpr,
+    MASK_MOD: tl.constexpr,
+    SCORE_MOD_KIND: tl.constexpr,
+    SCORE_MOD: tl.constexpr,
+    RESCALE_THRESHOLD: tl.constexpr,
+    POLY_EXP2_FRACTION: tl.constexpr,
+    TMA_KV: tl.constexpr,
+    UPCAST: tl.constexpr,
+    mask_rows_a=0,
+    mask_rows_b=0,
+    stride_mask_k=0,
+    MASK_TENSOR: tl.constexpr = "none",
+    PAGE_OFFSETS_64: tl.constexpr = True,
+    PAGE_ALIGNED: tl.constexpr = False,
+):
     """Keys ``[kv_lo, kv_hi)`` (kv_lo a multiple of BLOCK_N): each K/V tile is loaded once for both Q tiles.
     ``MASK_TENSOR``: row pointers ``mask_rows_a`` / ``_b`` ``[BLOCK_M]`` into the materialized mask, whose
     key stride is ``stride_mask_k``; keys past ``seqlen_k`` are not read.
@@ -252,19 +465,97 @@ def attend_kv_range(acc_a, sum_a, max_a, acc_b, sum_b, max_b, q_a, q_b,
     for start_n in tl.range(kv_lo, kv_hi, BLOCK_N):
         kv_raw = start_n + tl.arange(0, BLOCK_N)
         if MASKED:
-            k = load_kv_tile(k_ptr, k_batch_offset, kv_start, start_n, seqlen_k, k_head_offset, stride_kb, stride_ks,
-                             block_table_row, num_pages, dims, HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, PAGED, PAGE_SIZE, True,
-                             PAGE_OFFSETS_64, PAGE_ALIGNED)
-            v = load_kv_tile(v_ptr, v_batch_offset, kv_start, start_n, seqlen_k, v_head_offset, stride_vb, stride_vs,
-                             block_table_row, num_pages, dims, HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, PAGED, PAGE_SIZE, True,
-                             PAGE_OFFSETS_64, PAGE_ALIGNED)
+            k = load_kv_tile(
+                k_ptr,
+                k_batch_offset,
+                kv_start,
+                start_n,
+                seqlen_k,
+                k_head_offset,
+                stride_kb,
+                stride_ks,
+                block_table_row,
+                num_pages,
+                dims,
+                HEAD_DIM,
+                HEAD_DIM_PAD,
+                BLOCK_N,
+                PAGED,
+                PAGE_SIZE,
+                True,
+                PAGE_OFFSETS_64,
+                PAGE_ALIGNED,
+            )
+            v = load_kv_tile(
+                v_ptr,
+                v_batch_offset,
+                kv_start,
+                start_n,
+                seqlen_k,
+                v_head_offset,
+                stride_vb,
+                stride_vs,
+                block_table_row,
+                num_pages,
+                dims,
+                HEAD_DIM,
+                HEAD_DIM_PAD,
+                BLOCK_N,
+                PAGED,
+                PAGE_SIZE,
+                True,
+                PAGE_OFFSETS_64,
+                PAGE_ALIGNED,
+            )
         else:
-            k = load_band_tile(k_ptr, k_desc, k_batch_offset, kv_start, kv_row_base, kv_col, start_n, seqlen_k,
-                               k_head_offset, stride_kb, stride_ks, block_table_row, num_pages, dims,
-                               HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, PAGED, PAGE_SIZE, TMA_KV, PAGE_OFFSETS_64, PAGE_ALIGNED)
-            v = load_band_tile(v_ptr, v_desc, v_batch_offset, kv_start, kv_row_base, kv_col, start_n, seqlen_k,
-                               v_head_offset, stride_vb, stride_vs, block_table_row, num_pages, dims,
-                               HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, PAGED, PAGE_SIZE, TMA_KV, PAGE_OFFSETS_64, PAGE_ALIGNED)
+            k = load_band_tile(
+                k_ptr,
+                k_desc,
+                k_batch_offset,
+                kv_start,
+                kv_row_base,
+                kv_col,
+                start_n,
+                seqlen_k,
+                k_head_offset,
+                stride_kb,
+                stride_ks,
+                block_table_row,
+                num_pages,
+                dims,
+                HEAD_DIM,
+                HEAD_DIM_PAD,
+                BLOCK_N,
+                PAGED,
+                PAGE_SIZE,
+                TMA_KV,
+                PAGE_OFFSETS_64,
+                PAGE_ALIGNED,
+            )
+            v = load_band_tile(
+                v_ptr,
+                v_desc,
+                v_batch_offset,
+                kv_start,
+                kv_row_base,
+                kv_col,
+                start_n,
+                seqlen_k,
+                v_head_offset,
+                stride_vb,
+                stride_vs,
+                block_table_row,
+                num_pages,
+                dims,
+                HEAD_DIM,
+                HEAD_DIM_PAD,
+                BLOCK_N,
+                PAGED,
+                PAGE_SIZE,
+                TMA_KV,
+                PAGE_OFFSETS_64,
+                PAGE_ALIGNED,
+            )
         if CLAMP_KV:
             kv_mod = tl.minimum(kv_raw, tl.maximum(seqlen_k - 1, 0))
         else:
@@ -278,32 +569,118 @@ def attend_kv_range(acc_a, sum_a, max_a, acc_b, sum_b, max_b, q_a, q_b,
             if NUM_Q_TILES == 2:
                 mask_b = tl.load(mask_rows_b[:, None] + key_offsets, mask=key_ok, other=0)
         acc_a, sum_a, max_a = update_q_tile(
-            acc_a, sum_a, max_a, q_a, k, v, batch, heads, q_idx_mod_a, q_pos_a, alibi_slopes,
-            kv_raw, kv_mod, seqlen_k, softmax_scale, qk_scale_log2, window_left, window_right, chunk_size,
-            softcap_value, BLOCK_M, BLOCK_N, MASKED, HAS_WINDOW, HAS_CHUNK, HAS_MASK_MOD, MASK_MOD,
-            SCORE_MOD_KIND, SCORE_MOD, RESCALE_THRESHOLD, POLY_EXP2_FRACTION, UPCAST, mask_a, MASK_TENSOR)
+            acc_a,
+            sum_a,
+            max_a,
+            q_a,
+            k,
+            v,
+            batch,
+            heads,
+            q_idx_mod_a,
+            q_pos_a,
+            alibi_slopes,
+            kv_raw,
+            kv_mod,
+            seqlen_k,
+            softmax_scale,
+            qk_scale_log2,
+            window_left,
+            window_right,
+            chunk_size,
+            softcap_value,
+            BLOCK_M,
+            BLOCK_N,
+            MASKED,
+            HAS_WINDOW,
+            HAS_CHUNK,
+            HAS_MASK_MOD,
+            MASK_MOD,
+            SCORE_MOD_KIND,
+            SCORE_MOD,
+            RESCALE_THRESHOLD,
+            POLY_EXP2_FRACTION,
+            UPCAST,
+            mask_a,
+            MASK_TENSOR,
+        )
         if NUM_Q_TILES == 2:
             acc_b, sum_b, max_b = update_q_tile(
-                acc_b, sum_b, max_b, q_b, k, v, batch, heads, q_idx_mod_b, q_pos_b, alibi_slopes,
-                kv_raw, kv_mod, seqlen_k, softmax_scale, qk_scale_log2, window_left, window_right, chunk_size,
-                softcap_value, BLOCK_M, BLOCK_N, MASKED, HAS_WINDOW, HAS_CHUNK, HAS_MASK_MOD, MASK_MOD,
-                SCORE_MOD_KIND, SCORE_MOD, RESCALE_THRESHOLD, POLY_EXP2_FRACTION, UPCAST, mask_b, MASK_TENSOR)
+                acc_b,
+                sum_b,
+                max_b,
+                q_b,
+                k,
+                v,
+                batch,
+                heads,
+                q_idx_mod_b,
+                q_pos_b,
+                alibi_slopes,
+                kv_raw,
+                kv_mod,
+                seqlen_k,
+                softmax_scale,
+                qk_scale_log2,
+                window_left,
+                window_right,
+                chunk_size,
+                softcap_value,
+                BLOCK_M,
+                BLOCK_N,
+                MASKED,
+                HAS_WINDOW,
+                HAS_CHUNK,
+                HAS_MASK_MOD,
+                MASK_MOD,
+                SCORE_MOD_KIND,
+                SCORE_MOD,
+                RESCALE_THRESHOLD,
+                POLY_EXP2_FRACTION,
+                UPCAST,
+                mask_b,
+                MASK_TENSOR,
+            )
     return acc_a, sum_a, max_a, acc_b, sum_b, max_b
 
 
 @triton.jit
-def load_q_tile(q_ptr, batch_offset, q_start, q_idx, heads, row_valid, dims, stride_qs, stride_qh,
-                HEAD_DIM: tl.constexpr):
+def load_q_tile(
+    q_ptr, batch_offset, q_start, q_idx, heads, row_valid, dims, stride_qs, stride_qh, HEAD_DIM: tl.constexpr
+):
     rows = (q_start.to(tl.int64) + q_idx) * stride_qs + heads * stride_qh
     ptrs = q_ptr + batch_offset + rows[:, None] + dims[None, :]
     return tl.load(ptrs, mask=row_valid[:, None] & (dims < HEAD_DIM)[None, :], other=0.0)
 
 
 @triton.jit
-def store_q_tile(acc, row_sum, row_max, out_ptr, lse_ptr, sinks_ptr, batch, split, q_start, q_idx, heads,
-                 row_valid, dims, stride_ob, stride_os, stride_oh, stride_o_split,
-                 stride_lse_b, stride_lse_h, stride_lse_s, stride_lse_split,
-                 HEAD_DIM: tl.constexpr, HAS_SINKS: tl.constexpr, SPLIT: tl.constexpr, RETURN_LSE: tl.constexpr):
+def store_q_tile(
+    acc,
+    row_sum,
+    row_max,
+    out_ptr,
+    lse_ptr,
+    sinks_ptr,
+    batch,
+    split,
+    q_start,
+    q_idx,
+    heads,
+    row_valid,
+    dims,
+    stride_ob,
+    stride_os,
+    stride_oh,
+    stride_o_split,
+    stride_lse_b,
+    stride_lse_h,
+    stride_lse_s,
+    stride_lse_split,
+    HEAD_DIM: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
+    SPLIT: tl.constexpr,
+    RETURN_LSE: tl.constexpr,
+):
     """Normalizes and stores one Q tile: final O (q dtype) + natural-log LSE, or with ``SPLIT`` the
     partial O (float32) + base-2 LSE of this split (sinks are the combine's then). Rows that saw no
     key (and no sink): O = 0, LSE = -inf. As in the reference, a sink of +inf takes all the weight
@@ -357,26 +734,84 @@ def ragged_bounds(cu_seqlens_ptr, batch, total, BLOCK_BATCH: tl.constexpr):
 
 @triton.jit
 def attention_fwd_kernel(
-    q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr,
-    cu_seqlens_q_ptr, cu_seqlens_k_ptr, seqlens_k_ptr, kv_starts_ptr, block_table_ptr, sinks_ptr, alibi_slopes_ptr,
-    attn_mask_ptr, k_desc, v_desc,
-    stride_qb, stride_qs, stride_qh,
-    stride_kb, stride_ks, stride_kh,
-    stride_vb, stride_vs, stride_vh,
-    stride_ob, stride_os, stride_oh, stride_o_split,
-    stride_lse_b, stride_lse_h, stride_lse_s, stride_lse_split,
-    stride_block_table, stride_mask_b, stride_mask_h, stride_mask_q, stride_mask_k,
-    seqlen_q_dense, seqlen_k_dense, total_q, total_k, num_pages, paged_seqlen_bound,
-    num_kv_heads, group, num_splits, num_head_programs,
-    softmax_scale, window_left, window_right, chunk_size, softcap_value,
-    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, HEADS_PER_TILE: tl.constexpr,
-    BLOCK_N: tl.constexpr, NUM_Q_TILES: tl.constexpr,
-    RAGGED_Q: tl.constexpr, RAGGED_K: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr,
-    HAS_WINDOW: tl.constexpr, HAS_CHUNK: tl.constexpr, HAS_MASK_MOD: tl.constexpr, MASK_MOD: tl.constexpr,
-    SCORE_MOD_KIND: tl.constexpr, SCORE_MOD: tl.constexpr, HAS_SINKS: tl.constexpr,
-    SPLIT: tl.constexpr, RETURN_LSE: tl.constexpr, REVERSE_Q_BLOCKS: tl.constexpr,
-    RESCALE_THRESHOLD: tl.constexpr, POLY_EXP2_FRACTION: tl.constexpr, TMA_KV: tl.constexpr,
-    UPCAST: tl.constexpr, KV_STARTS: tl.constexpr = False, MASK_TENSOR: tl.constexpr = "none",
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    out_ptr,
+    lse_ptr,
+    cu_seqlens_q_ptr,
+    cu_seqlens_k_ptr,
+    seqlens_k_ptr,
+    kv_starts_ptr,
+    block_table_ptr,
+    sinks_ptr,
+    alibi_slopes_ptr,
+    attn_mask_ptr,
+    k_desc,
+    v_desc,
+    stride_qb,
+    stride_qs,
+    stride_qh,
+    stride_kb,
+    stride_ks,
+    stride_kh,
+    stride_vb,
+    stride_vs,
+    stride_vh,
+    stride_ob,
+    stride_os,
+    stride_oh,
+    stride_o_split,
+    stride_lse_b,
+    stride_lse_h,
+    stride_lse_s,
+    stride_lse_split,
+    stride_block_table,
+    stride_mask_b,
+    stride_mask_h,
+    stride_mask_q,
+    stride_mask_k,
+    seqlen_q_dense,
+    seqlen_k_dense,
+    total_q,
+    total_k,
+    num_pages,
+    paged_seqlen_bound,
+    num_kv_heads,
+    group,
+    num_splits,
+    num_head_programs,
+    softmax_scale,
+    window_left,
+    window_right,
+    chunk_size,
+    softcap_value,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    HEADS_PER_TILE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    NUM_Q_TILES: tl.constexpr,
+    RAGGED_Q: tl.constexpr,
+    RAGGED_K: tl.constexpr,
+    PAGED: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
+    HAS_CHUNK: tl.constexpr,
+    HAS_MASK_MOD: tl.constexpr,
+    MASK_MOD: tl.constexpr,
+    SCORE_MOD_KIND: tl.constexpr,
+    SCORE_MOD: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
+    SPLIT: tl.constexpr,
+    RETURN_LSE: tl.constexpr,
+    REVERSE_Q_BLOCKS: tl.constexpr,
+    RESCALE_THRESHOLD: tl.constexpr,
+    POLY_EXP2_FRACTION: tl.constexpr,
+    TMA_KV: tl.constexpr,
+    UPCAST: tl.constexpr,
+    KV_STARTS: tl.constexpr = False,
+    MASK_TENSOR: tl.constexpr = "none",
     PAGE_OFFSETS_64: tl.constexpr = True,
 ):
     """Attention forward for one (Q block, batch x KV head x head tile) pair and one split.
@@ -478,8 +913,7 @@ def attention_fwd_kernel(
     q_batch_offset = batch.to(tl.int64) * stride_qb
     q_a = load_q_tile(q_ptr, q_batch_offset, q_start, q_idx_a, heads, valid_a, dims, stride_qs, stride_qh, HEAD_DIM)
     if NUM_Q_TILES == 2:
-        q_b = load_q_tile(q_ptr, q_batch_offset, q_start, q_idx_b, heads, valid_b, dims, stride_qs, stride_qh,
-                          HEAD_DIM)
+        q_b = load_q_tile(q_ptr, q_batch_offset, q_start, q_idx_b, heads, valid_b, dims, stride_qs, stride_qh, HEAD_DIM)
     else:
         q_b = q_a
     q_idx_mod_a = tl.minimum(q_idx_a, tl.maximum(seqlen_q - 1, 0))
@@ -487,8 +921,11 @@ def attention_fwd_kernel(
     mask_rows_a = attn_mask_ptr
     mask_rows_b = attn_mask_ptr
     if MASK_TENSOR != "none":  # rows clamped into the mask: a padded row reads a real one, never stored
-        mask_row_base = attn_mask_ptr + batch.to(tl.int64) * stride_mask_b \
+        mask_row_base = (
+            attn_mask_ptr
+            + batch.to(tl.int64) * stride_mask_b
             + tl.minimum(heads, kv_head * group + group - 1).to(tl.int64) * stride_mask_h
+        )
         mask_rows_a = mask_row_base + q_idx_mod_a.to(tl.int64) * stride_mask_q
         mask_rows_b = mask_row_base + q_idx_mod_b.to(tl.int64) * stride_mask_q
     if SCORE_MOD_KIND == "alibi":
@@ -530,22 +967,125 @@ def attention_fwd_kernel(
             lo = tl.maximum(full_hi, split_lo)
             hi = split_hi
         acc_a, sum_a, max_a, acc_b, sum_b, max_b = attend_kv_range(
-            acc_a, sum_a, max_a, acc_b, sum_b, max_b, q_a, q_b, q_idx_mod_a, q_idx_mod_b,
-            q_idx_a + shift, q_idx_b + shift, heads, alibi_slopes,
-            k_ptr, v_ptr, k_desc, v_desc, k_batch_offset, v_batch_offset, k_head_offset, v_head_offset,
-            stride_kb, stride_ks, stride_vb, stride_vs, block_table_row, num_pages, kv_start, kv_row_base, kv_col,
-            seqlen_k, batch, lo, hi, softmax_scale, qk_scale_log2, window_left, window_right, chunk_size, softcap_value,
-            HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, BLOCK_N, NUM_Q_TILES, PAGED, PAGE_SIZE, phase != 1,
-            HAS_WINDOW, HAS_CHUNK, HAS_MASK_MOD, MASK_MOD, SCORE_MOD_KIND, SCORE_MOD,
-            RESCALE_THRESHOLD, POLY_EXP2_FRACTION, TMA_KV, UPCAST, mask_rows_a, mask_rows_b, stride_mask_k,
-            MASK_TENSOR, PAGE_OFFSETS_64, PAGED and not KV_STARTS)
+            acc_a,
+            sum_a,
+            max_a,
+            acc_b,
+            sum_b,
+            max_b,
+            q_a,
+            q_b,
+            q_idx_mod_a,
+            q_idx_mod_b,
+            q_idx_a + shift,
+            q_idx_b + shift,
+            heads,
+            alibi_slopes,
+            k_ptr,
+            v_ptr,
+            k_desc,
+            v_desc,
+            k_batch_offset,
+            v_batch_offset,
+            k_head_offset,
+            v_head_offset,
+            stride_kb,
+            stride_ks,
+            stride_vb,
+            stride_vs,
+            block_table_row,
+            num_pages,
+            kv_start,
+            kv_row_base,
+            kv_col,
+            seqlen_k,
+            batch,
+            lo,
+            hi,
+            softmax_scale,
+            qk_scale_log2,
+            window_left,
+            window_right,
+            chunk_size,
+            softcap_value,
+            HEAD_DIM,
+            HEAD_DIM_PAD,
+            BLOCK_M,
+            BLOCK_N,
+            NUM_Q_TILES,
+            PAGED,
+            PAGE_SIZE,
+            phase != 1,
+            HAS_WINDOW,
+            HAS_CHUNK,
+            HAS_MASK_MOD,
+            MASK_MOD,
+            SCORE_MOD_KIND,
+            SCORE_MOD,
+            RESCALE_THRESHOLD,
+            POLY_EXP2_FRACTION,
+            TMA_KV,
+            UPCAST,
+            mask_rows_a,
+            mask_rows_b,
+            stride_mask_k,
+            MASK_TENSOR,
+            PAGE_OFFSETS_64,
+            PAGED and not KV_STARTS,
+        )
 
-    store_q_tile(acc_a, sum_a, max_a, out_ptr, lse_ptr, sinks_ptr, batch, split, q_start, q_idx_a, heads, valid_a,
-                 dims, stride_ob, stride_os, stride_oh, stride_o_split,
-                 stride_lse_b, stride_lse_h, stride_lse_s, stride_lse_split,
-                 HEAD_DIM, HAS_SINKS, SPLIT, RETURN_LSE)
+    store_q_tile(
+        acc_a,
+        sum_a,
+        max_a,
+        out_ptr,
+        lse_ptr,
+        sinks_ptr,
+        batch,
+        split,
+        q_start,
+        q_idx_a,
+        heads,
+        valid_a,
+        dims,
+        stride_ob,
+        stride_os,
+        stride_oh,
+        stride_o_split,
+        stride_lse_b,
+        stride_lse_h,
+        stride_lse_s,
+        stride_lse_split,
+        HEAD_DIM,
+        HAS_SINKS,
+        SPLIT,
+        RETURN_LSE,
+    )
     if NUM_Q_TILES == 2:
-        store_q_tile(acc_b, sum_b, max_b, out_ptr, lse_ptr, sinks_ptr, batch, split, q_start, q_idx_b, heads,
-                     valid_b, dims, stride_ob, stride_os, stride_oh, stride_o_split,
-                     stride_lse_b, stride_lse_h, stride_lse_s, stride_lse_split,
-                     HEAD_DIM, HAS_SINKS, SPLIT, RETURN_LSE)
+        store_q_tile(
+            acc_b,
+            sum_b,
+            max_b,
+            out_ptr,
+            lse_ptr,
+            sinks_ptr,
+            batch,
+            split,
+            q_start,
+            q_idx_b,
+            heads,
+            valid_b,
+            dims,
+            stride_ob,
+            stride_os,
+            stride_oh,
+            stride_o_split,
+            stride_lse_b,
+            stride_lse_h,
+            stride_lse_s,
+            stride_lse_split,
+            HEAD_DIM,
+            HAS_SINKS,
+            SPLIT,
+            RETURN_LSE,
+        )

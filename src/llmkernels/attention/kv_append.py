@@ -12,6 +12,7 @@ positions come from device tensors, and a write past the cache's capacity is dro
 Every tensor may be any view: all strides go to the kernel (no copy). The shape checks here are a backstop that
 runs before the launch; :mod:`llmkernels.flash_attn` checks its whole call first, with flash-attn's names.
 """
+
 from __future__ import annotations
 
 import torch
@@ -36,15 +37,45 @@ def _bf16_nearest_even(x):
 
 @triton.jit
 def _rotary_copy_kernel(
-    src_ptr, dst_ptr, cos_ptr, sin_ptr, start_ptr, dst_batch_ptr, block_table_ptr,
-    stride_src_b, stride_src_s, stride_src_h, stride_src_d,
-    stride_dst_b, stride_dst_s, stride_dst_h, stride_dst_d,
-    stride_cos_s, stride_cos_d, stride_sin_s, stride_sin_d,
-    stride_start, stride_dst_batch, stride_block_table_b, stride_block_table_p,
-    seqlen_new, num_heads, head_dim, rotary_seqlen, capacity, num_pages,
-    ROTARY_DIM: tl.constexpr, INTERLEAVED: tl.constexpr, PER_TOKEN: tl.constexpr, TO_CACHE: tl.constexpr,
-    PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, HAS_DST_BATCH: tl.constexpr, BF16_BY_HAND: tl.constexpr,
-    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+    src_ptr,
+    dst_ptr,
+    cos_ptr,
+    sin_ptr,
+    start_ptr,
+    dst_batch_ptr,
+    block_table_ptr,
+    stride_src_b,
+    stride_src_s,
+    stride_src_h,
+    stride_src_d,
+    stride_dst_b,
+    stride_dst_s,
+    stride_dst_h,
+    stride_dst_d,
+    stride_cos_s,
+    stride_cos_d,
+    stride_sin_s,
+    stride_sin_d,
+    stride_start,
+    stride_dst_batch,
+    stride_block_table_b,
+    stride_block_table_p,
+    seqlen_new,
+    num_heads,
+    head_dim,
+    rotary_seqlen,
+    capacity,
+    num_pages,
+    ROTARY_DIM: tl.constexpr,
+    INTERLEAVED: tl.constexpr,
+    PER_TOKEN: tl.constexpr,
+    TO_CACHE: tl.constexpr,
+    PAGED: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    HAS_DST_BATCH: tl.constexpr,
+    BF16_BY_HAND: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_D: tl.constexpr,
 ):
     """One (sequence b, new token i) row of every head: ``src[b, i]`` ``[H, D]``, rotated at position
     ``start[b] + i`` (``start[b]`` without PER_TOKEN) over its first ROTARY_DIM features, stored to ``dst[b, i]``
@@ -79,8 +110,9 @@ def _rotary_copy_kernel(
         column = frequency.to(tl.int64)
         cos = tl.load(cos_ptr + table_row * stride_cos_s + column * stride_cos_d, mask=rotates, other=1.0)
         sin = tl.load(sin_ptr + table_row * stride_sin_s + column * stride_sin_d, mask=rotates, other=0.0)
-        x_partner = tl.load(src_row + partner.to(tl.int64) * stride_src_d,
-                            mask=valid & rotates & (partner < head_dim), other=0.0).to(tl.float32)
+        x_partner = tl.load(
+            src_row + partner.to(tl.int64) * stride_src_d, mask=valid & rotates & (partner < head_dim), other=0.0
+        ).to(tl.float32)
         x = x * cos.to(tl.float32) + sign * x_partner * sin.to(tl.float32)
     if TO_CACHE:
         positions = tl.zeros((1, 1), tl.int32) + position  # [1, 1]: the interpreter takes no scalar mask
@@ -88,11 +120,13 @@ def _rotary_copy_kernel(
         keep = valid & in_cache
         if PAGED:
             page_slot = (positions // PAGE_SIZE).to(tl.int64)
-            page = tl.load(block_table_ptr + b.to(tl.int64) * stride_block_table_b + page_slot * stride_block_table_p,
-                           mask=in_cache, other=0)
+            page = tl.load(
+                block_table_ptr + b.to(tl.int64) * stride_block_table_b + page_slot * stride_block_table_p,
+                mask=in_cache,
+                other=0,
+            )
             page = tl.minimum(tl.maximum(page, 0), num_pages - 1)
-            dst_row = (dst_ptr + page.to(tl.int64) * stride_dst_b
-                       + (positions % PAGE_SIZE).to(tl.int64) * stride_dst_s)
+            dst_row = dst_ptr + page.to(tl.int64) * stride_dst_b + (positions % PAGE_SIZE).to(tl.int64) * stride_dst_s
         else:
             cache_b = tl.load(dst_batch_ptr + b.to(tl.int64) * stride_dst_batch) if HAS_DST_BATCH else b
             cache_b = tl.minimum(tl.maximum(cache_b, 0), num_pages - 1)  # num_pages: the cache's sequences
@@ -107,41 +141,108 @@ def _rotary_copy_kernel(
 _PLANS = PlanCache("kv_append")
 
 
-def _launch(src, dst, cos, sin, start, dst_batch, block_table, interleaved, per_token, to_cache, paged,
-            page_size, capacity, num_pages):
+def _launch(
+    src,
+    dst,
+    cos,
+    sin,
+    start,
+    dst_batch,
+    block_table,
+    interleaved,
+    per_token,
+    to_cache,
+    paged,
+    page_size,
+    capacity,
+    num_pages,
+):
     batch, seqlen_new, num_heads, head_dim = src.shape
     if batch * seqlen_new == 0 or num_heads * head_dim == 0:
         return
     if to_cache and (capacity <= 0 or num_pages <= 0):  # every position is past the cache: nothing is written
         return
     dummy = start  # pointers the compiled variant never reads
-    tensors = (src, dst, cos if cos is not None else dummy, sin if sin is not None else dummy, start,
-               dst_batch if dst_batch is not None else dummy, block_table if block_table is not None else dummy)
-    key, bound = _PLANS.lookup(src, dst, cos, sin, start, dst_batch, block_table, interleaved, per_token, to_cache,
-                               paged, page_size, capacity, num_pages)
+    tensors = (
+        src,
+        dst,
+        cos if cos is not None else dummy,
+        sin if sin is not None else dummy,
+        start,
+        dst_batch if dst_batch is not None else dummy,
+        block_table if block_table is not None else dummy,
+    )
+    key, bound = _PLANS.lookup(
+        src,
+        dst,
+        cos,
+        sin,
+        start,
+        dst_batch,
+        block_table,
+        interleaved,
+        per_token,
+        to_cache,
+        paged,
+        page_size,
+        capacity,
+        num_pages,
+    )
     if bound is None:
-        bound = _PLANS.put(key, _bind(tensors, cos, sin, dst_batch, block_table, interleaved, per_token, to_cache,
-                                      paged, page_size, capacity, num_pages))
+        bound = _PLANS.put(
+            key,
+            _bind(
+                tensors,
+                cos,
+                sin,
+                dst_batch,
+                block_table,
+                interleaved,
+                per_token,
+                to_cache,
+                paged,
+                page_size,
+                capacity,
+                num_pages,
+            ),
+        )
     bound(*tensors)
 
 
-def _bind(tensors, cos, sin, dst_batch, block_table, interleaved, per_token, to_cache, paged, page_size, capacity,
-          num_pages) -> BoundKernel:
+def _bind(
+    tensors, cos, sin, dst_batch, block_table, interleaved, per_token, to_cache, paged, page_size, capacity, num_pages
+) -> BoundKernel:
     """The copy kernel's launch for the signature of ``tensors`` (its seven pointer arguments), compiled once."""
     src, dst, _, _, start, _, _ = tensors
     batch, seqlen_new, num_heads, head_dim = src.shape
     rotary_dim = 0 if cos is None else 2 * cos.shape[1]
     table_strides = (0, 0, 0, 0) if cos is None else (*cos.stride(), *sin.stride())
     return bind(
-        _rotary_copy_kernel, (batch * seqlen_new,), *tensors,
-        *src.stride(), *dst.stride(), *table_strides, start.stride(0),
+        _rotary_copy_kernel,
+        (batch * seqlen_new,),
+        *tensors,
+        *src.stride(),
+        *dst.stride(),
+        *table_strides,
+        start.stride(0),
         dst_batch.stride(0) if dst_batch is not None else 0,
         *(block_table.stride() if block_table is not None else (0, 0)),
-        seqlen_new, num_heads, head_dim, cos.shape[0] if cos is not None else 1, capacity, num_pages,
-        ROTARY_DIM=rotary_dim, INTERLEAVED=interleaved, PER_TOKEN=per_token, TO_CACHE=to_cache, PAGED=paged,
-        PAGE_SIZE=page_size, HAS_DST_BATCH=dst_batch is not None,
+        seqlen_new,
+        num_heads,
+        head_dim,
+        cos.shape[0] if cos is not None else 1,
+        capacity,
+        num_pages,
+        ROTARY_DIM=rotary_dim,
+        INTERLEAVED=interleaved,
+        PER_TOKEN=per_token,
+        TO_CACHE=to_cache,
+        PAGED=paged,
+        PAGE_SIZE=page_size,
+        HAS_DST_BATCH=dst_batch is not None,
         BF16_BY_HAND=interpreting() and dst.dtype == torch.bfloat16,
-        BLOCK_H=triton.next_power_of_2(num_heads), BLOCK_D=triton.next_power_of_2(head_dim),
+        BLOCK_H=triton.next_power_of_2(num_heads),
+        BLOCK_D=triton.next_power_of_2(head_dim),
         num_warps=1 if interpreting() else 4,
     )
 
@@ -156,8 +257,10 @@ def check_rotary_tables(cos, sin, head_dim: int, cos_name: str = "cos", sin_name
     """
     for name, table in ((cos_name, cos), (sin_name, sin)):
         if not isinstance(table, torch.Tensor) or table.dtype not in (torch.float16, torch.bfloat16, torch.float32):
-            raise TypeError(f"{name} must be a float16, bfloat16 or float32 tensor [seqlen_ro, rotary_dim / 2], "
-                            f"got {getattr(table, 'dtype', type(table).__name__)}")
+            raise TypeError(
+                f"{name} must be a float16, bfloat16 or float32 tensor [seqlen_ro, rotary_dim / 2], "
+                f"got {getattr(table, 'dtype', type(table).__name__)}"
+            )
         if table.dim() != 2:
             raise ValueError(f"{name} must be 2-D [seqlen_ro, rotary_dim / 2], got shape {tuple(table.shape)}")
     if sin.shape != cos.shape:
@@ -171,12 +274,15 @@ def check_rotary_tables(cos, sin, head_dim: int, cos_name: str = "cos", sin_name
 
 def _check_positions(name: str, tensor, batch: int) -> None:
     if not isinstance(tensor, torch.Tensor) or tensor.dtype != torch.int32 or tensor.shape != (batch,):
-        raise ValueError(f"{name} must be an int32 tensor [{batch}], got "
-                         f"{getattr(tensor, 'dtype', type(tensor).__name__)} {tuple(getattr(tensor, 'shape', ()))}")
+        raise ValueError(
+            f"{name} must be an int32 tensor [{batch}], got "
+            f"{getattr(tensor, 'dtype', type(tensor).__name__)} {tuple(getattr(tensor, 'shape', ()))}"
+        )
 
 
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, start: torch.Tensor, interleaved: bool,
-                 per_token: bool) -> torch.Tensor:
+def apply_rotary(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, start: torch.Tensor, interleaved: bool, per_token: bool
+) -> torch.Tensor:
     """``x`` ``[B, S, H, D]`` rotated at positions ``start[b] + i`` (``start[b]`` for every token without
     ``per_token``): a new contiguous tensor of x's shape and dtype. ``start`` int32 ``[B]``; cos / sin
     ``[seqlen_ro, R / 2]`` (:func:`check_rotary_tables`). Any strides.
@@ -193,9 +299,17 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, start: t
     return out
 
 
-def append_to_cache(new: torch.Tensor, cache: torch.Tensor, start: torch.Tensor, *, cos=None, sin=None,
-                    interleaved: bool = True, cache_batch_idx: torch.Tensor | None = None,
-                    block_table: torch.Tensor | None = None) -> None:
+def append_to_cache(
+    new: torch.Tensor,
+    cache: torch.Tensor,
+    start: torch.Tensor,
+    *,
+    cos=None,
+    sin=None,
+    interleaved: bool = True,
+    cache_batch_idx: torch.Tensor | None = None,
+    block_table: torch.Tensor | None = None,
+) -> None:
     """Writes ``new`` ``[B, S_new, Hkv, D]`` (rotated when ``cos`` / ``sin`` are given) into ``cache`` in place,
     token i of sequence b at position ``start[b] + i``: a dense cache ``[B_cache, S, Hkv, D]`` (sequence
     ``cache_batch_idx[b]``, default b) or pages ``[num_pages, page_size, Hkv, D]`` through ``block_table``
@@ -209,21 +323,51 @@ def append_to_cache(new: torch.Tensor, cache: torch.Tensor, start: torch.Tensor,
             not int32 ``[B]``, ``block_table`` not int32 ``[B, max_pages]``, bad rotary tables).
     """
     if new.dim() != 4 or cache.dim() != 4 or new.shape[2:] != cache.shape[2:]:
-        raise ValueError(f"new [B, S_new, Hkv, D] {tuple(new.shape)} does not fit cache [.., .., Hkv, D] "
-                         f"{tuple(cache.shape)}")
+        raise ValueError(
+            f"new [B, S_new, Hkv, D] {tuple(new.shape)} does not fit cache [.., .., Hkv, D] {tuple(cache.shape)}"
+        )
     batch = new.shape[0]
     _check_positions("start", start, batch)
     if cos is not None:
         check_rotary_tables(cos, sin, new.shape[-1])
     if block_table is not None:
         if block_table.dtype != torch.int32 or block_table.dim() != 2 or block_table.shape[0] != batch:
-            raise ValueError(f"block_table must be int32 [{batch}, max_pages], got {block_table.dtype} "
-                             f"{tuple(block_table.shape)}")
+            raise ValueError(
+                f"block_table must be int32 [{batch}, max_pages], got {block_table.dtype} {tuple(block_table.shape)}"
+            )
         page_size = cache.shape[1]
-        _launch(new, cache, cos, sin, start, None, block_table, interleaved, True, True, True, page_size,
-                block_table.shape[1] * page_size, cache.shape[0])
+        _launch(
+            new,
+            cache,
+            cos,
+            sin,
+            start,
+            None,
+            block_table,
+            interleaved,
+            True,
+            True,
+            True,
+            page_size,
+            block_table.shape[1] * page_size,
+            cache.shape[0],
+        )
     else:
         if cache_batch_idx is not None:
             _check_positions("cache_batch_idx", cache_batch_idx, batch)
-        _launch(new, cache, cos, sin, start, cache_batch_idx, None, interleaved, True, True, False, 1,
-                cache.shape[1], cache.shape[0])
+        _launch(
+            new,
+            cache,
+            cos,
+            sin,
+            start,
+            cache_batch_idx,
+            None,
+            interleaved,
+            True,
+            True,
+            False,
+            1,
+            cache.shape[1],
+            cache.shape[0],
+        )

@@ -1,12 +1,22 @@
 """How the attention kernels see the call's tensors: the layout facts a plan is made on (which tensors TMA reads in
 place, whether K/V are token rows, how far the pages reach), and the per-call views every launch takes (strides as
 (batch, token, head), the paged metadata with the strides the kernels read, one-element dummies)."""
+
 from __future__ import annotations
 
 import torch
 
-__all__ = ["tma_ready", "kv_token_rows", "last_offset", "read_extent", "token_rows", "token_row_descriptor",
-           "strides3", "paged_metadata", "dummy"]
+__all__ = [
+    "tma_ready",
+    "kv_token_rows",
+    "last_offset",
+    "read_extent",
+    "token_rows",
+    "token_row_descriptor",
+    "strides3",
+    "paged_metadata",
+    "dummy",
+]
 
 
 def tma_ready(t: torch.Tensor) -> bool:
@@ -17,8 +27,15 @@ def tma_ready(t: torch.Tensor) -> bool:
         t = t.unsqueeze(0)
     batch_stride, token_stride, head_stride, unit = t.stride()
     size = t.element_size()
-    return (unit == 1 and head_stride == t.shape[3] and token_stride > 0 and batch_stride > 0
-            and (token_stride * size) % 16 == 0 and (batch_stride * size) % 16 == 0 and t.data_ptr() % 16 == 0)
+    return (
+        unit == 1
+        and head_stride == t.shape[3]
+        and token_stride > 0
+        and batch_stride > 0
+        and (token_stride * size) % 16 == 0
+        and (batch_stride * size) % 16 == 0
+        and t.data_ptr() % 16 == 0
+    )
 
 
 def kv_token_rows(k: torch.Tensor, v: torch.Tensor, ragged: bool) -> bool:
@@ -30,8 +47,14 @@ def kv_token_rows(k: torch.Tensor, v: torch.Tensor, ragged: bool) -> bool:
         row_stride = t.stride(-3)
         rows = t.shape[0] if ragged else t.shape[0] * t.shape[1]
         evenly_spaced = ragged or t.shape[0] == 1 or t.stride(0) == t.shape[1] * row_stride
-        if (rows == 0 or t.stride(-1) != 1 or t.stride(-2) != head_dim or not evenly_spaced
-                or (row_stride * t.element_size()) % 16 or t.data_ptr() % 16):
+        if (
+            rows == 0
+            or t.stride(-1) != 1
+            or t.stride(-2) != head_dim
+            or not evenly_spaced
+            or (row_stride * t.element_size()) % 16
+            or t.data_ptr() % 16
+        ):
             return False
     return True
 

@@ -36,6 +36,7 @@ Tiles that the window / chunk / causal bounds hide completely are skipped by the
 they show completely run without any per-element masking. A ``mask_mod`` is opaque, so with one every
 tile inside those bounds is masked per element.
 """
+
 from __future__ import annotations
 
 import math
@@ -48,8 +49,18 @@ import triton.language as tl
 
 from ..launch import value_key
 
-__all__ = ["SlidingWindow", "Chunked", "ScoreMod", "softcap", "alibi", "MaskSpec", "ScoreModSpec",
-           "resolve_mask", "resolve_score_mod", "UNBOUNDED"]
+__all__ = [
+    "SlidingWindow",
+    "Chunked",
+    "ScoreMod",
+    "softcap",
+    "alibi",
+    "MaskSpec",
+    "ScoreModSpec",
+    "resolve_mask",
+    "resolve_score_mod",
+    "UNBOUNDED",
+]
 
 # A window side or chunk size that never binds: no sequence holds 2**30 keys, and pos +- UNBOUNDED + 1
 # stays inside int32 for every position |pos| < 2**30. Larger values are clamped to it.
@@ -152,6 +163,7 @@ def _jit_function_types() -> tuple:
     types = [triton.runtime.JITFunction]
     try:  # what @triton.jit returns under TRITON_INTERPRET=1
         from triton.runtime.interpreter import InterpretedFunction
+
         types.append(InterpretedFunction)
     except ImportError:
         pass
@@ -252,7 +264,8 @@ def resolve_mask(causal: bool, mask) -> MaskSpec:
         else:
             raise TypeError(
                 "mask must be None, SlidingWindow, Chunked, a @triton.jit mask_mod(b, h, q_idx, kv_idx), "
-                f"or a tuple of those; got {type(part).__name__}")
+                f"or a tuple of those; got {type(part).__name__}"
+            )
     left = right = UNBOUNDED
     if window is not None:
         left, right = _clamp_size(window.left), _clamp_size(window.right)
@@ -260,8 +273,10 @@ def resolve_mask(causal: bool, mask) -> MaskSpec:
         right = min(right, 0)
     return MaskSpec(
         has_window=min(left, right) < UNBOUNDED,
-        window_left=left, window_right=right,
-        has_chunk=chunk is not None, chunk_size=_clamp_size(chunk.size) if chunk is not None else 1,
+        window_left=left,
+        window_right=right,
+        has_chunk=chunk is not None,
+        chunk_size=_clamp_size(chunk.size) if chunk is not None else 1,
         mask_mod=mask_mod,
     )
 
@@ -278,12 +293,14 @@ def resolve_score_mod(score_mod) -> ScoreModSpec:
         return ScoreModSpec(kind=SCORE_MOD_USER, fn=score_mod)
     raise TypeError(
         "score_mod must be None, softcap(c), alibi(slopes) or a @triton.jit score_mod(score, b, h, q_idx, kv_idx); "
-        f"got {type(score_mod).__name__}")
+        f"got {type(score_mod).__name__}"
+    )
 
 
 # ---------------------------------------------------------------------------------------------
 # Fused device code
 # ---------------------------------------------------------------------------------------------
+
 
 @triton.jit
 def tanh_via_exp2(x):
@@ -292,8 +309,18 @@ def tanh_via_exp2(x):
 
 
 @triton.jit
-def apply_score_mod(scores, batch, heads, q_idx, kv_idx, q_pos, softcap_value, alibi_slopes,
-                    SCORE_MOD_KIND: tl.constexpr, SCORE_MOD: tl.constexpr):
+def apply_score_mod(
+    scores,
+    batch,
+    heads,
+    q_idx,
+    kv_idx,
+    q_pos,
+    softcap_value,
+    alibi_slopes,
+    SCORE_MOD_KIND: tl.constexpr,
+    SCORE_MOD: tl.constexpr,
+):
     """scores ``[M, N]`` float32 (natural units) -> modified scores. ``heads``/``q_idx``/``q_pos``/
     ``alibi_slopes`` are ``[M, 1]``, ``kv_idx`` ``[1, N]``."""
     if SCORE_MOD_KIND == "softcap":
@@ -307,9 +334,22 @@ def apply_score_mod(scores, batch, heads, q_idx, kv_idx, q_pos, softcap_value, a
 
 
 @triton.jit
-def visible_mask(batch, heads, q_idx, kv_idx, q_pos, kv_raw, seqlen_k, window_left, window_right, chunk_size,
-                 HAS_WINDOW: tl.constexpr, HAS_CHUNK: tl.constexpr, HAS_MASK_MOD: tl.constexpr,
-                 MASK_MOD: tl.constexpr):
+def visible_mask(
+    batch,
+    heads,
+    q_idx,
+    kv_idx,
+    q_pos,
+    kv_raw,
+    seqlen_k,
+    window_left,
+    window_right,
+    chunk_size,
+    HAS_WINDOW: tl.constexpr,
+    HAS_CHUNK: tl.constexpr,
+    HAS_MASK_MOD: tl.constexpr,
+    MASK_MOD: tl.constexpr,
+):
     """bool ``[M, N]``: which (query, key) pairs are visible. ``kv_raw`` is the unclamped key index
     ``[1, N]`` (for the length bound), ``kv_idx`` the clamped one handed to ``MASK_MOD``."""
     visible = (kv_raw < seqlen_k) & (q_pos == q_pos)  # broadcast to [M, N]

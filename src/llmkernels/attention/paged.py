@@ -1,4 +1,5 @@
 """PagedKVCache: K/V in fixed-size pages found through a per-sequence block table (vLLM layout)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -60,23 +61,38 @@ class PagedKVCache:
         if k_pages.dim() != 4:
             raise ValueError(f"PagedKVCache.k_pages must be [num_pages, page_size, Hkv, D], got {tuple(k_pages.shape)}")
         if v_pages.shape != k_pages.shape:
-            raise ValueError(f"PagedKVCache.v_pages shape {tuple(v_pages.shape)} != k_pages shape {tuple(k_pages.shape)}")
+            raise ValueError(
+                f"PagedKVCache.v_pages shape {tuple(v_pages.shape)} != k_pages shape {tuple(k_pages.shape)}"
+            )
         if k_pages.shape[1] not in SUPPORTED_PAGE_SIZES:
-            raise ValueError(f"PagedKVCache page_size (k_pages.shape[1]) must be one of {SUPPORTED_PAGE_SIZES}, "
-                             f"got {k_pages.shape[1]}")
+            raise ValueError(
+                f"PagedKVCache page_size (k_pages.shape[1]) must be one of {SUPPORTED_PAGE_SIZES}, "
+                f"got {k_pages.shape[1]}"
+            )
         if self.block_table.dtype != torch.int32 or self.block_table.dim() != 2:
-            raise TypeError(f"PagedKVCache.block_table must be int32 [B, max_pages], got {self.block_table.dtype} "
-                            f"{tuple(self.block_table.shape)}")
+            raise TypeError(
+                f"PagedKVCache.block_table must be int32 [B, max_pages], got {self.block_table.dtype} "
+                f"{tuple(self.block_table.shape)}"
+            )
         if self.seqlens.dtype != torch.int32 or self.seqlens.dim() != 1:
-            raise TypeError(f"PagedKVCache.seqlens must be int32 [B], got {self.seqlens.dtype} {tuple(self.seqlens.shape)}")
-        if self.starts is not None and (not isinstance(self.starts, torch.Tensor) or self.starts.dtype != torch.int32
-                                        or tuple(self.starts.shape) != tuple(self.seqlens.shape)):
-            raise TypeError(f"PagedKVCache.starts must be None or int32 [B] like seqlens, got "
-                            f"{getattr(self.starts, 'dtype', type(self.starts).__name__)} "
-                            f"{tuple(getattr(self.starts, 'shape', ()))}")
+            raise TypeError(
+                f"PagedKVCache.seqlens must be int32 [B], got {self.seqlens.dtype} {tuple(self.seqlens.shape)}"
+            )
+        if self.starts is not None and (
+            not isinstance(self.starts, torch.Tensor)
+            or self.starts.dtype != torch.int32
+            or tuple(self.starts.shape) != tuple(self.seqlens.shape)
+        ):
+            raise TypeError(
+                f"PagedKVCache.starts must be None or int32 [B] like seqlens, got "
+                f"{getattr(self.starts, 'dtype', type(self.starts).__name__)} "
+                f"{tuple(getattr(self.starts, 'shape', ()))}"
+            )
         if self.seqlens.shape[0] != self.block_table.shape[0]:
-            raise ValueError(f"PagedKVCache.seqlens has {self.seqlens.shape[0]} entries but block_table has "
-                             f"{self.block_table.shape[0]} rows")
+            raise ValueError(
+                f"PagedKVCache.seqlens has {self.seqlens.shape[0]} entries but block_table has "
+                f"{self.block_table.shape[0]} rows"
+            )
         devices = {t.device for t in (k_pages, v_pages, self.block_table, self.seqlens, self.starts) if t is not None}
         if len(devices) != 1:
             raise ValueError(f"PagedKVCache tensors must share one device, got {sorted(map(str, devices))}")

@@ -20,6 +20,7 @@ contiguous in a token row, evenly spaced batches, no keys); the launches take Sk
 (transformers' ``DynamicCache``) thus keeps its plan and its compiled kernels; only the split count, which follows
 the key count, picks among the launches a plan keeps per count.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -43,6 +44,7 @@ def _passes() -> tuple:
     backends = []
     try:  # Gluon's Hopper modules (Triton >= 3.5); without them the portable kernel runs
         from . import gluon_decode, gluon_hopper
+
         backends += [gluon_hopper.BACKEND, gluon_decode.BACKEND]
     except ImportError:
         pass
@@ -51,6 +53,7 @@ def _passes() -> tuple:
 
 PASSES = _passes()
 COMBINE = split_kv.BACKEND
+
 
 def _stride_class(n: int) -> int:
     """What a plan may depend on of a stride it takes per call: 0 and 1 as such (Triton makes 1 a constant),
@@ -73,40 +76,104 @@ def _dense_kv_key(k: torch.Tensor, v: torch.Tensor) -> tuple:
     batch, seqlen, heads, head_dim = k_shape
     kb, ks, kh, kd = k_strides
     alike = v_shape == k_shape and v_strides == k_strides  # the usual case: v's part of the key is k's
-    key = (k.dtype, v.dtype, k.device, v.device, k.requires_grad, v.requires_grad, k.data_ptr() % 16,
-           v.data_ptr() % 16, batch, heads, head_dim, _size_class(seqlen), _stride_class(kb), _stride_class(ks),
-           _stride_class(kh), kd, kh == head_dim, kb == seqlen * ks, alike)
+    key = (
+        k.dtype,
+        v.dtype,
+        k.device,
+        v.device,
+        k.requires_grad,
+        v.requires_grad,
+        k.data_ptr() % 16,
+        v.data_ptr() % 16,
+        batch,
+        heads,
+        head_dim,
+        _size_class(seqlen),
+        _stride_class(kb),
+        _stride_class(ks),
+        _stride_class(kh),
+        kd,
+        kh == head_dim,
+        kb == seqlen * ks,
+        alike,
+    )
     if alike:
         return key
     vb, vs, vh, vd = v_strides
-    return (*key, v_shape[0], v_shape[2], v_shape[3], v_shape[1] == seqlen, _stride_class(vb), _stride_class(vs),
-            _stride_class(vh), vd, vh == head_dim, vb == seqlen * vs)
+    return (
+        *key,
+        v_shape[0],
+        v_shape[2],
+        v_shape[3],
+        v_shape[1] == seqlen,
+        _stride_class(vb),
+        _stride_class(vs),
+        _stride_class(vh),
+        vd,
+        vh == head_dim,
+        vb == seqlen * vs,
+    )
 
 
 def _has_mask_tensor(mask) -> bool:
-    return isinstance(mask, torch.Tensor) or (type(mask) in (tuple, list)
-                                              and any(isinstance(part, torch.Tensor) for part in mask))
+    return isinstance(mask, torch.Tensor) or (
+        type(mask) in (tuple, list) and any(isinstance(part, torch.Tensor) for part in mask)
+    )
 
 
-def plan_key(q, k, v, causal, mask, score_mod, sinks, softmax_scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-             max_seqlen_k, kv_cache, num_splits, return_lse, config, validate):
+def plan_key(
+    q,
+    k,
+    v,
+    causal,
+    mask,
+    score_mod,
+    sinks,
+    softmax_scale,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    kv_cache,
+    num_splits,
+    return_lse,
+    config,
+    validate,
+):
     """The plan key of an :func:`~llmkernels.attention.attention` call (arguments in its order), or None for a call
     with an unhashable argument (planned, and checked, every time)."""
     try:
-        if (kv_cache is None and cu_seqlens_k is None and type(k) is torch.Tensor and type(v) is torch.Tensor
-                and k.dim() == 4 and v.dim() == 4 and (mask is None or not _has_mask_tensor(mask))):
+        if (
+            kv_cache is None
+            and cu_seqlens_k is None
+            and type(k) is torch.Tensor
+            and type(v) is torch.Tensor
+            and k.dim() == 4
+            and v.dim() == 4
+            and (mask is None or not _has_mask_tensor(mask))
+        ):
             kv = _dense_kv_key(k, v)
         else:
             kv = (None if k is None else value_key(k), None if v is None else value_key(v))
-        return (torch.is_grad_enabled(), value_key(q), kv, value_key(causal),
-                None if mask is None else value_key(mask), None if score_mod is None else value_key(score_mod),
-                None if sinks is None else value_key(sinks), None if softmax_scale is None else value_key(softmax_scale),
-                None if cu_seqlens_q is None else value_key(cu_seqlens_q),
-                None if cu_seqlens_k is None else value_key(cu_seqlens_k),
-                None if max_seqlen_q is None else value_key(max_seqlen_q),
-                None if max_seqlen_k is None else value_key(max_seqlen_k),
-                None if kv_cache is None else value_key(kv_cache), None if num_splits is None else value_key(num_splits),
-                value_key(return_lse), None if config is None else value_key(config), value_key(validate))
+        return (
+            torch.is_grad_enabled(),
+            value_key(q),
+            kv,
+            value_key(causal),
+            None if mask is None else value_key(mask),
+            None if score_mod is None else value_key(score_mod),
+            None if sinks is None else value_key(sinks),
+            None if softmax_scale is None else value_key(softmax_scale),
+            None if cu_seqlens_q is None else value_key(cu_seqlens_q),
+            None if cu_seqlens_k is None else value_key(cu_seqlens_k),
+            None if max_seqlen_q is None else value_key(max_seqlen_q),
+            None if max_seqlen_k is None else value_key(max_seqlen_k),
+            None if kv_cache is None else value_key(kv_cache),
+            None if num_splits is None else value_key(num_splits),
+            value_key(return_lse),
+            None if config is None else value_key(config),
+            value_key(validate),
+        )
     except TypeError:
         return None
 
@@ -122,8 +189,11 @@ class _Launches:
         self.combine = COMBINE.launch(call, tiles) if COMBINE.supports(call, tiles) else None
         self.partial_shapes = None
         if self.combine is not None:
-            lse_shape = (tiles.num_splits, call.num_q_heads, q_shape[0]) if call.ragged else (
-                tiles.num_splits, q_shape[0], call.num_q_heads, q_shape[1])
+            lse_shape = (
+                (tiles.num_splits, call.num_q_heads, q_shape[0])
+                if call.ragged
+                else (tiles.num_splits, q_shape[0], call.num_q_heads, q_shape[1])
+            )
             self.partial_shapes = ((tiles.num_splits, *q_shape), lse_shape)
 
 
@@ -139,9 +209,15 @@ class Plan:
         self.empty = 0 in q_shape or call.batch == 0 or call.q_bound == 0
         split = attention_config.splits_kv(call.q_bound, call.num_splits)
         if config is None:
-            config = default_config(call.head_dim, call.dtype, call.device, decode=split,
-                                    num_q_heads=call.num_q_heads, num_kv_heads=call.num_kv_heads,
-                                    visible_band=call.mask_spec.visible_band)
+            config = default_config(
+                call.head_dim,
+                call.dtype,
+                call.device,
+                decode=split,
+                num_q_heads=call.num_q_heads,
+                num_kv_heads=call.num_kv_heads,
+                visible_band=call.mask_spec.visible_band,
+            )
         self.config = config
         self.tiles = attention_config.tiling(config, split, call.q_bound, call.group, call.batch, call.num_kv_heads)
         # A split call's split count follows the key count (and, under a window, whether a query sees every key
@@ -164,8 +240,9 @@ class Plan:
         call, tiles = self.call, self.tiles
         whole = self._sees_every_key(kv_bound)
         if tiles.split:
-            num_splits = attention_config.split_count(tiles, max(1, cdiv(kv_bound, tiles.config.BN)), call.num_splits,
-                                                      num_programs_hint(call.device))
+            num_splits = attention_config.split_count(
+                tiles, max(1, cdiv(kv_bound, tiles.config.BN)), call.num_splits, num_programs_hint(call.device)
+            )
             tiles = dataclasses.replace(tiles, num_splits=num_splits)
         launches = self.by_splits.get((tiles.num_splits, whole))
         if launches is None:
@@ -199,8 +276,9 @@ class Plan:
             o_partial = runtime.new_buffer(launches.partial_shapes[0], torch.float32, self.device)
             lse_partial = runtime.new_buffer(launches.partial_shapes[1], torch.float32, self.device)
         slopes = score_mod.slopes if self.has_slopes else None
-        launches.run(q, k, v, kv_cache, cu_seqlens_q, cu_seqlens_k, sinks, slopes, attn_mask, out, lse, o_partial,
-                     lse_partial)
+        launches.run(
+            q, k, v, kv_cache, cu_seqlens_q, cu_seqlens_k, sinks, slopes, attn_mask, out, lse, o_partial, lse_partial
+        )
         if launches.combine is not None:
             launches.combine(o_partial, lse_partial, out, lse, sinks)
         return (out, lse) if self.return_lse else out

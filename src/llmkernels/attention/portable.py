@@ -1,6 +1,7 @@
 """The portable backend: :func:`kernel.attention_fwd_kernel` on any GPU and in the interpreter, every call the
 Gluon backends do not take (the last of the plan's list). One pass, or the split pass of split-KV whose partials
 the combine backend (:mod:`split_kv`) merges."""
+
 from __future__ import annotations
 
 import torch
@@ -17,8 +18,16 @@ __all__ = ["BACKEND", "Portable", "TYPE_NAMES"]
 
 TYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 # integer arguments a typical launch does not see divisible by 16 (what an ahead-of-time compile assumes)
-UNALIGNED = ("group", "num_splits", "num_kv_heads", "num_head_programs", "window_left", "window_right", "chunk_size",
-             "num_pages")
+UNALIGNED = (
+    "group",
+    "num_splits",
+    "num_kv_heads",
+    "num_head_programs",
+    "window_left",
+    "window_right",
+    "chunk_size",
+    "num_pages",
+)
 # dense K/V: what a cache growing by a token per call changes, passed per call (CheckedCall.dynamic_kv)
 PER_CALL = ("stride_kb", "stride_ks", "stride_kh", "stride_vb", "stride_vs", "stride_vh", "seqlen_k_dense")
 
@@ -41,36 +50,73 @@ class Portable:
     def tma_kv(self, call: CheckedCall, tiles: Tiling) -> bool:
         """Whether the launch reads K and V's fully visible band through tensor descriptors: ``config.tma_kv``, K/V
         token rows (dense or ragged), D a power of two, on sm90+ (or the interpreter)."""
-        return (tiles.config.tma_kv and not call.paged and call.kv_token_rows
-                and call.head_dim == next_power_of_2(call.head_dim) and _tma_capable(call.device))
+        return (
+            tiles.config.tma_kv
+            and not call.paged
+            and call.kv_token_rows
+            and call.head_dim == next_power_of_2(call.head_dim)
+            and _tma_capable(call.device)
+        )
 
     def spec(self, call: CheckedCall, tiles: Tiling) -> KernelSpec:
         config, spec, partials, paged = tiles.config, call.mask_spec, tiles.partials, call.paged
         tma = self.tma_kv(call, tiles)
         constexprs = dict(
-            HEAD_DIM=call.head_dim, HEAD_DIM_PAD=next_power_of_2(call.head_dim), BLOCK_Q=tiles.block_q,
-            HEADS_PER_TILE=tiles.heads_per_tile, BLOCK_N=config.BN, NUM_Q_TILES=tiles.num_q_tiles,
-            RAGGED_Q=call.ragged, RAGGED_K=call.ragged and not paged, PAGED=paged,
+            HEAD_DIM=call.head_dim,
+            HEAD_DIM_PAD=next_power_of_2(call.head_dim),
+            BLOCK_Q=tiles.block_q,
+            HEADS_PER_TILE=tiles.heads_per_tile,
+            BLOCK_N=config.BN,
+            NUM_Q_TILES=tiles.num_q_tiles,
+            RAGGED_Q=call.ragged,
+            RAGGED_K=call.ragged and not paged,
+            PAGED=paged,
             PAGE_SIZE=call.page_size if paged else 16,
-            HAS_WINDOW=spec.has_window, HAS_CHUNK=spec.has_chunk,
-            HAS_MASK_MOD=spec.mask_mod is not None, MASK_MOD=spec.mask_mod,
-            SCORE_MOD_KIND=call.mod_spec.kind, SCORE_MOD=call.mod_spec.fn,
-            HAS_SINKS=call.has_sinks and not partials, SPLIT=partials, RETURN_LSE=call.return_lse and not partials,
+            HAS_WINDOW=spec.has_window,
+            HAS_CHUNK=spec.has_chunk,
+            HAS_MASK_MOD=spec.mask_mod is not None,
+            MASK_MOD=spec.mask_mod,
+            SCORE_MOD_KIND=call.mod_spec.kind,
+            SCORE_MOD=call.mod_spec.fn,
+            HAS_SINKS=call.has_sinks and not partials,
+            SPLIT=partials,
+            RETURN_LSE=call.return_lse and not partials,
             REVERSE_Q_BLOCKS=spec.has_window and not tiles.split,
-            RESCALE_THRESHOLD=config.rescale_threshold, POLY_EXP2_FRACTION=config.poly_exp2_fraction, TMA_KV=tma,
-            UPCAST=interpreting(), KV_STARTS=call.kv_starts, MASK_TENSOR=call.mask_kind,
-            PAGE_OFFSETS_64=paged and call.page_offsets_64)
+            RESCALE_THRESHOLD=config.rescale_threshold,
+            POLY_EXP2_FRACTION=config.poly_exp2_fraction,
+            TMA_KV=tma,
+            UPCAST=interpreting(),
+            KV_STARTS=call.kv_starts,
+            MASK_TENSOR=call.mask_kind,
+            PAGE_OFFSETS_64=paged and call.page_offsets_64,
+        )
         data = "*" + TYPE_NAMES[call.dtype]
         arg_types = {name: "*i32" for name in self.kernel.arg_names if name.endswith("_ptr")}
-        arg_types.update(q_ptr=data, k_ptr=data, v_ptr=data, out_ptr="*fp32" if partials else data, lse_ptr="*fp32",
-                         sinks_ptr="*fp32", alibi_slopes_ptr="*fp32", softmax_scale="fp32", softcap_value="fp32",
-                         k_desc=data, v_desc=data)
+        arg_types.update(
+            q_ptr=data,
+            k_ptr=data,
+            v_ptr=data,
+            out_ptr="*fp32" if partials else data,
+            lse_ptr="*fp32",
+            sinks_ptr="*fp32",
+            alibi_slopes_ptr="*fp32",
+            softmax_scale="fp32",
+            softcap_value="fp32",
+            k_desc=data,
+            v_desc=data,
+        )
         if tma:
             block = f"tensordesc<{TYPE_NAMES[call.dtype]}[{config.BN},{call.head_dim}]>"
             arg_types.update(k_desc=block, v_desc=block)
-        return KernelSpec(self.kernel, tiles.grid, constexprs,
-                          dict(num_warps=config.num_warps, num_stages=config.num_kv_stages), arg_types, UNALIGNED,
-                          PER_CALL if call.dynamic_kv else ())
+        return KernelSpec(
+            self.kernel,
+            tiles.grid,
+            constexprs,
+            dict(num_warps=config.num_warps, num_stages=config.num_kv_stages),
+            arg_types,
+            UNALIGNED,
+            PER_CALL if call.dynamic_kv else (),
+        )
 
     def launch(self, call: CheckedCall, tiles: Tiling) -> PortableLaunch:
         return PortableLaunch(call, tiles, self.spec(call, tiles))
@@ -94,8 +140,9 @@ class PortableLaunch:
         # one-element tensors for the pointers a compiled variant never reads (shared, never written)
         self.dummies = (dummy(call.device, torch.int32), dummy(call.device, torch.float32))
 
-    def __call__(self, q, k, v, kv_cache, cu_seqlens_q, cu_seqlens_k, sinks, slopes, attn_mask, out, lse, o_partial,
-                 lse_partial) -> None:
+    def __call__(
+        self, q, k, v, kv_cache, cu_seqlens_q, cu_seqlens_k, sinks, slopes, attn_mask, out, lse, o_partial, lse_partial
+    ) -> None:
         # Token / head / batch strides of q, k, v and the pages go to the kernel (zero ones included); a head dim
         # that is not unit-stride is copied. The kernel reads metadata vectors as dense: views of other strides
         # are copied (a few bytes, no sync).
@@ -119,18 +166,53 @@ class PortableLaunch:
         else:
             target_out, target_lse = out, lse if lse is not None else float_dummy
         if not self.dynamic:
-            values = (q, k, v, target_out, target_lse, cu_seqlens_q.contiguous() if self.ragged else int_dummy,
-                      cu_seqlens_k.contiguous() if self.ragged and not self.paged else int_dummy,
-                      seqlens, kv_starts, block_table, sinks, slopes, attn_mask, k, v)
+            values = (
+                q,
+                k,
+                v,
+                target_out,
+                target_lse,
+                cu_seqlens_q.contiguous() if self.ragged else int_dummy,
+                cu_seqlens_k.contiguous() if self.ragged and not self.paged else int_dummy,
+                seqlens,
+                kv_starts,
+                block_table,
+                sinks,
+                slopes,
+                attn_mask,
+                k,
+                v,
+            )
         else:  # dense K/V: their strides and key count, and the descriptors' rows (B * Skv), vary per call
             (batch, seqlen, heads, head_dim), k_strides, v_strides = k.shape, k.stride(), v.stride()
             k_desc, v_desc = k, v
             if self.tma:
                 rows = (batch * seqlen, heads * head_dim)
                 k_desc, v_desc = (k, rows, (k_strides[1], 1)), (v, rows, (v_strides[1], 1))
-            values = (q, k, v, target_out, target_lse, int_dummy, int_dummy, int_dummy, int_dummy, int_dummy, sinks,
-                      slopes, attn_mask, k_desc, v_desc, k_strides[0], k_strides[1], k_strides[2], v_strides[0],
-                      v_strides[1], v_strides[2], seqlen)
+            values = (
+                q,
+                k,
+                v,
+                target_out,
+                target_lse,
+                int_dummy,
+                int_dummy,
+                int_dummy,
+                int_dummy,
+                int_dummy,
+                sinks,
+                slopes,
+                attn_mask,
+                k_desc,
+                v_desc,
+                k_strides[0],
+                k_strides[1],
+                k_strides[2],
+                v_strides[0],
+                v_strides[1],
+                v_strides[2],
+                seqlen,
+            )
         (self.bound or self._bind(values, out, lse))(*values)
 
     def _bind(self, values, out, lse) -> BoundKernel:
@@ -148,11 +230,15 @@ class PortableLaunch:
         attn_mask = values[12]  # [B|1, Hq|1, Sq|1, Skv|1]: a size-1 dim broadcasts with stride 0
         mask_strides = (0, 0, 0, 0)
         if call.mask_kind != "none":
-            mask_strides = tuple(0 if size == 1 else stride
-                                 for size, stride in zip(attn_mask.shape, attn_mask.stride()))
+            mask_strides = tuple(
+                0 if size == 1 else stride for size, stride in zip(attn_mask.shape, attn_mask.stride())
+            )
         if self.tma:
-            pointers = (*values[:13], token_row_descriptor(k, ragged, self.block_n),
-                        token_row_descriptor(v, ragged, self.block_n))
+            pointers = (
+                *values[:13],
+                token_row_descriptor(k, ragged, self.block_n),
+                token_row_descriptor(v, ragged, self.block_n),
+            )
         else:
             pointers = values[:15]
         # out / lse strides as (b, token, head) and (b, head, token); ragged has no batch stride
@@ -165,10 +251,30 @@ class PortableLaunch:
             stride_target_o, stride_target_lse, stride_o_split, stride_lse_split = stride_o, stride_lse, 0, 0
         spec = call.mask_spec
         self.bound = self.spec.bind(
-            *pointers, *strides3(q, ragged), *stride_k, *stride_v,
-            *stride_target_o, stride_o_split, *stride_target_lse, stride_lse_split,
-            stride_block_table, *mask_strides,
-            0 if ragged else q.shape[1], seqlen_k_dense, q.shape[0], k.shape[0], num_pages, paged_seqlen_bound,
-            call.num_kv_heads, call.group, tiles.num_splits, tiles.num_head_programs,
-            float(call.softmax_scale), spec.window_left, spec.window_right, spec.chunk_size, float(call.mod_spec.cap))
+            *pointers,
+            *strides3(q, ragged),
+            *stride_k,
+            *stride_v,
+            *stride_target_o,
+            stride_o_split,
+            *stride_target_lse,
+            stride_lse_split,
+            stride_block_table,
+            *mask_strides,
+            0 if ragged else q.shape[1],
+            seqlen_k_dense,
+            q.shape[0],
+            k.shape[0],
+            num_pages,
+            paged_seqlen_bound,
+            call.num_kv_heads,
+            call.group,
+            tiles.num_splits,
+            tiles.num_head_programs,
+            float(call.softmax_scale),
+            spec.window_left,
+            spec.window_right,
+            spec.chunk_size,
+            float(call.mod_spec.cap),
+        )
         return self.bound

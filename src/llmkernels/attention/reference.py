@@ -2,6 +2,7 @@
 
 Slow and simple on purpose: one sequence at a time, the full score matrix, ``torch.logsumexp``.
 """
+
 from __future__ import annotations
 
 import math
@@ -58,8 +59,22 @@ def paged_to_dense(kv_cache: PagedKVCache, batch: int, length: int, start: int =
     return k, v
 
 
-def attention_reference(q, k, v, *, causal=False, mask=None, score_mod=None, sinks=None, softmax_scale=None,
-                        cu_seqlens_q=None, cu_seqlens_k=None, kv_cache=None, return_lse=False, **_ignored):
+def attention_reference(
+    q,
+    k,
+    v,
+    *,
+    causal=False,
+    mask=None,
+    score_mod=None,
+    sinks=None,
+    softmax_scale=None,
+    cu_seqlens_q=None,
+    cu_seqlens_k=None,
+    kv_cache=None,
+    return_lse=False,
+    **_ignored,
+):
     """Same arguments and conventions as :func:`llmkernels.attention`; returns float32 ``out`` (q's shape)
     and, with ``return_lse``, the float32 natural-log LSE ``[B, Hq, Sq]`` (ragged ``[Hq, total_q]``).
 
@@ -88,20 +103,18 @@ def attention_reference(q, k, v, *, causal=False, mask=None, score_mod=None, sin
         batch = q.shape[0]
     if kv_cache is None and ragged:
         starts_k = cu_seqlens_k.tolist()
-    seqlens_cache = (kv_cache.seqlens.clamp(0, kv_cache.max_seqlen_bound).tolist() if kv_cache is not None
-                     else None)
-    starts_cache = (kv_cache.starts.tolist() if kv_cache is not None and kv_cache.starts is not None
-                    else [0] * batch)
+    seqlens_cache = kv_cache.seqlens.clamp(0, kv_cache.max_seqlen_bound).tolist() if kv_cache is not None else None
+    starts_cache = kv_cache.starts.tolist() if kv_cache is not None and kv_cache.starts is not None else [0] * batch
 
     out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
     lse_shape = (num_q_heads, q.shape[0]) if ragged else (q.shape[0], num_q_heads, q.shape[1])
     lse = torch.full(lse_shape, float("-inf"), dtype=torch.float32, device=q.device)
     for b in range(batch):
-        qb = q[starts_q[b]:starts_q[b + 1]] if ragged else q[b]
+        qb = q[starts_q[b] : starts_q[b + 1]] if ragged else q[b]
         if kv_cache is not None:
             kb, vb = paged_to_dense(kv_cache, b, seqlens_cache[b], min(max(starts_cache[b], 0), seqlens_cache[b]))
         elif ragged:
-            kb, vb = k[starts_k[b]:starts_k[b + 1]], v[starts_k[b]:starts_k[b + 1]]
+            kb, vb = k[starts_k[b] : starts_k[b + 1]], v[starts_k[b] : starts_k[b + 1]]
         else:
             kb, vb = k[b], v[b]
         seqlen_q, seqlen_k = qb.shape[0], kb.shape[0]
@@ -109,10 +122,10 @@ def attention_reference(q, k, v, *, causal=False, mask=None, score_mod=None, sin
             continue
         group = num_q_heads // kb.shape[1]
         # dense copies: the matmuls' rounding must not depend on the strides of the caller's views
-        qf = qb.float().transpose(0, 1).contiguous()                                   # [Hq, Sq, D]
-        kf = kb.float().repeat_interleave(group, dim=1).transpose(0, 1).contiguous()   # [Hq, Skv, D]
+        qf = qb.float().transpose(0, 1).contiguous()  # [Hq, Sq, D]
+        kf = kb.float().repeat_interleave(group, dim=1).transpose(0, 1).contiguous()  # [Hq, Skv, D]
         vf = vb.float().repeat_interleave(group, dim=1).transpose(0, 1).contiguous()
-        scores = torch.matmul(qf, kf.transpose(1, 2)) * scale            # [Hq, Sq, Skv]
+        scores = torch.matmul(qf, kf.transpose(1, 2)) * scale  # [Hq, Sq, Skv]
         heads = torch.arange(num_q_heads, device=q.device).view(-1, 1, 1)
         q_idx = torch.arange(seqlen_q, device=q.device).view(1, -1, 1)
         kv_idx = torch.arange(seqlen_k, device=q.device).view(1, 1, -1)
@@ -130,15 +143,20 @@ def attention_reference(q, k, v, *, causal=False, mask=None, score_mod=None, sin
             if spec.window_left < UNBOUNDED:
                 visible &= kv_idx >= pos - spec.window_left
         if spec.has_chunk:
-            visible &= (pos >= 0) & (torch.div(pos, spec.chunk_size, rounding_mode="floor")
-                                     == torch.div(kv_idx, spec.chunk_size, rounding_mode="floor"))
+            visible &= (pos >= 0) & (
+                torch.div(pos, spec.chunk_size, rounding_mode="floor")
+                == torch.div(kv_idx, spec.chunk_size, rounding_mode="floor")
+            )
         if user_mask is not None:
             visible &= user_mask(b, heads, q_idx, kv_idx).bool()
         if attn_mask is not None:  # SDPA's attn_mask, broadcast to [B, Hq, Sq, Skv]
             full = mask_tensor_4d(attn_mask)
             mask_b = full[b if full.shape[0] > 1 else 0]
-            mask_b = mask_b.expand(num_q_heads, seqlen_q, full.shape[-1])[:, :, :seqlen_k] if full.shape[-1] > 1 \
+            mask_b = (
+                mask_b.expand(num_q_heads, seqlen_q, full.shape[-1])[:, :, :seqlen_k]
+                if full.shape[-1] > 1
                 else mask_b.expand(num_q_heads, seqlen_q, seqlen_k)
+            )
             if attn_mask.dtype == torch.bool:
                 visible &= mask_b
             else:
@@ -147,14 +165,14 @@ def attention_reference(q, k, v, *, causal=False, mask=None, score_mod=None, sin
         logits = scores
         if sinks is not None:
             logits = torch.cat([scores, sinks.float().view(-1, 1, 1).expand(-1, seqlen_q, 1)], dim=-1)
-        row_lse = torch.logsumexp(logits, dim=-1)                          # [Hq, Sq]
+        row_lse = torch.logsumexp(logits, dim=-1)  # [Hq, Sq]
         empty = torch.isneginf(row_lse)  # fully masked rows: output 0; NaN scores propagate
         probs = torch.exp(scores - torch.where(empty, 0.0, row_lse).unsqueeze(-1))
         probs = torch.where(empty.unsqueeze(-1), 0.0, probs)
-        ob = torch.matmul(probs, vf).transpose(0, 1)                       # [Sq, Hq, D]
+        ob = torch.matmul(probs, vf).transpose(0, 1)  # [Sq, Hq, D]
         if ragged:
-            out[starts_q[b]:starts_q[b + 1]] = ob
-            lse[:, starts_q[b]:starts_q[b + 1]] = row_lse
+            out[starts_q[b] : starts_q[b + 1]] = ob
+            lse[:, starts_q[b] : starts_q[b + 1]] = row_lse
         else:
             out[b] = ob
             lse[b] = row_lse

@@ -1,4 +1,5 @@
 """quantize(): checks its input and launches the Triton quantize kernel."""
+
 from __future__ import annotations
 
 import math
@@ -115,9 +116,21 @@ class _Plan:
         block_rows, block_cols, num_warps = QUANTIZE_TILE
         grid = (triton.cdiv(self.num_rows, block_rows), triton.cdiv(self.num_cols, block_cols))
         self.bound = bind(
-            kernel.quantize_kernel, grid, *pointers, x2d.stride(0), self.num_rows, x2d.shape[0], self.num_cols,
-            ELEMENT=spec.element, SCALE=spec.scale, SCALE_BLOCK=spec.block, EMAX=spec.emax,
-            GATHER=self.gather, BLOCK_ROWS=block_rows, BLOCK_COLS=block_cols, num_warps=num_warps,
+            kernel.quantize_kernel,
+            grid,
+            *pointers,
+            x2d.stride(0),
+            self.num_rows,
+            x2d.shape[0],
+            self.num_cols,
+            ELEMENT=spec.element,
+            SCALE=spec.scale,
+            SCALE_BLOCK=spec.block,
+            EMAX=spec.emax,
+            GATHER=self.gather,
+            BLOCK_ROWS=block_rows,
+            BLOCK_COLS=block_cols,
+            num_warps=num_warps,
         )
         return self.bound
 
@@ -142,8 +155,10 @@ def check_quantize(x, format, global_scale, scale_layout, group_offsets, rows):
         raise ValueError(f"scale_layout={layout.name!r} pads scales per group: it needs group_offsets")
     if not layout.holds(format) or dims < layout.min_dims:
         held = "" if layout.formats is None else " and ".join(sorted(layout.formats)) + " "
-        raise ValueError(f"scale_layout={layout!r} holds {held}tensors of at least {layout.min_dims} dims, got "
-                         f"{format} of shape {tuple(x.shape)}")
+        raise ValueError(
+            f"scale_layout={layout!r} holds {held}tensors of at least {layout.min_dims} dims, got "
+            f"{format} of shape {tuple(x.shape)}"
+        )
     if global_scale is not None:
         if not spec.has_global_scale:
             raise ValueError(f"global_scale is for nvfp4 only, not {format}")
@@ -151,8 +166,9 @@ def check_quantize(x, format, global_scale, scale_layout, group_offsets, rows):
             raise ValueError("global_scale must be a tensor of one element")
     if rows is not None:
         if not isinstance(rows, torch.Tensor) or rows.dtype not in (torch.int32, torch.int64) or rows.dim() != 1:
-            raise TypeError(f"rows must be an int32/int64 [R] tensor, "
-                            f"got {getattr(rows, 'dtype', type(rows).__name__)}")
+            raise TypeError(
+                f"rows must be an int32/int64 [R] tensor, got {getattr(rows, 'dtype', type(rows).__name__)}"
+            )
         if x.dim() != 2 or (x.shape[0] == 0 and rows.shape[0] > 0):
             raise ValueError(f"rows needs a 2D x with rows to pick from, got shape {tuple(x.shape)}")
     check_device(x=x, global_scale=global_scale, rows=rows, group_offsets=group_offsets)

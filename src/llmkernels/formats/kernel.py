@@ -1,6 +1,7 @@
 """Triton code of the block-scaled formats: quantize, the element and scale decoders, and the tile loads and
 dequantize that the matmul kernels share (with the A pre-pass, :func:`upcast_rows_kernel`). The device side of each
 scale layout is its module's in ``formats/layouts/``."""
+
 import triton
 import triton.language as tl
 
@@ -77,8 +78,14 @@ def decode_e2m1_pairs_bf16(packed, scale):
     where the float32 decode takes about 10. Exact: an e2m1 value times a power of two or an e4m3 scale
     has at most 5 significant bits, and ``x·s + (−0)`` keeps the sign of a zero.
     """
-    return tl.inline_asm_elementwise(_E2M1_TO_BF16X2_PTX, "=r,=r,=r,=r,r,r,r", [packed, scale],
-                                     dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
+    return tl.inline_asm_elementwise(
+        _E2M1_TO_BF16X2_PTX,
+        "=r,=r,=r,=r,r,r,r",
+        [packed, scale],
+        dtype=(tl.bfloat16, tl.bfloat16),
+        is_pure=True,
+        pack=4,
+    )
 
 
 @triton.jit
@@ -139,10 +146,22 @@ def _encode_e2m1(scaled):
 
 @triton.jit
 def quantize_kernel(
-    x_ptr, data_ptr, scales_ptr, global_scale_ptr, source_rows_ptr,
-    stride_x_row, num_rows, num_x_rows, num_cols,
-    ELEMENT: tl.constexpr, SCALE: tl.constexpr, SCALE_BLOCK: tl.constexpr, EMAX: tl.constexpr,
-    GATHER: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr,
+    x_ptr,
+    data_ptr,
+    scales_ptr,
+    global_scale_ptr,
+    source_rows_ptr,
+    stride_x_row,
+    num_rows,
+    num_x_rows,
+    num_cols,
+    ELEMENT: tl.constexpr,
+    SCALE: tl.constexpr,
+    SCALE_BLOCK: tl.constexpr,
+    EMAX: tl.constexpr,
+    GATHER: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr,
+    BLOCK_COLS: tl.constexpr,
 ):
     """Quantizes ``num_rows`` rows of x ``[num_x_rows, num_cols]`` (row stride ``stride_x_row``, unit
     column stride): row r of the output is x's row r, or with GATHER x's row ``source_rows[r]``
@@ -161,8 +180,11 @@ def quantize_kernel(
     if GATHER:
         x_rows = tl.load(source_rows_ptr + rows64, mask=row_ok, other=0).to(tl.int64)
         x_rows = tl.minimum(tl.maximum(x_rows, 0), num_x_rows - 1)
-    x = tl.load(x_ptr + x_rows[:, None] * stride_x_row + cols[None, :],
-                mask=row_ok[:, None] & (cols < num_cols)[None, :], other=0.0).to(tl.float32)
+    x = tl.load(
+        x_ptr + x_rows[:, None] * stride_x_row + cols[None, :],
+        mask=row_ok[:, None] & (cols < num_cols)[None, :],
+        other=0.0,
+    ).to(tl.float32)
     blocks = tl.reshape(x, (BLOCK_ROWS, SCALES_PER_TILE, SCALE_BLOCK))
     # max over the magnitudes' bits: for non-negative floats integer order is float order, and a NaN
     # (bits above inf) wins, where a float max would skip it (the block's scale must become NaN).
@@ -193,21 +215,30 @@ def quantize_kernel(
         scaled = tl.reshape(scaled, (BLOCK_ROWS, BLOCK_COLS))
         values = _round_to_e4m3(scaled).to(tl.float8e4nv).to(tl.uint8, bitcast=True)
         values = tl.where(scaled == scaled, values, 0x7F)  # NaN as the cast writes it (not every backend does)
-        tl.store(data_ptr + rows64[:, None] * num_cols + cols[None, :], values,
-                 mask=row_ok[:, None] & (cols < num_cols)[None, :])
+        tl.store(
+            data_ptr + rows64[:, None] * num_cols + cols[None, :],
+            values,
+            mask=row_ok[:, None] & (cols < num_cols)[None, :],
+        )
     else:
         scaled = tl.clamp(scaled, -6.0, 6.0, propagate_nan=tl.PropagateNan.ALL)
         codes = tl.reshape(_encode_e2m1(scaled), (BLOCK_ROWS, BLOCK_COLS // 2, 2))
         even, odd = tl.split(codes)
         packed = (even | (odd << 4)).to(tl.uint8)
         byte_cols = tl.program_id(1) * (BLOCK_COLS // 2) + tl.arange(0, BLOCK_COLS // 2)
-        tl.store(data_ptr + rows64[:, None] * (num_cols // 2) + byte_cols[None, :], packed,
-                 mask=row_ok[:, None] & (byte_cols < num_cols // 2)[None, :])
+        tl.store(
+            data_ptr + rows64[:, None] * (num_cols // 2) + byte_cols[None, :],
+            packed,
+            mask=row_ok[:, None] & (byte_cols < num_cols // 2)[None, :],
+        )
 
     scale_cols = tl.program_id(1) * SCALES_PER_TILE + tl.arange(0, SCALES_PER_TILE)
     num_scale_cols = num_cols // SCALE_BLOCK
-    tl.store(scales_ptr + rows64[:, None] * num_scale_cols + scale_cols[None, :], scale_bits.to(tl.uint8),
-             mask=row_ok[:, None] & (scale_cols < num_scale_cols)[None, :])
+    tl.store(
+        scales_ptr + rows64[:, None] * num_scale_cols + scale_cols[None, :],
+        scale_bits.to(tl.uint8),
+        mask=row_ok[:, None] & (scale_cols < num_scale_cols)[None, :],
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -225,14 +256,22 @@ def load_operand_tile(data_ptr, row_offsets, row_mask, k_start, K, ELEMENT: tl.c
     else:
         cols = k_start + tl.arange(0, BLOCK_K)
         col_mask = cols < K
-    return tl.load(data_ptr + row_offsets[:, None] + cols[None, :],
-                   mask=row_mask[:, None] & col_mask[None, :], other=0)
+    return tl.load(data_ptr + row_offsets[:, None] + cols[None, :], mask=row_mask[:, None] & col_mask[None, :], other=0)
 
 
 @triton.jit
-def load_scales(scales_ptr, scale_row_base, row_mask, k_start, K,
-                 SCALE: tl.constexpr, SCALE_BLOCK: tl.constexpr, SCALE_COLS: tl.constexpr,
-                 SCALE_WORDS: tl.constexpr, BLOCK_K: tl.constexpr):
+def load_scales(
+    scales_ptr,
+    scale_row_base,
+    row_mask,
+    k_start,
+    K,
+    SCALE: tl.constexpr,
+    SCALE_BLOCK: tl.constexpr,
+    SCALE_COLS: tl.constexpr,
+    SCALE_WORDS: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
     """Scale bits ``[rows, BLOCK_K / SCALE_BLOCK]`` (uint8); 1.0 where masked. ``scale_row_base``: each row's byte
     offset of its first scale; ``SCALE_COLS``: the layout's ``scale_cols`` (a column's offset from there).
 
@@ -263,8 +302,17 @@ def load_scales(scales_ptr, scale_row_base, row_mask, k_start, K,
 
 
 @triton.jit
-def dequantize_tile(data, scale_bits, ELEMENT: tl.constexpr, SCALE: tl.constexpr, SCALE_BLOCK: tl.constexpr,
-                ROWS: tl.constexpr, BLOCK_K: tl.constexpr, COMPUTE_DTYPE: tl.constexpr, PACKED_DECODE: tl.constexpr):
+def dequantize_tile(
+    data,
+    scale_bits,
+    ELEMENT: tl.constexpr,
+    SCALE: tl.constexpr,
+    SCALE_BLOCK: tl.constexpr,
+    ROWS: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    COMPUTE_DTYPE: tl.constexpr,
+    PACKED_DECODE: tl.constexpr,
+):
     """Raw tile → ``[ROWS, BLOCK_K]`` in COMPUTE_DTYPE. Exact: an e2m1 or e4m3 value times an e8m0 or
     e4m3 scale has at most 6 significant bits, which bf16 and fp16 hold. With PACKED_DECODE (bf16 on an
     NVIDIA GPU) e2m1 bytes are decoded and scaled in bf16 pairs by :func:`decode_e2m1_pairs_bf16`."""
@@ -293,9 +341,22 @@ def dequantize_tile(data, scale_bits, ELEMENT: tl.constexpr, SCALE: tl.constexpr
 
 @triton.jit
 def upcast_rows_kernel(
-    data_ptr, scales_ptr, out_ptr, stride_data_row, stride_scale_row, stride_out_row, num_rows, K,
-    ELEMENT: tl.constexpr, SCALE: tl.constexpr, SCALE_BLOCK: tl.constexpr, SCALE_ROWS: tl.constexpr,
-    SCALE_COLS: tl.constexpr, PACKED_DECODE: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_K: tl.constexpr,
+    data_ptr,
+    scales_ptr,
+    out_ptr,
+    stride_data_row,
+    stride_scale_row,
+    stride_out_row,
+    num_rows,
+    K,
+    ELEMENT: tl.constexpr,
+    SCALE: tl.constexpr,
+    SCALE_BLOCK: tl.constexpr,
+    SCALE_ROWS: tl.constexpr,
+    SCALE_COLS: tl.constexpr,
+    PACKED_DECODE: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr,
+    BLOCK_K: tl.constexpr,
 ):
     """The grouped matmul's A pre-pass: quantized A ``[num_rows, K]`` (e4m3 data, or packed e2m1 bytes
     ``[num_rows, K / 2]``; scales in a layout of ungrouped rows, whose ``token_scale_rows`` and ``scale_cols`` are
@@ -308,10 +369,13 @@ def upcast_rows_kernel(
     k_start = tl.program_id(1) * BLOCK_K
     scale_rows, _ = SCALE_ROWS(rows, row_mask, 0, 0, scales_ptr, stride_scale_row, 0, K, SCALE_BLOCK)
     data = load_operand_tile(data_ptr, rows * stride_data_row, row_mask, k_start, K, ELEMENT, BLOCK_K)
-    scale_bits = load_scales(scales_ptr, scale_rows, row_mask, k_start, K, SCALE, SCALE_BLOCK, SCALE_COLS, False,
-                              BLOCK_K)
-    values = dequantize_tile(data, scale_bits, ELEMENT, SCALE, SCALE_BLOCK, BLOCK_ROWS, BLOCK_K, out_ptr.dtype.element_ty,
-                         PACKED_DECODE)
+    scale_bits = load_scales(
+        scales_ptr, scale_rows, row_mask, k_start, K, SCALE, SCALE_BLOCK, SCALE_COLS, False, BLOCK_K
+    )
+    values = dequantize_tile(
+        data, scale_bits, ELEMENT, SCALE, SCALE_BLOCK, BLOCK_ROWS, BLOCK_K, out_ptr.dtype.element_ty, PACKED_DECODE
+    )
     cols = k_start + tl.arange(0, BLOCK_K)
-    tl.store(out_ptr + rows[:, None] * stride_out_row + cols[None, :], values,
-             mask=row_mask[:, None] & (cols < K)[None, :])
+    tl.store(
+        out_ptr + rows[:, None] * stride_out_row + cols[None, :], values, mask=row_mask[:, None] & (cols < K)[None, :]
+    )

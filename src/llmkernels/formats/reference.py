@@ -2,6 +2,7 @@
 
 These are the oracle for the Triton quantize kernel and for the matmul tests; they compute in float32.
 """
+
 from __future__ import annotations
 
 import math
@@ -148,8 +149,8 @@ def dequantize(x: ScaledTensor) -> torch.Tensor:
     values = torch.empty(data.shape[0], k, dtype=torch.float32, device=data.device)
     rows_per_chunk = max(1, (1 << 24) // max(k, 1))
     for start in range(0, data.shape[0], rows_per_chunk):
-        chunk = data[start:start + rows_per_chunk]
+        chunk = data[start : start + rows_per_chunk]
         decoded = decode_e2m1(_unpack_e2m1(chunk)) if spec.packed else chunk.float()
-        blocks = decoded.view(decoded.shape[0], -1, spec.block) * scale[start:start + rows_per_chunk, :, None]
-        values[start:start + rows_per_chunk] = blocks.view(decoded.shape[0], k)
+        blocks = decoded.view(decoded.shape[0], -1, spec.block) * scale[start : start + rows_per_chunk, :, None]
+        values[start : start + rows_per_chunk] = blocks.view(decoded.shape[0], k)
     return values.reshape(x.shape)

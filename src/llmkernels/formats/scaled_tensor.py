@@ -1,4 +1,5 @@
 """ScaledTensor: quantized data with its block scales."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -10,8 +11,14 @@ from ..runtime import describe
 from .layouts import BLOCKED, HOPPER, ROW, SCALE_LAYOUTS, Layout, as_layout, check_group_offsets
 from .spec import FormatSpec, format_spec
 
-__all__ = ["ScaledTensor", "SCALE_LAYOUTS", "HOPPER_FORMATS", "PLAIN_FORMATS", "scaled_tensor_parts",
-           "scaled_tensor_from_parts"]
+__all__ = [
+    "ScaledTensor",
+    "SCALE_LAYOUTS",
+    "HOPPER_FORMATS",
+    "PLAIN_FORMATS",
+    "scaled_tensor_parts",
+    "scaled_tensor_from_parts",
+]
 
 HOPPER_FORMATS = tuple(sorted(HOPPER.formats))  # what the hopper layout holds (e2m1 data)
 PLAIN_FORMATS = ("bf16", "fp16")  # what scaled_tensor_parts calls a plain bf16 / fp16 tensor
@@ -83,8 +90,10 @@ class ScaledTensor:
         if grouped and layout is BLOCKED:  # "128x4" with group offsets: its per-group padding
             layout = self.scale_layout = as_layout(layout, grouped=True)
         if self.logical_shape is not None and not layout.rearranges_data:
-            raise ValueError(f"logical_shape goes with a layout that rearranges the data ({HOPPER!r}, which holds "
-                             f"{' and '.join(HOPPER_FORMATS)}); got {self.format} with scale_layout={layout!r}")
+            raise ValueError(
+                f"logical_shape goes with a layout that rearranges the data ({HOPPER!r}, which holds "
+                f"{' and '.join(HOPPER_FORMATS)}); got {self.format} with scale_layout={layout!r}"
+            )
         layout.check_dims(self)
         if spec.has_global_scale:
             gs = self.global_scale
@@ -92,18 +101,29 @@ class ScaledTensor:
                 raise TypeError(f"nvfp4 needs global_scale, a float32 tensor of one element, got {describe(gs)}")
         elif self.global_scale is not None:
             raise ValueError(f"{self.format} has no global_scale")
-        if (grouped or layout.grouped) and (not layout.grouped or self.data.dim() != 2 or self.group_offsets is None
-                                            or self.group_scale_offsets is None):
+        if (grouped or layout.grouped) and (
+            not layout.grouped or self.data.dim() != 2 or self.group_offsets is None or self.group_scale_offsets is None
+        ):
             raise ValueError("group_offsets and group_scale_offsets go together, on a 2D tensor with 128x4 scales")
         if grouped:
             offsets, scale_offsets = self.group_offsets, self.group_scale_offsets
             check_group_offsets(offsets)
-            if (not isinstance(scale_offsets, torch.Tensor) or scale_offsets.dtype != torch.int32
-                    or tuple(scale_offsets.shape) != (offsets.numel() - 1,)):
-                raise TypeError(f"group_scale_offsets must be an int32 [G] tensor with G = {offsets.numel() - 1}, "
-                                f"got {describe(scale_offsets)}")
-        parts = {"data": self.data, "scales": self.scales, "global_scale": self.global_scale,
-                 "group_offsets": self.group_offsets, "group_scale_offsets": self.group_scale_offsets}
+            if (
+                not isinstance(scale_offsets, torch.Tensor)
+                or scale_offsets.dtype != torch.int32
+                or tuple(scale_offsets.shape) != (offsets.numel() - 1,)
+            ):
+                raise TypeError(
+                    f"group_scale_offsets must be an int32 [G] tensor with G = {offsets.numel() - 1}, "
+                    f"got {describe(scale_offsets)}"
+                )
+        parts = {
+            "data": self.data,
+            "scales": self.scales,
+            "global_scale": self.global_scale,
+            "group_offsets": self.group_offsets,
+            "group_scale_offsets": self.group_scale_offsets,
+        }
         devices = {name: t.device for name, t in parts.items() if t is not None}
         if len(set(devices.values())) > 1:
             raise ValueError(f"ScaledTensor parts must share one device, got {devices}")
@@ -112,19 +132,35 @@ class ScaledTensor:
         layout.check_scales(self)
 
     @classmethod
-    def unchecked(cls, data, scales, format, global_scale=None, scale_layout=ROW.name, group_offsets=None,
-                  group_scale_offsets=None, logical_shape=None) -> ScaledTensor:
+    def unchecked(
+        cls,
+        data,
+        scales,
+        format,
+        global_scale=None,
+        scale_layout=ROW.name,
+        group_offsets=None,
+        group_scale_offsets=None,
+        logical_shape=None,
+    ) -> ScaledTensor:
         """A ScaledTensor from parts a kernel just made to fit (no :meth:`validate`: the hot path of
         :func:`llmkernels.quantize`). While torch.compile traces, the checked constructor (what Dynamo reads
         best; tracing costs nothing at run time)."""
         if torch.compiler.is_compiling():
-            return cls(data, scales, format, global_scale, scale_layout, group_offsets, group_scale_offsets,
-                       logical_shape)
+            return cls(
+                data, scales, format, global_scale, scale_layout, group_offsets, group_scale_offsets, logical_shape
+            )
         tensor = object.__new__(cls)
-        tensor.__dict__.update(data=data, scales=scales, format=format, global_scale=global_scale,
-                               scale_layout=as_layout(scale_layout, grouped=group_offsets is not None),
-                               group_offsets=group_offsets, group_scale_offsets=group_scale_offsets,
-                               logical_shape=logical_shape)
+        tensor.__dict__.update(
+            data=data,
+            scales=scales,
+            format=format,
+            global_scale=global_scale,
+            scale_layout=as_layout(scale_layout, grouped=group_offsets is not None),
+            group_offsets=group_offsets,
+            group_scale_offsets=group_scale_offsets,
+            logical_shape=logical_shape,
+        )
         return tensor
 
     def plan_key(self) -> tuple:
@@ -134,8 +170,15 @@ class ScaledTensor:
         layout = self.scale_layout.plan_key()
         if optional == (None, None, None, None):  # the common case, spelled out: this runs on every call
             return "ScaledTensor", self.format, layout, value_key(self.data), value_key(self.scales)
-        return ("ScaledTensor", self.format, layout, value_key(self.data), value_key(self.scales),
-                *map(value_key, optional[:3]), self.logical_shape)
+        return (
+            "ScaledTensor",
+            self.format,
+            layout,
+            value_key(self.data),
+            value_key(self.scales),
+            *map(value_key, optional[:3]),
+            self.logical_shape,
+        )
 
     @property
     def spec(self) -> FormatSpec:
@@ -185,8 +228,16 @@ class ScaledTensor:
         if target is ROW:
             return ScaledTensor(data, row_scales, self.format, self.global_scale)
         parts = target.pack(data, row_scales, self.spec, tuple(self.shape), group_offsets)
-        return ScaledTensor(parts.data, parts.scales, self.format, self.global_scale, target, parts.group_offsets,
-                            parts.group_scale_offsets, parts.logical_shape)
+        return ScaledTensor(
+            parts.data,
+            parts.scales,
+            self.format,
+            self.global_scale,
+            target,
+            parts.group_offsets,
+            parts.group_scale_offsets,
+            parts.logical_shape,
+        )
 
 
 def scaled_tensor_parts(x) -> tuple:
@@ -195,13 +246,22 @@ def scaled_tensor_parts(x) -> tuple:
     layout's name; ``shape`` its logical shape as a list), or of a plain bf16/fp16 tensor (format
     ``"bf16"``/``"fp16"``, no scales)."""
     if isinstance(x, ScaledTensor):
-        return (x.data.view(torch.uint8), x.scales.view(torch.uint8), x.global_scale, x.format, x.scale_layout.name,
-                x.group_offsets, x.group_scale_offsets, list(x.shape))
+        return (
+            x.data.view(torch.uint8),
+            x.scales.view(torch.uint8),
+            x.global_scale,
+            x.format,
+            x.scale_layout.name,
+            x.group_offsets,
+            x.group_scale_offsets,
+            list(x.shape),
+        )
     return x, None, None, "fp16" if x.dtype == torch.float16 else "bf16", ROW.name, None, None, list(x.shape)
 
 
-def scaled_tensor_from_parts(data, scales, global_scale, format, scale_layout=ROW, group_offsets=None,
-                             group_scale_offsets=None, shape=None):
+def scaled_tensor_from_parts(
+    data, scales, global_scale, format, scale_layout=ROW, group_offsets=None, group_scale_offsets=None, shape=None
+):
     """The inverse of :func:`scaled_tensor_parts` (data and scales may be any same-size view; ``shape`` is
     read for a layout that rearranges the data only)."""
     if format in PLAIN_FORMATS:
@@ -209,5 +269,13 @@ def scaled_tensor_from_parts(data, scales, global_scale, format, scale_layout=RO
     spec = format_spec(format)
     layout = as_layout(scale_layout, grouped=group_offsets is not None)
     logical_shape = tuple(int(d) for d in shape) if layout.rearranges_data else None
-    return ScaledTensor(data.view(spec.data_dtype), scales.view(spec.scale_dtype), format, global_scale,
-                        layout, group_offsets, group_scale_offsets, logical_shape)
+    return ScaledTensor(
+        data.view(spec.data_dtype),
+        scales.view(spec.scale_dtype),
+        format,
+        global_scale,
+        layout,
+        group_offsets,
+        group_scale_offsets,
+        logical_shape,
+    )

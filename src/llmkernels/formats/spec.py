@@ -1,4 +1,5 @@
 """The block-scaled formats: element type, scale type and block size of each."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

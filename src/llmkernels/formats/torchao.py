@@ -10,6 +10,7 @@ scale gets a new one-element global scale of 1.0, and a 3D swizzled tensor whose
 (``x.t()``, ``transpose(-2, -1)``) blocks along its second-to-last dim, which a ScaledTensor cannot express:
 :func:`from_torchao` refuses it. torchao is imported only by :func:`to_torchao`.
 """
+
 from __future__ import annotations
 
 import math
@@ -48,8 +49,10 @@ def _format(x) -> str:
     elements = {torch.float8_e4m3fn: "mxfp8", torch.float4_e2m1fn_x2: "mxfp4"}
     fmt = elements.get(x.elem_dtype)
     if fmt is None or x.block_size != 32:
-        raise ValueError(f"x: an MXTensor of elem_dtype {x.elem_dtype} and block_size {x.block_size}: only "
-                         f"float8_e4m3fn (mxfp8) and float4_e2m1fn_x2 (mxfp4) in blocks of 32 map to a ScaledTensor")
+        raise ValueError(
+            f"x: an MXTensor of elem_dtype {x.elem_dtype} and block_size {x.block_size}: only "
+            f"float8_e4m3fn (mxfp8) and float4_e2m1fn_x2 (mxfp4) in blocks of 32 map to a ScaledTensor"
+        )
     return fmt
 
 
@@ -79,7 +82,8 @@ def _check_not_transposed(x, spec: FormatSpec) -> None:
         raise ValueError(
             f"x: a transposed {_torchao_class(x)} of shape {tuple(x.shape)}: its blocks run along dim {x.dim() - 2}, "
             f"and a ScaledTensor blocks along the last dim. Quantize the tensor in the orientation it is read "
-            f"(e.g. MXTensor.to_mx(w.t().contiguous(), ...)), or pass the untransposed one")
+            f"(e.g. MXTensor.to_mx(w.t().contiguous(), ...)), or pass the untransposed one"
+        )
 
 
 def _global_scale(x, device: torch.device) -> torch.Tensor:
@@ -87,15 +91,18 @@ def _global_scale(x, device: torch.device) -> torch.Tensor:
     if per_tensor is None:
         return torch.ones(1, dtype=torch.float32, device=device)
     if per_tensor.numel() != 1:
-        raise ValueError(f"x: an NVFP4Tensor with a per_tensor_scale of shape {tuple(per_tensor.shape)} (one per "
-                         f"expert): a ScaledTensor holds one global scale; convert each expert's slice")
+        raise ValueError(
+            f"x: an NVFP4Tensor with a per_tensor_scale of shape {tuple(per_tensor.shape)} (one per "
+            f"expert): a ScaledTensor holds one global scale; convert each expert's slice"
+        )
     return per_tensor.float().reshape(1)
 
 
 def _wrong_scale_count(scales: torch.Tensor, expected: int, shape: tuple, swizzled: bool) -> ValueError:
     layout = "swizzled" if swizzled else "row"
-    return ValueError(f"x: its {layout} scale holds {scales.numel()} scales, but data of logical shape {shape} "
-                      f"needs {expected}")
+    return ValueError(
+        f"x: its {layout} scale holds {scales.numel()} scales, but data of logical shape {shape} needs {expected}"
+    )
 
 
 def _swizzled_scales(scales: torch.Tensor, shape: tuple, block: int) -> tuple[torch.Tensor, Layout]:
@@ -168,21 +175,30 @@ def to_torchao(x: ScaledTensor, orig_dtype: torch.dtype = torch.bfloat16):
     from torchao.quantization.quantize_.common.kernel_preference import KernelPreference
 
     if x.scale_layout not in (ROW, BLOCKED) or x.scale_layout.grouped:
-        raise ValueError(f"x: to_torchao takes {ROW} or ungrouped {BLOCKED} scales; convert with to_layout({ROW!r}) "
-                         f"first")
+        raise ValueError(
+            f"x: to_torchao takes {ROW} or ungrouped {BLOCKED} scales; convert with to_layout({ROW!r}) first"
+        )
     if x.format == "nvfp4" and x.dim() < 2:
         raise ValueError(f"x: an NVFP4Tensor has at least 2 dims, got logical shape {tuple(x.shape)}")
     swizzled = x.scale_layout is BLOCKED
     if swizzled and x.dim() > 2 and x.shape[-2] % TILE_ROWS:
-        raise ValueError(f"x: 128x4 scales of logical shape {tuple(x.shape)}: torchao tiles the rows of all its "
-                         f"matrices as one, which are per-matrix tiles only for rows in multiples of {TILE_ROWS}; "
-                         f"convert with to_layout({ROW!r}) first")
+        raise ValueError(
+            f"x: 128x4 scales of logical shape {tuple(x.shape)}: torchao tiles the rows of all its "
+            f"matrices as one, which are per-matrix tiles only for rows in multiples of {TILE_ROWS}; "
+            f"convert with to_layout({ROW!r}) first"
+        )
     data, scales = x.data.contiguous(), x.scales.contiguous()
     if swizzled:  # torchao keeps the tiles as [..., row_tiles * 32, col_tiles * 16]
         *lead, row_tiles, col_tiles, _, _ = scales.shape
         scales = scales.reshape(*lead, row_tiles * 32, col_tiles * 16)
     if x.format == "nvfp4":
-        return NVFP4Tensor(data, scales, block_size=16, orig_dtype=orig_dtype,
-                           per_tensor_scale=x.global_scale.reshape(()), is_swizzled_scales=swizzled)
+        return NVFP4Tensor(
+            data,
+            scales,
+            block_size=16,
+            orig_dtype=orig_dtype,
+            per_tensor_scale=x.global_scale.reshape(()),
+            is_swizzled_scales=swizzled,
+        )
     elem_dtype = torch.float8_e4m3fn if x.format == "mxfp8" else torch.float4_e2m1fn_x2
     return MXTensor(data, scales, elem_dtype, 32, orig_dtype, KernelPreference.EMULATED, None, swizzled)

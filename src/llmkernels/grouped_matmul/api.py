@@ -1,5 +1,6 @@
 """grouped_matmul(): validates its inputs once (``check``), plans the launches by signature (``plan``, which picks a
 backend per launch) and runs them."""
+
 from __future__ import annotations
 
 import torch
@@ -80,8 +81,7 @@ def grouped_matmul(
     a, b = unwrap_torchao(a), unwrap_torchao(b)
     key, plan = PLANS.lookup(a, b, a_offsets, expert_ids, expert_scales, epilogue, bias, out_dtype, out, config)
     if plan is None:
-        call = check_grouped_matmul(a, b, a_offsets, expert_ids, expert_scales, epilogue, out_dtype, out, config,
-                                    bias)
+        call = check_grouped_matmul(a, b, a_offsets, expert_ids, expert_scales, epilogue, out_dtype, out, config, bias)
         plan = PLANS.put(key, Plan(call, config))
         out_checked = True
     else:  # where out lies is not part of the signature: the plan checks it again

@@ -1,5 +1,6 @@
 """The checks of :func:`llmkernels.grouped_matmul`: every argument once, before anything launches, and what they found
 (:class:`CheckedCall`, what the plan and its backends are chosen from)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -22,8 +23,17 @@ from ..runtime import (
 from .config import HOPPER_MIN_BLOCK_K, BlockScaledMatmulConfig
 from .epilogue import EPILOGUES, SwiGLU
 
-__all__ = ["Operand", "CheckedCall", "check_grouped_matmul", "check_metadata_values", "operand_tensors",
-           "PLAIN_DTYPES", "OUT_DTYPES", "BIAS_DTYPES", "OFFSET_DTYPES"]
+__all__ = [
+    "Operand",
+    "CheckedCall",
+    "check_grouped_matmul",
+    "check_metadata_values",
+    "operand_tensors",
+    "PLAIN_DTYPES",
+    "OUT_DTYPES",
+    "BIAS_DTYPES",
+    "OFFSET_DTYPES",
+]
 
 BIAS_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 PLAIN_DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
@@ -104,8 +114,9 @@ class CheckedCall:
 
     def described(self) -> CheckedCall:
         """The call without its tensors (what a plan may keep)."""
-        return dataclasses.replace(self, a_offsets=None, expert_ids=None, expert_scales=None, a_scale_offsets=None,
-                                   bias=None)
+        return dataclasses.replace(
+            self, a_offsets=None, expert_ids=None, expert_scales=None, a_scale_offsets=None, bias=None
+        )
 
 
 def operand_tensors(x) -> tuple:
@@ -139,14 +150,18 @@ def _operand(x, name: str, dims: int) -> tuple:
         if x.dim() != dims:
             raise ValueError(f"{name} must be {dims}D, got logical shape {tuple(x.shape)}")
         if x.scale_layout.rearranges_data and name == "a":
-            raise ValueError(f"a is in the {x.scale_layout} layout, a layout of weights: pass a with {ROW} or "
-                             f"128x4 scales")
+            raise ValueError(
+                f"a is in the {x.scale_layout} layout, a layout of weights: pass a with {ROW} or 128x4 scales"
+            )
         data, scales, global_scale = operand_tensors(x)
-        words_aligned = torch.compiler.is_compiling() or (scales.data_ptr() % 4 == 0 and (
-            not x.scale_layout.strided or all(stride % 4 == 0 for stride in scales.stride()[:-1])))
+        words_aligned = torch.compiler.is_compiling() or (
+            scales.data_ptr() % 4 == 0
+            and (not x.scale_layout.strided or all(stride % 4 == 0 for stride in scales.stride()[:-1]))
+        )
         spec = x.spec
-        operand = Operand(spec.element, spec.scale, spec.block, x.scale_layout, x.format, global_scale is not None,
-                          words_aligned)
+        operand = Operand(
+            spec.element, spec.scale, spec.block, x.scale_layout, x.format, global_scale is not None, words_aligned
+        )
         return operand, data, scales, global_scale
     if isinstance(x, torch.Tensor):
         if x.dtype not in PLAIN_DTYPES:
@@ -191,23 +206,30 @@ def _check_hopper_weights(a: Operand, b: Operand, n_out: int, epilogue_kind: str
     ahead to bf16 (row or 128x4 scales), SwiGLU halves on whole row blocks of the layout, K steps of whole
     64-wide chunks, at least 64 weight rows per MMA on the GPU."""
     if a.element == "fp16":
-        raise TypeError(f"b in the {b.scale_layout} layout decodes to bf16: a must be bf16 or a ScaledTensor, not "
-                        f"fp16")
+        raise TypeError(f"b in the {b.scale_layout} layout decodes to bf16: a must be bf16 or a ScaledTensor, not fp16")
     if a.scale_layout.grouped:
-        raise ValueError(f"b in the {b.scale_layout} layout takes a quantized a decoded ahead, which needs {ROW} or "
-                         f"ungrouped 128x4 scales, not scales padded per group")
+        raise ValueError(
+            f"b in the {b.scale_layout} layout takes a quantized a decoded ahead, which needs {ROW} or "
+            f"ungrouped 128x4 scales, not scales padded per group"
+        )
     rows_per_block = b.scale_layout.rows_per_block
     if epilogue_kind == "swiglu" and n_out % rows_per_block:
-        raise ValueError(f"swiglu on b in the {b.scale_layout} layout needs N / 2 to be a multiple of "
-                         f"{rows_per_block} (the layout's row blocks), got N / 2 = {n_out}")
+        raise ValueError(
+            f"swiglu on b in the {b.scale_layout} layout needs N / 2 to be a multiple of "
+            f"{rows_per_block} (the layout's row blocks), got N / 2 = {n_out}"
+        )
     if config is not None and (config.block_k < HOPPER_MIN_BLOCK_K or config.mma == "dot_scaled"):
-        raise ValueError(f"b in the {b.scale_layout} layout needs config.block_k >= {HOPPER_MIN_BLOCK_K} (its 64-wide "
-                         f"K chunks) and mma 'auto' or 'dequant', got block_k={config.block_k}, mma={config.mma!r}")
+        raise ValueError(
+            f"b in the {b.scale_layout} layout needs config.block_k >= {HOPPER_MIN_BLOCK_K} (its 64-wide "
+            f"K chunks) and mma 'auto' or 'dequant', got block_k={config.block_k}, mma={config.mma!r}"
+        )
     if config is not None and config.block_n < 64 and device.type == "cuda" and not interpreting():
         # wgmma's M is 64 rows: SwiGLU halves of 32 rows gave wrong results on the H100 (lab/NOTES.md);
         # the interpreter, which has no wgmma, runs 32-row tiles.
-        raise ValueError(f"b in the {b.scale_layout} layout needs config.block_n >= 64 on the GPU (weight rows per "
-                         f"MMA; under swiglu per half), got block_n={config.block_n}")
+        raise ValueError(
+            f"b in the {b.scale_layout} layout needs config.block_n >= 64 on the GPU (weight rows per "
+            f"MMA; under swiglu per half), got block_n={config.block_n}"
+        )
 
 
 def _epilogue_kind(epilogue) -> tuple[str, object, SwiGLU | None]:
@@ -218,13 +240,15 @@ def _epilogue_kind(epilogue) -> tuple[str, object, SwiGLU | None]:
         return "swiglu", None, epilogue
     if isinstance(epilogue, str):
         if epilogue not in EPILOGUES:
-            raise ValueError(f"epilogue must be None, one of {EPILOGUES}, a SwiGLU or a @triton.jit function, "
-                             f"got {epilogue!r}")
+            raise ValueError(
+                f"epilogue must be None, one of {EPILOGUES}, a SwiGLU or a @triton.jit function, got {epilogue!r}"
+            )
         return epilogue, None, SwiGLU() if epilogue == "swiglu" else None
     if callable(getattr(epilogue, "fn", None)):  # a @triton.jit function (or its interpreted twin)
         return "user", epilogue, None
-    raise TypeError(f"epilogue must be None, one of {EPILOGUES}, a SwiGLU or a @triton.jit function, "
-                    f"got {type(epilogue).__name__}")
+    raise TypeError(
+        f"epilogue must be None, one of {EPILOGUES}, a SwiGLU or a @triton.jit function, got {type(epilogue).__name__}"
+    )
 
 
 def _check_bias(bias, num_experts: int, n: int) -> None:
@@ -233,12 +257,15 @@ def _check_bias(bias, num_experts: int, n: int) -> None:
     if not isinstance(bias, torch.Tensor) or bias.dtype not in BIAS_DTYPES:
         raise TypeError(f"bias must be a float32, bf16 or fp16 tensor, got {describe(bias)}")
     if tuple(bias.shape) != (num_experts, n):
-        raise ValueError(f"bias must have shape (E, N) = ({num_experts}, {n}) (one row per expert, in b's row "
-                         f"order), got {tuple(bias.shape)}")
+        raise ValueError(
+            f"bias must have shape (E, N) = ({num_experts}, {n}) (one row per expert, in b's row "
+            f"order), got {tuple(bias.shape)}"
+        )
 
 
-def check_grouped_matmul(a, b, a_offsets, expert_ids, expert_scales, epilogue, out_dtype, out, config,
-                         bias=None) -> CheckedCall:
+def check_grouped_matmul(
+    a, b, a_offsets, expert_ids, expert_scales, epilogue, out_dtype, out, config, bias=None
+) -> CheckedCall:
     """The checks of :func:`llmkernels.grouped_matmul` (no launch, no sync; safe while torch.compile traces).
 
     Raises:
@@ -247,9 +274,18 @@ def check_grouped_matmul(a, b, a_offsets, expert_ids, expert_scales, epilogue, o
     a_op, a_data, a_scales, a_global_scale = _operand(a, "a", 2)
     b_op, b_data, b_scales, b_global_scale = _operand(b, "b", 3)
     _check_format_pair(a_op, b_op)
-    forward_only("grouped_matmul", a=a_data, a_scales=a_scales, a_global_scale=a_global_scale,
-                 b=b_data, b_scales=b_scales, b_global_scale=b_global_scale,
-                 expert_scales=expert_scales, bias=bias, out=out)
+    forward_only(
+        "grouped_matmul",
+        a=a_data,
+        a_scales=a_scales,
+        a_global_scale=a_global_scale,
+        b=b_data,
+        b_scales=b_scales,
+        b_global_scale=b_global_scale,
+        expert_scales=expert_scales,
+        bias=bias,
+        out=out,
+    )
     num_tokens, k = a.shape
     num_experts, n, k_b = b.shape
     if k != k_b:
@@ -259,9 +295,11 @@ def check_grouped_matmul(a, b, a_offsets, expert_ids, expert_scales, epilogue, o
     if epilogue_kind == "swiglu" and n % 2:
         raise ValueError(f"swiglu needs an even N (gate and up halves), got N = {n}")
     if glu is not None and glu.interleaved and b_op.scale_layout is not ROW:
-        raise ValueError(f"SwiGLU(interleaved=True) reads gate and up rows in place, which b's "
-                         f"{b_op.scale_layout} layout cannot address: de-interleave b's rows into [gate | up] "
-                         f"halves before making that layout")
+        raise ValueError(
+            f"SwiGLU(interleaved=True) reads gate and up rows in place, which b's "
+            f"{b_op.scale_layout} layout cannot address: de-interleave b's rows into [gate | up] "
+            f"halves before making that layout"
+        )
     _check_bias(bias, num_experts, n)
     n_out = n // 2 if epilogue_kind == "swiglu" else n
     if out_dtype not in OUT_DTYPES:
@@ -271,23 +309,61 @@ def check_grouped_matmul(a, b, a_offsets, expert_ids, expert_scales, epilogue, o
     if b_op.scale_layout is HOPPER:
         _check_hopper_weights(a_op, b_op, n_out, epilogue_kind, config, a_data.device)
     if out is not None:
-        check_out(out, (num_tokens, n_out), out_dtype, a=a_data, a_scales=a_scales, b=b_data, b_scales=b_scales,
-                  a_offsets=a_offsets, expert_ids=expert_ids, expert_scales=expert_scales, bias=bias)
+        check_out(
+            out,
+            (num_tokens, n_out),
+            out_dtype,
+            a=a_data,
+            a_scales=a_scales,
+            b=b_data,
+            b_scales=b_scales,
+            a_offsets=a_offsets,
+            expert_ids=expert_ids,
+            expert_scales=expert_scales,
+            bias=bias,
+        )
     a_scale_offsets = a.group_scale_offsets if isinstance(a, ScaledTensor) else None
-    device = check_device(a=a_data, a_scales=a_scales, b=b_data, b_scales=b_scales, a_offsets=a_offsets,
-                          expert_ids=expert_ids, expert_scales=expert_scales, bias=bias, out=out,
-                          a_scale_offsets=a_scale_offsets, a_global_scale=a_global_scale, b_global_scale=b_global_scale)
+    device = check_device(
+        a=a_data,
+        a_scales=a_scales,
+        b=b_data,
+        b_scales=b_scales,
+        a_offsets=a_offsets,
+        expert_ids=expert_ids,
+        expert_scales=expert_scales,
+        bias=bias,
+        out=out,
+        a_scale_offsets=a_scale_offsets,
+        a_global_scale=a_global_scale,
+        b_global_scale=b_global_scale,
+    )
     if a_scale_offsets is not None and a_scale_offsets.numel() != num_groups:
         raise ValueError(f"a's group_scale_offsets has {a_scale_offsets.numel()} entries for {num_groups} groups")
     # The kernel reads the metadata as dense vectors: views of any strides are copied (a few bytes).
     return CheckedCall(
-        a_op, b_op, num_tokens, k, num_experts, n, n_out, num_groups, device, out_dtype, epilogue_kind, epilogue_fn,
-        glu, expert_scales is not None, bias.dtype if bias is not None else None,
-        b_data.numel() * b_data.element_size(), a_offsets.dtype,
-        a_offsets.contiguous(), expert_ids.contiguous(),
+        a_op,
+        b_op,
+        num_tokens,
+        k,
+        num_experts,
+        n,
+        n_out,
+        num_groups,
+        device,
+        out_dtype,
+        epilogue_kind,
+        epilogue_fn,
+        glu,
+        expert_scales is not None,
+        bias.dtype if bias is not None else None,
+        b_data.numel() * b_data.element_size(),
+        a_offsets.dtype,
+        a_offsets.contiguous(),
+        expert_ids.contiguous(),
         expert_scales.contiguous() if expert_scales is not None else None,
         a_scale_offsets.contiguous() if a_scale_offsets is not None else None,
-        unit_last_stride(bias) if bias is not None else None)
+        unit_last_stride(bias) if bias is not None else None,
+    )
 
 
 def check_metadata_values(a_offsets, expert_ids, num_tokens: int, num_experts: int, a=None) -> None:
@@ -305,13 +381,18 @@ def check_metadata_values(a_offsets, expert_ids, num_tokens: int, num_experts: i
     if i is not None and offsets[i] > num_tokens:
         raise ValueError(f"a_offsets[{i}] = {int(offsets[i])} exceeds the {num_tokens} rows of a")
     if i is not None:
-        raise ValueError(f"a_offsets must be non-decreasing: a_offsets[{i}] = {int(offsets[i])} < "
-                         f"a_offsets[{i - 1}] = {int(offsets[i - 1])}")
+        raise ValueError(
+            f"a_offsets must be non-decreasing: a_offsets[{i}] = {int(offsets[i])} < "
+            f"a_offsets[{i - 1}] = {int(offsets[i - 1])}"
+        )
     ids = expert_ids.cpu()
     bad_id = first_true((ids < -1) | (ids >= num_experts))
     if bad_id is not None:
         i = bad_id[0]
         raise ValueError(f"expert_ids must lie in [-1, {num_experts}): expert_ids[{i}] = {int(ids[i])}")
-    if (isinstance(a, ScaledTensor) and a.group_offsets is not None
-            and not torch.equal(a.group_offsets.to(torch.int64).cpu(), offsets)):
+    if (
+        isinstance(a, ScaledTensor)
+        and a.group_offsets is not None
+        and not torch.equal(a.group_offsets.to(torch.int64).cpu(), offsets)
+    ):
         raise ValueError("a's scales were laid out for other group offsets than a_offsets")

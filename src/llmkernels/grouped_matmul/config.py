@@ -1,4 +1,5 @@
 """BlockScaledMatmulConfig: the launch parameters of the grouped matmul kernel, and their defaults."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -11,9 +12,23 @@ import triton.language as tl
 from ..formats.layouts import HOPPER, ROW, Layout
 from ..runtime import cuda_capability, interpreting, next_power_of_2, num_programs_hint, triton_version
 
-__all__ = ["BlockScaledMatmulConfig", "ALL_GROUP_SIZES", "DECODE_CLASSES", "UPCAST_TILE", "default_config",
-           "default_launches", "hopper_config", "HOPPER_MIN_BLOCK_K", "compute_dtype", "packed_decode",
-           "retires_mma", "takes_upcast", "resolve_mma", "reads_scale_words", "block_groups"]
+__all__ = [
+    "BlockScaledMatmulConfig",
+    "ALL_GROUP_SIZES",
+    "DECODE_CLASSES",
+    "UPCAST_TILE",
+    "default_config",
+    "default_launches",
+    "hopper_config",
+    "HOPPER_MIN_BLOCK_K",
+    "compute_dtype",
+    "packed_decode",
+    "retires_mma",
+    "takes_upcast",
+    "resolve_mma",
+    "reads_scale_words",
+    "block_groups",
+]
 # The Hopper-layout kernel's smallest K step: one 64-wide chunk of the layout. (Such steps once gave
 # wrong results on the H100, traced to Triton 3.6's register-operand wgmma pipeline and fixed by
 # kernel.retire_mma: lab/NOTES.md.)
@@ -106,9 +121,18 @@ class BlockScaledMatmulConfig:
             raise ValueError(f"mma must be one of {_MMA_PATHS}, got {self.mma!r}")
 
 
-def default_config(num_tokens: int, num_groups: int, n_out: int, k: int, device: torch.device,
-                   a_element: str = "bf16", b_element: str = "bf16", swiglu: bool = False,
-                   b_scale_block: int = 32, b_layout: Layout | str = ROW) -> BlockScaledMatmulConfig:
+def default_config(
+    num_tokens: int,
+    num_groups: int,
+    n_out: int,
+    k: int,
+    device: torch.device,
+    a_element: str = "bf16",
+    b_element: str = "bf16",
+    swiglu: bool = False,
+    b_scale_block: int = 32,
+    b_layout: Layout | str = ROW,
+) -> BlockScaledMatmulConfig:
     """A config from what the host knows without a sync: shapes, the operands' element types
     (``"bf16" | "fp16" | "e4m3" | "e2m1"``), whether the epilogue is SwiGLU, B's scale block
     (32 for MX, 16 for NVFP4) and B's layout (a layout or its name; the Hopper layout: :func:`hopper_config`).
@@ -136,8 +160,9 @@ def default_config(num_tokens: int, num_groups: int, n_out: int, k: int, device:
     return dataclasses.replace(config, block_n=max(16, config.block_n // 2))
 
 
-def hopper_config(num_tokens: int, num_groups: int, device: torch.device, swiglu: bool = False,
-                  b_scale_block: int = 32) -> BlockScaledMatmulConfig:
+def hopper_config(
+    num_tokens: int, num_groups: int, device: torch.device, swiglu: bool = False, b_scale_block: int = 32
+) -> BlockScaledMatmulConfig:
     """The tiles of MXFP4 (``b_scale_block`` 32) and NVFP4 (16) weights in the Hopper layout
     (``grouped_matmul/hopper_kernel.py``; measured in ``lab/NOTES.md``): 128 weight rows per
     step (``block_n``, 64 gate and 64 up rows under SwiGLU) against 16, 64 or 128 tokens by the average group,
@@ -148,19 +173,29 @@ def hopper_config(num_tokens: int, num_groups: int, device: torch.device, swiglu
     Of the config's fields the kernel reads the tile, warps and stages (its grid is not persistent and its
     product always swapped); small tiles in the interpreter."""
     if device.type != "cuda" or interpreting():
-        return BlockScaledMatmulConfig(block_m=16, block_n=32, block_k=128, num_stages=1,
-                                       num_warps=4, ab_swapped=True, mma="dequant")
+        return BlockScaledMatmulConfig(
+            block_m=16, block_n=32, block_k=128, num_stages=1, num_warps=4, ab_swapped=True, mma="dequant"
+        )
     tokens_per_group = num_tokens / max(num_groups, 1)
     block_m = 16 if tokens_per_group <= 16 else 64 if tokens_per_group <= 64 else 128
     block_k, stages = 128, 3
     if block_m == 128 and b_scale_block == 16:
         block_k, stages = (128, 2) if swiglu else (64, 3)
-    return BlockScaledMatmulConfig(block_m, 64 if swiglu else 128, block_k, num_stages=stages, num_warps=4,
-                                   ab_swapped=True, mma="dequant")
+    return BlockScaledMatmulConfig(
+        block_m, 64 if swiglu else 128, block_k, num_stages=stages, num_warps=4, ab_swapped=True, mma="dequant"
+    )
 
 
-def _measured_config(num_tokens: int, num_groups: int, n_out: int, k: int, device: torch.device,
-                     a_element: str, b_element: str, b_scale_block: int = 32) -> BlockScaledMatmulConfig:
+def _measured_config(
+    num_tokens: int,
+    num_groups: int,
+    n_out: int,
+    k: int,
+    device: torch.device,
+    a_element: str,
+    b_element: str,
+    b_scale_block: int = 32,
+) -> BlockScaledMatmulConfig:
     """The tiles of :func:`default_config` before the SwiGLU adjustment.
 
     Small tiles in the interpreter (each program runs as numpy on the CPU). On the GPU, the tiles that
@@ -186,28 +221,42 @@ def _measured_config(num_tokens: int, num_groups: int, n_out: int, k: int, devic
             # Blackwell: 128 weight rows fill the block-scaled MMA's M (swap-AB, the seed's AB_swapped),
             # the group's tokens its N; a narrower M would fall back to an unscaled MMA after a decode.
             block_m = 16 if tokens_per_group <= 16 else 32 if tokens_per_group <= 32 else 64
-            return BlockScaledMatmulConfig(block_m, 128, 128, num_stages=4, num_warps=4, num_programs=two_per_sm,
-                                           ab_swapped=True)
+            return BlockScaledMatmulConfig(
+                block_m, 128, 128, num_stages=4, num_warps=4, num_programs=two_per_sm, ab_swapped=True
+            )
         swap = b_element != "e4m3"
         # Blackwell's block-scaled MMA needs no decode at all: keep "auto" (dot_scaled) there.
         mma = "dequant" if cuda_capability(device)[0] < 10 else "auto"
         if tokens_per_group <= 16:
             if b_element == "e4m3":  # narrow tiles, three programs per SM: more loads in flight per SM
-                return BlockScaledMatmulConfig(16, 64, 128, num_stages=4, num_warps=4,
-                                               num_programs=3 * num_programs_hint(device), mma=mma)
+                return BlockScaledMatmulConfig(
+                    16, 64, 128, num_stages=4, num_warps=4, num_programs=3 * num_programs_hint(device), mma=mma
+                )
             if b_element == "e2m1" and b_scale_block == 32:  # MX e2m1 weights: scales loaded in their step
-                return BlockScaledMatmulConfig(16, 128, 128, num_stages=4, num_warps=4, num_programs=two_per_sm,
-                                               mma=mma, ab_swapped=swap, prefetch_scales=False,
-                                               scale_words=a_element in ("bf16", "fp16"))
-            return BlockScaledMatmulConfig(16, 128, 128, num_stages=4, num_warps=4, num_programs=two_per_sm,
-                                           mma=mma, ab_swapped=swap)
+                return BlockScaledMatmulConfig(
+                    16,
+                    128,
+                    128,
+                    num_stages=4,
+                    num_warps=4,
+                    num_programs=two_per_sm,
+                    mma=mma,
+                    ab_swapped=swap,
+                    prefetch_scales=False,
+                    scale_words=a_element in ("bf16", "fp16"),
+                )
+            return BlockScaledMatmulConfig(
+                16, 128, 128, num_stages=4, num_warps=4, num_programs=two_per_sm, mma=mma, ab_swapped=swap
+            )
         block_m = 32 if tokens_per_group <= 32 else 64
         # 4 warps measured best for e4m3×e4m3 and bf16×e2m1 at 64 rows, 8 warps for the others.
         if (a_element, b_element) in (("e4m3", "e4m3"), ("bf16", "e2m1"), ("fp16", "e2m1")):
-            return BlockScaledMatmulConfig(block_m, 128, 128, num_stages=4, num_warps=4, num_programs=two_per_sm,
-                                           mma=mma, ab_swapped=swap)
-        return BlockScaledMatmulConfig(block_m, 128, 128, num_stages=3, num_warps=8, num_programs=two_per_sm,
-                                       mma=mma, ab_swapped=swap)
+            return BlockScaledMatmulConfig(
+                block_m, 128, 128, num_stages=4, num_warps=4, num_programs=two_per_sm, mma=mma, ab_swapped=swap
+            )
+        return BlockScaledMatmulConfig(
+            block_m, 128, 128, num_stages=3, num_warps=8, num_programs=two_per_sm, mma=mma, ab_swapped=swap
+        )
     if b_element in ("bf16", "fp16"):
         return BlockScaledMatmulConfig(block_m=128, block_n=256, block_k=64, num_stages=3, num_warps=8)
     upcast = a_element in ("e4m3", "e2m1") and cuda_capability(device)[0] < 10
@@ -219,9 +268,19 @@ def _measured_config(num_tokens: int, num_groups: int, n_out: int, k: int, devic
 
 
 @functools.lru_cache(maxsize=1024)
-def default_launches(num_tokens: int, num_groups: int, n_out: int, k: int, device: torch.device,
-                     a_element: str = "bf16", b_element: str = "bf16", weight_bytes: int = 0,
-                     swiglu: bool = False, b_scale_block: int = 32, b_layout: Layout | str = ROW) -> tuple:
+def default_launches(
+    num_tokens: int,
+    num_groups: int,
+    n_out: int,
+    k: int,
+    device: torch.device,
+    a_element: str = "bf16",
+    b_element: str = "bf16",
+    weight_bytes: int = 0,
+    swiglu: bool = False,
+    b_scale_block: int = 32,
+    b_layout: Layout | str = ROW,
+) -> tuple:
     """``((config, min_group_rows, max_group_rows), ...)``: the launches of one call by default.
 
     When the average group is small (decode, ≤ 64 tokens), the routing may still give a few experts
@@ -236,15 +295,30 @@ def default_launches(num_tokens: int, num_groups: int, n_out: int, k: int, devic
     tokens_per_group = num_tokens / max(num_groups, 1)
     split = interpreting() or device.type != "cuda" or weight_bytes >= _SPLIT_MIN_WEIGHT_BYTES
     if tokens_per_group > 64 or not split:
-        return ((default_config(num_tokens, num_groups, n_out, k, device, a_element, b_element, swiglu,
-                                b_scale_block, b_layout),
-                 *ALL_GROUP_SIZES),)
+        return (
+            (
+                default_config(
+                    num_tokens, num_groups, n_out, k, device, a_element, b_element, swiglu, b_scale_block, b_layout
+                ),
+                *ALL_GROUP_SIZES,
+            ),
+        )
     launches = []
     for min_rows, max_rows, class_tokens in DECODE_CLASSES:
         # the middle class takes the average's tile height when the average falls in it
         class_tokens = class_tokens or max(tokens_per_group, 17)
-        config = default_config(round(class_tokens * max(num_groups, 1)), max(num_groups, 1), n_out, k, device,
-                                a_element, b_element, swiglu, b_scale_block, b_layout)
+        config = default_config(
+            round(class_tokens * max(num_groups, 1)),
+            max(num_groups, 1),
+            n_out,
+            k,
+            device,
+            a_element,
+            b_element,
+            swiglu,
+            b_scale_block,
+            b_layout,
+        )
         launches.append((config, min_rows, max_rows))
     return tuple(launches)
 
@@ -265,8 +339,7 @@ def compute_dtype(a_element: str):
 
 def packed_decode(compute_dtype, device: torch.device) -> bool:
     """Whether e2m1 tiles take the packed PTX decode: bf16 tiles compiled for an NVIDIA GPU."""
-    return (compute_dtype == tl.bfloat16 and device.type == "cuda"
-            and torch.version.hip is None and not interpreting())
+    return compute_dtype == tl.bfloat16 and device.type == "cuda" and torch.version.hip is None and not interpreting()
 
 
 def retires_mma(device: torch.device, decoded_left_operand: bool) -> bool:
@@ -274,8 +347,14 @@ def retires_mma(device: torch.device, decoded_left_operand: bool) -> bool:
     the MMA's left operand is decoded in registers. Triton 3.6's PTX leaves such wgmmas reading registers
     that the next step overwrites (``tools/sass_hazards.py`` finds it in its SASS); 3.9's PTX waits for
     them itself. 3.7 and 3.8 are not checked, so they take the wait too."""
-    return (decoded_left_operand and device.type == "cuda" and torch.version.hip is None and not interpreting()
-            and cuda_capability(device)[0] == 9 and triton_version() < (3, 9))
+    return (
+        decoded_left_operand
+        and device.type == "cuda"
+        and torch.version.hip is None
+        and not interpreting()
+        and cuda_capability(device)[0] == 9
+        and triton_version() < (3, 9)
+    )
 
 
 def takes_upcast(config: BlockScaledMatmulConfig, a) -> bool:
@@ -300,11 +379,15 @@ def resolve_mma(config: BlockScaledMatmulConfig, a, b, device: torch.device) -> 
         return False
     if config.mma == "dot_scaled":
         if not scaled_pair:
-            raise ValueError(f"mma='dot_scaled' needs block-scaled weights with activations of their family or "
-                             f"MX weights with bf16 activations, got a={a.format}, b={b.format}")
+            raise ValueError(
+                f"mma='dot_scaled' needs block-scaled weights with activations of their family or "
+                f"MX weights with bf16 activations, got a={a.format}, b={b.format}"
+            )
         if b.scale == "e4m3" and not blackwell:
-            raise ValueError("mma='dot_scaled' with nvfp4 runs on Blackwell (sm_100+) only: Triton's interpreter "
-                             "reads e4m3 scales as e8m0 and its Hopper lowering of them fails")
+            raise ValueError(
+                "mma='dot_scaled' with nvfp4 runs on Blackwell (sm_100+) only: Triton's interpreter "
+                "reads e4m3 scales as e8m0 and its Hopper lowering of them fails"
+            )
         return True
     if not scaled_pair or interpreting() or device.type != "cuda":
         return False

@@ -1,4 +1,5 @@
 """The grouped matmul's part of ``python -m llmkernels demo``: a default MoE problem, checked and timed."""
+
 from __future__ import annotations
 
 import torch
@@ -9,9 +10,13 @@ from .api import grouped_matmul
 from .reference import grouped_matmul_reference
 
 # (label, a format, b format, epilogue); "bf16" is a plain tensor.
-CASES = [("bf16 x bf16", "bf16", "bf16", None), ("mxfp8 x mxfp8", "mxfp8", "mxfp8", "swiglu"),
-         ("mxfp4 x mxfp4", "mxfp4", "mxfp4", None), ("nvfp4 x nvfp4", "nvfp4", "nvfp4", "swiglu"),
-         ("bf16 x mxfp4 (w4a16)", "bf16", "mxfp4", "swiglu")]
+CASES = [
+    ("bf16 x bf16", "bf16", "bf16", None),
+    ("mxfp8 x mxfp8", "mxfp8", "mxfp8", "swiglu"),
+    ("mxfp4 x mxfp4", "mxfp4", "mxfp4", None),
+    ("nvfp4 x nvfp4", "nvfp4", "nvfp4", "swiglu"),
+    ("bf16 x mxfp4 (w4a16)", "bf16", "mxfp4", "swiglu"),
+]
 TOLERANCE = 1e-2  # bf16 output
 
 
@@ -42,7 +47,15 @@ def run_demo(device: torch.device) -> list[dict]:
 
             time_ms = triton.testing.do_bench(
                 lambda: grouped_matmul(a, b, a_offsets, expert_ids, expert_scales, epilogue=epilogue),
-                return_mode="median")
-        rows.append({"kernel": f"grouped_matmul {label}" + (f" +{epilogue}" if epilogue else ""),
-                     "problem": problem, "rel_error": error, "ok": error <= TOLERANCE, "time_ms": time_ms})
+                return_mode="median",
+            )
+        rows.append(
+            {
+                "kernel": f"grouped_matmul {label}" + (f" +{epilogue}" if epilogue else ""),
+                "problem": problem,
+                "rel_error": error,
+                "ok": error <= TOLERANCE,
+                "time_ms": time_ms,
+            }
+        )
     return rows

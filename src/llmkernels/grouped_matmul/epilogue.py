@@ -1,4 +1,5 @@
 """The fused epilogues of :func:`llmkernels.grouped_matmul`, as the host describes them to the kernels."""
+
 from __future__ import annotations
 
 import math
@@ -36,8 +37,12 @@ class SwiGLU:
                 raise ValueError(f"SwiGLU.{name} must be a finite number, got {value!r}")
             object.__setattr__(self, name, float(value))
         if self.limit is not None:
-            if isinstance(self.limit, bool) or not isinstance(self.limit, (int, float)) or not self.limit > 0 \
-                    or not _finite(self.limit):
+            if (
+                isinstance(self.limit, bool)
+                or not isinstance(self.limit, (int, float))
+                or not self.limit > 0
+                or not _finite(self.limit)
+            ):
                 raise ValueError(f"SwiGLU.limit must be None or a finite number > 0, got {self.limit!r}")
             object.__setattr__(self, "limit", float(self.limit))
         if not isinstance(self.interleaved, bool):

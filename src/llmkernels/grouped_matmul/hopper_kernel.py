@@ -6,6 +6,7 @@ product is computed swapped, ``Cᵀ = W · Aᵀ``: the weight tile is the MMA's 
 group's tokens its N side (``BLOCK_M``). Activations are bf16 (a quantized A is decoded ahead by the host
 layer). What each choice measured: ``lab/NOTES.md``.
 """
+
 import triton
 import triton.language as tl
 
@@ -15,15 +16,46 @@ from .kernel import apply_epilogue, find_group, group_tiles, retire_mma
 
 @triton.jit
 def hopper_fp4_matmul_kernel(
-    a_ptr, a_global_scale_ptr, b_ptr, b_scales_ptr, b_global_scale_ptr, out_ptr, a_offsets_ptr, expert_ids_ptr,
-    expert_scales_ptr, bias_ptr, stride_a_row, stride_b_expert, stride_b_scale_expert, stride_out_row,
+    a_ptr,
+    a_global_scale_ptr,
+    b_ptr,
+    b_scales_ptr,
+    b_global_scale_ptr,
+    out_ptr,
+    a_offsets_ptr,
+    expert_ids_ptr,
+    expert_scales_ptr,
+    bias_ptr,
+    stride_a_row,
+    stride_b_expert,
+    stride_b_scale_expert,
+    stride_out_row,
     stride_bias_expert,
-    num_tokens, num_groups, num_experts, N, K, min_group_rows, max_group_rows,
-    B_SCALE: tl.constexpr, A_GLOBAL_SCALE: tl.constexpr, B_GLOBAL_SCALE: tl.constexpr,
-    HAS_EXPERT_SCALES: tl.constexpr, EPILOGUE: tl.constexpr, EPILOGUE_FN: tl.constexpr, HAS_BIAS: tl.constexpr,
-    GLU_ALPHA: tl.constexpr, GLU_LIMIT: tl.constexpr, GLU_UP_SHIFT: tl.constexpr,
-    EVEN_K: tl.constexpr, PACKED_DECODE: tl.constexpr, RETIRE_MMA: tl.constexpr, COMPUTE_DTYPE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_GROUPS: tl.constexpr,
+    num_tokens,
+    num_groups,
+    num_experts,
+    N,
+    K,
+    min_group_rows,
+    max_group_rows,
+    B_SCALE: tl.constexpr,
+    A_GLOBAL_SCALE: tl.constexpr,
+    B_GLOBAL_SCALE: tl.constexpr,
+    HAS_EXPERT_SCALES: tl.constexpr,
+    EPILOGUE: tl.constexpr,
+    EPILOGUE_FN: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    GLU_ALPHA: tl.constexpr,
+    GLU_LIMIT: tl.constexpr,
+    GLU_UP_SHIFT: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    PACKED_DECODE: tl.constexpr,
+    RETIRE_MMA: tl.constexpr,
+    COMPUTE_DTYPE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_GROUPS: tl.constexpr,
 ):
     """``out[rows of g] = epilogue(a_global · b_global · expert_scales[e] · A[rows of g] @ B[e]ᵀ + bias[e])``,
     ``e = expert_ids[g]``.
@@ -49,7 +81,8 @@ def hopper_fp4_matmul_kernel(
     pid = tl.program_id(0)
     tile_n = pid % n_tiles
     group_ids, starts, ends, tiles, tiles_through, total_tiles = group_tiles(
-        a_offsets_ptr, num_tokens, num_groups, min_group_rows, max_group_rows, 1, BLOCK_M, BLOCK_GROUPS)
+        a_offsets_ptr, num_tokens, num_groups, min_group_rows, max_group_rows, 1, BLOCK_M, BLOCK_GROUPS
+    )
     tile = pid // n_tiles
     if tile >= total_tiles:
         return
@@ -88,15 +121,40 @@ def hopper_fp4_matmul_kernel(
         if EVEN_K:
             a = tl.load(a_rows + (k_start + ks)[None, :], mask=a_row_ok[:, None] & live, other=0.0)
         else:
-            a = tl.load(a_rows + (k_start + ks)[None, :], mask=a_row_ok[:, None] & (k_start + ks < K)[None, :] & live,
-                        other=0.0)
+            a = tl.load(
+                a_rows + (k_start + ks)[None, :], mask=a_row_ok[:, None] & (k_start + ks < K)[None, :] & live, other=0.0
+            )
         a_t = tl.trans(a.to(COMPUTE_DTYPE))
-        w = load_fragment_tile(data_base, scale_base, gate_blocks, k_start, num_chunks, live, EVEN_K, NB, C,
-                               B_SCALE, PACKED_DECODE, COMPUTE_DTYPE)
+        w = load_fragment_tile(
+            data_base,
+            scale_base,
+            gate_blocks,
+            k_start,
+            num_chunks,
+            live,
+            EVEN_K,
+            NB,
+            C,
+            B_SCALE,
+            PACKED_DECODE,
+            COMPUTE_DTYPE,
+        )
         acc = tl.dot(w, a_t, acc)
         if EPILOGUE == "swiglu":
-            w_up = load_fragment_tile(data_base, scale_base, up_blocks, k_start, num_chunks, live, EVEN_K, NB, C,
-                                      B_SCALE, PACKED_DECODE, COMPUTE_DTYPE)
+            w_up = load_fragment_tile(
+                data_base,
+                scale_base,
+                up_blocks,
+                k_start,
+                num_chunks,
+                live,
+                EVEN_K,
+                NB,
+                C,
+                B_SCALE,
+                PACKED_DECODE,
+                COMPUTE_DTYPE,
+            )
             up_acc = retire_mma(tl.dot(w_up, a_t, up_acc), RETIRE_MMA)
         acc = retire_mma(acc, RETIRE_MMA)
 
@@ -119,13 +177,41 @@ def hopper_fp4_matmul_kernel(
         if EPILOGUE == "swiglu":
             up_bias = tl.load(bias_row + n_out + cols, mask=cols < n_out, other=0.0).to(tl.float32)[:, None]
     if EPILOGUE == "user":  # the user's function sees the [BLOCK_M, BLOCK_N] tile it is documented to
-        result = tl.trans(apply_epilogue(tl.trans(acc), acc, multiplier, bias, up_bias, rows[:, None],
-                                         cols[None, :], EPILOGUE, EPILOGUE_FN, HAS_BIAS, GLU_ALPHA, GLU_LIMIT,
-                                         GLU_UP_SHIFT))
+        result = tl.trans(
+            apply_epilogue(
+                tl.trans(acc),
+                acc,
+                multiplier,
+                bias,
+                up_bias,
+                rows[:, None],
+                cols[None, :],
+                EPILOGUE,
+                EPILOGUE_FN,
+                HAS_BIAS,
+                GLU_ALPHA,
+                GLU_LIMIT,
+                GLU_UP_SHIFT,
+            )
+        )
     else:
-        result = apply_epilogue(acc, up_acc, multiplier, bias, up_bias, rows[None, :], cols[:, None], EPILOGUE,
-                                EPILOGUE_FN, HAS_BIAS, GLU_ALPHA, GLU_LIMIT, GLU_UP_SHIFT)
+        result = apply_epilogue(
+            acc,
+            up_acc,
+            multiplier,
+            bias,
+            up_bias,
+            rows[None, :],
+            cols[:, None],
+            EPILOGUE,
+            EPILOGUE_FN,
+            HAS_BIAS,
+            GLU_ALPHA,
+            GLU_LIMIT,
+            GLU_UP_SHIFT,
+        )
     result = tl.where(expert_ok, result, 0.0)
     out_offsets = rows[None, :].to(tl.int64) * stride_out_row + cols[:, None]
-    tl.store(out_ptr + out_offsets, result.to(out_ptr.dtype.element_ty),
-             mask=row_mask[None, :] & (cols < n_out)[:, None])
+    tl.store(
+        out_ptr + out_offsets, result.to(out_ptr.dtype.element_ty), mask=row_mask[None, :] & (cols < n_out)[:, None]
+    )

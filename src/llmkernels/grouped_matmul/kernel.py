@@ -6,6 +6,7 @@ MX (e4m3 or packed e2m1 data with e8m0 scales per 32) or NVFP4 (packed e2m1, e4m
 a float32 global scale). Each operand's scale layout comes as constexpr functions of its layout module
 (``formats/layouts/``): ``*_SCALE_ROWS`` finds a row's first scale, ``*_SCALE_COLS`` a column from there.
 """
+
 import triton
 import triton.language as tl
 
@@ -24,8 +25,16 @@ def _pick(values, ids, index):
 
 
 @triton.jit
-def group_tiles(a_offsets_ptr, num_tokens, num_groups, min_group_rows, max_group_rows, n_tiles,
-                BLOCK_M: tl.constexpr, BLOCK_GROUPS: tl.constexpr):
+def group_tiles(
+    a_offsets_ptr,
+    num_tokens,
+    num_groups,
+    min_group_rows,
+    max_group_rows,
+    n_tiles,
+    BLOCK_M: tl.constexpr,
+    BLOCK_GROUPS: tl.constexpr,
+):
     """The tiles of a launch, read from the offsets on the device: ``(group_ids, starts, ends, tiles,
     tiles_through, total_tiles)``, per group (a ``[BLOCK_GROUPS]`` vector) its clamped row range, its tile
     count (``cdiv(rows, BLOCK_M) · n_tiles`` for groups of this launch's size class, else 0) and the running
@@ -57,9 +66,21 @@ def find_group(tile, group_ids, starts, ends, tiles, tiles_through):
 
 
 @triton.jit
-def apply_epilogue(acc, up_acc, multiplier, bias, up_bias, rows, cols, EPILOGUE: tl.constexpr,
-                   EPILOGUE_FN: tl.constexpr, HAS_BIAS: tl.constexpr, GLU_ALPHA: tl.constexpr,
-                   GLU_LIMIT: tl.constexpr, GLU_UP_SHIFT: tl.constexpr):
+def apply_epilogue(
+    acc,
+    up_acc,
+    multiplier,
+    bias,
+    up_bias,
+    rows,
+    cols,
+    EPILOGUE: tl.constexpr,
+    EPILOGUE_FN: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    GLU_ALPHA: tl.constexpr,
+    GLU_LIMIT: tl.constexpr,
+    GLU_UP_SHIFT: tl.constexpr,
+):
     """The epilogue on the fp32 accumulator: ``multiplier`` (global and expert scales), the bias (``bias`` and,
     for SwiGLU, ``up_bias`` broadcast against ``acc``), then the activation (SwiGLU's parameters as
     :class:`SwiGLU` holds them, GLU_LIMIT None for no clamp). ``rows`` and ``cols`` broadcast against ``acc``
@@ -77,8 +98,11 @@ def apply_epilogue(acc, up_acc, multiplier, bias, up_bias, rows, cols, EPILOGUE:
             up = up + up_bias
         if GLU_LIMIT is not None:  # NaN stays NaN, as torch.clamp keeps it
             acc = tl.minimum(acc, GLU_LIMIT, propagate_nan=tl.PropagateNan.ALL)
-            up = tl.minimum(tl.maximum(up, -GLU_LIMIT, propagate_nan=tl.PropagateNan.ALL), GLU_LIMIT,
-                            propagate_nan=tl.PropagateNan.ALL)
+            up = tl.minimum(
+                tl.maximum(up, -GLU_LIMIT, propagate_nan=tl.PropagateNan.ALL),
+                GLU_LIMIT,
+                propagate_nan=tl.PropagateNan.ALL,
+            )
         if GLU_UP_SHIFT != 0.0:
             up = up + GLU_UP_SHIFT
         slope = acc
@@ -91,31 +115,69 @@ def apply_epilogue(acc, up_acc, multiplier, bias, up_bias, rows, cols, EPILOGUE:
 
 
 @triton.jit
-def _load_scales_if(scales_ptr, scale_row_base, row_mask, k_start, K,
-                    SCALE: tl.constexpr, SCALE_BLOCK: tl.constexpr, SCALE_COLS: tl.constexpr,
-                    SCALE_WORDS: tl.constexpr, BLOCK_K: tl.constexpr):
+def _load_scales_if(
+    scales_ptr,
+    scale_row_base,
+    row_mask,
+    k_start,
+    K,
+    SCALE: tl.constexpr,
+    SCALE_BLOCK: tl.constexpr,
+    SCALE_COLS: tl.constexpr,
+    SCALE_WORDS: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
     """:func:`load_scales`, or 0 (never read) for an operand without scales."""
     if SCALE == "none":
         return 0
     else:
-        return load_scales(scales_ptr, scale_row_base, row_mask, k_start, K, SCALE, SCALE_BLOCK, SCALE_COLS,
-                            SCALE_WORDS, BLOCK_K)
+        return load_scales(
+            scales_ptr, scale_row_base, row_mask, k_start, K, SCALE, SCALE_BLOCK, SCALE_COLS, SCALE_WORDS, BLOCK_K
+        )
 
 
 @triton.jit
-def _step_scales(a_scales_ptr, a_scale_rows, row_mask, b_scales_ptr, b_scale_rows, up_scale_rows, col_mask, k_start, K,
-                 A_SCALE: tl.constexpr, A_SCALE_BLOCK: tl.constexpr, A_SCALE_COLS: tl.constexpr,
-                 B_SCALE: tl.constexpr, B_SCALE_BLOCK: tl.constexpr, B_SCALE_COLS: tl.constexpr,
-                 EPILOGUE: tl.constexpr, SCALE_WORDS: tl.constexpr, BLOCK_K: tl.constexpr):
+def _step_scales(
+    a_scales_ptr,
+    a_scale_rows,
+    row_mask,
+    b_scales_ptr,
+    b_scale_rows,
+    up_scale_rows,
+    col_mask,
+    k_start,
+    K,
+    A_SCALE: tl.constexpr,
+    A_SCALE_BLOCK: tl.constexpr,
+    A_SCALE_COLS: tl.constexpr,
+    B_SCALE: tl.constexpr,
+    B_SCALE_BLOCK: tl.constexpr,
+    B_SCALE_COLS: tl.constexpr,
+    EPILOGUE: tl.constexpr,
+    SCALE_WORDS: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
     """The scale bits of one K step: A's, B's and (SwiGLU) the up rows' of B; 0 for unscaled operands."""
-    a = _load_scales_if(a_scales_ptr, a_scale_rows, row_mask, k_start, K, A_SCALE, A_SCALE_BLOCK, A_SCALE_COLS,
-                        SCALE_WORDS, BLOCK_K)
-    b = _load_scales_if(b_scales_ptr, b_scale_rows, col_mask, k_start, K, B_SCALE, B_SCALE_BLOCK, B_SCALE_COLS,
-                        SCALE_WORDS, BLOCK_K)
+    a = _load_scales_if(
+        a_scales_ptr, a_scale_rows, row_mask, k_start, K, A_SCALE, A_SCALE_BLOCK, A_SCALE_COLS, SCALE_WORDS, BLOCK_K
+    )
+    b = _load_scales_if(
+        b_scales_ptr, b_scale_rows, col_mask, k_start, K, B_SCALE, B_SCALE_BLOCK, B_SCALE_COLS, SCALE_WORDS, BLOCK_K
+    )
     up = b
     if EPILOGUE == "swiglu":
-        up = _load_scales_if(b_scales_ptr, up_scale_rows, col_mask, k_start, K, B_SCALE, B_SCALE_BLOCK,
-                             B_SCALE_COLS, SCALE_WORDS, BLOCK_K)
+        up = _load_scales_if(
+            b_scales_ptr,
+            up_scale_rows,
+            col_mask,
+            k_start,
+            K,
+            B_SCALE,
+            B_SCALE_BLOCK,
+            B_SCALE_COLS,
+            SCALE_WORDS,
+            BLOCK_K,
+        )
     return a, b, up
 
 
@@ -145,12 +207,26 @@ def retire_mma(acc, RETIRE_MMA: tl.constexpr):
 
 
 @triton.jit
-def _mma_step(acc, a_data, a_scale_bits, b_data, b_scale_bits,
-              A_ELEMENT: tl.constexpr, A_SCALE: tl.constexpr, A_SCALE_BLOCK: tl.constexpr,
-              B_ELEMENT: tl.constexpr, B_SCALE: tl.constexpr, B_SCALE_BLOCK: tl.constexpr,
-              USE_DOT_SCALED: tl.constexpr, SWAP_AB: tl.constexpr, BLOCK_M: tl.constexpr,
-              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, COMPUTE_DTYPE: tl.constexpr,
-              PACKED_DECODE: tl.constexpr):
+def _mma_step(
+    acc,
+    a_data,
+    a_scale_bits,
+    b_data,
+    b_scale_bits,
+    A_ELEMENT: tl.constexpr,
+    A_SCALE: tl.constexpr,
+    A_SCALE_BLOCK: tl.constexpr,
+    B_ELEMENT: tl.constexpr,
+    B_SCALE: tl.constexpr,
+    B_SCALE_BLOCK: tl.constexpr,
+    USE_DOT_SCALED: tl.constexpr,
+    SWAP_AB: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    COMPUTE_DTYPE: tl.constexpr,
+    PACKED_DECODE: tl.constexpr,
+):
     """One K step: acc ``[BLOCK_M, BLOCK_N]`` += A tile ``[BLOCK_M, BLOCK_K]`` @ B tile ``[BLOCK_N, BLOCK_K]``ᵀ,
     or with SWAP_AB acc ``[BLOCK_N, BLOCK_M]`` += B tile @ A tileᵀ (the weights are then the MMA's
     left operand, which Hopper's wgmma can read from registers right after decoding)."""
@@ -168,10 +244,12 @@ def _mma_step(acc, a_data, a_scale_bits, b_data, b_scale_bits,
             else:
                 return tl.dot_scaled(a_data, a_scale, A_ELEMENT, tl.trans(b_data), b_scale, B_ELEMENT, acc)
     else:
-        a = dequantize_tile(a_data, a_scale_bits, A_ELEMENT, A_SCALE, A_SCALE_BLOCK, BLOCK_M, BLOCK_K, COMPUTE_DTYPE,
-                        PACKED_DECODE)
-        b = dequantize_tile(b_data, b_scale_bits, B_ELEMENT, B_SCALE, B_SCALE_BLOCK, BLOCK_N, BLOCK_K, COMPUTE_DTYPE,
-                        PACKED_DECODE)
+        a = dequantize_tile(
+            a_data, a_scale_bits, A_ELEMENT, A_SCALE, A_SCALE_BLOCK, BLOCK_M, BLOCK_K, COMPUTE_DTYPE, PACKED_DECODE
+        )
+        b = dequantize_tile(
+            b_data, b_scale_bits, B_ELEMENT, B_SCALE, B_SCALE_BLOCK, BLOCK_N, BLOCK_K, COMPUTE_DTYPE, PACKED_DECODE
+        )
         if SWAP_AB:
             return tl.dot(b, tl.trans(a), acc)
         else:
@@ -180,23 +258,66 @@ def _mma_step(acc, a_data, a_scale_bits, b_data, b_scale_bits,
 
 @triton.jit
 def grouped_matmul_kernel(
-    a_ptr, a_scales_ptr, a_global_scale_ptr,
-    b_ptr, b_scales_ptr, b_global_scale_ptr,
-    out_ptr, a_offsets_ptr, a_scale_offsets_ptr, expert_ids_ptr, expert_scales_ptr, bias_ptr,
-    stride_a_row, stride_a_scale_row,
-    stride_b_expert, stride_b_row, stride_b_scale_expert, stride_b_scale_row,
-    stride_out_row, stride_bias_expert,
-    num_tokens, num_groups, num_experts, N, K, min_group_rows, max_group_rows, num_a_scale_tile_rows,
-    A_ELEMENT: tl.constexpr, A_SCALE: tl.constexpr, A_SCALE_BLOCK: tl.constexpr, A_SCALE_ROWS: tl.constexpr,
-    A_SCALE_COLS: tl.constexpr, A_SCALES_MAY_MISS: tl.constexpr,
-    B_ELEMENT: tl.constexpr, B_SCALE: tl.constexpr, B_SCALE_BLOCK: tl.constexpr, B_SCALE_ROWS: tl.constexpr,
+    a_ptr,
+    a_scales_ptr,
+    a_global_scale_ptr,
+    b_ptr,
+    b_scales_ptr,
+    b_global_scale_ptr,
+    out_ptr,
+    a_offsets_ptr,
+    a_scale_offsets_ptr,
+    expert_ids_ptr,
+    expert_scales_ptr,
+    bias_ptr,
+    stride_a_row,
+    stride_a_scale_row,
+    stride_b_expert,
+    stride_b_row,
+    stride_b_scale_expert,
+    stride_b_scale_row,
+    stride_out_row,
+    stride_bias_expert,
+    num_tokens,
+    num_groups,
+    num_experts,
+    N,
+    K,
+    min_group_rows,
+    max_group_rows,
+    num_a_scale_tile_rows,
+    A_ELEMENT: tl.constexpr,
+    A_SCALE: tl.constexpr,
+    A_SCALE_BLOCK: tl.constexpr,
+    A_SCALE_ROWS: tl.constexpr,
+    A_SCALE_COLS: tl.constexpr,
+    A_SCALES_MAY_MISS: tl.constexpr,
+    B_ELEMENT: tl.constexpr,
+    B_SCALE: tl.constexpr,
+    B_SCALE_BLOCK: tl.constexpr,
+    B_SCALE_ROWS: tl.constexpr,
     B_SCALE_COLS: tl.constexpr,
-    A_GLOBAL_SCALE: tl.constexpr, B_GLOBAL_SCALE: tl.constexpr,
-    HAS_EXPERT_SCALES: tl.constexpr, EPILOGUE: tl.constexpr, EPILOGUE_FN: tl.constexpr, HAS_BIAS: tl.constexpr,
-    GLU_ALPHA: tl.constexpr, GLU_LIMIT: tl.constexpr, GLU_UP_SHIFT: tl.constexpr, GLU_INTERLEAVED: tl.constexpr,
-    USE_DOT_SCALED: tl.constexpr, SWAP_AB: tl.constexpr, PREFETCH_SCALES: tl.constexpr, SCALE_WORDS: tl.constexpr,
-    PACKED_DECODE: tl.constexpr, RETIRE_MMA: tl.constexpr,
-    COMPUTE_DTYPE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_GROUPS: tl.constexpr,
+    A_GLOBAL_SCALE: tl.constexpr,
+    B_GLOBAL_SCALE: tl.constexpr,
+    HAS_EXPERT_SCALES: tl.constexpr,
+    EPILOGUE: tl.constexpr,
+    EPILOGUE_FN: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    GLU_ALPHA: tl.constexpr,
+    GLU_LIMIT: tl.constexpr,
+    GLU_UP_SHIFT: tl.constexpr,
+    GLU_INTERLEAVED: tl.constexpr,
+    USE_DOT_SCALED: tl.constexpr,
+    SWAP_AB: tl.constexpr,
+    PREFETCH_SCALES: tl.constexpr,
+    SCALE_WORDS: tl.constexpr,
+    PACKED_DECODE: tl.constexpr,
+    RETIRE_MMA: tl.constexpr,
+    COMPUTE_DTYPE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_GROUPS: tl.constexpr,
 ):
     """Persistent grouped matmul.
 
@@ -227,7 +348,8 @@ def grouped_matmul_kernel(
     n_tiles = tl.cdiv(n_out, BLOCK_N)
 
     group_ids, starts, ends, tiles, tiles_through, total_tiles = group_tiles(
-        a_offsets_ptr, num_tokens, num_groups, min_group_rows, max_group_rows, n_tiles, BLOCK_M, BLOCK_GROUPS)
+        a_offsets_ptr, num_tokens, num_groups, min_group_rows, max_group_rows, n_tiles, BLOCK_M, BLOCK_GROUPS
+    )
 
     a_global_scale = 1.0
     if A_GLOBAL_SCALE:
@@ -253,8 +375,17 @@ def grouped_matmul_kernel(
         col_mask = cols < n_out
 
         a_row_offsets = rows * stride_a_row
-        a_scale_rows, a_scale_mask = A_SCALE_ROWS(rows, row_mask, group, group_start, a_scale_offsets_ptr,
-                                                  stride_a_scale_row, num_a_scale_tile_rows, K, A_SCALE_BLOCK)
+        a_scale_rows, a_scale_mask = A_SCALE_ROWS(
+            rows,
+            row_mask,
+            group,
+            group_start,
+            a_scale_offsets_ptr,
+            stride_a_scale_row,
+            num_a_scale_tile_rows,
+            K,
+            A_SCALE_BLOCK,
+        )
 
         b_rows = cols
         up_rows = cols + n_out  # SwiGLU: B's rows are [gate | up] halves ...
@@ -266,8 +397,9 @@ def grouped_matmul_kernel(
         up_scale_rows = b_scale_rows
         if EPILOGUE == "swiglu":
             up_row_offsets = expert * stride_b_expert + up_rows * stride_b_row
-            up_scale_rows = B_SCALE_ROWS(expert, up_rows, stride_b_scale_expert, stride_b_scale_row, N, K,
-                                         B_SCALE_BLOCK)
+            up_scale_rows = B_SCALE_ROWS(
+                expert, up_rows, stride_b_scale_expert, stride_b_scale_row, N, K, B_SCALE_BLOCK
+            )
 
         if SWAP_AB:
             acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
@@ -280,16 +412,47 @@ def grouped_matmul_kernel(
         # Without it (the ablation's baseline) each step loads its own scales.
         if PREFETCH_SCALES:
             a_scale_next, b_scale_next, up_scale_next = _step_scales(
-                a_scales_ptr, a_scale_rows, a_scale_mask, b_scales_ptr, b_scale_rows, up_scale_rows, col_mask, 0, K,
-                A_SCALE, A_SCALE_BLOCK, A_SCALE_COLS, B_SCALE, B_SCALE_BLOCK, B_SCALE_COLS, EPILOGUE,
-                SCALE_WORDS, BLOCK_K)
+                a_scales_ptr,
+                a_scale_rows,
+                a_scale_mask,
+                b_scales_ptr,
+                b_scale_rows,
+                up_scale_rows,
+                col_mask,
+                0,
+                K,
+                A_SCALE,
+                A_SCALE_BLOCK,
+                A_SCALE_COLS,
+                B_SCALE,
+                B_SCALE_BLOCK,
+                B_SCALE_COLS,
+                EPILOGUE,
+                SCALE_WORDS,
+                BLOCK_K,
+            )
         for k_tile in range(0, tl.where(expert_ok, num_k_tiles, 0)):
             k_start = k_tile * BLOCK_K
             loaded = _step_scales(
-                a_scales_ptr, a_scale_rows, a_scale_mask, b_scales_ptr, b_scale_rows, up_scale_rows, col_mask,
-                k_start + BLOCK_K if PREFETCH_SCALES else k_start, K,
-                A_SCALE, A_SCALE_BLOCK, A_SCALE_COLS, B_SCALE, B_SCALE_BLOCK, B_SCALE_COLS, EPILOGUE,
-                SCALE_WORDS, BLOCK_K)
+                a_scales_ptr,
+                a_scale_rows,
+                a_scale_mask,
+                b_scales_ptr,
+                b_scale_rows,
+                up_scale_rows,
+                col_mask,
+                k_start + BLOCK_K if PREFETCH_SCALES else k_start,
+                K,
+                A_SCALE,
+                A_SCALE_BLOCK,
+                A_SCALE_COLS,
+                B_SCALE,
+                B_SCALE_BLOCK,
+                B_SCALE_COLS,
+                EPILOGUE,
+                SCALE_WORDS,
+                BLOCK_K,
+            )
             if PREFETCH_SCALES:
                 a_scale_bits, b_scale_bits, up_scale_bits = a_scale_next, b_scale_next, up_scale_next
                 a_scale_next, b_scale_next, up_scale_next = loaded
@@ -297,14 +460,48 @@ def grouped_matmul_kernel(
                 a_scale_bits, b_scale_bits, up_scale_bits = loaded
             a_data = load_operand_tile(a_ptr, a_row_offsets, row_mask, k_start, K, A_ELEMENT, BLOCK_K)
             b_data = load_operand_tile(b_ptr, b_row_offsets, col_mask, k_start, K, B_ELEMENT, BLOCK_K)
-            acc = _mma_step(acc, a_data, a_scale_bits, b_data, b_scale_bits,
-                            A_ELEMENT, A_SCALE, A_SCALE_BLOCK, B_ELEMENT, B_SCALE, B_SCALE_BLOCK,
-                            USE_DOT_SCALED, SWAP_AB, BLOCK_M, BLOCK_N, BLOCK_K, COMPUTE_DTYPE, PACKED_DECODE)
+            acc = _mma_step(
+                acc,
+                a_data,
+                a_scale_bits,
+                b_data,
+                b_scale_bits,
+                A_ELEMENT,
+                A_SCALE,
+                A_SCALE_BLOCK,
+                B_ELEMENT,
+                B_SCALE,
+                B_SCALE_BLOCK,
+                USE_DOT_SCALED,
+                SWAP_AB,
+                BLOCK_M,
+                BLOCK_N,
+                BLOCK_K,
+                COMPUTE_DTYPE,
+                PACKED_DECODE,
+            )
             if EPILOGUE == "swiglu":
                 up_data = load_operand_tile(b_ptr, up_row_offsets, col_mask, k_start, K, B_ELEMENT, BLOCK_K)
-                up_acc = _mma_step(up_acc, a_data, a_scale_bits, up_data, up_scale_bits,
-                                   A_ELEMENT, A_SCALE, A_SCALE_BLOCK, B_ELEMENT, B_SCALE, B_SCALE_BLOCK,
-                                   USE_DOT_SCALED, SWAP_AB, BLOCK_M, BLOCK_N, BLOCK_K, COMPUTE_DTYPE, PACKED_DECODE)
+                up_acc = _mma_step(
+                    up_acc,
+                    a_data,
+                    a_scale_bits,
+                    up_data,
+                    up_scale_bits,
+                    A_ELEMENT,
+                    A_SCALE,
+                    A_SCALE_BLOCK,
+                    B_ELEMENT,
+                    B_SCALE,
+                    B_SCALE_BLOCK,
+                    USE_DOT_SCALED,
+                    SWAP_AB,
+                    BLOCK_M,
+                    BLOCK_N,
+                    BLOCK_K,
+                    COMPUTE_DTYPE,
+                    PACKED_DECODE,
+                )
                 up_acc = retire_mma(up_acc, RETIRE_MMA)
             acc = retire_mma(acc, RETIRE_MMA)
 
@@ -321,11 +518,23 @@ def grouped_matmul_kernel(
             bias = tl.load(bias_row + b_rows, mask=col_mask, other=0.0).to(tl.float32)[None, :]
             if EPILOGUE == "swiglu":
                 up_bias = tl.load(bias_row + up_rows, mask=col_mask, other=0.0).to(tl.float32)[None, :]
-        acc = apply_epilogue(acc, up_acc, multiplier, bias, up_bias, rows[:, None], cols[None, :], EPILOGUE,
-                             EPILOGUE_FN, HAS_BIAS, GLU_ALPHA, GLU_LIMIT, GLU_UP_SHIFT)
+        acc = apply_epilogue(
+            acc,
+            up_acc,
+            multiplier,
+            bias,
+            up_bias,
+            rows[:, None],
+            cols[None, :],
+            EPILOGUE,
+            EPILOGUE_FN,
+            HAS_BIAS,
+            GLU_ALPHA,
+            GLU_LIMIT,
+            GLU_UP_SHIFT,
+        )
         acc = tl.where(expert_ok, acc, 0.0)
         if A_SCALES_MAY_MISS:  # rows whose scales lie outside A's scale tensor
             acc = tl.where(a_scale_mask[:, None] | ~row_mask[:, None], acc, float("nan"))
         out_offsets = rows[:, None] * stride_out_row + cols[None, :]
-        tl.store(out_ptr + out_offsets, acc.to(out_ptr.dtype.element_ty),
-                 mask=row_mask[:, None] & col_mask[None, :])
+        tl.store(out_ptr + out_offsets, acc.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & col_mask[None, :])

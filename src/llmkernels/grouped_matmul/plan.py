@@ -1,6 +1,7 @@
 """The plan of one grouped-matmul call signature: its launches (config, group-size class, the backend that takes
 each: :mod:`.backends`) and the pre-pass that decodes A ahead where a launch reads it so. A plan holds no tensor;
 each launch binds its compiled kernel at its first run."""
+
 from __future__ import annotations
 
 from operator import itemgetter
@@ -25,8 +26,19 @@ def launch_configs(call: CheckedCall, config: BlockScaledMatmulConfig | None) ->
     if config is not None:
         return ((config, *ALL_GROUP_SIZES),)
     a, b = call.a, call.b
-    return default_launches(call.num_tokens, call.num_groups, call.n_out, call.k, call.device, a.element, b.element,
-                            call.weight_bytes, call.epilogue_kind == "swiglu", b.scale_block, b.scale_layout)
+    return default_launches(
+        call.num_tokens,
+        call.num_groups,
+        call.n_out,
+        call.k,
+        call.device,
+        a.element,
+        b.element,
+        call.weight_bytes,
+        call.epilogue_kind == "swiglu",
+        b.scale_block,
+        b.scale_layout,
+    )
 
 
 class Launch:
@@ -38,7 +50,7 @@ class Launch:
         self.backend = backend_for(call, config)
         self.upcast = self.backend.upcast_dtype(call, config)
         self.spec = self.backend.kernel_spec(call, config, group_rows)
-        pointers = tuple(name[:-len("_ptr")] for name in self.spec.fn.arg_names if name.endswith("_ptr"))
+        pointers = tuple(name[: -len("_ptr")] for name in self.spec.fn.arg_names if name.endswith("_ptr"))
         # the kernel's pointers out of the call's tensors (None: all of them, in order)
         self.take = None if pointers == TENSORS else itemgetter(*(TENSORS.index(name) for name in pointers))
         self.bound: BoundKernel | None = None
@@ -58,10 +70,13 @@ class Plan:
 
     def __init__(self, call: CheckedCall, config: BlockScaledMatmulConfig | None):
         self.call = call = call.described()
-        self.launches = tuple(Launch(call, launch_config, (min_rows, max_rows))
-                              for launch_config, min_rows, max_rows in launch_configs(call, config))
-        self.upcasts = {launch.upcast: Upcast(call, launch.upcast) for launch in self.launches
-                        if launch.upcast is not None}
+        self.launches = tuple(
+            Launch(call, launch_config, (min_rows, max_rows))
+            for launch_config, min_rows, max_rows in launch_configs(call, config)
+        )
+        self.upcasts = {
+            launch.upcast: Upcast(call, launch.upcast) for launch in self.launches if launch.upcast is not None
+        }
 
     def __call__(self, a, b, a_offsets, expert_ids, expert_scales, bias, out, out_checked: bool) -> torch.Tensor:
         """Runs the launches on a call of this signature. ``out_checked``: False when ``out`` was given to a cached
@@ -73,8 +88,19 @@ class Plan:
         if out is None:
             out = runtime.new_buffer((call.num_tokens, call.n_out), call.out_dtype, call.device)
         elif not out_checked:
-            check_out(out, out.shape, out.dtype, a=a_data, a_scales=a_scales, b=b_data, b_scales=b_scales,
-                      a_offsets=a_offsets, expert_ids=expert_ids, expert_scales=expert_scales, bias=bias)
+            check_out(
+                out,
+                out.shape,
+                out.dtype,
+                a=a_data,
+                a_scales=a_scales,
+                b=b_data,
+                b_scales=b_scales,
+                a_offsets=a_offsets,
+                expert_ids=expert_ids,
+                expert_scales=expert_scales,
+                bias=bias,
+            )
         if call.empty:
             return out
         # The kernels read the metadata as dense vectors: views of any strides are copied (a few bytes).
@@ -86,11 +112,17 @@ class Plan:
         # outside every group keep their values).
         target = unit_last_stride(out)
         dummy = a_offsets  # for the pointers a compiled variant never reads
-        rest = (b_data, b_scales if b_scales is not None else dummy,
-                b_global_scale if b_global_scale is not None else dummy, target, a_offsets,
-                a_scale_offsets if a_scale_offsets is not None else dummy, expert_ids,
-                expert_scales if expert_scales is not None else dummy,
-                unit_last_stride(bias) if bias is not None else dummy)
+        rest = (
+            b_data,
+            b_scales if b_scales is not None else dummy,
+            b_global_scale if b_global_scale is not None else dummy,
+            target,
+            a_offsets,
+            a_scale_offsets if a_scale_offsets is not None else dummy,
+            expert_ids,
+            expert_scales if expert_scales is not None else dummy,
+            unit_last_stride(bias) if bias is not None else dummy,
+        )
         a_global_part = a_global_scale if a_global_scale is not None else dummy
         decoded = {dtype: upcast(a_data, a_scales) for dtype, upcast in self.upcasts.items()}
         for launch in self.launches:

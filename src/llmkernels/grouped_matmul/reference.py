@@ -1,4 +1,5 @@
 """PyTorch reference of the grouped matmul, in float32 (float64 accumulation), for tests and users."""
+
 from __future__ import annotations
 
 import math
@@ -16,8 +17,9 @@ REFERENCE_EPILOGUES = {
 }
 
 
-def grouped_matmul_reference(a, b, a_offsets, expert_ids, expert_scales=None, *, epilogue=None,
-                             bias=None) -> torch.Tensor:
+def grouped_matmul_reference(
+    a, b, a_offsets, expert_ids, expert_scales=None, *, epilogue=None, bias=None
+) -> torch.Tensor:
     """float32 ``[T, N_out]`` reference of :func:`llmkernels.grouped_matmul` on the same arguments.
 
     ``epilogue``: ``None``, ``"silu"``, ``"gelu"``, ``"swiglu"``, a :class:`SwiGLU` or a PyTorch function

@@ -13,6 +13,7 @@ no bias: Mixtral, Qwen3-MoE, DeepSeek-V3), and gpt-oss' (``gate_up_proj [E, H, 2
 interleaved, ``down_proj [E, I, H]``, biases, the clamped SwiGLU), whose weights are rearranged once. Other
 layouts run transformers' own ``grouped_mm`` path.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -30,10 +31,19 @@ __all__ = ["register", "attention_forward", "experts_forward", "quantize_experts
 NAME = "llmkernels"
 
 
-def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                      attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
-                      is_causal: bool | None = None, softcap: float | None = None, s_aux: torch.Tensor | None = None,
-                      **kwargs) -> tuple[torch.Tensor, None]:
+def attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    is_causal: bool | None = None,
+    softcap: float | None = None,
+    s_aux: torch.Tensor | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
     """transformers' attention-function signature: query ``[B, Hq, Sq, D]``, key / value ``[B, Hkv, Skv, D]``
     (fp16 / bf16), ``attention_mask`` bool or additive ``[B, 1, Sq, Skv]`` or None → ``([B, Sq, Hq, D], None)``.
 
@@ -48,8 +58,16 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     causal = q_length > 1 and attention_mask is None and is_causal
     if causal and k.shape[1] > q_length:  # as transformers' SDPA path: no mask means the first q_length keys
         k, v = k[:, :q_length], v[:, :q_length]
-    out = attention(q, k, v, causal=causal, mask=attention_mask, sinks=None if s_aux is None else s_aux.float(),
-                    score_mod=softcap_mod(float(softcap)) if softcap else None, softmax_scale=scaling)
+    out = attention(
+        q,
+        k,
+        v,
+        causal=causal,
+        mask=attention_mask,
+        sinks=None if s_aux is None else s_aux.float(),
+        score_mod=softcap_mod(float(softcap)) if softcap else None,
+        softmax_scale=scaling,
+    )
     return out, None
 
 
@@ -76,12 +94,20 @@ def _layout(experts: torch.nn.Module) -> str | None:
     if not getattr(experts, "has_gate", False) or getattr(experts, "has_post_expert_norm", False):
         return None
     apply_gate = type(experts)._apply_gate
-    if (apply_gate is _default_apply_gate and not getattr(experts, "has_bias", False)
-            and not getattr(experts, "is_transposed", False) and getattr(experts, "is_concatenated", True)
-            and type(getattr(experts, "act_fn", None)).__name__ in ("SiLU", "SiLUActivation")):
+    if (
+        apply_gate is _default_apply_gate
+        and not getattr(experts, "has_bias", False)
+        and not getattr(experts, "is_transposed", False)
+        and getattr(experts, "is_concatenated", True)
+        and type(getattr(experts, "act_fn", None)).__name__ in ("SiLU", "SiLUActivation")
+    ):
         return "default"
-    if (apply_gate.__qualname__ == "GptOssExperts._apply_gate" and getattr(experts, "has_bias", False)
-            and getattr(experts, "is_transposed", False) and not getattr(experts, "is_concatenated", True)):
+    if (
+        apply_gate.__qualname__ == "GptOssExperts._apply_gate"
+        and getattr(experts, "has_bias", False)
+        and getattr(experts, "is_transposed", False)
+        and not getattr(experts, "is_concatenated", True)
+    ):
         return "gpt_oss"
     return None
 
@@ -95,8 +121,9 @@ def _deinterleave(t: torch.Tensor) -> torch.Tensor:
     return torch.cat((t[:, 0::2], t[:, 1::2]), 1)
 
 
-def _expert_weights(experts: torch.nn.Module, layout: str, weight_format: str | None = None,
-                    scale_layout: Layout | str = ROW) -> ExpertWeights:
+def _expert_weights(
+    experts: torch.nn.Module, layout: str, weight_format: str | None = None, scale_layout: Layout | str = ROW
+) -> ExpertWeights:
     """The module's weights in :func:`fused_experts`' layout, bf16 or quantized (one copy, made once).
 
     Raises:
@@ -120,8 +147,9 @@ def _expert_weights(experts: torch.nn.Module, layout: str, weight_format: str | 
     return ExpertWeights(w1, w2, b1, b2, activation, None if weight_format is not None else _source(experts))
 
 
-def experts_forward(self: torch.nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
-                    top_k_weights: torch.Tensor) -> torch.Tensor:
+def experts_forward(
+    self: torch.nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
+) -> torch.Tensor:
     """transformers' experts-function signature: ``hidden_states [T, H]``, ``top_k_index`` / ``top_k_weights``
     ``[T, k]`` → ``[T, H]``. Runs :func:`fused_experts` on the weights :func:`quantize_experts` stored, or on
     bf16 copies in its layout made at the first call (made again when a parameter changes; gpt-oss' copy
@@ -136,8 +164,16 @@ def experts_forward(self: torch.nn.Module, hidden_states: torch.Tensor, top_k_in
 
             return grouped_mm_experts_forward(self, hidden_states, top_k_index, top_k_weights)
         weights = self.llmkernels_weights = _expert_weights(self, layout)
-    return fused_experts(hidden_states, weights.w1, weights.w2, top_k_weights, top_k_index,
-                         activation=weights.activation, w1_bias=weights.w1_bias, w2_bias=weights.w2_bias)
+    return fused_experts(
+        hidden_states,
+        weights.w1,
+        weights.w2,
+        top_k_weights,
+        top_k_index,
+        activation=weights.activation,
+        w1_bias=weights.w1_bias,
+        w2_bias=weights.w2_bias,
+    )
 
 
 def quantize_experts(model: torch.nn.Module, weight_format: str = "mxfp4", scale_layout: Layout | str = ROW) -> int:

@@ -15,6 +15,7 @@ Two modes (:class:`ExpertExchange`):
 
 The exchange moves bf16 activations and int32 local expert ids; the local experts run exactly as on one GPU.
 """
+
 from __future__ import annotations
 
 import torch
@@ -51,7 +52,8 @@ class ExpertExchange:
         token_sorted = order // top_k
         # counts by scatter_add: bincount would sync to size its output
         send_counts = torch.zeros(self.world, dtype=torch.int64, device=x.device).scatter_add_(
-            0, dest, torch.ones_like(dest))
+            0, dest, torch.ones_like(dest)
+        )
         if self.capacity is None:
             recv_counts = torch.empty_like(send_counts)
             dist.all_to_all_single(recv_counts, send_counts, group=self.group)

@@ -1,5 +1,6 @@
 """vLLM's ``fused_experts`` call shape on our grouped matmuls: a drop-in for code written against
 ``vllm.model_executor.layers.fused_moe.fused_experts``, with quantized weights as ScaledTensors."""
+
 from __future__ import annotations
 
 import torch
@@ -29,12 +30,17 @@ def _epilogue(activation) -> SwiGLU:
 
 
 def _check_hidden_states(hidden_states, inplace: bool) -> None:
-    if (not isinstance(hidden_states, torch.Tensor) or hidden_states.dim() != 2
-            or hidden_states.dtype not in _HIDDEN_DTYPES):
+    if (
+        not isinstance(hidden_states, torch.Tensor)
+        or hidden_states.dim() != 2
+        or hidden_states.dtype not in _HIDDEN_DTYPES
+    ):
         raise TypeError(f"hidden_states must be a bf16/fp16/fp32 [T, K] tensor, got {describe(hidden_states)}")
     if inplace and has_internal_overlap(hidden_states):
-        raise ValueError(f"hidden_states has elements that share memory (strides {hidden_states.stride()}, e.g. an "
-                         f"expanded view): inplace=True cannot write it")
+        raise ValueError(
+            f"hidden_states has elements that share memory (strides {hidden_states.stride()}, e.g. an "
+            f"expanded view): inplace=True cannot write it"
+        )
 
 
 def _check_weights(w1, w2, activation_format: str, epilogue: SwiGLU) -> None:
@@ -55,19 +61,25 @@ def _check_weights(w1, w2, activation_format: str, epilogue: SwiGLU) -> None:
     if activation_format != "bf16":
         block = format_spec(activation_format).block
         if k % block or (two_n // 2) % block:
-            raise ValueError(f"activation_format {activation_format} quantizes blocks of {block} along K and N, "
-                             f"got K = {k}, N = {two_n // 2}")
+            raise ValueError(
+                f"activation_format {activation_format} quantizes blocks of {block} along K and N, "
+                f"got K = {k}, N = {two_n // 2}"
+            )
         for name, weight in (("w1", w1), ("w2", w2)):
             if not isinstance(weight, ScaledTensor) or (weight.format == "nvfp4") != (activation_format == "nvfp4"):
-                raise TypeError(f"activation_format {activation_format} needs {name} quantized to a format of its "
-                                f"family (nvfp4 pairs only with nvfp4), got {getattr(weight, 'format', 'bf16')}")
+                raise TypeError(
+                    f"activation_format {activation_format} needs {name} quantized to a format of its "
+                    f"family (nvfp4 pairs only with nvfp4), got {getattr(weight, 'format', 'bf16')}"
+                )
     layout = getattr(w1, "scale_layout", ROW)  # a plain tensor's rows are row-major
     if epilogue.interleaved and layout is not ROW:
-        raise ValueError(f"interleaved gate and up rows (activation {epilogue}) need w1 with {ROW} scales, got the "
-                         f"{layout} layout")
+        raise ValueError(
+            f"interleaved gate and up rows (activation {epilogue}) need w1 with {ROW} scales, got the {layout} layout"
+        )
     if (two_n // 2) % layout.rows_per_block:
-        raise ValueError(f"w1 in the {layout} layout needs N to be a multiple of {layout.rows_per_block}, got "
-                         f"N = {two_n // 2}")
+        raise ValueError(
+            f"w1 in the {layout} layout needs N to be a multiple of {layout.rows_per_block}, got N = {two_n // 2}"
+        )
 
 
 def _check_routing(topk_weights, topk_ids, num_tokens: int) -> None:
@@ -76,8 +88,10 @@ def _check_routing(topk_weights, topk_ids, num_tokens: int) -> None:
     if not isinstance(topk_weights, torch.Tensor) or not topk_weights.is_floating_point():
         raise TypeError(f"topk_weights must be a floating [T, top_k] tensor, got {describe(topk_weights)}")
     if topk_ids.dim() != 2 or topk_weights.shape != topk_ids.shape or topk_ids.shape[0] != num_tokens:
-        raise ValueError(f"topk_weights and topk_ids must both be [T, top_k] with hidden_states' T = {num_tokens}, "
-                         f"got {tuple(topk_weights.shape)} and {tuple(topk_ids.shape)}")
+        raise ValueError(
+            f"topk_weights and topk_ids must both be [T, top_k] with hidden_states' T = {num_tokens}, "
+            f"got {tuple(topk_weights.shape)} and {tuple(topk_ids.shape)}"
+        )
 
 
 def _check_biases(w1_bias, w2_bias, num_experts: int, two_n: int, k: int) -> None:
@@ -93,24 +107,41 @@ def _check_biases(w1_bias, w2_bias, num_experts: int, two_n: int, k: int) -> Non
 def _global_expert_count(global_num_experts, expert_map, num_experts: int) -> int:
     """G, the number of ids topk_ids may hold: ``len(expert_map)`` with a map, E without; ``global_num_experts``
     must be -1 or that number."""
-    if expert_map is not None and (not isinstance(expert_map, torch.Tensor) or expert_map.dim() != 1
-                                   or expert_map.dtype not in _ID_DTYPES):
-        raise TypeError(f"expert_map must be an int32/int64 [global_num_experts] tensor (-1: not on this rank), "
-                        f"got {describe(expert_map)}")
+    if expert_map is not None and (
+        not isinstance(expert_map, torch.Tensor) or expert_map.dim() != 1 or expert_map.dtype not in _ID_DTYPES
+    ):
+        raise TypeError(
+            f"expert_map must be an int32/int64 [global_num_experts] tensor (-1: not on this rank), "
+            f"got {describe(expert_map)}"
+        )
     if expert_map is not None and expert_map.numel() == 0:
         raise ValueError("expert_map must hold at least one expert")
     num_global = num_experts if expert_map is None else expert_map.numel()
     if isinstance(global_num_experts, bool) or not isinstance(global_num_experts, int):
         raise TypeError(f"global_num_experts must be an int, got {type(global_num_experts).__name__}")
     if global_num_experts not in (-1, num_global):
-        what = (f"len(expert_map) = {num_global}" if expert_map is not None
-                else f"w1's E = {num_experts} (no expert_map)")
+        what = (
+            f"len(expert_map) = {num_global}" if expert_map is not None else f"w1's E = {num_experts} (no expert_map)"
+        )
         raise ValueError(f"global_num_experts must be -1 or {what}, got {global_num_experts}")
     return num_global
 
 
-def _check(hidden_states, w1, w2, topk_weights, topk_ids, inplace, epilogue, global_num_experts, expert_map,
-           w1_bias, w2_bias, activation_format, validate) -> int:
+def _check(
+    hidden_states,
+    w1,
+    w2,
+    topk_weights,
+    topk_ids,
+    inplace,
+    epilogue,
+    global_num_experts,
+    expert_map,
+    w1_bias,
+    w2_bias,
+    activation_format,
+    validate,
+) -> int:
     """Every check of :func:`fused_experts` that needs no device value (no launch, no sync); returns G."""
     _check_hidden_states(hidden_states, inplace)
     _check_weights(w1, w2, activation_format, epilogue)
@@ -122,11 +153,25 @@ def _check(hidden_states, w1, w2, topk_weights, topk_ids, inplace, epilogue, glo
     num_global = _global_expert_count(global_num_experts, expert_map, num_experts)
     if not isinstance(validate, bool):
         raise TypeError(f"validate must be a bool, got {type(validate).__name__}")
-    check_device(hidden_states=hidden_states, w1=w1, w2=w2, topk_weights=topk_weights, topk_ids=topk_ids,
-                 expert_map=expert_map, w1_bias=w1_bias, w2_bias=w2_bias)
-    forward_only("fused_experts", hidden_states=hidden_states, topk_weights=topk_weights,
-                 w1=w1 if isinstance(w1, torch.Tensor) else None, w2=w2 if isinstance(w2, torch.Tensor) else None,
-                 w1_bias=w1_bias, w2_bias=w2_bias)
+    check_device(
+        hidden_states=hidden_states,
+        w1=w1,
+        w2=w2,
+        topk_weights=topk_weights,
+        topk_ids=topk_ids,
+        expert_map=expert_map,
+        w1_bias=w1_bias,
+        w2_bias=w2_bias,
+    )
+    forward_only(
+        "fused_experts",
+        hidden_states=hidden_states,
+        topk_weights=topk_weights,
+        w1=w1 if isinstance(w1, torch.Tensor) else None,
+        w2=w2 if isinstance(w2, torch.Tensor) else None,
+        w1_bias=w1_bias,
+        w2_bias=w2_bias,
+    )
     return num_global
 
 
@@ -143,20 +188,24 @@ def _checked_global_count(*arguments) -> int:
     return num_global
 
 
-def _validate_ids_on_host(topk_ids: torch.Tensor, expert_map: torch.Tensor | None, num_global: int,
-                          num_experts: int) -> None:
+def _validate_ids_on_host(
+    topk_ids: torch.Tensor, expert_map: torch.Tensor | None, num_global: int, num_experts: int
+) -> None:
     """``validate=True``: the ids' and the map's values, read on the host (one sync)."""
     ids = topk_ids.cpu()
     bad = first_true((ids < -1) | (ids >= num_global))
     if bad is not None:
-        raise ValueError(f"topk_ids must lie in [-1, {num_global}) (-1: no expert): topk_ids[{bad[0]}, {bad[1]}] = "
-                         f"{int(ids[bad])}")
+        raise ValueError(
+            f"topk_ids must lie in [-1, {num_global}) (-1: no expert): topk_ids[{bad[0]}, {bad[1]}] = {int(ids[bad])}"
+        )
     if expert_map is not None:
         local = expert_map.cpu()
         bad = first_true((local < -1) | (local >= num_experts))
         if bad is not None:
-            raise ValueError(f"expert_map must hold local experts in [-1, {num_experts}) (-1: another rank's): "
-                             f"expert_map[{bad[0]}] = {int(local[bad])}")
+            raise ValueError(
+                f"expert_map must hold local experts in [-1, {num_experts}) (-1: another rank's): "
+                f"expert_map[{bad[0]}] = {int(local[bad])}"
+            )
 
 
 def _local_ids(topk_ids: torch.Tensor, expert_map: torch.Tensor | None, num_global: int) -> torch.Tensor:
@@ -172,11 +221,23 @@ def _local_ids(topk_ids: torch.Tensor, expert_map: torch.Tensor | None, num_glob
     return torch.where(in_range, expert_map[ids.clamp(0, num_global - 1)], -1)
 
 
-def fused_experts(hidden_states: torch.Tensor, w1, w2, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
-                  inplace: bool = False, activation: str = "silu", apply_router_weight_on_input: bool = False,
-                  global_num_experts: int = -1, expert_map: torch.Tensor | None = None, *,
-                  w1_bias: torch.Tensor | None = None, w2_bias: torch.Tensor | None = None,
-                  activation_format: str = "bf16", validate: bool = False) -> torch.Tensor:
+def fused_experts(
+    hidden_states: torch.Tensor,
+    w1,
+    w2,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    inplace: bool = False,
+    activation: str = "silu",
+    apply_router_weight_on_input: bool = False,
+    global_num_experts: int = -1,
+    expert_map: torch.Tensor | None = None,
+    *,
+    w1_bias: torch.Tensor | None = None,
+    w2_bias: torch.Tensor | None = None,
+    activation_format: str = "bf16",
+    validate: bool = False,
+) -> torch.Tensor:
     """``out[t] = Σ_j topk_weights[t, j] · (w2[e] act(w1[e] x_t + b1[e]) + b2[e])``, ``e = topk_ids[t, j]``, with
     ``act`` the gated activation of w1's gate and up rows (``silu(gate) · up`` for ``"silu"``).
 
@@ -222,8 +283,21 @@ def fused_experts(hidden_states: torch.Tensor, w1, w2, topk_weights: torch.Tenso
     """
     epilogue = _epilogue(activation)
     w1, w2 = unwrap_torchao(w1), unwrap_torchao(w2)
-    num_global = _checked_global_count(hidden_states, w1, w2, topk_weights, topk_ids, inplace, epilogue,
-                                       global_num_experts, expert_map, w1_bias, w2_bias, activation_format, validate)
+    num_global = _checked_global_count(
+        hidden_states,
+        w1,
+        w2,
+        topk_weights,
+        topk_ids,
+        inplace,
+        epilogue,
+        global_num_experts,
+        expert_map,
+        w1_bias,
+        w2_bias,
+        activation_format,
+        validate,
+    )
     num_experts = w1.shape[0]
     if validate:
         _validate_ids_on_host(topk_ids, expert_map, num_global, num_experts)
@@ -237,8 +311,11 @@ def fused_experts(hidden_states: torch.Tensor, w1, w2, topk_weights: torch.Tenso
     if apply_router_weight_on_input:
         weight_of_row = torch.zeros(token_of_row.shape[0], dtype=torch.float32, device=x.device)
         placed = row_of_copy.flatten() >= 0  # an unplaced copy adds 0 to row 0 (accumulate: no lost write)
-        weight_of_row.index_put_((torch.where(placed, row_of_copy.flatten(), 0),),
-                                 torch.where(placed, weights.flatten(), 0.0), accumulate=True)
+        weight_of_row.index_put_(
+            (torch.where(placed, row_of_copy.flatten(), 0),),
+            torch.where(placed, weights.flatten(), 0.0),
+            accumulate=True,
+        )
         a = (a.float() * weight_of_row[:, None]).to(torch.bfloat16)
         weights = torch.ones_like(weights)
     if activation_format != "bf16":

@@ -1,5 +1,6 @@
 """MoEFeedForward: router, dispatch, gate/up grouped matmul with fused SwiGLU, down grouped matmul,
 weighted combine; everything on the device, no host sync."""
+
 from __future__ import annotations
 
 import hashlib
@@ -32,8 +33,9 @@ def _is_process_group(group) -> bool:
 def _local_expert_count(process_group, capacity, num_experts: int) -> int:
     """E without a process group, else E / W; checks the expert-parallel arguments before any collective."""
     if process_group is not None and not _is_process_group(process_group):
-        raise TypeError(f"process_group must be None or a torch.distributed ProcessGroup, got "
-                        f"{type(process_group).__name__}")
+        raise TypeError(
+            f"process_group must be None or a torch.distributed ProcessGroup, got {type(process_group).__name__}"
+        )
     if capacity is not None and (isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1):
         raise ValueError(f"capacity must be None (exact mode) or an int >= 1, got {capacity!r}")
     if process_group is None:
@@ -50,9 +52,14 @@ def _check_same_config_on_every_rank(process_group, block, device: torch.device)
     """One small all_gather at construction: ranks built with different sizes, formats or modes all raise
     (the same ValueError on every rank, never a hang in a later all-to-all)."""
     formats = (block.activation_format, block._weight_formats["w_gate_up"], block._weight_formats["w_down"])
-    signature = [block.num_experts, block.hidden, block.intermediate, block.top_k,
-                 -1 if block.exchange.capacity is None else block.exchange.capacity,
-                 int.from_bytes(hashlib.sha256(repr((formats, block.routing)).encode()).digest()[:7], "little")]
+    signature = [
+        block.num_experts,
+        block.hidden,
+        block.intermediate,
+        block.top_k,
+        -1 if block.exchange.capacity is None else block.exchange.capacity,
+        int.from_bytes(hashlib.sha256(repr((formats, block.routing)).encode()).digest()[:7], "little"),
+    ]
     mine = torch.tensor(signature, dtype=torch.int64, device=device)
     every = [torch.empty_like(mine) for _ in range(block.exchange.world)]
     dist.all_gather(every, mine, group=process_group)
@@ -60,8 +67,10 @@ def _check_same_config_on_every_rank(process_group, block, device: torch.device)
     for rank, theirs in enumerate(torch.stack(every).tolist()):  # one read of the gathered signatures
         differ = [name for name, a, b in zip(names, signature, theirs) if a != b]
         if differ:
-            raise ValueError(f"expert-parallel ranks disagree: rank {rank} has another {', '.join(differ)} than "
-                             f"rank {block.exchange.rank}")
+            raise ValueError(
+                f"expert-parallel ranks disagree: rank {rank} has another {', '.join(differ)} than "
+                f"rank {block.exchange.rank}"
+            )
 
 
 PLAIN = ("bf16",)
@@ -75,12 +84,14 @@ def _weight_format(name: str, weight) -> str:
     if isinstance(weight, ScaledTensor):
         weight.validate()
         if weight.scale_layout not in (ROW, HOPPER):
-            raise ValueError(f"{name} must have row-major scales or be in the hopper layout, got "
-                             f"{weight.scale_layout!r}")
+            raise ValueError(
+                f"{name} must have row-major scales or be in the hopper layout, got {weight.scale_layout!r}"
+            )
         return weight.format
     if not isinstance(weight, torch.Tensor) or weight.dtype != torch.bfloat16:
-        raise TypeError(f"{name} must be a ScaledTensor or a bf16 tensor, "
-                        f"got {getattr(weight, 'dtype', type(weight).__name__)}")
+        raise TypeError(
+            f"{name} must be a ScaledTensor or a bf16 tensor, got {getattr(weight, 'dtype', type(weight).__name__)}"
+        )
     return "bf16"
 
 
@@ -93,12 +104,23 @@ def _check_format_pair(activation_format: str, weight_formats: dict) -> None:
         return
     for name, weight_format in weight_formats.items():
         if weight_format in PLAIN or (weight_format == "nvfp4") != (activation_format == "nvfp4"):
-            raise ValueError(f"activation_format {activation_format!r} does not pair with {weight_format} {name}: "
-                             f"quantized activations need quantized weights, nvfp4 pairs only with nvfp4")
+            raise ValueError(
+                f"activation_format {activation_format!r} does not pair with {weight_format} {name}: "
+                f"quantized activations need quantized weights, nvfp4 pairs only with nvfp4"
+            )
 
 
-def _check_block_arguments(router_weight, w_gate_up, w_down, top_k, activation_format: str, weight_formats: dict,
-                           process_group, capacity, routing: dict) -> tuple[int, int, int, int]:
+def _check_block_arguments(
+    router_weight,
+    w_gate_up,
+    w_down,
+    top_k,
+    activation_format: str,
+    weight_formats: dict,
+    process_group,
+    capacity,
+    routing: dict,
+) -> tuple[int, int, int, int]:
     """Every argument of the block (the weights' types excepted) before anything is quantized, copied or
     gathered; returns ``(E, H, I, local E)``.
 
@@ -112,20 +134,32 @@ def _check_block_arguments(router_weight, w_gate_up, w_down, top_k, activation_f
     num_experts, hidden = router_weight.shape
     num_local = _local_expert_count(process_group, capacity, num_experts)
     local = "" if process_group is None else " (this rank's experts: E / world size)"
-    if (len(w_gate_up.shape) != 3 or w_gate_up.shape[0] != num_local or w_gate_up.shape[2] != hidden
-            or w_gate_up.shape[1] % 2):
+    if (
+        len(w_gate_up.shape) != 3
+        or w_gate_up.shape[0] != num_local
+        or w_gate_up.shape[2] != hidden
+        or w_gate_up.shape[1] % 2
+    ):
         raise ValueError(f"w_gate_up must be [{num_local}{local}, 2I, H={hidden}], got {tuple(w_gate_up.shape)}")
     intermediate = w_gate_up.shape[1] // 2
     if tuple(w_down.shape) != (num_local, hidden, intermediate):
-        raise ValueError(f"w_down must be [E, H, I] = [{num_local}{local}, {hidden}, {intermediate}], "
-                         f"got {tuple(w_down.shape)}")
+        raise ValueError(
+            f"w_down must be [E, H, I] = [{num_local}{local}, {hidden}, {intermediate}], got {tuple(w_down.shape)}"
+        )
     _check_format_pair(activation_format, weight_formats)
     for fmt in {activation_format, *weight_formats.values()} - set(PLAIN):
         block = format_spec(fmt).block
         if hidden % block or intermediate % block:
             raise ValueError(f"{fmt} quantizes blocks of {block} along H and I, got H = {hidden}, I = {intermediate}")
-    check_routing(num_experts, top_k, routing["scoring"], routing["num_groups"], routing["topk_groups"],
-                  routing["correction_bias"], router_weight.device)
+    check_routing(
+        num_experts,
+        top_k,
+        routing["scoring"],
+        routing["num_groups"],
+        routing["topk_groups"],
+        routing["correction_bias"],
+        router_weight.device,
+    )
     for name, weight in (("w_gate_up", w_gate_up), ("w_down", w_down)):
         if weight.device != router_weight.device:
             raise ValueError(f"{name} is on {weight.device} but router_weight on {router_weight.device}")
@@ -149,28 +183,51 @@ class MoEFeedForward(nn.Module):
     before it copies anything, and raises TypeError / ValueError naming it.
     """
 
-    def __init__(self, router_weight: torch.Tensor, w_gate_up, w_down, top_k: int, *,
-                 activation_format: str = "bf16", scoring: str = "softmax", renormalize: bool = True,
-                 num_groups: int | None = None, topk_groups: int | None = None,
-                 correction_bias: torch.Tensor | None = None, process_group=None, capacity: int | None = None):
+    def __init__(
+        self,
+        router_weight: torch.Tensor,
+        w_gate_up,
+        w_down,
+        top_k: int,
+        *,
+        activation_format: str = "bf16",
+        scoring: str = "softmax",
+        renormalize: bool = True,
+        num_groups: int | None = None,
+        topk_groups: int | None = None,
+        correction_bias: torch.Tensor | None = None,
+        process_group=None,
+        capacity: int | None = None,
+    ):
         super().__init__()
         self._weight_formats = {}
         self._weight_layouts = {}  # name -> (scale_layout, logical shape)
         self._weight_views = {}  # name -> (the buffers it was made of, the view)
         w_gate_up, w_down = unwrap_torchao(w_gate_up), unwrap_torchao(w_down)  # torchao tensors: as ScaledTensors
-        weight_formats = {name: _weight_format(name, weight) for name, weight in (("w_gate_up", w_gate_up),
-                                                                                   ("w_down", w_down))}
+        weight_formats = {
+            name: _weight_format(name, weight) for name, weight in (("w_gate_up", w_gate_up), ("w_down", w_down))
+        }
         self.routing = dict(scoring=scoring, renormalize=renormalize, num_groups=num_groups, topk_groups=topk_groups)
         num_experts, hidden, intermediate, num_local = _check_block_arguments(
-            router_weight, w_gate_up, w_down, top_k, activation_format, weight_formats, process_group, capacity,
-            {**self.routing, "correction_bias": correction_bias})
+            router_weight,
+            w_gate_up,
+            w_down,
+            top_k,
+            activation_format,
+            weight_formats,
+            process_group,
+            capacity,
+            {**self.routing, "correction_bias": correction_bias},
+        )
         # The buffers are dense copies of whatever views were given: the forward then never re-copies them.
         self.register_buffer("router_weight", router_weight.detach().contiguous())
         self._register_weight("w_gate_up", w_gate_up)
         self._register_weight("w_down", w_down)
         self.num_experts, self.hidden, self.intermediate, self.top_k = num_experts, hidden, intermediate, top_k
         self.activation_format = activation_format
-        self.register_buffer("correction_bias", None if correction_bias is None else correction_bias.detach().contiguous())
+        self.register_buffer(
+            "correction_bias", None if correction_bias is None else correction_bias.detach().contiguous()
+        )
         self.register_buffer("expert_ids", torch.arange(num_local, dtype=torch.int32, device=router_weight.device))
         self.exchange = None
         if process_group is not None:
@@ -181,9 +238,13 @@ class MoEFeedForward(nn.Module):
         """Buffers of the weight's bytes: ``.to(device)`` moves them, and ``.half()`` and friends
         cannot cast quantized data (uint8 and int32 bit views are not floating point)."""
         if isinstance(weight, ScaledTensor):  # checked by _weight_format
-            parts = (weight.data.contiguous().view(torch.uint8), weight.scales.contiguous().view(torch.uint8),
-                     weight.global_scale.reshape(1).contiguous().view(torch.int32)
-                     if weight.global_scale is not None else None)
+            parts = (
+                weight.data.contiguous().view(torch.uint8),
+                weight.scales.contiguous().view(torch.uint8),
+                weight.global_scale.reshape(1).contiguous().view(torch.int32)
+                if weight.global_scale is not None
+                else None,
+            )
             self._weight_formats[name] = weight.format
             self._weight_layouts[name] = (weight.scale_layout, tuple(weight.shape))
         else:
@@ -195,8 +256,11 @@ class MoEFeedForward(nn.Module):
     def weight(self, name: str):
         """``"w_gate_up"`` or ``"w_down"`` as the grouped matmul takes it (a view of the buffers, made again
         when a buffer was replaced, e.g. by ``.to()``)."""
-        parts = (getattr(self, f"{name}_data"), getattr(self, f"{name}_scales"),
-                 getattr(self, f"{name}_global_scale_bits"))
+        parts = (
+            getattr(self, f"{name}_data"),
+            getattr(self, f"{name}_scales"),
+            getattr(self, f"{name}_global_scale_bits"),
+        )
         cached = self._weight_views.get(name)
         if cached is not None and all(a is b for a, b in zip(cached[0], parts)) and not torch.compiler.is_compiling():
             return cached[1]
@@ -210,8 +274,14 @@ class MoEFeedForward(nn.Module):
             # The parts were checked at registration and keep their shapes (``.to()`` and state dicts copy
             # them whole); the grouped matmul checks them again whenever it plans.
             layout, shape = self._weight_layouts[name]
-            view = ScaledTensor.unchecked(data.view(spec.data_dtype), scales.view(spec.scale_dtype), format,
-                                          global_scale, layout, logical_shape=shape if layout.rearranges_data else None)
+            view = ScaledTensor.unchecked(
+                data.view(spec.data_dtype),
+                scales.view(spec.scale_dtype),
+                format,
+                global_scale,
+                layout,
+                logical_shape=shape if layout.rearranges_data else None,
+            )
         self._weight_views[name] = (parts, view)
         return view
 
@@ -224,9 +294,20 @@ class MoEFeedForward(nn.Module):
         return self.weight("w_down")
 
     @classmethod
-    def from_float(cls, router_weight: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, top_k: int, *,
-                   weight_format: str = "mxfp8", activation_format: str | None = None,
-                   weight_layout: Layout | str | None = None, process_group=None, capacity: int | None = None, **routing) -> MoEFeedForward:
+    def from_float(
+        cls,
+        router_weight: torch.Tensor,
+        w_gate_up: torch.Tensor,
+        w_down: torch.Tensor,
+        top_k: int,
+        *,
+        weight_format: str = "mxfp8",
+        activation_format: str | None = None,
+        weight_layout: Layout | str | None = None,
+        process_group=None,
+        capacity: int | None = None,
+        **routing,
+    ) -> MoEFeedForward:
         """Quantizes float expert weights once.
 
         Args:
@@ -275,29 +356,55 @@ class MoEFeedForward(nn.Module):
             raise TypeError(f"from_float got unknown routing keywords {unknown}: expected {_ROUTING_ARGUMENTS}")
         for name, weight in (("router_weight", router_weight), ("w_gate_up", w_gate_up), ("w_down", w_down)):
             if not isinstance(weight, torch.Tensor) or weight.dtype not in _FLOAT_DTYPES:
-                raise TypeError(f"{name} must be a bf16, fp16 or fp32 tensor, "
-                                f"got {getattr(weight, 'dtype', type(weight).__name__)}")
+                raise TypeError(
+                    f"{name} must be a bf16, fp16 or fp32 tensor, got {getattr(weight, 'dtype', type(weight).__name__)}"
+                )
         in_layout = HOPPER.holds(weight_format)
         if weight_layout is None:
             weight_layout = HOPPER if in_layout and prefers_hopper_layout(router_weight.device) else ROW
         if weight_layout not in (ROW, HOPPER) or (weight_layout == HOPPER and not in_layout):
-            raise ValueError(f"weight_layout must be {ROW!r}, or {HOPPER!r} for "
-                             f"{' and '.join(sorted(HOPPER.formats))} weights, got {weight_layout!r} for "
-                             f"{weight_format}")
+            raise ValueError(
+                f"weight_layout must be {ROW!r}, or {HOPPER!r} for "
+                f"{' and '.join(sorted(HOPPER.formats))} weights, got {weight_layout!r} for "
+                f"{weight_format}"
+            )
         weight_layout = as_layout(weight_layout)
-        routing_arguments = {"scoring": "softmax", "renormalize": True, "num_groups": None, "topk_groups": None,
-                             "correction_bias": None, **routing}
-        _check_block_arguments(router_weight, w_gate_up, w_down, top_k, activation_format,
-                               {"w_gate_up": weight_format, "w_down": weight_format}, process_group, capacity,
-                               routing_arguments)
+        routing_arguments = {
+            "scoring": "softmax",
+            "renormalize": True,
+            "num_groups": None,
+            "topk_groups": None,
+            "correction_bias": None,
+            **routing,
+        }
+        _check_block_arguments(
+            router_weight,
+            w_gate_up,
+            w_down,
+            top_k,
+            activation_format,
+            {"w_gate_up": weight_format, "w_down": weight_format},
+            process_group,
+            capacity,
+            routing_arguments,
+        )
 
         def convert(w):
             w = w.detach()
             if weight_format == "bf16":
                 return w.to(torch.bfloat16)
             return quantize(w.contiguous(), weight_format, scale_layout=weight_layout)
-        return cls(router_weight, convert(w_gate_up), convert(w_down), top_k, activation_format=activation_format,
-                   process_group=process_group, capacity=capacity, **routing)
+
+        return cls(
+            router_weight,
+            convert(w_gate_up),
+            convert(w_down),
+            top_k,
+            activation_format=activation_format,
+            process_group=process_group,
+            capacity=capacity,
+            **routing,
+        )
 
     def _activations(self, x: torch.Tensor, rows: torch.Tensor | None = None):
         """``x`` (or ``x[rows]``) as the grouped matmul's A: bf16, or quantized with the gather
@@ -321,9 +428,13 @@ class MoEFeedForward(nn.Module):
         x = hidden_states.reshape(-1, self.hidden).contiguous()  # the router matmul rounds by layout
         logits = x.float() @ self.router_weight.float().t()
         if self.routing["num_groups"] is None and not torch.compiler.is_compiling():
-            weights, expert_ids = select_experts(logits, self.top_k, scoring=self.routing["scoring"],
-                                                 renormalize=self.routing["renormalize"],
-                                                 correction_bias=self.correction_bias)
+            weights, expert_ids = select_experts(
+                logits,
+                self.top_k,
+                scoring=self.routing["scoring"],
+                renormalize=self.routing["renormalize"],
+                correction_bias=self.correction_bias,
+            )
         else:
             weights, expert_ids = route(logits, self.top_k, correction_bias=self.correction_bias, **self.routing)
         if self.exchange is None:
@@ -332,8 +443,9 @@ class MoEFeedForward(nn.Module):
         rows, local_ids, state = self.exchange.send(x.to(torch.bfloat16), expert_ids)
         y, row_of_row = self._experts(rows, local_ids.view(-1, 1), len(self.expert_ids))
         results, row_of_copy = self.exchange.receive(y[row_of_row.view(-1)], state)  # rows in arrival order
-        return combine(results, row_of_copy.view(weights.shape), weights,
-                       hidden_states.dtype).reshape(hidden_states.shape)
+        return combine(results, row_of_copy.view(weights.shape), weights, hidden_states.dtype).reshape(
+            hidden_states.shape
+        )
 
     def _experts(self, x: torch.Tensor, expert_ids: torch.Tensor, num_experts: int):
         """This rank's experts on bf16 ``x [T, H]`` routed by local ``expert_ids [T, k]``: ``(y, row_of_copy)``,

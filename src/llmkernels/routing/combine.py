@@ -1,5 +1,6 @@
 """Combine: each token's output is the router-weighted sum of its k expert rows, read straight from
 the expert-sorted layout (one read of the expert outputs, one write of the tokens)."""
+
 from __future__ import annotations
 
 import torch
@@ -16,8 +17,18 @@ _FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 @triton.jit
-def combine_kernel(y_ptr, row_of_copy_ptr, weights_ptr, out_ptr, stride_y_row, stride_out_row, num_rows_y, hidden,
-                   TOP_K: tl.constexpr, BLOCK_H: tl.constexpr):
+def combine_kernel(
+    y_ptr,
+    row_of_copy_ptr,
+    weights_ptr,
+    out_ptr,
+    stride_y_row,
+    stride_out_row,
+    num_rows_y,
+    hidden,
+    TOP_K: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+):
     """out ``[T, H]``: ``out[t] = Σ_j weights[t, j] · y[row_of_copy[t, j]]`` in fp32; one program per
     (token, BLOCK_H columns). A row index outside y (e.g. the -1 of a copy that dispatch could not
     place) contributes nothing."""
@@ -34,8 +45,9 @@ def combine_kernel(y_ptr, row_of_copy_ptr, weights_ptr, out_ptr, stride_y_row, s
     tl.store(out_ptr + token * stride_out_row + cols, acc.to(out_ptr.dtype.element_ty), mask=col_ok)
 
 
-def combine(y: torch.Tensor, row_of_copy: torch.Tensor, weights: torch.Tensor,
-            out_dtype: torch.dtype | None = None) -> torch.Tensor:
+def combine(
+    y: torch.Tensor, row_of_copy: torch.Tensor, weights: torch.Tensor, out_dtype: torch.dtype | None = None
+) -> torch.Tensor:
     """Router-weighted sum of each token's expert outputs.
 
     Args:
@@ -85,21 +97,36 @@ class _Plan:
     def _bind(self, pointers) -> BoundKernel:
         y, out = pointers[0], pointers[3]
         block_h = min(1024, next_power_of_2(self.hidden))
-        self.bound = bind(combine_kernel, (self.num_tokens, triton.cdiv(self.hidden, block_h)), *pointers,
-                          y.stride(0), out.stride(0), y.shape[0], self.hidden, TOP_K=self.top_k, BLOCK_H=block_h)
+        self.bound = bind(
+            combine_kernel,
+            (self.num_tokens, triton.cdiv(self.hidden, block_h)),
+            *pointers,
+            y.stride(0),
+            out.stride(0),
+            y.shape[0],
+            self.hidden,
+            TOP_K=self.top_k,
+            BLOCK_H=block_h,
+        )
         return self.bound
 
 
 def check_combine(y, row_of_copy, weights, out_dtype) -> torch.device:
     """The checks of :func:`combine` (no launch; safe while torch.compile traces); returns the device."""
-    for name, tensor, dtypes in (("y", y, _FLOAT_DTYPES), ("row_of_copy", row_of_copy, (torch.int32, torch.int64)),
-                                 ("weights", weights, (torch.float32,))):
+    for name, tensor, dtypes in (
+        ("y", y, _FLOAT_DTYPES),
+        ("row_of_copy", row_of_copy, (torch.int32, torch.int64)),
+        ("weights", weights, (torch.float32,)),
+    ):
         if not isinstance(tensor, torch.Tensor) or tensor.dtype not in dtypes:
-            raise TypeError(f"{name} must be a tensor of dtype {' or '.join(map(str, dtypes))}, "
-                            f"got {getattr(tensor, 'dtype', type(tensor).__name__)}")
+            raise TypeError(
+                f"{name} must be a tensor of dtype {' or '.join(map(str, dtypes))}, "
+                f"got {getattr(tensor, 'dtype', type(tensor).__name__)}"
+            )
     if row_of_copy.dim() != 2 or weights.shape != row_of_copy.shape:
-        raise ValueError(f"row_of_copy and weights must both be [T, k], got {tuple(row_of_copy.shape)} and "
-                         f"{tuple(weights.shape)}")
+        raise ValueError(
+            f"row_of_copy and weights must both be [T, k], got {tuple(row_of_copy.shape)} and {tuple(weights.shape)}"
+        )
     if y.dim() != 2:
         raise ValueError(f"y must be [T·k, H], got shape {tuple(y.shape)}")
     if out_dtype is not None and out_dtype not in _FLOAT_DTYPES:

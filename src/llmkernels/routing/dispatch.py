@@ -6,6 +6,7 @@ block's first row per expert; place every copy at its block's row plus its rank 
 earlier copies of the same expert (a stable counting sort, no host sync). When every copy fits one
 block (up to 1024 copies, fewer with many experts) one kernel does all three.
 """
+
 from __future__ import annotations
 
 import torch
@@ -55,8 +56,9 @@ def _scan_kernel(counts_ptr, offsets_ptr, num_blocks, num_experts, CHUNK: tl.con
     totals = tl.zeros([EXPERTS], dtype=tl.int32)
     for start in range(0, num_blocks, CHUNK):
         blocks = start + tl.arange(0, CHUNK)
-        tile = tl.load(counts_ptr + blocks[:, None] * EXPERTS + experts[None, :], mask=blocks[:, None] < num_blocks,
-                       other=0)
+        tile = tl.load(
+            counts_ptr + blocks[:, None] * EXPERTS + experts[None, :], mask=blocks[:, None] < num_blocks, other=0
+        )
         totals += tl.sum(tile, axis=0)
     group_start = tl.cumsum(totals, axis=0) - totals
     tl.store(offsets_ptr + experts, group_start, mask=experts < num_experts)
@@ -72,8 +74,17 @@ def _scan_kernel(counts_ptr, offsets_ptr, num_blocks, num_experts, CHUNK: tl.con
 
 
 @triton.jit
-def _place_kernel(ids_ptr, block_start_ptr, token_of_row_ptr, row_of_copy_ptr, num_copies, num_experts,
-                  TOP_K: tl.constexpr, BLOCK: tl.constexpr, EXPERTS: tl.constexpr):
+def _place_kernel(
+    ids_ptr,
+    block_start_ptr,
+    token_of_row_ptr,
+    row_of_copy_ptr,
+    num_copies,
+    num_experts,
+    TOP_K: tl.constexpr,
+    BLOCK: tl.constexpr,
+    EXPERTS: tl.constexpr,
+):
     """Copy ``c`` of expert ``e`` goes to row ``block_start[block, e]`` + (copies of e before c in the block)."""
     block = tl.program_id(0)
     copies = block * BLOCK + tl.arange(0, BLOCK)
@@ -85,8 +96,17 @@ def _place_kernel(ids_ptr, block_start_ptr, token_of_row_ptr, row_of_copy_ptr, n
 
 
 @triton.jit
-def _dispatch_one_block_kernel(ids_ptr, offsets_ptr, token_of_row_ptr, row_of_copy_ptr, num_copies, num_experts,
-                               TOP_K: tl.constexpr, BLOCK: tl.constexpr, EXPERTS: tl.constexpr):
+def _dispatch_one_block_kernel(
+    ids_ptr,
+    offsets_ptr,
+    token_of_row_ptr,
+    row_of_copy_ptr,
+    num_copies,
+    num_experts,
+    TOP_K: tl.constexpr,
+    BLOCK: tl.constexpr,
+    EXPERTS: tl.constexpr,
+):
     """Count, scan and place in one program when every copy fits one block (a decode step's tokens):
     one launch instead of three, and no block table."""
     copies = tl.arange(0, BLOCK)
@@ -156,7 +176,8 @@ class _Plan:
         ids = expert_ids.contiguous().view(-1)
         if self.num_blocks == 1:
             (self.kernels or self._bind_one_block(ids, a_offsets, token_of_row, row_of_copy))(
-                ids, a_offsets, token_of_row, row_of_copy)
+                ids, a_offsets, token_of_row, row_of_copy
+            )
             return token_of_row, a_offsets, row_of_copy
         block_start = new_buffer((self.num_blocks, self.experts), torch.int32, device)
         count, scan, place = self.kernels or self._bind(ids, block_start, a_offsets, token_of_row, row_of_copy)
@@ -166,20 +187,57 @@ class _Plan:
         return token_of_row, a_offsets, row_of_copy
 
     def _bind_one_block(self, ids, a_offsets, token_of_row, row_of_copy) -> BoundKernel:
-        self.kernels = bind(_dispatch_one_block_kernel, (1,), ids, a_offsets, token_of_row, row_of_copy,
-                            self.num_copies, self.num_experts, TOP_K=self.top_k, BLOCK=self.block,
-                            EXPERTS=self.experts)
+        self.kernels = bind(
+            _dispatch_one_block_kernel,
+            (1,),
+            ids,
+            a_offsets,
+            token_of_row,
+            row_of_copy,
+            self.num_copies,
+            self.num_experts,
+            TOP_K=self.top_k,
+            BLOCK=self.block,
+            EXPERTS=self.experts,
+        )
         return self.kernels
 
     def _bind(self, ids, block_start, a_offsets, token_of_row, row_of_copy) -> tuple[BoundKernel, ...]:
         num_blocks, num_copies, num_experts, experts = self.num_blocks, self.num_copies, self.num_experts, self.experts
         self.kernels = (
-            bind(_count_kernel, (num_blocks,), ids, block_start, num_copies, num_experts, BLOCK=self.block,
-                 EXPERTS=experts),
-            bind(_scan_kernel, (1,), block_start, a_offsets, num_blocks, num_experts,
-                 CHUNK=max(1, min(64, ONE_HOT_ELEMENTS // experts)), EXPERTS=experts),
-            bind(_place_kernel, (num_blocks,), ids, block_start, token_of_row, row_of_copy, num_copies, num_experts,
-                 TOP_K=self.top_k, BLOCK=self.block, EXPERTS=experts),
+            bind(
+                _count_kernel,
+                (num_blocks,),
+                ids,
+                block_start,
+                num_copies,
+                num_experts,
+                BLOCK=self.block,
+                EXPERTS=experts,
+            ),
+            bind(
+                _scan_kernel,
+                (1,),
+                block_start,
+                a_offsets,
+                num_blocks,
+                num_experts,
+                CHUNK=max(1, min(64, ONE_HOT_ELEMENTS // experts)),
+                EXPERTS=experts,
+            ),
+            bind(
+                _place_kernel,
+                (num_blocks,),
+                ids,
+                block_start,
+                token_of_row,
+                row_of_copy,
+                num_copies,
+                num_experts,
+                TOP_K=self.top_k,
+                BLOCK=self.block,
+                EXPERTS=experts,
+            ),
         )
         return self.kernels
 
@@ -206,8 +264,10 @@ def dispatch_reference(expert_ids: torch.Tensor, num_experts: int) -> tuple[torc
 def check_dispatch(expert_ids, num_experts) -> torch.device:
     """The checks of :func:`dispatch` (no launch; safe while torch.compile traces); returns the device."""
     if not isinstance(expert_ids, torch.Tensor) or expert_ids.dtype not in (torch.int32, torch.int64):
-        raise TypeError(f"expert_ids must be an int32/int64 [T, k] tensor, "
-                        f"got {getattr(expert_ids, 'dtype', type(expert_ids).__name__)}")
+        raise TypeError(
+            f"expert_ids must be an int32/int64 [T, k] tensor, "
+            f"got {getattr(expert_ids, 'dtype', type(expert_ids).__name__)}"
+        )
     if expert_ids.dim() != 2:
         raise ValueError(f"expert_ids must be [T, k], got shape {tuple(expert_ids.shape)}")
     if isinstance(num_experts, bool) or not isinstance(num_experts, int) or num_experts < 1:

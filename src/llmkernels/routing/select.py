@@ -1,6 +1,7 @@
 """select_experts(): :func:`llmkernels.moe.route` without expert groups as one Triton launch (scores, top-k,
 weights), for the forward-only MoE block, where PyTorch's softmax, topk, gather, sum and division would be
 six launches of host time per decode step."""
+
 from __future__ import annotations
 
 import torch
@@ -16,9 +17,20 @@ __all__ = ["select_experts"]
 
 
 @triton.jit
-def _select_kernel(logits_ptr, bias_ptr, weights_ptr, ids_ptr, stride_logits, num_experts,
-                   TOP_K: tl.constexpr, SOFTMAX: tl.constexpr, HAS_BIAS: tl.constexpr, RENORMALIZE: tl.constexpr,
-                   BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr):
+def _select_kernel(
+    logits_ptr,
+    bias_ptr,
+    weights_ptr,
+    ids_ptr,
+    stride_logits,
+    num_experts,
+    TOP_K: tl.constexpr,
+    SOFTMAX: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    RENORMALIZE: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
     """One program per token: scores of its ``num_experts`` logits, the ``TOP_K`` best (ties: the lowest
     expert id) by ``score + bias``, their unbiased scores as weights. A NaN logit makes the token's weights
     NaN (as torch's softmax and topk would), never a silent pick among the others."""
@@ -54,8 +66,14 @@ def _select_kernel(logits_ptr, bias_ptr, weights_ptr, ids_ptr, stride_logits, nu
     tl.store(ids_ptr + token * TOP_K + slots, picked, mask=slots < TOP_K)
 
 
-def select_experts(router_logits: torch.Tensor, top_k: int, *, scoring: str = "softmax", renormalize: bool = True,
-                   correction_bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def select_experts(
+    router_logits: torch.Tensor,
+    top_k: int,
+    *,
+    scoring: str = "softmax",
+    renormalize: bool = True,
+    correction_bias: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`llmkernels.moe.route` without ``num_groups`` in one launch (forward only, no autograd).
 
     Args:
@@ -106,8 +124,20 @@ class _Plan:
         return weights, ids
 
     def _bind(self, logits, bias, weights, ids) -> BoundKernel:
-        self.bound = bind(_select_kernel, (self.num_tokens,), logits, bias, weights, ids, logits.stride(0),
-                          self.num_experts, TOP_K=self.top_k, SOFTMAX=self.scoring == "softmax",
-                          HAS_BIAS=self.has_bias, RENORMALIZE=self.renormalize,
-                          BLOCK_E=next_power_of_2(self.num_experts), BLOCK_K=next_power_of_2(self.top_k))
+        self.bound = bind(
+            _select_kernel,
+            (self.num_tokens,),
+            logits,
+            bias,
+            weights,
+            ids,
+            logits.stride(0),
+            self.num_experts,
+            TOP_K=self.top_k,
+            SOFTMAX=self.scoring == "softmax",
+            HAS_BIAS=self.has_bias,
+            RENORMALIZE=self.renormalize,
+            BLOCK_E=next_power_of_2(self.num_experts),
+            BLOCK_K=next_power_of_2(self.top_k),
+        )
         return self.bound

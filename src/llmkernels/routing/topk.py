@@ -1,4 +1,5 @@
 """Router: scores of every expert per token → the top-k experts and their weights, on the device."""
+
 from __future__ import annotations
 
 import torch
@@ -10,9 +11,16 @@ __all__ = ["route", "check_selection", "check_routing", "check_groups", "check_c
 SCORINGS = ("softmax", "sigmoid")
 
 
-def route(router_logits: torch.Tensor, top_k: int, *, scoring: str = "softmax", renormalize: bool = True,
-          num_groups: int | None = None, topk_groups: int | None = None,
-          correction_bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def route(
+    router_logits: torch.Tensor,
+    top_k: int,
+    *,
+    scoring: str = "softmax",
+    renormalize: bool = True,
+    num_groups: int | None = None,
+    topk_groups: int | None = None,
+    correction_bias: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-k routing.
 
     Args:
@@ -70,8 +78,9 @@ def check_selection(router_logits, top_k, scoring, correction_bias) -> None:
     check_routing(router_logits.shape[1], top_k, scoring, None, None, correction_bias, router_logits.device)
 
 
-def check_routing(num_experts: int, top_k, scoring, num_groups, topk_groups, correction_bias,
-                  device: torch.device | None = None) -> None:
+def check_routing(
+    num_experts: int, top_k, scoring, num_groups, topk_groups, correction_bias, device: torch.device | None = None
+) -> None:
     """Every routing argument of :func:`route` for ``num_experts`` experts, without the logits (what a
     block checks when it is built).
 
@@ -102,11 +111,15 @@ def check_groups(num_experts: int, top_k: int, num_groups, topk_groups) -> None:
     _check_int("num_groups", num_groups)
     _check_int("topk_groups", topk_groups)
     if num_groups < 1 or num_experts % num_groups or not 1 <= topk_groups <= num_groups:
-        raise ValueError(f"num_groups ({num_groups}) must be >= 1 and divide E ({num_experts}), and topk_groups "
-                         f"({topk_groups}) lie in [1, num_groups]")
+        raise ValueError(
+            f"num_groups ({num_groups}) must be >= 1 and divide E ({num_experts}), and topk_groups "
+            f"({topk_groups}) lie in [1, num_groups]"
+        )
     if top_k > topk_groups * (num_experts // num_groups):
-        raise ValueError(f"top_k ({top_k}) exceeds the {topk_groups * (num_experts // num_groups)} experts of the "
-                         f"topk_groups ({topk_groups}) kept groups of E / num_groups = {num_experts // num_groups}")
+        raise ValueError(
+            f"top_k ({top_k}) exceeds the {topk_groups * (num_experts // num_groups)} experts of the "
+            f"topk_groups ({topk_groups}) kept groups of E / num_groups = {num_experts // num_groups}"
+        )
 
 
 def check_correction_bias(correction_bias, num_experts: int, device: torch.device | None = None) -> None:
@@ -124,4 +137,3 @@ def check_correction_bias(correction_bias, num_experts: int, device: torch.devic
 def _check_int(name: str, value) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-

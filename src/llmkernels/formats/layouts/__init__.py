@@ -4,6 +4,7 @@ helpers kernels address it with): ``row``, ``128x4`` tiles, ``128x4`` tiles padd
 A new layout is one module with a :class:`Layout` subclass and its singleton, named in :data:`LAYOUTS` below;
 :meth:`ScaledTensor.to_layout`, validation, plan keys and the grouped matmul's kernel read it through the object.
 """
+
 from __future__ import annotations
 
 from .base import Layout, Packed
@@ -19,10 +20,29 @@ from .grouped_blocked import (
 from .hopper import HOPPER, HopperLayout
 from .row import ROW, RowLayout
 
-__all__ = ["Layout", "Packed", "LAYOUTS", "SCALE_LAYOUTS", "as_layout", "ROW", "BLOCKED", "GROUPED_BLOCKED", "HOPPER",
-           "RowLayout", "BlockedLayout", "GroupedBlockedLayout", "HopperLayout", "to_blocked_scales",
-           "from_blocked_scales", "to_grouped_blocked_scales", "from_grouped_blocked_scales", "check_group_offsets",
-           "OFFSET_DTYPES", "TILE_ROWS", "TILE_SCALE_COLS"]
+__all__ = [
+    "Layout",
+    "Packed",
+    "LAYOUTS",
+    "SCALE_LAYOUTS",
+    "as_layout",
+    "ROW",
+    "BLOCKED",
+    "GROUPED_BLOCKED",
+    "HOPPER",
+    "RowLayout",
+    "BlockedLayout",
+    "GroupedBlockedLayout",
+    "HopperLayout",
+    "to_blocked_scales",
+    "from_blocked_scales",
+    "to_grouped_blocked_scales",
+    "from_grouped_blocked_scales",
+    "check_group_offsets",
+    "OFFSET_DTYPES",
+    "TILE_ROWS",
+    "TILE_SCALE_COLS",
+]
 
 LAYOUTS: dict[str, Layout] = {layout.name: layout for layout in (ROW, BLOCKED, GROUPED_BLOCKED, HOPPER)}
 SCALE_LAYOUTS = tuple(LAYOUTS)  # the names a scale_layout argument takes

@@ -1,5 +1,6 @@
 """What a layout of a :class:`~llmkernels.ScaledTensor` holds: how its parts sit in memory, made from the row layout
 and back on the host, and how a kernel finds a scale in it on the device."""
+
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -110,11 +111,14 @@ class Layout:
         expected = self.scale_shape(tuple(x.shape), x.spec.block)
         found = tuple(x.scales.shape)
         if len(found) != len(expected) or any(e != f for e, f in zip(expected, found) if not isinstance(e, str)):
-            raise ValueError(f"scales of shape {found} do not fit data of logical shape {x.shape} in layout {self!r} "
-                             f"(expected {expected})")
+            raise ValueError(
+                f"scales of shape {found} do not fit data of logical shape {x.shape} in layout {self!r} "
+                f"(expected {expected})"
+            )
 
-    def pack(self, data: torch.Tensor, scales: torch.Tensor, spec, shape: tuple,
-             group_offsets: torch.Tensor | None = None) -> Packed:
+    def pack(
+        self, data: torch.Tensor, scales: torch.Tensor, spec, shape: tuple, group_offsets: torch.Tensor | None = None
+    ) -> Packed:
         """Row-layout ``data`` and ``scales`` (``[..., R, K / block]``) of a tensor of format ``spec`` and logical shape
         ``shape`` → its parts in this layout (exact; on the tensors' device, no sync)."""
         raise NotImplementedError

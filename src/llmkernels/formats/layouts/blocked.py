@@ -5,6 +5,7 @@ A tile holds 512 bytes; scale ``(r, c)`` of a tile sits at byte ``(r % 32) * 16 
 stored ``[..., ceil(R / 128), ceil(C / 4), 32, 16]`` per matrix (weights ``[E, N, K]`` tile per expert), padded with
 1.0. The conversions run on the tensors' device without a host sync.
 """
+
 from __future__ import annotations
 
 import torch
@@ -13,8 +14,15 @@ import triton.language as tl
 
 from .base import Layout, Packed
 
-__all__ = ["BlockedLayout", "BLOCKED", "to_blocked_scales", "from_blocked_scales", "TILE_ROWS", "TILE_SCALE_COLS",
-           "SCALE_DTYPES"]
+__all__ = [
+    "BlockedLayout",
+    "BLOCKED",
+    "to_blocked_scales",
+    "from_blocked_scales",
+    "TILE_ROWS",
+    "TILE_SCALE_COLS",
+    "SCALE_DTYPES",
+]
 
 TILE_ROWS = 128  # rows of one tensor-core scale tile
 TILE_SCALE_COLS = 4  # scale columns of one tile
@@ -33,8 +41,9 @@ def tile_scale_row_base(tile_row, row_in_tile, num_scale_cols):
 
 
 @triton.jit
-def token_scale_rows(rows, row_mask, group, group_start, group_tiles_ptr, stride_row, num_tile_rows, K,
-                     SCALE_BLOCK: tl.constexpr):
+def token_scale_rows(
+    rows, row_mask, group, group_start, group_tiles_ptr, stride_row, num_tile_rows, K, SCALE_BLOCK: tl.constexpr
+):
     """Byte offset of each activation row's first scale: tile row ``rows // 128``; every row has scales."""
     return tile_scale_row_base(rows // 128, rows % 128, K // SCALE_BLOCK), row_mask
 
@@ -64,8 +73,10 @@ def check_scales(name: str, tensor, min_dims: int, tile: bool = False) -> None:
         ValueError: too few dims, or not ending in tiles.
     """
     if not isinstance(tensor, torch.Tensor) or tensor.dtype not in SCALE_DTYPES:
-        raise TypeError(f"{name} must be a float8_e8m0fnu / float8_e4m3fn (or uint8) tensor, got "
-                        f"{getattr(tensor, 'dtype', type(tensor).__name__)}")
+        raise TypeError(
+            f"{name} must be a float8_e8m0fnu / float8_e4m3fn (or uint8) tensor, got "
+            f"{getattr(tensor, 'dtype', type(tensor).__name__)}"
+        )
     if tensor.dim() < min_dims or (tile and tuple(tensor.shape[-2:]) != (32, 16)):
         layout = "[..., RT, CT, 32, 16] tiles" if tile else f"at least {min_dims} dims"
         raise ValueError(f"{name} must be {layout}, got shape {tuple(tensor.shape)}")

@@ -2,6 +2,7 @@
 ``[G + 1]``) starts a fresh 128-row tile; ``group_scale_offsets`` ``[G]`` (MAX's ``a_scale_offsets``) places group
 g's first scale tile-row at ``group_offsets[g] // 128 + group_scale_offsets[g]``. A ScaledTensor in it is 2D and
 compares equal to ``"128x4"`` (with its group offsets set), as it always has."""
+
 from __future__ import annotations
 
 import torch
@@ -21,15 +22,22 @@ from .blocked import (
     tiles_from_rows,
 )
 
-__all__ = ["GroupedBlockedLayout", "GROUPED_BLOCKED", "to_grouped_blocked_scales", "from_grouped_blocked_scales",
-           "check_group_offsets", "OFFSET_DTYPES"]
+__all__ = [
+    "GroupedBlockedLayout",
+    "GROUPED_BLOCKED",
+    "to_grouped_blocked_scales",
+    "from_grouped_blocked_scales",
+    "check_group_offsets",
+    "OFFSET_DTYPES",
+]
 
 OFFSET_DTYPES = (torch.int32, torch.uint32, torch.int64)  # of group offsets
 
 
 @triton.jit
-def token_scale_rows(rows, row_mask, group, group_start, group_tiles_ptr, stride_row, num_tile_rows, K,
-                     SCALE_BLOCK: tl.constexpr):
+def token_scale_rows(
+    rows, row_mask, group, group_start, group_tiles_ptr, stride_row, num_tile_rows, K, SCALE_BLOCK: tl.constexpr
+):
     """Byte offset of each activation row's first scale: tile row ``group_start // 128 + group_tiles[group] +
     (row - group_start) // 128``. Rows whose tile row lies outside the ``num_tile_rows`` of the scales (metadata
     that does not match them) have none: the mask is false there and the offset that of tile row 0."""
@@ -45,8 +53,12 @@ def check_group_offsets(group_offsets) -> None:
     Raises:
         TypeError: another type, dtype or shape.
     """
-    if (not isinstance(group_offsets, torch.Tensor) or group_offsets.dtype not in OFFSET_DTYPES
-            or group_offsets.dim() != 1 or group_offsets.numel() < 1):
+    if (
+        not isinstance(group_offsets, torch.Tensor)
+        or group_offsets.dtype not in OFFSET_DTYPES
+        or group_offsets.dim() != 1
+        or group_offsets.numel() < 1
+    ):
         raise TypeError(f"group_offsets must be an int32/uint32/int64 [G + 1] tensor, got {describe(group_offsets)}")
 
 
@@ -138,8 +150,7 @@ class GroupedBlockedLayout(Layout):
         return Packed(data, blocked, group_offsets, group_scale_offsets)
 
     def unpack(self, x):
-        return x.data, from_grouped_blocked_scales(x.scales, x.group_offsets, x.shape[-2],
-                                                   x.shape[-1] // x.spec.block)
+        return x.data, from_grouped_blocked_scales(x.scales, x.group_offsets, x.shape[-2], x.shape[-1] // x.spec.block)
 
 
 GROUPED_BLOCKED = GroupedBlockedLayout()

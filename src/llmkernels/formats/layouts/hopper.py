@@ -20,6 +20,7 @@ ScaledTensor holds it as ``scale_layout="hopper"`` (:meth:`llmkernels.ScaledTens
 shape); the grouped matmul's Hopper kernel (``grouped_matmul/hopper_kernel.py``) reads it through
 :func:`load_fragment_tile`.
 """
+
 from __future__ import annotations
 
 import torch
@@ -29,8 +30,18 @@ import triton.language as tl
 from ..kernel import decode_e2m1, decode_scale
 from .base import Layout, Packed
 
-__all__ = ["HopperLayout", "HOPPER", "SLOT_BITS", "FRAGMENT_ROWS", "FRAGMENT_K", "fragment_scales_per_chunk",
-           "to_hopper_fragments", "from_hopper_fragments", "decode_fragment_tile", "load_fragment_tile"]
+__all__ = [
+    "HopperLayout",
+    "HOPPER",
+    "SLOT_BITS",
+    "FRAGMENT_ROWS",
+    "FRAGMENT_K",
+    "fragment_scales_per_chunk",
+    "to_hopper_fragments",
+    "from_hopper_fragments",
+    "decode_fragment_tile",
+    "load_fragment_tile",
+]
 
 FRAGMENT_ROWS, FRAGMENT_K = 16, 64
 # (sign, e1, e0, m) bit positions of the four value slots of a 16-bit lane
@@ -60,7 +71,7 @@ def _take(words: torch.Tensor, slot: int, lane: int) -> torch.Tensor:
 
 def _padded(t: torch.Tensor, rows: int, cols: int, fill: int) -> torch.Tensor:
     out = t.new_full((*t.shape[:-2], rows, cols), fill)
-    out[..., :t.shape[-2], :t.shape[-1]] = t
+    out[..., : t.shape[-2], : t.shape[-1]] = t
     return out
 
 
@@ -76,8 +87,9 @@ def _per_leading_index(convert, data: torch.Tensor, scales: torch.Tensor) -> tup
     return outputs
 
 
-def to_hopper_fragments(data: torch.Tensor, scales: torch.Tensor, block: int = 32,
-                        scale_fill: int = 127) -> tuple[torch.Tensor, torch.Tensor]:
+def to_hopper_fragments(
+    data: torch.Tensor, scales: torch.Tensor, block: int = 32, scale_fill: int = 127
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Packed e2m1 bytes ``[..., N, K/2]`` (low nibble = even k) and their scales ``[..., N, K/block]`` (one byte
     each, any 8-bit dtype) → fragment data uint8 ``[..., N'/16, K'/64, 8, 4, 16]`` and scales uint8
     ``[..., N'/16, K'/64, 8, 2, 64/block]``, N' and K' padded to 16 and 64 (padding scales ``scale_fill``).
@@ -111,8 +123,9 @@ def to_hopper_fragments(data: torch.Tensor, scales: torch.Tensor, block: int = 3
     return fragment_data, fragment_scales.contiguous()
 
 
-def from_hopper_fragments(fragment_data: torch.Tensor, fragment_scales: torch.Tensor, n: int,
-                          k: int) -> tuple[torch.Tensor, torch.Tensor]:
+def from_hopper_fragments(
+    fragment_data: torch.Tensor, fragment_scales: torch.Tensor, n: int, k: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The inverse of :func:`to_hopper_fragments`: packed e2m1 bytes ``[..., n, k/2]`` and uint8 scales
     ``[..., n, k/block]`` of the logical ``[..., n, k]`` tensor (padding dropped; the block is read from the
     scales' last dim)."""
@@ -132,7 +145,7 @@ def from_hopper_fragments(fragment_data: torch.Tensor, fragment_scales: torch.Te
     codes = codes.reshape(*lead, nb * FRAGMENT_ROWS, kc * FRAGMENT_K)[..., :n, :k].to(torch.uint8)
     data = codes[..., 0::2] | (codes[..., 1::2] << 4)
     scales = fragment_scales.permute(*range(lead_dims), *(lead_dims + d for d in (0, 3, 2, 1, 4)))
-    scales = scales.reshape(*lead, nb * FRAGMENT_ROWS, kc * per_chunk)[..., :n, :k * per_chunk // FRAGMENT_K]
+    scales = scales.reshape(*lead, nb * FRAGMENT_ROWS, kc * per_chunk)[..., :n, : k * per_chunk // FRAGMENT_K]
     return data.contiguous(), scales.contiguous()
 
 
@@ -213,8 +226,15 @@ def _fragment_codes(words, slot, lane):
 
 
 @triton.jit
-def decode_fragment_tile(data, scale_bytes, NB: tl.constexpr, C: tl.constexpr, PACKED_DECODE: tl.constexpr,
-                         DTYPE: tl.constexpr = tl.bfloat16, SCALE: tl.constexpr = "e8m0"):
+def decode_fragment_tile(
+    data,
+    scale_bytes,
+    NB: tl.constexpr,
+    C: tl.constexpr,
+    PACKED_DECODE: tl.constexpr,
+    DTYPE: tl.constexpr = tl.bfloat16,
+    SCALE: tl.constexpr = "e8m0",
+):
     """A tile of MXFP4 or NVFP4 weights in the Hopper fragment layout → ``[NB * 16, C * 64]`` in (n, k) order,
     bf16 (``DTYPE`` float32 without PACKED_DECODE: the interpreter flushes bf16 subnormals, float32 keeps them).
 
@@ -229,8 +249,14 @@ def decode_fragment_tile(data, scale_bytes, NB: tl.constexpr, C: tl.constexpr, P
     S: tl.constexpr = 2 if SCALE == "e8m0" else 4
     if PACKED_DECODE:
         if SCALE == "e8m0":
-            scales = tl.inline_asm_elementwise(_E8M0_TO_BF16_PTX, "=r,=r,r", [tl.reshape(scale_bytes, (NB, C, 8, 4))],
-                                               dtype=tl.bfloat16, is_pure=True, pack=4)
+            scales = tl.inline_asm_elementwise(
+                _E8M0_TO_BF16_PTX,
+                "=r,=r,r",
+                [tl.reshape(scale_bytes, (NB, C, 8, 4))],
+                dtype=tl.bfloat16,
+                is_pure=True,
+                pack=4,
+            )
         else:
             scales = scale_bytes.to(tl.float8e4nv, bitcast=True).to(tl.bfloat16)
     else:
@@ -238,12 +264,20 @@ def decode_fragment_tile(data, scale_bytes, NB: tl.constexpr, C: tl.constexpr, P
     scales = tl.permute(tl.reshape(scales, (NB, C, 8, 2, S)), (0, 1, 2, 4, 3))  # (.., s, h)
     scale_g, scale_g8 = tl.split(scales)  # rows g and g + 8: [NB, C, 8, S]
     if PACKED_DECODE:  # one scale per byte of each thread's 16: words j share scale j // (4 / S)
-        scale_g = tl.reshape(tl.broadcast_to(scale_g[:, :, :, None, :, None], (NB, C, 8, 4, S, 16 // S)),
-                             (NB, C, 8, 4, 16))
-        scale_g8 = tl.reshape(tl.broadcast_to(scale_g8[:, :, :, None, :, None], (NB, C, 8, 4, S, 16 // S)),
-                              (NB, C, 8, 4, 16))
-        low, high = tl.inline_asm_elementwise(_E2M1_FRAGMENT_PTX, "=r,=r,=r,=r,r,r,r,r,r", [data, scale_g, scale_g8],
-                                              dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
+        scale_g = tl.reshape(
+            tl.broadcast_to(scale_g[:, :, :, None, :, None], (NB, C, 8, 4, S, 16 // S)), (NB, C, 8, 4, 16)
+        )
+        scale_g8 = tl.reshape(
+            tl.broadcast_to(scale_g8[:, :, :, None, :, None], (NB, C, 8, 4, S, 16 // S)), (NB, C, 8, 4, 16)
+        )
+        low, high = tl.inline_asm_elementwise(
+            _E2M1_FRAGMENT_PTX,
+            "=r,=r,=r,=r,r,r,r,r,r",
+            [data, scale_g, scale_g8],
+            dtype=(tl.bfloat16, tl.bfloat16),
+            is_pure=True,
+            pack=4,
+        )
     else:
         byte_shifts = 8 * tl.arange(0, 4)
         words = tl.sum(tl.reshape(data, (NB, C, 8, 4, 4, 4)).to(tl.int32) << byte_shifts, axis=5)  # (.., t, j)
@@ -265,20 +299,37 @@ _CHUNK_BYTES = tl.constexpr(512)  # one (16 rows, 64-wide K chunk) block of the 
 
 
 @triton.jit
-def load_fragment_tile(data_base, scale_base, blocks, k_start, num_chunks, live, EVEN_K: tl.constexpr,
-                       NB: tl.constexpr, C: tl.constexpr, SCALE: tl.constexpr, PACKED_DECODE: tl.constexpr,
-                       COMPUTE_DTYPE: tl.constexpr):
+def load_fragment_tile(
+    data_base,
+    scale_base,
+    blocks,
+    k_start,
+    num_chunks,
+    live,
+    EVEN_K: tl.constexpr,
+    NB: tl.constexpr,
+    C: tl.constexpr,
+    SCALE: tl.constexpr,
+    PACKED_DECODE: tl.constexpr,
+    COMPUTE_DTYPE: tl.constexpr,
+):
     """The decoded ``[NB * 16, C * 64]`` weights of fragment blocks ``blocks`` ``[NB]`` (of one expert's data and
     scales at ``data_base`` / ``scale_base``, ``num_chunks`` K chunks per block) at K ``k_start``: all zero codes under
     unit scales where ``live`` (``[1]``) is false, and with EVEN_K false in the chunks past the last."""
     S: tl.constexpr = 2 if SCALE == "e8m0" else 4  # scales per row and chunk
     chunks = k_start // 64 + tl.arange(0, C)
-    data_offsets = ((blocks[:, None] * num_chunks + chunks[None, :]) * _CHUNK_BYTES)[:, :, None, None, None] \
-        + (tl.arange(0, 8) * 64)[None, None, :, None, None] + (tl.arange(0, 4) * 16)[None, None, None, :, None] \
+    data_offsets = (
+        ((blocks[:, None] * num_chunks + chunks[None, :]) * _CHUNK_BYTES)[:, :, None, None, None]
+        + (tl.arange(0, 8) * 64)[None, None, :, None, None]
+        + (tl.arange(0, 4) * 16)[None, None, None, :, None]
         + tl.arange(0, 16)[None, None, None, None, :]
+    )
     # one run of 2·S bytes per (block, chunk, g): one or two words a thread loads whole
-    scale_offsets = ((blocks[:, None] * num_chunks + chunks[None, :]) * (16 * S))[:, :, None, None] \
-        + (tl.arange(0, 8) * (2 * S))[None, None, :, None] + tl.arange(0, 2 * S)[None, None, None, :]
+    scale_offsets = (
+        ((blocks[:, None] * num_chunks + chunks[None, :]) * (16 * S))[:, :, None, None]
+        + (tl.arange(0, 8) * (2 * S))[None, None, :, None]
+        + tl.arange(0, 2 * S)[None, None, None, :]
+    )
     unit_scale: tl.constexpr = 127 if SCALE == "e8m0" else 0x38
     if EVEN_K:
         data = tl.load(data_base + data_offsets, mask=live, other=0)
@@ -303,13 +354,19 @@ class HopperLayout(Layout):
     def check_dims(self, x) -> None:
         shape = x.logical_shape
         if not self.holds(x.format):
-            raise ValueError(f"logical_shape goes with scale_layout={self!r}, which holds "
-                             f"{' and '.join(sorted(self.formats))}; got {x.format} with "
-                             f"scale_layout={x.scale_layout!r}")
-        if (not isinstance(shape, tuple) or len(shape) < self.min_dims
-                or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)):
-            raise ValueError(f"the {self} layout needs logical_shape, a tuple of >= 2 non-negative ints [..., N, K], "
-                             f"got {shape!r}")
+            raise ValueError(
+                f"logical_shape goes with scale_layout={self!r}, which holds "
+                f"{' and '.join(sorted(self.formats))}; got {x.format} with "
+                f"scale_layout={x.scale_layout!r}"
+            )
+        if (
+            not isinstance(shape, tuple)
+            or len(shape) < self.min_dims
+            or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)
+        ):
+            raise ValueError(
+                f"the {self} layout needs logical_shape, a tuple of >= 2 non-negative ints [..., N, K], got {shape!r}"
+            )
         if x.group_offsets is not None or x.group_scale_offsets is not None:
             raise ValueError(f"group offsets go with 128x4 scales, not the {self} layout")
 
@@ -325,14 +382,18 @@ class HopperLayout(Layout):
     def check_scales(self, x) -> None:
         data_shape, scale_shape = self.data_shape(x.logical_shape), self.scale_shape(x.logical_shape, x.spec.block)
         if tuple(x.data.shape) != data_shape or tuple(x.scales.shape) != scale_shape:
-            raise ValueError(f"{self}-layout data and scales of shapes {tuple(x.data.shape)} and "
-                             f"{tuple(x.scales.shape)} do not fit logical shape {x.logical_shape} (expected "
-                             f"{data_shape} and {scale_shape})")
+            raise ValueError(
+                f"{self}-layout data and scales of shapes {tuple(x.data.shape)} and "
+                f"{tuple(x.scales.shape)} do not fit logical shape {x.logical_shape} (expected "
+                f"{data_shape} and {scale_shape})"
+            )
 
     def pack(self, data, scales, spec, shape, group_offsets=None) -> Packed:
         if not self.holds(spec.name) or len(shape) < self.min_dims or group_offsets is not None:
-            raise ValueError(f"the {self} layout holds {' and '.join(sorted(self.formats))} tensors of at least "
-                             f"{self.min_dims} dims without group offsets, got {spec.name} of shape {tuple(shape)}")
+            raise ValueError(
+                f"the {self} layout holds {' and '.join(sorted(self.formats))} tensors of at least "
+                f"{self.min_dims} dims without group offsets, got {spec.name} of shape {tuple(shape)}"
+            )
         fragment_data, fragment_scales = to_hopper_fragments(data, scales, spec.block, spec.scale_one_bits)
         return Packed(fragment_data, fragment_scales.view(spec.scale_dtype), logical_shape=tuple(shape))
 

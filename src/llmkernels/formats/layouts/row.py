@@ -1,5 +1,6 @@
 """The row layout: scales row-major ``[..., R, K / block]`` beside data ``[..., R, K]`` (``[..., R, K / 2]`` packed
 e2m1), unpadded; what :func:`llmkernels.quantize` returns by default and every kernel reads."""
+
 from __future__ import annotations
 
 import triton
@@ -11,8 +12,9 @@ __all__ = ["RowLayout", "ROW"]
 
 
 @triton.jit
-def token_scale_rows(rows, row_mask, group, group_start, group_tiles_ptr, stride_row, num_tile_rows, K,
-                     SCALE_BLOCK: tl.constexpr):
+def token_scale_rows(
+    rows, row_mask, group, group_start, group_tiles_ptr, stride_row, num_tile_rows, K, SCALE_BLOCK: tl.constexpr
+):
     """Byte offset of each activation row's first scale: ``rows * stride_row``; every row has scales."""
     return rows * stride_row, row_mask
 

@@ -14,6 +14,7 @@ A backend module exposes
 * ``scalars(call, config, group_rows, tensors) -> tuple``: the kernel's other runtime arguments (strides, sizes),
   in its order, for the call's tensors (``{name in TENSORS: tensor}``, A as the kernel reads it).
 """
+
 from __future__ import annotations
 
 from . import dot_scaled, hopper_layout, portable
@@ -35,5 +36,7 @@ def backend_for(call, config):
     for backend in BACKENDS:
         if backend.supports(call, config):
             return backend
-    raise ValueError(f"no grouped-matmul backend takes a={call.a.format} ({call.a.scale_layout}), "
-                     f"b={call.b.format} ({call.b.scale_layout}) under {config}")
+    raise ValueError(
+        f"no grouped-matmul backend takes a={call.a.format} ({call.a.scale_layout}), "
+        f"b={call.b.format} ({call.b.scale_layout}) under {config}"
+    )

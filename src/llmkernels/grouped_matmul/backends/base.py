@@ -1,5 +1,6 @@
 """What the grouped matmul's backends share: the call's tensors in the order a plan passes them, the pointer types
 of an ahead-of-time compile, and A as a kernel reads it."""
+
 from __future__ import annotations
 
 import torch
@@ -12,11 +13,29 @@ __all__ = ["TENSORS", "pointer_types", "triton_dtype", "compute_torch_dtype", "r
 
 # The tensors of a call, in the order a plan hands them to every launch (a kernel takes those of its
 # ``<name>_ptr`` arguments); a missing one is a dummy the compiled kernel never reads.
-TENSORS = ("a", "a_scales", "a_global_scale", "b", "b_scales", "b_global_scale", "out", "a_offsets", "a_scale_offsets",
-           "expert_ids", "expert_scales", "bias")
+TENSORS = (
+    "a",
+    "a_scales",
+    "a_global_scale",
+    "b",
+    "b_scales",
+    "b_global_scale",
+    "out",
+    "a_offsets",
+    "a_scale_offsets",
+    "expert_ids",
+    "expert_scales",
+    "bias",
+)
 
-_POINTER_TYPES = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32", torch.int32: "*i32",
-                  torch.uint32: "*u32", torch.uint8: "*u8"}
+_POINTER_TYPES = {
+    torch.bfloat16: "*bf16",
+    torch.float16: "*fp16",
+    torch.float32: "*fp32",
+    torch.int32: "*i32",
+    torch.uint32: "*u32",
+    torch.uint8: "*u8",
+}
 _ELEMENT_POINTERS = {"bf16": "*bf16", "fp16": "*fp16", "e4m3": "*u8", "e2m1": "*u8"}  # data as the kernels get it
 _TORCH_DTYPES = {tl.bfloat16: torch.bfloat16, tl.float16: torch.float16, tl.float32: torch.float32}
 _TRITON_DTYPES = {torch_dtype: triton_dtype for triton_dtype, torch_dtype in _TORCH_DTYPES.items()}
@@ -46,9 +65,17 @@ def pointer_types(call, a_dtype: torch.dtype | None = None) -> dict:
     on): data by element (quantized data as bytes), scales as bytes, global and expert scales float32, out and
     bias by dtype, metadata int32 (uint32 offsets); ``a_dtype``: A's dtype when it is decoded ahead. An absent
     bias is typed as the int32 dummy a launch passes for it."""
-    return {"a_ptr": _POINTER_TYPES[a_dtype] if a_dtype is not None else _ELEMENT_POINTERS[call.a.element],
-            "a_scales_ptr": "*u8", "a_global_scale_ptr": "*fp32", "b_ptr": _ELEMENT_POINTERS[call.b.element],
-            "b_scales_ptr": "*u8", "b_global_scale_ptr": "*fp32", "out_ptr": _POINTER_TYPES[call.out_dtype],
-            "a_offsets_ptr": _POINTER_TYPES[call.offsets_dtype], "a_scale_offsets_ptr": "*i32",
-            "expert_ids_ptr": "*i32", "expert_scales_ptr": "*fp32",
-            "bias_ptr": _POINTER_TYPES[call.bias_dtype] if call.has_bias else "*i32"}
+    return {
+        "a_ptr": _POINTER_TYPES[a_dtype] if a_dtype is not None else _ELEMENT_POINTERS[call.a.element],
+        "a_scales_ptr": "*u8",
+        "a_global_scale_ptr": "*fp32",
+        "b_ptr": _ELEMENT_POINTERS[call.b.element],
+        "b_scales_ptr": "*u8",
+        "b_global_scale_ptr": "*fp32",
+        "out_ptr": _POINTER_TYPES[call.out_dtype],
+        "a_offsets_ptr": _POINTER_TYPES[call.offsets_dtype],
+        "a_scale_offsets_ptr": "*i32",
+        "expert_ids_ptr": "*i32",
+        "expert_scales_ptr": "*fp32",
+        "bias_ptr": _POINTER_TYPES[call.bias_dtype] if call.has_bias else "*i32",
+    }

@@ -1,6 +1,7 @@
 """The ``tl.dot_scaled`` backend: the persistent grouped kernel handing raw block-scaled tiles and their scales to
 ``tl.dot_scaled``, Blackwell's native block-scaled MMA (``tcgen05.mma`` with block scales, NVFP4 included); on
 Hopper Triton upcasts them, which measured fastest for MX e2m1 weights (``config.resolve_mma`` says when)."""
+
 from __future__ import annotations
 
 import torch

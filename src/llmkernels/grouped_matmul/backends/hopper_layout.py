@@ -2,6 +2,7 @@
 (:mod:`llmkernels.formats.layouts.hopper`), read by ``grouped_matmul/hopper_kernel.py`` (each thread's 16 bytes
 decode to its part of the MMA's register operand). Activations are bf16, or quantized ones decoded ahead; the
 product is always swapped and the grid not persistent."""
+
 from __future__ import annotations
 
 from ...launch import KernelSpec
@@ -38,21 +39,46 @@ def kernel_spec(call, config, group_rows: tuple[int, int]) -> KernelSpec:
     m_tiles = min(cdiv(call.num_tokens, config.block_m) + class_groups, call.num_tokens)
     grid = (m_tiles * cdiv(call.n_out, config.block_n),)
     constexprs = dict(
-        B_SCALE=call.b.scale, A_GLOBAL_SCALE=call.a.has_global_scale, B_GLOBAL_SCALE=call.b.has_global_scale,
-        HAS_EXPERT_SCALES=call.has_expert_scales, EPILOGUE=call.epilogue_kind, EPILOGUE_FN=call.epilogue_fn,
-        HAS_BIAS=call.has_bias, GLU_ALPHA=glu.alpha, GLU_LIMIT=glu.limit, GLU_UP_SHIFT=glu.up_shift,
-        EVEN_K=call.k % config.block_k == 0, PACKED_DECODE=gm_config.packed_decode(dtype, call.device),
-        RETIRE_MMA=gm_config.retires_mma(call.device, True), COMPUTE_DTYPE=dtype,
-        BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+        B_SCALE=call.b.scale,
+        A_GLOBAL_SCALE=call.a.has_global_scale,
+        B_GLOBAL_SCALE=call.b.has_global_scale,
+        HAS_EXPERT_SCALES=call.has_expert_scales,
+        EPILOGUE=call.epilogue_kind,
+        EPILOGUE_FN=call.epilogue_fn,
+        HAS_BIAS=call.has_bias,
+        GLU_ALPHA=glu.alpha,
+        GLU_LIMIT=glu.limit,
+        GLU_UP_SHIFT=glu.up_shift,
+        EVEN_K=call.k % config.block_k == 0,
+        PACKED_DECODE=gm_config.packed_decode(dtype, call.device),
+        RETIRE_MMA=gm_config.retires_mma(call.device, True),
+        COMPUTE_DTYPE=dtype,
+        BLOCK_M=config.block_m,
+        BLOCK_N=config.block_n,
+        BLOCK_K=config.block_k,
         BLOCK_GROUPS=gm_config.block_groups(call.num_groups),
     )
-    return KernelSpec(hopper_fp4_matmul_kernel, grid, constexprs,
-                      dict(num_warps=config.num_warps, num_stages=config.num_stages),
-                      arg_types=pointer_types(call, upcast_dtype(call, config)),
-                      unaligned=UNALIGNED)
+    return KernelSpec(
+        hopper_fp4_matmul_kernel,
+        grid,
+        constexprs,
+        dict(num_warps=config.num_warps, num_stages=config.num_stages),
+        arg_types=pointer_types(call, upcast_dtype(call, config)),
+        unaligned=UNALIGNED,
+    )
 
 
 def scalars(call, config, group_rows: tuple[int, int], tensors: dict) -> tuple:
-    return (tensors["a"].stride(0), tensors["b"].stride(0), tensors["b_scales"].stride(0), tensors["out"].stride(0),
-            tensors["bias"].stride(0) if call.has_bias else 0, call.num_tokens, call.num_groups, call.num_experts,
-            call.n, call.k, *group_rows)
+    return (
+        tensors["a"].stride(0),
+        tensors["b"].stride(0),
+        tensors["b_scales"].stride(0),
+        tensors["out"].stride(0),
+        tensors["bias"].stride(0) if call.has_bias else 0,
+        call.num_tokens,
+        call.num_groups,
+        call.num_experts,
+        call.n,
+        call.k,
+        *group_rows,
+    )

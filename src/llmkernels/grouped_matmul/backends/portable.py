@@ -2,6 +2,7 @@
 decoded in registers (on Hopper the decoded weights are wgmma's register operand under swap-AB), a quantized A
 read as it is or decoded ahead (``config.upcast_a``). It takes every call the other backends leave, on any GPU and
 in the interpreter."""
+
 from __future__ import annotations
 
 from ...launch import KernelSpec
@@ -46,26 +47,51 @@ def grouped_kernel_spec(call, config, group_rows: tuple[int, int], use_dot_scale
     num_programs = min(config.num_programs or num_programs_hint(device), max_tiles)
     decoded_left_operand = (b if config.ab_swapped else a).element not in ("bf16", "fp16")  # the MMA's left operand
     constexprs = dict(
-        A_ELEMENT=a.element, A_SCALE=a.scale, A_SCALE_BLOCK=a.scale_block,
-        A_SCALE_ROWS=a.scale_layout.token_scale_rows, A_SCALE_COLS=a.scale_layout.scale_cols,
+        A_ELEMENT=a.element,
+        A_SCALE=a.scale,
+        A_SCALE_BLOCK=a.scale_block,
+        A_SCALE_ROWS=a.scale_layout.token_scale_rows,
+        A_SCALE_COLS=a.scale_layout.scale_cols,
         A_SCALES_MAY_MISS=a.scale_layout.rows_may_miss_scales,
-        B_ELEMENT=b.element, B_SCALE=b.scale, B_SCALE_BLOCK=b.scale_block,
-        B_SCALE_ROWS=b.scale_layout.expert_scale_rows, B_SCALE_COLS=b.scale_layout.scale_cols,
-        A_GLOBAL_SCALE=call.a.has_global_scale, B_GLOBAL_SCALE=b.has_global_scale,
-        HAS_EXPERT_SCALES=call.has_expert_scales, EPILOGUE=call.epilogue_kind, EPILOGUE_FN=call.epilogue_fn,
-        HAS_BIAS=call.has_bias, GLU_ALPHA=glu.alpha, GLU_LIMIT=glu.limit, GLU_UP_SHIFT=glu.up_shift,
+        B_ELEMENT=b.element,
+        B_SCALE=b.scale,
+        B_SCALE_BLOCK=b.scale_block,
+        B_SCALE_ROWS=b.scale_layout.expert_scale_rows,
+        B_SCALE_COLS=b.scale_layout.scale_cols,
+        A_GLOBAL_SCALE=call.a.has_global_scale,
+        B_GLOBAL_SCALE=b.has_global_scale,
+        HAS_EXPERT_SCALES=call.has_expert_scales,
+        EPILOGUE=call.epilogue_kind,
+        EPILOGUE_FN=call.epilogue_fn,
+        HAS_BIAS=call.has_bias,
+        GLU_ALPHA=glu.alpha,
+        GLU_LIMIT=glu.limit,
+        GLU_UP_SHIFT=glu.up_shift,
         GLU_INTERLEAVED=glu.interleaved,
-        USE_DOT_SCALED=use_dot_scaled, SWAP_AB=config.ab_swapped, PREFETCH_SCALES=config.prefetch_scales,
-        SCALE_WORDS=(config.scale_words and gm_config.reads_scale_words(a, config.block_k, call.k)
-                     and gm_config.reads_scale_words(b, config.block_k, call.k)),
+        USE_DOT_SCALED=use_dot_scaled,
+        SWAP_AB=config.ab_swapped,
+        PREFETCH_SCALES=config.prefetch_scales,
+        SCALE_WORDS=(
+            config.scale_words
+            and gm_config.reads_scale_words(a, config.block_k, call.k)
+            and gm_config.reads_scale_words(b, config.block_k, call.k)
+        ),
         PACKED_DECODE=gm_config.packed_decode(dtype, device),
         RETIRE_MMA=gm_config.retires_mma(device, decoded_left_operand),
-        COMPUTE_DTYPE=dtype, BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+        COMPUTE_DTYPE=dtype,
+        BLOCK_M=config.block_m,
+        BLOCK_N=config.block_n,
+        BLOCK_K=config.block_k,
         BLOCK_GROUPS=gm_config.block_groups(call.num_groups),
     )
-    return KernelSpec(grouped_matmul_kernel, (num_programs,), constexprs,
-                      dict(num_warps=config.num_warps, num_stages=config.num_stages),
-                      arg_types=pointer_types(call, upcast), unaligned=UNALIGNED)
+    return KernelSpec(
+        grouped_matmul_kernel,
+        (num_programs,),
+        constexprs,
+        dict(num_warps=config.num_warps, num_stages=config.num_stages),
+        arg_types=pointer_types(call, upcast),
+        unaligned=UNALIGNED,
+    )
 
 
 def grouped_kernel_scalars(call, group_rows: tuple[int, int], a, tensors: dict) -> tuple:
@@ -74,8 +100,20 @@ def grouped_kernel_scalars(call, group_rows: tuple[int, int], a, tensors: dict) 
     a_data, a_scales, b_data, b_scales = tensors["a"], tensors["a_scales"], tensors["b"], tensors["b_scales"]
     a_row_scales = a.quantized and a.scale_layout.strided
     b_row_scales = call.b.quantized and call.b.scale_layout.strided
-    return (a_data.stride(0), a_scales.stride(0) if a_row_scales else 0, b_data.stride(0), b_data.stride(1),
-            b_scales.stride(0) if b_row_scales else 0, b_scales.stride(1) if b_row_scales else 0,
-            tensors["out"].stride(0), tensors["bias"].stride(0) if call.has_bias else 0,
-            call.num_tokens, call.num_groups, call.num_experts, call.n, call.k, *group_rows,
-            a_scales.shape[0] if a.scale_layout.grouped else 0)
+    return (
+        a_data.stride(0),
+        a_scales.stride(0) if a_row_scales else 0,
+        b_data.stride(0),
+        b_data.stride(1),
+        b_scales.stride(0) if b_row_scales else 0,
+        b_scales.stride(1) if b_row_scales else 0,
+        tensors["out"].stride(0),
+        tensors["bias"].stride(0) if call.has_bias else 0,
+        call.num_tokens,
+        call.num_groups,
+        call.num_experts,
+        call.n,
+        call.k,
+        *group_rows,
+        a_scales.shape[0] if a.scale_layout.grouped else 0,
+    )
