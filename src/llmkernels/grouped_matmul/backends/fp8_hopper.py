@@ -1,0 +1,222 @@
+"""The ``fp8_hopper`` backend: the warp-specialized Gluon kernel for FP8 blocks on Hopper
+(``grouped_matmul/gluon_fp8_kernel.py``), for fp8 (1, 128) activations with fp8 (128, 128) weights on an sm_90 GPU.
+
+It runs its own measured tile (128 x 256, 3 stages, TMA-store epilogue) whatever ``block_m``, ``block_n``,
+``num_stages`` and ``num_warps`` the config names; it takes the config's plain (not ``ab_swapped``) launches, the
+default for large groups, and leaves swap-AB (decode) launches to the portable ``fp8_blocks`` backend, as it
+leaves what its kernel does not take (see :func:`supports`).
+
+The kernel reads A and B through TMA descriptors. The plan hands every launch the call's tensors by name
+(``a_ptr``, ``b_ptr``, ...); this backend's :class:`Fp8HopperSpec` binds descriptors over them (shapes and strides
+are the plan's: they are part of the call signature) and its bound launch passes each call's tensors as the
+descriptors' bases.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from ...launch import BoundKernel, KernelSpec, bind
+from ...runtime import cdiv, cuda_capability, interpreting, num_programs_hint
+from .. import gluon_fp8_kernel as kernel
+from .base import pointer_types
+
+__all__ = ["supports", "upcast_dtype", "kernel_spec", "scalars", "Fp8HopperSpec", "Fp8HopperLaunch", "EPILOGUES"]
+
+EPILOGUES = ("none", "silu", "gelu", "swiglu")  # the user's @triton.jit epilogue is the portable backend's
+_GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32}
+_TYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+_E4M3 = torch.float8_e4m3fn
+
+
+def supports(call, config) -> bool:
+    """fp8 (1, 128) ``a`` (a bf16 ``a`` reaches backends quantized ahead by the plan) with fp8 (128, 128) ``b`` on
+    a CUDA device of compute capability 9.x (not the interpreter), a launch that is not ``ab_swapped``, K a
+    multiple of 16 (TMA reads 16-byte rows), and an epilogue of :data:`EPILOGUES`: SwiGLU on ``[gate | up]``
+    halves with ``N / 2`` a multiple of 128 (each up box in one weight-scale block), not interleaved."""
+    a, b = call.a, call.b
+    if a.format != "fp8" or b.format != "fp8" or a.block_rows != 1 or b.block_rows != 128:
+        return False
+    if call.device.type != "cuda" or interpreting() or (cuda_capability(call.device) or (0, 0))[0] != 9:
+        return False
+    if config.ab_swapped or config.block_k != kernel.BLOCK_K or call.k % 16:
+        return False
+    if call.epilogue_kind not in EPILOGUES:
+        return False
+    return call.epilogue_kind != "swiglu" or (not call.glu.interleaved and call.n_out % 128 == 0)
+
+
+def upcast_dtype(call, config):
+    """None: the kernel reads fp8 A as it is."""
+    return None
+
+
+def _descriptor_type(dtype, block) -> str:
+    layout = gl.NVMMASharedLayout.get_default_for(block, dtype)
+    name = {gl.float8e4nv: "fp8e4nv", gl.bfloat16: "bf16", gl.float16: "fp16", gl.float32: "fp32"}[dtype]
+    return f"tensordesc<{name}[{', '.join(map(str, block))}],{layout!r}>"
+
+
+def _tma_store(call) -> bool:
+    """Whether the epilogue stores full 64-row halves through TMA: bf16 / fp16 out (a float32 staging buffer per
+    consumer and half would not fit beside the ring's 144 KB of shared memory)."""
+    return call.out_dtype in (torch.bfloat16, torch.float16)
+
+
+def kernel_spec(call, config, group_rows: tuple[int, int]) -> Fp8HopperSpec:
+    """The kernel's launch for ``call``: a persistent grid of ``min(SMs, tile bound)`` programs (the bound, from
+    shapes, needs no sync); ``config`` only selects this backend (its tile sizes are the kernel's own)."""
+    glu = call.glu
+    swiglu = call.epilogue_kind == "swiglu"
+    n_tiles = cdiv(call.n_out, kernel.out_columns_per_tile(swiglu))
+    bound = (cdiv(call.num_tokens, kernel.BLOCK_M) + call.num_groups) * n_tiles
+    tma_store = _tma_store(call)
+    constexprs = dict(
+        STAGES=kernel.STAGES,
+        HAS_EXPERT_SCALES=call.has_expert_scales,
+        HAS_BIAS=call.has_bias,
+        EPILOGUE=call.epilogue_kind,
+        GLU_ALPHA=glu.alpha if swiglu else 1.0,
+        GLU_LIMIT=glu.limit if swiglu else None,
+        GLU_UP_SHIFT=glu.up_shift if swiglu else 0.0,
+        TMA_STORE=tma_store,
+    )
+    arg_types = dict(pointer_types(call))
+    arg_types.update(
+        a_ptr=_descriptor_type(gl.float8e4nv, kernel.A_BOX),
+        b_ptr=_descriptor_type(gl.float8e4nv, kernel.B_BOX),
+        a_scales_ptr="*fp32",
+        b_scales_ptr="*fp32",
+        out_desc=_descriptor_type(_GL_DTYPES[call.out_dtype], kernel.OUT_BOX),
+    )
+    return Fp8HopperSpec(
+        kernel.fp8_hopper_grouped_kernel,
+        (max(1, min(bound, num_programs_hint(call.device))),),
+        constexprs,
+        dict(num_warps=4, maxnreg=kernel.MAX_REGS),
+        arg_types,
+        unaligned=("num_groups", "n_tiles", "N_out", "num_tokens", "stride_bias_expert"),
+    )
+
+
+def scalars(call, config, group_rows: tuple[int, int], tensors: dict) -> tuple:
+    """The kernel's strides and sizes after ``out_desc`` (which :meth:`Fp8HopperSpec.bind` makes)."""
+    a_scales, b_scales = tensors["a_scales"], tensors["b_scales"]
+    return (
+        a_scales.stride(0),
+        a_scales.stride(1),
+        b_scales.stride(0),
+        b_scales.stride(1),
+        b_scales.stride(2),
+        tensors["out"].stride(0),
+        tensors["bias"].stride(0) if call.has_bias else 0,
+        call.num_tokens,
+        call.num_groups,
+        call.num_experts,
+        call.n,
+        call.n_out,
+        call.k,
+        cdiv(call.n_out, kernel.out_columns_per_tile(call.epilogue_kind == "swiglu")),
+    )
+
+
+def _tma_readable(t: torch.Tensor) -> bool:
+    """What a TMA descriptor over ``t``'s rows needs: 16-byte aligned base and row strides, unit last stride."""
+    return (
+        t.stride(-1) == 1
+        and t.data_ptr() % 16 == 0
+        and all(stride * t.element_size() % 16 == 0 for stride in t.stride()[:-1])
+    )
+
+
+def _weights_2d(b: torch.Tensor) -> bool:
+    """B ``[E, N, K]`` addressable as ``[E·N, K]`` rows (experts one after the other) in place."""
+    return b.shape[0] <= 1 or b.stride(0) == b.shape[1] * b.stride(1)
+
+
+def _dense(t: torch.Tensor) -> torch.Tensor:
+    return t.clone(memory_format=torch.contiguous_format)
+
+
+@dataclass(frozen=True)
+class Fp8HopperSpec(KernelSpec):
+    """The kernel's :class:`~llmkernels.launch.KernelSpec`. :meth:`bind` takes the plan's arguments (the call's
+    tensors for the kernel's ``*_ptr`` arguments, then :func:`scalars`) and returns a :class:`Fp8HopperLaunch`."""
+
+    def bind(self, *args) -> Fp8HopperLaunch:
+        a, a_scales, b, b_scales, out, a_offsets, expert_ids, expert_scales, bias, *sizes = args
+        # A, B in a layout TMA cannot read (16-byte rows and base; B's experts back to back) are copied per
+        # call: their strides and alignment are the plan's, so the decision is made once, here
+        copy_a = not _tma_readable(a)
+        copy_b = not (_tma_readable(b) and _weights_2d(b))
+        a, b = (_dense(a) if copy_a else a), (_dense(b) if copy_b else b)
+        num_tokens, k = a.shape
+        num_experts, n, _ = b.shape
+        a_desc = TensorDescriptor(
+            a.view(_E4M3), [num_tokens, k], [a.stride(0), 1], kernel.A_BOX, _layout(kernel.A_BOX, gl.float8e4nv)
+        )
+        b_desc = TensorDescriptor(
+            b.view(_E4M3), [num_experts * n, k], [b.stride(1), 1], kernel.B_BOX, _layout(kernel.B_BOX, gl.float8e4nv)
+        )
+        # the TMA store's descriptor over out [T, N_out] (it clips the columns past N_out); a variant without the
+        # TMA store, or an out TMA cannot address, gets a dummy the kernel never reads
+        use_out = self.constexprs["TMA_STORE"] and _tma_readable(out)
+        out_base = out if use_out else torch.zeros(kernel.OUT_BOX, dtype=out.dtype, device=out.device)
+        out_desc = TensorDescriptor(
+            out_base,
+            list(out_base.shape),
+            [out_base.stride(0), 1],
+            kernel.OUT_BOX,
+            _layout(kernel.OUT_BOX, _GL_DTYPES[out.dtype]),
+        )
+        constexprs = dict(self.constexprs, TMA_STORE=use_out)
+        bound = bind(
+            self.fn,
+            self.grid,
+            a_desc,
+            a_scales,
+            b_desc,
+            b_scales,
+            out,
+            a_offsets,
+            expert_ids,
+            expert_scales,
+            bias,
+            out_desc,
+            *sizes,
+            **constexprs,
+            **self.options,
+        )
+        return Fp8HopperLaunch(bound, copy_a, copy_b, None if use_out else out_base)
+
+
+def _layout(block, dtype):
+    return gl.NVMMASharedLayout.get_default_for(block, dtype)
+
+
+class Fp8HopperLaunch:
+    """The bound kernel of one plan, called with the call's tensors in the order of the kernel's ``*_ptr``
+    arguments: A and B become the bases of their descriptors (copied first where :meth:`Fp8HopperSpec.bind`
+    found their layout unreadable by TMA), out also that of the TMA store's (or the dummy)."""
+
+    def __init__(self, bound: BoundKernel, copy_a: bool, copy_b: bool, out_dummy: torch.Tensor | None):
+        self.bound, self.copy_a, self.copy_b, self.out_dummy = bound, copy_a, copy_b, out_dummy
+
+    @property
+    def compiled(self):
+        return self.bound.compiled
+
+    def __call__(self, a, a_scales, b, b_scales, out, a_offsets, expert_ids, expert_scales, bias) -> None:
+        if self.copy_a:
+            a = _dense(a)
+        if self.copy_b:
+            b = _dense(b)
+        out_base = out if self.out_dummy is None else self.out_dummy
+        self.bound(a, a_scales, b, b_scales, out, a_offsets, expert_ids, expert_scales, bias, out_base)
+
+    def __repr__(self) -> str:
+        return f"Fp8HopperLaunch({self.bound!r})"
