@@ -27,6 +27,7 @@ from .attention.paged import PagedKVCache
 from .formats import ScaledTensor, nvfp4_global_scale, scaled_tensor_from_parts, scaled_tensor_parts, unwrap_torchao
 from .formats import api as formats_api
 from .formats.layouts import ROW, as_layout
+from .formats.scaled_tensor import as_block, block_scale_shape
 from .formats.spec import format_spec
 from .grouped_matmul import SwiGLU
 from .grouped_matmul import api as grouped_matmul_api
@@ -80,14 +81,26 @@ def grouped_matmul_op(
     glu_limit: float = 0.0,
     glu_up_shift: float = 0.0,
     glu_interleaved: bool = False,
+    a_block: list[int] | None = None,
+    b_block: list[int] | None = None,
 ) -> torch.Tensor:
-    """:func:`llmkernels.grouped_matmul` on the parts of its operands (``b_shape``: b's logical ``[E, N, K]``);
+    """:func:`llmkernels.grouped_matmul` on the parts of its operands (``b_shape``: b's logical ``[E, N, K]``;
+    ``a_block`` / ``b_block``: their ``ScaledTensor.block``, None for the formats whose block it is anyway);
     returns ``[T, N_out]``. A :class:`SwiGLU` epilogue crosses as ``epilogue="swiglu"`` and its fields
     (``glu_limit`` 0: no clamp)."""
     a = scaled_tensor_from_parts(
-        a_data, a_scales, a_global_scale, a_format, a_scale_layout, a_group_offsets, a_group_scale_offsets
+        a_data,
+        a_scales,
+        a_global_scale,
+        a_format,
+        a_scale_layout,
+        a_group_offsets,
+        a_group_scale_offsets,
+        block=a_block,
     )
-    b = scaled_tensor_from_parts(b_data, b_scales, b_global_scale, b_format, b_scale_layout, shape=b_shape)
+    b = scaled_tensor_from_parts(
+        b_data, b_scales, b_global_scale, b_format, b_scale_layout, shape=b_shape, block=b_block
+    )
     if epilogue == "swiglu":
         epilogue = SwiGLU(glu_alpha, glu_limit or None, glu_up_shift, glu_interleaved)
     return grouped_matmul_api.grouped_matmul(
@@ -120,6 +133,8 @@ def _grouped_matmul_fake(
     glu_limit=0.0,
     glu_up_shift=0.0,
     glu_interleaved=False,
+    a_block=None,
+    b_block=None,
 ):
     n = b_shape[1]
     return a_data.new_empty((a_data.shape[0], n // 2 if epilogue == "swiglu" else n), dtype=out_dtype)
@@ -127,12 +142,23 @@ def _grouped_matmul_fake(
 
 @torch.library.custom_op("llmkernels::quantize", mutates_args=())
 def quantize_op(
-    x: torch.Tensor, format: str, global_scale: torch.Tensor | None
+    x: torch.Tensor,
+    format: str,
+    global_scale: torch.Tensor | None,
+    block: list[int] | None = None,
+    power_of_two_scales: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """:func:`llmkernels.quantize` with row scales: ``(data, scales, global_scale)``, data and scales
-    as uint8 bytes; the global scale is a float32 scalar, 1.0 for the MX formats (which have none), a copy
-    of a given one (an operator's output may not alias its input)."""
-    result = formats_api.quantize(x, format, global_scale=global_scale)
+    as uint8 bytes (fp8's float32 scales: 4 bytes each along the last dim); the global scale is a float32
+    scalar, 1.0 for the formats that have none, a copy of a given one (an operator's output may not alias its
+    input)."""
+    result = formats_api.quantize(
+        x,
+        format,
+        global_scale=global_scale,
+        block=None if block is None else tuple(block),
+        power_of_two_scales=power_of_two_scales,
+    )
     if result.global_scale is None:
         scale = torch.ones((), device=x.device)
     else:
@@ -141,11 +167,15 @@ def quantize_op(
 
 
 @quantize_op.register_fake
-def _quantize_fake(x, format, global_scale):
+def _quantize_fake(x, format, global_scale, block=None, power_of_two_scales=False):
     spec = format_spec(format)
     k = x.shape[-1]
     data = x.new_empty((*x.shape[:-1], k // 2 if spec.packed else k), dtype=torch.uint8)
-    scales = x.new_empty((*x.shape[:-1], k // spec.block), dtype=torch.uint8)
+    if spec.scale == "f32":
+        scale_shape = block_scale_shape(tuple(x.shape), as_block(spec, None if block is None else tuple(block)))
+        scales = x.new_empty((*scale_shape[:-1], scale_shape[-1] * 4), dtype=torch.uint8)
+    else:
+        scales = x.new_empty((*x.shape[:-1], k // spec.block), dtype=torch.uint8)
     return data, scales, x.new_empty((), dtype=torch.float32)
 
 
@@ -299,22 +329,42 @@ def _moe_select_experts_fake(router_logits, top_k, scoring, renormalize, correct
 
 
 @functools.wraps(formats_api.quantize)
-def quantize(x, format, *, global_scale=None, scale_layout=ROW, group_offsets=None, rows=None):
+def quantize(
+    x,
+    format,
+    *,
+    global_scale=None,
+    scale_layout=ROW,
+    group_offsets=None,
+    rows=None,
+    block=None,
+    power_of_two_scales=False,
+):
     if not torch.compiler.is_compiling():
         return formats_api.quantize(
-            x, format, global_scale=global_scale, scale_layout=scale_layout, group_offsets=group_offsets, rows=rows
+            x,
+            format,
+            global_scale=global_scale,
+            scale_layout=scale_layout,
+            group_offsets=group_offsets,
+            rows=rows,
+            block=block,
+            power_of_two_scales=power_of_two_scales,
         )
-    spec = formats_api.check_quantize(x, format, global_scale, scale_layout, group_offsets, rows)
+    spec, block = formats_api.check_quantize(
+        x, format, global_scale, scale_layout, group_offsets, rows, block, power_of_two_scales
+    )
     if rows is not None:  # the compiler sees a gather and the quantize op
         if spec.has_global_scale and global_scale is None:
             global_scale = nvfp4_global_scale(x)
         x = x[rows]
-    data, scales, op_global_scale = quantize_op(x, format, global_scale)
+    data, scales, op_global_scale = quantize_op(x, format, global_scale, list(block), power_of_two_scales)
     result = ScaledTensor(
         data.view(spec.data_dtype),
         scales.view(spec.scale_dtype),
         format,
         op_global_scale if spec.has_global_scale else None,
+        block=block,
     )
     if as_layout(scale_layout) is not ROW or group_offsets is not None:
         result = result.to_layout(scale_layout, group_offsets=group_offsets)
@@ -354,10 +404,10 @@ def grouped_matmul(
             config=config,
             validate=validate,
         )
-    b_parts = scaled_tensor_parts(b)
+    a_parts, b_parts = scaled_tensor_parts(a), scaled_tensor_parts(b)
     glu = call.glu or SwiGLU()
     return grouped_matmul_op(
-        *scaled_tensor_parts(a)[:7],
+        *a_parts[:7],
         *b_parts[:5],
         b_parts[7],
         call.a_offsets,
@@ -370,6 +420,8 @@ def grouped_matmul(
         glu.limit or 0.0,
         glu.up_shift,
         glu.interleaved,
+        a_parts[8],
+        b_parts[8],
     )
 
 

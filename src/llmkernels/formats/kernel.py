@@ -145,6 +145,29 @@ def _encode_e2m1(scaled):
 
 
 @triton.jit
+def encode_e4m3(scaled):
+    """float32 → ``float8_e4m3fn`` bits (uint8): clamped to ±448, rounded to nearest (ties to even) by
+    :func:`_round_to_e4m3`; a NaN is written 0x7F, as torch's cast writes +NaN (not every backend's cast does)."""
+    scaled = tl.clamp(scaled, -448.0, 448.0, propagate_nan=tl.PropagateNan.ALL)
+    values = _round_to_e4m3(scaled).to(tl.float8e4nv).to(tl.uint8, bitcast=True)
+    return tl.where(scaled == scaled, values, 0x7F).to(tl.uint8)
+
+
+@triton.jit
+def fp8_block_scale(amax, POWER_OF_TWO: tl.constexpr):
+    """float32 ``amax`` of fp8 blocks → their float32 decode scales: ``max(amax / 448, 2^-126)`` correctly
+    rounded (``div_rn``: the plain ``/`` is an approximate division on NVIDIA GPUs), with POWER_OF_TWO rounded up
+    to a power of two; 1.0 where amax is 0, NaN where it is NaN."""
+    scale = tl.maximum(tl.math.div_rn(amax, 448.0), 1.1754943508222875e-38, propagate_nan=tl.PropagateNan.ALL)
+    if POWER_OF_TWO:
+        # a carry out of a non-zero mantissa raises the exponent by one; a power of two has none to carry
+        bits = scale.to(tl.uint32, bitcast=True)
+        rounded = ((bits + 0x7FFFFF) & 0xFF800000).to(tl.float32, bitcast=True)
+        scale = tl.where(scale == scale, rounded, scale)
+    return tl.where(amax == 0.0, 1.0, scale)
+
+
+@triton.jit
 def quantize_kernel(
     x_ptr,
     data_ptr,
@@ -162,14 +185,16 @@ def quantize_kernel(
     GATHER: tl.constexpr,
     BLOCK_ROWS: tl.constexpr,
     BLOCK_COLS: tl.constexpr,
+    POWER_OF_TWO: tl.constexpr = False,
 ):
     """Quantizes ``num_rows`` rows of x ``[num_x_rows, num_cols]`` (row stride ``stride_x_row``, unit
     column stride): row r of the output is x's row r, or with GATHER x's row ``source_rows[r]``
     (int64 ``[num_rows]``, clamped to x), so that a permutation costs no extra pass over x.
 
     Writes ``data`` ``[num_rows, num_cols]`` e4m3 or ``[num_rows, num_cols / 2]`` packed e2m1, and
-    row-major ``scales`` ``[num_rows, num_cols / SCALE_BLOCK]`` (uint8 bits). One program per
-    ``BLOCK_ROWS × BLOCK_COLS`` tile.
+    row-major ``scales`` ``[num_rows, ceil(num_cols / SCALE_BLOCK)]``: uint8 bits (SCALE ``"e8m0"``, ``"e4m3"``)
+    or float32 (``"f32"``: fp8 ``(1, 128)`` blocks, :func:`fp8_block_scale` with POWER_OF_TWO; num_cols any, a
+    partial last block holds the columns there are). One program per ``BLOCK_ROWS × BLOCK_COLS`` tile.
     """
     SCALES_PER_TILE: tl.constexpr = BLOCK_COLS // SCALE_BLOCK
     rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
@@ -199,6 +224,11 @@ def quantize_kernel(
         inverse_scale = ((254 - scale_bits) << 23).to(tl.float32, bitcast=True)
         inverse_scale = tl.where(scale_bits == 255, float("nan"), inverse_scale)  # a NaN block stays NaN
         scaled = blocks * inverse_scale[:, :, None]
+        stored_scales = scale_bits.to(tl.uint8)
+    elif SCALE == "f32":
+        scale = fp8_block_scale(amax, POWER_OF_TWO)
+        scaled = tl.math.div_rn(blocks, scale[:, :, None])
+        stored_scales = scale
     else:
         # NVFP4: e4m3 block scale of (amax / 6) relative to the per-tensor decode scale.
         global_scale = tl.load(global_scale_ptr)
@@ -209,12 +239,10 @@ def quantize_kernel(
         block_scale = scale_bits.to(tl.float8e4nv, bitcast=True)  # (the interpreter's fp8 casts miss NaN)
         scale = tl.where(scale_bits == 0x7F, float("nan"), block_scale.to(tl.float32) * global_scale)
         scaled = tl.math.div_rn(blocks, scale[:, :, None])
+        stored_scales = scale_bits.to(tl.uint8)
 
     if ELEMENT == "e4m3":
-        scaled = tl.clamp(scaled, -448.0, 448.0, propagate_nan=tl.PropagateNan.ALL)
-        scaled = tl.reshape(scaled, (BLOCK_ROWS, BLOCK_COLS))
-        values = _round_to_e4m3(scaled).to(tl.float8e4nv).to(tl.uint8, bitcast=True)
-        values = tl.where(scaled == scaled, values, 0x7F)  # NaN as the cast writes it (not every backend does)
+        values = encode_e4m3(tl.reshape(scaled, (BLOCK_ROWS, BLOCK_COLS)))
         tl.store(
             data_ptr + rows64[:, None] * num_cols + cols[None, :],
             values,
@@ -233,12 +261,49 @@ def quantize_kernel(
         )
 
     scale_cols = tl.program_id(1) * SCALES_PER_TILE + tl.arange(0, SCALES_PER_TILE)
-    num_scale_cols = num_cols // SCALE_BLOCK
+    num_scale_cols = tl.cdiv(num_cols, SCALE_BLOCK)
     tl.store(
         scales_ptr + rows64[:, None] * num_scale_cols + scale_cols[None, :],
-        scale_bits.to(tl.uint8),
+        stored_scales,
         mask=row_ok[:, None] & (scale_cols < num_scale_cols)[None, :],
     )
+
+
+@triton.jit
+def quantize_tiles_kernel(
+    x_ptr,
+    data_ptr,
+    scales_ptr,
+    stride_x_matrix,
+    stride_x_row,
+    num_rows,
+    num_cols,
+    POWER_OF_TWO: tl.constexpr,
+    TILE_ROWS: tl.constexpr,
+    TILE_COLS: tl.constexpr,
+):
+    """fp8 with one float32 scale per ``TILE_ROWS × TILE_COLS`` tile (the ``(128, 128)`` blocks of weights): x
+    ``[num_matrices, num_rows, num_cols]`` (strides ``stride_x_matrix``, ``stride_x_row``, unit column stride) →
+    ``data`` e4m3 bits ``[num_matrices, num_rows, num_cols]`` and ``scales`` float32 ``[num_matrices,
+    ceil(num_rows / TILE_ROWS), ceil(num_cols / TILE_COLS)]``, both contiguous; partial last tiles hold the
+    elements there are. One program per tile (grid: row tiles, column tiles, matrices), which holds its tile in
+    registers between the amax and the write: one read of x.
+    """
+    tile_row, tile_col = tl.program_id(0), tl.program_id(1)
+    matrix = tl.program_id(2).to(tl.int64)
+    rows = tile_row.to(tl.int64) * TILE_ROWS + tl.arange(0, TILE_ROWS)
+    cols = tile_col * TILE_COLS + tl.arange(0, TILE_COLS)
+    mask = (rows < num_rows)[:, None] & (cols < num_cols)[None, :]
+    x = tl.load(
+        x_ptr + matrix * stride_x_matrix + rows[:, None] * stride_x_row + cols[None, :], mask=mask, other=0.0
+    ).to(tl.float32)
+    # max over the magnitudes' bits, so that a NaN wins (see quantize_kernel)
+    amax = tl.max(tl.max(tl.abs(x).to(tl.int32, bitcast=True), axis=1), axis=0).to(tl.float32, bitcast=True)
+    scale = fp8_block_scale(amax, POWER_OF_TWO)
+    values = encode_e4m3(tl.math.div_rn(x, scale))
+    tl.store(data_ptr + (matrix * num_rows + rows)[:, None] * num_cols + cols[None, :], values, mask=mask)
+    num_tile_rows, num_tile_cols = tl.cdiv(num_rows, TILE_ROWS), tl.cdiv(num_cols, TILE_COLS)
+    tl.store(scales_ptr + (matrix * num_tile_rows + tile_row) * num_tile_cols + tile_col, scale)
 
 
 # ---------------------------------------------------------------------------------------------

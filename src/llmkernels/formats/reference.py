@@ -10,10 +10,18 @@ import math
 import torch
 
 from .layouts import ROW
-from .scaled_tensor import ScaledTensor
+from .scaled_tensor import ScaledTensor, as_block
 from .spec import E2M1_MAX, E4M3_MAX, FormatSpec, format_spec
 
-__all__ = ["quantize_reference", "dequantize", "e2m1_values", "encode_e2m1", "decode_e2m1", "decode_e8m0"]
+__all__ = [
+    "quantize_reference",
+    "quantize_fp8_reference",
+    "dequantize",
+    "e2m1_values",
+    "encode_e2m1",
+    "decode_e2m1",
+    "decode_e8m0",
+]
 
 # e2m1 code (sign << 3 | exponent << 1 | mantissa) → value
 _E2M1_MAGNITUDES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
@@ -86,9 +94,30 @@ def nvfp4_global_scale(x: torch.Tensor) -> torch.Tensor:
     return torch.where(amax > 0, scale, torch.ones_like(amax))
 
 
-def quantize_reference(x: torch.Tensor, format: str, global_scale: torch.Tensor | None = None) -> ScaledTensor:
-    """Reference for :func:`llmkernels.quantize` (same bits), in plain PyTorch. x: ``[..., K]``."""
+def quantize_reference(
+    x: torch.Tensor,
+    format: str,
+    global_scale: torch.Tensor | None = None,
+    *,
+    block: tuple[int, int] | None = None,
+    power_of_two_scales: bool = False,
+) -> ScaledTensor:
+    """Reference for :func:`llmkernels.quantize` (same bits), in plain PyTorch. x: ``[..., K]`` (fp8 with
+    ``block=(128, 128)``: ``[..., R, K]``).
+
+    ``block`` and ``power_of_two_scales`` as :func:`llmkernels.quantize` takes them (fp8 only; see
+    :func:`quantize_fp8_reference`).
+
+    Raises:
+        ValueError: unknown format, K not a multiple of the block (MX, nvfp4), a bad block, ``power_of_two_scales``
+            for a format other than fp8.
+    """
     spec = format_spec(format)
+    as_block(spec, block)
+    if spec.scale == "f32":
+        return quantize_fp8_reference(x, block, power_of_two_scales)
+    if power_of_two_scales:
+        raise ValueError(f"power_of_two_scales is for fp8 only, not {format}")
     k = x.shape[-1]
     if k % spec.block:
         raise ValueError(f"{format} needs the last dim ({k}) to be a multiple of {spec.block}")
@@ -110,6 +139,49 @@ def quantize_reference(x: torch.Tensor, format: str, global_scale: torch.Tensor 
     else:
         data = scaled.to(torch.float8_e4m3fn)
     return ScaledTensor(data, scales, format, global_scale if spec.has_global_scale else None)
+
+
+# fp8 scales are floored here (float32's smallest normal): below it amax / 448 would be subnormal or 0, and a
+# tile of tiny values would divide by 0 or depend on whether the device flushes subnormals.
+FP8_MIN_SCALE = 2.0**-126
+
+
+def quantize_fp8_reference(x: torch.Tensor, block: tuple[int, int], power_of_two_scales: bool = False) -> ScaledTensor:
+    """The fp8 block format in plain PyTorch: for each ``block = (rows, cols)`` tile of x's last two dims (of its
+    last dim for ``(1, 128)``; partial last tiles hold the elements there are),
+
+    - ``scale = max(amax(|tile|) / 448, 2^-126)`` in float32 (correctly rounded), with ``power_of_two_scales``
+      rounded up to a power of two (exactly, by ``frexp``: DeepSeek V3.1's ue8m0 scales); 1.0 for an all-zero
+      tile; NaN for a tile holding a NaN;
+    - each element ``x / scale`` in float32 (correctly rounded), clamped to ±448 (which only catches the
+      division's last-ulp overshoot) and cast to ``float8_e4m3fn`` by torch (nearest, ties to even); a NaN is
+      written as +NaN (0x7F).
+
+    x: bf16, fp16 or fp32 ``[..., K]`` (``(1, 128)``) or ``[..., R, K]`` (``(128, 128)``). Returns the
+    ScaledTensor (data ``float8_e4m3fn`` of x's shape, scales float32 ``[..., ceil(R / rows), ceil(K / cols)]``).
+    """
+    spec = format_spec("fp8")
+    rows, cols = block = as_block(spec, block)
+    if rows > 1 and x.dim() < 2:
+        raise ValueError(f"fp8 with block={block} needs x of at least 2 dims, got shape {tuple(x.shape)}")
+    values = x.float() if x.dim() >= 2 else x.float()[None]
+    *batch, num_rows, k = values.shape
+    row_tiles, col_tiles = -(-num_rows // rows), -(-k // cols)
+    padded = torch.nn.functional.pad(values, (0, col_tiles * cols - k, 0, row_tiles * rows - num_rows))
+    amax = padded.reshape(*batch, row_tiles, rows, col_tiles, cols).abs().amax(dim=(-3, -1))
+    scales = _divide(amax, E4M3_MAX).clamp_min(FP8_MIN_SCALE)  # (a NaN stays NaN)
+    if power_of_two_scales:
+        mantissa, exponent = torch.frexp(scales)  # scales = mantissa · 2^exponent, mantissa in [0.5, 1)
+        exponent = exponent - (mantissa == 0.5).to(exponent.dtype)  # already a power of two
+        scales = torch.where(torch.isfinite(scales), torch.ldexp(torch.ones_like(scales), exponent), scales)
+    scales = torch.where(amax == 0, torch.ones_like(scales), scales)
+    per_element = scales.repeat_interleave(rows, dim=-2).repeat_interleave(cols, dim=-1)[..., :num_rows, :k]
+    scaled = (values / per_element).clamp(-E4M3_MAX, E4M3_MAX)
+    scaled = torch.where(torch.isnan(scaled), torch.nan, scaled)  # +NaN: what the kernel writes
+    data = scaled.to(torch.float8_e4m3fn).reshape(x.shape)
+    if x.dim() < 2:
+        scales = scales[0]
+    return ScaledTensor(data, scales.contiguous(), "fp8", block=block)
 
 
 def _mx_scales(amax: torch.Tensor, spec: FormatSpec):
@@ -136,6 +208,8 @@ def dequantize(x: ScaledTensor) -> torch.Tensor:
     if x.scale_layout.rearranges_data:
         x = x.to_layout(ROW)
     spec = x.spec
+    if spec.scale == "f32":
+        return _dequantize_fp8(x)
     row_scales = x.row_scales()
     scale = decode_e8m0(row_scales.view(torch.uint8)) if spec.scale == "e8m0" else row_scales.float()
     if spec.has_global_scale:
@@ -153,4 +227,18 @@ def dequantize(x: ScaledTensor) -> torch.Tensor:
         decoded = decode_e2m1(_unpack_e2m1(chunk)) if spec.packed else chunk.float()
         blocks = decoded.view(decoded.shape[0], -1, spec.block) * scale[start : start + rows_per_chunk, :, None]
         values[start : start + rows_per_chunk] = blocks.view(decoded.shape[0], k)
+    return values.reshape(x.shape)
+
+
+def _dequantize_fp8(x: ScaledTensor) -> torch.Tensor:
+    """fp8 → float32: ``float(data) · scale`` of each element's tile, one float32 multiply (so within half a float32
+    ulp of the exact decode), one tile column at a time (no full-size temporary besides the result)."""
+    rows, cols = x.block
+    values = x.data.float()
+    if values.dim() == 1:
+        values = values[None]
+    scales = x.scales if x.scales.dim() == values.dim() else x.scales[None]
+    row_scales = scales.repeat_interleave(rows, dim=-2)[..., : values.shape[-2], :] if rows > 1 else scales
+    for tile in range(row_scales.shape[-1]):
+        values[..., tile * cols : (tile + 1) * cols] *= row_scales[..., tile : tile + 1]
     return values.reshape(x.shape)

@@ -9,7 +9,7 @@ import torch
 from ..launch import value_key
 from ..runtime import describe
 from .layouts import BLOCKED, HOPPER, ROW, SCALE_LAYOUTS, Layout, as_layout, check_group_offsets
-from .spec import FormatSpec, format_spec
+from .spec import FP8_BLOCKS, FormatSpec, format_spec
 
 __all__ = [
     "ScaledTensor",
@@ -18,6 +18,8 @@ __all__ = [
     "PLAIN_FORMATS",
     "scaled_tensor_parts",
     "scaled_tensor_from_parts",
+    "as_block",
+    "block_scale_shape",
 ]
 
 HOPPER_FORMATS = tuple(sorted(HOPPER.formats))  # what the hopper layout holds (e2m1 data)
@@ -29,13 +31,15 @@ class ScaledTensor:
     """A block-scaled tensor of logical shape ``[..., K]``.
 
     Attributes:
-        data: ``float8_e4m3fn [..., K]`` (mxfp8) or ``uint8 [..., K // 2]`` (mxfp4, nvfp4; two e2m1
+        data: ``float8_e4m3fn [..., K]`` (mxfp8, fp8) or ``uint8 [..., K // 2]`` (mxfp4, nvfp4; two e2m1
             values per byte, the even element in the low nibble).
         scales: one scale per ``block`` elements along K. ``scale_layout="row"``: ``[..., R, K // block]``
-            row-major. ``"128x4"``: the tensor-core layout ``[..., ceil(R / 128), ceil(K / block / 4), 32, 16]``
+            row-major. fp8: float32 ``[..., ceil(R / rows), ceil(K / cols)]`` for ``block=(rows, cols)``
+            (``[..., ceil(K / 128)]`` for ``(1, 128)``, which a 1D tensor may have too), row layout only. ``"128x4"``: the tensor-core layout ``[..., ceil(R / 128), ceil(K / block / 4), 32, 16]``
             (byte ``(r % 32) * 16 + (r % 128) // 32 * 4 + c % 4`` of tile ``(r // 128, c // 4)``), padded with 1.0.
             dtype ``float8_e8m0fnu`` (MX) or ``float8_e4m3fn`` (nvfp4).
-        format: ``"mxfp8"``, ``"mxfp4"`` or ``"nvfp4"``.
+        format: ``"mxfp8"``, ``"mxfp4"``, ``"nvfp4"`` or ``"fp8"`` (DeepSeek-style blocks: e4m3 data, one float32
+            decode scale per ``block`` tile, ``x ≈ data · scale``; K any, partial last tiles allowed).
         global_scale: nvfp4 only, float32 scalar tensor: the **decode** scale,
             ``x ≈ e2m1 · block_scale · global_scale``.
         scale_layout: the :class:`~llmkernels.formats.layouts.Layout` of the parts, given as one or by its name
@@ -52,6 +56,9 @@ class ScaledTensor:
             ``a_scale_offsets`` int32 ``[G]``. Group g's scale rows start at tile-row
             ``group_offsets[g] // 128 + group_scale_offsets[g]``.
         logical_shape: the logical shape, for a layout that rearranges the data (``"hopper"``) only.
+        block: ``(rows, cols)``, the elements of the last two dims that share one scale; after construction always
+            a tuple: ``(1, 32)`` (MX) or ``(1, 16)`` (nvfp4), which None also means, and for fp8 required:
+            ``(1, 128)`` (activations, per token) or ``(128, 128)`` (weights, per tile of each ``[N, K]``).
     """
 
     data: torch.Tensor
@@ -62,6 +69,7 @@ class ScaledTensor:
     group_offsets: torch.Tensor | None = None
     group_scale_offsets: torch.Tensor | None = None
     logical_shape: tuple[int, ...] | None = None
+    block: tuple[int, int] | None = None
 
     def __setattr__(self, name, value) -> None:
         if name == "scale_layout":  # assigned a layout or its name, it holds the layout
@@ -81,6 +89,7 @@ class ScaledTensor:
             ValueError: shapes that do not fit, an unknown layout, parts on different devices.
         """
         spec = self.spec
+        self.block = block = as_block(spec, self.block)
         if not isinstance(self.data, torch.Tensor) or self.data.dtype != spec.data_dtype:
             raise TypeError(f"{self.format} data must be a {spec.data_dtype} tensor, got {describe(self.data)}")
         if not isinstance(self.scales, torch.Tensor) or self.scales.dtype != spec.scale_dtype:
@@ -95,6 +104,11 @@ class ScaledTensor:
                 f"{' and '.join(HOPPER_FORMATS)}); got {self.format} with scale_layout={layout!r}"
             )
         layout.check_dims(self)
+        if spec.scale == "f32":
+            if layout is not ROW:
+                raise ValueError(f"fp8 scales live in the row layout only, got scale_layout={layout!r}")
+            if block[0] > 1 and self.data.dim() < 2:
+                raise ValueError(f"fp8 with block={block} needs data of at least 2 dims, got {describe(self.data)}")
         if spec.has_global_scale:
             gs = self.global_scale
             if not isinstance(gs, torch.Tensor) or gs.dtype != torch.float32 or gs.numel() != 1:
@@ -127,6 +141,14 @@ class ScaledTensor:
         devices = {name: t.device for name, t in parts.items() if t is not None}
         if len(set(devices.values())) > 1:
             raise ValueError(f"ScaledTensor parts must share one device, got {devices}")
+        if spec.scale == "f32":
+            expected = block_scale_shape(tuple(self.data.shape), block)
+            if tuple(self.scales.shape) != expected:
+                raise ValueError(
+                    f"fp8 scales of shape {tuple(self.scales.shape)} do not fit data of shape "
+                    f"{tuple(self.data.shape)} with block={block} (expected {expected})"
+                )
+            return
         if self.shape[-1] % spec.block:
             raise ValueError(f"{self.format} needs K = {self.shape[-1]} to be a multiple of {spec.block}")
         layout.check_scales(self)
@@ -142,13 +164,23 @@ class ScaledTensor:
         group_offsets=None,
         group_scale_offsets=None,
         logical_shape=None,
+        block=None,
     ) -> ScaledTensor:
         """A ScaledTensor from parts a kernel just made to fit (no :meth:`validate`: the hot path of
-        :func:`llmkernels.quantize`). While torch.compile traces, the checked constructor (what Dynamo reads
+        :func:`llmkernels.quantize`; ``block`` as the kernel made it, a tuple, None for the formats whose
+        block is ``(1, spec.block)``). While torch.compile traces, the checked constructor (what Dynamo reads
         best; tracing costs nothing at run time)."""
         if torch.compiler.is_compiling():
             return cls(
-                data, scales, format, global_scale, scale_layout, group_offsets, group_scale_offsets, logical_shape
+                data,
+                scales,
+                format,
+                global_scale,
+                scale_layout,
+                group_offsets,
+                group_scale_offsets,
+                logical_shape,
+                block,
             )
         tensor = object.__new__(cls)
         tensor.__dict__.update(
@@ -160,22 +192,25 @@ class ScaledTensor:
             group_offsets=group_offsets,
             group_scale_offsets=group_scale_offsets,
             logical_shape=logical_shape,
+            block=block or (1, format_spec(format).block),
         )
         return tensor
 
     def plan_key(self) -> tuple:
         """What a kernel's plan depends on (:func:`llmkernels.launch.value_key`): format, layout and the
-        parts' dtypes, shapes, strides, alignment and devices. Equal keys pass :meth:`validate` alike."""
+        parts' dtypes, shapes, strides, alignment and devices, and the block. Equal keys pass :meth:`validate`
+        alike."""
         optional = (self.global_scale, self.group_offsets, self.group_scale_offsets, self.logical_shape)
         layout = self.scale_layout.plan_key()
         if optional == (None, None, None, None):  # the common case, spelled out: this runs on every call
-            return "ScaledTensor", self.format, layout, value_key(self.data), value_key(self.scales)
+            return "ScaledTensor", self.format, layout, value_key(self.data), value_key(self.scales), self.block
         return (
             "ScaledTensor",
             self.format,
             layout,
             value_key(self.data),
             value_key(self.scales),
+            self.block,
             *map(value_key, optional[:3]),
             self.logical_shape,
         )
@@ -219,14 +254,17 @@ class ScaledTensor:
         seed's A operand needs (see :func:`llmkernels.formats.to_grouped_blocked_scales`); ignored by ``"row"``.
 
         Raises:
-            ValueError: an unknown layout, ``"hopper"`` for mxfp8, a 1D tensor or with group offsets.
+            ValueError: an unknown layout, ``"hopper"`` for mxfp8, a 1D tensor or with group offsets, a layout other
+                than ``"row"`` for fp8.
         """
         target = as_layout(layout, grouped=group_offsets is not None, argument="layout")
+        if self.spec.scale == "f32" and target is not ROW:
+            raise ValueError(f"fp8 scales live in the row layout only, got layout={target!r}")
         if target is self.scale_layout and target.rearranges_data and group_offsets is None:
             return self
         data, row_scales = self.scale_layout.unpack(self)
         if target is ROW:
-            return ScaledTensor(data, row_scales, self.format, self.global_scale)
+            return ScaledTensor(data, row_scales, self.format, self.global_scale, block=self.block)
         parts = target.pack(data, row_scales, self.spec, tuple(self.shape), group_offsets)
         return ScaledTensor(
             parts.data,
@@ -241,10 +279,10 @@ class ScaledTensor:
 
 
 def scaled_tensor_parts(x) -> tuple:
-    """``(data, scales, global_scale, format, scale_layout, group_offsets, group_scale_offsets, shape)`` of a
+    """``(data, scales, global_scale, format, scale_layout, group_offsets, group_scale_offsets, shape, block)`` of a
     ScaledTensor (data and scales as their uint8 bytes, which every backend can carry; ``scale_layout`` the
-    layout's name; ``shape`` its logical shape as a list), or of a plain bf16/fp16 tensor (format
-    ``"bf16"``/``"fp16"``, no scales)."""
+    layout's name; ``shape`` its logical shape and ``block`` its ``(rows, cols)``, as lists), or of a plain
+    bf16/fp16 tensor (format ``"bf16"``/``"fp16"``, no scales, block None)."""
     if isinstance(x, ScaledTensor):
         return (
             x.data.view(torch.uint8),
@@ -255,15 +293,26 @@ def scaled_tensor_parts(x) -> tuple:
             x.group_offsets,
             x.group_scale_offsets,
             list(x.shape),
+            list(x.block),
         )
-    return x, None, None, "fp16" if x.dtype == torch.float16 else "bf16", ROW.name, None, None, list(x.shape)
+    plain = "fp16" if x.dtype == torch.float16 else "bf16"
+    return x, None, None, plain, ROW.name, None, None, list(x.shape), None
 
 
 def scaled_tensor_from_parts(
-    data, scales, global_scale, format, scale_layout=ROW, group_offsets=None, group_scale_offsets=None, shape=None
+    data,
+    scales,
+    global_scale,
+    format,
+    scale_layout=ROW,
+    group_offsets=None,
+    group_scale_offsets=None,
+    shape=None,
+    block=None,
 ):
     """The inverse of :func:`scaled_tensor_parts` (data and scales may be any same-size view; ``shape`` is
-    read for a layout that rearranges the data only)."""
+    read for a layout that rearranges the data only; ``block`` a pair or None, as :class:`ScaledTensor` takes it).
+    A float32 scale tensor travels as its bytes: the last dim of its uint8 view is 4 times the scales'."""
     if format in PLAIN_FORMATS:
         return data
     spec = format_spec(format)
@@ -278,4 +327,35 @@ def scaled_tensor_from_parts(
         group_offsets,
         group_scale_offsets,
         logical_shape,
+        None if block is None else tuple(block),
     )
+
+
+def as_block(spec: FormatSpec, block) -> tuple[int, int]:
+    """The ``(rows, cols)`` block of a tensor of format ``spec`` given ``block`` (a pair of ints or None):
+    ``(1, spec.block)`` for the MX formats and nvfp4 (None means it), one of ``(1, 128)`` and ``(128, 128)`` for fp8.
+
+    Raises:
+        ValueError: another block, or None for fp8.
+    """
+    pair = None
+    if isinstance(block, (tuple, list)) and len(block) == 2 and all(type(side) is int for side in block):
+        pair = (block[0], block[1])
+    if spec.scale != "f32":
+        if block is None or pair == (1, spec.block):
+            return (1, spec.block)
+        raise ValueError(f"{spec.name} has block=(1, {spec.block}) (or None), got block={block!r}")
+    if pair not in FP8_BLOCKS:
+        raise ValueError(f"fp8 needs block=(1, 128) or (128, 128), got block={block!r}")
+    return pair
+
+
+def block_scale_shape(shape: tuple, block: tuple[int, int]) -> tuple:
+    """The row-layout scale shape of a tensor of shape ``shape`` ``[..., R, K]`` (or ``[K]``) with one scale per
+    ``block = (rows, cols)`` tile: ``[..., ceil(R / rows), ceil(K / cols)]``; for ``rows == 1`` every leading dim
+    is kept (``[..., ceil(K / cols)]``)."""
+    rows, cols = block
+    num_cols = -(-shape[-1] // cols)
+    if rows == 1:
+        return (*shape[:-1], num_cols)
+    return (*shape[:-2], -(-shape[-2] // rows), num_cols)
