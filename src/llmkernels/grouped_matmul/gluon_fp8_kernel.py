@@ -126,12 +126,13 @@ def _pick(values, lanes, index):
 
 
 @gluon.jit
-def _find_tile(tile, cursor, a_offsets_ptr, num_groups, num_tokens, n_tiles):
+def _find_tile(tile, cursor, a_offsets_ptr, num_groups, num_tokens, n_tiles, min_group_rows, max_group_rows):
     """Work tile ``tile`` -> ``(found, group, group_start, group_end, m-tile, n-tile, cursor)``.
 
     ``cursor = (first group of a 32-group chunk, tiles before it, running max of the offsets before it)`` only moves
     forward (a program's tiles increase), so a tile costs one vector load of 33 offsets unless its group lies in a
-    later chunk. Offsets are read as ``clamp(cummax(a_offsets), 0, T)``. ``found`` is false past the last tile."""
+    later chunk. Offsets are read as ``clamp(cummax(a_offsets), 0, T)``. Only groups of ``min_group_rows < rows <=
+    max_group_rows`` have tiles (the launch's size class). ``found`` is false past the last tile."""
     layout: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
     lanes = gl.arange(0, 32, layout=layout)
     chunk, before, carried = cursor
@@ -151,7 +152,9 @@ def _find_tile(tile, cursor, a_offsets_ptr, num_groups, num_tokens, n_tiles):
         ends = gl.maximum(gl.associative_scan(raw_ends, 0, _max_combine), carried)
         starts = gl.minimum(gl.maximum(starts, 0), num_tokens)
         ends = gl.minimum(gl.maximum(ends, 0), num_tokens)
-        tiles = gl.where(valid, gl.cdiv(ends - starts, 128) * n_tiles, 0)
+        sizes = ends - starts
+        taken = valid & (sizes > min_group_rows) & (sizes <= max_group_rows)
+        tiles = gl.where(taken, gl.cdiv(sizes, 128) * n_tiles, 0)
         through = before + gl.associative_scan(tiles, 0, _add_combine)
         chunk_tiles = gl.sum(tiles, axis=0)
         if tile < before + chunk_tiles:
@@ -226,6 +229,8 @@ def _load_partition(
     N_out,
     K,
     n_tiles,
+    min_group_rows,
+    max_group_rows,
     SWIGLU: gl.constexpr,
 ):
     """The load warp: finds this program's tiles, publishes each, then TMA-loads its K blocks into the ring."""
@@ -239,7 +244,7 @@ def _load_partition(
     count = 0
     loaded = 0
     found, group, group_start, group_end, tile_m, tile_n, cursor = _find_tile(
-        tile, cursor, a_offsets_ptr, num_groups, num_tokens, n_tiles
+        tile, cursor, a_offsets_ptr, num_groups, num_tokens, n_tiles, min_group_rows, max_group_rows
     )
     while found:
         first_row = group_start + tile_m * 128
@@ -268,7 +273,7 @@ def _load_partition(
         count += 1
         tile += programs
         found, group, group_start, group_end, tile_m, tile_n, cursor = _find_tile(
-            tile, cursor, a_offsets_ptr, num_groups, num_tokens, n_tiles
+            tile, cursor, a_offsets_ptr, num_groups, num_tokens, n_tiles, min_group_rows, max_group_rows
         )
     _publish(count, (tile * 0, tile * 0, tile * 0, tile * 0 + _STOP), schedule)
 
@@ -558,6 +563,8 @@ def fp8_hopper_grouped_kernel(
     N_out,
     K,
     n_tiles,
+    min_group_rows,
+    max_group_rows,
     STAGES: gl.constexpr,
     HAS_EXPERT_SCALES: gl.constexpr,
     HAS_BIAS: gl.constexpr,
@@ -577,7 +584,8 @@ def fp8_hopper_grouped_kernel(
     ``[G]``; expert_scales_ptr fp32 ``[E]`` (``HAS_EXPERT_SCALES``); bias_ptr fp32/bf16/fp16 ``[E, N]`` with unit
     column stride (``HAS_BIAS``). EPILOGUE: ``"none"``, ``"silu"``, ``"gelu"`` or ``"swiglu"`` (``[gate | up]``
     halves, N_out = N / 2 a multiple of 128). n_tiles: output column tiles, ``cdiv(N_out, 256)`` (128 under
-    SwiGLU). Grid ``(min(SMs, tile bound),)``, ``num_warps=4`` (consumer 0, the default partition) + consumer 1
+    SwiGLU). Only groups of ``min_group_rows < rows <= max_group_rows`` are computed (the launch's size class).
+    Grid ``(min(SMs, tile bound),)``, ``num_warps=4`` (consumer 0, the default partition) + consumer 1
     (4 warps) + the load warp; ``maxnreg`` = :data:`MAX_REGS`."""
     a_desc = a_ptr
     b_desc = b_ptr
@@ -697,6 +705,8 @@ def fp8_hopper_grouped_kernel(
                     N_out,
                     K,
                     n_tiles,
+                    min_group_rows,
+                    max_group_rows,
                     EPILOGUE == "swiglu",
                 ),
             ),

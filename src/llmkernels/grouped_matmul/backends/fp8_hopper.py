@@ -35,15 +35,17 @@ _E4M3 = torch.float8_e4m3fn
 
 def supports(call, config) -> bool:
     """fp8 (1, 128) ``a`` (a bf16 ``a`` reaches backends quantized ahead by the plan) with fp8 (128, 128) ``b`` on
-    a CUDA device of compute capability 9.x (not the interpreter), a launch that is not ``ab_swapped``, K a
-    multiple of 16 (TMA reads 16-byte rows), and an epilogue of :data:`EPILOGUES`: SwiGLU on ``[gate | up]``
-    halves with ``N / 2`` a multiple of 128 (each up box in one weight-scale block), not interleaved."""
+    a CUDA device of compute capability 9.x (not the interpreter); a launch for large groups: not ``ab_swapped``,
+    ``block_m`` >= 128 (the defaults pick smaller tiles for groups of at most 64 rows, where 128-row tiles would
+    compute mostly padding); K a multiple of 16 (TMA reads 16-byte rows); an epilogue of :data:`EPILOGUES`, SwiGLU
+    on ``[gate | up]`` halves with ``N / 2`` a multiple of 128 (each up box in one weight-scale block), not
+    interleaved."""
     a, b = call.a, call.b
     if a.format != "fp8" or b.format != "fp8" or a.block_rows != 1 or b.block_rows != 128:
         return False
     if call.device.type != "cuda" or interpreting() or (cuda_capability(call.device) or (0, 0))[0] != 9:
         return False
-    if config.ab_swapped or config.block_k != kernel.BLOCK_K or call.k % 16:
+    if config.ab_swapped or config.block_m < kernel.BLOCK_M or config.block_k != kernel.BLOCK_K or call.k % 16:
         return False
     if call.epilogue_kind not in EPILOGUES:
         return False
@@ -99,7 +101,15 @@ def kernel_spec(call, config, group_rows: tuple[int, int]) -> Fp8HopperSpec:
         constexprs,
         dict(num_warps=4, maxnreg=kernel.MAX_REGS),
         arg_types,
-        unaligned=("num_groups", "n_tiles", "N_out", "num_tokens", "stride_bias_expert"),
+        unaligned=(
+            "num_groups",
+            "n_tiles",
+            "N_out",
+            "num_tokens",
+            "stride_bias_expert",
+            "min_group_rows",
+            "max_group_rows",
+        ),
     )
 
 
@@ -121,6 +131,7 @@ def scalars(call, config, group_rows: tuple[int, int], tensors: dict) -> tuple:
         call.n_out,
         call.k,
         cdiv(call.n_out, kernel.out_columns_per_tile(call.epilogue_kind == "swiglu")),
+        *group_rows,
     )
 
 
