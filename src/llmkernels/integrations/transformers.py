@@ -1,7 +1,8 @@
 """transformers (5.x) through llmkernels: ``register()`` adds ``"llmkernels"`` to ``AttentionInterface``, to
 ``AttentionMaskInterface`` and to ``ExpertsInterface``, so that ``from_pretrained(..., attn_implementation="llmkernels",
 experts_implementation="llmkernels")`` runs every attention layer through :func:`llmkernels.attention` and the
-experts through :func:`llmkernels.moe.fused_experts` (:func:`quantize_experts` makes them MXFP4 / MXFP8 / NVFP4).
+experts through :func:`llmkernels.moe.fused_experts` (:func:`quantize_experts` makes them MXFP4 / MXFP8 / NVFP4 /
+fp8 blocks).
 
 The mask entry is transformers' own SDPA mask (a bool ``[B, 1, Sq, Skv]`` with padding and sliding windows, or
 None when plain causal attention says it all): :func:`llmkernels.attention` reads it tile by tile. gpt-oss' sinks
@@ -12,6 +13,14 @@ experts in transformers' default layout (``gate_up_proj [E, 2I, H]`` gate rows f
 no bias: Mixtral, Qwen3-MoE, DeepSeek-V3), and gpt-oss' (``gate_up_proj [E, H, 2I]`` gate and up columns
 interleaved, ``down_proj [E, I, H]``, biases, the clamped SwiGLU), whose weights are rearranged once. Other
 layouts run transformers' own ``grouped_mm`` path.
+
+FP8 checkpoints of the fine-grained kind (``quant_method: "fp8"``, ``weight_block_size: [128, 128]``: DeepSeek-V3,
+Qwen3-FP8), which transformers loads into its ``FP8Experts`` (float8_e4m3fn ``gate_up_proj`` / ``down_proj`` with
+float32, or ue8m0, ``*_scale_inv`` block scales), run their experts through :func:`fused_experts` too: the weights
+and scales are read in place as fp8 ScaledTensors of block ``(128, 128)``, the activations quantized per token and
+128 columns on the fly (dynamic ``activation_scheme`` only; static activation scales, biases, softcapped or clamped
+gates run transformers' own FP8 path). ``register()`` adds ``"llmkernels"`` to transformers' FP8 experts interface
+as well.
 """
 
 from __future__ import annotations
@@ -21,7 +30,8 @@ from dataclasses import dataclass
 import torch
 
 from ..attention import softcap as softcap_mod
-from ..formats.layouts import ROW, Layout
+from ..formats import ScaledTensor
+from ..formats.layouts import ROW, Layout, as_layout
 from ..grouped_matmul import SwiGLU
 from ..moe import fused_experts
 from ..ops import attention, quantize
@@ -29,6 +39,7 @@ from ..ops import attention, quantize
 __all__ = ["register", "attention_forward", "experts_forward", "quantize_experts", "ExpertWeights", "NAME"]
 
 NAME = "llmkernels"
+FP8_BLOCK = (128, 128)  # the fine-grained FP8 checkpoints' weight_block_size that the experts run on
 
 
 def attention_forward(
@@ -86,13 +97,51 @@ class ExpertWeights:
     source: tuple | None
 
 
+def _is_fp8(experts: torch.nn.Module) -> bool:
+    """Whether the module holds float8_e4m3fn expert weights with block scales (transformers' ``FP8Experts``)."""
+    weight = getattr(experts, "gate_up_proj", None)
+    return (
+        isinstance(weight, torch.Tensor)
+        and weight.dtype == torch.float8_e4m3fn
+        and isinstance(getattr(experts, "gate_up_proj_scale_inv", None), torch.Tensor)
+    )
+
+
+def _fp8_layout(experts: torch.nn.Module) -> str | None:
+    """``"fp8"``: transformers' ``FP8Experts`` with 128x128 blocks, dynamic activation scales, float32 or ue8m0
+    weight scales and the plain SiLU gate (no softcap, clamp, bias); None: other."""
+    apply_gate = type(experts)._apply_gate
+    block_size = getattr(experts, "block_size", None)
+    scale_dtypes = (torch.float32, getattr(torch, "float8_e8m0fnu", torch.float32))
+    if (
+        apply_gate.__qualname__ == "FP8Experts._apply_gate"
+        and block_size is not None
+        and tuple(block_size) == FP8_BLOCK
+        and getattr(experts, "activation_scheme", None) == "dynamic"
+        and not getattr(experts, "has_bias", False)
+        and not getattr(experts, "is_transposed", False)
+        and getattr(experts, "is_concatenated", True)
+        and getattr(experts, "gate_softcap", None) is None
+        and getattr(experts, "swiglu_alpha", None) is None
+        and getattr(experts, "limit", None) is None
+        and type(getattr(experts, "act_fn", None)).__name__ in ("SiLU", "SiLUActivation")
+        and experts.down_proj.dtype == torch.float8_e4m3fn
+        and all(getattr(experts, f"{name}_scale_inv").dtype in scale_dtypes for name in ("gate_up_proj", "down_proj"))
+    ):
+        return "fp8"
+    return None
+
+
 def _layout(experts: torch.nn.Module) -> str | None:
     """``"default"``: SiLU-gated experts in transformers' default layout (Mixtral, Qwen3-MoE, DeepSeek-V3);
-    ``"gpt_oss"``: gpt-oss' transposed, interleaved, biased experts and its clamped SwiGLU; None: other."""
+    ``"gpt_oss"``: gpt-oss' transposed, interleaved, biased experts and its clamped SwiGLU; ``"fp8"``: transformers'
+    ``FP8Experts`` of a fine-grained FP8 checkpoint (:func:`_fp8_layout`); None: other."""
     from transformers.integrations.moe import _default_apply_gate
 
     if not getattr(experts, "has_gate", False) or getattr(experts, "has_post_expert_norm", False):
         return None
+    if _is_fp8(experts):
+        return _fp8_layout(experts)
     apply_gate = type(experts)._apply_gate
     if (
         apply_gate is _default_apply_gate
@@ -121,18 +170,46 @@ def _deinterleave(t: torch.Tensor) -> torch.Tensor:
     return torch.cat((t[:, 0::2], t[:, 1::2]), 1)
 
 
+def _fp8_expert_weights(experts: torch.nn.Module) -> ExpertWeights:
+    """An ``FP8Experts`` module's weights and block scales as fp8 ScaledTensors of block ``(128, 128)``, read in
+    place (ue8m0 scales, powers of two, become float32 exactly: a copy of the scales only).
+
+    Raises:
+        ValueError: a scale tensor that is not ``[E, ceil(rows / 128), ceil(cols / 128)]`` of its weight (the
+            checkpoint's gate and up projections quantized apart with an intermediate size not a multiple of 128:
+            their tiles do not line up with the concatenated ``gate_up_proj``'s).
+    """
+    parts = []
+    for name in ("gate_up_proj", "down_proj"):
+        data, scales = getattr(experts, name).detach(), getattr(experts, f"{name}_scale_inv").detach()
+        tile = FP8_BLOCK[0]
+        expected = (data.shape[0], -(-data.shape[1] // tile), -(-data.shape[2] // tile))
+        if data.dim() != 3 or tuple(scales.shape) != expected:
+            raise ValueError(
+                f"{name}_scale_inv must be [E, ceil(rows / 128), ceil(cols / 128)] = {list(expected)} for {name} of "
+                f"shape {tuple(data.shape)}, got {tuple(scales.shape)} (gate and up quantized apart need an "
+                f"intermediate size that is a multiple of 128)"
+            )
+        parts.append(ScaledTensor(data, scales.float(), "fp8", block=FP8_BLOCK))
+    return ExpertWeights(parts[0], parts[1], None, None, SwiGLU(), _source(experts))
+
+
 def _expert_weights(
     experts: torch.nn.Module, layout: str, weight_format: str | None = None, scale_layout: Layout | str = ROW
 ) -> ExpertWeights:
-    """The module's weights in :func:`fused_experts`' layout, bf16 or quantized (one copy, made once).
+    """The module's weights in :func:`fused_experts`' layout, bf16 or quantized (one copy, made once); an fp8
+    checkpoint's in place (:func:`_fp8_expert_weights`).
 
     Raises:
-        ValueError: ``gate_up_proj`` / ``down_proj`` not 3D weights of the same number of experts.
+        ValueError: ``gate_up_proj`` / ``down_proj`` not 3D weights of the same number of experts, what
+            :func:`_fp8_expert_weights` raises.
     """
     for name in ("gate_up_proj", "down_proj"):
         weight = getattr(experts, name)
         if weight.dim() != 3 or weight.shape[0] != experts.gate_up_proj.shape[0]:
             raise ValueError(f"{name} must be [E, ., .] for E experts, got shape {tuple(weight.shape)}")
+    if layout == "fp8":
+        return _fp8_expert_weights(experts)
     with torch.no_grad():
         if layout == "default":
             w1, w2, b1, b2, activation = experts.gate_up_proj, experts.down_proj, None, None, SwiGLU()
@@ -142,7 +219,9 @@ def _expert_weights(
             b1, b2 = _deinterleave(experts.gate_up_proj_bias).float(), experts.down_proj_bias.float()
             activation = SwiGLU(alpha=float(experts.alpha), limit=float(experts.limit), up_shift=1.0)
         w1, w2 = (w.detach().to(torch.bfloat16).contiguous() for w in (w1, w2))
-        if weight_format is not None:
+        if weight_format == "fp8":
+            w1, w2 = (quantize(w, "fp8", block=FP8_BLOCK) for w in (w1, w2))
+        elif weight_format is not None:
             w1, w2 = (quantize(w, weight_format, scale_layout=scale_layout) for w in (w1, w2))
     return ExpertWeights(w1, w2, b1, b2, activation, None if weight_format is not None else _source(experts))
 
@@ -159,6 +238,10 @@ def experts_forward(
     weights = self.__dict__.get("llmkernels_weights")
     if weights is None or (weights.source is not None and weights.source != _source(self)):
         layout = _layout(self)
+        if layout is None and _is_fp8(self):
+            from transformers.integrations.finegrained_fp8 import fp8_grouped_mm_experts_forward
+
+            return fp8_grouped_mm_experts_forward(self, hidden_states, top_k_index, top_k_weights)
         if layout is None:
             from transformers.integrations.moe import grouped_mm_experts_forward
 
@@ -178,15 +261,25 @@ def experts_forward(
 
 def quantize_experts(model: torch.nn.Module, weight_format: str = "mxfp4", scale_layout: Layout | str = ROW) -> int:
     """Quantizes, once, the weights of every experts module of ``model`` that runs fused (transformers'
-    default layout and gpt-oss') to ``weight_format`` (``"mxfp4"``, ``"mxfp8"``, ``"nvfp4"``; ``scale_layout`` the
-    row or the Hopper layout, a :class:`~llmkernels.formats.layouts.Layout` or its name) and stores them as its ``llmkernels_weights`` (an :class:`ExpertWeights`),
-    which ``experts_implementation="llmkernels"`` reads. The bf16 parameters stay, for the other
-    implementations; call it again after changing them or moving the model. Returns how many modules were
-    quantized."""
+    default layout and gpt-oss') to ``weight_format`` (``"mxfp4"``, ``"mxfp8"``, ``"nvfp4"``, or ``"fp8"``: 128x128
+    blocks with float32 scales, as the fine-grained FP8 checkpoints hold them, and activations quantized per token
+    and 128 columns; ``scale_layout`` the row or the Hopper layout, a :class:`~llmkernels.formats.layouts.Layout`
+    or its name, the row layout only for fp8) and stores them as its ``llmkernels_weights`` (an
+    :class:`ExpertWeights`), which ``experts_implementation="llmkernels"`` reads. The bf16 parameters stay, for
+    the other implementations; call it again after changing them or moving the model. Experts loaded from an FP8
+    checkpoint are quantized already (they run as they are) and are not counted. Returns how many modules were
+    quantized.
+
+    Raises:
+        ValueError: ``scale_layout`` other than the row layout for fp8, and what :func:`llmkernels.quantize`
+            raises.
+    """
+    if weight_format == "fp8" and as_layout(scale_layout, argument="scale_layout") is not ROW:
+        raise ValueError(f"fp8 scales live in the row layout only, got scale_layout={scale_layout!r}")
     count = 0
     for module in model.modules():
         layout = _layout(module) if hasattr(module, "gate_up_proj") else None
-        if layout is not None:
+        if layout is not None and layout != "fp8":
             module.llmkernels_weights = _expert_weights(module, layout, weight_format, scale_layout)
             count += 1
     return count
@@ -194,7 +287,7 @@ def quantize_experts(model: torch.nn.Module, weight_format: str = "mxfp4", scale
 
 def register(name: str = NAME) -> None:
     """Registers ``name`` in transformers' ``AttentionInterface``, ``AttentionMaskInterface`` and
-    ``ExpertsInterface``.
+    ``ExpertsInterface`` (and its ``FP8ExpertsInterface``, which the experts of FP8 checkpoints dispatch through).
 
     Raises:
         TypeError: ``name`` is not a non-empty string.
@@ -208,3 +301,8 @@ def register(name: str = NAME) -> None:
     AttentionInterface.register(name, attention_forward)
     AttentionMaskInterface.register(name, sdpa_mask)
     ExpertsInterface.register(name, experts_forward)
+    try:  # FP8 checkpoints' experts dispatch through an interface of their own
+        from transformers.integrations.finegrained_fp8 import FP8ExpertsInterface
+    except ImportError:
+        return
+    FP8ExpertsInterface.register(name, experts_forward)

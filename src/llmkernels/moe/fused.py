@@ -11,6 +11,7 @@ from ..grouped_matmul import GPT_OSS_SWIGLU, SwiGLU
 from ..launch import PlanCache
 from ..ops import combine, dispatch, grouped_matmul, quantize
 from ..runtime import check_device, describe, first_true, forward_only, has_internal_overlap
+from .layer import FP8_ACTIVATION_BLOCK, FP8_WEIGHT_BLOCK, format_family
 
 __all__ = ["fused_experts"]
 
@@ -19,6 +20,7 @@ _ACTIVATIONS = {"silu": SwiGLU(), "swigluoai": GPT_OSS_SWIGLU}
 _HIDDEN_DTYPES = (torch.bfloat16, torch.float16, torch.float32)  # what combine writes
 _BIAS_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # what the grouped matmul adds
 _ID_DTYPES = (torch.int32, torch.int64)
+_FP8_WEIGHT_TILE = FP8_WEIGHT_BLOCK[0]  # vLLM's block_shape [128, 128]: the only one fp8 blocks take
 
 
 def _epilogue(activation) -> SwiGLU:
@@ -49,6 +51,13 @@ def _check_weights(w1, w2, activation_format: str, epilogue: SwiGLU) -> None:
     for name, weight in (("w1", w1), ("w2", w2)):
         if isinstance(weight, ScaledTensor):
             weight.validate()
+            if weight.format == "fp8" and tuple(weight.block) != FP8_WEIGHT_BLOCK:
+                raise ValueError(f"{name} in fp8 must have block={FP8_WEIGHT_BLOCK}, got block={weight.block}")
+        elif isinstance(weight, torch.Tensor) and weight.dtype == torch.float8_e4m3fn:
+            raise TypeError(
+                f"{name} is a float8_e4m3fn tensor: pass use_fp8_w8a8=True, block_shape=[128, 128] and "
+                f"{name}_scale (its float32 block scales), or a ScaledTensor"
+            )
         elif not isinstance(weight, torch.Tensor) or weight.dtype != torch.bfloat16:
             raise TypeError(f"{name} must be a bf16 tensor or a ScaledTensor, got {describe(weight)}")
         if len(weight.shape) != 3:
@@ -59,18 +68,19 @@ def _check_weights(w1, w2, activation_format: str, epilogue: SwiGLU) -> None:
     if activation_format not in ("bf16", *FORMATS):
         raise ValueError(f"activation_format must be 'bf16' or one of {tuple(FORMATS)}, got {activation_format!r}")
     if activation_format != "bf16":
+        for name, weight in (("w1", w1), ("w2", w2)):
+            if not isinstance(weight, ScaledTensor) or format_family(weight.format) != format_family(activation_format):
+                raise TypeError(
+                    f"activation_format {activation_format} needs {name} quantized to a format of its "
+                    f"family (nvfp4 pairs only with nvfp4, fp8 only with fp8), got {getattr(weight, 'format', 'bf16')}"
+                )
+    if activation_format not in ("bf16", "fp8"):  # fp8 blocks take partial tiles
         block = format_spec(activation_format).block
         if k % block or (two_n // 2) % block:
             raise ValueError(
                 f"activation_format {activation_format} quantizes blocks of {block} along K and N, "
                 f"got K = {k}, N = {two_n // 2}"
             )
-        for name, weight in (("w1", w1), ("w2", w2)):
-            if not isinstance(weight, ScaledTensor) or (weight.format == "nvfp4") != (activation_format == "nvfp4"):
-                raise TypeError(
-                    f"activation_format {activation_format} needs {name} quantized to a format of its "
-                    f"family (nvfp4 pairs only with nvfp4), got {getattr(weight, 'format', 'bf16')}"
-                )
     layout = getattr(w1, "scale_layout", ROW)  # a plain tensor's rows are row-major
     if epilogue.interleaved and layout is not ROW:
         raise ValueError(
@@ -80,6 +90,61 @@ def _check_weights(w1, w2, activation_format: str, epilogue: SwiGLU) -> None:
         raise ValueError(
             f"w1 in the {layout} layout needs N to be a multiple of {layout.rows_per_block}, got N = {two_n // 2}"
         )
+
+
+def _check_fp8_arguments(
+    w1, w2, use_fp8_w8a8, block_shape, w1_scale, w2_scale, a1_scale, a2_scale, per_act_token_quant
+) -> tuple:
+    """vLLM's fp8 arguments. With ``use_fp8_w8a8``: raw float8_e4m3fn w1 / w2 and their float32 block scales,
+    returned as checked fp8 ScaledTensors of block ``(128, 128)``; without it, none of them (w1 and w2 returned as
+    given). Static activation scales and per-token quantization are refused in both cases."""
+    for name, flag in (("use_fp8_w8a8", use_fp8_w8a8), ("per_act_token_quant", per_act_token_quant)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
+    if per_act_token_quant:
+        raise ValueError(
+            "per_act_token_quant=True (per-token activation scales with per-channel weight scales) is not "
+            "supported: fp8 blocks scale activations per token and 128 columns (block_shape=[128, 128])"
+        )
+    for name, scale in (("a1_scale", a1_scale), ("a2_scale", a2_scale)):
+        if scale is not None:
+            raise ValueError(
+                f"{name} must be None: static activation scales are not supported (fp8 blocks quantize the "
+                f"activations on the fly, one float32 scale per token and 128 columns)"
+            )
+    if not use_fp8_w8a8:
+        for name, value in (("block_shape", block_shape), ("w1_scale", w1_scale), ("w2_scale", w2_scale)):
+            if value is not None:
+                raise ValueError(
+                    f"{name} goes with use_fp8_w8a8=True (raw float8_e4m3fn weights), got use_fp8_w8a8=False"
+                )
+        return w1, w2
+    if not isinstance(block_shape, (list, tuple)) or list(block_shape) != list(FP8_WEIGHT_BLOCK):
+        raise ValueError(
+            f"block_shape must be [128, 128] with use_fp8_w8a8=True (per-tensor fp8 and other blocks are not "
+            f"supported), got {block_shape!r}"
+        )
+    weights = []
+    for name, weight, scale in (("w1", w1, w1_scale), ("w2", w2, w2_scale)):
+        if not isinstance(weight, torch.Tensor) or weight.dtype != torch.float8_e4m3fn or weight.dim() != 3:
+            raise TypeError(
+                f"{name} must be a float8_e4m3fn [E, rows, cols] tensor with use_fp8_w8a8=True, got {describe(weight)}"
+            )
+        if scale is None:
+            raise ValueError(f"use_fp8_w8a8=True needs {name}_scale, the float32 block scales of {name}")
+        if not isinstance(scale, torch.Tensor) or scale.dtype != torch.float32:
+            raise TypeError(f"{name}_scale must be a float32 tensor, got {describe(scale)}")
+        tile = _FP8_WEIGHT_TILE
+        expected = (weight.shape[0], -(-weight.shape[1] // tile), -(-weight.shape[2] // tile))
+        if tuple(scale.shape) != expected:
+            raise ValueError(
+                f"{name}_scale must be [E, ceil(rows / 128), ceil(cols / 128)] = {list(expected)} for {name} of "
+                f"shape {tuple(weight.shape)}, got {tuple(scale.shape)}"
+            )
+        if scale.device != weight.device:
+            raise ValueError(f"{name}_scale is on {scale.device} but {name} on {weight.device}")
+        weights.append(ScaledTensor(weight, scale, "fp8", block=FP8_WEIGHT_BLOCK))
+    return tuple(weights)
 
 
 def _check_routing(topk_weights, topk_ids, num_tokens: int) -> None:
@@ -141,9 +206,11 @@ def _check(
     w2_bias,
     activation_format,
     validate,
+    *fp8_arguments,
 ) -> int:
     """Every check of :func:`fused_experts` that needs no device value (no launch, no sync); returns G."""
     _check_hidden_states(hidden_states, inplace)
+    w1, w2 = _check_fp8_arguments(w1, w2, *fp8_arguments)
     _check_weights(w1, w2, activation_format, epilogue)
     num_experts, two_n, k = w1.shape
     if hidden_states.shape[1] != k:
@@ -221,6 +288,19 @@ def _local_ids(topk_ids: torch.Tensor, expert_map: torch.Tensor | None, num_glob
     return torch.where(in_range, expert_map[ids.clamp(0, num_global - 1)], -1)
 
 
+def _activation_format(weight, activation_format: str) -> str:
+    """What a grouped matmul's activations are quantized to: fp8 (1x128 blocks) for fp8 weights, which take no
+    other (bf16 would be quantized inside the grouped matmul, a pass apart from the gather), else
+    ``activation_format``."""
+    return "fp8" if isinstance(weight, ScaledTensor) and weight.format == "fp8" else activation_format
+
+
+def _quantize(x: torch.Tensor, format: str, rows: torch.Tensor | None = None) -> ScaledTensor:
+    if format == "fp8":
+        return quantize(x, "fp8", block=FP8_ACTIVATION_BLOCK, rows=rows)
+    return quantize(x, format, rows=rows)
+
+
 def fused_experts(
     hidden_states: torch.Tensor,
     w1,
@@ -235,6 +315,13 @@ def fused_experts(
     *,
     w1_bias: torch.Tensor | None = None,
     w2_bias: torch.Tensor | None = None,
+    use_fp8_w8a8: bool = False,
+    block_shape: list[int] | None = None,
+    w1_scale: torch.Tensor | None = None,
+    w2_scale: torch.Tensor | None = None,
+    a1_scale: torch.Tensor | None = None,
+    a2_scale: torch.Tensor | None = None,
+    per_act_token_quant: bool = False,
     activation_format: str = "bf16",
     validate: bool = False,
 ) -> torch.Tensor:
@@ -245,8 +332,9 @@ def fused_experts(
         hidden_states: bf16/fp16/fp32 ``[T, K]`` (any strides).
         w1: ``[E, 2N, K]``, gate rows first (vLLM's ``w13``; interleaved gate, up, gate, ... for
             ``"swigluoai"``); w2: ``[E, K, N]``. bf16 tensors or ScaledTensors (mxfp8 / mxfp4 / nvfp4, row or
-            hopper layout: :func:`llmkernels.quantize`; interleaved rows need the row layout; torchao MX / NVFP4
-            tensors are read as ScaledTensors).
+            hopper layout: :func:`llmkernels.quantize`; fp8 with ``block=(128, 128)``; interleaved rows need the
+            row layout; torchao MX / NVFP4 tensors are read as ScaledTensors), or with ``use_fp8_w8a8`` raw
+            float8_e4m3fn tensors (vLLM's fp8 block checkpoints: DeepSeek-V3, Qwen3-FP8).
         topk_weights: float ``[T, top_k]``; topk_ids: int32/int64 ``[T, top_k]``, global expert ids in
             ``[0, G)`` (G: ``global_num_experts``); -1 means no expert.
         inplace: write the result into ``hidden_states`` and return it (every argument is checked before the
@@ -260,6 +348,17 @@ def fused_experts(
             ``global_num_experts`` is -1 (G = ``len(expert_map)``, or E without a map) or that same number.
         w1_bias: optional ``[E, 2N]`` (in w1's row order), w2_bias ``[E, K]``: per-expert biases (keyword-only,
             as vLLM's gpt-oss path passes them).
+        use_fp8_w8a8, block_shape, w1_scale, w2_scale: vLLM's fp8 block quantization (keyword-only): w1 / w2
+            float8_e4m3fn, ``block_shape=[128, 128]`` (the only one taken), ``w1_scale`` float32 ``[E,
+            ceil(2N/128), ceil(K/128)]`` and ``w2_scale`` ``[E, ceil(K/128), ceil(N/128)]``: vLLM's (and the
+            checkpoints' ``weight_scale_inv``) decode scales, ``w ≈ w1[e, r, c] · w1_scale[e, r // 128, c //
+            128]``. They are read in place (no copy). Activations are quantized to fp8 on the fly, one float32
+            scale per token and 128 columns (``amax / 448``), the gather of the dispatched copies fused into the
+            first quantize; fp8 ScaledTensor weights run the same way, whatever ``activation_format`` (``"bf16"``
+            or ``"fp8"``).
+        a1_scale, a2_scale: static activation scales: only None is taken (dynamic per-token-group scales, as vLLM
+            computes them for block-quantized weights).
+        per_act_token_quant: only False is taken (per-token / per-channel fp8 is not supported).
         activation_format: ``"bf16"`` (weight-only) or a format the activations are quantized to before each
             grouped matmul (keyword-only; not vLLM's); it needs w1 and w2 quantized to a format of its family.
         validate: read ``topk_ids`` (and ``expert_map``) on the host first (one sync) and raise on ids outside
@@ -276,7 +375,10 @@ def fused_experts(
     Raises:
         TypeError / ValueError: arguments of the wrong type, dtype or device, shapes that do not fit, weights
             that do not pair with ``activation_format``, ``global_num_experts`` other than -1 or G, inplace
-            into an expanded hidden_states; all before any launch.
+            into an expanded hidden_states; with ``use_fp8_w8a8``: weights that are not float8_e4m3fn, a missing
+            ``w1_scale`` / ``w2_scale`` or one of another dtype or shape, ``block_shape`` other than ``[128,
+            128]``; a raw float8_e4m3fn weight, a scale or a block_shape without ``use_fp8_w8a8``; a1_scale /
+            a2_scale not None, ``per_act_token_quant=True``; all before any launch.
         ValueError: an input that requires grad while grad mode is on (fused_experts is forward-only); with
             ``validate=True``, the first bad index of topk_ids or expert_map.
         NotImplementedError: another activation.
@@ -297,7 +399,17 @@ def fused_experts(
         w2_bias,
         activation_format,
         validate,
+        use_fp8_w8a8,
+        tuple(block_shape) if isinstance(block_shape, list) else block_shape,  # a list has no plan key
+        w1_scale,
+        w2_scale,
+        a1_scale,
+        a2_scale,
+        per_act_token_quant,
     )
+    if use_fp8_w8a8:  # checked: views of vLLM's parts
+        w1 = ScaledTensor.unchecked(w1, w1_scale, "fp8", block=FP8_WEIGHT_BLOCK)
+        w2 = ScaledTensor.unchecked(w2, w2_scale, "fp8", block=FP8_WEIGHT_BLOCK)
     num_experts = w1.shape[0]
     if validate:
         _validate_ids_on_host(topk_ids, expert_map, num_global, num_experts)
@@ -307,7 +419,11 @@ def fused_experts(
     token_of_row = torch.where(rows < a_offsets[-1], token_of_row, 0)
     weights = topk_weights.float()
     x = hidden_states.to(torch.bfloat16)
-    a = x[token_of_row]
+    first_format, second_format = _activation_format(w1, activation_format), _activation_format(w2, activation_format)
+    if first_format == "fp8" and not apply_router_weight_on_input:  # the gather inside the quantize kernel
+        a = _quantize(x, first_format, rows=token_of_row)
+    else:
+        a = x[token_of_row]
     if apply_router_weight_on_input:
         weight_of_row = torch.zeros(token_of_row.shape[0], dtype=torch.float32, device=x.device)
         placed = row_of_copy.flatten() >= 0  # an unplaced copy adds 0 to row 0 (accumulate: no lost write)
@@ -318,12 +434,12 @@ def fused_experts(
         )
         a = (a.float() * weight_of_row[:, None]).to(torch.bfloat16)
         weights = torch.ones_like(weights)
-    if activation_format != "bf16":
-        a = quantize(a, activation_format)
+    if first_format != "bf16" and not isinstance(a, ScaledTensor):
+        a = _quantize(a, first_format)
     expert_ids = torch.arange(num_experts, dtype=torch.int32, device=x.device)
     h = grouped_matmul(a, w1, a_offsets, expert_ids, epilogue=epilogue, bias=w1_bias)
-    if activation_format != "bf16":
-        h = quantize(h, activation_format)
+    if second_format != "bf16":
+        h = _quantize(h, second_format)
     y = grouped_matmul(h, w2, a_offsets, expert_ids, bias=w2_bias)
     out = combine(y, row_of_copy, weights, hidden_states.dtype)
     if inplace:

@@ -74,6 +74,8 @@ def _check_same_config_on_every_rank(process_group, block, device: torch.device)
 
 
 PLAIN = ("bf16",)
+FP8_WEIGHT_BLOCK = (128, 128)  # DeepSeek-V3 / Qwen3-FP8 checkpoints: one float32 scale per 128x128 weight tile
+FP8_ACTIVATION_BLOCK = (1, 128)  # and one per token and 128 columns of the activations, made on the fly
 _ROUTING_ARGUMENTS = ("scoring", "renormalize", "num_groups", "topk_groups", "correction_bias")
 _FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)  # what quantize takes
 
@@ -87,6 +89,8 @@ def _weight_format(name: str, weight) -> str:
             raise ValueError(
                 f"{name} must have row-major scales or be in the hopper layout, got {weight.scale_layout!r}"
             )
+        if weight.format == "fp8" and tuple(weight.block) != FP8_WEIGHT_BLOCK:
+            raise ValueError(f"{name} in fp8 must have block={FP8_WEIGHT_BLOCK} (weights), got block={weight.block}")
         return weight.format
     if not isinstance(weight, torch.Tensor) or weight.dtype != torch.bfloat16:
         raise TypeError(
@@ -95,18 +99,25 @@ def _weight_format(name: str, weight) -> str:
     return "bf16"
 
 
+def format_family(format: str) -> str:
+    """What a quantized format pairs with in the grouped matmul: ``"nvfp4"``, ``"fp8"`` (blocks) or ``"mx"``."""
+    return format if format in ("nvfp4", "fp8") else "mx"
+
+
 def _check_format_pair(activation_format: str, weight_formats: dict) -> None:
-    """The pairs the grouped matmul takes: plain bf16 activations with any weights; quantized activations
-    with quantized weights of their family (nvfp4 with nvfp4 only)."""
+    """The pairs the grouped matmul takes: plain bf16 activations with any weights (fp8 weights quantize them to
+    fp8 inside the call); quantized activations with quantized weights of their family (nvfp4 with nvfp4 only,
+    fp8 with fp8 only)."""
     if activation_format not in PLAIN + tuple(FORMATS):
         raise ValueError(f"activation_format must be 'bf16' or one of {tuple(FORMATS)}, got {activation_format!r}")
     if activation_format in PLAIN:
         return
     for name, weight_format in weight_formats.items():
-        if weight_format in PLAIN or (weight_format == "nvfp4") != (activation_format == "nvfp4"):
+        if weight_format in PLAIN or format_family(weight_format) != format_family(activation_format):
             raise ValueError(
                 f"activation_format {activation_format!r} does not pair with {weight_format} {name}: "
-                f"quantized activations need quantized weights, nvfp4 pairs only with nvfp4"
+                f"quantized activations need quantized weights of their family (nvfp4 pairs only with nvfp4, "
+                f"fp8 only with fp8)"
             )
 
 
@@ -147,7 +158,7 @@ def _check_block_arguments(
             f"w_down must be [E, H, I] = [{num_local}{local}, {hidden}, {intermediate}], got {tuple(w_down.shape)}"
         )
     _check_format_pair(activation_format, weight_formats)
-    for fmt in {activation_format, *weight_formats.values()} - set(PLAIN):
+    for fmt in {activation_format, *weight_formats.values()} - set(PLAIN) - {"fp8"}:  # fp8: partial tiles
         block = format_spec(fmt).block
         if hidden % block or intermediate % block:
             raise ValueError(f"{fmt} quantizes blocks of {block} along H and I, got H = {hidden}, I = {intermediate}")
@@ -178,6 +189,11 @@ class MoEFeedForward(nn.Module):
     ``weight_format`` (or bf16) and kept as byte buffers (``.to(device)`` moves them; dtype casts of
     the module leave them alone); activations are quantized to ``activation_format`` before each
     grouped matmul (``"bf16"``: none, weight-only quantization), which needs weights of its family.
+
+    fp8 blocks (DeepSeek-V3 / Qwen3-FP8 checkpoints): weights are fp8 ScaledTensors with ``block=(128, 128)``
+    (one float32 scale per 128x128 tile of each expert's ``[N, K]``), activations fp8 with ``block=(1, 128)``
+    (one scale per token and 128 columns), quantized in the dispatch's gather (``quantize(..., rows=)``: no
+    ``[T·k, H]`` copy of x) and after the SwiGLU; H and I need not be multiples of 128 (partial tiles).
 
     The constructor checks every argument (shapes, format pairs, blocks, routing, devices, the process group)
     before it copies anything, and raises TypeError / ValueError naming it.
@@ -246,7 +262,7 @@ class MoEFeedForward(nn.Module):
                 else None,
             )
             self._weight_formats[name] = weight.format
-            self._weight_layouts[name] = (weight.scale_layout, tuple(weight.shape))
+            self._weight_layouts[name] = (weight.scale_layout, tuple(weight.shape), tuple(weight.block))
         else:
             parts = (weight.detach().contiguous().view(torch.int16), None, None)
             self._weight_formats[name] = "bf16"
@@ -273,7 +289,7 @@ class MoEFeedForward(nn.Module):
             spec = format_spec(format)
             # The parts were checked at registration and keep their shapes (``.to()`` and state dicts copy
             # them whole); the grouped matmul checks them again whenever it plans.
-            layout, shape = self._weight_layouts[name]
+            layout, shape, block = self._weight_layouts[name]
             view = ScaledTensor.unchecked(
                 data.view(spec.data_dtype),
                 scales.view(spec.scale_dtype),
@@ -281,6 +297,7 @@ class MoEFeedForward(nn.Module):
                 global_scale,
                 layout,
                 logical_shape=shape if layout.rearranges_data else None,
+                block=block,
             )
         self._weight_views[name] = (parts, view)
         return view
@@ -314,10 +331,13 @@ class MoEFeedForward(nn.Module):
             router_weight: ``[E, H]``; w_gate_up: ``[E, 2I, H]`` (``[gate | up]``); w_down: ``[E, H, I]``. With a
                 ``process_group`` of W ranks, w_gate_up and w_down hold only this rank's ``E / W`` experts
                 (rank r: experts ``r·E/W … (r+1)·E/W − 1``) while router_weight stays the full ``[E, H]``.
-            weight_format: ``"mxfp8"``, ``"mxfp4"``, ``"nvfp4"`` or ``"bf16"``.
-            activation_format: default: mxfp8 activations for mxfp8 weights, nvfp4 for nvfp4, bf16
-                otherwise (mxfp4 weights run weight-only, as gpt-oss does on Hopper).
-            weight_layout: the row layout or the Hopper layout (mxfp4 and nvfp4), as a
+            weight_format: ``"mxfp8"``, ``"mxfp4"``, ``"nvfp4"``, ``"fp8"`` (128x128 blocks, float32 scales:
+                ``quantize(w, "fp8", block=(128, 128))``) or ``"bf16"``.
+            activation_format: default: mxfp8 activations for mxfp8 weights, nvfp4 for nvfp4, fp8 (1x128
+                blocks) for fp8, bf16 otherwise (mxfp4 weights run weight-only, as gpt-oss does on Hopper).
+                ``"bf16"`` with fp8 weights gives the same result: the grouped matmul quantizes them to fp8
+                inside the call (a separate pass over the dispatched copies).
+            weight_layout: the row layout (the only one of fp8) or the Hopper layout (mxfp4 and nvfp4), as a
                 :class:`~llmkernels.formats.layouts.Layout` or its name (:meth:`ScaledTensor.to_layout`). Default:
                 the Hopper layout for mxfp4 and nvfp4 weights where :func:`prefers_hopper_layout` (on the router
                 weight's device; not chosen again by ``.to()``), the row layout otherwise.
@@ -340,9 +360,9 @@ class MoEFeedForward(nn.Module):
             TypeError: process_group not a ``torch.distributed`` ProcessGroup, weights that are not float
                 tensors (bf16 / fp16 / fp32 for a quantized weight_format), an unknown routing keyword, and
                 what :func:`llmkernels.moe.route` raises for the routing types.
-            ValueError: an unknown weight_format, activation_format or weight_layout, the Hopper layout for mxfp8
-                or bf16 weights, formats that do not pair (quantized activations need weights of their family), H
-                or I not a multiple of a format's block, shapes that do not fit, a world size that does not
+            ValueError: an unknown weight_format, activation_format or weight_layout, the Hopper layout for mxfp8,
+                fp8 or bf16 weights, formats that do not pair (quantized activations need weights of their family),
+                H or I not a multiple of a format's block (fp8 takes partial tiles), shapes that do not fit, a world size that does not
                 divide E, local weights of another expert count, a capacity below 1 or without a group, routing
                 values that do not fit (top_k, scoring, groups, a correction_bias not ``[E]``), tensors on
                 other devices, ranks that disagree.
@@ -350,7 +370,7 @@ class MoEFeedForward(nn.Module):
         if weight_format not in PLAIN + tuple(FORMATS):
             raise ValueError(f"weight_format must be 'bf16' or one of {tuple(FORMATS)}, got {weight_format!r}")
         if activation_format is None:
-            activation_format = weight_format if weight_format in ("mxfp8", "nvfp4") else "bf16"
+            activation_format = weight_format if weight_format in ("mxfp8", "nvfp4", "fp8") else "bf16"
         unknown = sorted(set(routing) - set(_ROUTING_ARGUMENTS))
         if unknown:
             raise TypeError(f"from_float got unknown routing keywords {unknown}: expected {_ROUTING_ARGUMENTS}")
@@ -393,6 +413,8 @@ class MoEFeedForward(nn.Module):
             w = w.detach()
             if weight_format == "bf16":
                 return w.to(torch.bfloat16)
+            if weight_format == "fp8":
+                return quantize(w.contiguous(), "fp8", block=FP8_WEIGHT_BLOCK)
             return quantize(w.contiguous(), weight_format, scale_layout=weight_layout)
 
         return cls(
@@ -411,6 +433,8 @@ class MoEFeedForward(nn.Module):
         inside the quantize kernel (no ``[T·k, H]`` copy of x)."""
         if self.activation_format == "bf16":
             return x if rows is None else x[rows]
+        if self.activation_format == "fp8":
+            return quantize(x, "fp8", block=FP8_ACTIVATION_BLOCK, rows=rows)
         return quantize(x, self.activation_format, rows=rows)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
