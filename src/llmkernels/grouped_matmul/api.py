@@ -36,12 +36,15 @@ def grouped_matmul(
 
     Args:
         a: ``[T, K]`` tokens of all groups: a ScaledTensor (mxfp8, mxfp4, nvfp4; row or 128x4 scales,
-            for 128x4 padded per group, see :meth:`ScaledTensor.to_layout`), or a bf16/fp16 tensor
-            (weight-only quantization).
+            for 128x4 padded per group, see :meth:`ScaledTensor.to_layout`; fp8 ``block=(1, 128)``), or a
+            bf16/fp16 tensor (weight-only quantization).
         b: ``[E, N, K]`` expert weights, K-major: a ScaledTensor of the same family as ``a`` (MX with
             MX, nvfp4 with nvfp4; any for plain ``a``), or a tensor of a's dtype. MXFP4 and NVFP4 weights
             in the hopper layout (:meth:`ScaledTensor.to_layout`) take bf16 ``a``, or a quantized ``a``
-            decoded ahead to bf16.
+            decoded ahead to bf16. fp8 ``block=(128, 128)`` weights (DeepSeek-style checkpoints) take fp8
+            ``block=(1, 128)`` activations, or bf16/fp16 ones, which the call quantizes to those first (one
+            :func:`llmkernels.quantize` kernel, as vLLM and transformers run these checkpoints); each 128-wide
+            K block's e4m3 product is scaled and added to an fp32 accumulator. Their K may be any size.
         a_offsets: int32 or uint32 ``[G + 1]`` on a's device, ``a_offsets[0] = 0``, non-decreasing.
             Read on the device: the call syncs nothing and can be captured in a CUDA graph.
         expert_ids: int32 ``[G]``; ``-1`` writes the group's rows as zeros.
@@ -55,7 +58,8 @@ def grouped_matmul(
             alike for SwiGLU), added after ``expert_scales`` and before the activation.
         out_dtype: bf16 (default), fp16 or fp32.
         out: optional ``[T, N_out]`` tensor of ``out_dtype`` to write into (returned).
-        config: a :class:`BlockScaledMatmulConfig`; default from the shapes.
+        config: a :class:`BlockScaledMatmulConfig`; default from the shapes. fp8 weights need
+            ``block_k=128``.
         validate: check the offsets and expert ids on the host first (one sync) and raise on bad ones.
 
     Returns:

@@ -20,7 +20,7 @@ from ..runtime import (
     interpreting,
     unit_last_stride,
 )
-from .config import HOPPER_MIN_BLOCK_K, BlockScaledMatmulConfig
+from .config import FP8_BLOCK_K, HOPPER_MIN_BLOCK_K, BlockScaledMatmulConfig
 from .epilogue import EPILOGUES, SwiGLU
 
 __all__ = [
@@ -33,6 +33,7 @@ __all__ = [
     "OUT_DTYPES",
     "BIAS_DTYPES",
     "OFFSET_DTYPES",
+    "FP8_ACTIVATIONS",
 ]
 
 BIAS_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -47,12 +48,15 @@ class Operand:
 
     Attributes:
         element: ``"bf16"``, ``"fp16"``, ``"e4m3"`` or ``"e2m1"``.
-        scale: ``"none"``, ``"e8m0"`` or ``"e4m3"``; scale_block: elements per scale (1 without scales).
+        scale: ``"none"``, ``"e8m0"``, ``"e4m3"`` or ``"f32"`` (fp8 blocks); scale_block: elements per scale along
+            K (1 without scales).
         scale_layout: the scales' :class:`~llmkernels.formats.layouts.Layout` (the row layout for a plain tensor).
         format: ``"bf16"``, ``"fp16"`` or the block-scaled format's name.
         has_global_scale: a float32 per-tensor scale multiplies the product (NVFP4).
         scale_words_aligned: the scales start 4-byte aligned, and so do the rows of row-layout scales (what
             reading them as int32 words needs, :func:`~llmkernels.grouped_matmul.config.reads_scale_words`).
+        block_rows: rows per scale: 1 for activations and every MX / NVFP4 operand, 128 for fp8 weights (one
+            scale per 128 x 128 tile).
     """
 
     element: str
@@ -62,6 +66,7 @@ class Operand:
     format: str
     has_global_scale: bool = False
     scale_words_aligned: bool = True
+    block_rows: int = 1
 
     @property
     def quantized(self) -> bool:
@@ -72,6 +77,11 @@ class Operand:
         """A plain ``element`` operand (``"bf16"`` or ``"fp16"``): what a quantized A decoded ahead is, keeping its
         global scale for the epilogue."""
         return cls(element, "none", 1, ROW, element, has_global_scale)
+
+
+FP8_ACTIVATIONS = Operand("e4m3", "f32", FP8_BLOCK_K, ROW, "fp8")
+"""An fp8 ``block=(1, 128)`` A: what a checkpoint's activations are and what bf16/fp16 ``a`` with fp8 weights is
+quantized to ahead of the matmul."""
 
 
 @dataclass(frozen=True)
@@ -124,6 +134,8 @@ def operand_tensors(x) -> tuple:
     copied where the kernels cannot address their strides (K not unit-stride, tiled scales not contiguous, a
     rearranged layout not dense and 16-byte aligned); scales and global scale None for a plain tensor."""
     if isinstance(x, ScaledTensor):
+        if x.spec.scale == "f32":  # fp8 blocks: float32 scales, read with any strides
+            return unit_last_stride(x.data.view(torch.uint8)), x.scales, None
         scales = x.scales.view(torch.uint8)
         if x.scale_layout.rearranges_data:
             # The kernel addresses each expert's blocks as one dense run, and its tile decode reads each
@@ -154,13 +166,24 @@ def _operand(x, name: str, dims: int) -> tuple:
                 f"a is in the {x.scale_layout} layout, a layout of weights: pass a with {ROW} or 128x4 scales"
             )
         data, scales, global_scale = operand_tensors(x)
-        words_aligned = torch.compiler.is_compiling() or (
-            scales.data_ptr() % 4 == 0
-            and (not x.scale_layout.strided or all(stride % 4 == 0 for stride in scales.stride()[:-1]))
+        words_aligned = (
+            torch.compiler.is_compiling()
+            or x.spec.scale == "f32"
+            or (
+                scales.data_ptr() % 4 == 0
+                and (not x.scale_layout.strided or all(stride % 4 == 0 for stride in scales.stride()[:-1]))
+            )
         )
         spec = x.spec
         operand = Operand(
-            spec.element, spec.scale, spec.block, x.scale_layout, x.format, global_scale is not None, words_aligned
+            spec.element,
+            spec.scale,
+            spec.block,
+            x.scale_layout,
+            x.format,
+            global_scale is not None,
+            words_aligned,
+            x.block[0],
         )
         return operand, data, scales, global_scale
     if isinstance(x, torch.Tensor):
@@ -172,7 +195,22 @@ def _operand(x, name: str, dims: int) -> tuple:
     raise TypeError(f"{name} must be a ScaledTensor or a torch.Tensor, got {type(x).__name__}")
 
 
+def _describe(x: Operand) -> str:
+    return f"fp8 block=({x.block_rows}, {x.scale_block})" if x.format == "fp8" else x.format
+
+
 def _check_format_pair(a: Operand, b: Operand) -> None:
+    if "fp8" in (a.format, b.format):
+        # fp8 blocks pair only as their checkpoints store them: (1, 128) activations (or bf16/fp16 ones, which
+        # the call quantizes so) with (128, 128) weights.
+        a_ok = (a.format == "fp8" and a.block_rows == 1) or not a.quantized
+        b_ok = b.format == "fp8" and b.block_rows == FP8_BLOCK_K and b.scale_block == FP8_BLOCK_K
+        if not (a_ok and b_ok):
+            raise TypeError(
+                f"unsupported format pair a={_describe(a)}, b={_describe(b)}: fp8 weights take block=(128, 128) "
+                f"with fp8 block=(1, 128) or bf16/fp16 activations"
+            )
+        return
     if not a.quantized:
         if not b.quantized and b.element != a.element:
             raise TypeError(f"a is {a.format} but b is {b.format}: plain operands must share a dtype")
@@ -181,6 +219,14 @@ def _check_format_pair(a: Operand, b: Operand) -> None:
         raise TypeError(f"a is {a.format} but b is plain {b.format}: quantized activations need quantized weights")
     if (a.format == "nvfp4") != (b.format == "nvfp4"):
         raise TypeError(f"unsupported format pair a={a.format}, b={b.format}: nvfp4 pairs only with nvfp4")
+
+
+def _check_fp8_config(config) -> None:
+    if config is not None and config.block_k != FP8_BLOCK_K:
+        raise ValueError(
+            f"fp8 launches step K one 128-wide scale block at a time: config.block_k must be {FP8_BLOCK_K}, "
+            f"got {config.block_k}"
+        )
 
 
 def _check_metadata(a_offsets, expert_ids, expert_scales, num_experts: int) -> int:
@@ -308,6 +354,8 @@ def check_grouped_matmul(
         raise TypeError(f"config must be a BlockScaledMatmulConfig, got {type(config).__name__}")
     if b_op.scale_layout is HOPPER:
         _check_hopper_weights(a_op, b_op, n_out, epilogue_kind, config, a_data.device)
+    if b_op.format == "fp8":
+        _check_fp8_config(config)
     if out is not None:
         check_out(
             out,

@@ -20,7 +20,9 @@ __all__ = [
     "default_config",
     "default_launches",
     "hopper_config",
+    "fp8_config",
     "HOPPER_MIN_BLOCK_K",
+    "FP8_BLOCK_K",
     "compute_dtype",
     "packed_decode",
     "retires_mma",
@@ -33,6 +35,8 @@ __all__ = [
 # wrong results on the H100, traced to Triton 3.6's register-operand wgmma pipeline and fixed by
 # kernel.retire_mma: lab/NOTES.md.)
 HOPPER_MIN_BLOCK_K = 64
+# fp8 blocks: one scale per 128 K columns, and the kernels promote each 128-wide K step's partial product
+FP8_BLOCK_K = 128
 
 _MMA_PATHS = ("auto", "dot_scaled", "dequant")
 ALL_GROUP_SIZES = (-1, 2**31 - 1)  # (min exclusive, max inclusive) rows of the groups a launch takes
@@ -101,6 +105,10 @@ class BlockScaledMatmulConfig:
     scale_words: bool = False
     upcast_a: bool = False
 
+    # fp8 blocks (``fp8_blocks`` backend): block_k must be 128; a block_n of 256 is two 128-row sub-tiles;
+    # num_programs None launches one program per tile (the grid the lab measured); the mma and scale switches
+    # do not apply (the e4m3 tiles go to tl.dot as they are).
+
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n"):
             value = getattr(self, name)
@@ -132,10 +140,12 @@ def default_config(
     swiglu: bool = False,
     b_scale_block: int = 32,
     b_layout: Layout | str = ROW,
+    b_scale: str | None = None,
 ) -> BlockScaledMatmulConfig:
     """A config from what the host knows without a sync: shapes, the operands' element types
     (``"bf16" | "fp16" | "e4m3" | "e2m1"``), whether the epilogue is SwiGLU, B's scale block
-    (32 for MX, 16 for NVFP4) and B's layout (a layout or its name; the Hopper layout: :func:`hopper_config`).
+    (32 for MX, 16 for NVFP4) and B's layout (a layout or its name; the Hopper layout: :func:`hopper_config`),
+    B's scale type (``"f32"``: fp8 blocks, :func:`fp8_config`).
 
     SwiGLU tiles load gate and up rows of B (``2 · block_n`` rows per K step): the 128×128×128 compute
     tile keeps its ``block_n`` (both B tiles fit shared memory), the 256-row compute tiles of quantized
@@ -145,6 +155,8 @@ def default_config(
     """
     if b_layout == HOPPER:
         return hopper_config(num_tokens, num_groups, device, swiglu, b_scale_block)
+    if b_scale == "f32":
+        return fp8_config(num_tokens, num_groups, device, swiglu)
     config = _measured_config(num_tokens, num_groups, n_out, k, device, a_element, b_element, b_scale_block)
     if swiglu and config.block_m == 256:
         # Two e2m1 products per step: the packed register decode beats tl.dot_scaled's upcast there
@@ -184,6 +196,35 @@ def hopper_config(
     return BlockScaledMatmulConfig(
         block_m, 64 if swiglu else 128, block_k, num_stages=stages, num_warps=4, ab_swapped=True, mma="dequant"
     )
+
+
+def fp8_config(num_tokens: int, num_groups: int, device: torch.device, swiglu: bool = False) -> BlockScaledMatmulConfig:
+    """The tiles of fp8-block weights (the ``fp8_blocks`` backend), from the Triton prototype's H100 sweep
+    (``lab/fp8_blocks/NOTES.md``, results/fp8_blocks_h100.md; Triton 3.6, CUDA-graph replay), by the average group:
+
+    * ≤ 16 tokens (decode): 16 x 128 swap-AB, 4 warps, 4 stages: 1320 / 1284 µs at E128 x 16 / E128 x 1 tokens,
+      N 4096, K 7168 (1.07x ``torch._scaled_grouped_mm``, 118-121% of the measured copy bandwidth; the other decode
+      tiles were within 3%);
+    * 17 to 64 tokens: 64 x 128, 4 warps, 4 stages (1316 µs at E128 x 16, 689-738 TFLOP/s in the compute shapes);
+    * more (compute): 128 x 256 (two 128-row sub-tiles), 8 warps, 3 stages: 848 / 738 / 801 TFLOP/s at E8 x 2048
+      K 7168 / E256 x 256 K 2048 / E16 x 4096 K 2048, against 794 / 643 / 744 for 128 x 128 w8 s4.
+
+    All with one program per tile. SwiGLU tiles load gate and up rows: ``block_n`` halves (the registers and
+    weight bytes per step of the plain tile). Small tiles in the interpreter, swap-AB for ≤ 16 tokens."""
+    tokens_per_group = num_tokens / max(num_groups, 1)
+    if device.type != "cuda" or interpreting():
+        return BlockScaledMatmulConfig(
+            16, 32, FP8_BLOCK_K, num_stages=1, num_warps=4, ab_swapped=tokens_per_group <= 16
+        )
+    if tokens_per_group <= 16:
+        block_m, block_n, warps, stages, swap = 16, 128, 4, 4, True
+    elif tokens_per_group <= 64:
+        block_m, block_n, warps, stages, swap = 64, 128, 4, 4, False
+    else:
+        block_m, block_n, warps, stages, swap = 128, 256, 8, 3, False
+    if swiglu:
+        block_n //= 2
+    return BlockScaledMatmulConfig(block_m, block_n, FP8_BLOCK_K, num_stages=stages, num_warps=warps, ab_swapped=swap)
 
 
 def _measured_config(
@@ -280,6 +321,7 @@ def default_launches(
     swiglu: bool = False,
     b_scale_block: int = 32,
     b_layout: Layout | str = ROW,
+    b_scale: str | None = None,
 ) -> tuple:
     """``((config, min_group_rows, max_group_rows), ...)``: the launches of one call by default.
 
@@ -298,7 +340,17 @@ def default_launches(
         return (
             (
                 default_config(
-                    num_tokens, num_groups, n_out, k, device, a_element, b_element, swiglu, b_scale_block, b_layout
+                    num_tokens,
+                    num_groups,
+                    n_out,
+                    k,
+                    device,
+                    a_element,
+                    b_element,
+                    swiglu,
+                    b_scale_block,
+                    b_layout,
+                    b_scale,
                 ),
                 *ALL_GROUP_SIZES,
             ),
@@ -318,6 +370,7 @@ def default_launches(
             swiglu,
             b_scale_block,
             b_layout,
+            b_scale,
         )
         launches.append((config, min_rows, max_rows))
     return tuple(launches)

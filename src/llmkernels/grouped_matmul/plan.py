@@ -1,21 +1,22 @@
 """The plan of one grouped-matmul call signature: its launches (config, group-size class, the backend that takes
-each: :mod:`.backends`) and the pre-pass that decodes A ahead where a launch reads it so. A plan holds no tensor;
-each launch binds its compiled kernel at its first run."""
+each: :mod:`.backends`) and the pre-passes of A: decoded ahead where a launch reads it so, or (bf16/fp16 A with fp8
+weights) quantized to fp8 blocks. A plan holds no tensor; each launch binds its compiled kernel at its first run."""
 
 from __future__ import annotations
 
+import dataclasses
 from operator import itemgetter
 
 import torch
 
 from .. import runtime
-from ..formats import ScaledTensor
+from ..formats import ScaledTensor, quantize
 from ..launch import BoundKernel
 from ..runtime import check_out, unit_last_stride
 from .backends import TENSORS, backend_for
 from .backends.upcast import Upcast
-from .check import CheckedCall, operand_tensors
-from .config import ALL_GROUP_SIZES, BlockScaledMatmulConfig, default_launches
+from .check import FP8_ACTIVATIONS, CheckedCall, operand_tensors
+from .config import ALL_GROUP_SIZES, FP8_BLOCK_K, BlockScaledMatmulConfig, default_launches
 
 __all__ = ["Plan", "Launch", "launch_configs"]
 
@@ -38,6 +39,7 @@ def launch_configs(call: CheckedCall, config: BlockScaledMatmulConfig | None) ->
         call.epilogue_kind == "swiglu",
         b.scale_block,
         b.scale_layout,
+        b.scale,
     )
 
 
@@ -66,10 +68,15 @@ class Launch:
 
 
 class Plan:
-    """The launches of one call signature and the pre-passes they read A from (one per dtype)."""
+    """The launches of one call signature and the pre-passes they read A from (one per dtype; bf16/fp16 A with fp8
+    weights: its quantization to fp8 ``block=(1, 128)``, after which every launch is fp8 x fp8)."""
 
     def __init__(self, call: CheckedCall, config: BlockScaledMatmulConfig | None):
         self.call = call = call.described()
+        # As vLLM and transformers run these checkpoints: one quantize kernel, no sync, then the fp8 product.
+        self.quantize_a = call.b.format == "fp8" and not call.a.quantized
+        if self.quantize_a:
+            call = dataclasses.replace(call, a=FP8_ACTIVATIONS)
         self.launches = tuple(
             Launch(call, launch_config, (min_rows, max_rows))
             for launch_config, min_rows, max_rows in launch_configs(call, config)
@@ -103,6 +110,8 @@ class Plan:
             )
         if call.empty:
             return out
+        if self.quantize_a:
+            a_data, a_scales, _ = operand_tensors(quantize(a_data, "fp8", block=(1, FP8_BLOCK_K)))
         # The kernels read the metadata as dense vectors: views of any strides are copied (a few bytes).
         a_offsets, expert_ids = a_offsets.contiguous(), expert_ids.contiguous()
         expert_scales = expert_scales.contiguous() if expert_scales is not None else None

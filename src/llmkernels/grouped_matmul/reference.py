@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from ..formats import ScaledTensor, dequantize
+from ..formats import ScaledTensor, dequantize, quantize_reference
 from .epilogue import SwiGLU
 
 __all__ = ["grouped_matmul_reference", "REFERENCE_EPILOGUES"]
@@ -25,8 +25,11 @@ def grouped_matmul_reference(
     ``epilogue``: ``None``, ``"silu"``, ``"gelu"``, ``"swiglu"``, a :class:`SwiGLU` or a PyTorch function
     ``fn(value [rows, N_out], row [rows, 1], col [1, N_out]) -> value`` mirroring a user's jit epilogue.
     Rows outside every group are NaN (the kernel leaves them unwritten). Loops over groups on the
-    host: for checking, not for speed.
+    host: for checking, not for speed. A bf16/fp16 ``a`` with fp8 weights is quantized to fp8 ``block=(1, 128)``
+    first (:func:`~llmkernels.formats.quantize_reference`, the bits of the call's own pre-pass).
     """
+    if isinstance(b, ScaledTensor) and b.format == "fp8" and not isinstance(a, ScaledTensor):
+        a = quantize_reference(a, "fp8", block=(1, 128))
     a_values = dequantize(a) if isinstance(a, ScaledTensor) else a.float()
     b_values = dequantize(b) if isinstance(b, ScaledTensor) else b.float()
     num_tokens = a_values.shape[0]

@@ -64,13 +64,14 @@ def pointer_types(call, a_dtype: torch.dtype | None = None) -> dict:
     """Triton's type of each pointer argument of a launch of ``call`` (what an ahead-of-time compile specializes
     on): data by element (quantized data as bytes), scales as bytes, global and expert scales float32, out and
     bias by dtype, metadata int32 (uint32 offsets); ``a_dtype``: A's dtype when it is decoded ahead. An absent
-    bias is typed as the int32 dummy a launch passes for it."""
+    bias is typed as the int32 dummy a launch passes for it. fp8 blocks' float32 scales (scale ``"f32"``) are
+    ``*fp32``."""
     return {
         "a_ptr": _POINTER_TYPES[a_dtype] if a_dtype is not None else _ELEMENT_POINTERS[call.a.element],
-        "a_scales_ptr": "*u8",
+        "a_scales_ptr": "*fp32" if call.a.scale == "f32" and a_dtype is None else "*u8",
         "a_global_scale_ptr": "*fp32",
         "b_ptr": _ELEMENT_POINTERS[call.b.element],
-        "b_scales_ptr": "*u8",
+        "b_scales_ptr": "*fp32" if call.b.scale == "f32" else "*u8",
         "b_global_scale_ptr": "*fp32",
         "out_ptr": _POINTER_TYPES[call.out_dtype],
         "a_offsets_ptr": _POINTER_TYPES[call.offsets_dtype],

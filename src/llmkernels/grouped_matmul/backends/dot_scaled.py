@@ -23,7 +23,7 @@ def supports(call, config) -> bool:
     """Block-scaled weights with activations of their family, or MX weights with bf16 activations (A as the kernel
     reads it), where :func:`~llmkernels.grouped_matmul.config.resolve_mma` takes ``tl.dot_scaled`` (it raises for
     ``mma="dot_scaled"`` on operands it cannot take)."""
-    if call.b.scale_layout.expert_scale_rows is None:
+    if call.b.scale_layout.expert_scale_rows is None or call.b.scale == "f32":  # fp8 blocks: not block-scaled MMA
         return False
     return gm_config.resolve_mma(config, read_a(call, _upcast(call, config)), call.b, call.device)
 

@@ -19,8 +19,13 @@ UNALIGNED = ("num_groups", "min_group_rows")
 
 
 def supports(call, config) -> bool:
-    """Every call whose scale layouts the grouped kernel addresses (A's rows of tokens, B's rows of experts)."""
-    return call.a.scale_layout.token_scale_rows is not None and call.b.scale_layout.expert_scale_rows is not None
+    """Every call whose scale layouts the grouped kernel addresses (A's rows of tokens, B's rows of experts), fp8
+    blocks (float32 scales, the ``fp8_blocks`` backend's) aside."""
+    return (
+        call.b.scale != "f32"
+        and call.a.scale_layout.token_scale_rows is not None
+        and call.b.scale_layout.expert_scale_rows is not None
+    )
 
 
 def upcast_dtype(call, config):
