@@ -13,7 +13,7 @@ import triton.language as tl
 
 from .kernel import apply_epilogue, find_group, group_tiles
 
-SCALE_BLOCK = 128  # the format's block side, along K and (weights) along N
+SCALE_BLOCK = tl.constexpr(128)  # the format's block side, along K and (weights) along N
 
 
 @triton.jit

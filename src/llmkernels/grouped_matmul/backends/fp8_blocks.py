@@ -9,7 +9,7 @@ from ...launch import KernelSpec
 from ...runtime import cdiv
 from .. import config as gm_config
 from ..epilogue import SwiGLU
-from ..fp8_kernel import SCALE_BLOCK, fp8_blocks_matmul_kernel
+from ..fp8_kernel import fp8_blocks_matmul_kernel
 from .base import pointer_types
 
 __all__ = ["supports", "upcast_dtype", "kernel_spec", "scalars", "UNALIGNED"]
@@ -40,7 +40,7 @@ def upcast_dtype(call, config):
 
 def split_n(config) -> int:
     """Weight sub-tiles per tile: each at most 128 rows, so that it lies in one 128-row scale block."""
-    return max(1, config.block_n // SCALE_BLOCK)
+    return max(1, config.block_n // gm_config.FP8_BLOCK_K)
 
 
 def uniform_scales(call, config) -> bool:
@@ -51,7 +51,7 @@ def uniform_scales(call, config) -> bool:
     if call.epilogue_kind != "swiglu":
         return True
     if call.glu.interleaved:
-        return 2 * sub_n <= SCALE_BLOCK
+        return 2 * sub_n <= gm_config.FP8_BLOCK_K
     return call.n_out % sub_n == 0
 
 
@@ -81,7 +81,7 @@ def kernel_spec(call, config, group_rows: tuple[int, int]) -> KernelSpec:
         GLU_UP_SHIFT=glu.up_shift,
         GLU_INTERLEAVED=glu.interleaved,
         SWAP_AB=config.ab_swapped,
-        EVEN_K=call.k % SCALE_BLOCK == 0,
+        EVEN_K=call.k % gm_config.FP8_BLOCK_K == 0,
         SPLIT_N=split_n(config),
         UNIFORM_SCALES=uniform_scales(call, config),
         PERSISTENT=programs < tiles,
