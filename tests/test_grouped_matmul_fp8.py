@@ -1,6 +1,6 @@
 """grouped_matmul on fp8 blocks (DeepSeek-style: e4m3 with a float32 scale per (1, 128) activation and (128, 128)
-weight tile) against grouped_matmul_reference: float64 products of the dequantized operands (bf16 activations
-quantized to fp8 (1, 128) first, as the call does).
+weight tile) against grouped_matmul_reference: float64 products of the dequantized operands (bf16 and fp16
+activations quantized to fp8 (1, 128) first, as the call does).
 
 Outputs are poisoned with NaN: an unwritten row fails, and rows past a_offsets[G] must still be NaN afterwards;
 groups of expert -1 must be exact zeros. Small shapes: the interpreter runs each program in numpy.
@@ -58,7 +58,9 @@ def _problem(k: int, device, n: int = N):
 
 
 def _activations(x: torch.Tensor, format: str):
-    return x.to(torch.bfloat16) if format == "bf16" else quantize_reference(x, "fp8", block=(1, 128))
+    if format in ("bf16", "fp16"):  # quantized to fp8 (1, 128) by the call
+        return x.to(torch.bfloat16 if format == "bf16" else torch.float16)
+    return quantize_reference(x, "fp8", block=(1, 128))
 
 
 def _weights(w: torch.Tensor):
@@ -91,10 +93,10 @@ def _check(out, a, b, offsets, ids, expert_scales=None, *, epilogue=None, refere
         ("fp8", _config(), 320),
         ("fp8", _config(swapped=True), 200),
         ("bf16", _config(), 200),
-        ("bf16", _config(swapped=True), 128),
+        ("fp16", _config(swapped=True), 128),
         ("fp8", _config(32, 256, swapped=True, num_programs=3), 320),  # two sub-tiles, the second past N; persistent
     ],
-    ids=["fp8-plain-K320", "fp8-swapped-K200", "bf16-plain-K200", "bf16-swapped-K128", "fp8-split-persistent"],
+    ids=["fp8-plain-K320", "fp8-swapped-K200", "bf16-plain-K200", "fp16-swapped-K128", "fp8-split-persistent"],
 )
 def test_pairs_orientations_and_ragged_k(a_format, config, k, device):
     x, w, offsets, ids = _problem(k, device)
