@@ -35,7 +35,17 @@ def report() -> dict[int, list[str]]:
         return {}
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
     done = subprocess.run(
-        [sys.executable, str(TOOL), "--arch", ",".join(map(str, archs)), "--jobs", "2"],
+        [
+            sys.executable,
+            str(TOOL),
+            "--arch",
+            ",".join(map(str, archs)),
+            "--jobs",
+            "2",
+            # fp8 blocks: a few cases of their own below (test_fp8_blocks_backends_compile), not every default here
+            "--pairs",
+            ",".join((*ALL_PAIRS, *HOPPER_LAYOUT_PAIRS)),
+        ],
         capture_output=True,
         text=True,
         env=env,
@@ -227,3 +237,82 @@ def test_gluon_decode_split_pass_compiles():
     # K and V boxes in the prologue and the refill: 4 per tile at 16-key pages, 1 at 64 (LLVM may duplicate)
     assert loads_16 >= 4 * 4 and loads_64 >= 4 and loads_16 >= 4 * loads_64 - 4, (loads_16, loads_64)
     assert fences_16 >= 2 and spills_16 == 0 and spills_64 == 0 and dense[5] == 0, rows
+
+
+_FP8_SCRIPT = """
+import os, re, subprocess, sys, tempfile
+sys.path.insert(0, {tools!r})
+import compile_common  # noqa: F401 - sets TRITON_INTERPRET=0 and the path to src first
+import triton
+from compile_grouped_matmul import described_call, on_gpu
+from triton.backends.compiler import GPUTarget
+from llmkernels.grouped_matmul.backends import backend_for
+from llmkernels.grouped_matmul.plan import launch_configs
+
+CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+
+
+def sass_of(cubin):
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as file:
+        file.write(cubin)
+        file.flush()
+        return subprocess.run([CUOBJDUMP, "-sass", file.name], capture_output=True, text=True, check=True).stdout
+
+
+def loop_spills(sass):
+    # spill instructions (STL / LDL) in the MMA loops: a backward branch and its target with an MMA between them and
+    # no other backward branch (not an outer loop, nor the jump back from a wait's retry code placed after the end)
+    lines = re.findall(r"/\\*([0-9a-f]{{4,}})\\*/\\s+([^;]*);", sass)
+    code = [(int(address, 16), text) for address, text in lines]
+    back = []
+    for address, text in code:
+        target = re.search(r"\\bBRA\\s+0x([0-9a-f]+)", text)
+        if target and int(target.group(1), 16) < address:
+            back.append((int(target.group(1), 16), address))
+    loops = [
+        (start, end)
+        for start, end in back
+        if any(("GMMA" in t or "UTC" in t) for a, t in code if start <= a <= end)
+        and not any(start <= other < end for _, other in back)
+    ]
+    spills = [t for a, t in code if any(s <= a <= e for s, e in loops) and re.search(r"\\b(STL|LDL)\\b", t)]
+    return len(spills) if loops else -1
+
+
+for arch, tokens, wanted in ((90, 2048, "fp8_hopper"), (90, 8, "fp8_blocks"), (100, 2048, "fp8_blocks")):
+    with on_gpu(arch) as device:
+        call = described_call("fp8xfp8", tokens, False, device)
+        config, low, high = launch_configs(call, None)[0]
+        backend = backend_for(call, config)
+        spec = backend.kernel_spec(call, config, (low, high))
+    compiled = triton.compile(spec.ast_source(), target=GPUTarget("cuda", arch, 32), options=dict(spec.options))
+    ptx = compiled.asm["ptx"]
+    kinds = sorted(set(re.findall(r"wgmma\\.mma_async\\.sync\\.aligned\\.m\\d+n\\d+k\\d+\\.(\\w+\\.\\w+\\.\\w+)", ptx)))
+    kinds += sorted(set(re.findall(r"tcgen05\\.mma\\.cta_group::\\d\\.kind::(\\w+)", ptx)))
+    regs = sorted(set(re.findall(r"setmaxnreg\\.\\w+\\.sync\\.aligned\\.u32\\s+(\\d+)", ptx)), key=int)
+    spills = loop_spills(sass_of(compiled.asm["cubin"])) if arch == 90 else 0
+    print(arch, tokens, backend.__name__.rsplit(".", 1)[-1], wanted, ",".join(kinds) or "-", ",".join(regs) or "-",
+          compiled.metadata.shared, spills)
+"""
+
+
+def test_fp8_blocks_backends_compile():
+    """FP8 blocks (``fp8xfp8``, each backend's default launch as the library plans it) build for their GPUs: on
+    sm_90a the Gluon ``fp8_hopper`` kernel (compute-size groups) and the portable ``fp8_blocks`` kernel (decode,
+    swap-AB) issue only e4m3 x e4m3 wgmmas (QGMMA) with no spill inside a loop that issues them, the Gluon kernel
+    warp-specialized (setmaxnreg: consumers 232, load warp 40); on sm_100a the portable kernel issues tcgen05
+    ``kind::f8f6f4``; all within a block's shared memory (232448 bytes)."""
+    if not (_compilable(90) and _compilable(100)):
+        pytest.skip("this Triton does not compile for sm_90a and sm_100a")
+    rows = _compiler_rows(_FP8_SCRIPT.format(tools=str(TOOL.parent)))
+    assert len(rows) == 3, rows
+    for arch, tokens, backend, wanted, kinds, regs, shared, spills in rows:
+        assert backend == wanted, (arch, tokens, backend)
+        assert int(shared) <= 232448, (arch, tokens, shared)
+        if arch == "90":
+            assert kinds == "f32.e4m3.e4m3", (tokens, kinds)
+            assert int(spills) == 0, (tokens, spills)  # -1: no MMA loop found
+        else:
+            assert kinds == "f8f6f4", kinds
+        if backend == "fp8_hopper":
+            assert {"232", "40"} <= set(regs.split(",")), regs

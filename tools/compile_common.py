@@ -67,7 +67,8 @@ def expected_mma(
     Hopper (sm_90a): ``wgmma`` for an MMA M of 64 rows or more, ``mma.sync`` below (decode tiles whose
     tokens are the M side). Blackwell (sm_100a): ``tcgen05.mma`` with block scales when both operands are
     block-scaled by the same kind of scale (``mxf8f6f4`` when either is e4m3, ``mxf4`` for MXFP4 × MXFP4,
-    ``mxf4nvf4`` for NVFP4) and ``kind::f16`` otherwise (bf16 operands, and weight-only pairs, whose
+    ``mxf4nvf4`` for NVFP4), ``kind::f8f6f4`` for fp8 blocks (float32 scales: e4m3 × e4m3 ``tl.dot``, the
+    scales applied after each K step) and ``kind::f16`` otherwise (bf16 operands, and weight-only pairs, whose
     weights are decoded to bf16: docs/blackwell.md says why). tcgen05 takes an M of 64 rows or more
     (``mma.sync`` below: decode attention tiles); the block-scaled kinds need 128."""
     if mma_m == 0:
@@ -81,6 +82,8 @@ def expected_mma(
         return f"tcgen05.{kind}.block32"
     if dot_scaled and mma_m >= 128 and a_scale == b_scale == "e4m3":
         return "tcgen05.mxf4nvf4.block16"
+    if a_scale == b_scale == "f32":  # fp8 blocks: the e4m3 tiles go to tl.dot as they are
+        return "tcgen05.f8f6f4"
     return "tcgen05.f16"
 
 

@@ -13,7 +13,7 @@ from llmkernels.formats import format_spec
 from llmkernels.formats.layouts import HOPPER, ROW
 from llmkernels.grouped_matmul import SwiGLU
 from llmkernels.grouped_matmul import config as gm_config
-from llmkernels.grouped_matmul.backends import backend_for
+from llmkernels.grouped_matmul.backends import backend_for, fp8_hopper
 from llmkernels.grouped_matmul.backends.base import read_a
 from llmkernels.grouped_matmul.check import CheckedCall, Operand
 from llmkernels.grouped_matmul.plan import launch_configs
@@ -30,6 +30,8 @@ PAIRS = {
     "bf16xnvfp4": ("bf16", "nvfp4", ROW),
     "bf16xmxfp4@hopper": ("bf16", "mxfp4", HOPPER),
     "bf16xnvfp4@hopper": ("bf16", "nvfp4", HOPPER),
+    # fp8 blocks: (1, 128) activations, (128, 128) weights (a bf16 A is quantized to this ahead: the same launches)
+    "fp8xfp8": ("fp8", "fp8", ROW),
 }
 # The problem the grouped-matmul defaults are asked for: DeepSeek-V3-sized experts
 GM_N, GM_K, GM_GROUPS, GM_TOKENS_PER_GROUP = 4096, 7168, 64, (2048, 48, 8)
@@ -44,13 +46,14 @@ B200_BANDWIDTH = 8e12
 BYTES = {"bf16": 2.0, "e4m3": 1.0, "e2m1": 0.5}
 
 
-def operand(format: str, layout=ROW) -> Operand:
+def operand(format: str, layout=ROW, weights: bool = False) -> Operand:
     """What the library's checks find of an operand of ``format`` (``"bf16"`` or a block-scaled format) whose
-    parts sit aligned in ``layout``."""
+    parts sit aligned in ``layout``; ``weights``: B (fp8 blocks: 128 rows per scale, A's 1)."""
     if format == "bf16":
         return Operand.plain("bf16")
     spec = format_spec(format)
-    return Operand(spec.element, spec.scale, spec.block, layout, format, spec.has_global_scale)
+    block_rows = spec.block if weights and format == "fp8" else 1
+    return Operand(spec.element, spec.scale, spec.block, layout, format, spec.has_global_scale, block_rows=block_rows)
 
 
 def described_call(pair: str, tokens_per_group: int, swiglu: bool, device: torch.device) -> CheckedCall:
@@ -59,7 +62,7 @@ def described_call(pair: str, tokens_per_group: int, swiglu: bool, device: torch
     a_format, b_format, b_layout = PAIRS[pair]
     return CheckedCall(
         operand(a_format),
-        operand(b_format, b_layout),
+        operand(b_format, b_layout, weights=True),
         tokens_per_group * GM_GROUPS,
         GM_K,
         GM_GROUPS,
@@ -111,25 +114,34 @@ def _case(pair: str, call: CheckedCall, config, group_rows: tuple[int, int], arc
     dot_scaled = spec.constexprs.get("USE_DOT_SCALED", False)
     swiglu = call.epilogue_kind == "swiglu"
     mma_m = config.block_n if config.ab_swapped else config.block_m  # the weights' rows under swap-AB
-    label = (
-        f"{pair:11s} {'swiglu' if swiglu else 'plain ':6s} {config.block_m}x{config.block_n}x{config.block_k} "
-        f"s{config.num_stages} w{config.num_warps} {'swap' if config.ab_swapped else '    '} "
-        f"{'dot_scaled' if dot_scaled else 'tl.dot':10s}"
-    )
+    if backend is fp8_hopper:  # the Gluon kernel's own tile, whatever the config's
+        tile = f"gluon {fp8_hopper.kernel.BLOCK_M}x{fp8_hopper.kernel.BLOCK_N}x{fp8_hopper.kernel.BLOCK_K}"
+        label = (
+            f"{pair:11s} {'swiglu' if swiglu else 'plain ':6s} {tile} s{fp8_hopper.kernel.STAGES} ws   {'wgmma':10s}"
+        )
+    else:
+        label = (
+            f"{pair:11s} {'swiglu' if swiglu else 'plain ':6s} {config.block_m}x{config.block_n}x{config.block_k} "
+            f"s{config.num_stages} w{config.num_warps} {'swap' if config.ab_swapped else '    '} "
+            f"{'dot_scaled' if dot_scaled else 'tl.dot':10s}"
+        )
     expect = expected_mma(arch, mma_m, a.scale, b.scale, a.element, b.element, dot_scaled)
     roofline = b200_bound(call.a, b, tokens_per_group, swiglu, expect) if expect in B200_RATES else ""
     return Case(
-        "grouped_matmul",
+        # the Gluon kernel waits for every wgmma on purpose (each K block's partial is promoted as it lands; the
+        # other consumer warpgroup's wgmmas fill the gap): the check for wgmmas ptxas serialized is not for it
+        "grouped_matmul_ws" if backend is fp8_hopper else "grouped_matmul",
         label,
         spec.fn,
         source.signature,
         dict(spec.constexprs),
         source.attrs,
         spec.options["num_warps"],
-        spec.options["num_stages"],
+        spec.options.get("num_stages", 0),
         mma_m,
         expect,
         f"{tokens_per_group} tokens/group: B200 bound {roofline}" if roofline else "",
+        spec if backend is fp8_hopper else None,
     )
 
 
