@@ -177,9 +177,9 @@ NOT_WALKED = {
 }
 
 NON_TENSOR_ARGUMENTS = {
-    "quantize": {"format", "scale_layout"},
+    "quantize": {"format", "scale_layout", "block", "power_of_two_scales"},
     "dequantize": set(),
-    "ScaledTensor": {"format", "scale_layout", "logical_shape"},
+    "ScaledTensor": {"format", "scale_layout", "logical_shape", "block"},
     "ScaledTensor.to_layout": {"self", "layout"},
     "grouped_matmul": {"epilogue", "out_dtype", "config", "validate"},
     "attention": {
@@ -219,7 +219,7 @@ NON_TENSOR_ARGUMENTS = {
         "capacity",
         "routing",
     },
-    "quantize_reference": {"format"},
+    "quantize_reference": {"format", "block", "power_of_two_scales"},
     "grouped_matmul_reference": {"epilogue"},
     "attention_reference": {"causal", "mask", "softmax_scale", "return_lse", "_ignored"},
     "dispatch_reference": {"num_experts"},
@@ -232,7 +232,7 @@ NON_TENSOR_ARGUMENTS = {
         "validate",
     },
     "ScaledTensor.validate": set(),
-    "ScaledTensor.unchecked": {"format", "scale_layout", "logical_shape"},
+    "ScaledTensor.unchecked": {"format", "scale_layout", "logical_shape", "block"},
     "ScaledTensor.row_data": set(),
     "ScaledTensor.row_scales": set(),
     "flash_attn_func": {
@@ -276,7 +276,7 @@ NON_TENSOR_ARGUMENTS = {
     "to_grouped_blocked_scales": set(),
     "from_grouped_blocked_scales": {"num_rows", "cols"},
     "scaled_tensor_parts": set(),
-    "scaled_tensor_from_parts": {"format", "scale_layout", "shape"},
+    "scaled_tensor_from_parts": {"format", "scale_layout", "shape", "block"},
     "from_torchao": set(),
     "to_torchao": {"orig_dtype"},
     "unwrap_torchao": set(),
@@ -298,8 +298,9 @@ def scaled_leaves(prefix: str, tensor: lk.ScaledTensor) -> dict:
     return {f"{prefix}.{field}": getattr(tensor, field) for field in fields if getattr(tensor, field) is not None}
 
 
-def scaled_from(leaves: dict, prefix: str, format: str, layout: str = "row", shape=None) -> lk.ScaledTensor:
-    """The ScaledTensor of the leaves under ``prefix`` (``shape``: the logical shape of the hopper layout)."""
+def scaled_from(leaves: dict, prefix: str, format: str, layout: str = "row", shape=None, block=None) -> lk.ScaledTensor:
+    """The ScaledTensor of the leaves under ``prefix`` (``shape``: the logical shape of the hopper layout; ``block``:
+    fp8's)."""
     part = lambda field: leaves.get(f"{prefix}.{field}")  # noqa: E731
     return lk.ScaledTensor(
         part("data"),
@@ -310,6 +311,7 @@ def scaled_from(leaves: dict, prefix: str, format: str, layout: str = "row", sha
         part("group_offsets"),
         part("group_scale_offsets"),
         shape,
+        block,
     )
 
 
@@ -346,6 +348,39 @@ def _quantize_call(format: str, gather: bool, grouped: bool) -> Call:
         ("quantize",),
         make,
         run,
+    )
+
+
+def _fp8_quantize_call(block: tuple, gather: bool = False, power_of_two_scales: bool = False) -> Call:
+    """fp8 with K = 200 (a partial last column block); ``(128, 128)``: two [129, 200] matrices (partial row tiles)."""
+    shape = (2, 129, 200) if block[0] > 1 else (10, 200)
+
+    def make(device):
+        leaves = {"x": torch.randn(*shape, device=device)}
+        if gather:
+            leaves["rows"] = torch.tensor([3, 0, 9, 9, 4, 1, 7], device=device)
+        return leaves
+
+    def run(leaves):
+        return lk.quantize(
+            leaves["x"], "fp8", block=block, rows=leaves.get("rows"), power_of_two_scales=power_of_two_scales
+        )
+
+    options = f"{', rows' if gather else ''}{', power of two' if power_of_two_scales else ''}"
+    return Call(f"quantize[fp8 {block}{options}]", ("quantize",), make, run)
+
+
+def _fp8_dequantize_call(block: tuple) -> Call:
+    shape = (2, 129, 200) if block[0] > 1 else (12, 200)
+
+    def make(device):
+        return scaled_leaves("x", lk.quantize(torch.randn(*shape, device=device), "fp8", block=block))
+
+    return Call(
+        f"dequantize[fp8 {block}]",
+        ("dequantize", "ScaledTensor"),
+        make,
+        lambda leaves: lk.dequantize(scaled_from(leaves, "x", "fp8", block=block)),
     )
 
 
@@ -642,7 +677,9 @@ def _quantize_reference_call(format: str) -> Call:
         f"quantize_reference[{format}]",
         ("quantize_reference",),
         make,
-        lambda leaves: lk.quantize_reference(leaves["x"], format, leaves.get("global_scale")),
+        lambda leaves: lk.quantize_reference(
+            leaves["x"], format, leaves.get("global_scale"), block=(128, 128) if format == "fp8" else None
+        ),
     )
 
 
@@ -1269,6 +1306,10 @@ CALLS = [
     _quantize_call("mxfp8", gather=False, grouped=False),
     _quantize_call("mxfp4", gather=True, grouped=False),
     _quantize_call("nvfp4", gather=True, grouped=True),
+    _fp8_quantize_call((1, 128), gather=True),
+    _fp8_quantize_call((128, 128), power_of_two_scales=True),
+    _fp8_dequantize_call((1, 128)),
+    _fp8_dequantize_call((128, 128)),
     _dequantize_call("nvfp4", "row"),
     _dequantize_call("mxfp4", "128x4"),
     _dequantize_call("mxfp8", "grouped"),
@@ -1300,6 +1341,7 @@ CALLS = [
     _moe_call("nvfp4", "hopper"),
     _quantize_reference_call("mxfp4"),
     _quantize_reference_call("nvfp4"),
+    _quantize_reference_call("fp8"),
     _grouped_matmul_reference_call(),
     _attention_reference_call(paged=False),
     _attention_reference_call(paged=True),

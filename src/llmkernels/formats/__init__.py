@@ -1,5 +1,6 @@
-"""Block-scaled formats (MXFP8, MXFP4, NVFP4): ScaledTensor, quantize, dequantize and the scale layouts' conversions
-(the layouts themselves, one object each: :mod:`llmkernels.formats.layouts`)."""
+"""Block-scaled formats (MXFP8, MXFP4, NVFP4; fp8 with DeepSeek-style float32 block scales): ScaledTensor, quantize,
+dequantize and the scale layouts' conversions (the layouts themselves, one object each:
+:mod:`llmkernels.formats.layouts`)."""
 
 from .api import quantize
 from .layouts import from_blocked_scales, from_grouped_blocked_scales, to_blocked_scales, to_grouped_blocked_scales

@@ -9,7 +9,7 @@ import torch
 from ..launch import value_key
 from ..runtime import describe
 from .layouts import BLOCKED, HOPPER, ROW, SCALE_LAYOUTS, Layout, as_layout, check_group_offsets
-from .spec import FP8_BLOCKS, FormatSpec, format_spec
+from .spec import FORMATS, FP8_BLOCKS, FormatSpec, format_spec
 
 __all__ = [
     "ScaledTensor",
@@ -192,7 +192,7 @@ class ScaledTensor:
             group_offsets=group_offsets,
             group_scale_offsets=group_scale_offsets,
             logical_shape=logical_shape,
-            block=block or (1, format_spec(format).block),
+            block=block or _DEFAULT_BLOCKS.get(format),  # fp8's None stays None: validate() then says so
         )
         return tensor
 
@@ -329,6 +329,10 @@ def scaled_tensor_from_parts(
         logical_shape,
         None if block is None else tuple(block),
     )
+
+
+# the block of each format that has only one (None means it)
+_DEFAULT_BLOCKS = {name: (1, spec.block) for name, spec in FORMATS.items() if spec.scale != "f32"}
 
 
 def as_block(spec: FormatSpec, block) -> tuple[int, int]:

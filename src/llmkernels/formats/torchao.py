@@ -166,7 +166,7 @@ def to_torchao(x: ScaledTensor, orig_dtype: torch.dtype = torch.bfloat16):
 
     Raises:
         ImportError: torchao is not installed.
-        ValueError: the hopper layout, scales padded per group, a 1D nvfp4 tensor (an NVFP4Tensor has at
+        ValueError: fp8, the hopper layout, scales padded per group, a 1D nvfp4 tensor (an NVFP4Tensor has at
             least 2 dims), 128x4 scales of more than 2 dims whose matrices do not fill whole 128-row tiles
             (torchao tiles the rows of all matrices as one).
     """
@@ -174,6 +174,8 @@ def to_torchao(x: ScaledTensor, orig_dtype: torch.dtype = torch.bfloat16):
     from torchao.prototype.mx_formats.nvfp4_tensor import NVFP4Tensor
     from torchao.quantization.quantize_.common.kernel_preference import KernelPreference
 
+    if x.format not in ("mxfp8", "mxfp4", "nvfp4"):  # fp8 blocks: no torchao tensor holds float32 block scales
+        raise ValueError(f"x: to_torchao takes mxfp8, mxfp4 or nvfp4, got {x.format}")
     if x.scale_layout not in (ROW, BLOCKED) or x.scale_layout.grouped:
         raise ValueError(
             f"x: to_torchao takes {ROW} or ungrouped {BLOCKED} scales; convert with to_layout({ROW!r}) first"
