@@ -36,8 +36,8 @@ Schedule (DeepGEMM's on Hopper):
 Tile: 128 rows x 256 weight rows, 3 stages, TMA-store epilogue. Of the variants measured on an H100 (Triton
 3.6, CUDA-graph replay; ``lab/fp8_blocks/NOTES.md``) it was the fastest at every shape: 1149 / 1157 / 995
 TFLOP/s at E8x2048 N4096 K7168 / E16x4096 N7168 K2048 / E256x256 N7168 K2048, 0.99x / 1.16x / 1.18x
-``torch._scaled_grouped_mm`` rowwise fp8 of the same run. 128x128 tiles measured 4-16% slower, 4 stages with
-vector stores 1-5% slower, a stream-K tail 0-12% slower.
+``torch._scaled_grouped_mm`` rowwise fp8 of the same run. 128x128 tiles measured 3-15% slower (the run before),
+4 stages with vector stores 1-5% slower, a stream-K tail 0-12% slower.
 
 The two B boxes of a tile are weight rows ``[c, c + 128)`` and ``[c + 128, c + 256)`` (output columns ``[c, c +
 256)``), or under SwiGLU the gate rows ``[c, c + 128)`` and the matching up rows ``[N/2 + c, N/2 + c + 128)``
@@ -46,14 +46,21 @@ box and K block. What this kernel does not take (its backend declines, the porta
 it): interleaved SwiGLU rows, SwiGLU with ``N / 2`` not a multiple of 128, a user ``@triton.jit`` epilogue, K not
 a multiple of 16 (TMA's 16-byte rows), swap-AB (decode) tiles.
 
-Compiled for sm_90a (Triton 3.9, its ptxas; ``tools/compile_defaults.py --pairs fp8xfp8``), the default launch
-with expert scales and bf16 out:
+Compiled for sm_90a without a GPU (Triton 3.9 and its ptxas; ``tools/compile_defaults.py --pairs fp8xfp8``, the
+backend's default launch with expert scales): only ``wgmma.mma_async m64n128k32 f32.e4m3.e4m3`` (16 QGMMA, 4 full
+waits: one per B box, K block and consumer, by design), setmaxnreg 232 (consumers) / 40 (load warp); in the plain
+launch's SASS no spill instruction lies inside a K loop (its 32 bytes of stack hold per-tile values, stored and
+reloaded outside them):
 
-=========================  ======================  ==========  ===========  ============  ====================
-variant                    wgmma                   smem bytes  setmaxnreg   spills        QGMMA / full waits
-=========================  ======================  ==========  ===========  ============  ====================
-plain                      m64n128k32 e4m3 only    (filled)    232 / 40     (filled)      (filled)
-=========================  ======================  ==========  ===========  ============  ====================
+=========================================  ============  =========  ===========
+launch                                     shared bytes  registers  stack bytes
+=========================================  ============  =========  ===========
+plain, bf16 out (TMA-store epilogue)       229512        168        32
+SwiGLU, bf16 out (one output half)         196744        168        32
+plain, fp32 out + bias (pointer stores)    163976        168        (not read)
+=========================================  ============  =========  ===========
+
+Not run on a GPU from the library yet: ``lab/fp8_blocks/check_backend_gpu.py`` is its check.
 """
 
 from __future__ import annotations
