@@ -332,7 +332,8 @@ def default_launches(
     with no group costs one empty launch). That pays when streaming the weights takes longer than
     the host needs for three launches: from ``weight_bytes`` ≥ 1 GiB on (a third of a millisecond
     at 3 TB/s), and always in the interpreter, where it is tested. Otherwise one launch takes every
-    group. Cached: the host work of a call is a dictionary lookup.
+    group. Each launch's config is :func:`default_config`'s for its class (``b_scale="f32"``: fp8-block weights,
+    :func:`fp8_config`). Cached: the host work of a call is a dictionary lookup.
     """
     tokens_per_group = num_tokens / max(num_groups, 1)
     split = interpreting() or device.type != "cuda" or weight_bytes >= _SPLIT_MIN_WEIGHT_BYTES
