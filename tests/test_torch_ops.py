@@ -51,13 +51,17 @@ def test_grouped_matmul_opcheck(formats, device):
     )
 
 
-@pytest.mark.parametrize("format", ["mxfp8", "mxfp4", "nvfp4", "nvfp4_given_scale"])
+@pytest.mark.parametrize("format", ["mxfp8", "mxfp4", "nvfp4", "nvfp4_given_scale", "fp8_1x128", "fp8_128x128"])
 def test_quantize_opcheck(format, device):
     x = torch.randn(6, 64, device=device, dtype=torch.bfloat16)
-    global_scale = None
+    args = (x, format, None)
     if format == "nvfp4_given_scale":  # the op's output must not alias it
-        format, global_scale = "nvfp4", torch.tensor(0.01, device=device)
-    torch.library.opcheck(torch.ops.llmkernels.quantize.default, (x, format, global_scale))
+        args = (x, "nvfp4", torch.tensor(0.01, device=device))
+    elif format == "fp8_1x128":  # K = 200: a partial scale block; float32 scales cross as 4 bytes each
+        args = (torch.randn(2, 5, 200, device=device), "fp8", None, [1, 128], False)
+    elif format == "fp8_128x128":
+        args = (torch.randn(2, 130, 200, device=device, dtype=torch.bfloat16), "fp8", None, [128, 128], True)
+    torch.library.opcheck(torch.ops.llmkernels.quantize.default, args)
 
 
 def _moe_block(x, w_gate_up, offsets, ids, scales):
@@ -335,9 +339,32 @@ def _attention_dense_and_paged(device):
     return layer, inputs_of_size
 
 
+def _fp8_blocks(device):
+    """fp8: activations quantized (1, 128) with rows= and weights (128, 128) with power-of-two scales inside the
+    compiled function (their blocks cross the ops), the grouped matmul of fp8 weights made outside it."""
+    w = lk.quantize(torch.randn(3, 64, 200, device=device) / 8, "fp8", block=(128, 128))
+    grouped = _grouped_inputs(device, k=200)
+
+    def block(x, offsets, ids):
+        rows = torch.arange(x.shape[0] - 2, device=x.device)
+        a = lk.quantize(x, "fp8", block=(1, 128), rows=rows)
+        weights = lk.quantize(x[:, :130].T, "fp8", block=(128, 128), power_of_two_scales=True)
+        out = lk.grouped_matmul(a, w, offsets, ids)
+        return a.data.view(torch.uint8), a.scales, weights.data.view(torch.uint8), weights.scales, out
+
+    return block, grouped
+
+
 @pytest.mark.parametrize(
     "case",
-    [_swiglu_of_traced_floats, _nvfp4_gathered_rows, _hopper_layout_weights, _moe_routing, _attention_dense_and_paged],
+    [
+        _swiglu_of_traced_floats,
+        _nvfp4_gathered_rows,
+        _hopper_layout_weights,
+        _moe_routing,
+        _attention_dense_and_paged,
+        _fp8_blocks,
+    ],
     ids=lambda case: case.__name__.strip("_"),
 )
 def test_dynamic_compile_matches_eager(case, device):
