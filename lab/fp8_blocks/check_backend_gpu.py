@@ -2,6 +2,7 @@
 
     PYTHONPATH=src python lab/fp8_blocks/check_backend_gpu.py OUT.md            # H100 (torch 2.11, Triton 3.6)
     python3 lab/fp8_blocks/check_backend_gpu.py /tmp/dry.md --dry-run            # CPU: interpreter, portable only
+    (--cases silu,bias: only the cases whose names contain one of these)
 
 Every case quantizes fresh random inputs with ``lk.quantize(x, "fp8", block=(1, 128))`` and ``lk.quantize(w, "fp8",
 block=(128, 128))``, calls ``lk.grouped_matmul`` into an ``out`` poisoned with NaN, and checks against a float64
@@ -38,11 +39,14 @@ if DRY:
 
 import torch  # noqa: E402
 import triton  # noqa: E402
+import triton.language as tl  # noqa: E402, F401 - the interpreter looks for it where a jit function is defined
 
 import llmkernels as lk  # noqa: E402
 from llmkernels.grouped_matmul.api import PLANS  # noqa: E402
 
 BOUNDS = {torch.bfloat16: (3e-3, 1e-2), torch.float16: (1e-3, 5e-3), torch.float32: (5e-4, 2e-3)}
+if DRY:  # Triton 3.9's interpreter rounds fp32 -> bf16 by truncation (NOTES.md): 3.3e-3 Frobenius measured
+    BOUNDS[torch.bfloat16] = (5e-3, 1.5e-2)
 START = time.perf_counter()
 
 
@@ -202,17 +206,23 @@ def run_case(case: Case, device: torch.device, seed: int) -> dict:
 
 
 def cases(large: bool) -> list[Case]:
+    """The cases; ``large``: also two compute shapes (GPU only). The ragged groups average 46 rows, for which the
+    default config is the portable backend's 64-row tile: those cases pass the compute config (128 x 256, the
+    default for larger groups) so that fp8_hopper takes them, or declines them for the reason the case names."""
     ragged = dict(sizes=[0, 1, 130, 77, 9], ids=[1, 0, 2, 1, -1], num_experts=3)
+    big = lk.BlockScaledMatmulConfig(block_m=128, block_n=256, block_k=128, num_warps=8, num_stages=3)
     swap = lk.BlockScaledMatmulConfig(block_m=16, block_n=128, block_k=128, num_warps=4, num_stages=4, ab_swapped=True)
+    wide = dict(ragged, config=big)
     listed = [
         # bench_gluon_gpu.py's first section
-        Case("ragged K320", n=192, k=320, **ragged),
-        Case("ragged K320 expert_scales", n=192, k=320, expert_scales=True, **ragged),
-        Case("ragged K200 (K % 16: portable)", n=192, k=200, expect="fp8_blocks", **ragged),
+        Case("ragged K320", n=192, k=320, **wide),
+        Case("ragged K320 expert_scales", n=192, k=320, expert_scales=True, **wide),
+        Case("ragged K200 (K % 16: portable)", n=192, k=200, expect="fp8_blocks", **wide),
+        Case("ragged K320 default config (small groups: portable)", n=192, k=320, expect="fp8_blocks", **ragged),
         # epilogues
-        Case("silu", n=192, k=320, epilogue="silu", **ragged),
-        Case("gelu", n=192, k=320, epilogue="gelu", expert_scales=True, **ragged),
-        Case("swiglu N512", n=512, k=320, epilogue="swiglu", **ragged),
+        Case("silu", n=192, k=320, epilogue="silu", **wide),
+        Case("gelu", n=192, k=320, epilogue="gelu", expert_scales=True, **wide),
+        Case("swiglu N512", n=512, k=320, epilogue="swiglu", **wide),
         Case(
             "SwiGLU(1.702, 7, 1) N512 bias",
             n=512,
@@ -220,16 +230,16 @@ def cases(large: bool) -> list[Case]:
             epilogue=lk.SwiGLU(1.702, 7.0, 1.0),
             bias=torch.float32,
             expert_scales=True,
-            **ragged,
+            **wide,
         ),
-        Case("SwiGLU interleaved (portable)", n=512, k=320, epilogue=lk.GPT_OSS_SWIGLU, expect="fp8_blocks", **ragged),
-        Case("swiglu N/2=96 (portable)", n=192, k=320, epilogue="swiglu", expect="fp8_blocks", **ragged),
-        Case("user epilogue (portable)", n=192, k=320, epilogue=_halve, expect="fp8_blocks", **ragged),
+        Case("SwiGLU interleaved (portable)", n=512, k=320, epilogue=lk.GPT_OSS_SWIGLU, expect="fp8_blocks", **wide),
+        Case("swiglu N/2=96 (portable)", n=192, k=320, epilogue="swiglu", expect="fp8_blocks", **wide),
+        Case("user epilogue (portable)", n=192, k=320, epilogue=_halve, expect="fp8_blocks", **wide),
         # bias, out dtypes
-        Case("bias fp32", n=192, k=320, bias=torch.float32, **ragged),
-        Case("bias bf16 silu", n=192, k=320, bias=torch.bfloat16, epilogue="silu", **ragged),
-        Case("bias fp16 fp16 out", n=192, k=320, bias=torch.float16, out_dtype=torch.float16, **ragged),
-        Case("fp32 out", n=192, k=320, out_dtype=torch.float32, expert_scales=True, **ragged),
+        Case("bias fp32", n=192, k=320, bias=torch.float32, **wide),
+        Case("bias bf16 silu", n=192, k=320, bias=torch.bfloat16, epilogue="silu", **wide),
+        Case("bias fp16 fp16 out", n=192, k=320, bias=torch.float16, out_dtype=torch.float16, **wide),
+        Case("fp32 out", n=192, k=320, out_dtype=torch.float32, expert_scales=True, **wide),
         Case(
             "fp32 out swiglu bias",
             n=512,
@@ -237,19 +247,19 @@ def cases(large: bool) -> list[Case]:
             out_dtype=torch.float32,
             epilogue="swiglu",
             bias=torch.bfloat16,
-            **ragged,
+            **wide,
         ),
         # metadata, activations, views
-        Case("id >= E writes zeros", n=192, k=320, sizes=[64, 70, 3], ids=[2, 5, 0], num_experts=3),
-        Case("bf16 activations", n=192, k=320, bf16_a=True, expert_scales=True, **ragged),
-        Case("token-major A scales", n=192, k=320, token_major_scales=True, **ragged),
-        Case("out= padded rows (TMA store)", n=192, k=320, out_view="padded", **ragged),
-        Case("out= offset view (no TMA store)", n=192, k=320, out_view="offset", **ragged),
-        Case("K=96, 20 tokens (boxes past the tensor)", n=256, k=96, sizes=[20], ids=[0], num_experts=1),
+        Case("id >= E writes zeros", n=192, k=320, sizes=[64, 70, 3], ids=[2, 5, 0], num_experts=3, config=big),
+        Case("bf16 activations", n=192, k=320, bf16_a=True, expert_scales=True, **wide),
+        Case("token-major A scales", n=192, k=320, token_major_scales=True, **wide),
+        Case("out= padded rows (TMA store)", n=192, k=320, out_view="padded", **wide),
+        Case("out= offset view (no TMA store)", n=192, k=320, out_view="offset", **wide),
+        Case("K=96, 20 tokens (boxes past the tensor)", n=256, k=96, sizes=[20], ids=[0], num_experts=1, config=big),
         Case("swap-AB config (portable)", n=192, k=320, config=swap, expect="fp8_blocks", **ragged),
-        Case("cached plan, new tensors", n=192, k=320, repeat=True, expert_scales=True, **ragged),
+        Case("cached plan, new tensors", n=192, k=320, repeat=True, expert_scales=True, **wide),
         Case(
-            "many groups (40)",
+            "many groups (40), default config",
             n=384,
             k=256,
             sizes=[(7 * g) % 150 for g in range(40)],
@@ -257,7 +267,7 @@ def cases(large: bool) -> list[Case]:
             num_experts=8,
         ),
     ]
-    if large:
+    if large:  # default configs
         listed += [
             Case(
                 "E4x1024 N2048 K2048 swiglu bias",
@@ -272,7 +282,13 @@ def cases(large: bool) -> list[Case]:
                 extra_rows=0,
             ),
             Case(
-                "E8x2048 N4096 K7168", n=4096, k=7168, sizes=[2048] * 8, ids=list(range(8)), num_experts=8, extra_rows=0
+                "E8x2048 N4096 K7168",
+                n=4096,
+                k=7168,
+                sizes=[2048] * 8,
+                ids=list(range(8)),
+                num_experts=8,
+                extra_rows=0,
             ),
         ]
     return listed
@@ -282,6 +298,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out")
     parser.add_argument("--dry-run", action="store_true", help="CPU, Triton interpreter: the portable backend only")
+    parser.add_argument("--cases", default="", help="comma-separated substrings of case names (default: all)")
     args = parser.parse_args()
     if not args.dry_run and not torch.cuda.is_available():
         print("needs a CUDA GPU (or --dry-run)")
@@ -296,7 +313,10 @@ def main() -> int:
         "| --- | --- | --- | --- | --- | --- |",
     ]
     failures = 0
+    wanted = [word for word in args.cases.split(",") if word]
     for index, case in enumerate(cases(large=not args.dry_run)):
+        if wanted and not any(word in case.name for word in wanted):
+            continue
         try:
             r = run_case(case, device, seed=index)
             verdict = "ok" if r["ok"] else "FAIL"
