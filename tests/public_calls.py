@@ -230,6 +230,11 @@ NON_TENSOR_ARGUMENTS = {
         "global_num_experts",
         "activation_format",
         "validate",
+        "use_fp8_w8a8",
+        "block_shape",
+        "per_act_token_quant",
+        "a1_scale",  # static activation scales: only None is taken (dynamic fp8 scales), no tensor is read
+        "a2_scale",
     },
     "ScaledTensor.validate": set(),
     "ScaledTensor.unchecked": {"format", "scale_layout", "logical_shape", "block"},
@@ -1170,6 +1175,59 @@ def _fused_experts_call(weight_format: str, inplace: bool) -> Call:
     )
 
 
+def _fused_experts_fp8_call() -> Call:
+    """vLLM's fp8 block call: raw float8_e4m3fn weights and their float32 block scales as leaves of their own; K = 72
+    and N = 40 (partial 128-tiles)."""
+    experts, hidden, intermediate, top_k = 2, 72, 40, 2
+
+    def make(device):
+        w1 = lk.quantize(torch.randn(experts, 2 * intermediate, hidden, device=device) / 8, "fp8", block=(128, 128))
+        w2 = lk.quantize(torch.randn(experts, hidden, intermediate, device=device) / 6, "fp8", block=(128, 128))
+        return {
+            "hidden_states": torch.randn(4, hidden, dtype=torch.bfloat16, device=device),
+            "w1": w1.data,
+            "w2": w2.data,
+            "topk_weights": torch.rand(4, top_k, device=device),
+            "topk_ids": torch.randint(-1, experts, (4, top_k), dtype=torch.int32, device=device),
+            "w1_scale": w1.scales,
+            "w2_scale": w2.scales,
+        }
+
+    def run(leaves):
+        return fused_experts(
+            leaves["hidden_states"],
+            leaves["w1"],
+            leaves["w2"],
+            leaves["topk_weights"],
+            leaves["topk_ids"],
+            use_fp8_w8a8=True,
+            block_shape=[128, 128],
+            w1_scale=leaves["w1_scale"],
+            w2_scale=leaves["w2_scale"],
+        )
+
+    return Call("fused_experts[fp8 blocks, vLLM's arguments]", ("fused_experts",), make, run)
+
+
+def _from_float_fp8_call() -> Call:
+    experts, hidden, intermediate = 2, 72, 40
+
+    def make(device):
+        return {
+            "router_weight": torch.randn(experts, hidden, device=device),
+            "w_gate_up": torch.randn(experts, 2 * intermediate, hidden, device=device) / 8,
+            "w_down": torch.randn(experts, hidden, intermediate, device=device) / 8,
+        }
+
+    def run(leaves):
+        block = MoEFeedForward.from_float(
+            leaves["router_weight"], leaves["w_gate_up"], leaves["w_down"], 1, weight_format="fp8"
+        )
+        return (block.router_weight, lk.dequantize(block.weight("w_gate_up")), lk.dequantize(block.weight("w_down")))
+
+    return Call("MoEFeedForward.from_float[fp8]", ("MoEFeedForward.from_float",), make, run)
+
+
 def _from_float_call() -> Call:
     experts, hidden, intermediate = 4, 64, 32
 
@@ -1364,7 +1422,9 @@ CALLS = [
     _flash_attn_kvcache_call("block_table"),
     _fused_experts_call("bf16", inplace=False),
     _fused_experts_call("mxfp8", inplace=True),
+    _fused_experts_fp8_call(),
     _from_float_call(),
+    _from_float_fp8_call(),
     _attention_forward_call(),
     _experts_call(quantized=False),
     _experts_call(quantized=True),

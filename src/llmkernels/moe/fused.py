@@ -210,6 +210,7 @@ def _check(
 ) -> int:
     """Every check of :func:`fused_experts` that needs no device value (no launch, no sync); returns G."""
     _check_hidden_states(hidden_states, inplace)
+    raw_w1, raw_w2 = w1, w2  # vLLM's float8_e4m3fn tensors, before they become ScaledTensors
     w1, w2 = _check_fp8_arguments(w1, w2, *fp8_arguments)
     _check_weights(w1, w2, activation_format, epilogue)
     num_experts, two_n, k = w1.shape
@@ -234,10 +235,12 @@ def _check(
         "fused_experts",
         hidden_states=hidden_states,
         topk_weights=topk_weights,
-        w1=w1 if isinstance(w1, torch.Tensor) else None,
-        w2=w2 if isinstance(w2, torch.Tensor) else None,
+        w1=raw_w1 if isinstance(raw_w1, torch.Tensor) else None,
+        w2=raw_w2 if isinstance(raw_w2, torch.Tensor) else None,
         w1_bias=w1_bias,
         w2_bias=w2_bias,
+        w1_scale=fp8_arguments[2],
+        w2_scale=fp8_arguments[3],
     )
     return num_global
 
