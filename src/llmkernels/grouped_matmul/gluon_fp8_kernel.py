@@ -43,8 +43,8 @@ The two B boxes of a tile are weight rows ``[c, c + 128)`` and ``[c + 128, c + 2
 256)``), or under SwiGLU the gate rows ``[c, c + 128)`` and the matching up rows ``[N/2 + c, N/2 + c + 128)``
 (output columns ``[c, c + 128)``): each box lies in one 128-row weight-scale block, so B's scale is one scalar per
 box and K block. What this kernel does not take (its backend declines, the portable ``fp8_blocks`` backend runs
-it): interleaved SwiGLU rows, SwiGLU with ``N / 2`` not a multiple of 128, a user ``@triton.jit`` epilogue, K not
-a multiple of 16 (TMA's 16-byte rows), swap-AB (decode) tiles.
+it): interleaved SwiGLU rows, SwiGLU with ``N / 2`` not a multiple of 128, K not a multiple of 16 (TMA's 16-byte
+rows), swap-AB (decode) tiles. A user's ``@triton.jit`` epilogue is called as the portable kernels call it.
 
 Compiled for sm_90a without a GPU (Triton 3.9 and its ptxas; ``tools/compile_defaults.py --pairs fp8xfp8``, the
 backend's default launch with expert scales): only ``wgmma.mma_async m64n128k32 f32.e4m3.e4m3`` (16 QGMMA, 4 full
@@ -352,14 +352,18 @@ def _activation(
     multiplier,
     bias,
     up_bias,
+    rows,
+    cols,
     EPILOGUE: gl.constexpr,
+    EPILOGUE_FN: gl.constexpr,
     GLU_ALPHA: gl.constexpr,
     GLU_LIMIT: gl.constexpr,
     GLU_UP_SHIFT: gl.constexpr,
 ):
-    """The library's epilogue on a fp32 ``[64, 128]`` half: expert scale, bias, then silu, gelu (erf form) or
+    """The library's epilogue on a fp32 ``[64, 128]`` half: expert scale, bias, then silu, gelu (erf form),
     SwiGLU (``up``: the matching up rows; clamp, shift and slope as :class:`~llmkernels.grouped_matmul.SwiGLU`;
-    a NaN stays NaN through the clamp, as torch.clamp keeps it)."""
+    a NaN stays NaN through the clamp, as torch.clamp keeps it) or the user's ``@triton.jit`` ``EPILOGUE_FN(value,
+    row, col)`` with the global token rows ``[64, 1]`` and output columns ``[1, 128]``."""
     acc = acc * multiplier + bias
     if EPILOGUE == "silu":
         acc = acc / (1.0 + gl.exp(-acc))
@@ -376,6 +380,8 @@ def _activation(
         if GLU_ALPHA != 1.0:
             slope = acc * GLU_ALPHA
         acc = acc / (1.0 + gl.exp(-slope)) * up
+    elif EPILOGUE == "user":
+        acc = EPILOGUE_FN(acc, rows, cols)
     return acc
 
 
@@ -454,6 +460,7 @@ def _consumer_partition(
     HAS_EXPERT_SCALES: gl.constexpr,
     HAS_BIAS: gl.constexpr,
     EPILOGUE: gl.constexpr,
+    EPILOGUE_FN: gl.constexpr,
     GLU_ALPHA: gl.constexpr,
     GLU_LIMIT: gl.constexpr,
     GLU_UP_SHIFT: gl.constexpr,
@@ -516,7 +523,23 @@ def _consumer_partition(
         bias0 = _bias_row(bias_ptr, expert, stride_bias_expert, cols0, N_out, HAS_BIAS)
         bias1 = _bias_row(bias_ptr, expert, stride_bias_expert, cols0 + (col1 - first_col), N, HAS_BIAS)
         valid = expert >= 0  # other experts write zeros
-        values0 = _activation(acc0, acc1, multiplier, bias0, bias1, EPILOGUE, GLU_ALPHA, GLU_LIMIT, GLU_UP_SHIFT)
+        rows2d = gl.expand_dims(
+            first_row + CONSUMER * _CONSUMER_ROWS + gl.arange(0, _CONSUMER_ROWS, layout=row_layout), 1
+        )
+        values0 = _activation(
+            acc0,
+            acc1,
+            multiplier,
+            bias0,
+            bias1,
+            rows2d,
+            gl.expand_dims(cols0, 0),
+            EPILOGUE,
+            EPILOGUE_FN,
+            GLU_ALPHA,
+            GLU_LIMIT,
+            GLU_UP_SHIFT,
+        )
         values0 = gl.where(valid, values0, 0.0)
         _epilogue_half(
             out_desc,
@@ -533,7 +556,20 @@ def _consumer_partition(
             TMA_STORE,
         )
         if not SWIGLU:
-            values1 = _activation(acc1, acc1, multiplier, bias1, bias1, EPILOGUE, GLU_ALPHA, GLU_LIMIT, GLU_UP_SHIFT)
+            values1 = _activation(
+                acc1,
+                acc1,
+                multiplier,
+                bias1,
+                bias1,
+                rows2d,
+                gl.expand_dims(cols0 + 128, 0),
+                EPILOGUE,
+                EPILOGUE_FN,
+                GLU_ALPHA,
+                GLU_LIMIT,
+                GLU_UP_SHIFT,
+            )
             values1 = gl.where(valid, values1, 0.0)
             _epilogue_half(
                 out_desc, c_smem, out_ptr, values1, first_row, rows, col1, N_out, stride_out_row, CONSUMER, 1, TMA_STORE
@@ -576,6 +612,7 @@ def fp8_hopper_grouped_kernel(
     HAS_EXPERT_SCALES: gl.constexpr,
     HAS_BIAS: gl.constexpr,
     EPILOGUE: gl.constexpr,
+    EPILOGUE_FN: gl.constexpr,
     GLU_ALPHA: gl.constexpr,
     GLU_LIMIT: gl.constexpr,
     GLU_UP_SHIFT: gl.constexpr,
@@ -589,11 +626,11 @@ def fp8_hopper_grouped_kernel(
     out_ptr ``[T, N_out]`` bf16/fp16/fp32 (unit column stride) and out_desc a descriptor over it, block
     :data:`OUT_BOX` (read only with ``TMA_STORE``); a_offsets_ptr int32/uint32 ``[G + 1]``; expert_ids_ptr int32
     ``[G]``; expert_scales_ptr fp32 ``[E]`` (``HAS_EXPERT_SCALES``); bias_ptr fp32/bf16/fp16 ``[E, N]`` with unit
-    column stride (``HAS_BIAS``). EPILOGUE: ``"none"``, ``"silu"``, ``"gelu"`` or ``"swiglu"`` (``[gate | up]``
-    halves, N_out = N / 2 a multiple of 128). n_tiles: output column tiles, ``cdiv(N_out, 256)`` (128 under
-    SwiGLU). Only groups of ``min_group_rows < rows <= max_group_rows`` are computed (the launch's size class).
-    Grid ``(min(SMs, tile bound),)``, ``num_warps=4`` (consumer 0, the default partition) + consumer 1
-    (4 warps) + the load warp; ``maxnreg`` = :data:`MAX_REGS`."""
+    column stride (``HAS_BIAS``). EPILOGUE: ``"none"``, ``"silu"``, ``"gelu"``, ``"swiglu"`` (``[gate | up]``
+    halves, N_out = N / 2 a multiple of 128) or ``"user"`` (``EPILOGUE_FN``, a ``@triton.jit`` function).
+    n_tiles: output column tiles, ``cdiv(N_out, 256)`` (128 under SwiGLU). Only groups of ``min_group_rows < rows
+    <= max_group_rows`` are computed (the launch's size class). Grid ``(min(SMs, tile bound),)``, ``num_warps=4``
+    (consumer 0, the default partition) + consumer 1 (4 warps) + the load warp; ``maxnreg`` = :data:`MAX_REGS`."""
     a_desc = a_ptr
     b_desc = b_ptr
     gl.static_assert(b_desc.block_type.shape[0] == 128)
@@ -651,6 +688,7 @@ def fp8_hopper_grouped_kernel(
                     HAS_EXPERT_SCALES,
                     HAS_BIAS,
                     EPILOGUE,
+                    EPILOGUE_FN,
                     GLU_ALPHA,
                     GLU_LIMIT,
                     GLU_UP_SHIFT,
@@ -687,6 +725,7 @@ def fp8_hopper_grouped_kernel(
                     HAS_EXPERT_SCALES,
                     HAS_BIAS,
                     EPILOGUE,
+                    EPILOGUE_FN,
                     GLU_ALPHA,
                     GLU_LIMIT,
                     GLU_UP_SHIFT,

@@ -1,10 +1,11 @@
 """The ``fp8_hopper`` backend: the warp-specialized Gluon kernel for FP8 blocks on Hopper
 (``grouped_matmul/gluon_fp8_kernel.py``), for fp8 (1, 128) activations with fp8 (128, 128) weights on an sm_90 GPU.
 
-It runs its own measured tile (128 x 256, 3 stages, TMA-store epilogue) whatever ``block_m``, ``block_n``,
-``num_stages`` and ``num_warps`` the config names; it takes the config's plain (not ``ab_swapped``) launches, the
-default for large groups, and leaves swap-AB (decode) launches to the portable ``fp8_blocks`` backend, as it
-leaves what its kernel does not take (see :func:`supports`).
+It runs its own measured tile (128 x 256, 3 stages, TMA-store epilogue) and a persistent grid of one program per
+SM whatever ``block_m``, ``block_n``, ``num_stages``, ``num_warps`` and ``num_programs`` the config names; it takes
+the config's plain (not ``ab_swapped``) launches of 128-row tiles, the default for large groups, and leaves
+swap-AB (decode) and smaller tiles to the portable ``fp8_blocks`` backend, as it leaves what its kernel does not
+take (see :func:`supports`).
 
 The kernel reads A and B through TMA descriptors. The plan hands every launch the call's tensors by name
 (``a_ptr``, ``b_ptr``, ...); this backend's :class:`Fp8HopperSpec` binds descriptors over them (shapes and strides
@@ -27,7 +28,7 @@ from .base import pointer_types
 
 __all__ = ["supports", "upcast_dtype", "kernel_spec", "scalars", "Fp8HopperSpec", "Fp8HopperLaunch", "EPILOGUES"]
 
-EPILOGUES = ("none", "silu", "gelu", "swiglu")  # the user's @triton.jit epilogue is the portable backend's
+EPILOGUES = ("none", "silu", "gelu", "swiglu", "user")  # "user": a @triton.jit fn(value, row, col)
 _GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32}
 _TYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 _E4M3 = torch.float8_e4m3fn
@@ -82,6 +83,7 @@ def kernel_spec(call, config, group_rows: tuple[int, int]) -> Fp8HopperSpec:
         HAS_EXPERT_SCALES=call.has_expert_scales,
         HAS_BIAS=call.has_bias,
         EPILOGUE=call.epilogue_kind,
+        EPILOGUE_FN=call.epilogue_fn,
         GLU_ALPHA=glu.alpha if swiglu else 1.0,
         GLU_LIMIT=glu.limit if swiglu else None,
         GLU_UP_SHIFT=glu.up_shift if swiglu else 0.0,
