@@ -46,19 +46,19 @@ box and K block. What this kernel does not take (its backend declines, the porta
 it): interleaved SwiGLU rows, SwiGLU with ``N / 2`` not a multiple of 128, K not a multiple of 16 (TMA's 16-byte
 rows), swap-AB (decode) tiles. A user's ``@triton.jit`` epilogue is called as the portable kernels call it.
 
-Compiled for sm_90a without a GPU (Triton 3.9 and its ptxas; ``tools/compile_defaults.py --pairs fp8xfp8``, the
-backend's default launch with expert scales): only ``wgmma.mma_async m64n128k32 f32.e4m3.e4m3`` (16 QGMMA, 4 full
-waits: one per B box, K block and consumer, by design), setmaxnreg 232 (consumers) / 40 (load warp); in the plain
-launch's SASS no spill instruction lies inside a K loop (its 32 bytes of stack hold per-tile values, stored and
-reloaded outside them):
+Compiled for sm_90a without a GPU (``tools/compile_defaults.py --pairs fp8xfp8``: the backend's default launches,
+with expert scales) with Triton 3.9 and with Triton 3.6 (the wheel's ptxas each): only ``wgmma.mma_async
+m64n128k32 f32.e4m3.e4m3`` (16 QGMMA, 4 full waits: one per B box, K block and consumer, by design), setmaxnreg
+232 (consumers) / 40 (load warp); in the plain launch's SASS no spill instruction lies inside a K loop (its stack
+holds per-tile values, stored and reloaded outside them):
 
-=========================================  ============  =========  ===========
-launch                                     shared bytes  registers  stack bytes
-=========================================  ============  =========  ===========
-plain, bf16 out (TMA-store epilogue)       229512        168        32
-SwiGLU, bf16 out (one output half)         196744        168        32
+=========================================  ============  =========  ==================
+launch                                     shared bytes  registers  stack bytes 3.9/3.6
+=========================================  ============  =========  ==================
+plain, bf16 out (TMA-store epilogue)       229512        168        32 / 40
+SwiGLU, bf16 out (one output half)         196744        168        32 / 16
 plain, fp32 out + bias (pointer stores)    163976        168        (not read)
-=========================================  ============  =========  ===========
+=========================================  ============  =========  ==================
 
 Not run on a GPU from the library yet: ``lab/fp8_blocks/check_backend_gpu.py`` is its check.
 """
