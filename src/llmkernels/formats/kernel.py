@@ -224,11 +224,9 @@ def quantize_kernel(
         inverse_scale = ((254 - scale_bits) << 23).to(tl.float32, bitcast=True)
         inverse_scale = tl.where(scale_bits == 255, float("nan"), inverse_scale)  # a NaN block stays NaN
         scaled = blocks * inverse_scale[:, :, None]
-        stored_scales = scale_bits.to(tl.uint8)
     elif SCALE == "f32":
         scale = fp8_block_scale(amax, POWER_OF_TWO)
         scaled = tl.math.div_rn(blocks, scale[:, :, None])
-        stored_scales = scale
     else:
         # NVFP4: e4m3 block scale of (amax / 6) relative to the per-tensor decode scale.
         global_scale = tl.load(global_scale_ptr)
@@ -239,7 +237,6 @@ def quantize_kernel(
         block_scale = scale_bits.to(tl.float8e4nv, bitcast=True)  # (the interpreter's fp8 casts miss NaN)
         scale = tl.where(scale_bits == 0x7F, float("nan"), block_scale.to(tl.float32) * global_scale)
         scaled = tl.math.div_rn(blocks, scale[:, :, None])
-        stored_scales = scale_bits.to(tl.uint8)
 
     if ELEMENT == "e4m3":
         values = encode_e4m3(tl.reshape(scaled, (BLOCK_ROWS, BLOCK_COLS)))
@@ -261,10 +258,13 @@ def quantize_kernel(
         )
 
     scale_cols = tl.program_id(1) * SCALES_PER_TILE + tl.arange(0, SCALES_PER_TILE)
-    num_scale_cols = tl.cdiv(num_cols, SCALE_BLOCK)
+    if SCALE == "f32":
+        num_scale_cols = tl.cdiv(num_cols, SCALE_BLOCK)  # fp8: K any, a partial last block
+    else:
+        num_scale_cols = num_cols // SCALE_BLOCK
     tl.store(
         scales_ptr + rows64[:, None] * num_scale_cols + scale_cols[None, :],
-        stored_scales,
+        scale if SCALE == "f32" else scale_bits.to(tl.uint8),
         mask=row_ok[:, None] & (scale_cols < num_scale_cols)[None, :],
     )
 
