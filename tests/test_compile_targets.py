@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from llmkernels import runtime
 
@@ -316,3 +317,60 @@ def test_fp8_blocks_backends_compile():
             assert kinds == "f8f6f4", kinds
         if backend == "fp8_hopper":
             assert {"232", "40"} <= set(regs.split(",")), regs
+
+
+def test_fp8_hopper_binds_tma_descriptors_over_the_plan_tensors():
+    """What the ``fp8_hopper`` backend binds for a GPU launch, checked without one (under the interpreter a binding
+    compiles nothing): the plan's tensors, handed by the kernel's ``*_ptr`` names, reach it as TMA descriptors over
+    A ``[T, K]`` (64 x 128 boxes) and B ``[E·N, K]`` (128 x 128) and out ``[T, N_out]`` for the TMA store, the
+    scalars in the kernel's order; a B whose experts are not back to back is copied per call and an out TMA cannot
+    address is stored without TMA."""
+    import llmkernels as lk
+    from llmkernels.grouped_matmul.backends import TENSORS, fp8_hopper
+    from llmkernels.grouped_matmul.check import check_grouped_matmul, operand_tensors
+
+    if not runtime.interpreting():
+        pytest.skip("binds under the interpreter (on a GPU the binding compiles the kernel)")
+    tokens, experts, n, k = 70, 3, 192, 320
+    a = lk.quantize(torch.randn(tokens, k), "fp8", block=(1, 128))
+    b = lk.quantize(torch.randn(experts, n, k), "fp8", block=(128, 128))
+    offsets = torch.tensor([0, 30, 70], dtype=torch.int32)
+    ids = torch.tensor([2, -1], dtype=torch.int32)
+    out = torch.empty(tokens, n, dtype=torch.bfloat16)
+    call = check_grouped_matmul(a, b, offsets, ids, None, None, torch.bfloat16, out, None)
+    config = lk.BlockScaledMatmulConfig(128, 256, 128)
+    spec = fp8_hopper.kernel_spec(call, config, (-1, 2**31 - 1))
+    (a_data, a_scales, _), (b_data, b_scales, _) = operand_tensors(a), operand_tensors(b)
+    tensors = dict(zip(TENSORS, (a_data, a_scales, offsets, b_data, b_scales, offsets, out, offsets, offsets, ids)))
+    tensors.update(expert_scales=offsets, bias=offsets)
+    pointers = [name[: -len("_ptr")] for name in spec.fn.arg_names if name.endswith("_ptr")]
+    assert pointers == ["a", "a_scales", "b", "b_scales", "out", "a_offsets", "expert_ids", "expert_scales", "bias"]
+
+    def bind(**changed):
+        values = {**tensors, **changed}
+        scalars = fp8_hopper.scalars(call, config, (-1, 2**31 - 1), values)
+        return spec.bind(*(values[name] for name in pointers), *scalars)
+
+    launch = bind()
+    bound = launch.bound
+    assert bound.names[:10] == (*(f"{name}_ptr" for name in pointers), "out_desc")
+    assert bound.slots == tuple(range(10))  # every tensor and descriptor is passed per call
+    boxes = {
+        bound.names[i]: (t.fields["shape"], t.fields["strides"], t.fields["block_shape"])
+        for i, t in bound.templates.items()
+    }
+    assert boxes == {
+        "a_ptr": ([tokens, k], [k, 1], [64, 128]),
+        "b_ptr": ([experts * n, k], [k, 1], [128, 128]),
+        "out_desc": ([tokens, n], [n, 1], [64, 128]),
+    }
+    sizes = dict(zip(bound.names, bound.values))
+    assert (sizes["num_tokens"], sizes["N"], sizes["N_out"], sizes["K"], sizes["n_tiles"]) == (tokens, n, n, k, 1)
+    assert sizes["TMA_STORE"] and not launch.copy_a and not launch.copy_b
+    # experts 16 rows apart in memory, out 2 bytes off 16-byte alignment
+    spaced = torch.zeros(experts, n + 16, k, dtype=torch.uint8)[:, :n]
+    spaced.copy_(b_data)
+    shifted = torch.empty(tokens, n + 8, dtype=torch.bfloat16)[:, 1 : n + 1]
+    launch = bind(b=spaced, out=shifted)
+    assert launch.copy_b and not launch.copy_a
+    assert dict(zip(launch.bound.names, launch.bound.values))["TMA_STORE"] is False
