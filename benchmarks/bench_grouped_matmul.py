@@ -9,6 +9,9 @@ no host overhead).
 
 ``--targets``: only issue 21's grid (E=128 x {1, 16, 64, 256} at N=4096, K=7168; E=32 x {4, 64, 512} at
 N=5760, K=2880; E=8 x 2048; DeepSeek-V3 down at 16 and 256).
+``--fp8``: only the FP8-block systems (fp8 (1, 128) x fp8 (128, 128) and bf16 x fp8 (128, 128)) with bf16 and
+MXFP8 for reference, at the FP8 grid (:data:`FP8_TARGETS`), next to cuBLAS's dense block-scaled GEMM
+(``F.scaled_mm`` BlockWise1x128 x BlockWise128x128 on all tokens against one expert: the same FLOPs, no grouping).
 
 Sweeps tokens per expert (1 .. 4096) over the MoE projections of DeepSeek-V3, Qwen3-30B-A3B,
 gpt-oss-120b and Mixtral, plus Zipf-routed (imbalanced) and half-empty groupings, and times the
@@ -55,6 +58,15 @@ TARGETS = {
     "E8 4096x7168": (8, 4096, 7168, (2048,)),
     "DeepSeek-V3 down": (256, 7168, 2048, (16, 256)),
 }
+# the FP8-block grid: DeepSeek-V3's projections (E=16 where 256 experts would not fit the token counts), decode and
+# the compute-bound E=8 point
+FP8_TARGETS = {
+    "E8 4096x7168": (8, 4096, 7168, (2048,)),
+    "DeepSeek-V3 gate_up E16": (16, 4096, 7168, (256, 1024, 4096)),
+    "DeepSeek-V3 down E16": (16, 7168, 2048, (256, 1024, 4096)),
+    "DeepSeek-V3 down": (256, 7168, 2048, (256,)),
+    "E128 4096x7168": (128, 4096, 7168, (1, 16)),
+}
 TOKENS_PER_EXPERT = (1, 4, 16, 64, 512, 1024, 4096)
 MAX_ROWS = 131072  # larger points are skipped (E=256 stops at 512 tokens per expert)
 DECODE_MAX, COMPUTE_MIN = 64, 512  # the issue's regimes, in tokens per expert
@@ -70,9 +82,15 @@ OURS = {
     "ours nvfp4": ("nvfp4", "nvfp4"),
     "ours bf16 x nvfp4 hopper": ("bf16", "nvfp4 hopper"),
     "ours nvfp4 x nvfp4 hopper": ("nvfp4", "nvfp4 hopper"),
+    "ours fp8 blocks": ("fp8", "fp8"),
+    "ours bf16 x fp8 blocks": ("bf16", "fp8"),
 }
+FP8_SYSTEMS = ("ours bf16", "ours mxfp8", "ours fp8 blocks", "ours bf16 x fp8 blocks")
+# fp8 blocks: activations per token per 128 columns, weights per 128 x 128 tile
+FP8_BLOCKS = {"activations": (1, 128), "weights": (128, 128)}
 PEER_BF16, PEER_FP8 = "torch._grouped_mm bf16", "torch._scaled_grouped_mm fp8"
 PEER_TK_MXFP4, PEER_TK_BF16 = "triton_kernels bf16 x mxfp4", "triton_kernels bf16"
+PEER_DENSE_BLOCKWISE = "cuBLAS dense fp8 blockwise"
 BYTES_PER_ELEMENT = {"bf16": 2.0, "fp8": 1.0, "mxfp8": 1 + 1 / 32, "mxfp4": 0.5 + 1 / 32, "nvfp4": 0.5 + 1 / 16}
 
 
@@ -88,7 +106,9 @@ class Problem:
         self.w = torch.randn(num_experts, n, k, device="cuda", dtype=torch.bfloat16) * k**-0.5
         self.x = torch.randn(max_rows, k, device="cuda", dtype=torch.bfloat16)
         # "<format> hopper": the weights in the Hopper layout (ScaledTensor.to_layout("hopper"))
-        self.weights = {fmt: self.w if fmt == "bf16" else lk.quantize(self.w, fmt.split()[0]) for fmt in formats}
+        self.weights = {
+            fmt: self.w if fmt == "bf16" else _quantize(self.w, fmt.split()[0], "weights") for fmt in formats
+        }
         for fmt in formats:
             if fmt.endswith(" hopper"):
                 self.weights[fmt] = self.weights[fmt].to_layout("hopper")
@@ -103,7 +123,7 @@ class Problem:
     def ours(self, activation_format: str, weight_format: str, offsets: torch.Tensor):
         rows = int(offsets[-1])
         x = self.x[:rows]
-        a = x if activation_format == "bf16" else lk.quantize(x, activation_format)
+        a = x if activation_format == "bf16" else _quantize(x, activation_format, "activations")
         b = self.weights[weight_format]
         return lambda: lk.grouped_matmul(a, b, offsets, self.ids[: offsets.numel() - 1])
 
@@ -119,6 +139,30 @@ class Problem:
             x, self.w_fp8_t, scale_a, scale_b, offs=offsets[1:], out_dtype=torch.bfloat16
         )
 
+    def peer_dense_blockwise(self, offsets: torch.Tensor):
+        """cuBLAS's block-scaled fp8 GEMM of all the tokens against expert 0 (the grouped call's FLOPs): scale_a
+        token-major (``[K/128, T]`` seen transposed), scale_b ``[N/128, K/128]`` seen transposed, as it takes them."""
+        from torch.nn.functional import ScalingType, scaled_mm
+
+        a = _quantize(self.x[: int(offsets[-1])], "fp8", "activations")
+        w = self.weights["fp8"] if "fp8" in self.weights else _quantize(self.w, "fp8", "weights")
+        scale_a = a.scales.t().contiguous().t()
+        b, scale_b = w.data[0], w.scales[0]
+        return lambda: scaled_mm(
+            a.data,
+            b.t(),
+            scale_a,
+            ScalingType.BlockWise1x128,
+            scale_b.t(),
+            ScalingType.BlockWise128x128,
+            output_dtype=torch.bfloat16,
+        )
+
+
+def _quantize(x: torch.Tensor, fmt: str, role: str):
+    """``x`` in ``fmt``; fp8 blocks per token and 128 columns (activations) or per 128 x 128 tile (weights)."""
+    return lk.quantize(x, fmt, block=FP8_BLOCKS[role]) if fmt == "fp8" else lk.quantize(x, fmt)
+
 
 def _time(make) -> tuple[float, object]:
     """(ms of a CUDA-graph replay, output) of a peer or of ours; (nan, None) when it fails, reported and not
@@ -132,8 +176,11 @@ def _time(make) -> tuple[float, object]:
         return float("nan"), None
 
 
-def sweep(problem: Problem, model: str, tokens_per_expert: int, ceilings: dict, offsets=None, label=None) -> list:
-    """Rows for every system on one grouping (balanced unless offsets are given)."""
+def sweep(
+    problem: Problem, model: str, tokens_per_expert: int, ceilings: dict, offsets=None, label=None, ours=OURS
+) -> list:
+    """Rows for every system of ``ours`` and the peers on one grouping (balanced unless offsets are given); with
+    fp8-block systems, cuBLAS's dense block-scaled GEMM too."""
     offsets = _balanced_offsets(problem.num_experts, tokens_per_expert) if offsets is None else offsets
     rows_total = int(offsets[-1])
     flops = 2.0 * rows_total * problem.n * problem.k
@@ -146,7 +193,9 @@ def sweep(problem: Problem, model: str, tokens_per_expert: int, ceilings: dict, 
     if problem.triton_kernels is not None:
         systems[PEER_TK_MXFP4] = (("bf16", "mxfp4"), lambda: problem.triton_kernels.mxfp4(x, offsets))
         systems[PEER_TK_BF16] = (("bf16", "bf16"), lambda: problem.triton_kernels.bf16(x, offsets))
-    for name, (fa, fb) in OURS.items():
+    if any(fb == "fp8" for _, fb in ours.values()):
+        systems[PEER_DENSE_BLOCKWISE] = (("fp8", "fp8"), lambda: problem.peer_dense_blockwise(offsets))
+    for name, (fa, fb) in ours.items():
         systems[name] = ((fa, fb), lambda fa=fa, fb=fb: problem.ours(fa, fb, offsets))
     timings, reference = {}, None
     for name, (formats, make) in systems.items():
@@ -155,7 +204,7 @@ def sweep(problem: Problem, model: str, tokens_per_expert: int, ceilings: dict, 
         if out is not None:
             if name == PEER_BF16:
                 reference = out.float()
-            elif reference is not None:
+            elif reference is not None and name != PEER_DENSE_BLOCKWISE:  # one expert's product: nothing to compare
                 error = relative_error(out.float(), reference)
                 if not error < 0.3:  # quantized formats differ from bf16 by their rounding, not more
                     print(f"  {name}: rel. error {error:.2e} against {PEER_BF16}: not timed")
@@ -180,6 +229,7 @@ def sweep(problem: Problem, model: str, tokens_per_expert: int, ceilings: dict, 
                 "vs _grouped_mm": timings[PEER_BF16][0] / ms,
                 "vs _scaled_grouped_mm": timings[PEER_FP8][0] / ms,
                 "vs_triton_kernels": timings.get(PEER_TK_MXFP4, (float("nan"),))[0] / ms,
+                "vs dense blockwise": timings.get(PEER_DENSE_BLOCKWISE, (float("nan"),))[0] / ms,
                 "rel err vs bf16": error,
             }
         )
@@ -191,9 +241,12 @@ def quantize_rows(ceilings: dict) -> list:
     rows = []
     for tokens, k in ((16384, 7168), (4096, 2880), (65536, 2048)):
         x = torch.randn(tokens, k, device="cuda", dtype=torch.bfloat16)
-        for fmt in ("mxfp8", "mxfp4", "nvfp4"):
+        for fmt in ("mxfp8", "mxfp4", "nvfp4", "fp8"):
             global_scale = lk.quantize(x, fmt).global_scale if fmt == "nvfp4" else None
-            ms = time_ms(lambda: lk.quantize(x, fmt, global_scale=global_scale))
+            if fmt == "fp8":  # fp8 blocks (1, 128), the activations' block
+                ms = time_ms(lambda: _quantize(x, fmt, "activations"))
+            else:
+                ms = time_ms(lambda: lk.quantize(x, fmt, global_scale=global_scale))
             moved = tokens * k * (2 + BYTES_PER_ELEMENT[fmt])
             rows.append(
                 {
@@ -247,6 +300,7 @@ def main():
     parser.add_argument("--out", default=None)
     parser.add_argument("--quick", action="store_true", help="two projections, four token counts")
     parser.add_argument("--targets", action="store_true", help="issue 21's grid only")
+    parser.add_argument("--fp8", action="store_true", help="the fp8-block systems at the FP8 grid only")
     args = parser.parse_args()
     require_gpu("bench_grouped_matmul")
     out_dir = args.out or default_out_dir("bench_grouped_matmul")
@@ -262,15 +316,18 @@ def main():
     if args.quick:
         models = {name: (*shape[:3], (1, 16, 64, 512)) for name, shape in list(models.items())[2:4]}
     models = TARGETS if args.targets else models if args.quick else {**TARGETS, **models}
-    weight_formats = {fb for _, fb in OURS.values()}
+    ours = OURS
+    if args.fp8:
+        models, ours = FP8_TARGETS, {name: OURS[name] for name in FP8_SYSTEMS}
+    weight_formats = {fb for _, fb in ours.values()}
     rows, routing = [], []
     for model, (num_experts, n, k, token_counts) in models.items():
         counts = [t for t in token_counts if num_experts * t <= MAX_ROWS]
         problem = Problem(num_experts, n, k, num_experts * max(counts), weight_formats)
         for tokens_per_expert in counts:
             print(f"{model}: {tokens_per_expert} tokens per expert", flush=True)
-            rows += sweep(problem, model, tokens_per_expert, ceilings)
-        if model in ("DeepSeek-V3 gate_up", "Qwen3-30B-A3B gate_up"):
+            rows += sweep(problem, model, tokens_per_expert, ceilings, ours=ours)
+        if not args.fp8 and model in ("DeepSeek-V3 gate_up", "Qwen3-30B-A3B gate_up"):
             routing += routing_rows(problem, model, ceilings)
         del problem
         torch.cuda.empty_cache()
