@@ -341,7 +341,9 @@ def main() -> int:
     lines = [
         f"# FP8-blocks grouped matmul backends through lk.grouped_matmul, {where}",
         f"\ntorch {torch.__version__}, Triton {triton.__version__}. Error: Frobenius / max, relative to the float64 "
-        "reference of the quantized operands; bounds bf16 3e-3 / 1e-2, fp16 1e-3 / 5e-3, fp32 5e-4 / 2e-3.\n",
+        "reference of the quantized operands; bounds "
+        + ", ".join(f"{str(dtype)[6:]} {fro:g} / {worst:g}" for dtype, (fro, worst) in BOUNDS.items())
+        + ".\n",
         "| case | backend (expected) | error | -1 / out-of-range rows zero | rows outside groups untouched | time | "
         "verdict |",
         "| --- | --- | --- | --- | --- | --- | --- |",
