@@ -98,13 +98,9 @@ class ExpertWeights:
 
 
 def _is_fp8(experts: torch.nn.Module) -> bool:
-    """Whether the module holds float8_e4m3fn expert weights with block scales (transformers' ``FP8Experts``)."""
-    weight = getattr(experts, "gate_up_proj", None)
-    return (
-        isinstance(weight, torch.Tensor)
-        and weight.dtype == torch.float8_e4m3fn
-        and isinstance(getattr(experts, "gate_up_proj_scale_inv", None), torch.Tensor)
-    )
+    """Whether the module is transformers' ``FP8Experts`` of a quantized checkpoint (weights with ``*_scale_inv``
+    scales: FP8, or FP4 for DeepSeek-V4-style ``expert_dtype``)."""
+    return isinstance(getattr(experts, "down_proj_scale_inv", None), torch.Tensor)
 
 
 def _fp8_layout(experts: torch.nn.Module) -> str | None:
@@ -125,7 +121,8 @@ def _fp8_layout(experts: torch.nn.Module) -> str | None:
         and getattr(experts, "swiglu_alpha", None) is None
         and getattr(experts, "limit", None) is None
         and type(getattr(experts, "act_fn", None)).__name__ in ("SiLU", "SiLUActivation")
-        and experts.down_proj.dtype == torch.float8_e4m3fn
+        and getattr(experts, "gate_up_proj", None) is not None
+        and experts.gate_up_proj.dtype == experts.down_proj.dtype == torch.float8_e4m3fn
         and all(getattr(experts, f"{name}_scale_inv").dtype in scale_dtypes for name in ("gate_up_proj", "down_proj"))
     ):
         return "fp8"
