@@ -362,10 +362,10 @@ class MoEFeedForward(nn.Module):
                 what :func:`llmkernels.moe.route` raises for the routing types.
             ValueError: an unknown weight_format, activation_format or weight_layout, the Hopper layout for mxfp8,
                 fp8 or bf16 weights, formats that do not pair (quantized activations need weights of their family),
-                H or I not a multiple of a format's block (fp8 takes partial tiles), shapes that do not fit, a world size that does not
-                divide E, local weights of another expert count, a capacity below 1 or without a group, routing
-                values that do not fit (top_k, scoring, groups, a correction_bias not ``[E]``), tensors on
-                other devices, ranks that disagree.
+                H or I not a multiple of a format's block (fp8 takes partial tiles), shapes that do not fit, a
+                world size that does not divide E, local weights of another expert count, a capacity below 1 or
+                without a group, routing values that do not fit (top_k, scoring, groups, a correction_bias not
+                ``[E]``), tensors on other devices, ranks that disagree.
         """
         if weight_format not in PLAIN + tuple(FORMATS):
             raise ValueError(f"weight_format must be 'bf16' or one of {tuple(FORMATS)}, got {weight_format!r}")
