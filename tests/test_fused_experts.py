@@ -261,7 +261,7 @@ def test_inplace_checks_every_argument_before_any_launch(device):
         "w1 requiring grad": (ValueError, "forward-only", dict(w1=w1.float().requires_grad_(True).bfloat16())),
         "bf16 weights under mxfp8 activations": (TypeError, "activation_format", dict(activation_format="mxfp8")),
         "nvfp4 activations, mxfp8 weights": (TypeError, "nvfp4", dict(w1=q1, w2=q2, activation_format="nvfp4")),
-        "unknown activation_format": (ValueError, "activation_format", dict(activation_format="fp8")),
+        "unknown activation_format": (ValueError, "activation_format", dict(activation_format="fp6")),
         "global_num_experts": (ValueError, "global_num_experts", dict(global_num_experts=experts + 1)),
         "float expert_map": (TypeError, "expert_map", dict(expert_map=torch.zeros(6, device=device))),
         "topk_ids elsewhere": (ValueError, "topk_ids is on meta", dict(topk_ids=topk_ids.to("meta"))),

@@ -29,7 +29,9 @@ from llmkernels.formats import quantize_reference
 from llmkernels.grouped_matmul import default_launches
 from llmkernels.testing import assert_close_relative, on_gpu, poison, random_group_offsets
 
-TOLERANCE = {torch.float32: 3e-5 if on_gpu() else 1e-6, torch.bfloat16: 1e-2}
+# fp32 output on an H100: 2.1e-4 to 2.4e-4, 1.2e-3 under the clamped SwiGLU (Hopper's fp8 wgmma adds its
+# products in reduced precision within each 128-wide K block, which the per-block promotion bounds)
+TOLERANCE = {torch.float32: 3e-3 if on_gpu() else 1e-6, torch.bfloat16: 1e-2}
 
 # Group sizes, expert of each group, experts: an empty group, a 1-row group, an expert -1, a group larger than
 # one 16-row tile, ids in any order.

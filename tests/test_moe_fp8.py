@@ -213,8 +213,9 @@ def test_transformers_fp8_checkpoint_and_quantize_experts(device, tmp_path, monk
     checkpoint = {}
     for key, value in load_file(tmp_path / "bf16" / "model.safetensors").items():
         if ".experts." in key:  # per-expert [rows, cols] projections, as the checkpoints store them
-            quantized = lk.quantize(value, "fp8", block=WEIGHT_BLOCK)
-            checkpoint[key], checkpoint[key.replace(".weight", ".weight_scale_inv")] = quantized.data, quantized.scales
+            quantized = lk.quantize(value.to(device), "fp8", block=WEIGHT_BLOCK)  # safetensors load to the CPU
+            checkpoint[key] = quantized.data.cpu()
+            checkpoint[key.replace(".weight", ".weight_scale_inv")] = quantized.scales.cpu()
         else:
             checkpoint[key] = value
     (tmp_path / "fp8").mkdir()
