@@ -18,7 +18,7 @@ gpt-oss-120b and Mixtral, plus Zipf-routed (imbalanced) and half-empty groupings
 activation quantize kernel. Prints tables (µs, TFLOP/s, GB/s, % of the measured ceilings, ratio to
 each peer) and writes grouped_matmul.{csv,md}, quantize.{csv,md}, routing.{csv,md} and one PNG per
 regime (decode: weight GB/s, compute: TFLOP/s, against tokens per expert) to DIR (default
-benchmarks/results/<gpu>/bench_grouped_matmul/).
+benchmarks/results/<gpu>/bench_grouped_matmul/, with ``--fp8`` its ``fp8/`` folder).
 """
 
 from __future__ import annotations
@@ -303,7 +303,7 @@ def main():
     parser.add_argument("--fp8", action="store_true", help="the fp8-block systems at the FP8 grid only")
     args = parser.parse_args()
     require_gpu("bench_grouped_matmul")
-    out_dir = args.out or default_out_dir("bench_grouped_matmul")
+    out_dir = args.out or default_out_dir("bench_grouped_matmul" + ("/fp8" if args.fp8 else ""))
     torch.manual_seed(0)
     ceilings = measure_ceilings()
     gpu = torch.cuda.get_device_name()
