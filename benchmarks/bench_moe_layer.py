@@ -1,13 +1,15 @@
 """The whole MoE feed-forward block (routing to combine) against the same block on torch._grouped_mm and a loop.
 
-    python -m benchmarks bench_moe_layer [--out DIR] [--quick]
+    python -m benchmarks bench_moe_layer [--out DIR] [--quick | --fp8]
 
 llmkernels.moe.MoEFeedForward next to the same block written with torch._grouped_mm (bf16) and with a loop over
 experts, one run. DeepSeek-V3 (E=256, H=7168, I=2048, top-8 of sigmoid scores in 8 groups, 4 kept), Qwen3-30B-A3B
 (E=128, H=2048, I=768, top-8 softmax) and gpt-oss-120b (E=128, H=2880, I=2880, top-4 softmax) at
 1..8192 tokens. All three systems share the routing and dispatch code, so the table compares the
 expert computation and combine. Writes moe_layer.{csv,md} and moe_layer.png (tokens/s against tokens,
-one panel per model) to DIR (default benchmarks/results/<gpu>/bench_moe_layer/).
+one panel per model) to DIR (default benchmarks/results/<gpu>/bench_moe_layer/). ``--fp8``: the Qwen3-30B-A3B
+layer at 1, 2048 and 16384 tokens, fp8 blocks (weights per 128 x 128 tile, activations per token per 128) next to
+our bf16 and MXFP8 blocks and the torch._grouped_mm block (DIR's ``fp8/`` folder by default).
 """
 
 from __future__ import annotations
@@ -45,7 +47,10 @@ FORMATS = (
     ("ours nvfp4", "nvfp4", None, None),
     ("ours nvfp4 row layout", "nvfp4", None, "row"),
     ("ours bf16", "bf16", None, None),
+    ("ours fp8 blocks", "fp8", None, None),
 )
+FP8_SYSTEMS = ("torch._grouped_mm bf16", "ours bf16", "ours mxfp8", "ours fp8 blocks")
+FP8_TOKENS = (1, 2048, 16384)
 
 
 class GroupedMMBlock:
@@ -89,11 +94,16 @@ def _expert(weight, expert: int) -> torch.Tensor:
     """float32 [N, K] weight of one expert (dequantized from the block's own buffers)."""
     if not isinstance(weight, ScaledTensor):
         return weight[expert].float()
-    return dequantize(ScaledTensor(weight.data[expert], weight.scales[expert], weight.format, weight.global_scale))
+    return dequantize(
+        ScaledTensor(weight.data[expert], weight.scales[expert], weight.format, weight.global_scale, block=weight.block)
+    )
 
 
 def _rounded(t: torch.Tensor, activation_format: str) -> torch.Tensor:
-    return t.float() if activation_format == "bf16" else dequantize(quantize(t.contiguous(), activation_format))
+    if activation_format == "bf16":
+        return t.float()
+    block = {"block": (1, 128)} if activation_format == "fp8" else {}  # fp8 blocks: per token per 128 columns
+    return dequantize(quantize(t.contiguous(), activation_format, **block))
 
 
 def same_weights_reference(block: MoEFeedForward, x: torch.Tensor) -> torch.Tensor:
@@ -144,11 +154,13 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=None)
     parser.add_argument("--quick", action="store_true", help="Qwen3 only, three token counts")
+    parser.add_argument("--fp8", action="store_true", help="Qwen3 only: fp8 blocks against bf16 at 1, 2048, 16384")
     args = parser.parse_args()
     require_gpu("bench_moe_layer")
     torch.manual_seed(0)
     ceilings = measure_ceilings()
-    models = {"Qwen3-30B-A3B": MODELS["Qwen3-30B-A3B"]} if args.quick else MODELS
+    models = {"Qwen3-30B-A3B": MODELS["Qwen3-30B-A3B"]} if args.quick or args.fp8 else MODELS
+    token_counts = FP8_TOKENS if args.fp8 else (1, 64, 2048) if args.quick else TOKENS
     rows, panels = [], {}
     for model, (experts, hidden, intermediate, top_k, routing) in models.items():
         router = torch.randn(experts, hidden, device="cuda", dtype=torch.bfloat16) * hidden**-0.5
@@ -159,6 +171,8 @@ def main():
             "loop over experts bf16": LoopBlock(router, w_gate_up, w_down, top_k, routing),
         }
         for label, weight_format, activation_format, weight_layout in FORMATS:
+            if args.fp8 and label not in FP8_SYSTEMS:
+                continue
             systems[label] = MoEFeedForward.from_float(
                 router,
                 w_gate_up,
@@ -169,7 +183,9 @@ def main():
                 weight_layout=weight_layout,
                 **routing,
             )
-        for tokens in (1, 64, 2048) if args.quick else TOKENS:
+        if args.fp8:
+            systems = {name: block for name, block in systems.items() if name in FP8_SYSTEMS}
+        for tokens in token_counts:
             print(f"{model}: {tokens} tokens", flush=True)
             x = torch.randn(tokens, hidden, device="cuda", dtype=torch.bfloat16)
             bf16_block = systems["torch._grouped_mm bf16"]
@@ -214,7 +230,7 @@ def main():
                 panels.setdefault(model, {}).setdefault(name, []).append((tokens, tokens / best * 1e3))
         del systems, w_gate_up, w_down
         torch.cuda.empty_cache()
-    out_dir = args.out or default_out_dir("bench_moe_layer")
+    out_dir = args.out or default_out_dir("bench_moe_layer" + ("/fp8" if args.fp8 else ""))
     notes = (
         f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}; ceilings {ceilings}. Median times "
         "(do_bench) of eager calls and of CUDA-graph replays (the GPU time without the host's launch "
