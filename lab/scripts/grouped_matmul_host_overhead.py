@@ -9,7 +9,7 @@ to measure on a GPU. Problems: ``bench_host_overhead``'s grouped_matmul bf16 and
 experts of 2 tokens, N = K = 256), quantize mxfp8 of its ``[16, 256]`` bf16 x, and MoEFeedForward mxfp8 at one token
 on a reduced layer (H 256, I 128, 16 experts, top 8: the bench's Qwen3 layer would take minutes to quantize through
 the interpreter; the per-call host work does not depend on those sizes except through the default launches).
-Prints the process's CPU µs per call (best of 5 passes; CPU time, so other processes on a shared machine count
+Prints the process's CPU µs per call (best of 5 passes by default; CPU time, so other processes on a shared machine count
 less) and with ``--profile`` a cProfile listing of each call (the top functions by own time).
 """
 
@@ -92,6 +92,7 @@ def _profile(call, calls: int, top: int) -> str:
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=2000)
+    parser.add_argument("--passes", type=int, default=5, help="timed passes of --calls calls; the best is printed")
     parser.add_argument("--profile", action="store_true", help="also print a cProfile listing of each call")
     parser.add_argument("--top", type=int, default=25, help="functions per cProfile listing")
     args = parser.parse_args(argv)
@@ -101,7 +102,7 @@ def main(argv=None):
         problems = _problems()
         for name, call in problems:
             call()
-            print(f"{name:45s} {_per_call_us(call, args.calls):8.1f} us/call", flush=True)
+            print(f"{name:45s} {_per_call_us(call, args.calls, args.passes):8.1f} us/call", flush=True)
         if args.profile:
             for name, call in problems:
                 print(f"\n== {name}: cProfile of {args.calls} calls, by own time", flush=True)

@@ -51,6 +51,7 @@ def tensor_key(t: torch.Tensor):
 
 
 _SCALARS = frozenset((bool, int, float))
+_TENSOR = torch.Tensor
 
 
 def value_key(value):
@@ -58,15 +59,17 @@ def value_key(value):
     of an object that has one (ScaledTensor, PagedKVCache, masks, score modifiers), scalars with their type
     (``True`` and ``1`` differ), tuples element-wise, other hashable objects (configs, ``@triton.jit``
     functions) with their type. Raises ``TypeError`` for an unhashable value."""
+    cls = type(value)
+    if cls is _TENSOR:  # the common case first, tensor_key inlined: this runs for every argument of every call
+        return value.dtype, value.shape, value.stride(), value.data_ptr() % 16, value.device, value.requires_grad
     if value is None:
         return None
-    cls = type(value)
+    if cls is str or cls is torch.dtype:
+        return value
     if cls in _SCALARS:
         return cls, value
     if isinstance(value, torch.Tensor):
         return tensor_key(value)
-    if cls is str or cls is torch.dtype:
-        return value
     if cls is tuple:
         return tuple(map(value_key, value))
     plan_key = getattr(value, "plan_key", None)
@@ -94,7 +97,7 @@ class PlanCache:
         whether grad mode is on); the plan is None when none is cached, the key None when a value has no
         key (an unhashable argument: the call is planned, and checked, every time)."""
         try:
-            key = (torch.is_grad_enabled(), *[None if value is None else value_key(value) for value in values])
+            key = (torch.is_grad_enabled(), *map(value_key, values))
             return key, self._plans.get(key)
         except TypeError:
             return None, None

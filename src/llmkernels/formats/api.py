@@ -125,13 +125,19 @@ class _Plan:
         self.data_dtype, self.scale_dtype = spec.data_dtype, spec.scale_dtype
         self.launches = self.num_rows > 0 and self.num_cols > 0  # rows > 0 with an empty x was rejected
         self.layout = None if layout is ROW else layout
+        self.has_global_scale = spec.has_global_scale
+        # x as the kernel reads it is x itself for a 2D x with unit-stride rows (its strides are in the key)
+        self.x_as_given = self.is_2d and unit_last_stride(x) is x
         self.bound = None
 
     def __call__(self, x, global_scale, group_offsets, rows) -> ScaledTensor:
-        x2d = unit_last_stride(x if self.is_2d else x.reshape(self.num_x_rows, self.num_cols))  # a view if it can
+        if self.x_as_given:
+            x2d = x
+        else:
+            x2d = unit_last_stride(x if self.is_2d else x.reshape(self.num_x_rows, self.num_cols))  # a view if it can
         data = runtime.new_buffer(self.data_shape, self.data_dtype, self.device)
         scales = runtime.new_buffer(self.scales_shape, self.scales_buffer_dtype, self.device)
-        if self.spec.has_global_scale:
+        if self.has_global_scale:
             global_scale = nvfp4_global_scale(x) if global_scale is None else global_scale.float().reshape(())
         if self.launches:
             rows = scales if rows is None else rows.contiguous()  # read as a dense vector (only with GATHER)
@@ -142,7 +148,7 @@ class _Plan:
             else:
                 bound(x2d, data_bytes, scales, global_scale, rows)
         result = ScaledTensor.unchecked(
-            data, scales.view(self.scale_dtype), self.format, global_scale, block=self.block
+            data, scales.view(self.scale_dtype), self.format, global_scale, ROW, block=self.block
         )
         if self.layout is not None:
             result = result.to_layout(self.layout, group_offsets=group_offsets)

@@ -188,7 +188,7 @@ class ScaledTensor:
             scales=scales,
             format=format,
             global_scale=global_scale,
-            scale_layout=as_layout(scale_layout, grouped=group_offsets is not None),
+            scale_layout=ROW if scale_layout is ROW else as_layout(scale_layout, grouped=group_offsets is not None),
             group_offsets=group_offsets,
             group_scale_offsets=group_scale_offsets,
             logical_shape=logical_shape,
@@ -200,10 +200,15 @@ class ScaledTensor:
         """What a kernel's plan depends on (:func:`llmkernels.launch.value_key`): format, layout and the
         parts' dtypes, shapes, strides, alignment and devices, and the block. Equal keys pass :meth:`validate`
         alike."""
-        optional = (self.global_scale, self.group_offsets, self.group_scale_offsets, self.logical_shape)
         layout = self.scale_layout.plan_key()
-        if optional == (None, None, None, None):  # the common case, spelled out: this runs on every call
+        if (  # the common case, spelled out: this runs on every call
+            self.global_scale is None
+            and self.group_offsets is None
+            and self.group_scale_offsets is None
+            and self.logical_shape is None
+        ):
             return "ScaledTensor", self.format, layout, value_key(self.data), value_key(self.scales), self.block
+        optional = (self.global_scale, self.group_offsets, self.group_scale_offsets)
         return (
             "ScaledTensor",
             self.format,
@@ -211,7 +216,7 @@ class ScaledTensor:
             value_key(self.data),
             value_key(self.scales),
             self.block,
-            *map(value_key, optional[:3]),
+            *map(value_key, optional),
             self.logical_shape,
         )
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from ..formats import unwrap_torchao
+from ..formats import ScaledTensor, unwrap_torchao
 from ..launch import PlanCache
 from .check import CheckedCall, check_grouped_matmul, check_metadata_values
 from .config import BlockScaledMatmulConfig
@@ -82,7 +82,10 @@ def grouped_matmul(
             memory with an input, an input that requires grad (forward-only), and with ``validate=True``
             bad offsets or expert ids.
     """
-    a, b = unwrap_torchao(a), unwrap_torchao(b)
+    if type(a) is not torch.Tensor and type(a) is not ScaledTensor:  # torchao's tensors are neither
+        a = unwrap_torchao(a)
+    if type(b) is not torch.Tensor and type(b) is not ScaledTensor:
+        b = unwrap_torchao(b)
     key, plan = PLANS.lookup(a, b, a_offsets, expert_ids, expert_scales, epilogue, bias, out_dtype, out, config)
     if plan is None:
         call = check_grouped_matmul(a, b, a_offsets, expert_ids, expert_scales, epilogue, out_dtype, out, config, bias)

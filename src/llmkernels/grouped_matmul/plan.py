@@ -84,15 +84,25 @@ class Plan:
         self.upcasts = {
             launch.upcast: Upcast(call, launch.upcast) for launch in self.launches if launch.upcast is not None
         }
+        # Set by the first call: whether the kernels read every operand part and metadata vector as given (no
+        # copy). The signature fixes it (formats, layouts, shapes, strides and alignment are in the key), so the
+        # later calls of this plan skip the per-part checks.
+        self.as_given: bool | None = None
 
     def __call__(self, a, b, a_offsets, expert_ids, expert_scales, bias, out, out_checked: bool) -> torch.Tensor:
         """Runs the launches on a call of this signature. ``out_checked``: False when ``out`` was given to a cached
         plan (whether it shares memory with an input is checked here, on the tensors the kernels read, before any
         launch)."""
         call = self.call
-        a_data, a_scales, a_global_scale = operand_tensors(a)
-        b_data, b_scales, b_global_scale = operand_tensors(b)
-        if out is None:
+        as_given = self.as_given
+        if as_given:
+            a_data, a_scales, a_global_scale = _parts(a)
+            b_data, b_scales, b_global_scale = _parts(b)
+        else:
+            a_data, a_scales, a_global_scale = operand_tensors(a)
+            b_data, b_scales, b_global_scale = operand_tensors(b)
+        new_out = out is None
+        if new_out:
             out = runtime.new_buffer((call.num_tokens, call.n_out), call.out_dtype, call.device)
         elif not out_checked:
             check_out(
@@ -112,14 +122,20 @@ class Plan:
             return out
         if self.quantize_a:
             a_data, a_scales, _ = operand_tensors(quantize(a_data, "fp8", block=(1, FP8_BLOCK_K)))
-        # The kernels read the metadata as dense vectors: views of any strides are copied (a few bytes).
-        a_offsets, expert_ids = a_offsets.contiguous(), expert_ids.contiguous()
-        expert_scales = expert_scales.contiguous() if expert_scales is not None else None
         a_scale_offsets = a.group_scale_offsets if isinstance(a, ScaledTensor) else None
-        a_scale_offsets = a_scale_offsets.contiguous() if a_scale_offsets is not None else None
+        if not as_given:
+            # The kernels read the metadata as dense vectors: views of any strides are copied (a few bytes).
+            metadata = (a_offsets, expert_ids, expert_scales, a_scale_offsets)
+            a_offsets, expert_ids = a_offsets.contiguous(), expert_ids.contiguous()
+            expert_scales = expert_scales.contiguous() if expert_scales is not None else None
+            a_scale_offsets = a_scale_offsets.contiguous() if a_scale_offsets is not None else None
+            if as_given is None and not self.quantize_a:
+                self.as_given = _same(metadata, (a_offsets, expert_ids, expert_scales, a_scale_offsets)) and _same(
+                    (*_parts(a), *_parts(b)), (a_data, a_scales, a_global_scale, b_data, b_scales, b_global_scale)
+                )
         # The kernels store unit-stride rows; another out gets the result through a copy of itself (rows
-        # outside every group keep their values).
-        target = unit_last_stride(out)
+        # outside every group keep their values). A new out has them.
+        target = out if new_out else unit_last_stride(out)
         dummy = a_offsets  # for the pointers a compiled variant never reads
         rest = (
             b_data,
@@ -133,7 +149,7 @@ class Plan:
             unit_last_stride(bias) if bias is not None else dummy,
         )
         a_global_part = a_global_scale if a_global_scale is not None else dummy
-        decoded = {dtype: upcast(a_data, a_scales) for dtype, upcast in self.upcasts.items()}
+        decoded = {dtype: upcast(a_data, a_scales) for dtype, upcast in self.upcasts.items()} if self.upcasts else None
         for launch in self.launches:
             if launch.upcast is None:
                 launch((a_data, a_scales if a_scales is not None else dummy, a_global_part, *rest))
@@ -142,3 +158,32 @@ class Plan:
         if target is not out:
             out.copy_(target)
         return out
+
+
+def _parts(x) -> tuple:
+    """``(data, scales, global_scale)`` of an operand as :func:`~.check.operand_tensors` gives them when it copies
+    nothing (data and 8-bit scales as bytes)."""
+    if type(x) is not ScaledTensor and not isinstance(x, ScaledTensor):
+        return x, None, None
+    scales = x.scales
+    return (
+        x.data.view(torch.uint8),
+        scales if scales.dtype == torch.float32 else scales.view(torch.uint8),
+        x.global_scale,
+    )
+
+
+def _same(given: tuple, read: tuple) -> bool:
+    """Whether each tensor of ``read`` is the one of ``given`` (the same view of the same memory, or both None)."""
+    return all(
+        r is g
+        or (
+            r is not None
+            and g is not None
+            and r.data_ptr() == g.data_ptr()
+            and r.dtype == g.dtype
+            and r.shape == g.shape
+            and r.stride() == g.stride()
+        )
+        for g, r in zip(given, read)
+    )
