@@ -1,7 +1,8 @@
 """Any strides: every tensor argument of every public function, given as a strided, expanded, offset or
 transposed view, gives the same bits as its contiguous copy (``public_calls.py`` lists the calls).
 
-The walk is data-driven: each leaf of each call goes through each view kind, and separate tests check
+The walk is data-driven: each leaf of each call goes through each view kind (in the CPU interpreter every
+leaf at once per kind first, leaf by leaf where that fails), and separate tests check
 that every public function of the public modules is walked (or listed as taking no tensor, or reading
 none) and that every tensor argument of every walked function is some call's leaf. A leaf the call
 writes in place (``out=``, a KV cache, in-place hidden states) takes every view but the expanded one,
@@ -9,6 +10,7 @@ which must raise (its rows would race); its contents afterwards are compared too
 """
 
 import inspect
+import os
 
 import pytest
 import torch
@@ -32,6 +34,7 @@ from public_calls import (
 )
 
 from llmkernels import runtime
+from llmkernels.testing import on_gpu
 
 # The interpreter evaluates both sides of tl.where: -inf - -inf of fully masked rows warns in numpy.
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
@@ -76,34 +79,57 @@ def _poisoned_outputs(monkeypatch):
     monkeypatch.setattr(runtime, "new_buffer", poisoned_buffer)
 
 
+def _views_outcome(call, leaves: dict, expected, names, kind: str):
+    """``(problem, viewed, checked)`` of one run with each leaf of ``names`` as a ``kind`` view at once: what
+    differs from the contiguous call (None: nothing), how many leaves took the view, and whether the comparison
+    says something (False: the view kind fits none of them, another library refused it, or the values of the
+    expanded views make the reference itself raise)."""
+    views = {name: view for name in names if (view := view_of(leaves[name], kind)) is not None}
+    if not views:
+        return None, 0, False
+    reference = expected
+    if kind == "expanded":  # other values: the contiguous call with the same values
+        reference = outcome(call, {**fresh(call, leaves), **{name: view.contiguous() for name, view in views.items()}})
+    try:
+        result = outcome(call, {**fresh(call, leaves), **views})
+    except InputRejected:  # another library's constructor takes no such view (torchao: contiguous qdata)
+        return None, len(views), False
+    problem = bit_differences(result, reference)
+    if problem:
+        strides = ", ".join(f"{name} {tuple(view.stride())}" for name, view in views.items())
+        problem = f"{', '.join(views)} as {kind} views (strides {strides}): {problem}"
+    return problem, len(views), not isinstance(reference, Exception)
+
+
+# Each leaf alone through each view kind on the GPU (or with LLMK_FULL_WALK=1); in the CPU interpreter every leaf
+# at once per kind (a handful of runs per call instead of four per leaf), and leaf by leaf only where that run
+# fails or says nothing, so that a failure still names its leaf.
+LEAF_BY_LEAF = on_gpu() or os.environ.get("LLMK_FULL_WALK") == "1"
+
+
 @pytest.mark.parametrize("name", list(CALLS_BY_NAME))
 def test_every_tensor_argument_takes_any_view(name, device):
     call = CALLS_BY_NAME[name]
     leaves = call.make(device)
     expected = observe(call, fresh(call, leaves))
     failures, walked = [], 0
-    for leaf, tensor in leaves.items():
-        for kind in VIEW_KINDS:
-            view = view_of(tensor, kind)
-            if view is None:
-                continue
+    for leaf in leaves:  # an in-place output may not overlap itself: an expanded view of it must raise
+        if leaf in call.written and view_of(leaves[leaf], "expanded") is not None:
             walked += 1
-            if kind == "expanded" and leaf in call.written:
-                with pytest.raises(ValueError, match="share memory"):
-                    call.run({**fresh(call, leaves), leaf: view})
+            with pytest.raises(ValueError, match="share memory"):
+                call.run({**fresh(call, leaves), leaf: view_of(leaves[leaf], "expanded")})
+    for kind in VIEW_KINDS:
+        names = [leaf for leaf in leaves if not (kind == "expanded" and leaf in call.written)]
+        if not LEAF_BY_LEAF:
+            problem, viewed, checked = _views_outcome(call, leaves, expected, names, kind)
+            if checked and not problem:
+                walked += viewed
                 continue
-            reference = expected
-            if kind == "expanded":  # other values: the contiguous call with the same values
-                reference = outcome(call, {**fresh(call, leaves), leaf: view.contiguous()})
-            trial = fresh(call, leaves)
-            trial[leaf] = view
-            try:
-                result = outcome(call, trial)
-            except InputRejected:  # another library's constructor takes no such view (torchao: contiguous qdata)
-                continue
-            problem = bit_differences(result, reference)
+        for leaf in names:
+            problem, viewed, _ = _views_outcome(call, leaves, expected, [leaf], kind)
+            walked += viewed
             if problem:
-                failures.append(f"{leaf} as {kind} view (strides {tuple(view.stride())}): {problem}")
+                failures.append(problem)
     assert walked >= len(leaves), "every leaf takes at least one view"
     assert not failures, f"{name}:\n" + "\n".join(failures)
 
