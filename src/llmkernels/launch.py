@@ -331,6 +331,12 @@ class _DirectLaunch:
                     value = None
                 arguments.append(value)
         self.arguments, self.positions = arguments, tuple(positions)
+        # Without descriptors and with the per-call values side by side (pointers lead most kernels), a call is
+        # the bound values before them, the call's values and the bound values after them: no list to fill.
+        self.around = None
+        if not self.expands and positions and positions == list(range(positions[0], positions[0] + len(positions))):
+            start, stop = positions[0], positions[0] + len(positions)
+            self.around = (*head, *arguments[:start]), tuple(arguments[stop:])
 
     def _map(self, position, base):
         template, meta, expand, known = self.maps[position]
@@ -357,6 +363,11 @@ class _DirectLaunch:
         return expanded
 
     def __call__(self, grid, stream, function, tensors) -> None:
+        around = self.around
+        if around is not None:
+            before, after = around
+            self.launch(*grid, stream, function, *before, *tensors, *after)
+            return
         arguments = self.arguments.copy()
         for position, tensor in zip(self.positions, tensors):
             if position not in self.expands:

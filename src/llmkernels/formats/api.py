@@ -8,7 +8,7 @@ import torch
 import triton
 
 from .. import runtime
-from ..launch import BoundKernel, PlanCache, bind
+from ..launch import BoundKernel, PlanCache, bind, value_key
 from ..runtime import check_device, forward_only, unit_last_stride
 from . import kernel
 from .layouts import BLOCKED, GROUPED_BLOCKED, ROW, Layout, as_layout, check_group_offsets
@@ -79,7 +79,20 @@ def quantize(
             and ``(128, 128)``, a scale layout other than ``"row"``, ``(128, 128)`` with x of one dim or with
             rows; the other formats: a block other than their own, ``power_of_two_scales=True``.
     """
-    key, plan = PLANS.lookup(x, format, global_scale, scale_layout, group_offsets, rows, block, power_of_two_scales)
+    if (
+        type(x) is torch.Tensor
+        and type(format) is str
+        and scale_layout is ROW
+        and power_of_two_scales is False
+        and global_scale is None
+        and group_offsets is None
+        and rows is None
+        and block is None
+    ):  # the defaults: the key PLANS.lookup makes of them, spelled out (this runs on every call)
+        key = (torch.is_grad_enabled(), value_key(x), format, None, _ROW_KEY, None, None, None, _FALSE_KEY)
+        plan = PLANS.get(key)
+    else:
+        key, plan = PLANS.lookup(x, format, global_scale, scale_layout, group_offsets, rows, block, power_of_two_scales)
     if plan is None:
         spec, block = check_quantize(
             x, format, global_scale, scale_layout, group_offsets, rows, block, power_of_two_scales
@@ -94,6 +107,7 @@ def quantize(
 
 
 PLANS = PlanCache("quantize")
+_ROW_KEY, _FALSE_KEY = value_key(ROW), value_key(False)
 
 
 class _Plan:

@@ -88,6 +88,7 @@ class Plan:
         # copy). The signature fixes it (formats, layouts, shapes, strides and alignment are in the key), so the
         # later calls of this plan skip the per-part checks.
         self.as_given: bool | None = None
+        self.out_shape, self.empty = (call.num_tokens, call.n_out), call.empty
 
     def __call__(self, a, b, a_offsets, expert_ids, expert_scales, bias, out, out_checked: bool) -> torch.Tensor:
         """Runs the launches on a call of this signature. ``out_checked``: False when ``out`` was given to a cached
@@ -103,7 +104,7 @@ class Plan:
             b_data, b_scales, b_global_scale = operand_tensors(b)
         new_out = out is None
         if new_out:
-            out = runtime.new_buffer((call.num_tokens, call.n_out), call.out_dtype, call.device)
+            out = runtime.new_buffer(self.out_shape, call.out_dtype, call.device)
         elif not out_checked:
             check_out(
                 out,
@@ -118,7 +119,7 @@ class Plan:
                 expert_scales=expert_scales,
                 bias=bias,
             )
-        if call.empty:
+        if self.empty:
             return out
         if self.quantize_a:
             a_data, a_scales, _ = operand_tensors(quantize(a_data, "fp8", block=(1, FP8_BLOCK_K)))
