@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from ..formats import ScaledTensor, unwrap_torchao
-from ..launch import PlanCache
+from ..launch import PlanCache, value_key
 from .check import CheckedCall, check_grouped_matmul, check_metadata_values
 from .config import BlockScaledMatmulConfig
 from .epilogue import EPILOGUES
@@ -86,7 +86,27 @@ def grouped_matmul(
         a = unwrap_torchao(a)
     if type(b) is not torch.Tensor and type(b) is not ScaledTensor:
         b = unwrap_torchao(b)
-    key, plan = PLANS.lookup(a, b, a_offsets, expert_ids, expert_scales, epilogue, bias, out_dtype, out, config)
+    if epilogue is None and bias is None and out is None and config is None and type(out_dtype) is torch.dtype:
+        # the key PLANS.lookup makes of these arguments, spelled out (this runs on every call)
+        try:
+            key = (
+                torch.is_grad_enabled(),
+                value_key(a),
+                value_key(b),
+                value_key(a_offsets),
+                value_key(expert_ids),
+                value_key(expert_scales),
+                None,
+                None,
+                out_dtype,
+                None,
+                None,
+            )
+            plan = PLANS.get(key)
+        except TypeError:  # an unhashable argument: planned, and checked, every time
+            key = plan = None
+    else:
+        key, plan = PLANS.lookup(a, b, a_offsets, expert_ids, expert_scales, epilogue, bias, out_dtype, out, config)
     if plan is None:
         call = check_grouped_matmul(a, b, a_offsets, expert_ids, expert_scales, epilogue, out_dtype, out, config, bias)
         plan = PLANS.put(key, Plan(call, config))
