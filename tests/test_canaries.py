@@ -6,15 +6,19 @@ with two different canary fillings (NaN or 0xFF bytes or the integer maximum; ze
 minimum): a read of a canary that reaches the result makes the two runs differ. After each run every
 guard, every canary and every input is checked unchanged (a write outside a buffer, or into an input).
 The metadata leaves (integer tensors: offsets, ids, page tables, sequence lengths, row indices) take
-hostile values too: all maximal, all minimal, and a mix of extremes, -1, 0 and in-range values.
+hostile values too: all maximal, all minimal, and a mix of extremes, -1, 0 and in-range values (in the CPU
+interpreter: each leaf alone mixed, and all of them at once maximal, then minimal).
 On the GPU the same tests run under compute-sanitizer's memcheck (``tools/gpu_reliability.sh``).
 """
+
+import os
 
 import pytest
 import torch
 from public_calls import CALLS_BY_NAME, bit_differences, fill, observe, outcome, poisoned_buffer
 
 from llmkernels import runtime
+from llmkernels.testing import on_gpu
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:invalid value encountered:RuntimeWarning", "ignore:overflow encountered:RuntimeWarning"
@@ -23,6 +27,9 @@ pytestmark = pytest.mark.filterwarnings(
 FILLINGS = ("high", "low")
 HOSTILE_VALUES = ("max", "min", "mixed")
 EXTRA_CANARIES = 64  # canary elements beyond a buffer's own size, on each side
+# Each metadata leaf alone at each hostile kind on the GPU (or with LLMK_FULL_WALK=1); in the CPU interpreter each
+# leaf alone with mixed extremes and all of them together at their maximum and at their minimum.
+LEAF_BY_LEAF = on_gpu() or os.environ.get("LLMK_FULL_WALK") == "1"
 
 
 class Canaried:
@@ -128,11 +135,17 @@ def test_hostile_metadata_reads_and_writes_nothing_outside(name, device, monkeyp
     if not _metadata_leaves(leaves):
         pytest.skip("no integer metadata")
     failures = []
-    for leaf in _metadata_leaves(leaves):
-        for kind in HOSTILE_VALUES:
-            trial = {**leaves, leaf: hostile(leaves[leaf], kind)}
-            results = [run_canaried(call, trial, filling, monkeypatch) for filling in FILLINGS]
-            problem = bit_differences(*results)
-            if problem:
-                failures.append(f"{leaf} = {trial[leaf].tolist()}: the canaries reached the result: {problem}")
+    metadata = _metadata_leaves(leaves)
+    if LEAF_BY_LEAF:
+        trials = [{leaf: hostile(leaves[leaf], kind)} for leaf in metadata for kind in HOSTILE_VALUES]
+    else:  # each leaf alone with mixed extremes, then every leaf at its maximum, then at its minimum
+        trials = [{leaf: hostile(leaves[leaf], "mixed")} for leaf in metadata]
+        trials += [{leaf: hostile(leaves[leaf], kind) for leaf in metadata} for kind in ("max", "min")]
+    for hostile_leaves in trials:
+        trial = {**leaves, **hostile_leaves}
+        results = [run_canaried(call, trial, filling, monkeypatch) for filling in FILLINGS]
+        problem = bit_differences(*results)
+        if problem:
+            values = ", ".join(f"{leaf} = {tensor.tolist()}" for leaf, tensor in hostile_leaves.items())
+            failures.append(f"{values}: the canaries reached the result: {problem}")
     assert not failures, f"{name}:\n" + "\n".join(failures)
