@@ -1,0 +1,110 @@
+"""LAB prototype: MXFP8 x MXFP8 matmul on Hopper's FP8 tensor cores with per-32-K promotion (group-free case).
+
+``out[m, n] = Σ_kb (A[m, kb] · B[n, kb]ᵀ) · 2^(ea[m, kb] − 127) · 2^(eb[n, kb] − 127)``, kb the 32-wide K blocks:
+
+* A: ``float8_e4m3fn [M, K]``, a_exps uint8 ``[M, K / 32]`` (the e8m0 scale bytes, bias 127; the library's
+  ``"mxfp8"`` row layout, ``ScaledTensor.scales.view(torch.uint8)``);
+* B: ``float8_e4m3fn [N, K]``, b_exps uint8 ``[N, K / 32]``;
+* out float32 or bf16 ``[M, N]``. K a multiple of 32 (the format's rule).
+
+Each K step covers ``BLOCK_K`` columns (a multiple of 32) as ``BLOCK_K / 32`` *sub-steps*; each sub-step is one
+``tl.dot`` of the raw e4m3 ``[BLOCK_M, 32] x [32, BLOCK_N]`` tiles into a fresh fp32 partial (one
+``wgmma.mma_async.m64nNk32.f32.e4m3.e4m3`` per 64-row warp-group block on sm_90a), then the promotion
+``acc += partial · (2^(ea − 127) ⊗ 2^(eb − 127))``. The two factors are built from the exponent bytes by bit
+construction (``e << 23`` reinterpreted as float32; e = 0 → 2^-127, the fp32 subnormal 0x00400000; e = 255 →
+NaN), so they are exact powers of two and the promotion multiplies exactly (no ex2.approx). Unlike the FP8-blocks
+kernel, B's scale varies along N inside the tile (one per weight row), so the factor is an outer product: the
+promotion costs one FMUL (the factor tile) + one FFMA per accumulator element per 32 K — see NOTES.md.
+
+Not the product: no grouping, no persistent grid, no swap-AB; rows/cols past M/N are masked on load (zeros).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+MX_BLOCK = 32
+
+
+@triton.jit
+def e8m0_to_f32(e):
+    """Exact 2^(e − 127) of e8m0 bytes (int32 in [0, 255]): the fp32 with exponent field e, e = 0 → 2^-127
+    (subnormal), e = 255 → NaN (the e8m0 NaN code)."""
+    bits = tl.where(e == 0, 0x00400000, tl.where(e == 255, 0x7FC00000, e << 23))
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def mxfp8_matmul_kernel(
+    a_ptr, a_exp_ptr, b_ptr, b_exp_ptr, out_ptr,
+    M, N, K,
+    stride_am, stride_aem, stride_bn, stride_ben, stride_om,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PROMOTE_ROWCOL: tl.constexpr,
+):
+    """One ``[BLOCK_M, BLOCK_N]`` output tile per program (grid: cdiv(M, BLOCK_M) x cdiv(N, BLOCK_N)).
+
+    PROMOTE_ROWCOL: False: ``acc += partial * (fa[:, None] * fb[None, :])`` (factor tile, then FFMA);
+    True: ``acc += (partial * fb[None, :]) * fa[:, None]`` (same op count, other association; both exact, the
+    products being powers of two). Kept to compare what ptxas makes of each."""
+    tl.static_assert(BLOCK_K % 32 == 0, "BLOCK_K: whole 32-wide MX blocks")
+    SUB: tl.constexpr = BLOCK_K // 32
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok = rows < M
+    col_ok = cols < N
+    ks = tl.arange(0, 32)
+    a_ptrs = a_ptr + rows[:, None].to(tl.int64) * stride_am + ks[None, :]
+    b_ptrs = b_ptr + cols[None, :].to(tl.int64) * stride_bn + ks[:, None]  # [32, BLOCK_N]: B tile transposed
+    a_exp_ptrs = a_exp_ptr + rows.to(tl.int64) * stride_aem
+    b_exp_ptrs = b_exp_ptr + cols.to(tl.int64) * stride_ben
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        for s in tl.static_range(SUB):
+            k = k0 + s * 32
+            k_ok = (k + ks) < K  # K % 32 == 0: a sub-step is wholly in or wholly out
+            a = tl.load(a_ptrs + k, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+            b = tl.load(b_ptrs + k, mask=col_ok[None, :] & k_ok[:, None], other=0.0)
+            # (the vector form of the scalar test: the interpreter rejects a broadcast scalar mask)
+            # out-of-range sub-steps read exponent 127 (factor 1) over zero data: they add exact zeros
+            ea = tl.load(a_exp_ptrs + k // 32, mask=row_ok & (rows * 0 + k < K), other=127).to(tl.int32)
+            eb = tl.load(b_exp_ptrs + k // 32, mask=col_ok & (cols * 0 + k < K), other=127).to(tl.int32)
+            fa = e8m0_to_f32(ea)
+            fb = e8m0_to_f32(eb)
+            partial = tl.dot(a, b, out_dtype=tl.float32)  # fresh fp32 partial: 32 products per element
+            if PROMOTE_ROWCOL:
+                acc += (partial * fb[None, :]) * fa[:, None]
+            else:
+                acc += partial * (fa[:, None] * fb[None, :])
+    out = acc.to(out_ptr.dtype.element_ty)
+    tl.store(out_ptr + rows[:, None].to(tl.int64) * stride_om + cols[None, :], out,
+             mask=row_ok[:, None] & col_ok[None, :])
+
+
+def _exps(scales: torch.Tensor) -> torch.Tensor:
+    """e8m0 scales (float8_e8m0fnu or their uint8 bytes) as uint8."""
+    return scales.view(torch.uint8) if scales.dtype != torch.uint8 else scales
+
+
+def mxfp8_matmul(a, a_scales, b, b_scales, out_dtype=torch.float32, block_m=64, block_n=64, block_k=128,
+                 num_warps=4, num_stages=3, promote_rowcol=False):
+    """``A · Bᵀ`` of MXFP8 operands: a e4m3 ``[M, K]`` + e8m0 ``[M, K/32]``, b e4m3 ``[N, K]`` + e8m0 ``[N, K/32]``."""
+    M, K = a.shape
+    N, Kb = b.shape
+    if K != Kb or K % MX_BLOCK:
+        raise ValueError(f"K must match and be a multiple of 32, got {K} and {Kb}")
+    a_exps, b_exps = _exps(a_scales), _exps(b_scales)
+    if a_exps.shape != (M, K // 32) or b_exps.shape != (N, K // 32):
+        raise ValueError("scales must be [rows, K / 32]")
+    if a.stride(1) != 1 or b.stride(1) != 1 or a_exps.stride(1) != 1 or b_exps.stride(1) != 1:
+        raise ValueError("unit column strides only")
+    out = torch.empty(M, N, dtype=out_dtype, device=a.device)
+    grid = (triton.cdiv(M, block_m), triton.cdiv(N, block_n))
+    mxfp8_matmul_kernel[grid](
+        a, a_exps, b, b_exps, out, M, N, K,
+        a.stride(0), a_exps.stride(0), b.stride(0), b_exps.stride(0), out.stride(0),
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, PROMOTE_ROWCOL=promote_rowcol,
+        num_warps=num_warps, num_stages=num_stages)
+    return out
