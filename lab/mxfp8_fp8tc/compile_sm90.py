@@ -22,14 +22,15 @@ os.environ["TRITON_INTERPRET"] = "0"
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import triton
-from kernel import mxfp8_matmul_kernel
+from kernel import mxfp8_grouped_matmul_kernel, mxfp8_matmul_kernel
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 _BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 H100 = dict(shared=232448, registers=65536)
 
-# (block_m, block_n, block_k, num_warps, num_stages, promote_rowcol, out)
+# (block_m, block_n, block_k, num_warps, num_stages, promote_rowcol, out); "grouped" as out's suffix: the grouped
+# kernel
 CONFIGS = [
     (128, 128, 128, 8, 3, False, "bf16"),
     (128, 128, 128, 8, 3, True, "bf16"),
@@ -41,6 +42,8 @@ CONFIGS = [
     (128, 128, 64, 8, 4, False, "bf16"),
     (128, 128, 32, 8, 4, False, "bf16"),
     (128, 128, 128, 8, 3, False, "fp32"),
+    (64, 128, 128, 4, 3, True, "bf16 grouped"),
+    (64, 128, 128, 4, 3, False, "bf16 grouped"),
 ]
 
 
@@ -51,6 +54,8 @@ def _run(*command: str) -> str:
 
 def compile_one(config, arch: int):
     block_m, block_n, block_k, warps, stages, rowcol, out = config
+    if out.endswith(" grouped"):
+        return compile_grouped(config, arch)
     signature = {"a_ptr": "*fp8e4nv", "a_exp_ptr": "*u8", "b_ptr": "*fp8e4nv", "b_exp_ptr": "*u8",
                  "out_ptr": "*" + out, "M": "i32", "N": "i32", "K": "i32", "stride_am": "i32",
                  "stride_aem": "i32", "stride_bn": "i32", "stride_ben": "i32", "stride_om": "i32",
@@ -63,6 +68,26 @@ def compile_one(config, arch: int):
     attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(names)
              if signature[name] != "constexpr" and name not in ("stride_aem", "stride_ben")}
     source = ASTSource(mxfp8_matmul_kernel, signature, constexprs=constants, attrs=attrs)
+    return triton.compile(source, target=GPUTarget("cuda", arch, 32),
+                          options=dict(num_warps=warps, num_stages=stages))
+
+
+def compile_grouped(config, arch: int):
+    block_m, block_n, block_k, warps, stages, rowcol, out = config
+    fn = mxfp8_grouped_matmul_kernel
+    signature = {name: "i32" for name in fn.arg_names}
+    signature.update({"a_ptr": "*fp8e4nv", "a_exp_ptr": "*u8", "b_ptr": "*fp8e4nv", "b_exp_ptr": "*u8",
+                      "out_ptr": "*" + out.split()[0], "a_offsets_ptr": "*i32", "expert_ids_ptr": "*i32"})
+    values = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, PROMOTE_ROWCOL=rowcol)
+    constants = {}
+    for name, value in values.items():
+        signature[name] = "constexpr"
+        constants[(fn.arg_names.index(name),)] = value
+    # divisibility 16 on pointers and the data strides; not on counts and exponent strides
+    aligned = {"a_ptr", "a_exp_ptr", "b_ptr", "b_exp_ptr", "out_ptr", "a_offsets_ptr", "expert_ids_ptr", "N", "K",
+               "stride_am", "stride_be", "stride_bn", "stride_bee", "stride_om"}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names) if name in aligned}
+    source = ASTSource(fn, signature, constexprs=constants, attrs=attrs)
     return triton.compile(source, target=GPUTarget("cuda", arch, 32),
                           options=dict(num_warps=warps, num_stages=stages))
 

@@ -36,30 +36,20 @@ def e8m0_to_f32(e):
 
 
 @triton.jit
-def mxfp8_matmul_kernel(
-    a_ptr, a_exp_ptr, b_ptr, b_exp_ptr, out_ptr,
-    M, N, K,
-    stride_am, stride_aem, stride_bn, stride_ben, stride_om,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PROMOTE_ROWCOL: tl.constexpr,
-):
-    """One ``[BLOCK_M, BLOCK_N]`` output tile per program (grid: cdiv(M, BLOCK_M) x cdiv(N, BLOCK_N)).
+def promoted_k_loop(a_ptrs, a_exp_ptrs, b_ptrs, b_exp_ptrs, rows, cols, row_ok, col_ok, K,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                    PROMOTE_ROWCOL: tl.constexpr):
+    """The K loop: ``Σ_kb dot(A_kb, B_kbᵀ) · (fa_kb ⊗ fb_kb)`` as a ``[BLOCK_M, BLOCK_N]`` fp32 tile.
 
+    a_ptrs ``[BLOCK_M, 32]`` and b_ptrs ``[32, BLOCK_N]`` point at column 0 of the tiles' rows, a_exp_ptrs /
+    b_exp_ptrs ``[BLOCK_M]`` / ``[BLOCK_N]`` at exponent column 0; rows / cols the tiles' row indices (only for
+    the masks' shapes), row_ok / col_ok their masks. K a multiple of 32 (K = 0: an all-zero tile).
     PROMOTE_ROWCOL: False: ``acc += partial * (fa[:, None] * fb[None, :])`` (factor tile, then FFMA);
     True: ``acc += (partial * fb[None, :]) * fa[:, None]`` (same op count, other association; both exact, the
-    products being powers of two). Kept to compare what ptxas makes of each."""
+    factors being powers of two). Kept to compare what ptxas makes of each."""
     tl.static_assert(BLOCK_K % 32 == 0, "BLOCK_K: whole 32-wide MX blocks")
     SUB: tl.constexpr = BLOCK_K // 32
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    row_ok = rows < M
-    col_ok = cols < N
     ks = tl.arange(0, 32)
-    a_ptrs = a_ptr + rows[:, None].to(tl.int64) * stride_am + ks[None, :]
-    b_ptrs = b_ptr + cols[None, :].to(tl.int64) * stride_bn + ks[:, None]  # [32, BLOCK_N]: B tile transposed
-    a_exp_ptrs = a_exp_ptr + rows.to(tl.int64) * stride_aem
-    b_exp_ptrs = b_exp_ptr + cols.to(tl.int64) * stride_ben
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         for s in tl.static_range(SUB):
@@ -78,6 +68,30 @@ def mxfp8_matmul_kernel(
                 acc += (partial * fb[None, :]) * fa[:, None]
             else:
                 acc += partial * (fa[:, None] * fb[None, :])
+    return acc
+
+
+@triton.jit
+def mxfp8_matmul_kernel(
+    a_ptr, a_exp_ptr, b_ptr, b_exp_ptr, out_ptr,
+    M, N, K,
+    stride_am, stride_aem, stride_bn, stride_ben, stride_om,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PROMOTE_ROWCOL: tl.constexpr,
+):
+    """One ``[BLOCK_M, BLOCK_N]`` output tile per program (grid: cdiv(M, BLOCK_M) x cdiv(N, BLOCK_N))."""
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok = rows < M
+    col_ok = cols < N
+    ks = tl.arange(0, 32)
+    a_ptrs = a_ptr + rows[:, None].to(tl.int64) * stride_am + ks[None, :]
+    b_ptrs = b_ptr + cols[None, :].to(tl.int64) * stride_bn + ks[:, None]  # [32, BLOCK_N]: B tile transposed
+    a_exp_ptrs = a_exp_ptr + rows.to(tl.int64) * stride_aem
+    b_exp_ptrs = b_exp_ptr + cols.to(tl.int64) * stride_ben
+    acc = promoted_k_loop(a_ptrs, a_exp_ptrs, b_ptrs, b_exp_ptrs, rows, cols, row_ok, col_ok, K,
+                          BLOCK_M, BLOCK_N, BLOCK_K, PROMOTE_ROWCOL)
     out = acc.to(out_ptr.dtype.element_ty)
     tl.store(out_ptr + rows[:, None].to(tl.int64) * stride_om + cols[None, :], out,
              mask=row_ok[:, None] & col_ok[None, :])
@@ -105,6 +119,79 @@ def mxfp8_matmul(a, a_scales, b, b_scales, out_dtype=torch.float32, block_m=64, 
     mxfp8_matmul_kernel[grid](
         a, a_exps, b, b_exps, out, M, N, K,
         a.stride(0), a_exps.stride(0), b.stride(0), b_exps.stride(0), out.stride(0),
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, PROMOTE_ROWCOL=promote_rowcol,
+        num_warps=num_warps, num_stages=num_stages)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Grouped (MoE) version: the same K loop per tile; simple grid, not the product's tile scheduler.
+
+
+@triton.jit
+def mxfp8_grouped_matmul_kernel(
+    a_ptr, a_exp_ptr, b_ptr, b_exp_ptr, out_ptr, a_offsets_ptr, expert_ids_ptr,
+    num_tokens, num_experts, N, K, m_tiles,
+    stride_am, stride_aem, stride_be, stride_bn, stride_bee, stride_ben, stride_om,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PROMOTE_ROWCOL: tl.constexpr,
+):
+    """``out[rows of g] = A[rows of g] · B[expert_ids[g]]ᵀ`` for all groups, MXFP8 operands.
+
+    Grid ``(G · m_tiles, cdiv(N, BLOCK_N))`` with ``m_tiles = cdiv(num_tokens, BLOCK_M)``, an upper bound on any
+    group's m-tiles known without reading the device offsets (no host sync); programs past their group's rows
+    exit. That wastes programs when G is large — the product would use lab/fp8_blocks' ``group_tiles`` /
+    ``find_group`` (a flat list of real tiles). Offsets are clamped to ``[0, num_tokens]`` and each group's end to
+    at least its start; an expert id outside ``[0, num_experts)`` writes zeros (its K loop runs no step)."""
+    pid = tl.program_id(0)
+    group = pid // m_tiles
+    tile_m = pid % m_tiles
+    start = tl.minimum(tl.maximum(tl.load(a_offsets_ptr + group), 0), num_tokens)
+    end = tl.minimum(tl.maximum(tl.load(a_offsets_ptr + group + 1), start), num_tokens)
+    row_start = start + tile_m * BLOCK_M
+    if row_start < end:
+        expert = tl.load(expert_ids_ptr + group)
+        expert_ok = (expert >= 0) & (expert < num_experts)
+        expert = tl.where(expert_ok, expert, 0).to(tl.int64)
+        k_run = tl.where(expert_ok, K, 0)
+        rows = row_start + tl.arange(0, BLOCK_M)
+        cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        row_ok = rows < end
+        col_ok = cols < N
+        ks = tl.arange(0, 32)
+        a_ptrs = a_ptr + rows[:, None].to(tl.int64) * stride_am + ks[None, :]
+        b_ptrs = b_ptr + expert * stride_be + cols[None, :].to(tl.int64) * stride_bn + ks[:, None]
+        a_exp_ptrs = a_exp_ptr + rows.to(tl.int64) * stride_aem
+        b_exp_ptrs = b_exp_ptr + expert * stride_bee + cols.to(tl.int64) * stride_ben
+        acc = promoted_k_loop(a_ptrs, a_exp_ptrs, b_ptrs, b_exp_ptrs, rows, cols, row_ok, col_ok, k_run,
+                              BLOCK_M, BLOCK_N, BLOCK_K, PROMOTE_ROWCOL)
+        tl.store(out_ptr + rows[:, None].to(tl.int64) * stride_om + cols[None, :], acc.to(out_ptr.dtype.element_ty),
+                 mask=row_ok[:, None] & col_ok[None, :])
+
+
+def mxfp8_grouped_matmul(a, a_scales, b, b_scales, a_offsets, expert_ids, out=None, out_dtype=torch.float32,
+                         block_m=64, block_n=64, block_k=128, num_warps=4, num_stages=3, promote_rowcol=False):
+    """Grouped ``A · B[e]ᵀ``: a e4m3 ``[T, K]`` + e8m0 ``[T, K/32]``; b e4m3 ``[E, N, K]`` + e8m0 ``[E, N, K/32]``;
+    a_offsets int32 ``[G + 1]``, expert_ids int32 ``[G]`` (device tensors, not read on the host). Rows outside
+    every group are not written (``out`` may be passed in to keep what it holds there)."""
+    T, K = a.shape
+    E, N, Kb = b.shape
+    if K != Kb or K % MX_BLOCK:
+        raise ValueError(f"K must match and be a multiple of 32, got {K} and {Kb}")
+    a_exps, b_exps = _exps(a_scales), _exps(b_scales)
+    if a_exps.shape != (T, K // 32) or b_exps.shape != (E, N, K // 32):
+        raise ValueError("scales must be [..., rows, K / 32]")
+    if a.stride(1) != 1 or b.stride(2) != 1 or a_exps.stride(1) != 1 or b_exps.stride(2) != 1:
+        raise ValueError("unit column strides only")
+    if out is None:
+        out = torch.empty(T, N, dtype=out_dtype, device=a.device)
+    groups = expert_ids.shape[0]
+    m_tiles = max(triton.cdiv(T, block_m), 1)
+    if groups == 0 or T == 0:
+        return out
+    grid = (groups * m_tiles, triton.cdiv(N, block_n))
+    mxfp8_grouped_matmul_kernel[grid](
+        a, a_exps, b, b_exps, out, a_offsets, expert_ids, T, E, N, K, m_tiles,
+        a.stride(0), a_exps.stride(0), b.stride(0), b.stride(1), b_exps.stride(0), b_exps.stride(1), out.stride(0),
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, PROMOTE_ROWCOL=promote_rowcol,
         num_warps=num_warps, num_stages=num_stages)
     return out

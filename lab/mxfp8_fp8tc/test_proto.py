@@ -95,3 +95,54 @@ def test_scale_orientation_matters():
     ref = reference(qa, qb)
     out = mxfp8_matmul(qa.data, qb.scales, qb.data, qa.scales, block_m=32, block_n=32)
     assert relative_errors(out, ref)[0] > 1e-2
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Grouped version
+
+
+@pytest.mark.parametrize("k", [64, 96, 256])
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
+def test_grouped(k, out_dtype):
+    """Groups of 0, 1, 37 and 20 rows (an empty group, one-row group, ragged tiles), experts out of order and
+    repeated, 6 trailing rows in no group (must stay NaN), expert weights with different scales."""
+    from kernel import mxfp8_grouped_matmul
+    generator = torch.Generator().manual_seed(k)
+    sizes, experts, num_experts, n = [0, 1, 37, 20], [2, 0, 2, 1], 3, 48
+    tokens = sum(sizes) + 6
+    x = torch.randn(tokens, k, generator=generator)
+    x = x * torch.exp2(torch.randint(-6, 7, (tokens, k // 32), generator=generator).float()).repeat_interleave(32, 1)
+    w = torch.randn(num_experts, n, k, generator=generator) * k**-0.5
+    w = w * torch.exp2(torch.randint(-6, 7, (num_experts, n, k // 32), generator=generator).float()).repeat_interleave(32, 2)
+    qa, qb = llmkernels.quantize(x, "mxfp8"), llmkernels.quantize(w, "mxfp8")
+    assert qb.scales.shape == (num_experts, n, k // 32)
+    offsets = torch.tensor([0, *torch.tensor(sizes).cumsum(0).tolist()], dtype=torch.int32)
+    ids = torch.tensor(experts, dtype=torch.int32)
+    out = torch.full((tokens, n), float("nan"), dtype=out_dtype)
+    mxfp8_grouped_matmul(qa.data, qa.scales, qb.data, qb.scales, offsets, ids, out=out, block_m=16, block_n=32,
+                         block_k=64)
+    xa, wb = llmkernels.dequantize(qa).double(), llmkernels.dequantize(qb).double()
+    ref = torch.zeros(sum(sizes), n, dtype=torch.float64)
+    for g, e in enumerate(experts):
+        ref[offsets[g]:offsets[g + 1]] = xa[offsets[g]:offsets[g + 1]] @ wb[e].T
+    got = out[: sum(sizes)]
+    if out_dtype == torch.float32:
+        fro, worst = relative_errors(got, ref)
+        assert fro <= 1e-6 and worst <= 1e-6, (fro, worst)
+    else:
+        ulp = torch.exp2(torch.floor(torch.log2(ref.abs().clamp_min(1e-300))) - 7)
+        assert ((got.double() - ref).abs() <= ulp + 1e-6 * ref.abs().max()).all()
+    assert torch.isnan(out[sum(sizes):].float()).all(), "a row outside every group was written"
+
+
+def test_grouped_bad_expert_writes_zeros():
+    from kernel import mxfp8_grouped_matmul
+    qa, qb = make_operands(20, 32, 64, seed=5)
+    b, b_scales = qb.data[None].expand(2, -1, -1), qb.scales[None].expand(2, -1, -1)
+    offsets = torch.tensor([0, 8, 20], dtype=torch.int32)
+    ids = torch.tensor([1, 7], dtype=torch.int32)
+    out = mxfp8_grouped_matmul(qa.data, qa.scales, b.contiguous(), b_scales.contiguous(), offsets, ids,
+                               block_m=16, block_n=32)
+    ref = reference(qa, qb)
+    assert relative_errors(out[:8], ref[:8])[0] <= 1e-6
+    assert (out[8:] == 0).all()
