@@ -60,10 +60,11 @@ def compile_one(config, arch: int):
                  "out_ptr": "*" + out, "M": "i32", "N": "i32", "K": "i32", "stride_am": "i32",
                  "stride_aem": "i32", "stride_bn": "i32", "stride_ben": "i32", "stride_om": "i32",
                  "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr",
-                 "PROMOTE_ROWCOL": "constexpr"}
+                 "PROMOTE_ROWCOL": "constexpr", "EVEN_K": "constexpr"}
     names = mxfp8_matmul_kernel.arg_names
     constants = {(names.index("BLOCK_M"),): block_m, (names.index("BLOCK_N"),): block_n,
-                 (names.index("BLOCK_K"),): block_k, (names.index("PROMOTE_ROWCOL"),): rowcol}
+                 (names.index("BLOCK_K"),): block_k, (names.index("PROMOTE_ROWCOL"),): rowcol,
+                 (names.index("EVEN_K"),): True}
     # every pointer and int divisible by 16 except the exponent rows' stride (K / 32: a multiple of 4 for K % 128)
     attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(names)
              if signature[name] != "constexpr" and name not in ("stride_aem", "stride_ben")}
@@ -78,7 +79,7 @@ def compile_grouped(config, arch: int):
     signature = {name: "i32" for name in fn.arg_names}
     signature.update({"a_ptr": "*fp8e4nv", "a_exp_ptr": "*u8", "b_ptr": "*fp8e4nv", "b_exp_ptr": "*u8",
                       "out_ptr": "*" + out.split()[0], "a_offsets_ptr": "*i32", "expert_ids_ptr": "*i32"})
-    values = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, PROMOTE_ROWCOL=rowcol)
+    values = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, PROMOTE_ROWCOL=rowcol, EVEN_K=True)
     constants = {}
     for name, value in values.items():
         signature[name] = "constexpr"

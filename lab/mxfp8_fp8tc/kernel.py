@@ -36,14 +36,16 @@ def e8m0_to_f32(e):
 
 
 @triton.jit
-def promoted_k_loop(a_ptrs, a_exp_ptrs, b_ptrs, b_exp_ptrs, rows, cols, row_ok, col_ok, K,
+def promoted_k_loop(a_ptrs, a_exp_ptrs, b_ptrs, b_exp_ptrs, rows, cols, K,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                    PROMOTE_ROWCOL: tl.constexpr):
+                    PROMOTE_ROWCOL: tl.constexpr, EVEN_K: tl.constexpr):
     """The K loop: ``Σ_kb dot(A_kb, B_kbᵀ) · (fa_kb ⊗ fb_kb)`` as a ``[BLOCK_M, BLOCK_N]`` fp32 tile.
 
     a_ptrs ``[BLOCK_M, 32]`` and b_ptrs ``[32, BLOCK_N]`` point at column 0 of the tiles' rows, a_exp_ptrs /
-    b_exp_ptrs ``[BLOCK_M]`` / ``[BLOCK_N]`` at exponent column 0; rows / cols the tiles' row indices (only for
-    the masks' shapes), row_ok / col_ok their masks. K a multiple of 32 (K = 0: an all-zero tile).
+    b_exp_ptrs ``[BLOCK_M]`` / ``[BLOCK_N]`` at exponent column 0, all of them at rows that exist (the callers
+    clamp rows past the end to the last row: those results are never stored, and the loads need no row masks,
+    fewer registers in the loop); rows / cols only give the masks' shapes. K a multiple of 32 (K = 0: an all-zero
+    tile). EVEN_K (K a multiple of BLOCK_K): no masks at all; else the K tail is masked to zeros.
     PROMOTE_ROWCOL: False: ``acc += partial * (fa[:, None] * fb[None, :])`` (factor tile, then FFMA);
     True: ``acc += (partial * fb[None, :]) * fa[:, None]`` (same op count, other association; both exact, the
     factors being powers of two). Kept to compare what ptxas makes of each."""
@@ -54,13 +56,19 @@ def promoted_k_loop(a_ptrs, a_exp_ptrs, b_ptrs, b_exp_ptrs, rows, cols, row_ok, 
     for k0 in range(0, K, BLOCK_K):
         for s in tl.static_range(SUB):
             k = k0 + s * 32
-            k_ok = (k + ks) < K  # K % 32 == 0: a sub-step is wholly in or wholly out
-            a = tl.load(a_ptrs + k, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-            b = tl.load(b_ptrs + k, mask=col_ok[None, :] & k_ok[:, None], other=0.0)
-            # (the vector form of the scalar test: the interpreter rejects a broadcast scalar mask)
-            # out-of-range sub-steps read exponent 127 (factor 1) over zero data: they add exact zeros
-            ea = tl.load(a_exp_ptrs + k // 32, mask=row_ok & (rows * 0 + k < K), other=127).to(tl.int32)
-            eb = tl.load(b_exp_ptrs + k // 32, mask=col_ok & (cols * 0 + k < K), other=127).to(tl.int32)
+            if EVEN_K:
+                a = tl.load(a_ptrs + k)
+                b = tl.load(b_ptrs + k)
+                ea = tl.load(a_exp_ptrs + k // 32).to(tl.int32)
+                eb = tl.load(b_exp_ptrs + k // 32).to(tl.int32)
+            else:
+                k_ok = (k + ks) < K  # K % 32 == 0: a sub-step is wholly in or wholly out
+                a = tl.load(a_ptrs + k, mask=k_ok[None, :], other=0.0)
+                b = tl.load(b_ptrs + k, mask=k_ok[:, None], other=0.0)
+                # (the vector form of the scalar test: the interpreter rejects a broadcast scalar mask)
+                # out-of-range sub-steps read exponent 127 (factor 1) over zero data: they add exact zeros
+                ea = tl.load(a_exp_ptrs + k // 32, mask=rows * 0 + k < K, other=127).to(tl.int32)
+                eb = tl.load(b_exp_ptrs + k // 32, mask=cols * 0 + k < K, other=127).to(tl.int32)
             fa = e8m0_to_f32(ea)
             fb = e8m0_to_f32(eb)
             partial = tl.dot(a, b, out_dtype=tl.float32)  # fresh fp32 partial: 32 products per element
@@ -77,6 +85,7 @@ def mxfp8_matmul_kernel(
     M, N, K,
     stride_am, stride_aem, stride_bn, stride_ben, stride_om,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PROMOTE_ROWCOL: tl.constexpr,
+    EVEN_K: tl.constexpr,
 ):
     """One ``[BLOCK_M, BLOCK_N]`` output tile per program (grid: cdiv(M, BLOCK_M) x cdiv(N, BLOCK_N))."""
     pid_m = tl.program_id(0)
@@ -86,12 +95,14 @@ def mxfp8_matmul_kernel(
     row_ok = rows < M
     col_ok = cols < N
     ks = tl.arange(0, 32)
-    a_ptrs = a_ptr + rows[:, None].to(tl.int64) * stride_am + ks[None, :]
-    b_ptrs = b_ptr + cols[None, :].to(tl.int64) * stride_bn + ks[:, None]  # [32, BLOCK_N]: B tile transposed
-    a_exp_ptrs = a_exp_ptr + rows.to(tl.int64) * stride_aem
-    b_exp_ptrs = b_exp_ptr + cols.to(tl.int64) * stride_ben
-    acc = promoted_k_loop(a_ptrs, a_exp_ptrs, b_ptrs, b_exp_ptrs, rows, cols, row_ok, col_ok, K,
-                          BLOCK_M, BLOCK_N, BLOCK_K, PROMOTE_ROWCOL)
+    load_rows = tl.minimum(rows, M - 1).to(tl.int64)
+    load_cols = tl.minimum(cols, N - 1).to(tl.int64)
+    a_ptrs = a_ptr + load_rows[:, None] * stride_am + ks[None, :]
+    b_ptrs = b_ptr + load_cols[None, :] * stride_bn + ks[:, None]  # [32, BLOCK_N]: B tile transposed
+    a_exp_ptrs = a_exp_ptr + load_rows * stride_aem
+    b_exp_ptrs = b_exp_ptr + load_cols * stride_ben
+    acc = promoted_k_loop(a_ptrs, a_exp_ptrs, b_ptrs, b_exp_ptrs, rows, cols, K,
+                          BLOCK_M, BLOCK_N, BLOCK_K, PROMOTE_ROWCOL, EVEN_K)
     out = acc.to(out_ptr.dtype.element_ty)
     tl.store(out_ptr + rows[:, None].to(tl.int64) * stride_om + cols[None, :], out,
              mask=row_ok[:, None] & col_ok[None, :])
@@ -120,7 +131,7 @@ def mxfp8_matmul(a, a_scales, b, b_scales, out_dtype=torch.float32, block_m=64, 
         a, a_exps, b, b_exps, out, M, N, K,
         a.stride(0), a_exps.stride(0), b.stride(0), b_exps.stride(0), out.stride(0),
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, PROMOTE_ROWCOL=promote_rowcol,
-        num_warps=num_warps, num_stages=num_stages)
+        EVEN_K=K % block_k == 0, num_warps=num_warps, num_stages=num_stages)
     return out
 
 
@@ -134,6 +145,7 @@ def mxfp8_grouped_matmul_kernel(
     num_tokens, num_experts, N, K, m_tiles,
     stride_am, stride_aem, stride_be, stride_bn, stride_bee, stride_ben, stride_om,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PROMOTE_ROWCOL: tl.constexpr,
+    EVEN_K: tl.constexpr,
 ):
     """``out[rows of g] = A[rows of g] · B[expert_ids[g]]ᵀ`` for all groups, MXFP8 operands.
 
@@ -158,12 +170,14 @@ def mxfp8_grouped_matmul_kernel(
         row_ok = rows < end
         col_ok = cols < N
         ks = tl.arange(0, 32)
-        a_ptrs = a_ptr + rows[:, None].to(tl.int64) * stride_am + ks[None, :]
-        b_ptrs = b_ptr + expert * stride_be + cols[None, :].to(tl.int64) * stride_bn + ks[:, None]
-        a_exp_ptrs = a_exp_ptr + rows.to(tl.int64) * stride_aem
-        b_exp_ptrs = b_exp_ptr + expert * stride_bee + cols.to(tl.int64) * stride_ben
-        acc = promoted_k_loop(a_ptrs, a_exp_ptrs, b_ptrs, b_exp_ptrs, rows, cols, row_ok, col_ok, k_run,
-                              BLOCK_M, BLOCK_N, BLOCK_K, PROMOTE_ROWCOL)
+        load_rows = tl.minimum(rows, end - 1).to(tl.int64)  # rows past the group read its last row again
+        load_cols = tl.minimum(cols, N - 1).to(tl.int64)
+        a_ptrs = a_ptr + load_rows[:, None] * stride_am + ks[None, :]
+        b_ptrs = (b_ptr + expert * stride_be) + load_cols[None, :] * stride_bn + ks[:, None]
+        a_exp_ptrs = a_exp_ptr + load_rows * stride_aem
+        b_exp_ptrs = (b_exp_ptr + expert * stride_bee) + load_cols * stride_ben
+        acc = promoted_k_loop(a_ptrs, a_exp_ptrs, b_ptrs, b_exp_ptrs, rows, cols, k_run,
+                              BLOCK_M, BLOCK_N, BLOCK_K, PROMOTE_ROWCOL, EVEN_K)
         tl.store(out_ptr + rows[:, None].to(tl.int64) * stride_om + cols[None, :], acc.to(out_ptr.dtype.element_ty),
                  mask=row_ok[:, None] & col_ok[None, :])
 
@@ -193,5 +207,5 @@ def mxfp8_grouped_matmul(a, a_scales, b, b_scales, a_offsets, expert_ids, out=No
         a, a_exps, b, b_exps, out, a_offsets, expert_ids, T, E, N, K, m_tiles,
         a.stride(0), a_exps.stride(0), b.stride(0), b.stride(1), b_exps.stride(0), b_exps.stride(1), out.stride(0),
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, PROMOTE_ROWCOL=promote_rowcol,
-        num_warps=num_warps, num_stages=num_stages)
+        EVEN_K=K % block_k == 0, num_warps=num_warps, num_stages=num_stages)
     return out
