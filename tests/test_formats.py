@@ -15,6 +15,7 @@ from llmkernels.formats import (
     to_blocked_scales,
     to_grouped_blocked_scales,
 )
+from llmkernels.formats import api as formats_api
 from llmkernels.formats.kernel import decode_e2m1, decode_e2m1_pairs_bf16, decode_scale
 from llmkernels.testing import poison, relative_error
 
@@ -254,10 +255,15 @@ def test_packed_e2m1_decoder_matches_the_reference_for_every_byte_and_scale():
         assert torch.equal(got[~nan].view(torch.int16), expected[~nan].view(torch.int16))
 
 
+@pytest.mark.parametrize("gather_after", [False, True], ids=["one-pass", "quantize-then-gather"])
 @pytest.mark.parametrize("format", FORMAT_NAMES)
-def test_quantize_gathered_rows_match_quantize_of_the_gather(format, device):
+def test_quantize_gathered_rows_match_quantize_of_the_gather(format, gather_after, device, monkeypatch):
+    """Both ways of ``rows=`` (one pass; x quantized whole then its rows copied, for large gathers) give the bits of
+    quantizing ``x[rows]``, indices clamped to x's rows."""
+    if gather_after:
+        monkeypatch.setattr(formats_api, "GATHER_AFTER_MIN_ELEMENTS", 0)
     x = _wide_range_input((9, 96), torch.bfloat16, device)
-    rows = torch.tensor([4, 0, 4, 8, 1, 7, 7, 2, 3, 5, 6, 0], device=device)  # repeated, out of order
+    rows = torch.tensor([4, 0, 4, 8, 1, 7, 7, 2, 3, 5, 6, 0, 8, 4, 1, 3, 2, 2, 0, 7], device=device)  # repeated
     gathered = lk.quantize(x, format, rows=rows, global_scale=lk.quantize(x, format).global_scale)
     expected = lk.quantize(x[rows], format, global_scale=lk.quantize(x, format).global_scale)
     assert torch.equal(_bits(gathered.data), _bits(expected.data))

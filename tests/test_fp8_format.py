@@ -14,6 +14,7 @@ from public_calls import forbid_launches, poisoned_buffer
 
 import llmkernels as lk
 from llmkernels import runtime
+from llmkernels.formats import api as formats_api
 from llmkernels.formats import quantize_reference, scaled_tensor_from_parts, scaled_tensor_parts
 
 ACTIVATIONS, WEIGHTS = (1, 128), (128, 128)
@@ -190,6 +191,21 @@ def test_rows_gather_any_view(device):
     clamped = torch.tensor([-5, 20], device=device)
     assert_same_bits(
         lk.quantize(x, "fp8", block=ACTIVATIONS, rows=clamped), quantize_reference(x[[0, 8]], "fp8", block=ACTIVATIONS)
+    )
+
+
+def test_rows_gather_after_quantize(device, monkeypatch):
+    """Large gathers quantize x once and copy its rows: the bits of the one-pass gather, indices clamped."""
+    monkeypatch.setattr(formats_api, "GATHER_AFTER_MIN_ELEMENTS", 0)
+    x = _wide_range((5, 200), torch.bfloat16, device)
+    rows = torch.tensor([3, 0, 4, 4, -5, 1, 20, 2, 3, 0, 1], device=device)
+    for _kind, view in _views(rows):
+        expected = quantize_reference(x[view.contiguous().clamp(0, 4)], "fp8", block=ACTIVATIONS)
+        assert_same_bits(lk.quantize(x, "fp8", block=ACTIVATIONS, rows=view), expected)
+    narrow = x[:, :128]  # a strided view, one scale block a row
+    assert_same_bits(
+        lk.quantize(narrow, "fp8", block=ACTIVATIONS, rows=rows.int()),
+        quantize_reference(narrow[rows.clamp(0, 4)], "fp8", block=ACTIVATIONS),
     )
 
 
