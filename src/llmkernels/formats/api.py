@@ -27,6 +27,8 @@ FP8_TILE = (128, 128, 8)
 # dispatch's top-k copies), quantize x once and copy the quantized rows: the one-pass kernel reads each source row
 # once per copy. H100, Qwen3-30B-A3B's 16384 tokens x top-8 of [16384, 2048] bf16, fp8 (1, 128): 340 µs one pass.
 GATHER_AFTER_MIN_ELEMENTS = 1 << 24
+# (rows, words, warps) of one program of the quantized rows' copy
+GATHER_TILE = (8, 256, 4)
 
 
 def quantize(
@@ -148,6 +150,7 @@ class _Plan:
         self.x_as_given = self.is_2d and unit_last_stride(x) is x
         self.bound = None
         self.whole = None  # the plan of x quantized whole, for large gathers (GATHER_AFTER_MIN_ELEMENTS)
+        self.gather_bound = None  # and the bound copy of its rows
 
     def __call__(self, x, global_scale, group_offsets, rows) -> ScaledTensor:
         if (
@@ -187,13 +190,32 @@ class _Plan:
         if self.has_global_scale and global_scale is None:
             global_scale = nvfp4_global_scale(x)
         whole = self.whole(x, global_scale, None, None)
-        rows = rows.clamp(0, self.num_x_rows - 1)
         data = runtime.new_buffer(self.data_shape, self.data_dtype, self.device)
         scales = runtime.new_buffer(self.scales_shape, self.scales_buffer_dtype, self.device)
-        for source, target in ((whole.data, data), (whole.scales, scales)):
-            source = source.reshape(self.num_x_rows, -1)
-            words = _widest_word(source.shape[1] * source.element_size())
-            torch.index_select(source.view(words), 0, rows, out=target.view(self.num_rows, -1).view(words))
+        # data and scales as rows of words of one integer type (the narrower row decides; one kernel copies both)
+        data_bytes = data.numel() // self.num_rows * data.element_size()
+        scale_bytes = scales.numel() // self.num_rows * scales.element_size()
+        word = _widest_word(math.gcd(data_bytes, scale_bytes))
+        words = [t.view(torch.uint8).view(-1).view(word) for t in (whole.data, whole.scales, data, scales)]
+        rows = rows.contiguous()
+        if self.gather_bound is None:
+            data_words, scale_words = data_bytes // word.itemsize, scale_bytes // word.itemsize
+            block_rows, block_words, num_warps = GATHER_TILE
+            block_words = max(block_words, triton.next_power_of_2(scale_words))
+            self.gather_bound = bind(
+                kernel.gather_rows_kernel,
+                (triton.cdiv(self.num_rows, block_rows), triton.cdiv(data_words, block_words)),
+                rows,
+                *words,
+                self.num_rows,
+                self.num_x_rows,
+                data_words,
+                scale_words,
+                BLOCK_ROWS=block_rows,
+                BLOCK_WORDS=block_words,
+                num_warps=num_warps,
+            )
+        self.gather_bound(rows, *words)
         result = ScaledTensor.unchecked(
             data, scales.view(self.scale_dtype), self.format, whole.global_scale, ROW, block=self.block
         )

@@ -306,6 +306,39 @@ def quantize_tiles_kernel(
     tl.store(scales_ptr + (matrix * num_tile_rows + tile_row) * num_tile_cols + tile_col, scale)
 
 
+@triton.jit
+def gather_rows_kernel(
+    source_rows_ptr,
+    data_ptr,
+    scales_ptr,
+    data_out_ptr,
+    scales_out_ptr,
+    num_rows,
+    num_source_rows,
+    data_words,
+    scale_words,
+    BLOCK_ROWS: tl.constexpr,
+    BLOCK_WORDS: tl.constexpr,
+):
+    """Rows of a quantized tensor copied: ``data_out[r] = data[source_rows[r]]`` and ``scales_out[r] =
+    scales[source_rows[r]]``, indices clamped to ``[0, num_source_rows)``; the four tensors contiguous, seen as
+    rows of ``data_words`` / ``scale_words`` integer words. Grid: (row blocks, word blocks of a data row); the
+    programs of word block 0 also copy the scale rows (at most ``BLOCK_WORDS`` words)."""
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+    row_ok = rows < num_rows
+    source = tl.load(source_rows_ptr + rows, mask=row_ok, other=0).to(tl.int64)
+    source = tl.minimum(tl.maximum(source, 0), num_source_rows - 1)
+    words = tl.program_id(1) * BLOCK_WORDS + tl.arange(0, BLOCK_WORDS)
+    mask = row_ok[:, None] & (words < data_words)[None, :]
+    values = tl.load(data_ptr + source[:, None] * data_words + words[None, :], mask=mask)
+    tl.store(data_out_ptr + rows[:, None] * data_words + words[None, :], values, mask=mask)
+    if tl.program_id(1) == 0:
+        words = tl.arange(0, BLOCK_WORDS)
+        mask = row_ok[:, None] & (words < scale_words)[None, :]
+        values = tl.load(scales_ptr + source[:, None] * scale_words + words[None, :], mask=mask)
+        tl.store(scales_out_ptr + rows[:, None] * scale_words + words[None, :], values, mask=mask)
+
+
 # ---------------------------------------------------------------------------------------------
 # Operand tiles, their scales and their dequantize (shared by the matmul kernels); each scale layout's device
 # addressing is its module's (formats/layouts/), passed in as constexpr functions
