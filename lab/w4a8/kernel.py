@@ -34,7 +34,7 @@ from llmkernels.grouped_matmul.kernel import find_group, group_tiles
 
 BLOCK_K = 128  # one activation scale block per K step
 MX_BLOCK = 32
-MAX_SHIFT = 8  # largest exponent gap the fast branch decodes exactly (e4m3's smallest subnormal is 2^-9)
+MAX_SHIFT = tl.constexpr(8)  # largest exponent gap the fast branch decodes exactly (e4m3's smallest subnormal is 2^-9)
 
 
 @dataclass(frozen=True)
@@ -57,6 +57,20 @@ class W4A8Config:
 
 COMPUTE_CONFIG = W4A8Config(128, 128, 8, 3)
 DECODE_CONFIG = W4A8Config(16, 128, 4, 4, swap_ab=True)
+SWEEPS = {  # what bench_gpu.py times and compile_sm90.py compiles; the first of each is the regime's default
+    "compute": [
+        COMPUTE_CONFIG,  # two consumer warp groups of 64 tokens, one 128-row decoded weight tile
+        W4A8Config(128, 256, 8, 3),  # each A tile feeds twice the weight rows (half the A traffic per FLOP)
+        W4A8Config(256, 128, 8, 3),  # the decode amortized over twice the tokens
+        W4A8Config(64, 128, 4, 4),
+    ],
+    "decode": [
+        DECODE_CONFIG,  # weights on wgmma's M side (m64 per warp group), 16 tokens as N
+        W4A8Config(32, 128, 4, 4, swap_ab=True),
+        W4A8Config(64, 64, 4, 4, swap_ab=True),
+        W4A8Config(64, 128, 4, 3),  # not swapped: 64-token tiles
+    ],
+}
 
 
 @triton.jit
@@ -130,17 +144,23 @@ def _k_step(
     stride_w_k,
     stride_w_exp_k,
     SWAP_AB: tl.constexpr,
+    EXACT_BRANCH: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
     """One 128-wide K step: acc ``[BLOCK_M, BLOCK_N]`` (``[BLOCK_N, BLOCK_M]`` with SWAP_AB) plus the step's
     promoted product. a_ptrs ``[BLOCK_M, 128]`` (a32_ptrs: its first 32 columns), a_scale_ptrs ``[BLOCK_M]``,
-    w_ptrs ``[BLOCK_N, 64]`` bytes (w16_ptrs: its first 16), w_exp_ptrs ``[BLOCK_N, 4]``, all at K step 0."""
+    w_ptrs ``[BLOCK_N, 64]`` bytes (w16_ptrs: its first 16), w_exp_ptrs ``[BLOCK_N, 4]``, all at K step 0. Without
+    EXACT_BRANCH the caller knows every block's exponents spread by at most 8 (no branch in the loop: Triton
+    pipelines its loads); with it, a block spread further takes the four-dot branch."""
     exps = tl.load(w_exp_ptrs + (4 * k_step) * stride_w_exp_k).to(tl.int32)  # [BLOCK_N, 4]
     reference = tl.max(exps, axis=1)
-    spread = tl.max(reference - tl.min(exps, axis=1))
     a_scale = tl.load(a_scale_ptrs + k_step * stride_a_scale_k)
-    if spread <= 8:
+    if EXACT_BRANCH:
+        spread = tl.max(reference - tl.min(exps, axis=1))
+    else:
+        spread = 0
+    if spread <= MAX_SHIFT:
         a = tl.load(a_ptrs + (k_step * 128) * stride_a_k).to(tl.float8e4nv, bitcast=True)
         packed = tl.load(w_ptrs + (k_step * 64) * stride_w_k).to(tl.int32)
         w = decode_tile(packed, reference[:, None] - exps, BLOCK_N, 128)
@@ -153,14 +173,31 @@ def _k_step(
         # Exponents too far apart for one reference: four 32-wide dots, each sub-block at its own exponent.
         for j in tl.static_range(4):
             a32 = tl.load(a32_ptrs + (k_step * 128 + 32 * j) * stride_a_k).to(tl.float8e4nv, bitcast=True)
-            packed = tl.load(w16_ptrs + (k_step * 64 + 16 * j) * stride_w_k).to(tl.int32)
-            w32 = decode_tile(packed, tl.zeros((BLOCK_N, 1), dtype=tl.int32), BLOCK_N, 32)
-            w_factor = e8m0_to_f32(tl.sum(tl.where(tl.arange(0, 4)[None, :] == j, exps, 0), axis=1))
+            packed16 = tl.load(w16_ptrs + (k_step * 64 + 16 * j) * stride_w_k).to(tl.int32)
+            w32 = decode_tile(packed16, tl.zeros((BLOCK_N, 1), dtype=tl.int32), BLOCK_N, 32)
+            factor_j = e8m0_to_f32(tl.sum(tl.where(tl.arange(0, 4)[None, :] == j, exps, 0), axis=1))
             if SWAP_AB:
-                acc += tl.dot(w32, tl.trans(a32)) * (w_factor[:, None] * a_scale[None, :])
+                acc += tl.dot(w32, tl.trans(a32)) * (factor_j[:, None] * a_scale[None, :])
             else:
-                acc += tl.dot(a32, tl.trans(w32)) * (a_scale[:, None] * w_factor[None, :])
+                acc += tl.dot(a32, tl.trans(w32)) * (a_scale[:, None] * factor_j[None, :])
     return acc
+
+
+@triton.jit
+def tile_spread(w_exp_row_ptrs, num_exps, stride_w_exp_k, BLOCK_N: tl.constexpr):
+    """``max_n,kb (max_j e[n, kb, j] − min_j e[n, kb, j])`` over a weight tile's rows (w_exp_row_ptrs ``[BLOCK_N]``
+    at exponent column 0) and its ``num_exps`` exponents (a multiple of 4), 16 K blocks per load."""
+    columns = tl.arange(0, 64)
+    spread = 0
+    for start in range(0, num_exps, 64):
+        exps = tl.load(
+            w_exp_row_ptrs[:, None] + (start + columns)[None, :] * stride_w_exp_k,
+            mask=(start + columns < num_exps)[None, :],
+            other=0,
+        )
+        exps = tl.reshape(exps.to(tl.int32), (BLOCK_N, 16, 4))
+        spread = tl.maximum(spread, tl.max(tl.max(exps, axis=2) - tl.min(exps, axis=2)))
+    return spread
 
 
 @triton.jit
@@ -243,24 +280,50 @@ def w4a8_grouped_matmul_kernel(
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k_step in range(0, tl.where(expert_ok, K // 128, 0)):
-        acc = _k_step(
-            acc,
-            a_ptrs,
-            a32_ptrs,
-            a_scale_ptrs,
-            w_ptrs,
-            w16_ptrs,
-            w_exp_ptrs,
-            k_step,
-            stride_a_k,
-            stride_a_scale_k,
-            stride_w_k,
-            stride_w_exp_k,
-            SWAP_AB,
-            BLOCK_M,
-            BLOCK_N,
-        )
+    # One look at the tile's exponents picks the loop: the branch-free one (the common case: Triton pipelines
+    # it) or the one that checks each K block.
+    k_steps = tl.where(expert_ok, K // 128, 0)
+    w_exp_row_ptrs = (w_exps_ptr + expert * stride_w_exp_expert) + w_rows * stride_w_exp_row
+    if tile_spread(w_exp_row_ptrs, 4 * k_steps, stride_w_exp_k, BLOCK_N) <= MAX_SHIFT:
+        for k_step in range(0, k_steps):
+            acc = _k_step(
+                acc,
+                a_ptrs,
+                a32_ptrs,
+                a_scale_ptrs,
+                w_ptrs,
+                w16_ptrs,
+                w_exp_ptrs,
+                k_step,
+                stride_a_k,
+                stride_a_scale_k,
+                stride_w_k,
+                stride_w_exp_k,
+                SWAP_AB,
+                False,
+                BLOCK_M,
+                BLOCK_N,
+            )
+    else:
+        for k_step in range(0, k_steps):
+            acc = _k_step(
+                acc,
+                a_ptrs,
+                a32_ptrs,
+                a_scale_ptrs,
+                w_ptrs,
+                w16_ptrs,
+                w_exp_ptrs,
+                k_step,
+                stride_a_k,
+                stride_a_scale_k,
+                stride_w_k,
+                stride_w_exp_k,
+                SWAP_AB,
+                True,
+                BLOCK_M,
+                BLOCK_N,
+            )
     if SWAP_AB:
         acc = tl.trans(acc)
     cols = first_col + tl.arange(0, BLOCK_N)

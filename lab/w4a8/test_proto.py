@@ -101,11 +101,12 @@ def test_bf16(spread):
 
 
 def test_mixed_branches_and_strided_views():
-    """One tile's K blocks alternate between the branches (spread 9 only in odd blocks); the weights are a
-    non-contiguous view (every other expert of a larger tensor) and the output a column-offset view."""
-    a_q, w_q, offsets, ids = make_problem([20, 13], [0, 1], n=32, k=256, spread=2, seed=11)
+    """Weight rows 0-31 have one K block spread by 9 (their tiles take the checking loop, its two branches), rows
+    32-63 spread by 2 (the branch-free loop), in one launch; the weights are a non-contiguous view (every other
+    expert of a larger tensor) and the output a column-offset view."""
+    a_q, w_q, offsets, ids = make_problem([20, 13], [0, 1], n=64, k=256, spread=2, seed=11)
     exps = w_q.scales.view(torch.uint8).clone()
-    exps[..., 4:8] = (exps[..., 4:8].int() - torch.tensor([0, 9, 3, 1])).clamp_min(1).to(torch.uint8)
+    exps[:, :32, 4:8] = (exps[:, :32, 4:8].int() - torch.tensor([0, 9, 3, 1])).clamp_min(1).to(torch.uint8)
     data = torch.stack([w_q.data, torch.zeros_like(w_q.data)], 1).flatten(0, 1)[::2]
     scales = torch.stack([exps, torch.zeros_like(exps)], 1).flatten(0, 1)[::2].view(torch.float8_e8m0fnu)
     w_view = llmkernels.ScaledTensor(data, scales, "mxfp4")
