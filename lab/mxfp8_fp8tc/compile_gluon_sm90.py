@@ -33,7 +33,13 @@ from triton.experimental.gluon._runtime import GluonASTSource  # noqa: E402
 _BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 EXPECTED_KIND = "m64n128k32.f32.e4m3.e4m3"
 # extra rows of the table: the ring depths around the defaults (shared memory: v1 48 KB a stage, v2 32 KB)
-EXTRA = [Mxfp8GluonConfig("v1", 4), Mxfp8GluonConfig("v2", 3), Mxfp8GluonConfig("v2", 5)]
+EXTRA = [
+    Mxfp8GluonConfig("v1", 3, "bf16", late=True),
+    Mxfp8GluonConfig("v2", 4, "bf16", late=True),
+    Mxfp8GluonConfig("v2", 4, "bf16", volatile=True),
+    Mxfp8GluonConfig("v1", 3, "bf16", volatile=True),
+    Mxfp8GluonConfig("v2", 4, "fp32"),
+]
 
 
 def _run(*command: str) -> str:
@@ -149,6 +155,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="", help="markdown file to write the table to")
     parser.add_argument("--sass", default="", help="folder to write each variant's SASS to")
+    parser.add_argument("--only", default="", help="comma-separated indices into VARIANTS + EXTRA (default: all)")
     args = parser.parse_args()
     lines = [
         f"Triton {triton.__version__}, target sm_90a, ptxas {os.path.basename(_ptxas())}; launch num_warps=4, "
@@ -161,7 +168,10 @@ def main() -> int:
     ]
     print("\n".join(lines), flush=True)
     failed = False
-    for config in VARIANTS + EXTRA:
+    configs = VARIANTS + EXTRA
+    if args.only:
+        configs = [configs[int(i)] for i in args.only.split(",")]
+    for config in configs:
         try:
             result = inspect(compile_config(config))
         except Exception as error:  # noqa: BLE001 - report and go on

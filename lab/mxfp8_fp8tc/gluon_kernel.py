@@ -152,7 +152,7 @@ def _sub_mma(a_tile, b_tile, j: gl.constexpr, into):
 @gluon.jit
 def _promote(acc, partial, fa, fb):
     """``acc + partial · fb[col] · fa[row]`` (FMUL + FFMA; exact scalings by powers of two)."""
-    return gl.fma(partial * gl.expand_dims(fb, 0), gl.expand_dims(fa, 1), acc)
+    return gl.fma(partial * gl.expand_dims(fa, 1), gl.expand_dims(fb, 0), acc)
 
 
 @gluon.jit
@@ -162,13 +162,15 @@ def _row_factors(a_exps_ptr, a_exp_rows, k32):
 
 
 @gluon.jit
-def _col_factors(b_base, k32, stride_bf_k32, HALF: gl.constexpr):
-    """fb ``[128]`` fp32 of sub-block ``k32`` for B box ``HALF`` (a thread's 32 columns: 16 8-byte loads)."""
+def _col_factors(b_base, k32, stride_bf_k32, HALF: gl.constexpr, VOLATILE: gl.constexpr):
+    """fb ``[128]`` fp32 of sub-block ``k32`` for B box ``HALF`` (a thread's 32 columns, pairs adjacent: 16 loads
+    of 8 (fp32) or 4 (bf16) bytes). ``VOLATILE``: ``ld.volatile``, which ptxas does not hoist above the wgmma waits
+    (hoisted, the next sub-blocks' factors stay live across a promotion: spills), but which bypasses L1."""
     mma_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 128, 32]
     )
     cols = HALF * 128 + gl.arange(0, 128, layout=gl.SliceLayout(0, mma_layout))
-    return gl.load(b_base + k32 * stride_bf_k32 + cols)
+    return gl.load(b_base + k32 * stride_bf_k32 + cols, volatile=VOLATILE).to(gl.float32)
 
 
 @gluon.jit
@@ -186,6 +188,8 @@ def _k_loop_v1(
     acc0,
     acc1,
     CONSUMER: gl.constexpr,
+    LATE: gl.constexpr,
+    VOLATILE: gl.constexpr,
 ):
     """Two B boxes, one partial: per sub-block and box wgmma, full wait, promote (8 waits per stage)."""
     STAGES: gl.constexpr = a_smem.shape[0] // 2
@@ -201,16 +205,45 @@ def _k_loop_v1(
             k32 = kb * 4 + j
             fa = _row_factors(a_exps_ptr, a_exp_rows, k32)
             partial = _sub_mma(a_tile, b_tile0, j, partial)
-            fb = _col_factors(b_base, k32, stride_bf_k32, 0)
+            if not LATE:
+                fb = _col_factors(b_base, k32, stride_bf_k32, 0, VOLATILE)
             partial = warpgroup_mma_wait(num_outstanding=0, deps=(partial,))
+            if LATE:
+                fb = _col_factors(b_base, k32, stride_bf_k32, 0, VOLATILE)
             acc0 = _promote(acc0, partial, fa, fb)
             partial = _sub_mma(a_tile, b_tile1, j, partial)
-            fb = _col_factors(b_base, k32, stride_bf_k32, 1)
+            if not LATE:
+                fb = _col_factors(b_base, k32, stride_bf_k32, 1, VOLATILE)
             partial = warpgroup_mma_wait(num_outstanding=0, deps=(partial,))
+            if LATE:
+                fb = _col_factors(b_base, k32, stride_bf_k32, 1, VOLATILE)
             if j == 3:
                 mbarrier.arrive(empty.index(stage))
             acc1 = _promote(acc1, partial, fa, fb)
     return acc0, acc1
+
+
+@gluon.jit
+def _v2_step(
+    acc,
+    done,
+    OUTSTANDING: gl.constexpr,
+    a_exps_ptr,
+    a_exp_rows,
+    b_base,
+    k32,
+    stride_bf_k32,
+    LATE: gl.constexpr,
+    VOLATILE: gl.constexpr,
+):
+    """Wait for ``done`` (sub-block k32's partial) leaving ``OUTSTANDING`` wgmma groups in flight, promote it."""
+    fa = _row_factors(a_exps_ptr, a_exp_rows, k32)
+    if not LATE:
+        fb = _col_factors(b_base, k32, stride_bf_k32, 0, VOLATILE)
+    done = warpgroup_mma_wait(num_outstanding=OUTSTANDING, deps=(done,))
+    if LATE:
+        fb = _col_factors(b_base, k32, stride_bf_k32, 0, VOLATILE)
+    return _promote(acc, done, fa, fb), done
 
 
 @gluon.jit
@@ -227,6 +260,8 @@ def _k_loop_v2(
     stride_bf_k32,
     acc,
     CONSUMER: gl.constexpr,
+    LATE: gl.constexpr,
+    VOLATILE: gl.constexpr,
 ):
     """One B box, two partials: sub-block j + 1's wgmma runs while sub-block j is promoted (``wait_group 1``);
     the stage drains at its end (no wgmma in flight across the loop's back edge)."""
@@ -242,24 +277,18 @@ def _k_loop_v2(
         b_tile = b_smem.index(stage)
         p_even = _sub_mma(a_tile, b_tile, 0, p_even)
         p_odd = _sub_mma(a_tile, b_tile, 1, p_odd)
-        fa = _row_factors(a_exps_ptr, a_exp_rows, k32)
-        fb = _col_factors(b_base, k32, stride_bf_k32, 0)
-        p_even = warpgroup_mma_wait(num_outstanding=1, deps=(p_even,))
-        acc = _promote(acc, p_even, fa, fb)
+        acc, p_even = _v2_step(acc, p_even, 1, a_exps_ptr, a_exp_rows, b_base, k32, stride_bf_k32, LATE, VOLATILE)
         p_even = _sub_mma(a_tile, b_tile, 2, p_even)
-        fa = _row_factors(a_exps_ptr, a_exp_rows, k32 + 1)
-        fb = _col_factors(b_base, k32 + 1, stride_bf_k32, 0)
-        p_odd = warpgroup_mma_wait(num_outstanding=1, deps=(p_odd,))
-        acc = _promote(acc, p_odd, fa, fb)
+        acc, p_odd = _v2_step(acc, p_odd, 1, a_exps_ptr, a_exp_rows, b_base, k32 + 1, stride_bf_k32, LATE, VOLATILE)
         p_odd = _sub_mma(a_tile, b_tile, 3, p_odd)
-        fa = _row_factors(a_exps_ptr, a_exp_rows, k32 + 2)
-        fb = _col_factors(b_base, k32 + 2, stride_bf_k32, 0)
-        p_even = warpgroup_mma_wait(num_outstanding=1, deps=(p_even,))
-        acc = _promote(acc, p_even, fa, fb)
+        acc, p_even = _v2_step(acc, p_even, 1, a_exps_ptr, a_exp_rows, b_base, k32 + 2, stride_bf_k32, LATE, VOLATILE)
         fa = _row_factors(a_exps_ptr, a_exp_rows, k32 + 3)
-        fb = _col_factors(b_base, k32 + 3, stride_bf_k32, 0)
+        if not LATE:
+            fb = _col_factors(b_base, k32 + 3, stride_bf_k32, 0, VOLATILE)
         p_odd = warpgroup_mma_wait(num_outstanding=0, deps=(p_odd,))
         mbarrier.arrive(empty.index(stage))
+        if LATE:
+            fb = _col_factors(b_base, k32 + 3, stride_bf_k32, 0, VOLATILE)
         acc = _promote(acc, p_odd, fa, fb)
     return acc
 
@@ -283,13 +312,14 @@ def _consumer_partition(
     K,
     CONSUMER: gl.constexpr,
     NUM_B: gl.constexpr,
+    LATE: gl.constexpr,
+    VOLATILE: gl.constexpr,
 ):
     """Consumer warpgroup ``CONSUMER``: rows ``[64·CONSUMER, 64·CONSUMER + 64)`` of every tile it is handed."""
     mma_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 128, 32]
     )
     row_layout: gl.constexpr = gl.SliceLayout(1, mma_layout)
-    col_layout: gl.constexpr = gl.SliceLayout(0, mma_layout)
     zero = gl.zeros([CONSUMER_ROWS, 128], gl.float32, layout=mma_layout)
     k_blocks = gl.cdiv(K, K_STEP)
     count = 0
@@ -323,6 +353,8 @@ def _consumer_partition(
                     acc0,
                     acc1,
                     CONSUMER,
+                    LATE,
+                    VOLATILE,
                 )
             else:
                 acc0 = _k_loop_v2(
@@ -338,6 +370,8 @@ def _consumer_partition(
                     stride_bf_k32,
                     acc0,
                     CONSUMER,
+                    LATE,
+                    VOLATILE,
                 )
             consumed += k_blocks
         valid = expert >= 0
@@ -371,13 +405,16 @@ def mxfp8_fp8tc_kernel(
     n_tiles,
     STAGES: gl.constexpr,
     NUM_B: gl.constexpr,
+    LATE_FACTORS: gl.constexpr,
+    VOLATILE_FACTORS: gl.constexpr,
 ):
     """Persistent warp-specialized grouped MXFP8 matmul (module docstring).
 
     a_desc: TMA descriptor over A ``[T, K]`` e4m3, block ``[64, 128]``; b_desc over B viewed as ``[E·N, K]`` e4m3,
     block ``[128, 128]``; a_exps_ptr uint8 ``[T, K/32]`` (unit column stride); b_factors_ptr fp32 ``[E, K/32, N]``
     (unit column stride); out_ptr bf16 ``[T, N]`` (unit column stride). NUM_B 2 runs variant v1 (BLOCK_N 256), 1
-    runs v2 (BLOCK_N 128). Grid ``(min(SMs, tile bound),)``, ``num_warps=4``, ``maxnreg`` = :data:`MAX_REGS`."""
+    runs v2 (BLOCK_N 128). LATE_FACTORS: a sub-block's factor loads after its wgmma wait instead of before;
+    VOLATILE_FACTORS: as ``ld.volatile`` (see :func:`_col_factors`). Grid ``(min(SMs, tile bound),)``, ``num_warps=4``, ``maxnreg`` = :data:`MAX_REGS`."""
     a_smem = gl.allocate_shared_memory(a_desc.dtype, [2 * STAGES, CONSUMER_ROWS, K_STEP], a_desc.layout)
     b_smem = gl.allocate_shared_memory(b_desc.dtype, [NUM_B * STAGES, 128, K_STEP], b_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -415,6 +452,8 @@ def mxfp8_fp8tc_kernel(
                     K,
                     0,
                     NUM_B,
+                    LATE_FACTORS,
+                    VOLATILE_FACTORS,
                 ),
             ),
             (
@@ -437,6 +476,8 @@ def mxfp8_fp8tc_kernel(
                     K,
                     1,
                     NUM_B,
+                    LATE_FACTORS,
+                    VOLATILE_FACTORS,
                 ),
             ),
             (
@@ -476,6 +517,9 @@ class Mxfp8GluonConfig:
 
     variant: str = "v1"
     stages: int = 3
+    factors: str = "bf16"  # dtype of B's column factors in memory: "bf16" (16 registers per 32 columns) or "fp32"
+    late: bool = False  # load a sub-block's factors after its wgmma wait (else before its wgmma is issued)
+    volatile: bool = False  # factor loads as ld.volatile (not hoisted by ptxas; bypass L1)
 
     @property
     def num_b(self) -> int:
@@ -487,7 +531,12 @@ class Mxfp8GluonConfig:
 
     @property
     def label(self) -> str:
-        return f"gluon {self.variant} 128x{self.block_n}x128 s{self.stages}"
+        extras = ("" if not self.late else " late") + ("" if not self.volatile else " volatile")
+        return f"gluon {self.variant} 128x{self.block_n}x128 s{self.stages} fb-{self.factors}{extras}"
+
+    @property
+    def factor_dtype(self) -> torch.dtype:
+        return torch.bfloat16 if self.factors == "bf16" else torch.float32
 
 
 VARIANTS = [Mxfp8GluonConfig("v1", 3), Mxfp8GluonConfig("v2", 4)]
@@ -510,17 +559,19 @@ def compile_signature(config: Mxfp8GluonConfig):
         a_desc=descriptor_type([64, 128]),
         b_desc=descriptor_type([128, 128]),
         a_exps_ptr="*u8",
-        b_factors_ptr="*fp32",
+        b_factors_ptr="*bf16" if config.factors == "bf16" else "*fp32",
         out_ptr="*bf16",
         a_offsets_ptr="*i32",
         expert_ids_ptr="*i32",
     )
-    constexprs = dict(STAGES=config.stages, NUM_B=config.num_b)
+    constexprs = dict(
+        STAGES=config.stages, NUM_B=config.num_b, LATE_FACTORS=config.late, VOLATILE_FACTORS=config.volatile
+    )
     signature = {name: ("constexpr" if name in constexprs else types.get(name, "i32")) for name in names}
     return signature, constexprs
 
 
-def b_exponent_factors(b_exps: torch.Tensor) -> torch.Tensor:
+def b_exponent_factors(b_exps: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
     """The one-time weight conversion: e8m0 bytes uint8 ``[E, N, K/32]`` → exact fp32 factors ``[E, K/32, N']``
     (2^(e − 127); e = 0 → 2^-127, e = 255 → NaN), K/32-major so a thread's column pairs are adjacent; rows padded
     with ones to ``N' = N + 256`` rounded up to 4 columns (the kernel's tiles read past N unclamped)."""
@@ -528,8 +579,8 @@ def b_exponent_factors(b_exps: torch.Tensor) -> torch.Tensor:
     bits = torch.where(e == 0, 0x00400000, torch.where(e == 255, 0x7FC00000, e << 23)).to(torch.int32)
     num_experts, n, k32 = b_exps.shape
     # rows padded to N + 256 columns (a multiple of 4): the kernel reads a tile's columns without a clamp
-    padded = torch.ones(num_experts, k32, triton.cdiv(n + 256, 4) * 4, dtype=torch.float32, device=b_exps.device)
-    padded[:, :, :n] = bits.view(torch.float32).transpose(1, 2)
+    padded = torch.ones(num_experts, k32, triton.cdiv(n + 256, 8) * 8, dtype=dtype, device=b_exps.device)
+    padded[:, :, :n] = bits.view(torch.float32).transpose(1, 2).to(dtype)  # powers of two: exact in bf16 too
     return padded
 
 
@@ -544,7 +595,7 @@ def mxfp8_grouped_matmul_gluon(a, a_exps, b, b_exps, a_offsets, expert_ids, out=
     :func:`b_exponent_factors` for these weights (a timed call passes it: the conversion is per weight, not per
     call); built here when None. K a multiple of 128. Raises ValueError on any other shape or dtype."""
     config = config or VARIANTS[0]
-    if config.variant not in ("v1", "v2") or config.stages < 2:
+    if config.variant not in ("v1", "v2") or config.stages < 2 or config.factors not in ("bf16", "fp32"):
         raise ValueError(f"config: unsupported {config}")
     if a.dim() != 2 or b.dim() != 3 or a.dtype != torch.float8_e4m3fn or b.dtype != torch.float8_e4m3fn:
         raise ValueError("a must be e4m3 [T, K] and b e4m3 [E, N, K]")
@@ -564,8 +615,12 @@ def mxfp8_grouped_matmul_gluon(a, a_exps, b, b_exps, a_offsets, expert_ids, out=
     if num_groups == 0 or num_tokens == 0 or n == 0:
         return out
     if b_factors is None:
-        b_factors = b_exponent_factors(b_exps)
-    if tuple(b_factors.shape[:2]) != (num_experts, k // 32) or b_factors.shape[2] < n + 256:
+        b_factors = b_exponent_factors(b_exps, config.factor_dtype)
+    if (
+        tuple(b_factors.shape[:2]) != (num_experts, k // 32)
+        or b_factors.shape[2] < n + 256
+        or b_factors.dtype != config.factor_dtype
+    ):
         raise ValueError("b_factors: must be b_exponent_factors(b_exps)")
     a_data = a.contiguous()
     b_data = b.contiguous().reshape(num_experts * n, k)
@@ -598,6 +653,8 @@ def mxfp8_grouped_matmul_gluon(a, a_exps, b, b_exps, a_offsets, expert_ids, out=
         n_tiles,
         STAGES=config.stages,
         NUM_B=config.num_b,
+        LATE_FACTORS=config.late,
+        VOLATILE_FACTORS=config.volatile,
         num_warps=4,
         maxnreg=MAX_REGS,
     )
