@@ -143,8 +143,10 @@ def _k_step(
     stride_a_scale_k,
     stride_w_k,
     stride_w_exp_k,
+    K,
     SWAP_AB: tl.constexpr,
     EXACT_BRANCH: tl.constexpr,
+    EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
@@ -152,18 +154,35 @@ def _k_step(
     promoted product. a_ptrs ``[BLOCK_M, 128]`` (a32_ptrs: its first 32 columns), a_scale_ptrs ``[BLOCK_M]``,
     w_ptrs ``[BLOCK_N, 64]`` bytes (w16_ptrs: its first 16), w_exp_ptrs ``[BLOCK_N, 4]``, all at K step 0. Without
     EXACT_BRANCH the caller knows every block's exponents spread by at most 8 (no branch in the loop: Triton
-    pipelines its loads); with it, a block spread further takes the four-dot branch."""
-    exps = tl.load(w_exp_ptrs + (4 * k_step) * stride_w_exp_k).to(tl.int32)  # [BLOCK_N, 4]
+    pipelines its loads); with it, a block spread further takes the four-dot branch. Not EVEN_K (K a multiple of
+    32, not of 128): columns past K read zero codes and zero activations; their exponents count for nothing."""
+    k0 = k_step * 128
+    if EVEN_K:
+        exps = tl.load(w_exp_ptrs + (4 * k_step) * stride_w_exp_k).to(tl.int32)  # [BLOCK_N, 4]
+        low = exps
+    else:
+        exp_ok = (k0 + 32 * tl.arange(0, 4) < K)[None, :]
+        exps = tl.load(w_exp_ptrs + (4 * k_step) * stride_w_exp_k, mask=exp_ok, other=0).to(tl.int32)
+        low = tl.where(exp_ok, exps, 255)
     reference = tl.max(exps, axis=1)
     a_scale = tl.load(a_scale_ptrs + k_step * stride_a_scale_k)
     if EXACT_BRANCH:
-        spread = tl.max(reference - tl.min(exps, axis=1))
+        spread = tl.max(reference - tl.min(low, axis=1))
     else:
         spread = 0
     if spread <= MAX_SHIFT:
-        a = tl.load(a_ptrs + (k_step * 128) * stride_a_k).to(tl.float8e4nv, bitcast=True)
-        packed = tl.load(w_ptrs + (k_step * 64) * stride_w_k).to(tl.int32)
-        w = decode_tile(packed, reference[:, None] - exps, BLOCK_N, 128)
+        if EVEN_K:
+            a = tl.load(a_ptrs + k0 * stride_a_k)
+            packed = tl.load(w_ptrs + (k_step * 64) * stride_w_k).to(tl.int32)
+            shifts = reference[:, None] - exps
+        else:
+            a = tl.load(a_ptrs + k0 * stride_a_k, mask=(k0 + tl.arange(0, 128) < K)[None, :], other=0)
+            packed = tl.load(
+                w_ptrs + (k_step * 64) * stride_w_k, mask=(k0 + 2 * tl.arange(0, 64) < K)[None, :], other=0
+            ).to(tl.int32)
+            shifts = tl.minimum(reference[:, None] - exps, MAX_SHIFT)  # (a column past K: zero codes)
+        a = a.to(tl.float8e4nv, bitcast=True)
+        w = decode_tile(packed, shifts, BLOCK_N, 128)
         w_factor = e8m0_to_f32(reference)
         if SWAP_AB:
             acc += tl.dot(w, tl.trans(a)) * (w_factor[:, None] * a_scale[None, :])
@@ -172,8 +191,15 @@ def _k_step(
     else:
         # Exponents too far apart for one reference: four 32-wide dots, each sub-block at its own exponent.
         for j in tl.static_range(4):
-            a32 = tl.load(a32_ptrs + (k_step * 128 + 32 * j) * stride_a_k).to(tl.float8e4nv, bitcast=True)
-            packed16 = tl.load(w16_ptrs + (k_step * 64 + 16 * j) * stride_w_k).to(tl.int32)
+            # (K a multiple of 32: a sub-block lies wholly before or past K)
+            a32 = tl.load(
+                a32_ptrs + (k0 + 32 * j) * stride_a_k, mask=(k0 + 32 * j + tl.arange(0, 32) < K)[None, :], other=0
+            ).to(tl.float8e4nv, bitcast=True)
+            packed16 = tl.load(
+                w16_ptrs + (k_step * 64 + 16 * j) * stride_w_k,
+                mask=(k0 + 32 * j + tl.arange(0, 16) < K)[None, :],
+                other=0,
+            ).to(tl.int32)
             w32 = decode_tile(packed16, tl.zeros((BLOCK_N, 1), dtype=tl.int32), BLOCK_N, 32)
             factor_j = e8m0_to_f32(tl.sum(tl.where(tl.arange(0, 4)[None, :] == j, exps, 0), axis=1))
             if SWAP_AB:
@@ -186,17 +212,16 @@ def _k_step(
 @triton.jit
 def tile_spread(w_exp_row_ptrs, num_exps, stride_w_exp_k, BLOCK_N: tl.constexpr):
     """``max_n,kb (max_j e[n, kb, j] − min_j e[n, kb, j])`` over a weight tile's rows (w_exp_row_ptrs ``[BLOCK_N]``
-    at exponent column 0) and its ``num_exps`` exponents (a multiple of 4), 16 K blocks per load."""
+    at exponent column 0) and its ``num_exps`` exponents (the last 128-K block may hold fewer than 4), 16 K blocks
+    per load."""
     columns = tl.arange(0, 64)
     spread = 0
     for start in range(0, num_exps, 64):
-        exps = tl.load(
-            w_exp_row_ptrs[:, None] + (start + columns)[None, :] * stride_w_exp_k,
-            mask=(start + columns < num_exps)[None, :],
-            other=0,
-        )
-        exps = tl.reshape(exps.to(tl.int32), (BLOCK_N, 16, 4))
-        spread = tl.maximum(spread, tl.max(tl.max(exps, axis=2) - tl.min(exps, axis=2)))
+        valid = (start + columns < num_exps)[None, :]
+        exps = tl.load(w_exp_row_ptrs[:, None] + (start + columns)[None, :] * stride_w_exp_k, mask=valid, other=0)
+        high = tl.reshape(exps.to(tl.int32), (BLOCK_N, 16, 4))
+        low = tl.reshape(tl.where(valid, exps.to(tl.int32), 255), (BLOCK_N, 16, 4))
+        spread = tl.maximum(spread, tl.max(tl.max(high, axis=2) - tl.min(low, axis=2)))
     return spread
 
 
@@ -227,6 +252,7 @@ def w4a8_grouped_matmul_kernel(
     N,
     K,
     SWAP_AB: tl.constexpr,
+    EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_GROUPS: tl.constexpr,
@@ -234,10 +260,10 @@ def w4a8_grouped_matmul_kernel(
     """One ``[BLOCK_M tokens, BLOCK_N columns]`` output tile per program (tile numbering of
     :func:`~llmkernels.grouped_matmul.kernel.group_tiles`; programs past the tile count exit).
 
-    a: e4m3 bytes ``[T, K]``; a_scales float32 ``[T, K / 128]``; w: uint8 ``[E, N, K / 2]``; w_exps: uint8 e8m0
+    a: e4m3 bytes ``[T, K]``; a_scales float32 ``[T, cdiv(K, 128)]``; w: uint8 ``[E, N, K / 2]``; w_exps: uint8 e8m0
     ``[E, N, K / 32]``; out ``[T, N]``; a_offsets int32 ``[G + 1]`` (clamped on the device), expert_ids int32
-    ``[G]`` (outside ``[0, E)``: zeros). K a multiple of 128. Rows past a group's end re-read its rows (never
-    stored); weight rows past N read row N − 1 (never stored): the K loop has no masks."""
+    ``[G]`` (outside ``[0, E)``: zeros). K a multiple of 32; EVEN_K: of 128 (no masks in the K loop). Rows past a group's end re-read its rows (never
+    stored); weight rows past N read row N − 1 (never stored): the K loop has no row masks."""
     n_tiles = tl.cdiv(N, BLOCK_N)
     group_ids, starts, ends, tiles, tiles_through, total_tiles = group_tiles(
         a_offsets_ptr, num_tokens, num_groups, -1, num_tokens, n_tiles, BLOCK_M, BLOCK_GROUPS
@@ -282,9 +308,9 @@ def w4a8_grouped_matmul_kernel(
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     # One look at the tile's exponents picks the loop: the branch-free one (the common case: Triton pipelines
     # it) or the one that checks each K block.
-    k_steps = tl.where(expert_ok, K // 128, 0)
+    k_steps = tl.where(expert_ok, tl.cdiv(K, 128), 0)
     w_exp_row_ptrs = (w_exps_ptr + expert * stride_w_exp_expert) + w_rows * stride_w_exp_row
-    if tile_spread(w_exp_row_ptrs, 4 * k_steps, stride_w_exp_k, BLOCK_N) <= MAX_SHIFT:
+    if tile_spread(w_exp_row_ptrs, tl.where(expert_ok, K // 32, 0), stride_w_exp_k, BLOCK_N) <= MAX_SHIFT:
         for k_step in range(0, k_steps):
             acc = _k_step(
                 acc,
@@ -299,8 +325,10 @@ def w4a8_grouped_matmul_kernel(
                 stride_a_scale_k,
                 stride_w_k,
                 stride_w_exp_k,
+                K,
                 SWAP_AB,
                 False,
+                EVEN_K,
                 BLOCK_M,
                 BLOCK_N,
             )
@@ -319,8 +347,10 @@ def w4a8_grouped_matmul_kernel(
                 stride_a_scale_k,
                 stride_w_k,
                 stride_w_exp_k,
+                K,
                 SWAP_AB,
                 True,
+                EVEN_K,
                 BLOCK_M,
                 BLOCK_N,
             )
@@ -341,10 +371,10 @@ def _check(a_fp8, w, a_offsets, expert_ids, out, out_dtype):
         raise TypeError("w must be a ScaledTensor of format 'mxfp4', shape [E, N, K], row scale layout")
     tokens, k = a_fp8.data.shape
     experts, n, half_k = w.data.shape
-    if k != 2 * half_k or k % BLOCK_K:
-        raise ValueError(f"a_fp8 and w must share K, a multiple of 128 (lab prototype); got {k} and {2 * half_k}")
-    if a_fp8.scales.shape != (tokens, k // BLOCK_K) or a_fp8.scales.dtype != torch.float32:
-        raise ValueError(f"a_fp8.scales must be float32 [T, K / 128], got {tuple(a_fp8.scales.shape)}")
+    if k != 2 * half_k or k % MX_BLOCK:
+        raise ValueError(f"a_fp8 and w must share K, a multiple of 32; got {k} and {2 * half_k}")
+    if a_fp8.scales.shape != (tokens, triton.cdiv(k, BLOCK_K)) or a_fp8.scales.dtype != torch.float32:
+        raise ValueError(f"a_fp8.scales must be float32 [T, cdiv(K, 128)], got {tuple(a_fp8.scales.shape)}")
     if w.scales.shape != (experts, n, k // MX_BLOCK):
         raise ValueError(f"w.scales must be [E, N, K / 32] (row layout), got {tuple(w.scales.shape)}")
     if a_offsets.dtype != torch.int32 or a_offsets.dim() != 1:
@@ -395,6 +425,7 @@ def plan_launch(a_fp8, w, a_offsets, expert_ids, out, config: W4A8Config = COMPU
     )
     constexprs = dict(
         SWAP_AB=config.swap_ab,
+        EVEN_K=k % BLOCK_K == 0,
         BLOCK_M=config.block_m,
         BLOCK_N=config.block_n,
         BLOCK_GROUPS=max(triton.next_power_of_2(groups), 2),
@@ -415,7 +446,7 @@ def w4a8_grouped_matmul(
     """Grouped ``A[rows of g] @ W[expert_ids[g]]ᵀ`` with FP8-block activations and MXFP4 weights.
 
     Args:
-        a_fp8: ScaledTensor ``fp8`` block (1, 128): e4m3 ``[T, K]``, float32 scales ``[T, K / 128]``.
+        a_fp8: ScaledTensor ``fp8`` block (1, 128): e4m3 ``[T, K]``, float32 scales ``[T, cdiv(K, 128)]``.
         w: ScaledTensor ``mxfp4`` (row scale layout): uint8 ``[E, N, K / 2]``, e8m0 ``[E, N, K / 32]``.
         a_offsets: int32 ``[G + 1]`` on the device (clamped there, never read on the host).
         expert_ids: int32 ``[G]``; an id outside ``[0, E)`` writes its group's rows as zeros.
@@ -424,7 +455,7 @@ def w4a8_grouped_matmul(
         config: :class:`W4A8Config` (COMPUTE_CONFIG or DECODE_CONFIG).
 
     Returns ``out`` ``[T, N]``. Raises TypeError / ValueError (naming the argument) before any launch. K must be
-    a multiple of 128.
+    a multiple of 32 (a multiple of 128 runs without K masks).
     """
     _check(a_fp8, w, a_offsets, expert_ids, out, out_dtype)
     tokens = a_fp8.data.shape[0]
