@@ -33,12 +33,19 @@ from triton.experimental.gluon._runtime import GluonASTSource  # noqa: E402
 _BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 EXPECTED_KIND = "m64n128k32.f32.e4m3.e4m3"
 # extra rows of the table: the ring depths around the defaults (shared memory: v1 48 KB a stage, v2 32 KB)
-EXTRA = [
-    Mxfp8GluonConfig("v1", 3, "bf16", late=True),
-    Mxfp8GluonConfig("v2", 4, "bf16", late=True),
-    Mxfp8GluonConfig("v2", 4, "bf16", volatile=True),
-    Mxfp8GluonConfig("v1", 3, "bf16", volatile=True),
+EXTRA = [  # the options one at a time, then combined
+    Mxfp8GluonConfig("v1", 3, "bf16"),
+    Mxfp8GluonConfig("v2", 4, "bf16"),
     Mxfp8GluonConfig("v2", 4, "fp32"),
+    Mxfp8GluonConfig("v2", 4, "bf16", late=True),
+    Mxfp8GluonConfig("v1", 3, "bf16", volatile=True),
+    Mxfp8GluonConfig("v2", 4, "bf16", volatile=True),
+    Mxfp8GluonConfig("v1", 3, "bf16", tie=True),
+    Mxfp8GluonConfig("v2", 4, "fp32", tie=True),
+    Mxfp8GluonConfig("v2", 4, "bf16", volatile=True, tie=True),
+    Mxfp8GluonConfig("v2", 4, "bf16", late=True, tie=True),
+    Mxfp8GluonConfig("v1", 3, "bf16", late=True, tie=True),
+    Mxfp8GluonConfig("v2", 3, "bf16", tie=True),
 ]
 
 

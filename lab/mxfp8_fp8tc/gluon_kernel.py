@@ -14,28 +14,37 @@ persistent grid, a 1-warp TMA load partition with a ring of 128-K stages (two A 
 consumer, and ``NUM_B`` B boxes ``[128, 128]``), two consumer warpgroups split-M (64 rows each) sharing the B
 boxes. The new part is the K loop: per stage, per 32-wide sub-block j and per B box, a ``wgmma m64n128k32 e4m3``
 of the A slice ``[64, 32]`` and the B slice ``[128, 32]`` (shared-memory ``.slice(32·j, 32, dim=1)`` of the 128B
--swizzled boxes) into a *fresh* fp32 partial, then the promotion ``acc = fma(partial · fb[None, :], fa[:, None],
-acc)``: one FMUL + one FFMA per accumulator element per 32 K.
+-swizzled boxes) into a *fresh* fp32 partial, then the promotion ``acc = fma(partial · fa[:, None], fb[None, :],
+acc)``: one FMUL + one FFMA per accumulator element per 32 K (SASS: 64 FMUL + 64 FFMA per thread, box and 32 K).
 
 Factors (exact powers of two, no ex2):
 
-* fa (2 rows per thread in the wgmma layout): the exponent bytes of A are read per sub-block from global memory
-  (2 one-byte loads per thread) and turned into fp32 by bit construction (``e << 23``; e = 0 → 2^-127, e = 255 →
-  NaN, two selects): ~12 instructions per thread per 32 K for 64 accumulator elements.
-* fb (32 columns per thread): the launcher converts b_exps once into fp32 factors ``[E, K/32, N]`` (transposed:
-  a thread's column pairs are adjacent, 16 8-byte loads per thread per 32 K and box, no conversion in the loop).
-  In the product this is a one-time weight conversion (4 bytes per 32 weights, +12.5% of the e4m3 bytes); doing
-  the conversion in the loop would cost ~5 instructions per column, 160 per thread per 32 K, more than the
-  promotion's 128.
+* fa (2 rows per thread in the wgmma layout): A's exponent bytes, read per sub-block from global memory (2 one-byte
+  loads per thread), turned into fp32 by bit construction (``e << 23``; e = 0 → 2^-127, e = 255 → NaN: two
+  selects): ~12 instructions per thread per 32 K for its 64 accumulator elements.
+* fb (32 columns per thread): the launcher converts b_exps once into factors ``[E, K/32, N + 256]`` (transposed,
+  so a thread's column pairs are adjacent; padded so that no column clamp is needed), bf16 by default (powers of two
+  2^-127..2^127 and NaN are exact in bf16): 16 four-byte loads and 32 one-instruction unpacks (shift / mask) per
+  thread, box and 32 K, 16 registers per sub-block in flight; ``factors="fp32"``: 16 eight-byte loads, no unpack,
+  32 registers. In the product this is a one-time weight conversion (2 or 4 bytes per 32 weights: +6% or +12% of
+  the e4m3 bytes). Converting the bytes in the loop instead would cost ~5 instructions per column (shift, two
+  compares, two selects), 160 per thread per 32 K, more than the promotion's 128.
 
 Variants (``Mxfp8GluonConfig.variant``):
 
 * ``"v1"``: two B boxes (BLOCK_N 256), one partial, a full wgmma wait after every sub-wgmma (the product's pattern
-  x4: 8 QGMMA and 8 waits per stage and consumer); the overlap of MMA and promotion comes only from the two
-  consumers drifting apart.
+  x4: 8 QGMMA and 8 waits per stage and consumer); MMA and promotion overlap only across the two consumers.
 * ``"v2"``: one B box (BLOCK_N 128), two partials: sub-block j + 1's wgmma is issued before sub-block j is
   promoted (``warpgroup_mma_wait(num_outstanding=1)``), inside a stage (nothing in flight across the loop's back
   edge: the FP8-blocks lab's cross-iteration version made ptxas serialize every wgmma, C7515).
+
+Register pressure (results/compile_gluon_sm90.md): both hold 192 accumulator registers (v1: 2 x 64 + one partial,
+v2: 64 + two partials) of a consumer's 232, and neither compiles without spills in the K loop with Triton 3.9:
+ptxas issues the next wgmma into fresh registers before the last promotion's FFMAs are done and hoists the next
+sub-blocks' factor loads. Options that cut the spills: ``tie`` (the next wgmma overwrites the promoted partial's
+scaled copy: v2 304 → 72 B, 10 spill instructions per stage, all scalars), ``late`` (factor loads after the wait:
+v1 3.0 → 2.4 KB), ``volatile`` (``ld.volatile``, not hoisted, but not cached in L1). Defaults
+(:data:`VARIANTS`): each variant's least-spilling config.
 
 Not run on a GPU by its author: ``bench_gpu.py`` is its check; ``compile_gluon_sm90.py`` compiles it without one.
 """
@@ -151,8 +160,11 @@ def _sub_mma(a_tile, b_tile, j: gl.constexpr, into):
 
 @gluon.jit
 def _promote(acc, partial, fa, fb):
-    """``acc + partial · fb[col] · fa[row]`` (FMUL + FFMA; exact scalings by powers of two)."""
-    return gl.fma(partial * gl.expand_dims(fa, 1), gl.expand_dims(fb, 0), acc)
+    """``(acc + partial · fa[row] · fb[col], partial · fa[row])`` (FMUL + FFMA; exact scalings by powers of two).
+    The second value is what a ``TIE`` loop hands the next wgmma as its (overwritten) accumulator: that wgmma then
+    reads registers the FFMAs read, so ptxas cannot issue it into fresh registers before they are done."""
+    scaled = partial * gl.expand_dims(fa, 1)
+    return gl.fma(scaled, gl.expand_dims(fb, 0), acc), scaled
 
 
 @gluon.jit
@@ -190,6 +202,7 @@ def _k_loop_v1(
     CONSUMER: gl.constexpr,
     LATE: gl.constexpr,
     VOLATILE: gl.constexpr,
+    TIE: gl.constexpr,
 ):
     """Two B boxes, one partial: per sub-block and box wgmma, full wait, promote (8 waits per stage)."""
     STAGES: gl.constexpr = a_smem.shape[0] // 2
@@ -210,7 +223,9 @@ def _k_loop_v1(
             partial = warpgroup_mma_wait(num_outstanding=0, deps=(partial,))
             if LATE:
                 fb = _col_factors(b_base, k32, stride_bf_k32, 0, VOLATILE)
-            acc0 = _promote(acc0, partial, fa, fb)
+            acc0, scaled = _promote(acc0, partial, fa, fb)
+            if TIE:
+                partial = scaled
             partial = _sub_mma(a_tile, b_tile1, j, partial)
             if not LATE:
                 fb = _col_factors(b_base, k32, stride_bf_k32, 1, VOLATILE)
@@ -219,7 +234,9 @@ def _k_loop_v1(
                 fb = _col_factors(b_base, k32, stride_bf_k32, 1, VOLATILE)
             if j == 3:
                 mbarrier.arrive(empty.index(stage))
-            acc1 = _promote(acc1, partial, fa, fb)
+            acc1, scaled = _promote(acc1, partial, fa, fb)
+            if TIE:
+                partial = scaled
     return acc0, acc1
 
 
@@ -235,6 +252,7 @@ def _v2_step(
     stride_bf_k32,
     LATE: gl.constexpr,
     VOLATILE: gl.constexpr,
+    TIE: gl.constexpr,
 ):
     """Wait for ``done`` (sub-block k32's partial) leaving ``OUTSTANDING`` wgmma groups in flight, promote it."""
     fa = _row_factors(a_exps_ptr, a_exp_rows, k32)
@@ -243,7 +261,10 @@ def _v2_step(
     done = warpgroup_mma_wait(num_outstanding=OUTSTANDING, deps=(done,))
     if LATE:
         fb = _col_factors(b_base, k32, stride_bf_k32, 0, VOLATILE)
-    return _promote(acc, done, fa, fb), done
+    acc, scaled = _promote(acc, done, fa, fb)
+    if TIE:
+        done = scaled
+    return acc, done
 
 
 @gluon.jit
@@ -262,6 +283,7 @@ def _k_loop_v2(
     CONSUMER: gl.constexpr,
     LATE: gl.constexpr,
     VOLATILE: gl.constexpr,
+    TIE: gl.constexpr,
 ):
     """One B box, two partials: sub-block j + 1's wgmma runs while sub-block j is promoted (``wait_group 1``);
     the stage drains at its end (no wgmma in flight across the loop's back edge)."""
@@ -277,11 +299,15 @@ def _k_loop_v2(
         b_tile = b_smem.index(stage)
         p_even = _sub_mma(a_tile, b_tile, 0, p_even)
         p_odd = _sub_mma(a_tile, b_tile, 1, p_odd)
-        acc, p_even = _v2_step(acc, p_even, 1, a_exps_ptr, a_exp_rows, b_base, k32, stride_bf_k32, LATE, VOLATILE)
+        acc, p_even = _v2_step(acc, p_even, 1, a_exps_ptr, a_exp_rows, b_base, k32, stride_bf_k32, LATE, VOLATILE, TIE)
         p_even = _sub_mma(a_tile, b_tile, 2, p_even)
-        acc, p_odd = _v2_step(acc, p_odd, 1, a_exps_ptr, a_exp_rows, b_base, k32 + 1, stride_bf_k32, LATE, VOLATILE)
+        acc, p_odd = _v2_step(
+            acc, p_odd, 1, a_exps_ptr, a_exp_rows, b_base, k32 + 1, stride_bf_k32, LATE, VOLATILE, TIE
+        )
         p_odd = _sub_mma(a_tile, b_tile, 3, p_odd)
-        acc, p_even = _v2_step(acc, p_even, 1, a_exps_ptr, a_exp_rows, b_base, k32 + 2, stride_bf_k32, LATE, VOLATILE)
+        acc, p_even = _v2_step(
+            acc, p_even, 1, a_exps_ptr, a_exp_rows, b_base, k32 + 2, stride_bf_k32, LATE, VOLATILE, TIE
+        )
         fa = _row_factors(a_exps_ptr, a_exp_rows, k32 + 3)
         if not LATE:
             fb = _col_factors(b_base, k32 + 3, stride_bf_k32, 0, VOLATILE)
@@ -289,7 +315,9 @@ def _k_loop_v2(
         mbarrier.arrive(empty.index(stage))
         if LATE:
             fb = _col_factors(b_base, k32 + 3, stride_bf_k32, 0, VOLATILE)
-        acc = _promote(acc, p_odd, fa, fb)
+        acc, scaled = _promote(acc, p_odd, fa, fb)
+        if TIE:
+            p_odd = scaled
     return acc
 
 
@@ -314,6 +342,7 @@ def _consumer_partition(
     NUM_B: gl.constexpr,
     LATE: gl.constexpr,
     VOLATILE: gl.constexpr,
+    TIE: gl.constexpr,
 ):
     """Consumer warpgroup ``CONSUMER``: rows ``[64·CONSUMER, 64·CONSUMER + 64)`` of every tile it is handed."""
     mma_layout: gl.constexpr = gl.NVMMADistributedLayout(
@@ -355,6 +384,7 @@ def _consumer_partition(
                     CONSUMER,
                     LATE,
                     VOLATILE,
+                    TIE,
                 )
             else:
                 acc0 = _k_loop_v2(
@@ -372,6 +402,7 @@ def _consumer_partition(
                     CONSUMER,
                     LATE,
                     VOLATILE,
+                    TIE,
                 )
             consumed += k_blocks
         valid = expert >= 0
@@ -407,6 +438,7 @@ def mxfp8_fp8tc_kernel(
     NUM_B: gl.constexpr,
     LATE_FACTORS: gl.constexpr,
     VOLATILE_FACTORS: gl.constexpr,
+    TIE_PARTIALS: gl.constexpr,
 ):
     """Persistent warp-specialized grouped MXFP8 matmul (module docstring).
 
@@ -454,6 +486,7 @@ def mxfp8_fp8tc_kernel(
                     NUM_B,
                     LATE_FACTORS,
                     VOLATILE_FACTORS,
+                    TIE_PARTIALS,
                 ),
             ),
             (
@@ -478,6 +511,7 @@ def mxfp8_fp8tc_kernel(
                     NUM_B,
                     LATE_FACTORS,
                     VOLATILE_FACTORS,
+                    TIE_PARTIALS,
                 ),
             ),
             (
@@ -520,6 +554,7 @@ class Mxfp8GluonConfig:
     factors: str = "bf16"  # dtype of B's column factors in memory: "bf16" (16 registers per 32 columns) or "fp32"
     late: bool = False  # load a sub-block's factors after its wgmma wait (else before its wgmma is issued)
     volatile: bool = False  # factor loads as ld.volatile (not hoisted by ptxas; bypass L1)
+    tie: bool = False  # the next wgmma overwrites the promoted partial's scaled copy (see _promote)
 
     @property
     def num_b(self) -> int:
@@ -531,7 +566,11 @@ class Mxfp8GluonConfig:
 
     @property
     def label(self) -> str:
-        extras = ("" if not self.late else " late") + ("" if not self.volatile else " volatile")
+        extras = (
+            ("" if not self.late else " late")
+            + ("" if not self.volatile else " volatile")
+            + (" tie" if self.tie else "")
+        )
         return f"gluon {self.variant} 128x{self.block_n}x128 s{self.stages} fb-{self.factors}{extras}"
 
     @property
@@ -539,7 +578,7 @@ class Mxfp8GluonConfig:
         return torch.bfloat16 if self.factors == "bf16" else torch.float32
 
 
-VARIANTS = [Mxfp8GluonConfig("v1", 3), Mxfp8GluonConfig("v2", 4)]
+VARIANTS = [Mxfp8GluonConfig("v1", 3, "bf16", late=True), Mxfp8GluonConfig("v2", 4, "bf16", tie=True)]
 LAST_COMPILED = {}  # config -> the compiled kernel of its last launch (the bench reads registers from it)
 
 
@@ -565,7 +604,11 @@ def compile_signature(config: Mxfp8GluonConfig):
         expert_ids_ptr="*i32",
     )
     constexprs = dict(
-        STAGES=config.stages, NUM_B=config.num_b, LATE_FACTORS=config.late, VOLATILE_FACTORS=config.volatile
+        STAGES=config.stages,
+        NUM_B=config.num_b,
+        LATE_FACTORS=config.late,
+        VOLATILE_FACTORS=config.volatile,
+        TIE_PARTIALS=config.tie,
     )
     signature = {name: ("constexpr" if name in constexprs else types.get(name, "i32")) for name in names}
     return signature, constexprs
@@ -655,6 +698,7 @@ def mxfp8_grouped_matmul_gluon(a, a_exps, b, b_exps, a_offsets, expert_ids, out=
         NUM_B=config.num_b,
         LATE_FACTORS=config.late,
         VOLATILE_FACTORS=config.volatile,
+        TIE_PARTIALS=config.tie,
         num_warps=4,
         maxnreg=MAX_REGS,
     )
