@@ -248,7 +248,7 @@ def run_child(spec: dict) -> dict:
 
     device = _device(spec["dry"])
     tolerance = DRY_TOLERANCE if spec["dry"] else TOLERANCE
-    if spec["system"] == "gluon" and spec["dry"]:
+    if spec.get("system") == "gluon" and spec["dry"]:
         return dict(status="skipped: dry run (Gluon has no interpreter)")
     if spec["mode"] == "ragged":
         notes, ok = [], True
