@@ -26,7 +26,15 @@ os.environ["TRITON_INTERPRET"] = "0"
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import triton  # noqa: E402
-from gluon_kernel import MAX_REGS, VARIANTS, Mxfp8GluonConfig, compile_signature, mxfp8_fp8tc_kernel  # noqa: E402
+from gluon_kernel import (  # noqa: E402
+    CONSUMER_REGS,
+    LOADER_REGS,
+    MAX_REGS,
+    VARIANTS,
+    Mxfp8GluonConfig,
+    compile_signature,
+    mxfp8_fp8tc_kernel,
+)
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.experimental.gluon._runtime import GluonASTSource  # noqa: E402
 
@@ -82,22 +90,20 @@ _SASS_LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
 
 
 def k_loops(sass: str) -> list[list[str]]:
-    """The SASS loops that hold a QGMMA: instructions from a backward branch's target to the branch."""
+    """The innermost SASS loops that hold a QGMMA (a predicated backward branch's target to the branch; a loop
+    that encloses another such loop, e.g. a tile loop, is left out)."""
     lines = [(int(m.group(1), 16), m.group(2)) for m in _SASS_LINE.finditer(sass)]
-    loops = []
+    ranges = []
     for address, text in lines:
-        branch = re.search(r"\bBRA\b.*?0x([0-9a-f]+)", text)
+        # predicated backward branches only: an unconditional one is the return of an out-of-line mbarrier
+        # try-wait retry stub placed after the function's body
+        branch = re.search(r"^@!?U?P\w+\s+BRA\b.*?0x([0-9a-f]+)", text)
         if branch and int(branch.group(1), 16) < address:
-            body = [t for a, t in lines if int(branch.group(1), 16) <= a <= address]
-            if any("QGMMA" in t for t in body):
-                loops.append(body)
-    # nested backward branches may give overlapping ranges: keep the innermost (shortest) ones holding QGMMA
-    loops.sort(key=len)
-    kept = []
-    for body in loops:
-        if not any(set(map(id, k)) <= set(map(id, body)) for k in kept):
-            kept.append(body)
-    return kept
+            start = int(branch.group(1), 16)
+            if any("QGMMA" in t for a, t in lines if start <= a <= address):
+                ranges.append((start, address))
+    inner = [r for r in ranges if not any(o != r and r[0] <= o[0] and o[1] <= r[1] for o in ranges)]
+    return [[t for a, t in lines if start <= a <= end] for start, end in sorted(set(inner))]
 
 
 def _count(pattern: str, lines) -> int:
@@ -166,7 +172,7 @@ def main() -> int:
     args = parser.parse_args()
     lines = [
         f"Triton {triton.__version__}, target sm_90a, ptxas {os.path.basename(_ptxas())}; launch num_warps=4, "
-        f"maxnreg={MAX_REGS} (setmaxnreg 232 consumers / 40 load warp)",
+        f"maxnreg={MAX_REGS} (setmaxnreg {CONSUMER_REGS.value} consumers / {LOADER_REGS.value} load warp)",
         "",
         "| variant | wgmma (PTX) | wait_group N x count | setmaxnreg | smem B | regs | spill st/ld B | STL/LDL | "
         "QGMMA (SASS) | DEPBAR 0x0 / 0x1 | K loops: instr, QGMMA, DEPBAR 0/1, FFMA, FMUL, LDG, LDS, spill instr | "

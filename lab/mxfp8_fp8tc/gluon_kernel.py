@@ -38,13 +38,13 @@ Variants (``Mxfp8GluonConfig.variant``):
   promoted (``warpgroup_mma_wait(num_outstanding=1)``), inside a stage (nothing in flight across the loop's back
   edge: the FP8-blocks lab's cross-iteration version made ptxas serialize every wgmma, C7515).
 
-Register pressure (results/compile_gluon_sm90.md): both hold 192 accumulator registers (v1: 2 x 64 + one partial,
-v2: 64 + two partials) of a consumer's 232, and neither compiles without spills in the K loop with Triton 3.9:
-ptxas issues the next wgmma into fresh registers before the last promotion's FFMAs are done and hoists the next
-sub-blocks' factor loads. Options that cut the spills: ``tie`` (the next wgmma overwrites the promoted partial's
-scaled copy: v2 304 → 72 B, 10 spill instructions per stage, all scalars), ``late`` (factor loads after the wait:
-v1 3.0 → 2.4 KB), ``volatile`` (``ld.volatile``, not hoisted, but not cached in L1). Defaults
-(:data:`VARIANTS`): each variant's least-spilling config.
+Register pressure (results/compile_gluon_sm90.md, Triton 3.9): both hold 192 accumulator registers (v1: 2 x 64 +
+one partial, v2: 64 + two partials) of a consumer's 240 (setmaxnreg; the load warp keeps 24). ptxas issues the next
+wgmma into fresh registers before the last promotion's FFMAs are done and hoists the next sub-blocks' factor
+loads, which spills. Options: ``tie`` (the next wgmma overwrites the promoted partial's scaled copy), ``late``
+(factor loads after the wait), ``volatile`` (``ld.volatile``: not hoisted, but not cached in L1). The defaults
+(:data:`VARIANTS`): v2 bf16 ``tie``, whose K loops have 0 (consumer 0) and 3 (consumer 1: one scalar) spill
+instructions per stage; v1 bf16 ``late``, still ~380 spill instructions per stage (2.1 KB): v1 does not fit.
 
 Not run on a GPU by its author: ``bench_gpu.py`` is its check; ``compile_gluon_sm90.py`` compiles it without one.
 """
@@ -71,9 +71,12 @@ from llmkernels.grouped_matmul.gluon_fp8_kernel import _find_tile, _publish, _re
 CONSUMER_ROWS = gl.constexpr(64)
 K_STEP = gl.constexpr(128)
 STOP = gl.constexpr(-2)
-MAX_REGS = 168  # 9 warps -> 3 warpgroups; setmaxnreg gives 232 to each consumer and 40 to the load warp
-CONSUMER_REGS = gl.constexpr(232)
-LOADER_REGS = gl.constexpr(40)
+# 9 warps round up to 3 warpgroups: the launch's 168 registers a thread, then setmaxnreg moves them to the consumers:
+# 2 x 128 x 240 + 128 x 24 = 3 x 128 x 168. 240 rather than the product's 232 (the load warp keeps 24 instead of
+# 40): with 232, v2's K loops spill 72 B, with 240 consumer 0's loop spills nothing and consumer 1's one scalar.
+MAX_REGS = 168
+CONSUMER_REGS = gl.constexpr(240)
+LOADER_REGS = gl.constexpr(24)
 
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 
