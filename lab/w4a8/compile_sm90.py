@@ -86,6 +86,24 @@ def _run(*command: str) -> str:
     return done.stdout + done.stderr
 
 
+def fast_loop(sass: str) -> list[str]:
+    """The SASS lines of the branch-free K loop: of the loops (a backward branch and its target) that hold a
+    QGMMA, the one with the fewest QGMMAs (the checking loop holds both branches' QGMMAs)."""
+    lines = [
+        (int(m.group(1), 16), line) for line in sass.splitlines() if (m := re.match(r"\s*/\*([0-9a-f]{4,})\*/", line))
+    ]
+    best = []
+    for address, line in lines:
+        branch = re.search(r"\bBRA\s+(?:`\(\.L_x_\d+\)\s*)?0x([0-9a-f]+)", line)
+        if not branch or int(branch.group(1), 16) >= address:
+            continue
+        body = [text for where, text in lines if int(branch.group(1), 16) <= where <= address]
+        qgmma = sum("QGMMA" in text for text in body)
+        if qgmma and (not best or qgmma < sum("QGMMA" in text for text in best)):
+            best = body
+    return best
+
+
 def inspect(compiled, arch: int) -> dict:
     ptx, cubin = compiled.asm["ptx"], compiled.asm["cubin"]
     kinds = sorted(set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+\.\w+\.\w+\.\w+)", ptx)))
@@ -101,6 +119,11 @@ def inspect(compiled, arch: int) -> dict:
     spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", verbose)
     counts = {op: len(re.findall(rf"\b{op}\b[.\s]", sass)) for op in OPCODES}
     counts["F2FP.e4m3"] = len(re.findall(r"F2FP\.SATFINITE\.E4M3", sass))
+    loop = fast_loop(sass)
+    loop_text = "\n".join(loop)
+    loop_counts = {op: len(re.findall(rf"\b{op}\b[.\s]", loop_text)) for op in OPCODES}
+    loop_counts["all"] = len(loop)
+    loop_counts["spills"] = len(re.findall(r"\b(STL|LDL)\b", loop_text))
     return dict(
         wgmma=kinds,
         shared=compiled.metadata.shared,
@@ -108,6 +131,7 @@ def inspect(compiled, arch: int) -> dict:
         spills=f"{spill.group(1)}/{spill.group(2)}" if spill else "?",
         full_waits=len(re.findall(r"WARPGROUP\.DEPBAR\.LE\s+gsb0,\s*0x0", sass)),
         counts=counts,
+        loop=loop_counts,
         c7515="C7515" in verbose,
     )
 
@@ -127,6 +151,13 @@ def main() -> int:
         + " | ".join(OPCODES + ["F2FP.e4m3"])
         + " | programs/SM | verdict |",
         "| --- " * (10 + len(OPCODES)) + "|",
+    ]
+    loop_lines = [
+        "",
+        "Branch-free K loop (one 128-K step per iteration), SASS instructions per thread and iteration:",
+        "",
+        "| config | all | spill ld/st | " + " | ".join(OPCODES) + " |",
+        "| --- " * (3 + len(OPCODES)) + "|",
     ]
     failed = 0
     for regime, configs in SWEEPS.items():
@@ -164,10 +195,16 @@ def main() -> int:
                 f"| {result['spills']} | {result['full_waits']} | {counts} | {fit} | {', '.join(problems) or 'ok'} |"
             )
             print(lines[-1], flush=True)
+            loop = result["loop"]
+            loop_lines.append(
+                f"| {label} | {loop['all']} | {loop['spills']} | " + " | ".join(str(loop[op]) for op in OPCODES) + " |"
+            )
+            print(loop_lines[-1], flush=True)
+    lines += loop_lines
     if args.out:
         with open(args.out, "w") as file:
             file.write("\n".join(lines) + "\n")
-    print("\n".join(lines[:6]))
+    print("\n".join(lines))
     return 1 if failed else 0
 
 
