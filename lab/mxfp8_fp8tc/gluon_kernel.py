@@ -618,14 +618,14 @@ def compile_signature(config: Mxfp8GluonConfig):
 
 
 def b_exponent_factors(b_exps: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
-    """The one-time weight conversion: e8m0 bytes uint8 ``[E, N, K/32]`` → exact fp32 factors ``[E, K/32, N']``
+    """The one-time weight conversion: e8m0 bytes uint8 ``[E, N, K/32]`` → exact ``dtype`` factors ``[E, K/32, N']``
     (2^(e − 127); e = 0 → 2^-127, e = 255 → NaN), K/32-major so a thread's column pairs are adjacent; rows padded
-    with ones to ``N' = N + 256`` rounded up to 4 columns (the kernel's tiles read past N unclamped)."""
+    with ones to ``N' = N + 256`` rounded up to 16 columns (the kernel's tiles read past N unclamped; a row
+    stride divisible by 16 lets Triton's specialization prove the factor pairs' alignment: vector loads)."""
     e = b_exps.to(torch.int32)
     bits = torch.where(e == 0, 0x00400000, torch.where(e == 255, 0x7FC00000, e << 23)).to(torch.int32)
     num_experts, n, k32 = b_exps.shape
-    # rows padded to N + 256 columns (a multiple of 4): the kernel reads a tile's columns without a clamp
-    padded = torch.ones(num_experts, k32, triton.cdiv(n + 256, 8) * 8, dtype=dtype, device=b_exps.device)
+    padded = torch.ones(num_experts, k32, triton.cdiv(n + 256, 16) * 16, dtype=dtype, device=b_exps.device)
     padded[:, :, :n] = bits.view(torch.float32).transpose(1, 2).to(dtype)  # powers of two: exact in bf16 too
     return padded
 
