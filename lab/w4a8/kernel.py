@@ -40,18 +40,23 @@ MAX_SHIFT = tl.constexpr(8)  # largest exponent gap the fast branch decodes exac
 @dataclass(frozen=True)
 class W4A8Config:
     """A launch of :func:`w4a8_grouped_matmul`: ``block_m`` tokens x ``block_n`` weight rows per tile; swap_ab puts
-    the weight rows on the MMA's M side (decode: few tokens per group)."""
+    the weight rows on the MMA's M side (decode: few tokens per group); tile_reference: one reference exponent per
+    tile and K block instead of per weight row (one FFMA of promotion per element instead of FMUL + FFMA; the
+    exact loop runs when the tile's exponents, not a row's, spread by more than 8)."""
 
     block_m: int = 128
     block_n: int = 128
     num_warps: int = 8
     num_stages: int = 3
     swap_ab: bool = False
+    tile_reference: bool = False
 
     @property
     def label(self) -> str:
-        return f"{self.block_m}x{self.block_n} w{self.num_warps} s{self.num_stages}" + (
-            " swapAB" if self.swap_ab else ""
+        return (
+            f"{self.block_m}x{self.block_n} w{self.num_warps} s{self.num_stages}"
+            + (" swapAB" if self.swap_ab else "")
+            + (" tileref" if self.tile_reference else "")
         )
 
 
@@ -60,12 +65,14 @@ DECODE_CONFIG = W4A8Config(16, 128, 4, 4, swap_ab=True)
 SWEEPS = {  # what bench_gpu.py times and compile_sm90.py compiles; the first of each is the regime's default
     "compute": [
         COMPUTE_CONFIG,  # two consumer warp groups of 64 tokens, one 128-row decoded weight tile
+        W4A8Config(128, 128, 8, 3, tile_reference=True),
         W4A8Config(128, 256, 8, 3),  # each A tile feeds twice the weight rows (half the A traffic per FLOP)
         W4A8Config(256, 128, 8, 3),  # the decode amortized over twice the tokens
         W4A8Config(64, 128, 4, 4),
     ],
     "decode": [
         DECODE_CONFIG,  # weights on wgmma's M side (m64 per warp group), 16 tokens as N
+        W4A8Config(16, 128, 4, 4, swap_ab=True, tile_reference=True),
         W4A8Config(32, 128, 4, 4, swap_ab=True),
         W4A8Config(64, 64, 4, 4, swap_ab=True),
         W4A8Config(64, 128, 4, 3),  # not swapped: 64-token tiles
@@ -147,6 +154,7 @@ def _k_step(
     SWAP_AB: tl.constexpr,
     EXACT_BRANCH: tl.constexpr,
     EVEN_K: tl.constexpr,
+    TILE_REFERENCE: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
@@ -155,7 +163,9 @@ def _k_step(
     w_ptrs ``[BLOCK_N, 64]`` bytes (w16_ptrs: its first 16), w_exp_ptrs ``[BLOCK_N, 4]``, all at K step 0. Without
     EXACT_BRANCH the caller knows every block's exponents spread by at most 8 (no branch in the loop: Triton
     pipelines its loads); with it, a block spread further takes the four-dot branch. Not EVEN_K (K a multiple of
-    32, not of 128): columns past K read zero codes and zero activations; their exponents count for nothing."""
+    32, not of 128): columns past K read zero codes and zero activations; their exponents count for nothing.
+    TILE_REFERENCE: the reference exponent is the tile's (max over its rows and sub-blocks), the spread that of the
+    whole tile's exponents, and the promotion one FFMA by ``a_scale · 2^(R − 127)``; else one reference per row."""
     k0 = k_step * 128
     if EVEN_K:
         exps = tl.load(w_exp_ptrs + (4 * k_step) * stride_w_exp_k).to(tl.int32)  # [BLOCK_N, 4]
@@ -164,27 +174,43 @@ def _k_step(
         exp_ok = (k0 + 32 * tl.arange(0, 4) < K)[None, :]
         exps = tl.load(w_exp_ptrs + (4 * k_step) * stride_w_exp_k, mask=exp_ok, other=0).to(tl.int32)
         low = tl.where(exp_ok, exps, 255)
-    reference = tl.max(exps, axis=1)
+    if TILE_REFERENCE:  # one reference for the whole tile: a scalar weight factor
+        reference = tl.max(tl.max(exps, axis=1), axis=0)
+        floor = tl.min(tl.min(low, axis=1), axis=0)
+    else:  # one per weight row
+        reference = tl.max(exps, axis=1)
+        floor = tl.min(low, axis=1)
     a_scale = tl.load(a_scale_ptrs + k_step * stride_a_scale_k)
     if EXACT_BRANCH:
-        spread = tl.max(reference - tl.min(low, axis=1))
+        spread = tl.max(reference - floor)
     else:
         spread = 0
     if spread <= MAX_SHIFT:
         if EVEN_K:
             a = tl.load(a_ptrs + k0 * stride_a_k)
             packed = tl.load(w_ptrs + (k_step * 64) * stride_w_k).to(tl.int32)
-            shifts = reference[:, None] - exps
+            if TILE_REFERENCE:
+                shifts = reference - exps
+            else:
+                shifts = reference[:, None] - exps
         else:
             a = tl.load(a_ptrs + k0 * stride_a_k, mask=(k0 + tl.arange(0, 128) < K)[None, :], other=0)
             packed = tl.load(
                 w_ptrs + (k_step * 64) * stride_w_k, mask=(k0 + 2 * tl.arange(0, 64) < K)[None, :], other=0
             ).to(tl.int32)
-            shifts = tl.minimum(reference[:, None] - exps, MAX_SHIFT)  # (a column past K: zero codes)
+            if TILE_REFERENCE:
+                shifts = tl.minimum(reference - exps, MAX_SHIFT)  # (a column past K: zero codes)
+            else:
+                shifts = tl.minimum(reference[:, None] - exps, MAX_SHIFT)
         a = a.to(tl.float8e4nv, bitcast=True)
         w = decode_tile(packed, shifts, BLOCK_N, 128)
         w_factor = e8m0_to_f32(reference)
-        if SWAP_AB:
+        if TILE_REFERENCE:  # one FFMA per element, as the FP8-blocks kernel
+            if SWAP_AB:
+                acc += tl.dot(w, tl.trans(a)) * (a_scale * w_factor)[None, :]
+            else:
+                acc += tl.dot(a, tl.trans(w)) * (a_scale * w_factor)[:, None]
+        elif SWAP_AB:  # a factor tile (FMUL) and the FFMA per element
             acc += tl.dot(w, tl.trans(a)) * (w_factor[:, None] * a_scale[None, :])
         else:
             acc += tl.dot(a, tl.trans(w)) * (a_scale[:, None] * w_factor[None, :])
@@ -210,10 +236,10 @@ def _k_step(
 
 
 @triton.jit
-def tile_spread(w_exp_row_ptrs, num_exps, stride_w_exp_k, BLOCK_N: tl.constexpr):
+def tile_spread(w_exp_row_ptrs, num_exps, stride_w_exp_k, TILE_REFERENCE: tl.constexpr, BLOCK_N: tl.constexpr):
     """``max_n,kb (max_j e[n, kb, j] − min_j e[n, kb, j])`` over a weight tile's rows (w_exp_row_ptrs ``[BLOCK_N]``
     at exponent column 0) and its ``num_exps`` exponents (the last 128-K block may hold fewer than 4), 16 K blocks
-    per load."""
+    per load. TILE_REFERENCE: max − min over all the tile's exponents of a K block, not per row."""
     columns = tl.arange(0, 64)
     spread = 0
     for start in range(0, num_exps, 64):
@@ -221,7 +247,11 @@ def tile_spread(w_exp_row_ptrs, num_exps, stride_w_exp_k, BLOCK_N: tl.constexpr)
         exps = tl.load(w_exp_row_ptrs[:, None] + (start + columns)[None, :] * stride_w_exp_k, mask=valid, other=0)
         high = tl.reshape(exps.to(tl.int32), (BLOCK_N, 16, 4))
         low = tl.reshape(tl.where(valid, exps.to(tl.int32), 255), (BLOCK_N, 16, 4))
-        spread = tl.maximum(spread, tl.max(tl.max(high, axis=2) - tl.min(low, axis=2)))
+        if TILE_REFERENCE:
+            block_spread = tl.max(tl.max(high, axis=2), axis=0) - tl.min(tl.min(low, axis=2), axis=0)
+        else:
+            block_spread = tl.max(high, axis=2) - tl.min(low, axis=2)
+        spread = tl.maximum(spread, tl.max(block_spread))
     return spread
 
 
@@ -253,6 +283,7 @@ def w4a8_grouped_matmul_kernel(
     K,
     SWAP_AB: tl.constexpr,
     EVEN_K: tl.constexpr,
+    TILE_REFERENCE: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_GROUPS: tl.constexpr,
@@ -310,7 +341,10 @@ def w4a8_grouped_matmul_kernel(
     # it) or the one that checks each K block.
     k_steps = tl.where(expert_ok, tl.cdiv(K, 128), 0)
     w_exp_row_ptrs = (w_exps_ptr + expert * stride_w_exp_expert) + w_rows * stride_w_exp_row
-    if tile_spread(w_exp_row_ptrs, tl.where(expert_ok, K // 32, 0), stride_w_exp_k, BLOCK_N) <= MAX_SHIFT:
+    if (
+        tile_spread(w_exp_row_ptrs, tl.where(expert_ok, K // 32, 0), stride_w_exp_k, TILE_REFERENCE, BLOCK_N)
+        <= MAX_SHIFT
+    ):
         for k_step in range(0, k_steps):
             acc = _k_step(
                 acc,
@@ -329,6 +363,7 @@ def w4a8_grouped_matmul_kernel(
                 SWAP_AB,
                 False,
                 EVEN_K,
+                TILE_REFERENCE,
                 BLOCK_M,
                 BLOCK_N,
             )
@@ -351,6 +386,7 @@ def w4a8_grouped_matmul_kernel(
                 SWAP_AB,
                 True,
                 EVEN_K,
+                TILE_REFERENCE,
                 BLOCK_M,
                 BLOCK_N,
             )
@@ -426,6 +462,7 @@ def plan_launch(a_fp8, w, a_offsets, expert_ids, out, config: W4A8Config = COMPU
     constexprs = dict(
         SWAP_AB=config.swap_ab,
         EVEN_K=k % BLOCK_K == 0,
+        TILE_REFERENCE=config.tile_reference,
         BLOCK_M=config.block_m,
         BLOCK_N=config.block_n,
         BLOCK_GROUPS=max(triton.next_power_of_2(groups), 2),

@@ -26,6 +26,12 @@ import llmkernels
 E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
 SMALL = W4A8Config(16, 32, 4, 1)
 SWAP = W4A8Config(16, 32, 4, 1, swap_ab=True)
+CONFIGS = {
+    "tile": SMALL,
+    "swap_ab": SWAP,
+    "tileref": W4A8Config(16, 32, 4, 1, tile_reference=True),
+    "swap_tileref": W4A8Config(16, 32, 4, 1, swap_ab=True, tile_reference=True),
+}
 
 
 def make_problem(group_rows, expert_ids, n, k, spread, seed):
@@ -80,32 +86,35 @@ def check(out, ref, out_dtype):
 RAGGED = ([0, 1, 37, 20, 6], [1, 2, 0, -1, 2])
 
 
-CASES = [(k, spread, config) for k in (128, 256, 384) for spread in (0, 3, 11) for config in ("tile", "swap_ab")]
+K_CONFIGS = {128: ("tile", "swap_tileref"), 256: ("tileref",), 384: ("tile", "swap_ab", "tileref")}
 
 
-@pytest.mark.parametrize("k,spread,config", [case for case in CASES if case[0] != 256 or case[2] == "tile"])
+@pytest.mark.parametrize(
+    "k,spread,config", [(k, s, c) for k, names in K_CONFIGS.items() for s in (0, 3, 11) for c in names]
+)
 def test_ragged_float32_exact(k, spread, config):
-    """Spreads 0 and 3 take the fast branch, 11 (> 8) the four-dot branch: both exact."""
+    """Spreads 0 and 3 take the branch-free loop, 11 (> 8) the checking loop and its four-dot branch: both exact,
+    with a reference exponent per weight row or per tile (tileref)."""
     a_q, w_q, offsets, ids = make_problem(*RAGGED, n=48, k=k, spread=spread, seed=k + spread)
     ref = reference(a_q, w_q, offsets, ids)
     out = torch.full(ref.shape, float("nan"), dtype=torch.float32)
-    w4a8_grouped_matmul(
-        a_q, w_q, offsets, ids, out=out, out_dtype=torch.float32, config=SWAP if config == "swap_ab" else SMALL
-    )
+    w4a8_grouped_matmul(a_q, w_q, offsets, ids, out=out, out_dtype=torch.float32, config=CONFIGS[config])
     check(out, ref, torch.float32)
 
 
 @pytest.mark.parametrize("k,spread", [(256, 2), (256, 9), (160, 1), (352, 10)])
 def test_bf16(k, spread):
-    """bf16 output; K 160 and 352 end in a partial 128-K block (32 and 96 of its columns)."""
+    """bf16 output; K 160 and 352 end in a partial 128-K block (32 and 96 of its columns): per-row references
+    (spread <= 2) and per-tile references (spread >= 9)."""
     a_q, w_q, offsets, ids = make_problem(*RAGGED, n=40, k=k, spread=spread, seed=5)
     ref = reference(a_q, w_q, offsets, ids)
     out = torch.full(ref.shape, float("nan"), dtype=torch.bfloat16)
-    w4a8_grouped_matmul(a_q, w_q, offsets, ids, out=out, config=SMALL)
+    w4a8_grouped_matmul(a_q, w_q, offsets, ids, out=out, config=SMALL if spread <= 2 else CONFIGS["tileref"])
     check(out, ref, torch.bfloat16)
 
 
-def test_mixed_branches_and_strided_views():
+@pytest.mark.parametrize("config", ["tile", "tileref"])
+def test_mixed_branches_and_strided_views(config):
     """Weight rows 0-31 have one K block spread by 9 (their tiles take the checking loop, its two branches), rows
     32-63 spread by 2 (the branch-free loop), in one launch; the weights are a non-contiguous view (every other
     expert of a larger tensor) and the output a column-offset view."""
@@ -118,7 +127,7 @@ def test_mixed_branches_and_strided_views():
     ref = reference(a_q, w_view, offsets, ids)
     wide = torch.full((ref.shape[0], ref.shape[1] + 8), float("nan"), dtype=torch.float32)
     out = wide[:, 8:]
-    w4a8_grouped_matmul(a_q, w_view, offsets, ids, out=out, out_dtype=torch.float32, config=SMALL)
+    w4a8_grouped_matmul(a_q, w_view, offsets, ids, out=out, out_dtype=torch.float32, config=CONFIGS[config])
     check(out, ref, torch.float32)
     assert torch.isnan(wide[:, :8]).all()
 
