@@ -15,8 +15,10 @@ A Gluon deadlock hangs its process, so every (system, case) runs in a child proc
    Triton prototype (configs of results/compile_sm90.md without spills), ``torch._grouped_mm`` bf16 (bf16
    operands of the same shapes) and the library's MXFP8 path ``llmkernels.grouped_matmul(quantize(x, "mxfp8"),
    quantize(w, "mxfp8"), a_offsets, expert_ids)``, at E8x2048 N4096 K7168, E16x4096 N7168 K2048 and E256x256
-   N7168 K2048 (balanced groups). Each timed system is also checked on the first and last group against the float64
-   reference. The Gluon kernel's one-time weight conversion (fp32/bf16 column factors) is built before timing.
+   N7168 K2048 (balanced groups); every shape's peers and the two default Gluon variants first, the other Gluon
+   configs after (the budget cuts those first). Each timed system is also checked on the first and last group
+   against the float64 reference. The Gluon kernel's one-time weight conversion (fp32/bf16 column factors) is
+   built before timing.
 Writes OUT_DIR/mxfp8_fp8tc.md and OUT_DIR/mxfp8_fp8tc.csv after every child (a run cut short leaves what it had).
 Past ``--budget-s`` no new child starts.
 
@@ -477,44 +479,44 @@ def main() -> int:
         if system == "gluon" and result["status"] == "ok":
             passed.append(config)
         write(args.out_dir, header, rows)
-    # 2. timings: the most important shape first, peers before ours
-    for shape in shapes:
+    # 2. timings. Work items (shape, systems of one child): first every shape's peers + Triton prototype (one
+    # child: they cannot hang; 3x the timeout, the E256 prototype compiles two configs) and the two default Gluon
+    # variants, the most important shape first; then the other Gluon configs. The budget cuts the tail.
+    peers = [("torch._grouped_mm bf16", None), ("llmkernels mxfp8", None)] + [("triton", c) for c in triton_configs]
+    defaults = [c for c in passed if c in GLUON_CONFIGS[:2]]
+    work = [(shape, batch) for shape in shapes for batch in [peers] + [[("gluon", c)] for c in defaults]]
+    work += [(shape, [("gluon", c)]) for shape in shapes for c in passed if c not in defaults]
+    for shape, batch in work:
         flops = 2.0 * shape.experts * shape.tokens_per_expert * shape.n * shape.k
-        # one child for the systems that cannot hang (peers and the Triton prototype), one per Gluon config
-        batches = [
-            [("torch._grouped_mm bf16", None), ("llmkernels mxfp8", None)] + [("triton", c) for c in triton_configs]
-        ]
-        batches += [[("gluon", c)] for c in passed]
-        for batch in batches:
-            spec = dict(mode="time", systems=batch, shape=asdict(shape), dry=dry)
-            labels = [(system, label(dict(system=system, config=config))) for system, config in batch]
-            if time.perf_counter() - START > args.budget_s:
-                for system, name in labels:
-                    rows.append(
-                        dict(
-                            mode="time",
-                            shape=shape.name,
-                            system=system,
-                            label=name,
-                            status="skipped: time budget",
-                            flops=flops,
-                        )
-                    )
-                continue
-            result = spawn(spec, timeout)
-            done = {(r["system"], label(r)): r for r in result.get("results", [])}
+        spec = dict(mode="time", systems=batch, shape=asdict(shape), dry=dry)
+        labels = [(system, label(dict(system=system, config=config))) for system, config in batch]
+        if time.perf_counter() - START > args.budget_s:
             for system, name in labels:
-                one = done.get((system, name))
-                if one is None:  # the child died or hung before this system
-                    one = dict(status=result.get("status", "error"), note=result.get("note", ""))
-                one = {key: value for key, value in one.items() if key not in ("system", "config")}
-                rows.append(dict(mode="time", shape=shape.name, system=system, label=name, flops=flops, **one))
-                us = one.get("us")
-                log(
-                    f"{shape.name} {system} {name}: {one['status']} {one.get('note', '')} "
-                    f"{f'{us:.1f} µs, {flops / us / 1e6:.0f} TFLOP/s' if us else ''}"
+                rows.append(
+                    dict(
+                        mode="time",
+                        shape=shape.name,
+                        system=system,
+                        label=name,
+                        status="skipped: time budget",
+                        flops=flops,
+                    )
                 )
-            write(args.out_dir, header, rows)
+            continue
+        result = spawn(spec, timeout if batch[0][0] == "gluon" else 3 * timeout)
+        done = {(r["system"], label(r)): r for r in result.get("results", [])}
+        for system, name in labels:
+            one = done.get((system, name))
+            if one is None:  # the child died or hung before this system
+                one = dict(status=result.get("status", "error"), note=result.get("note", ""))
+            one = {key: value for key, value in one.items() if key not in ("system", "config")}
+            rows.append(dict(mode="time", shape=shape.name, system=system, label=name, flops=flops, **one))
+            us = one.get("us")
+            log(
+                f"{shape.name} {system} {name}: {one['status']} {one.get('note', '')} "
+                f"{f'{us:.1f} µs, {flops / us / 1e6:.0f} TFLOP/s' if us else ''}"
+            )
+        write(args.out_dir, header, rows)
     for shape in shapes:
         if not any(r["mode"] == "time" and r["shape"] == shape.name for r in rows):
             rows.append(

@@ -449,7 +449,8 @@ def mxfp8_fp8tc_kernel(
     block ``[128, 128]``; a_exps_ptr uint8 ``[T, K/32]`` (unit column stride); b_factors_ptr fp32 ``[E, K/32, N]``
     (unit column stride); out_ptr bf16 ``[T, N]`` (unit column stride). NUM_B 2 runs variant v1 (BLOCK_N 256), 1
     runs v2 (BLOCK_N 128). LATE_FACTORS: a sub-block's factor loads after its wgmma wait instead of before;
-    VOLATILE_FACTORS: as ``ld.volatile`` (see :func:`_col_factors`). Grid ``(min(SMs, tile bound),)``, ``num_warps=4``, ``maxnreg`` = :data:`MAX_REGS`."""
+    VOLATILE_FACTORS: as ``ld.volatile`` (see :func:`_col_factors`); TIE_PARTIALS: see :func:`_promote`. Grid
+    ``(min(SMs, tile bound),)``, ``num_warps=4``, ``maxnreg`` = :data:`MAX_REGS`."""
     a_smem = gl.allocate_shared_memory(a_desc.dtype, [2 * STAGES, CONSUMER_ROWS, K_STEP], a_desc.layout)
     b_smem = gl.allocate_shared_memory(b_desc.dtype, [NUM_B * STAGES, 128, K_STEP], b_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
