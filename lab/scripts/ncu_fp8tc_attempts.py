@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 
 import torch
 from gluon_kernel import VARIANTS, b_exponent_factors, mxfp8_grouped_matmul_gluon
@@ -22,7 +23,7 @@ import llmkernels as lk
 _spec = importlib.util.spec_from_file_location(
     "w4a8_kernel", os.path.join(os.path.dirname(__file__), "..", "w4a8", "kernel.py")
 )
-w4a8 = importlib.util.module_from_spec(_spec)
+w4a8 = sys.modules["w4a8_kernel"] = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(w4a8)
 
 E, T, N, K = 8, 2048, 4096, 7168
