@@ -181,7 +181,9 @@ def _k_step(
         reference = tl.max(exps, axis=1)
         floor = tl.min(low, axis=1)
     a_scale = tl.load(a_scale_ptrs + k_step * stride_a_scale_k)
-    if EXACT_BRANCH:
+    if EXACT_BRANCH and TILE_REFERENCE:
+        spread = reference - floor
+    elif EXACT_BRANCH:
         spread = tl.max(reference - floor)
     else:
         spread = 0
