@@ -84,7 +84,6 @@ def kernel_spec(call, config, group_rows: tuple[int, int]) -> KernelSpec:
         EVEN_K=call.k % gm_config.FP8_BLOCK_K == 0,
         SPLIT_N=split_n(config),
         UNIFORM_SCALES=uniform_scales(call, config),
-        PERSISTENT=programs < tiles,
         BLOCK_M=config.block_m,
         BLOCK_N=config.block_n,
         BLOCK_K=config.block_k,
