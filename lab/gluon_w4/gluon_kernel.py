@@ -1,0 +1,498 @@
+"""LAB Gluon kernel: grouped matmul of bf16 activations x MXFP4 expert weights on Hopper (sm_90a), the weights
+decoded in registers straight into wgmma's A operand, warp-specialized so the decode of the next 64-wide K chunk
+runs while the current chunk's wgmma holds the tensor cores. Not the product (see NOTES.md).
+
+Schedule (swap-AB, ``Cᵀ = W · Aᵀ``: weight rows are the MMA's M side, tokens its N side):
+
+* persistent grid of ``min(SMs, tile bound)`` programs; work tiles (group, 128-token tile, 128-weight-row tile)
+  found on the device by the product's ``_find_tile`` (its tiles are 128 rows of A: here 128 tokens), published
+  to the consumers through its ``_publish`` / ``_receive`` shared-memory ring;
+* 1 load warp: per 128-K step one TMA box of packed weights ``[8 fragment blocks, 4, 256]`` bytes (128 weight
+  rows x 128 K in the library's "hopper" fragment layout, 8 KB) and two activation boxes ``[128 tokens, 64 K]``
+  bf16 (128B swizzle, 32 KB) into a ``STAGES``-deep ring (40 KB a stage);
+* 2 consumer warpgroups, consumer c owns weight rows ``[64c, 64c + 64)`` of the tile. Per 64-K chunk each thread
+  reads its 16 packed bytes from shared memory (one 16-byte ``ld.shared`` a chunk), decodes them with their
+  e8m0 scales (loaded from global memory one K step ahead) into bf16 pairs by masks, shifts and two bf16x2 FMAs
+  per pair (PTX; exact), whose register order is wgmma's A fragment: the layout conversion to
+  ``DotOperandLayout(0, NVMMA v3, k_width=2)`` only relabels registers. ``wgmma m64nBLOCK_Tk16 bf16`` (A from
+  registers, B = the activation tile, K-major in shared memory) is issued asynchronously; the next chunk is
+  decoded while it runs (``warpgroup_mma_wait(num_outstanding=1)``);
+* epilogue: the fp32 accumulator ``[64 weight rows, 128 tokens]`` transposed and stored with masked 16-byte
+  stores (tokens past the group's end are not stored; -1 experts write zeros).
+
+Weights: a ScaledTensor MXFP4 ``[E, N, K]``; :func:`prepare_weights` (once, outside timing) converts it to the
+hopper layout and rearranges its e8m0 scales into bf16 factor words (``[bf16 2^(s_g - 127), bf16 2^(s_g+8 -
+127)]`` per fragment block, chunk, g and 32-K half: one 32-bit word per decoded data word, 2 bytes per 32
+weights instead of 1). e4m3 mode (w4a8) is not implemented here (NOTES.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+from llmkernels.grouped_matmul.gluon_fp8_kernel import _find_tile, _publish, _receive
+
+_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+
+BLOCK_W = 128  # weight rows per tile (two consumers of 64)
+BLOCK_T = 128  # tokens per tile (the product's _find_tile counts 128-row tiles)
+BLOCK_K = 128  # one TMA stage
+W_BOX = [8, 4, 256]  # packed weight bytes of one stage: 8 fragment blocks x (2 chunks x 512 bytes)
+A_BOX = [BLOCK_T, 64]  # one 64-K chunk of activations (128 bytes a row: the 128B swizzle's limit)
+CONSUMER_REGS = gl.constexpr(232)
+LOADER_REGS = gl.constexpr(40)
+MAX_REGS = 168
+_STOP = gl.constexpr(-2)
+_TOKENS = gl.constexpr(BLOCK_T)
+
+# $4: one data word (eight e2m1 values in the hopper layout's SLOT_BITS positions), $5: the scale word [bf16 row
+# g | bf16 row g + 8]. Masks and shifts put each value's sign, exponent and mantissa at bf16 bits 15, 8-7 and 6
+# (that bf16 times 2^126 is the e2m1 value, 0.5 included), then x 2^126, then x scale: two exact FMAs per pair.
+# Out: $0-$1 row g (k = 2t, 2t+1, 2t+8, 2t+9), $2-$3 row g + 8.
+_DECODE_PTX = gl.constexpr("""
+{
+.reg .b32 mask, bias, mz, v0, v1, v2, v3, a, b, c, sg, sh;
+mov.b32 mask, 0x81C081C0;
+mov.b32 bias, 0x7E807E80;
+mov.b32 mz, 0x80008000;
+prmt.b32 sg, $5, 0, 0x1010;
+prmt.b32 sh, $5, 0, 0x3232;
+and.b32 v0, $4, mask;
+shl.b32 a, $4, 3;
+and.b32 v1, a, mask;
+shl.b32 a, $4, 6;
+and.b32 v2, a, mask;
+shl.b32 a, $4, 1;
+and.b32 a, a, 0x80008000;
+shr.u32 b, $4, 5;
+and.b32 b, b, 0x01000100;
+shr.u32 c, $4, 4;
+and.b32 c, c, 0x00C000C0;
+or.b32 v3, a, b;
+or.b32 v3, v3, c;
+fma.rn.bf16x2 v0, v0, bias, mz;
+fma.rn.bf16x2 v1, v1, bias, mz;
+fma.rn.bf16x2 v2, v2, bias, mz;
+fma.rn.bf16x2 v3, v3, bias, mz;
+fma.rn.bf16x2 $0, v0, sg, mz;
+fma.rn.bf16x2 $1, v1, sg, mz;
+fma.rn.bf16x2 $2, v2, sh, mz;
+fma.rn.bf16x2 $3, v3, sh, mz;
+}
+""")
+
+
+# Register layout of one consumer's packed chunk, uint8 [4 blocks, 8 g, 4 t, 16 bytes]: warp w holds fragment
+# block w, lane 4g + t its 16 bytes (wgmma's A fragment of rows 16w + g and 16w + g + 8).
+_CHUNK_L = gl.constexpr(
+    gl.DistributedLinearLayout(
+        reg_bases=[[0, 0, 0, 1], [0, 0, 0, 2], [0, 0, 0, 4], [0, 0, 0, 8]],
+        lane_bases=[[0, 0, 1, 0], [0, 0, 2, 0], [0, 1, 0, 0], [0, 2, 0, 0], [0, 4, 0, 0]],
+        warp_bases=[[1, 0, 0, 0], [2, 0, 0, 0]],
+        block_bases=[],
+        shape=[4, 8, 4, 16],
+    )
+)
+# The same bytes as the shared tile's [4 blocks, 2 halves, 256] view (half = g // 4).
+_SMEM_CHUNK_L = gl.constexpr(
+    gl.DistributedLinearLayout(
+        reg_bases=[[0, 0, 1], [0, 0, 2], [0, 0, 4], [0, 0, 8]],
+        lane_bases=[[0, 0, 16], [0, 0, 32], [0, 0, 64], [0, 0, 128], [0, 1, 0]],
+        warp_bases=[[1, 0, 0], [2, 0, 0]],
+        block_bases=[],
+        shape=[4, 2, 256],
+    )
+)
+
+
+@gluon.jit
+def _index4(n: gl.constexpr, DIM: gl.constexpr, layout: gl.constexpr):
+    """``arange(n)`` along dim DIM of a rank-4 ``layout``, expanded to rank 4."""
+    if DIM == 0:
+        sliced: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, layout)))
+        x = gl.arange(0, n, layout=sliced)
+        return gl.expand_dims(gl.expand_dims(gl.expand_dims(x, 1), 2), 3)
+    elif DIM == 1:
+        sliced: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(2, gl.SliceLayout(3, layout)))
+        x = gl.arange(0, n, layout=sliced)
+        return gl.expand_dims(gl.expand_dims(gl.expand_dims(x, 0), 2), 3)
+    elif DIM == 2:
+        sliced: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, layout)))
+        x = gl.arange(0, n, layout=sliced)
+        return gl.expand_dims(gl.expand_dims(gl.expand_dims(x, 0), 1), 3)
+    else:
+        sliced: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, layout)))
+        x = gl.arange(0, n, layout=sliced)
+        return gl.expand_dims(gl.expand_dims(gl.expand_dims(x, 0), 1), 2)
+
+
+@gluon.jit
+def _decode_chunk(w_tile, scale_bytes, CHUNK: gl.constexpr, CONSUMER: gl.constexpr, a_layout: gl.constexpr):
+    """Packed bytes of chunk CHUNK of this consumer's 64 rows (shared ``[8, 4, 256]`` tile) and their scale words
+    (uint8 ``[4, 8, 4, 16]``, each 4-byte group one word) → bf16 ``[64, 64]`` in wgmma's A-operand layout."""
+    view = w_tile.slice(4 * CONSUMER, 4, dim=0).slice(2 * CHUNK, 2, dim=1)
+    data = gl.convert_layout(gl.reshape(view.load(_SMEM_CHUNK_L), [4, 8, 4, 16]), _CHUNK_L)
+    low, high = gl.inline_asm_elementwise(
+        _DECODE_PTX,
+        "=r,=r,=r,=r,r,r",
+        [data, scale_bytes],
+        dtype=(gl.bfloat16, gl.bfloat16),
+        is_pure=True,
+        pack=4,
+    )
+    low = gl.reshape(low, [4, 8, 4, 4, 2, 2])  # (block, g, t, j, bh, bl): k = 16j + 8bh + 2t + bl
+    high = gl.reshape(high, [4, 8, 4, 4, 2, 2])
+    both = gl.permute(gl.join(low, high), (0, 6, 1, 3, 4, 2, 5))  # (block, h, g, j, bh, t, bl)
+    return gl.convert_layout(gl.reshape(both, [64, 64]), a_layout)
+
+
+@gluon.jit
+def _load_partition(
+    a_desc,
+    w_desc,
+    a_smem,
+    w_smem,
+    ready,
+    empty,
+    schedule,
+    a_offsets_ptr,
+    expert_ids_ptr,
+    num_groups,
+    num_tokens,
+    num_experts,
+    N,
+    K,
+    n_tiles,
+):
+    """The load warp: finds this program's tiles, publishes each, TMA-loads its K steps into the ring."""
+    STAGES: gl.constexpr = w_smem.shape[0]
+    STAGE_BYTES: gl.constexpr = 2 * a_desc.block_type.nbytes + w_desc.block_type.nbytes
+    k_steps = K // 128
+    blocks_per_expert = N // 16
+    tile = gl.program_id(0)
+    programs = gl.num_programs(0)
+    cursor = (tile * 0, tile * 0, gl.load(a_offsets_ptr).to(gl.int32))
+    count = 0
+    loaded = 0
+    found, group, group_start, group_end, tile_m, tile_n, cursor = _find_tile(
+        tile, cursor, a_offsets_ptr, num_groups, num_tokens, n_tiles, 0, num_tokens
+    )
+    while found:
+        first_row = group_start + tile_m * 128
+        first_col = tile_n * 128
+        expert = gl.load(expert_ids_ptr + group)
+        expert_ok = (expert >= 0) & (expert < num_experts)
+        expert = gl.where(expert_ok, expert, -1)
+        _publish(count, (first_row, gl.minimum(group_end - first_row, 128), first_col, expert), schedule)
+        if expert_ok:
+            block0 = expert * blocks_per_expert + tile_n * 8
+            for kb in range(k_steps):
+                stage = loaded % STAGES
+                mbarrier.wait(empty.index(stage), ((loaded // STAGES) & 1) ^ 1)
+                mbarrier.expect(ready.index(stage), STAGE_BYTES)
+                _tma_load(w_desc, [block0, 4 * kb, 0], ready.index(stage), w_smem.index(stage))
+                _tma_load(a_desc, [first_row, kb * 128], ready.index(stage), a_smem.index(2 * stage))
+                _tma_load(a_desc, [first_row, kb * 128 + 64], ready.index(stage), a_smem.index(2 * stage + 1))
+                loaded += 1
+        count += 1
+        tile += programs
+        found, group, group_start, group_end, tile_m, tile_n, cursor = _find_tile(
+            tile, cursor, a_offsets_ptr, num_groups, num_tokens, n_tiles, 0, num_tokens
+        )
+    _publish(count, (tile * 0, tile * 0, tile * 0, tile * 0 + _STOP), schedule)
+
+
+@gluon.jit
+def _consumer_partition(
+    a_smem,
+    w_smem,
+    ready,
+    empty,
+    schedule,
+    scales_ptr,
+    out_ptr,
+    stride_out_row,
+    N,
+    K,
+    CONSUMER: gl.constexpr,
+):
+    """Consumer warpgroup CONSUMER: weight rows ``[64·CONSUMER, 64·CONSUMER + 64)`` of each tile it is handed."""
+    STAGES: gl.constexpr = w_smem.shape[0]
+    mma_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, _TOKENS, 16]
+    )
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_layout, k_width=2)
+    store_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    k_steps = K // 128
+    chunks_per_expert = K // 64
+    blocks_per_expert = N // 16
+    # byte offsets of this thread's scale words in one (block, chunk) pair: ((block·chunks + chunk)·8 + g)·8 +
+    # (32-K half)·4 + byte; each of the 4 data words j of a thread uses half j // 2
+    scale_offsets = (
+        _index4(4, 0, _CHUNK_L) * (chunks_per_expert * 64)
+        + _index4(8, 1, _CHUNK_L) * 8
+        + _index4(4, 2, _CHUNK_L) * 0
+        + (_index4(16, 3, _CHUNK_L) // 8) * 4
+        + _index4(16, 3, _CHUNK_L) % 4
+    )
+    zero = gl.zeros([64, _TOKENS], gl.float32, layout=mma_layout)
+    count = 0
+    consumed = 0
+    first_row, rows, first_col, expert = _receive(count, schedule)
+    while expert != _STOP:
+        acc = zero
+        if expert >= 0:
+            block0 = expert.to(gl.int64) * blocks_per_expert + (first_col // 16) + 4 * CONSUMER
+            scale_base = scales_ptr + block0 * (chunks_per_expert * 64)
+            s0 = gl.load(scale_base + scale_offsets)
+            s1 = gl.load(scale_base + scale_offsets + 64)
+            for kb in range(k_steps):
+                position = consumed + kb
+                stage = position % STAGES
+                ahead = gl.minimum(kb + 1, k_steps - 1) * 128
+                next0 = gl.load(scale_base + scale_offsets + ahead)
+                next1 = gl.load(scale_base + scale_offsets + ahead + 64)
+                mbarrier.wait(ready.index(stage), (position // STAGES) & 1)
+                w_tile = w_smem.index(stage)
+                # chunk 0's decode runs while the previous step's chunk-1 wgmma is in flight
+                a0 = _decode_chunk(w_tile, s0, 0, CONSUMER, a_layout)
+                acc = warpgroup_mma(a0, a_smem.index(2 * stage).permute((1, 0)), acc, is_async=True)
+                acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+                if kb > 0:  # the previous step's wgmmas are done: its stage is free
+                    mbarrier.arrive(empty.index((position - 1) % STAGES))
+                a1 = _decode_chunk(w_tile, s1, 1, CONSUMER, a_layout)
+                acc = warpgroup_mma(a1, a_smem.index(2 * stage + 1).permute((1, 0)), acc, is_async=True)
+                acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+                s0 = next0
+                s1 = next1
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            mbarrier.arrive(empty.index((consumed + k_steps - 1) % STAGES))
+            consumed += k_steps
+        # out[first_row + t, first_col + 64·CONSUMER + r] = acc[r, t]
+        values = gl.where(expert >= 0, acc, 0.0).to(out_ptr.dtype.element_ty)
+        values = gl.convert_layout(gl.permute(values, (1, 0)), store_layout)
+        tokens = gl.arange(0, _TOKENS, layout=gl.SliceLayout(1, store_layout))
+        cols = first_col + 64 * CONSUMER + gl.arange(0, 64, layout=gl.SliceLayout(0, store_layout))
+        offsets = gl.expand_dims((first_row + tokens).to(gl.int64) * stride_out_row, 1) + gl.expand_dims(cols, 0)
+        mask = gl.expand_dims(tokens < rows, 1) & gl.expand_dims(cols < N, 0)
+        gl.store(out_ptr + offsets, values, mask=mask)
+        count += 1
+        first_row, rows, first_col, expert = _receive(count, schedule)
+
+
+@gluon.jit
+def w4_bf16_gluon_kernel(
+    a_desc,
+    w_desc,
+    scales_ptr,
+    out_ptr,
+    a_offsets_ptr,
+    expert_ids_ptr,
+    stride_out_row,
+    num_tokens,
+    num_groups,
+    num_experts,
+    N,
+    K,
+    n_tiles,
+    STAGES: gl.constexpr,
+):
+    """a_desc: TMA descriptor over bf16 A ``[T, K]``, box :data:`A_BOX`; w_desc: over the hopper-layout data viewed as
+    uint8 ``[E·N/16, K/32, 256]``, box :data:`W_BOX`; scales_ptr: :func:`prepare_weights`' scale words; out_ptr bf16
+    ``[T, N]`` (unit column stride); a_offsets_ptr int32 ``[G + 1]``; expert_ids_ptr int32 ``[G]``; n_tiles =
+    N / 128. Grid ``(min(SMs, tile bound),)``, ``num_warps=4`` + consumer 1 (4 warps) + the load warp."""
+    a_smem = gl.allocate_shared_memory(a_desc.dtype, [2 * STAGES, _TOKENS, 64], a_desc.layout)
+    w_smem = gl.allocate_shared_memory(w_desc.dtype, [STAGES, 8, 4, 256], w_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    info_smem = gl.allocate_shared_memory(gl.int32, [2, 4], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    info_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    info_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=2)
+    for i in gl.static_range(2):
+        mbarrier.init(info_ready.index(i), count=1)
+        mbarrier.init(info_empty.index(i), count=2)
+    fence_async_shared()
+    schedule = (info_smem, info_ready, info_empty)
+    gl.warp_specialize(
+        [
+            (
+                _consumer_partition,
+                (a_smem, w_smem, ready, empty, schedule, scales_ptr, out_ptr, stride_out_row, N, K, 0),
+            ),
+            (
+                _consumer_partition,
+                (a_smem, w_smem, ready, empty, schedule, scales_ptr, out_ptr, stride_out_row, N, K, 1),
+            ),
+            (
+                _load_partition,
+                (
+                    a_desc,
+                    w_desc,
+                    a_smem,
+                    w_smem,
+                    ready,
+                    empty,
+                    schedule,
+                    a_offsets_ptr,
+                    expert_ids_ptr,
+                    num_groups,
+                    num_tokens,
+                    num_experts,
+                    N,
+                    K,
+                    n_tiles,
+                ),
+            ),
+        ],
+        [4, 1],
+        [CONSUMER_REGS, LOADER_REGS],
+    )
+
+
+# ------------------------------------------------------------------------------------------------------ host side
+
+
+@dataclass(frozen=True)
+class W4GluonConfig:
+    """``stages``: the TMA ring's depth (40 KB a stage); ``mode``: "bf16" (the only one built)."""
+
+    stages: int = 4
+    mode: str = "bf16"
+
+    @property
+    def label(self) -> str:
+        return f"gluon-w4 {self.mode} 128x{BLOCK_T}x128 s{self.stages}"
+
+
+CONFIGS = [W4GluonConfig(4), W4GluonConfig(3)]
+LAST_COMPILED = {}
+
+
+def a_layout_shared():
+    return gl.NVMMASharedLayout.get_default_for(A_BOX, gl.bfloat16)
+
+
+def w_layout_shared():
+    return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=3)
+
+
+def descriptor_types() -> dict:
+    """Type strings of the two descriptor arguments (ahead-of-time compiles)."""
+    return dict(
+        a_desc=f"tensordesc<bf16[{', '.join(map(str, A_BOX))}],{a_layout_shared()!r}>",
+        w_desc=f"tensordesc<u8[{', '.join(map(str, W_BOX))}],{w_layout_shared()!r}>",
+    )
+
+
+def compile_signature(config: W4GluonConfig):
+    names = w4_bf16_gluon_kernel.arg_names
+    types = dict(descriptor_types(), scales_ptr="*u8", out_ptr="*bf16", a_offsets_ptr="*i32", expert_ids_ptr="*i32")
+    constexprs = dict(STAGES=config.stages)
+    signature = {name: ("constexpr" if name in constexprs else types.get(name, "i32")) for name in names}
+    return signature, constexprs
+
+
+@dataclass(frozen=True)
+class PreparedWeights:
+    """:func:`prepare_weights`' result: hopper-layout data uint8 ``[E, N/16, K/64, 8, 4, 16]`` and scale words
+    uint8 ``[E, N/16, K/64, 8, 2 (32-K half), 2 (row g, g + 8), 2]`` (bf16 bits), logical ``(E, N, K)``."""
+
+    data: torch.Tensor
+    scale_words: torch.Tensor
+    shape: tuple
+
+
+def scale_words(hopper_scales: torch.Tensor) -> torch.Tensor:
+    """Hopper-layout e8m0 scales uint8 ``[E, N/16, K/64, 8, 2 (h), 2 (s)]`` → bf16 ``2^(e - 127)`` as uint8
+    ``[E, N/16, K/64, 8, 2 (s), 2 (h), 2]`` (e = 0 → the subnormal 2^-127, e = 255 → NaN). Exact."""
+    e = hopper_scales.view(torch.uint8).to(torch.int32)
+    bits = torch.where(e == 0, 0x0040, torch.where(e == 255, 0x7FC0, e << 7)).to(torch.int16)
+    return bits.transpose(-1, -2).contiguous().view(torch.uint8)
+
+
+def prepare_weights(w) -> PreparedWeights:
+    """The one-time weight conversion (outside timing): an MXFP4 ScaledTensor ``[E, N, K]`` (any scale layout) →
+    :class:`PreparedWeights`. N a multiple of 128 and K of 128; raises ValueError otherwise."""
+    if getattr(w, "spec", None) is None or w.spec.name != "mxfp4":
+        raise ValueError("w: must be an MXFP4 ScaledTensor")
+    shape = tuple(w.shape)
+    if len(shape) != 3 or shape[1] % 128 or shape[2] % 128:
+        raise ValueError(f"w: must be [E, N, K] with N and K multiples of 128, got {shape}")
+    hopper = w if str(w.scale_layout) == "hopper" else w.to_layout("hopper")
+    data = hopper.data.view(torch.uint8).contiguous()
+    return PreparedWeights(data, scale_words(hopper.scales), shape)
+
+
+def w4_grouped_matmul_gluon(a, w, a_offsets, expert_ids, out=None, mode="bf16", config=None):
+    """``out[rows of g] = a[rows of g] @ dequantize(w)[expert_ids[g]]ᵀ`` on an sm_90 GPU.
+
+    a: bf16 ``[T, K]``; w: :class:`PreparedWeights` (or an MXFP4 ScaledTensor ``[E, N, K]``, prepared here);
+    a_offsets int32 ``[G + 1]`` (non-decreasing, a_offsets[0] = 0), expert_ids int32 ``[G]`` (-1 → zero rows);
+    out bf16 ``[T, N]`` (rows past ``a_offsets[G]`` untouched). K and N multiples of 128. Raises ValueError on
+    other shapes, dtypes or modes (only ``mode="bf16"`` is built)."""
+    config = config or CONFIGS[0]
+    if mode != "bf16" or config.mode != "bf16":
+        raise ValueError(f"mode: only 'bf16' is built, got {mode!r}")
+    if not isinstance(w, PreparedWeights):
+        w = prepare_weights(w)
+    if not isinstance(a, torch.Tensor) or a.dim() != 2 or a.dtype != torch.bfloat16:
+        raise ValueError("a: must be a bf16 [T, K] tensor")
+    num_experts, n, k = w.shape
+    num_tokens = a.shape[0]
+    if a.shape[1] != k or k % 128 or n % 128:
+        raise ValueError(f"a: K must be w's K ({k}) and a multiple of 128 (N too), got a {tuple(a.shape)}")
+    num_groups = expert_ids.numel()
+    if a_offsets.numel() != num_groups + 1 or a_offsets.dtype != torch.int32 or expert_ids.dtype != torch.int32:
+        raise ValueError("a_offsets: must be int32 [G + 1] with expert_ids int32 [G]")
+    if out is None:
+        out = torch.empty(num_tokens, n, dtype=torch.bfloat16, device=a.device)
+    if out.dtype != torch.bfloat16 or tuple(out.shape) != (num_tokens, n):
+        raise ValueError("out: must be bf16 [T, N]")
+    if num_groups == 0 or num_tokens == 0:
+        return out
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    a_data = a if (a.stride(1) == 1 and a.stride(0) % 8 == 0 and a.data_ptr() % 16 == 0) else a.contiguous()
+    a_desc = TensorDescriptor(a_data, [num_tokens, k], [a_data.stride(0), 1], A_BOX, a_layout_shared())
+    w_view = w.data.view(num_experts * (n // 16), k // 32, 256)
+    w_desc = TensorDescriptor(w_view, list(w_view.shape), [w_view.stride(0), 256, 1], W_BOX, w_layout_shared())
+    target = out if out.stride(1) == 1 else out.contiguous()
+    n_tiles = n // 128
+    bound = (triton.cdiv(num_tokens, 128) + num_groups) * n_tiles
+    grid = (max(1, min(bound, torch.cuda.get_device_properties(a.device).multi_processor_count)),)
+    LAST_COMPILED[config] = w4_bf16_gluon_kernel[grid](
+        a_desc,
+        w_desc,
+        w.scale_words,
+        target,
+        a_offsets.contiguous(),
+        expert_ids.contiguous(),
+        target.stride(0),
+        num_tokens,
+        num_groups,
+        num_experts,
+        n,
+        k,
+        n_tiles,
+        STAGES=config.stages,
+        num_warps=4,
+        maxnreg=MAX_REGS,
+    )
+    if target is not out:
+        out.copy_(target)
+    return out
