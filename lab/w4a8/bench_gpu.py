@@ -411,7 +411,10 @@ def main() -> int:
             Shape("dry decode E4x2 N64 K256", 4, 2, 64, 256, "decode"),
         ]
         for name in SWEEPS:
-            SWEEPS[name] = [W4A8Config(c.block_m if c.swap_ab else 32, 64, 4, 1, c.swap_ab) for c in SWEEPS[name][:2]]
+            SWEEPS[name] = [
+                W4A8Config(c.block_m if c.swap_ab else 32, 64, 4, 1, c.swap_ab, c.tile_reference)
+                for c in SWEEPS[name][:2]
+            ]
     elif not torch.cuda.is_available():
         print("needs a CUDA GPU (or --dry-run)")
         return 1
