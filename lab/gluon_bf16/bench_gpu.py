@@ -1,6 +1,6 @@
 """GPU check and benchmark of the lab bf16 Gluon grouped matmul (gluon_kernel.py) on an H100.
 
-    PYTHONPATH=src:lab/gluon_bf16:lab/fp8_blocks python lab/gluon_bf16/bench_gpu.py OUT.md
+    PYTHONPATH=src:lab/gluon_bf16 python lab/gluon_bf16/bench_gpu.py OUT.md
 
 Each part runs in a child process with a timeout (a Gluon deadlock hangs): first a ragged check (groups of 0, 1,
 130, 77 rows and a -1 expert, N 384, K 320; rows past ``a_offsets[G]`` poisoned with NaN must stay NaN; the -1
@@ -52,7 +52,14 @@ def check() -> str:
 
 def time_shape(name: str) -> str:
     import torch
-    from bench_gpu import graph_time_us
+    import importlib.util
+    import os
+
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fp8_blocks", "bench_gpu.py")
+    spec = importlib.util.spec_from_file_location("fp8_blocks_bench_gpu", path)
+    fp8_bench = sys.modules["fp8_blocks_bench_gpu"] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fp8_bench)
+    graph_time_us = fp8_bench.graph_time_us
     from gluon_kernel import bf16_grouped_matmul_gluon
 
     import llmkernels as lk
