@@ -51,9 +51,10 @@ def check() -> str:
 
 
 def time_shape(name: str) -> str:
-    import torch
     import importlib.util
     import os
+
+    import torch
 
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fp8_blocks", "bench_gpu.py")
     spec = importlib.util.spec_from_file_location("fp8_blocks_bench_gpu", path)
