@@ -55,15 +55,15 @@ def time_shape(name: str) -> str:
     import os
 
     import torch
+    from gluon_kernel import bf16_grouped_matmul_gluon  # before fp8_blocks' folder joins sys.path
+
+    import llmkernels as lk
 
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fp8_blocks", "bench_gpu.py")
     spec = importlib.util.spec_from_file_location("fp8_blocks_bench_gpu", path)
     fp8_bench = sys.modules["fp8_blocks_bench_gpu"] = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(fp8_bench)
     graph_time_us = fp8_bench.graph_time_us
-    from gluon_kernel import bf16_grouped_matmul_gluon
-
-    import llmkernels as lk
 
     experts, per, n, k = SHAPES[name]
     tokens = experts * per
