@@ -7,7 +7,7 @@ Schedule (swap-AB, ``Cᵀ = W · Aᵀ``: weight rows are the MMA's M side, token
 * persistent grid of ``min(SMs, tile bound)`` programs; work tiles (group, 128-token tile, 128-weight-row tile)
   found on the device by the product's ``_find_tile`` (its tiles are 128 rows of A: here 128 tokens), published
   to the consumers through its ``_publish`` / ``_receive`` shared-memory ring;
-* 1 load warp: per 128-K step one TMA box of packed weights ``[8 fragment blocks, 4, 256]`` bytes (128 weight
+* 1 load warp: per 128-K step one TMA box of packed weights ``[8 fragment blocks, 4, 64]`` int32 (128 weight
   rows x 128 K in the library's "hopper" fragment layout, 8 KB) and two activation boxes ``[128 tokens, 64 K]``
   bf16 (128B swizzle, 32 KB) into a ``STAGES``-deep ring (40 KB a stage);
 * 2 consumer warpgroups, consumer c owns weight rows ``[64c, 64c + 64)`` of the tile. Per 64-K chunk each thread
@@ -49,7 +49,7 @@ _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 BLOCK_W = 128  # weight rows per tile (two consumers of 64)
 BLOCK_T = 128  # tokens per tile (the product's _find_tile counts 128-row tiles)
 BLOCK_K = 128  # one TMA stage
-W_BOX = [8, 4, 256]  # packed weight bytes of one stage: 8 fragment blocks x (2 chunks x 512 bytes)
+W_BOX = [8, 4, 64]  # packed weight words of one stage: 8 fragment blocks x (2 chunks x 128 int32)
 A_BOX = [BLOCK_T, 64]  # one 64-K chunk of activations (128 bytes a row: the 128B swizzle's limit)
 CONSUMER_REGS = gl.constexpr(232)
 LOADER_REGS = gl.constexpr(40)
@@ -94,25 +94,25 @@ fma.rn.bf16x2 $3, v3, sh, mz;
 """)
 
 
-# Register layout of one consumer's packed chunk, uint8 [4 blocks, 8 g, 4 t, 16 bytes]: warp w holds fragment
-# block w, lane 4g + t its 16 bytes (wgmma's A fragment of rows 16w + g and 16w + g + 8).
+# Register layout of one consumer's packed chunk, int32 words [4 blocks, 8 g, 4 t, 4 j]: warp w holds fragment
+# block w, lane 4g + t its 4 words (wgmma's A fragment of rows 16w + g and 16w + g + 8, K steps j).
 _CHUNK_L = gl.constexpr(
     gl.DistributedLinearLayout(
-        reg_bases=[[0, 0, 0, 1], [0, 0, 0, 2], [0, 0, 0, 4], [0, 0, 0, 8]],
+        reg_bases=[[0, 0, 0, 1], [0, 0, 0, 2]],
         lane_bases=[[0, 0, 1, 0], [0, 0, 2, 0], [0, 1, 0, 0], [0, 2, 0, 0], [0, 4, 0, 0]],
         warp_bases=[[1, 0, 0, 0], [2, 0, 0, 0]],
         block_bases=[],
-        shape=[4, 8, 4, 16],
+        shape=[4, 8, 4, 4],
     )
 )
-# The same bytes as the shared tile's [4 blocks, 2 halves, 256] view (half = g // 4).
+# The same words as the shared tile's [4 blocks, 2 halves, 64] view (half = g // 4).
 _SMEM_CHUNK_L = gl.constexpr(
     gl.DistributedLinearLayout(
-        reg_bases=[[0, 0, 1], [0, 0, 2], [0, 0, 4], [0, 0, 8]],
-        lane_bases=[[0, 0, 16], [0, 0, 32], [0, 0, 64], [0, 0, 128], [0, 1, 0]],
+        reg_bases=[[0, 0, 1], [0, 0, 2]],
+        lane_bases=[[0, 0, 4], [0, 0, 8], [0, 0, 16], [0, 0, 32], [0, 1, 0]],
         warp_bases=[[1, 0, 0], [2, 0, 0]],
         block_bases=[],
-        shape=[4, 2, 256],
+        shape=[4, 2, 64],
     )
 )
 
@@ -139,22 +139,30 @@ def _index4(n: gl.constexpr, DIM: gl.constexpr, layout: gl.constexpr):
 
 
 @gluon.jit
-def _decode_chunk(w_tile, scale_bytes, CHUNK: gl.constexpr, CONSUMER: gl.constexpr, a_layout: gl.constexpr):
-    """Packed bytes of chunk CHUNK of this consumer's 64 rows (shared ``[8, 4, 256]`` tile) and their scale words
-    (uint8 ``[4, 8, 4, 16]``, each 4-byte group one word) → bf16 ``[64, 64]`` in wgmma's A-operand layout."""
+def _halves(word):
+    """int32 → its low and high 16 bits as bf16 (register relabelling once packed back into a bf16x2)."""
+    low = word.to(gl.int16).to(gl.bfloat16, bitcast=True)
+    high = (word >> 16).to(gl.int16).to(gl.bfloat16, bitcast=True)
+    return gl.join(low, high)
+
+
+@gluon.jit
+def _decode_chunk(w_tile, scale_words, CHUNK: gl.constexpr, CONSUMER: gl.constexpr, a_layout: gl.constexpr):
+    """Packed words of chunk CHUNK of this consumer's 64 rows (shared int32 ``[8, 4, 64]`` tile) and their scale
+    words (int32 ``[4, 8, 4, 4]``) → bf16 ``[64, 64]`` in wgmma's A-operand layout."""
     view = w_tile.slice(4 * CONSUMER, 4, dim=0).slice(2 * CHUNK, 2, dim=1)
-    data = gl.convert_layout(gl.reshape(view.load(_SMEM_CHUNK_L), [4, 8, 4, 16]), _CHUNK_L)
-    low, high = gl.inline_asm_elementwise(
+    data = gl.convert_layout(gl.reshape(view.load(_SMEM_CHUNK_L), [4, 8, 4, 4]), _CHUNK_L)
+    v0, v1, v2, v3 = gl.inline_asm_elementwise(
         _DECODE_PTX,
         "=r,=r,=r,=r,r,r",
-        [data, scale_bytes],
-        dtype=(gl.bfloat16, gl.bfloat16),
+        [data, scale_words],
+        dtype=(gl.int32, gl.int32, gl.int32, gl.int32),
         is_pure=True,
-        pack=4,
+        pack=1,
     )
-    low = gl.reshape(low, [4, 8, 4, 4, 2, 2])  # (block, g, t, j, bh, bl): k = 16j + 8bh + 2t + bl
-    high = gl.reshape(high, [4, 8, 4, 4, 2, 2])
-    both = gl.permute(gl.join(low, high), (0, 6, 1, 3, 4, 2, 5))  # (block, h, g, j, bh, t, bl)
+    row_g = gl.join(_halves(v0), _halves(v1))  # (block, g, t, j, bl, bh): k = 16j + 8bh + 2t + bl
+    row_g8 = gl.join(_halves(v2), _halves(v3))
+    both = gl.permute(gl.join(row_g, row_g8), (0, 6, 1, 3, 5, 2, 4))  # (block, h, g, j, bh, t, bl)
     return gl.convert_layout(gl.reshape(both, [64, 64]), a_layout)
 
 
@@ -227,6 +235,7 @@ def _consumer_partition(
     N,
     K,
     CONSUMER: gl.constexpr,
+    CROSS_STEP: gl.constexpr,
 ):
     """Consumer warpgroup CONSUMER: weight rows ``[64·CONSUMER, 64·CONSUMER + 64)`` of each tile it is handed."""
     STAGES: gl.constexpr = w_smem.shape[0]
@@ -236,16 +245,14 @@ def _consumer_partition(
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_layout, k_width=2)
     store_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
     k_steps = K // 128
-    chunks_per_expert = K // 64
     blocks_per_expert = N // 16
-    # byte offsets of this thread's scale words in one (block, chunk) pair: ((block·chunks + chunk)·8 + g)·8 +
-    # (32-K half)·4 + byte; each of the 4 data words j of a thread uses half j // 2
+    # word offsets of this thread's scale words of chunk 0 of K step 0: ((block·steps + step)·8 + g)·4 + chunk·2 +
+    # (32-K half); data word j uses half j // 2
     scale_offsets = (
-        _index4(4, 0, _CHUNK_L) * (chunks_per_expert * 64)
-        + _index4(8, 1, _CHUNK_L) * 8
+        _index4(4, 0, _CHUNK_L) * (k_steps * 32)
+        + _index4(8, 1, _CHUNK_L) * 4
         + _index4(4, 2, _CHUNK_L) * 0
-        + (_index4(16, 3, _CHUNK_L) // 8) * 4
-        + _index4(16, 3, _CHUNK_L) % 4
+        + _index4(4, 3, _CHUNK_L) // 2
     )
     zero = gl.zeros([64, _TOKENS], gl.float32, layout=mma_layout)
     count = 0
@@ -255,30 +262,41 @@ def _consumer_partition(
         acc = zero
         if expert >= 0:
             block0 = expert.to(gl.int64) * blocks_per_expert + (first_col // 16) + 4 * CONSUMER
-            scale_base = scales_ptr + block0 * (chunks_per_expert * 64)
+            scale_base = scales_ptr + block0 * (k_steps * 32)
             s0 = gl.load(scale_base + scale_offsets)
-            s1 = gl.load(scale_base + scale_offsets + 64)
+            s1 = gl.load(scale_base + scale_offsets + 2)
             for kb in range(k_steps):
                 position = consumed + kb
                 stage = position % STAGES
-                ahead = gl.minimum(kb + 1, k_steps - 1) * 128
+                ahead = gl.minimum(kb + 1, k_steps - 1) * 32
                 next0 = gl.load(scale_base + scale_offsets + ahead)
-                next1 = gl.load(scale_base + scale_offsets + ahead + 64)
+                next1 = gl.load(scale_base + scale_offsets + ahead + 2)
                 mbarrier.wait(ready.index(stage), (position // STAGES) & 1)
                 w_tile = w_smem.index(stage)
-                # chunk 0's decode runs while the previous step's chunk-1 wgmma is in flight
-                a0 = _decode_chunk(w_tile, s0, 0, CONSUMER, a_layout)
-                acc = warpgroup_mma(a0, a_smem.index(2 * stage).permute((1, 0)), acc, is_async=True)
-                acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
-                if kb > 0:  # the previous step's wgmmas are done: its stage is free
-                    mbarrier.arrive(empty.index((position - 1) % STAGES))
-                a1 = _decode_chunk(w_tile, s1, 1, CONSUMER, a_layout)
-                acc = warpgroup_mma(a1, a_smem.index(2 * stage + 1).permute((1, 0)), acc, is_async=True)
-                acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+                if CROSS_STEP:
+                    # chunk 0's decode runs while the previous step's chunk-1 wgmma is in flight
+                    a0 = _decode_chunk(w_tile, s0, 0, CONSUMER, a_layout)
+                    acc = warpgroup_mma(a0, a_smem.index(2 * stage).permute((1, 0)), acc, is_async=True)
+                    acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+                    if kb > 0:  # the previous step's wgmmas are done: its stage is free
+                        mbarrier.arrive(empty.index((position - 1) % STAGES))
+                    a1 = _decode_chunk(w_tile, s1, 1, CONSUMER, a_layout)
+                    acc = warpgroup_mma(a1, a_smem.index(2 * stage + 1).permute((1, 0)), acc, is_async=True)
+                    acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+                else:
+                    # nothing in flight across the loop's back edge: chunk 1's decode overlaps chunk 0's wgmma,
+                    # chunk 0's decode overlaps the other consumer's wgmmas
+                    a0 = _decode_chunk(w_tile, s0, 0, CONSUMER, a_layout)
+                    acc = warpgroup_mma(a0, a_smem.index(2 * stage).permute((1, 0)), acc, is_async=True)
+                    a1 = _decode_chunk(w_tile, s1, 1, CONSUMER, a_layout)
+                    acc = warpgroup_mma(a1, a_smem.index(2 * stage + 1).permute((1, 0)), acc, is_async=True)
+                    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+                    mbarrier.arrive(empty.index(stage))
                 s0 = next0
                 s1 = next1
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-            mbarrier.arrive(empty.index((consumed + k_steps - 1) % STAGES))
+            if CROSS_STEP:
+                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+                mbarrier.arrive(empty.index((consumed + k_steps - 1) % STAGES))
             consumed += k_steps
         # out[first_row + t, first_col + 64·CONSUMER + r] = acc[r, t]
         values = gl.where(expert >= 0, acc, 0.0).to(out_ptr.dtype.element_ty)
@@ -308,13 +326,14 @@ def w4_bf16_gluon_kernel(
     K,
     n_tiles,
     STAGES: gl.constexpr,
+    CROSS_STEP: gl.constexpr,
 ):
     """a_desc: TMA descriptor over bf16 A ``[T, K]``, box :data:`A_BOX`; w_desc: over the hopper-layout data viewed as
-    uint8 ``[E·N/16, K/32, 256]``, box :data:`W_BOX`; scales_ptr: :func:`prepare_weights`' scale words; out_ptr bf16
+    int32 ``[E·N/16, K/32, 64]``, box :data:`W_BOX`; scales_ptr: :func:`prepare_weights`' scale words; out_ptr bf16
     ``[T, N]`` (unit column stride); a_offsets_ptr int32 ``[G + 1]``; expert_ids_ptr int32 ``[G]``; n_tiles =
     N / 128. Grid ``(min(SMs, tile bound),)``, ``num_warps=4`` + consumer 1 (4 warps) + the load warp."""
     a_smem = gl.allocate_shared_memory(a_desc.dtype, [2 * STAGES, _TOKENS, 64], a_desc.layout)
-    w_smem = gl.allocate_shared_memory(w_desc.dtype, [STAGES, 8, 4, 256], w_desc.layout)
+    w_smem = gl.allocate_shared_memory(w_desc.dtype, [STAGES, 8, 4, 64], w_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     info_smem = gl.allocate_shared_memory(gl.int32, [2, 4], gl.SwizzledSharedLayout(1, 1, 1, [0]))
@@ -332,11 +351,11 @@ def w4_bf16_gluon_kernel(
         [
             (
                 _consumer_partition,
-                (a_smem, w_smem, ready, empty, schedule, scales_ptr, out_ptr, stride_out_row, N, K, 0),
+                (a_smem, w_smem, ready, empty, schedule, scales_ptr, out_ptr, stride_out_row, N, K, 0, CROSS_STEP),
             ),
             (
                 _consumer_partition,
-                (a_smem, w_smem, ready, empty, schedule, scales_ptr, out_ptr, stride_out_row, N, K, 1),
+                (a_smem, w_smem, ready, empty, schedule, scales_ptr, out_ptr, stride_out_row, N, K, 1, CROSS_STEP),
             ),
             (
                 _load_partition,
@@ -372,14 +391,15 @@ class W4GluonConfig:
     """``stages``: the TMA ring's depth (40 KB a stage); ``mode``: "bf16" (the only one built)."""
 
     stages: int = 4
+    cross_step: bool = False  # keep chunk 1's wgmma in flight across the K loop's back edge
     mode: str = "bf16"
 
     @property
     def label(self) -> str:
-        return f"gluon-w4 {self.mode} 128x{BLOCK_T}x128 s{self.stages}"
+        return f"gluon-w4 {self.mode} 128x{BLOCK_T}x128 s{self.stages}" + (" cross" if self.cross_step else "")
 
 
-CONFIGS = [W4GluonConfig(4), W4GluonConfig(3)]
+CONFIGS = [W4GluonConfig(4), W4GluonConfig(3), W4GluonConfig(4, cross_step=True)]
 LAST_COMPILED = {}
 
 
@@ -388,29 +408,30 @@ def a_layout_shared():
 
 
 def w_layout_shared():
-    return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=3)
+    return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=3)
 
 
 def descriptor_types() -> dict:
     """Type strings of the two descriptor arguments (ahead-of-time compiles)."""
     return dict(
         a_desc=f"tensordesc<bf16[{', '.join(map(str, A_BOX))}],{a_layout_shared()!r}>",
-        w_desc=f"tensordesc<u8[{', '.join(map(str, W_BOX))}],{w_layout_shared()!r}>",
+        w_desc=f"tensordesc<i32[{', '.join(map(str, W_BOX))}],{w_layout_shared()!r}>",
     )
 
 
 def compile_signature(config: W4GluonConfig):
     names = w4_bf16_gluon_kernel.arg_names
-    types = dict(descriptor_types(), scales_ptr="*u8", out_ptr="*bf16", a_offsets_ptr="*i32", expert_ids_ptr="*i32")
-    constexprs = dict(STAGES=config.stages)
+    types = dict(descriptor_types(), scales_ptr="*i32", out_ptr="*bf16", a_offsets_ptr="*i32", expert_ids_ptr="*i32")
+    constexprs = dict(STAGES=config.stages, CROSS_STEP=config.cross_step)
     signature = {name: ("constexpr" if name in constexprs else types.get(name, "i32")) for name in names}
     return signature, constexprs
 
 
 @dataclass(frozen=True)
 class PreparedWeights:
-    """:func:`prepare_weights`' result: hopper-layout data uint8 ``[E, N/16, K/64, 8, 4, 16]`` and scale words
-    uint8 ``[E, N/16, K/64, 8, 2 (32-K half), 2 (row g, g + 8), 2]`` (bf16 bits), logical ``(E, N, K)``."""
+    """:func:`prepare_weights`' result: hopper-layout data as int32 words ``[E, N/16, K/64, 8, 4, 4]`` and scale
+    words int32 ``[E, N/16, K/128, 8 (g), 2 (chunk), 2 (32-K half)]`` (low 16 bits: bf16 scale of row g, high: row
+    g + 8), logical shape ``(E, N, K)``."""
 
     data: torch.Tensor
     scale_words: torch.Tensor
@@ -418,11 +439,15 @@ class PreparedWeights:
 
 
 def scale_words(hopper_scales: torch.Tensor) -> torch.Tensor:
-    """Hopper-layout e8m0 scales uint8 ``[E, N/16, K/64, 8, 2 (h), 2 (s)]`` → bf16 ``2^(e - 127)`` as uint8
-    ``[E, N/16, K/64, 8, 2 (s), 2 (h), 2]`` (e = 0 → the subnormal 2^-127, e = 255 → NaN). Exact."""
+    """Hopper-layout e8m0 scales ``[E, N/16, K/64, 8, 2 (h), 2 (s)]`` → bf16 ``2^(e - 127)`` words int32
+    ``[E, N/16, K/128, 8, 2 (chunk), 2 (s)]``, each ``[bf16 row g | bf16 row g + 8]`` (e = 0 → the subnormal
+    2^-127, e = 255 → NaN). Exact; one 16-byte run per thread and K step."""
     e = hopper_scales.view(torch.uint8).to(torch.int32)
-    bits = torch.where(e == 0, 0x0040, torch.where(e == 255, 0x7FC0, e << 7)).to(torch.int16)
-    return bits.transpose(-1, -2).contiguous().view(torch.uint8)
+    bits = torch.where(e == 0, 0x0040, torch.where(e == 255, 0x7FC0, e << 7))
+    num_experts, blocks, chunks = bits.shape[:3]
+    bits = bits.reshape(num_experts, blocks, chunks // 2, 2, 8, 2, 2)  # (e, block, step, chunk, g, h, s)
+    words = bits[..., 0, :] | (bits[..., 1, :] << 16)  # (e, block, step, chunk, g, s)
+    return words.permute(0, 1, 2, 4, 3, 5).contiguous().to(torch.int32)
 
 
 def prepare_weights(w) -> PreparedWeights:
@@ -434,7 +459,7 @@ def prepare_weights(w) -> PreparedWeights:
     if len(shape) != 3 or shape[1] % 128 or shape[2] % 128:
         raise ValueError(f"w: must be [E, N, K] with N and K multiples of 128, got {shape}")
     hopper = w if str(w.scale_layout) == "hopper" else w.to_layout("hopper")
-    data = hopper.data.view(torch.uint8).contiguous()
+    data = hopper.data.view(torch.uint8).contiguous().view(torch.int32)
     return PreparedWeights(data, scale_words(hopper.scales), shape)
 
 
@@ -469,8 +494,8 @@ def w4_grouped_matmul_gluon(a, w, a_offsets, expert_ids, out=None, mode="bf16", 
 
     a_data = a if (a.stride(1) == 1 and a.stride(0) % 8 == 0 and a.data_ptr() % 16 == 0) else a.contiguous()
     a_desc = TensorDescriptor(a_data, [num_tokens, k], [a_data.stride(0), 1], A_BOX, a_layout_shared())
-    w_view = w.data.view(num_experts * (n // 16), k // 32, 256)
-    w_desc = TensorDescriptor(w_view, list(w_view.shape), [w_view.stride(0), 256, 1], W_BOX, w_layout_shared())
+    w_view = w.data.view(num_experts * (n // 16), k // 32, 64)
+    w_desc = TensorDescriptor(w_view, list(w_view.shape), [w_view.stride(0), 64, 1], W_BOX, w_layout_shared())
     target = out if out.stride(1) == 1 else out.contiguous()
     n_tiles = n // 128
     bound = (triton.cdiv(num_tokens, 128) + num_groups) * n_tiles
@@ -490,6 +515,7 @@ def w4_grouped_matmul_gluon(a, w, a_offsets, expert_ids, out=None, mode="bf16", 
         k,
         n_tiles,
         STAGES=config.stages,
+        CROSS_STEP=config.cross_step,
         num_warps=4,
         maxnreg=MAX_REGS,
     )
