@@ -84,6 +84,7 @@ def time_shape(name: str) -> str:
         ("_grouped_mm", lambda: torch._grouped_mm(a, b_t, offs=offsets[1:], out_dtype=torch.bfloat16)),
         ("lk bf16", lambda: lk.grouped_matmul(a, b, offsets, ids)),
         ("gluon bf16", lambda: bf16_grouped_matmul_gluon(a, b, offsets, ids, out)),
+        ("gluon bf16 4 stages, pointer stores", lambda: bf16_grouped_matmul_gluon(a, b, offsets, ids, out, 4, False)),
     ):
         times[label] = graph_time_us(fn)
         cells.append(f"{label} {times[label]:.1f} us {flops / times[label] / 1e6:.0f} TF")

@@ -24,11 +24,11 @@ def _desc(block) -> str:
     return f"tensordesc<bf16[{', '.join(map(str, block))}],{layout!r}>"
 
 
-def main() -> None:
+def compile_variant(stages: int, tma_store: bool) -> None:
     fn = fp8_hopper_grouped_kernel
     names = fn.arg_names
     constexprs = dict(
-        STAGES=STAGES,
+        STAGES=stages,
         HAS_EXPERT_SCALES=False,
         HAS_BIAS=False,
         EPILOGUE="none",
@@ -36,7 +36,7 @@ def main() -> None:
         GLU_ALPHA=1.0,
         GLU_LIMIT=None,
         GLU_UP_SHIFT=0.0,
-        TMA_STORE=True,
+        TMA_STORE=tma_store,
     )
     types = dict(
         a_ptr=_desc(A_BOX),
@@ -68,4 +68,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    for stages, tma_store in ((STAGES, True), (4, False)):
+        compile_variant(stages, tma_store)
