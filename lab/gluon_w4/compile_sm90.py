@@ -120,7 +120,7 @@ def inspect(compiled) -> dict:
                 depbar1=_count(r"WARPGROUP\.DEPBAR\.LE\s+gsb0,\s*0x1", body),
                 lds=_count(r"\bLDS\b", body),
                 sts=_count(r"\bSTS\b", body),
-                hfma2=_count(r"\bHFMA2\b", body),
+                hfma2=_count(r"\b(HFMA2|HMUL2)\b", body),
                 lop3=_count(r"\bLOP3\b", body),
                 shift=_count(r"\b(SHF|SHL|SHR|IMAD\.SHL)\b", body),
                 prmt=_count(r"\bPRMT\b", body),
@@ -157,7 +157,7 @@ def main() -> int:
         f"{CONSUMER_REGS.value} consumers / {LOADER_REGS.value} load warp)",
         "",
         "| config | wgmma (PTX) | wait_group N x count | setmaxnreg | smem B | regs | spill st/ld B | STL/LDL | "
-        "HGMMA (SASS) | K loops: instr, HGMMA, DEPBAR 0/1, LDS, STS, HFMA2, LOP3, shifts, PRMT, LDG, spill | "
+        "HGMMA (SASS) | K loops: instr, HGMMA, DEPBAR 0/1, LDS, STS, HFMA2+HMUL2, LOP3, shifts, PRMT, LDG, spill | "
         "ptxas warnings | verdict |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]

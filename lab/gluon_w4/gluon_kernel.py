@@ -522,3 +522,34 @@ def w4_grouped_matmul_gluon(a, w, a_offsets, expert_ids, out=None, mode="bf16", 
     if target is not out:
         out.copy_(target)
     return out
+
+
+def emulate_decode(w: PreparedWeights) -> torch.Tensor:
+    """float32 ``[E, N, K]`` weights as the kernel decodes them from ``w`` (the PTX's masks and shifts on each data
+    word, x 2^126, x the bf16 scale of the word's row from its scale word), in torch on any device: a CPU check of
+    :func:`prepare_weights`' data and scale words against ``llmkernels.dequantize``."""
+    num_experts, n, k = w.shape
+    words = w.data.view(num_experts, n // 16, k // 64, 8, 4, 4).to(torch.int64) & 0xFFFFFFFF
+    mask = 0x81C081C0
+    v0 = words & mask
+    v1 = (words << 3) & mask
+    v2 = (words << 6) & mask
+    v3 = ((words << 1) & 0x80008000) | ((words >> 5) & 0x01000100) | ((words >> 4) & 0x00C000C0)
+
+    def halves(v):  # (..., g, t, j) -> (..., g, t, j, 2): bf16 values of the low and high 16 bits
+        bits = torch.stack([v & 0xFFFF, (v >> 16) & 0xFFFF], -1)
+        return (bits << 16).to(torch.int32).view(torch.float32) * 2.0**126
+
+    scale = w.scale_words.view(num_experts, n // 16, k // 128, 8, 2, 2).to(torch.int64) & 0xFFFFFFFF
+    scale = scale.permute(0, 1, 2, 4, 3, 5).reshape(num_experts, n // 16, k // 64, 8, 2)  # (e, block, chunk, g, s)
+    scale_g = ((scale & 0xFFFF) << 16).to(torch.int32).view(torch.float32)
+    scale_g8 = ((scale >> 16) << 16).to(torch.int32).view(torch.float32)
+    # word j uses 32-K half s = j // 2: (e, block, chunk, g, 1, j, 1)
+    scale_g = scale_g.repeat_interleave(2, -1)[:, :, :, :, None, :, None]
+    scale_g8 = scale_g8.repeat_interleave(2, -1)[:, :, :, :, None, :, None]
+    row_g = torch.stack([halves(v0), halves(v1)], -2) * scale_g[..., None]  # (e, b, c, g, t, j, bh, bl)
+    row_g8 = torch.stack([halves(v2), halves(v3)], -2) * scale_g8[..., None]
+    both = torch.stack([row_g, row_g8], 3)  # (e, block, chunk, h, g, t, j, bh, bl)
+    # row = 16 block + 8h + g, k = 64 chunk + 16j + 8bh + 2t + bl
+    both = both.permute(0, 1, 3, 4, 2, 6, 7, 5, 8)
+    return both.reshape(num_experts, n, k)

@@ -1,0 +1,445 @@
+"""GPU check and benchmark of the LAB Gluon bf16 x MXFP4 grouped matmul (gluon_kernel.py), one run.
+
+    PYTHONPATH=src:lab/gluon_w4 python lab/gluon_w4/bench_gpu.py OUT_DIR [--budget-s 240] [--shapes PREFIX,...]
+        [--dry-run]
+
+Every Gluon step runs in a child process with a timeout (a warp-specialized kernel that deadlocks hangs its
+process, not the run):
+
+1. Correctness first, per config: a small ragged problem (groups of 0, 1, 130 and 77 rows, one of expert -1 →
+   zeros, 9 rows past ``a_offsets[G]`` poisoned with NaN and checked unchanged, K 384, N 256) against the float64
+   product of ``llmkernels.dequantize`` of both operands; bound (bf16 output): relative Frobenius 3e-3, max 1e-2.
+   Then each bench shape on three groups, before it is timed. A config that fails or hangs is not timed.
+2. CUDA-graph replay timings (median µs) at E8x2048 N4096 K7168, E128x128 N4096 K7168, gpt-oss E32x512 N5760
+   K2880 and decode E128x16 N4096 K7168: ours per config (weights prepared once, outside timing), against
+   ``torch._grouped_mm`` bf16 and the library's bf16 x MXFP4 hopper path (``llmkernels.grouped_matmul(a,
+   quantize(w, "mxfp4", scale_layout="hopper"), ...)``), in one child per shape. The e4m3 (w4a8) mode is not
+   built: its rows say so, with the library's fp8-blocks path timed on the same fp8 activations for the record.
+
+Writes OUT_DIR/gluon_w4.md and OUT_DIR/gluon_w4.csv (µs, TFLOP/s, ratios) after every step. ``--budget-s``: no new
+child starts past it. ``--dry-run``: the non-Gluon logic on the CPU through the Triton interpreter at tiny shapes
+(children included): "ours" is then :func:`gluon_kernel.emulate_decode` (the kernel's decode, in torch) times
+the activations, so the harness, the references and the prepared weights are checked, not the kernel.
+Written for torch 2.11 and Triton 3.6 (Gluon).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+DRY = "--dry-run" in sys.argv
+os.environ["TRITON_INTERPRET"] = "1" if DRY else os.environ.get("TRITON_INTERPRET", "0")
+
+import torch  # noqa: E402
+
+import llmkernels as lk  # noqa: E402
+
+DEVICE = "cpu" if DRY else "cuda"
+TOLERANCE = (3e-3, 1e-2)  # relative (Frobenius, max): bf16 output
+START = time.perf_counter()
+RESULT = "RESULT "
+
+
+@dataclass(frozen=True)
+class Shape:
+    name: str
+    experts: int
+    tokens_per_expert: int
+    n: int
+    k: int
+
+
+SHAPES = [  # the most important first: a run cut by its budget still has these
+    Shape("E8x2048 N4096 K7168", 8, 2048, 4096, 7168),
+    Shape("E128x128 N4096 K7168", 128, 128, 4096, 7168),
+    Shape("gpt-oss E32x512 N5760 K2880", 32, 512, 5760, 2880),
+    Shape("decode E128x16 N4096 K7168", 128, 16, 4096, 7168),
+]
+DRY_SHAPES = [Shape("dry E3x40 N128 K256", 3, 40, 128, 256), Shape("dry decode E4x2 N128 K128", 4, 2, 128, 128)]
+
+
+def log(message: str) -> None:
+    print(f"[{time.perf_counter() - START:6.0f} s] {message}", file=sys.stderr, flush=True)
+
+
+def sync() -> None:
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+
+
+def graph_time_us(fn, target_ms: float = 60.0) -> float:
+    """Median GPU time (µs) of one replay of a CUDA graph holding one call of ``fn`` (CPU: one timed call)."""
+    if DEVICE == "cpu":
+        begin = time.perf_counter()
+        fn()
+        return 1e6 * (time.perf_counter() - begin)
+    fn()
+    sync()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    graph.replay()
+    sync()
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    begin.record()
+    graph.replay()
+    end.record()
+    sync()
+    replays = int(min(max(target_ms / max(begin.elapsed_time(end), 1e-3), 5), 200))
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(replays)]
+    for first, last in events:
+        first.record()
+        graph.replay()
+        last.record()
+    sync()
+    times = sorted(first.elapsed_time(last) for first, last in events)
+    return 1e3 * times[len(times) // 2]
+
+
+def relative_errors(out: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
+    diff = out.double() - ref
+    return (diff.norm() / ref.norm()).item(), (diff.abs().max() / ref.abs().max()).item()
+
+
+# ------------------------------------------------------------------------------------------------------ children
+
+
+def _configs():
+    from gluon_kernel import CONFIGS
+
+    return CONFIGS
+
+
+def ours(a, prepared, offsets, ids, out, config):
+    """The Gluon kernel, or under --dry-run its decode emulated in torch (the kernel cannot run on the CPU)."""
+    if not DRY:
+        from gluon_kernel import w4_grouped_matmul_gluon
+
+        return w4_grouped_matmul_gluon(a, prepared, offsets, ids, out=out, config=config)
+    from gluon_kernel import emulate_decode
+
+    weights = emulate_decode(prepared)
+    bounds = offsets.tolist()
+    for g, e in enumerate(ids.tolist()):
+        rows = slice(bounds[g], bounds[g + 1])
+        if e < 0:
+            out[rows] = 0
+        else:
+            out[rows] = (a[rows].float() @ weights[e].T).to(out.dtype)
+    return out
+
+
+def reference(a: torch.Tensor, w_q, offsets: list[int], ids: list[int], groups) -> dict:
+    """float64 ``a[rows of g] @ dequantize(w)[e]ᵀ`` (zeros for e = -1) per group g of ``groups``."""
+    refs = {}
+    for g in groups:
+        rows = slice(offsets[g], offsets[g + 1])
+        if ids[g] < 0:
+            refs[g] = torch.zeros(offsets[g + 1] - offsets[g], w_q.shape[1], dtype=torch.float64, device=DEVICE)
+        else:
+            w = lk.dequantize(lk.ScaledTensor(w_q.data[ids[g]], w_q.scales[ids[g]], "mxfp4")).double()
+            refs[g] = a[rows].double() @ w.T
+    return refs
+
+
+def child_check(config_index: int) -> dict:
+    """The small ragged problem on one config."""
+    from gluon_kernel import prepare_weights
+
+    config = _configs()[config_index]
+    generator = torch.Generator(device=DEVICE).manual_seed(1)
+    rows, ids = [0, 1, 130, 77, 40], [1, 2, 0, -1, 2]
+    offsets = [0]
+    for r in rows:
+        offsets.append(offsets[-1] + r)
+    tokens, n, k = offsets[-1] + 9, 256, 384
+    a = torch.randn(tokens, k, device=DEVICE, generator=generator).to(torch.bfloat16)
+    w = torch.randn(3, n, k, device=DEVICE, generator=generator) * k**-0.5
+    w_q = lk.quantize(w, "mxfp4")
+    prepared = prepare_weights(w_q)
+    offsets_t = torch.tensor(offsets, dtype=torch.int32, device=DEVICE)
+    ids_t = torch.tensor(ids, dtype=torch.int32, device=DEVICE)
+    out = torch.full((tokens, n), float("nan"), dtype=torch.bfloat16, device=DEVICE)
+    ours(a, prepared, offsets_t, ids_t, out, config)
+    sync()
+    refs = reference(a, w_q, offsets, ids, range(len(rows)))
+    inside = slice(0, offsets[-1])
+    want = torch.cat([refs[g] for g in range(len(rows))])
+    fro, worst = relative_errors(out[inside].nan_to_num(1e30), want)
+    kept = bool(torch.isnan(out[offsets[-1] :]).all())
+    zeros = bool((out[offsets[3] : offsets[4]] == 0).all())
+    ok = kept and zeros and fro <= TOLERANCE[0] and worst <= TOLERANCE[1]
+    return dict(config=config.label, fro=fro, max=worst, kept=kept, zeros=zeros, ok=ok)
+
+
+class Problem:
+    """One shape's operands: bf16 activations and weights, MXFP4 weights (row layout) prepared for the kernel,
+    offsets of equal groups, and the float64 reference on three groups."""
+
+    def __init__(self, shape: Shape):
+        from gluon_kernel import prepare_weights
+
+        e, n, k = shape.experts, shape.n, shape.k
+        self.shape, self.tokens = shape, e * shape.tokens_per_expert
+        generator = torch.Generator(device=DEVICE).manual_seed(0)
+        self.x = torch.randn(self.tokens, k, device=DEVICE, generator=generator).to(torch.bfloat16)
+        chunks = [min(8, e - first) for first in range(0, e, 8)]  # fp32 temporaries a few experts at a time
+        self.w = torch.cat(
+            [(torch.randn(c, n, k, device=DEVICE, generator=generator) * k**-0.5).to(torch.bfloat16) for c in chunks]
+        )
+        self.w_q = lk.quantize(self.w, "mxfp4")
+        self.prepared = prepare_weights(self.w_q)
+        self.offsets_list = [g * shape.tokens_per_expert for g in range(e + 1)]
+        self.offsets = torch.tensor(self.offsets_list, dtype=torch.int32, device=DEVICE)
+        self.ids = torch.arange(e, device=DEVICE, dtype=torch.int32)
+        self.out = torch.empty(self.tokens, n, device=DEVICE, dtype=torch.bfloat16)
+        self.groups = sorted({0, e // 2, e - 1})
+        self.refs = reference(self.x, self.w_q, self.offsets_list, list(range(e)), self.groups)
+        self.flops = 2.0 * self.tokens * n * k
+
+    def errors(self, out: torch.Tensor) -> tuple[float, float]:
+        got = torch.cat([out[self.offsets_list[g] : self.offsets_list[g + 1]] for g in self.groups])
+        return relative_errors(got.nan_to_num(1e30), torch.cat([self.refs[g] for g in self.groups]))
+
+
+def child_time(shape_name: str, config_index: int) -> dict:
+    """One config on one shape: correctness on three groups, then the graph timing."""
+    shape = next(s for s in SHAPES + DRY_SHAPES if s.name == shape_name)
+    config = _configs()[config_index]
+    problem = Problem(shape)
+    problem.out.fill_(float("nan"))
+    ours(problem.x, problem.prepared, problem.offsets, problem.ids, problem.out, config)
+    sync()
+    fro, worst = problem.errors(problem.out)
+    result = dict(system="ours", config=config.label, fro=fro, max=worst, us=float("nan"), compiled="")
+    if not (fro <= TOLERANCE[0] and worst <= TOLERANCE[1]):
+        result["error"] = "FAIL"
+        return result
+    result["us"] = graph_time_us(
+        lambda: ours(problem.x, problem.prepared, problem.offsets, problem.ids, problem.out, config)
+    )
+    if not DRY:
+        from gluon_kernel import LAST_COMPILED
+
+        compiled = LAST_COMPILED.get(config)
+        if compiled is not None:
+            result["compiled"] = (
+                f"regs {getattr(compiled, 'n_regs', '?')}, spills {getattr(compiled, 'n_spills', '?')}, "
+                f"smem {compiled.metadata.shared}"
+            )
+    return result
+
+
+def child_peers(shape_name: str) -> list[dict]:
+    """The peers on one shape (each may be unavailable: reported, not fatal)."""
+    shape = next(s for s in SHAPES + DRY_SHAPES if s.name == shape_name)
+    problem = Problem(shape)
+    results = []
+
+    def grouped_mm():
+        w_t = problem.w.transpose(-2, -1)
+        return lambda: torch._grouped_mm(problem.x, w_t, offs=problem.offsets[1:], out_dtype=torch.bfloat16)
+
+    def hopper():
+        w_h = lk.quantize(problem.w, "mxfp4", scale_layout="hopper")
+        return lambda: lk.grouped_matmul(problem.x, w_h, problem.offsets, problem.ids, out=problem.out)
+
+    def fp8_blocks():
+        a_q = lk.quantize(problem.x, "fp8", block=(1, 128))
+        w_f = lk.quantize(problem.w, "fp8", block=(128, 128))
+        return lambda: lk.grouped_matmul(a_q, w_f, problem.offsets, problem.ids, out=problem.out)
+
+    peers = {
+        "torch._grouped_mm bf16": grouped_mm,
+        "lk bf16 x mxfp4 (hopper layout)": hopper,
+        "lk fp8 blocks (fp8 activations; e4m3 mode's peer)": fp8_blocks,
+    }
+    for name, make in peers.items():
+        try:
+            fn = make()
+            problem.out.fill_(float("nan"))
+            result = fn()
+            sync()
+            fro, worst = problem.errors(result)
+            us = graph_time_us(fn)
+            results.append(dict(system=name, config="", fro=fro, max=worst, us=us, compiled=""))
+        except Exception as error:  # noqa: BLE001 - an unavailable peer is a result
+            results.append(
+                dict(
+                    system=name,
+                    config="",
+                    fro=float("nan"),
+                    max=float("nan"),
+                    us=float("nan"),
+                    compiled="",
+                    error=f"unavailable: {type(error).__name__}: {str(error)[:160]}",
+                )
+            )
+    return results
+
+
+def child_main(task: dict) -> None:
+    if task["task"] == "check":
+        result = child_check(task["config"])
+    elif task["task"] == "time":
+        result = child_time(task["shape"], task["config"])
+    else:
+        result = child_peers(task["shape"])
+    print(RESULT + json.dumps(result), flush=True)
+
+
+# -------------------------------------------------------------------------------------------------------- parent
+
+
+def run_child(task: dict, timeout_s: float):
+    """``(result or None, message)``: the child's RESULT line, or why there is none (timeout = a hang)."""
+    command = [sys.executable, os.path.abspath(__file__), "unused", "--child", json.dumps(task)]
+    if DRY:
+        command.append("--dry-run")
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return None, f"TIMEOUT after {timeout_s:.0f} s (hang?)"
+    for line in done.stdout.splitlines():
+        if line.startswith(RESULT):
+            return json.loads(line[len(RESULT) :]), ""
+    tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+    return None, f"exit {done.returncode}: {' / '.join(tail)[:300]}"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out_dir", help="folder for gluon_w4.md and gluon_w4.csv")
+    parser.add_argument("--budget-s", type=float, default=240.0, help="start no child past this many seconds")
+    parser.add_argument("--shapes", default="", help="comma-separated prefixes of shape names (default: all)")
+    parser.add_argument("--timeout-s", type=float, default=0.0, help="per child (default 120, 600 on --dry-run)")
+    parser.add_argument("--dry-run", action="store_true", help="CPU, interpreter, tiny shapes, kernel emulated")
+    parser.add_argument("--child", default="", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child_main(json.loads(args.child))
+        return 0
+    if not DRY and not torch.cuda.is_available():
+        print("needs a CUDA GPU (or --dry-run)")
+        return 1
+    timeout_s = args.timeout_s or (600.0 if DRY else 120.0)
+    shapes = DRY_SHAPES if DRY else SHAPES
+    wanted = [s for s in args.shapes.split(",") if s]
+    shapes = [s for s in shapes if not wanted or any(s.name.startswith(w) for w in wanted)]
+    configs = _configs()
+    os.makedirs(args.out_dir, exist_ok=True)
+    md, csv_path = os.path.join(args.out_dir, "gluon_w4.md"), os.path.join(args.out_dir, "gluon_w4.csv")
+    device = torch.cuda.get_device_name(0) if DEVICE == "cuda" else "CPU dry run (interpreter, kernel emulated)"
+    import triton
+
+    lines = [
+        f"# LAB Gluon bf16 x MXFP4 grouped matmul (lab/gluon_w4), {device}",
+        f"\ntorch {torch.__version__}, Triton {triton.__version__}; CUDA-graph replay, median µs; ratios > 1: ours "
+        "faster. Each Gluon step in a child process with a timeout.",
+        "\n## Small ragged check (groups 0, 1, 130, 77, 40 rows; experts 1, 2, 0, -1, 2; 9 poisoned rows past the "
+        "last group; K 384, N 256)\n",
+        "| config | rel. err Frobenius / max | -1 group zeros | poisoned rows kept | verdict |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    records = []
+    passed = []
+
+    def write() -> None:
+        with open(md, "w") as file:
+            file.write("\n".join(lines) + "\n")
+        if records:
+            with open(csv_path, "w", newline="") as file:
+                writer = csv.DictWriter(file, fieldnames=list(records[0]))
+                writer.writeheader()
+                writer.writerows(records)
+
+    for index, config in enumerate(configs):
+        if time.perf_counter() - START > args.budget_s:
+            lines.append(f"| {config.label} | skipped: time budget | | | |")
+            continue
+        result, message = run_child(dict(task="check", config=index), timeout_s)
+        if result is None:
+            lines.append(f"| {config.label} | {message} | | | FAIL |")
+        else:
+            lines.append(
+                f"| {config.label} | {result['fro']:.2e} / {result['max']:.2e} | {result['zeros']} | "
+                f"{result['kept']} | {'ok' if result['ok'] else 'FAIL'} |"
+            )
+            if result["ok"]:
+                passed.append(index)
+        log(f"check {config.label}: {lines[-1]}")
+        write()
+    lines.append(
+        "\ne4m3 mode (w4a8: weights decoded to e4m3, fp8 activation blocks): not built in this kernel (NOTES.md); "
+        "the library's fp8-blocks path is timed below on the same shapes for the record."
+    )
+    for shape in shapes:
+        flops = 2.0 * shape.experts * shape.tokens_per_expert * shape.n * shape.k
+        rows = []
+        if time.perf_counter() - START <= args.budget_s:
+            result, message = run_child(dict(task="peers", shape=shape.name), 3 * timeout_s)
+            rows += result if result is not None else [dict(system="peers", config="", us=float("nan"), error=message)]
+        for index in passed:
+            if time.perf_counter() - START > args.budget_s:
+                rows.append(dict(system="ours", config=configs[index].label, us=float("nan"), error="skipped: budget"))
+                continue
+            result, message = run_child(dict(task="time", shape=shape.name, config=index), timeout_s)
+            if result is None:
+                result = dict(system="ours", config=configs[index].label, us=float("nan"), error=message)
+            rows.append(result)
+            log(f"{shape.name} {configs[index].label}: {result.get('us')} µs {result.get('error', '')}")
+        bases = {r["system"]: r["us"] for r in rows if r["system"] != "ours" and not math.isnan(r["us"])}
+        base_names = ["torch._grouped_mm bf16", "lk bf16 x mxfp4 (hopper layout)"]
+        lines += [
+            f"\n## {shape.name} ({shape.experts * shape.tokens_per_expert} tokens, {flops / 1e12:.3f} TFLOP)\n",
+            "| system | config | compiled | rel. err Frobenius / max | µs | TFLOP/s | "
+            + " | ".join(f"vs {b}" for b in base_names)
+            + " |",
+            "| --- " * (6 + len(base_names)) + "|",
+        ]
+        for row in rows:
+            us = row.get("us", float("nan"))
+            timed = not math.isnan(us)
+            tflops = flops / us / 1e6 if timed else float("nan")
+            ratios = [f"{bases[b] / us:.2f}x" if timed and b in bases else "-" for b in base_names]
+            error = row.get("error") or (f"{row['fro']:.2e} / {row['max']:.2e}" if "fro" in row else "")
+            error = error.replace("|", "/")
+            lines.append(
+                f"| {row['system']} | {row.get('config', '')} | {row.get('compiled', '')} | {error} | {us:.1f} | "
+                f"{tflops:.0f} | " + " | ".join(ratios) + " |"
+            )
+            records.append(
+                dict(
+                    shape=shape.name,
+                    system=row["system"],
+                    config=row.get("config", ""),
+                    error=error,
+                    us=f"{us:.2f}",
+                    tflops=f"{tflops:.1f}",
+                    **{f"ratio_vs_{b}": r for b, r in zip(base_names, ratios)},
+                )
+            )
+        write()
+    lines.append(f"\nTotal time {time.perf_counter() - START:.0f} s.")
+    write()
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
