@@ -280,9 +280,15 @@ def loop_spills(sass):
     return len(spills) if loops else -1
 
 
-for arch, tokens, wanted in ((90, 2048, "fp8_hopper"), (90, 8, "fp8_blocks"), (100, 2048, "fp8_blocks")):
+cases = (
+    (90, 2048, "fp8_hopper", "fp8xfp8"),
+    (90, 8, "fp8_blocks", "fp8xfp8"),
+    (100, 2048, "fp8_blocks", "fp8xfp8"),
+    (90, 2048, "bf16_hopper", "bf16xbf16"),
+)
+for arch, tokens, wanted, pair in cases:
     with on_gpu(arch) as device:
-        call = described_call("fp8xfp8", tokens, False, device)
+        call = described_call(pair, tokens, False, device)
         config, low, high = launch_configs(call, None)[0]
         backend = backend_for(call, config)
         spec = backend.kernel_spec(call, config, (low, high))
@@ -297,25 +303,29 @@ for arch, tokens, wanted in ((90, 2048, "fp8_hopper"), (90, 8, "fp8_blocks"), (1
 """
 
 
-def test_fp8_blocks_backends_compile():
+def test_warp_specialized_and_fp8_blocks_backends_compile():
     """FP8 blocks (``fp8xfp8``, each backend's default launch as the library plans it) build for their GPUs: on
     sm_90a the Gluon ``fp8_hopper`` kernel (compute-size groups) and the portable ``fp8_blocks`` kernel (decode,
     swap-AB) issue only e4m3 x e4m3 wgmmas (QGMMA) with no spill inside a loop that issues them, the Gluon kernel
     warp-specialized (setmaxnreg: consumers 232, load warp 40); on sm_100a the portable kernel issues tcgen05
-    ``kind::f8f6f4``; all within a block's shared memory (232448 bytes)."""
+    ``kind::f8f6f4``; all within a block's shared memory (232448 bytes). The same Gluon kernel on bf16 operands
+    (``bf16_hopper``, compute-size groups) issues only bf16 wgmmas, warp-specialized the same way."""
     if not (_compilable(90) and _compilable(100)):
         pytest.skip("this Triton does not compile for sm_90a and sm_100a")
     rows = _compiler_rows(_FP8_SCRIPT.format(tools=str(TOOL.parent)))
-    assert len(rows) == 3, rows
+    assert len(rows) == 4, rows
     for arch, tokens, backend, wanted, kinds, regs, shared, spills in rows:
         assert backend == wanted, (arch, tokens, backend)
         assert int(shared) <= 232448, (arch, tokens, shared)
-        if arch == "90":
+        if backend == "bf16_hopper":
+            assert kinds == "f32.bf16.bf16", kinds
+            assert int(spills) == 0, spills
+        elif arch == "90":
             assert kinds == "f32.e4m3.e4m3", (tokens, kinds)
             assert int(spills) == 0, (tokens, spills)  # -1: no MMA loop found
         else:
             assert kinds == "f8f6f4", kinds
-        if backend == "fp8_hopper":
+        if backend in ("fp8_hopper", "bf16_hopper"):
             assert {"232", "40"} <= set(regs.split(",")), regs
 
 
@@ -374,3 +384,50 @@ def test_fp8_hopper_binds_tma_descriptors_over_the_plan_tensors():
     launch = bind(b=spaced, out=shifted)
     assert launch.copy_b and not launch.copy_a
     assert dict(zip(launch.bound.names, launch.bound.values))["TMA_STORE"] is False
+
+
+def test_bf16_hopper_binds_tma_descriptors_over_the_plan_tensors():
+    """The ``bf16_hopper`` backend's binding, checked without a GPU: TMA descriptors over bf16 A ``[T, K]`` (64 x 64
+    boxes: one 128-byte row of K) and B ``[E·N, K]`` (128 x 64), the pointer-store epilogue (the out descriptor is
+    a dummy it never reads), the scale strides 0; a B whose experts are not back to back is copied per call."""
+    import llmkernels as lk
+    from llmkernels.grouped_matmul.backends import TENSORS, bf16_hopper
+    from llmkernels.grouped_matmul.check import check_grouped_matmul
+
+    if not runtime.interpreting():
+        pytest.skip("binds under the interpreter (on a GPU the binding compiles the kernel)")
+    tokens, experts, n, k = 70, 3, 192, 320
+    a = torch.randn(tokens, k, dtype=torch.bfloat16)
+    b = torch.randn(experts, n, k, dtype=torch.bfloat16)
+    offsets = torch.tensor([0, 30, 70], dtype=torch.int32)
+    ids = torch.tensor([2, -1], dtype=torch.int32)
+    out = torch.empty(tokens, n, dtype=torch.bfloat16)
+    call = check_grouped_matmul(a, b, offsets, ids, None, None, torch.bfloat16, out, None)
+    config = lk.BlockScaledMatmulConfig(128, 256, 64)
+    spec = bf16_hopper.kernel_spec(call, config, (-1, 2**31 - 1))
+    tensors = dict(zip(TENSORS, (a, offsets, offsets, b, offsets, offsets, out, offsets, offsets, ids)))
+    tensors.update(expert_scales=offsets, bias=offsets)
+    pointers = [name[: -len("_ptr")] for name in spec.fn.arg_names if name.endswith("_ptr")]
+
+    def bind(**changed):
+        values = {**tensors, **changed}
+        scalars = bf16_hopper.scalars(call, config, (-1, 2**31 - 1), values)
+        return spec.bind(*(values[name] for name in pointers), *scalars)
+
+    launch = bind()
+    bound = launch.bound
+    boxes = {
+        bound.names[i]: (t.fields["shape"], t.fields["strides"], t.fields["block_shape"])
+        for i, t in bound.templates.items()
+    }
+    assert boxes == {
+        "a_ptr": ([tokens, k], [k, 1], [64, 64]),
+        "b_ptr": ([experts * n, k], [k, 1], [128, 64]),
+        "out_desc": ([64, 128], [128, 1], [64, 128]),
+    }
+    sizes = dict(zip(bound.names, bound.values))
+    assert (sizes["num_tokens"], sizes["N"], sizes["N_out"], sizes["K"], sizes["n_tiles"]) == (tokens, n, n, k, 1)
+    assert sizes["STAGES"] == 4 and sizes["TMA_STORE"] is False and not launch.copy_a and not launch.copy_b
+    spaced = torch.zeros(experts, n + 16, k, dtype=torch.bfloat16)[:, :n]
+    spaced.copy_(b)
+    assert bind(b=spaced).copy_b

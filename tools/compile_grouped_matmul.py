@@ -13,7 +13,7 @@ from llmkernels.formats import format_spec
 from llmkernels.formats.layouts import HOPPER, ROW
 from llmkernels.grouped_matmul import SwiGLU
 from llmkernels.grouped_matmul import config as gm_config
-from llmkernels.grouped_matmul.backends import backend_for, fp8_hopper
+from llmkernels.grouped_matmul.backends import backend_for, bf16_hopper, fp8_hopper
 from llmkernels.grouped_matmul.backends.base import read_a
 from llmkernels.grouped_matmul.check import CheckedCall, Operand
 from llmkernels.grouped_matmul.plan import launch_configs
@@ -114,10 +114,12 @@ def _case(pair: str, call: CheckedCall, config, group_rows: tuple[int, int], arc
     dot_scaled = spec.constexprs.get("USE_DOT_SCALED", False)
     swiglu = call.epilogue_kind == "swiglu"
     mma_m = config.block_n if config.ab_swapped else config.block_m  # the weights' rows under swap-AB
-    if backend is fp8_hopper:  # the Gluon kernel's own tile, whatever the config's
-        tile = f"gluon {fp8_hopper.kernel.BLOCK_M}x{fp8_hopper.kernel.BLOCK_N}x{fp8_hopper.kernel.BLOCK_K}"
+    warp_specialized = backend in (fp8_hopper, bf16_hopper)
+    if warp_specialized:  # the Gluon kernel's own tile, whatever the config's
+        kernel, k_step = fp8_hopper.kernel, spec.arg_types["a_ptr"].split("[")[1].split("]")[0].split(", ")[1]
+        tile = f"gluon {kernel.BLOCK_M}x{kernel.BLOCK_N}x{k_step}"
         label = (
-            f"{pair:11s} {'swiglu' if swiglu else 'plain ':6s} {tile} s{fp8_hopper.kernel.STAGES} ws   {'wgmma':10s}"
+            f"{pair:11s} {'swiglu' if swiglu else 'plain ':6s} {tile} s{spec.constexprs['STAGES']} ws   {'wgmma':10s}"
         )
     else:
         label = (
@@ -130,7 +132,7 @@ def _case(pair: str, call: CheckedCall, config, group_rows: tuple[int, int], arc
     return Case(
         # the Gluon kernel waits for every wgmma on purpose (each K block's partial is promoted as it lands; the
         # other consumer warpgroup's wgmmas fill the gap): the check for wgmmas ptxas serialized is not for it
-        "grouped_matmul_ws" if backend is fp8_hopper else "grouped_matmul",
+        "grouped_matmul_ws" if warp_specialized else "grouped_matmul",
         label,
         spec.fn,
         source.signature,
@@ -141,7 +143,7 @@ def _case(pair: str, call: CheckedCall, config, group_rows: tuple[int, int], arc
         mma_m,
         expect,
         f"{tokens_per_group} tokens/group: B200 bound {roofline}" if roofline else "",
-        spec if backend is fp8_hopper else None,
+        spec if warp_specialized else None,
     )
 
 

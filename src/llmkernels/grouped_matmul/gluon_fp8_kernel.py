@@ -1,5 +1,7 @@
-"""The warp-specialized grouped matmul on FP8 blocks for Hopper (sm_90a, Gluon): the kernel the ``fp8_hopper``
-backend launches (``backends/fp8_hopper.py``).
+"""The warp-specialized grouped matmul for Hopper (sm_90a, Gluon) on FP8 blocks, the kernel the ``fp8_hopper``
+backend launches (``backends/fp8_hopper.py``), and on plain bf16 / fp16 operands, which ``bf16_hopper`` launches
+(K steps of 64, one 128-byte row; wgmma accumulating straight into the accumulators, no promotion; its figures are
+in that backend's docstring).
 
 For every group g with rows ``a_offsets[g]:a_offsets[g+1]`` and expert ``e = expert_ids[g]``::
 
@@ -86,6 +88,7 @@ __all__ = [
     "STAGES",
     "MAX_REGS",
     "out_columns_per_tile",
+    "boxes",
 ]
 
 BLOCK_M = 128  # two consumer warpgroups of 64 rows
@@ -101,7 +104,6 @@ MAX_REGS = 168
 _CONSUMER_REGS = gl.constexpr(232)
 _LOADER_REGS = gl.constexpr(40)
 _CONSUMER_ROWS = gl.constexpr(64)
-_K_STEP = gl.constexpr(BLOCK_K)
 _STOP = gl.constexpr(-2)  # the "expert" of the end-of-work message
 
 # Triton 3.6 names the TMA copies async_copy_*, later releases async_load / async_store, and the partition's
@@ -109,6 +111,13 @@ _STOP = gl.constexpr(-2)  # the "expert" of the end-of-work message
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 _tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
 _barrier = getattr(gl, "thread_barrier", None) or gl.barrier
+
+
+def boxes(element) -> tuple[list[int], list[int]]:
+    """The TMA boxes of A and B for operands of Gluon dtype ``element``: one 128-byte row of K per box (128 FP8
+    elements, 64 of 16 bits)."""
+    k_step = 128 // element.primitive_bitwidth * 8
+    return [_CONSUMER_ROWS.value, k_step], [128, k_step]
 
 
 def out_columns_per_tile(swiglu: bool) -> int:
@@ -243,8 +252,9 @@ def _load_partition(
     """The load warp: finds this program's tiles, publishes each, then TMA-loads its K blocks into the ring."""
     STAGES_: gl.constexpr = a_smem.shape[0] // 2
     STAGE_BYTES: gl.constexpr = 2 * a_desc.block_type.nbytes + 2 * b_desc.block_type.nbytes
+    K_STEP: gl.constexpr = a_desc.block_type.shape[1]
     OUT_COLS: gl.constexpr = 128 if SWIGLU else 256
-    k_blocks = gl.cdiv(K, _K_STEP)
+    k_blocks = gl.cdiv(K, K_STEP)
     tile = gl.program_id(0)
     programs = gl.num_programs(0)
     cursor = (tile * 0, tile * 0, gl.load(a_offsets_ptr).to(gl.int32))
@@ -270,12 +280,12 @@ def _load_partition(
                 stage = loaded % STAGES_
                 mbarrier.wait(empty.index(stage), ((loaded // STAGES_) & 1) ^ 1)  # fresh barriers: no wait
                 mbarrier.expect(ready.index(stage), STAGE_BYTES)
-                _tma_load(a_desc, [first_row, kb * _K_STEP], ready.index(stage), a_smem.index(2 * stage))
+                _tma_load(a_desc, [first_row, kb * K_STEP], ready.index(stage), a_smem.index(2 * stage))
                 _tma_load(
-                    a_desc, [first_row + _CONSUMER_ROWS, kb * _K_STEP], ready.index(stage), a_smem.index(2 * stage + 1)
+                    a_desc, [first_row + _CONSUMER_ROWS, kb * K_STEP], ready.index(stage), a_smem.index(2 * stage + 1)
                 )
-                _tma_load(b_desc, [b_row0, kb * _K_STEP], ready.index(stage), b_smem.index(2 * stage))
-                _tma_load(b_desc, [b_row1, kb * _K_STEP], ready.index(stage), b_smem.index(2 * stage + 1))
+                _tma_load(b_desc, [b_row0, kb * K_STEP], ready.index(stage), b_smem.index(2 * stage))
+                _tma_load(b_desc, [b_row1, kb * K_STEP], ready.index(stage), b_smem.index(2 * stage + 1))
                 loaded += 1
         count += 1
         tile += programs
@@ -286,7 +296,7 @@ def _load_partition(
 
 
 @gluon.jit
-def _k_loop(
+def _promoted_k_loop(
     a_smem,
     b_smem,
     ready,
@@ -332,6 +342,27 @@ def _k_loop(
         partial = warpgroup_mma_wait(num_outstanding=0, deps=(partial,))
         mbarrier.arrive(empty.index(stage))
         acc1 = gl.fma(partial, gl.expand_dims(scale_a * scale_b1, 1), acc1)
+    return acc0, acc1
+
+
+@gluon.jit
+def _accumulating_k_loop(a_smem, b_smem, ready, empty, consumed, k_blocks, acc0, acc1, CONSUMER: gl.constexpr):
+    """bf16 / fp16 operands: per K step, two async wgmmas (one per B box) straight into the accumulators; a stage
+    is released once its wgmmas have retired, one step behind (the current step's two stay in flight)."""
+    STAGES_: gl.constexpr = a_smem.shape[0] // 2
+    for kb in range(k_blocks):
+        position = consumed + kb
+        stage = position % STAGES_
+        mbarrier.wait(ready.index(stage), (position // STAGES_) & 1)
+        a_tile = a_smem.index(2 * stage + CONSUMER)
+        acc0 = warpgroup_mma(a_tile, b_smem.index(2 * stage).permute((1, 0)), acc0, is_async=True)
+        acc1 = warpgroup_mma(a_tile, b_smem.index(2 * stage + 1).permute((1, 0)), acc1, is_async=True)
+        acc0, acc1 = warpgroup_mma_wait(num_outstanding=2, deps=(acc0, acc1))
+        if kb > 0:
+            mbarrier.arrive(empty.index((position - 1) % STAGES_))
+    acc0, acc1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc0, acc1))
+    if k_blocks > 0:
+        mbarrier.arrive(empty.index((consumed + k_blocks - 1) % STAGES_))
     return acc0, acc1
 
 
@@ -467,14 +498,16 @@ def _consumer_partition(
     TMA_STORE: gl.constexpr,
 ):
     """Consumer warpgroup ``CONSUMER``: rows ``[64·CONSUMER, 64·CONSUMER + 64)`` of every tile it is handed."""
+    PROMOTE: gl.constexpr = a_smem.dtype == gl.float8e4nv  # FP8 blocks: a fresh partial per scale block
+    K_STEP: gl.constexpr = a_smem.shape[2]
     mma_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 128, 32]
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 128, 32 if PROMOTE else 16]
     )
     row_layout: gl.constexpr = gl.SliceLayout(1, mma_layout)
     col_layout: gl.constexpr = gl.SliceLayout(0, mma_layout)
     SWIGLU: gl.constexpr = EPILOGUE == "swiglu"
     zero = gl.zeros([_CONSUMER_ROWS, 128], gl.float32, layout=mma_layout)
-    k_blocks = gl.cdiv(K, _K_STEP)
+    k_blocks = gl.cdiv(K, K_STEP)
     count = 0
     consumed = 0
     first_row, rows, first_col, expert = _receive(count, schedule)
@@ -489,32 +522,37 @@ def _consumer_partition(
         acc0 = zero
         acc1 = zero
         if expert >= 0:
-            # the scales of this consumer's rows (clamped: rows past T are not stored) and of the two B boxes
-            a_rows = gl.minimum(
-                first_row + CONSUMER * _CONSUMER_ROWS + gl.arange(0, _CONSUMER_ROWS, layout=row_layout),
-                num_tokens - 1,
-            )
-            a_scale_ptrs = a_scales_ptr + a_rows.to(gl.int64) * stride_a_scale_row
-            b_scale_base = b_scales_ptr + expert.to(gl.int64) * stride_b_scale_expert
-            b0_scale_ptr = b_scale_base + (first_col // 128) * stride_b_scale_row
-            # a second box wholly past N reads the first box's scale row (it is not stored)
-            b1_scale_ptr = b_scale_base + (gl.minimum(col1, N - 1) // 128) * stride_b_scale_row
-            acc0, acc1 = _k_loop(
-                a_smem,
-                b_smem,
-                ready,
-                empty,
-                consumed,
-                k_blocks,
-                a_scale_ptrs,
-                stride_a_scale_k,
-                b0_scale_ptr,
-                b1_scale_ptr,
-                stride_b_scale_k,
-                acc0,
-                acc1,
-                CONSUMER,
-            )
+            if PROMOTE:
+                # the scales of this consumer's rows (clamped: rows past T are not stored) and of the two B boxes
+                a_rows = gl.minimum(
+                    first_row + CONSUMER * _CONSUMER_ROWS + gl.arange(0, _CONSUMER_ROWS, layout=row_layout),
+                    num_tokens - 1,
+                )
+                a_scale_ptrs = a_scales_ptr + a_rows.to(gl.int64) * stride_a_scale_row
+                b_scale_base = b_scales_ptr + expert.to(gl.int64) * stride_b_scale_expert
+                b0_scale_ptr = b_scale_base + (first_col // 128) * stride_b_scale_row
+                # a second box wholly past N reads the first box's scale row (it is not stored)
+                b1_scale_ptr = b_scale_base + (gl.minimum(col1, N - 1) // 128) * stride_b_scale_row
+                acc0, acc1 = _promoted_k_loop(
+                    a_smem,
+                    b_smem,
+                    ready,
+                    empty,
+                    consumed,
+                    k_blocks,
+                    a_scale_ptrs,
+                    stride_a_scale_k,
+                    b0_scale_ptr,
+                    b1_scale_ptr,
+                    stride_b_scale_k,
+                    acc0,
+                    acc1,
+                    CONSUMER,
+                )
+            else:
+                acc0, acc1 = _accumulating_k_loop(
+                    a_smem, b_smem, ready, empty, consumed, k_blocks, acc0, acc1, CONSUMER
+                )
             consumed += k_blocks
         multiplier = 1.0
         if HAS_EXPERT_SCALES:
@@ -635,8 +673,9 @@ def fp8_hopper_grouped_kernel(
     b_desc = b_ptr
     gl.static_assert(b_desc.block_type.shape[0] == 128)
     OUT_HALVES: gl.constexpr = 1 if EPILOGUE == "swiglu" else 2
-    a_smem = gl.allocate_shared_memory(a_desc.dtype, [2 * STAGES, _CONSUMER_ROWS, _K_STEP], a_desc.layout)
-    b_smem = gl.allocate_shared_memory(b_desc.dtype, [2 * STAGES, 128, _K_STEP], b_desc.layout)
+    K_STEP: gl.constexpr = a_desc.block_type.shape[1]
+    a_smem = gl.allocate_shared_memory(a_desc.dtype, [2 * STAGES, _CONSUMER_ROWS, K_STEP], a_desc.layout)
+    b_smem = gl.allocate_shared_memory(b_desc.dtype, [2 * STAGES, 128, K_STEP], b_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     if TMA_STORE:  # one [64, 128] staging buffer per consumer and output half

@@ -8,7 +8,7 @@ swap-AB (decode) and smaller tiles to the portable ``fp8_blocks`` backend, as it
 take (see :func:`supports`).
 
 The kernel reads A and B through TMA descriptors. The plan hands every launch the call's tensors by name
-(``a_ptr``, ``b_ptr``, ...); this backend's :class:`Fp8HopperSpec` binds descriptors over them (shapes and strides
+(``a_ptr``, ``b_ptr``, ...); this backend's :class:`HopperWsSpec` binds descriptors over them (shapes and strides
 are the plan's: they are part of the call signature) and its bound launch passes each call's tensors as the
 descriptors' bases.
 """
@@ -26,10 +26,24 @@ from ...runtime import cdiv, cuda_capability, interpreting, num_programs_hint
 from .. import gluon_fp8_kernel as kernel
 from .base import pointer_types
 
-__all__ = ["supports", "upcast_dtype", "kernel_spec", "scalars", "Fp8HopperSpec", "Fp8HopperLaunch", "EPILOGUES"]
+__all__ = [
+    "supports",
+    "upcast_dtype",
+    "kernel_spec",
+    "scalars",
+    "HopperWsSpec",
+    "HopperWsLaunch",
+    "EPILOGUES",
+    "descriptor_type",
+]
 
 EPILOGUES = ("none", "silu", "gelu", "swiglu", "user")  # "user": a @triton.jit fn(value, row, col)
-_GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32}
+_GL_DTYPES = {
+    torch.bfloat16: gl.bfloat16,
+    torch.float16: gl.float16,
+    torch.float32: gl.float32,
+    torch.float8_e4m3fn: gl.float8e4nv,
+}
 _TYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 _E4M3 = torch.float8_e4m3fn
 
@@ -58,7 +72,8 @@ def upcast_dtype(call, config):
     return None
 
 
-def _descriptor_type(dtype, block) -> str:
+def descriptor_type(dtype, block) -> str:
+    """Triton's type of a TMA descriptor argument over ``dtype`` (a Gluon dtype) boxes of ``block``."""
     layout = gl.NVMMASharedLayout.get_default_for(block, dtype)
     name = {gl.float8e4nv: "fp8e4nv", gl.bfloat16: "bf16", gl.float16: "fp16", gl.float32: "fp32"}[dtype]
     return f"tensordesc<{name}[{', '.join(map(str, block))}],{layout!r}>"
@@ -70,7 +85,7 @@ def _tma_store(call) -> bool:
     return call.out_dtype in (torch.bfloat16, torch.float16)
 
 
-def kernel_spec(call, config, group_rows: tuple[int, int]) -> Fp8HopperSpec:
+def kernel_spec(call, config, group_rows: tuple[int, int]) -> HopperWsSpec:
     """The kernel's launch for ``call``: a persistent grid of ``min(SMs, tile bound)`` programs (the bound, from
     shapes, needs no sync); ``config`` only selects this backend (its tile sizes are the kernel's own)."""
     glu = call.glu
@@ -91,13 +106,13 @@ def kernel_spec(call, config, group_rows: tuple[int, int]) -> Fp8HopperSpec:
     )
     arg_types = dict(pointer_types(call))
     arg_types.update(
-        a_ptr=_descriptor_type(gl.float8e4nv, kernel.A_BOX),
-        b_ptr=_descriptor_type(gl.float8e4nv, kernel.B_BOX),
+        a_ptr=descriptor_type(gl.float8e4nv, kernel.A_BOX),
+        b_ptr=descriptor_type(gl.float8e4nv, kernel.B_BOX),
         a_scales_ptr="*fp32",
         b_scales_ptr="*fp32",
-        out_desc=_descriptor_type(_GL_DTYPES[call.out_dtype], kernel.OUT_BOX),
+        out_desc=descriptor_type(_GL_DTYPES[call.out_dtype], kernel.OUT_BOX),
     )
-    return Fp8HopperSpec(
+    return HopperWsSpec(
         kernel.fp8_hopper_grouped_kernel,
         (max(1, min(bound, num_programs_hint(call.device))),),
         constexprs,
@@ -116,7 +131,7 @@ def kernel_spec(call, config, group_rows: tuple[int, int]) -> Fp8HopperSpec:
 
 
 def scalars(call, config, group_rows: tuple[int, int], tensors: dict) -> tuple:
-    """The kernel's strides and sizes after ``out_desc`` (which :meth:`Fp8HopperSpec.bind` makes)."""
+    """The kernel's strides and sizes after ``out_desc`` (which :meth:`HopperWsSpec.bind` makes)."""
     a_scales, b_scales = tensors["a_scales"], tensors["b_scales"]
     return (
         a_scales.stride(0),
@@ -156,11 +171,11 @@ def _dense(t: torch.Tensor) -> torch.Tensor:
 
 
 @dataclass(frozen=True)
-class Fp8HopperSpec(KernelSpec):
-    """The kernel's :class:`~llmkernels.launch.KernelSpec`. :meth:`bind` takes the plan's arguments (the call's
-    tensors for the kernel's ``*_ptr`` arguments, then :func:`scalars`) and returns a :class:`Fp8HopperLaunch`."""
+class HopperWsSpec(KernelSpec):
+    """The warp-specialized kernel's :class:`~llmkernels.launch.KernelSpec` (this backend's and ``bf16_hopper``'s). :meth:`bind` takes the plan's arguments (the call's
+    tensors for the kernel's ``*_ptr`` arguments, then :func:`scalars`) and returns a :class:`HopperWsLaunch`."""
 
-    def bind(self, *args) -> Fp8HopperLaunch:
+    def bind(self, *args) -> HopperWsLaunch:
         a, a_scales, b, b_scales, out, a_offsets, expert_ids, expert_scales, bias, *sizes = args
         # A, B in a layout TMA cannot read (16-byte rows and base; B's experts back to back) are copied per
         # call: their strides and alignment are the plan's, so the decision is made once, here
@@ -169,12 +184,12 @@ class Fp8HopperSpec(KernelSpec):
         a, b = (_dense(a) if copy_a else a), (_dense(b) if copy_b else b)
         num_tokens, k = a.shape
         num_experts, n, _ = b.shape
-        a_desc = TensorDescriptor(
-            a.view(_E4M3), [num_tokens, k], [a.stride(0), 1], kernel.A_BOX, _layout(kernel.A_BOX, gl.float8e4nv)
-        )
-        b_desc = TensorDescriptor(
-            b.view(_E4M3), [num_experts * n, k], [b.stride(1), 1], kernel.B_BOX, _layout(kernel.B_BOX, gl.float8e4nv)
-        )
+        # FP8 data may come as its bytes; 16-bit operands as they are
+        dtype = a.dtype if a.element_size() == 2 else _E4M3
+        element = _GL_DTYPES[dtype]
+        a_box, b_box = kernel.boxes(element)
+        a_desc = TensorDescriptor(a.view(dtype), [num_tokens, k], [a.stride(0), 1], a_box, _layout(a_box, element))
+        b_desc = TensorDescriptor(b.view(dtype), [num_experts * n, k], [b.stride(1), 1], b_box, _layout(b_box, element))
         # the TMA store's descriptor over out [T, N_out] (it clips the columns past N_out); a variant without the
         # TMA store, or an out TMA cannot address, gets a dummy the kernel never reads
         use_out = self.constexprs["TMA_STORE"] and _tma_readable(out)
@@ -204,16 +219,16 @@ class Fp8HopperSpec(KernelSpec):
             **constexprs,
             **self.options,
         )
-        return Fp8HopperLaunch(bound, copy_a, copy_b, None if use_out else out_base)
+        return HopperWsLaunch(bound, copy_a, copy_b, None if use_out else out_base)
 
 
 def _layout(block, dtype):
     return gl.NVMMASharedLayout.get_default_for(block, dtype)
 
 
-class Fp8HopperLaunch:
+class HopperWsLaunch:
     """The bound kernel of one plan, called with the call's tensors in the order of the kernel's ``*_ptr``
-    arguments: A and B become the bases of their descriptors (copied first where :meth:`Fp8HopperSpec.bind`
+    arguments: A and B become the bases of their descriptors (copied first where :meth:`HopperWsSpec.bind`
     found their layout unreadable by TMA), out also that of the TMA store's (or the dummy)."""
 
     def __init__(self, bound: BoundKernel, copy_a: bool, copy_b: bool, out_dummy: torch.Tensor | None):
@@ -232,4 +247,4 @@ class Fp8HopperLaunch:
         self.bound(a, a_scales, b, b_scales, out, a_offsets, expert_ids, expert_scales, bias, out_base)
 
     def __repr__(self) -> str:
-        return f"Fp8HopperLaunch({self.bound!r})"
+        return f"HopperWsLaunch({self.bound!r})"
