@@ -388,52 +388,84 @@ def main() -> int:
         "\ne4m3 mode (w4a8: weights decoded to e4m3, fp8 activation blocks): not built in this kernel (NOTES.md); "
         "the library's fp8-blocks path is timed below on the same shapes for the record."
     )
-    for shape in shapes:
-        flops = 2.0 * shape.experts * shape.tokens_per_expert * shape.n * shape.k
-        rows = []
-        if time.perf_counter() - START <= args.budget_s:
-            result, message = run_child(dict(task="peers", shape=shape.name), 3 * timeout_s)
-            rows += result if result is not None else [dict(system="peers", config="", us=float("nan"), error=message)]
-        for index in passed:
-            if time.perf_counter() - START > args.budget_s:
-                rows.append(dict(system="ours", config=configs[index].label, us=float("nan"), error="skipped: budget"))
-                continue
-            result, message = run_child(dict(task="time", shape=shape.name, config=index), timeout_s)
-            if result is None:
-                result = dict(system="ours", config=configs[index].label, us=float("nan"), error=message)
-            rows.append(result)
-            log(f"{shape.name} {configs[index].label}: {result.get('us')} µs {result.get('error', '')}")
-        bases = {r["system"]: r["us"] for r in rows if r["system"] != "ours" and not math.isnan(r["us"])}
-        base_names = ["torch._grouped_mm bf16", "lk bf16 x mxfp4 (hopper layout)"]
-        lines += [
-            f"\n## {shape.name} ({shape.experts * shape.tokens_per_expert} tokens, {flops / 1e12:.3f} TFLOP)\n",
-            "| system | config | compiled | rel. err Frobenius / max | µs | TFLOP/s | "
-            + " | ".join(f"vs {b}" for b in base_names)
-            + " |",
-            "| --- " * (6 + len(base_names)) + "|",
-        ]
-        for row in rows:
-            us = row.get("us", float("nan"))
-            timed = not math.isnan(us)
-            tflops = flops / us / 1e6 if timed else float("nan")
-            ratios = [f"{bases[b] / us:.2f}x" if timed and b in bases else "-" for b in base_names]
-            error = row.get("error") or (f"{row['fro']:.2e} / {row['max']:.2e}" if "fro" in row else "")
-            error = error.replace("|", "/")
-            lines.append(
-                f"| {row['system']} | {row.get('config', '')} | {row.get('compiled', '')} | {error} | {us:.1f} | "
-                f"{tflops:.0f} | " + " | ".join(ratios) + " |"
-            )
-            records.append(
+    rows = {shape.name: [] for shape in shapes}
+    base_names = ["torch._grouped_mm bf16", "lk bf16 x mxfp4 (hopper layout)"]
+
+    def shape_lines() -> list[str]:
+        """The per-shape tables and the CSV records of everything measured so far."""
+        out, records[:] = [], []
+        for shape in shapes:
+            flops = 2.0 * shape.experts * shape.tokens_per_expert * shape.n * shape.k
+            bases = {
+                r["system"]: r["us"] for r in rows[shape.name] if r["system"] != "ours" and not math.isnan(r["us"])
+            }
+            out += [
+                f"\n## {shape.name} ({shape.experts * shape.tokens_per_expert} tokens, {flops / 1e12:.3f} TFLOP)\n",
+                "| system | config | compiled | rel. err Frobenius / max | µs | TFLOP/s | "
+                + " | ".join(f"vs {b}" for b in base_names)
+                + " |",
+                "| --- " * (6 + len(base_names)) + "|",
+            ]
+            for row in rows[shape.name]:
+                us = row.get("us", float("nan"))
+                timed = not math.isnan(us)
+                tflops = flops / us / 1e6 if timed else float("nan")
+                ratios = [f"{bases[b] / us:.2f}x" if timed and b in bases else "-" for b in base_names]
+                error = row.get("error") or (f"{row['fro']:.2e} / {row['max']:.2e}" if "fro" in row else "")
+                error = error.replace("|", "/")
+                out.append(
+                    f"| {row['system']} | {row.get('config', '')} | {row.get('compiled', '')} | {error} | {us:.1f} | "
+                    f"{tflops:.0f} | " + " | ".join(ratios) + " |"
+                )
+                records.append(
+                    dict(
+                        shape=shape.name,
+                        system=row["system"],
+                        config=row.get("config", ""),
+                        error=error,
+                        us=f"{us:.2f}",
+                        tflops=f"{tflops:.1f}",
+                        **{f"ratio_vs_{b}": r for b, r in zip(base_names, ratios)},
+                    )
+                )
+        return out
+
+    head = list(lines)
+
+    def preferred(shape: Shape) -> list[int]:
+        """Configs in the order this shape times them: the default, the tile height that suits the shape (16
+        tokens for groups of <= 16, 64 for <= 64, else 256), then the rest."""
+        per = shape.tokens_per_expert
+        want = 16 if per <= 16 else 64 if per <= 64 else 256
+        first = [i for i in passed if i == 0] + [i for i in passed if i != 0 and configs[i].block_t == want][:1]
+        return first + [i for i in passed if i not in first]
+
+    # pass 1: every shape's peers and its first two configs; pass 2: the other configs, while the budget lasts
+    plan = [item for shape in shapes for item in [(shape, "peers")] + [(shape, i) for i in preferred(shape)[:2]]]
+    plan += [(shape, i) for shape in shapes for i in preferred(shape)[2:]]
+    for shape, what in plan:
+        if time.perf_counter() - START > args.budget_s:
+            label = "peers" if what == "peers" else configs[what].label
+            rows[shape.name].append(
                 dict(
-                    shape=shape.name,
-                    system=row["system"],
-                    config=row.get("config", ""),
-                    error=error,
-                    us=f"{us:.2f}",
-                    tflops=f"{tflops:.1f}",
-                    **{f"ratio_vs_{b}": r for b, r in zip(base_names, ratios)},
+                    system="ours" if what != "peers" else "peers",
+                    config=label,
+                    us=float("nan"),
+                    error="skipped: time budget",
                 )
             )
+        elif what == "peers":
+            result, message = run_child(dict(task="peers", shape=shape.name), 3 * timeout_s)
+            rows[shape.name] += (
+                result if result is not None else [dict(system="peers", config="", us=float("nan"), error=message)]
+            )
+        else:
+            result, message = run_child(dict(task="time", shape=shape.name, config=what), timeout_s)
+            if result is None:
+                result = dict(system="ours", config=configs[what].label, us=float("nan"), error=message)
+            rows[shape.name].append(result)
+            log(f"{shape.name} {configs[what].label}: {result.get('us')} µs {result.get('error', '')}")
+        lines[:] = head + shape_lines()
         write()
     lines.append(f"\nTotal time {time.perf_counter() - START:.0f} s.")
     write()

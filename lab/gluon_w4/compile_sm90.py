@@ -184,7 +184,7 @@ def main() -> int:
             verdict.append("no K loop found")
         if any("C75" in str(w) for w in result["warnings"]):
             verdict.append("wgmma serialized")
-        failed = failed or bool(verdict)
+        failed = failed or (bool(verdict) and not config.cross_step)  # "cross" is the known counter-example
         if args.sass:
             os.makedirs(args.sass, exist_ok=True)
             stem = os.path.join(args.sass, config.label.replace(" ", "_"))

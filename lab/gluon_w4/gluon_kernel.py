@@ -14,7 +14,7 @@ Schedule (swap-AB, ``Cᵀ = W · Aᵀ``: weight rows are the MMA's M side, token
   reads its 16 packed bytes from shared memory (one 16-byte ``ld.shared`` a chunk), decodes them with their
   e8m0 scales (loaded from global memory one K step ahead) into bf16 pairs by masks, shifts and two bf16x2 FMAs
   per pair (PTX; exact), whose register order is wgmma's A fragment: the layout conversion to
-  ``DotOperandLayout(0, NVMMA v3, k_width=2)`` only relabels registers. ``wgmma m64nBLOCK_Tk16 bf16`` (A from
+  ``DotOperandLayout(0, NVMMA v3, k_width=2)`` only relabels registers. ``wgmma m64n{block_t}k16 bf16`` (A from
   registers, B = the activation tile, K-major in shared memory) is issued asynchronously; the next chunk is
   decoded while it runs (``warpgroup_mma_wait(num_outstanding=1)``);
 * epilogue: the fp32 accumulator ``[64 weight rows, 128 tokens]`` transposed and stored with masked 16-byte
@@ -42,20 +42,18 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from llmkernels.grouped_matmul.gluon_fp8_kernel import _find_tile, _publish, _receive
+from llmkernels.grouped_matmul.gluon_fp8_kernel import _add_combine, _max_combine, _pick, _publish, _receive
 
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 
 BLOCK_W = 128  # weight rows per tile (two consumers of 64)
-BLOCK_T = 128  # tokens per tile (the product's _find_tile counts 128-row tiles)
 BLOCK_K = 128  # one TMA stage
 W_BOX = [8, 4, 64]  # packed weight words of one stage: 8 fragment blocks x (2 chunks x 128 int32)
-A_BOX = [BLOCK_T, 64]  # one 64-K chunk of activations (128 bytes a row: the 128B swizzle's limit)
+# the activation box of one 64-K chunk is [block_t, 64] (128 bytes a row: the 128B swizzle's limit)
 CONSUMER_REGS = gl.constexpr(232)
 LOADER_REGS = gl.constexpr(40)
 MAX_REGS = 168
 _STOP = gl.constexpr(-2)
-_TOKENS = gl.constexpr(BLOCK_T)
 
 # $4: one data word (eight e2m1 values in the hopper layout's SLOT_BITS positions), $5: the scale word [bf16 row
 # g | bf16 row g + 8]. Masks and shifts put each value's sign, exponent and mantissa at bf16 bits 15, 8-7 and 6
@@ -167,6 +165,57 @@ def _decode_chunk(w_tile, scale_words, CHUNK: gl.constexpr, CONSUMER: gl.constex
 
 
 @gluon.jit
+def _find_token_tile(tile, cursor, a_offsets_ptr, num_groups, num_tokens, n_tiles, TOKENS: gl.constexpr):
+    """Work tile ``tile`` -> ``(found, group, group_start, group_end, token tile, weight tile, cursor)``: the
+    product's ``_find_tile`` (``grouped_matmul/gluon_fp8_kernel.py``: forward-only cursor over 32-group chunks,
+    offsets read as ``clamp(cummax(a_offsets), 0, T)``, token tiles fastest) with token tiles of ``TOKENS`` rows
+    instead of 128 and every non-empty group taken."""
+    layout: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
+    lanes = gl.arange(0, 32, layout=layout)
+    chunk, before, carried = cursor
+    searching = tile >= 0
+    found = tile < 0
+    group = tile * 0
+    group_start = tile * 0
+    group_end = tile * 0
+    tile_m = tile * 0
+    tile_n = tile * 0
+    while searching:
+        groups = chunk + lanes
+        valid = groups < num_groups
+        raw_starts = gl.load(a_offsets_ptr + groups, mask=valid, other=0).to(gl.int32)
+        raw_ends = gl.load(a_offsets_ptr + groups + 1, mask=valid, other=0).to(gl.int32)
+        starts = gl.maximum(gl.associative_scan(raw_starts, 0, _max_combine), carried)
+        ends = gl.maximum(gl.associative_scan(raw_ends, 0, _max_combine), carried)
+        starts = gl.minimum(gl.maximum(starts, 0), num_tokens)
+        ends = gl.minimum(gl.maximum(ends, 0), num_tokens)
+        sizes = ends - starts
+        taken = valid & (sizes > 0)
+        tiles = gl.where(taken, gl.cdiv(sizes, TOKENS) * n_tiles, 0)
+        through = before + gl.associative_scan(tiles, 0, _add_combine)
+        chunk_tiles = gl.sum(tiles, axis=0)
+        if tile < before + chunk_tiles:
+            index = gl.sum((through <= tile).to(gl.int32), axis=0)
+            group = chunk + index
+            group_start = _pick(starts, lanes, index)
+            group_end = _pick(ends, lanes, index)
+            local = tile - (through - tiles)
+            m_tiles = gl.maximum(gl.cdiv(ends - starts, TOKENS), 1)
+            tile_m = _pick(local % m_tiles, lanes, index)
+            tile_n = _pick(local // m_tiles, lanes, index)
+            found = tile >= 0
+            searching = tile < 0
+        else:
+            if chunk + 32 >= num_groups:
+                searching = tile < 0
+            else:
+                before += chunk_tiles
+                carried = gl.maximum(carried, gl.max(gl.where(valid, raw_ends, carried), axis=0))
+                chunk += 32
+    return found, group, group_start, group_end, tile_m, tile_n, (chunk, before, carried)
+
+
+@gluon.jit
 def _load_partition(
     a_desc,
     w_desc,
@@ -186,6 +235,7 @@ def _load_partition(
 ):
     """The load warp: finds this program's tiles, publishes each, TMA-loads its K steps into the ring."""
     STAGES: gl.constexpr = w_smem.shape[0]
+    TOKENS: gl.constexpr = a_desc.block_type.shape[0]
     STAGE_BYTES: gl.constexpr = 2 * a_desc.block_type.nbytes + w_desc.block_type.nbytes
     k_steps = K // 128
     blocks_per_expert = N // 16
@@ -194,16 +244,16 @@ def _load_partition(
     cursor = (tile * 0, tile * 0, gl.load(a_offsets_ptr).to(gl.int32))
     count = 0
     loaded = 0
-    found, group, group_start, group_end, tile_m, tile_n, cursor = _find_tile(
-        tile, cursor, a_offsets_ptr, num_groups, num_tokens, n_tiles, 0, num_tokens
+    found, group, group_start, group_end, tile_m, tile_n, cursor = _find_token_tile(
+        tile, cursor, a_offsets_ptr, num_groups, num_tokens, n_tiles, TOKENS
     )
     while found:
-        first_row = group_start + tile_m * 128
+        first_row = group_start + tile_m * TOKENS
         first_col = tile_n * 128
         expert = gl.load(expert_ids_ptr + group)
         expert_ok = (expert >= 0) & (expert < num_experts)
         expert = gl.where(expert_ok, expert, -1)
-        _publish(count, (first_row, gl.minimum(group_end - first_row, 128), first_col, expert), schedule)
+        _publish(count, (first_row, gl.minimum(group_end - first_row, TOKENS), first_col, expert), schedule)
         if expert_ok:
             block0 = expert * blocks_per_expert + tile_n * 8
             for kb in range(k_steps):
@@ -216,8 +266,8 @@ def _load_partition(
                 loaded += 1
         count += 1
         tile += programs
-        found, group, group_start, group_end, tile_m, tile_n, cursor = _find_tile(
-            tile, cursor, a_offsets_ptr, num_groups, num_tokens, n_tiles, 0, num_tokens
+        found, group, group_start, group_end, tile_m, tile_n, cursor = _find_token_tile(
+            tile, cursor, a_offsets_ptr, num_groups, num_tokens, n_tiles, TOKENS
         )
     _publish(count, (tile * 0, tile * 0, tile * 0, tile * 0 + _STOP), schedule)
 
@@ -239,8 +289,9 @@ def _consumer_partition(
 ):
     """Consumer warpgroup CONSUMER: weight rows ``[64·CONSUMER, 64·CONSUMER + 64)`` of each tile it is handed."""
     STAGES: gl.constexpr = w_smem.shape[0]
+    TOKENS: gl.constexpr = a_smem.shape[1]
     mma_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, _TOKENS, 16]
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, TOKENS, 16]
     )
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_layout, k_width=2)
     store_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
@@ -254,7 +305,7 @@ def _consumer_partition(
         + _index4(4, 2, _CHUNK_L) * 0
         + _index4(4, 3, _CHUNK_L) // 2
     )
-    zero = gl.zeros([64, _TOKENS], gl.float32, layout=mma_layout)
+    zero = gl.zeros([64, TOKENS], gl.float32, layout=mma_layout)
     count = 0
     consumed = 0
     first_row, rows, first_col, expert = _receive(count, schedule)
@@ -301,7 +352,7 @@ def _consumer_partition(
         # out[first_row + t, first_col + 64·CONSUMER + r] = acc[r, t]
         values = gl.where(expert >= 0, acc, 0.0).to(out_ptr.dtype.element_ty)
         values = gl.convert_layout(gl.permute(values, (1, 0)), store_layout)
-        tokens = gl.arange(0, _TOKENS, layout=gl.SliceLayout(1, store_layout))
+        tokens = gl.arange(0, TOKENS, layout=gl.SliceLayout(1, store_layout))
         cols = first_col + 64 * CONSUMER + gl.arange(0, 64, layout=gl.SliceLayout(0, store_layout))
         offsets = gl.expand_dims((first_row + tokens).to(gl.int64) * stride_out_row, 1) + gl.expand_dims(cols, 0)
         mask = gl.expand_dims(tokens < rows, 1) & gl.expand_dims(cols < N, 0)
@@ -328,11 +379,12 @@ def w4_bf16_gluon_kernel(
     STAGES: gl.constexpr,
     CROSS_STEP: gl.constexpr,
 ):
-    """a_desc: TMA descriptor over bf16 A ``[T, K]``, box :data:`A_BOX`; w_desc: over the hopper-layout data viewed as
+    """a_desc: TMA descriptor over bf16 A ``[T, K]``, box ``[block_t, 64]`` (block_t 16, 64, 128 or 256: the tile's tokens); w_desc: over the hopper-layout data viewed as
     int32 ``[E·N/16, K/32, 64]``, box :data:`W_BOX`; scales_ptr: :func:`prepare_weights`' scale words; out_ptr bf16
     ``[T, N]`` (unit column stride); a_offsets_ptr int32 ``[G + 1]``; expert_ids_ptr int32 ``[G]``; n_tiles =
     N / 128. Grid ``(min(SMs, tile bound),)``, ``num_warps=4`` + consumer 1 (4 warps) + the load warp."""
-    a_smem = gl.allocate_shared_memory(a_desc.dtype, [2 * STAGES, _TOKENS, 64], a_desc.layout)
+    TOKENS: gl.constexpr = a_desc.block_type.shape[0]
+    a_smem = gl.allocate_shared_memory(a_desc.dtype, [2 * STAGES, TOKENS, 64], a_desc.layout)
     w_smem = gl.allocate_shared_memory(w_desc.dtype, [STAGES, 8, 4, 64], w_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -393,35 +445,51 @@ class W4GluonConfig:
     stages: int = 4
     cross_step: bool = False  # keep chunk 1's wgmma in flight across the K loop's back edge
     mode: str = "bf16"
+    block_t: int = 128  # tokens per tile: wgmma's N (16, 64, 128 or 256)
+
+    @property
+    def a_box(self) -> list:
+        return [self.block_t, 64]
 
     @property
     def label(self) -> str:
-        return f"gluon-w4 {self.mode} 128x{BLOCK_T}x128 s{self.stages}" + (" cross" if self.cross_step else "")
+        return f"gluon-w4 {self.mode} 128x{self.block_t}x128 s{self.stages}" + (" cross" if self.cross_step else "")
 
 
-CONFIGS = [W4GluonConfig(4), W4GluonConfig(3), W4GluonConfig(4, cross_step=True)]
+# the default first; shared memory: (2 x block_t x 64 x 2 + 8192) bytes a stage + the epilogue's transpose
+CONFIGS = [
+    W4GluonConfig(4),
+    W4GluonConfig(3),
+    W4GluonConfig(3, block_t=256),
+    W4GluonConfig(2, block_t=256),
+    W4GluonConfig(4, block_t=64),
+    W4GluonConfig(6, block_t=16),
+    W4GluonConfig(4, cross_step=True),
+]
 LAST_COMPILED = {}
 
 
-def a_layout_shared():
-    return gl.NVMMASharedLayout.get_default_for(A_BOX, gl.bfloat16)
+def a_layout_shared(a_box):
+    return gl.NVMMASharedLayout.get_default_for(a_box, gl.bfloat16)
 
 
 def w_layout_shared():
     return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=3)
 
 
-def descriptor_types() -> dict:
+def descriptor_types(config: W4GluonConfig) -> dict:
     """Type strings of the two descriptor arguments (ahead-of-time compiles)."""
     return dict(
-        a_desc=f"tensordesc<bf16[{', '.join(map(str, A_BOX))}],{a_layout_shared()!r}>",
+        a_desc=f"tensordesc<bf16[{', '.join(map(str, config.a_box))}],{a_layout_shared(config.a_box)!r}>",
         w_desc=f"tensordesc<i32[{', '.join(map(str, W_BOX))}],{w_layout_shared()!r}>",
     )
 
 
 def compile_signature(config: W4GluonConfig):
     names = w4_bf16_gluon_kernel.arg_names
-    types = dict(descriptor_types(), scales_ptr="*i32", out_ptr="*bf16", a_offsets_ptr="*i32", expert_ids_ptr="*i32")
+    types = dict(
+        descriptor_types(config), scales_ptr="*i32", out_ptr="*bf16", a_offsets_ptr="*i32", expert_ids_ptr="*i32"
+    )
     constexprs = dict(STAGES=config.stages, CROSS_STEP=config.cross_step)
     signature = {name: ("constexpr" if name in constexprs else types.get(name, "i32")) for name in names}
     return signature, constexprs
@@ -473,6 +541,8 @@ def w4_grouped_matmul_gluon(a, w, a_offsets, expert_ids, out=None, mode="bf16", 
     config = config or CONFIGS[0]
     if mode != "bf16" or config.mode != "bf16":
         raise ValueError(f"mode: only 'bf16' is built, got {mode!r}")
+    if config.block_t not in (16, 64, 128, 256) or config.stages < 2:
+        raise ValueError(f"config: block_t must be 16, 64, 128 or 256 and stages >= 2, got {config}")
     if not isinstance(w, PreparedWeights):
         w = prepare_weights(w)
     if not isinstance(a, torch.Tensor) or a.dim() != 2 or a.dtype != torch.bfloat16:
@@ -493,12 +563,14 @@ def w4_grouped_matmul_gluon(a, w, a_offsets, expert_ids, out=None, mode="bf16", 
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     a_data = a if (a.stride(1) == 1 and a.stride(0) % 8 == 0 and a.data_ptr() % 16 == 0) else a.contiguous()
-    a_desc = TensorDescriptor(a_data, [num_tokens, k], [a_data.stride(0), 1], A_BOX, a_layout_shared())
+    a_desc = TensorDescriptor(
+        a_data, [num_tokens, k], [a_data.stride(0), 1], config.a_box, a_layout_shared(config.a_box)
+    )
     w_view = w.data.view(num_experts * (n // 16), k // 32, 64)
     w_desc = TensorDescriptor(w_view, list(w_view.shape), [w_view.stride(0), 64, 1], W_BOX, w_layout_shared())
     target = out if out.stride(1) == 1 else out.contiguous()
     n_tiles = n // 128
-    bound = (triton.cdiv(num_tokens, 128) + num_groups) * n_tiles
+    bound = (triton.cdiv(num_tokens, config.block_t) + num_groups) * n_tiles
     grid = (max(1, min(bound, torch.cuda.get_device_properties(a.device).multi_processor_count)),)
     LAST_COMPILED[config] = w4_bf16_gluon_kernel[grid](
         a_desc,
