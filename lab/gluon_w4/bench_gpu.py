@@ -6,20 +6,23 @@
 Every Gluon step runs in a child process with a timeout (a warp-specialized kernel that deadlocks hangs its
 process, not the run):
 
-1. Correctness first, per config: a small ragged problem (groups of 0, 1, 130 and 77 rows, one of expert -1 →
-   zeros, 9 rows past ``a_offsets[G]`` poisoned with NaN and checked unchanged, K 384, N 256) against the float64
-   product of ``llmkernels.dequantize`` of both operands; bound (bf16 output): relative Frobenius 3e-3, max 1e-2.
-   Then each bench shape on three groups, before it is timed. A config that fails or hangs is not timed.
+1. Correctness first, per config, in the first child that runs it (one compile): a small ragged problem (groups of
+   0, 1, 130, 77 and 40 rows, one of expert -1 → zeros, 9 rows past ``a_offsets[G]`` poisoned with NaN and checked
+   unchanged, K 384, N 256) against the float64 product of ``llmkernels.dequantize`` of both operands; bound (bf16
+   output): relative Frobenius 3e-3, max 1e-2. Then each shape on three groups, before it is timed. A config that
+   fails or hangs is not run again.
 2. CUDA-graph replay timings (median µs) at E8x2048 N4096 K7168, E128x128 N4096 K7168, gpt-oss E32x512 N5760
    K2880 and decode E128x16 N4096 K7168: ours per config (weights prepared once, outside timing), against
    ``torch._grouped_mm`` bf16 and the library's bf16 x MXFP4 hopper path (``llmkernels.grouped_matmul(a,
    quantize(w, "mxfp4", scale_layout="hopper"), ...)``), in one child per shape. The e4m3 (w4a8) mode is not
    built: its rows say so, with the library's fp8-blocks path timed on the same fp8 activations for the record.
 
-Writes OUT_DIR/gluon_w4.md and OUT_DIR/gluon_w4.csv (µs, TFLOP/s, ratios) after every step. ``--budget-s``: no new
-child starts past it. ``--dry-run``: the non-Gluon logic on the CPU through the Triton interpreter at tiny shapes
-(children included): "ours" is then :func:`gluon_kernel.emulate_decode` (the kernel's decode, in torch) times
-the activations, so the harness, the references and the prepared weights are checked, not the kernel.
+Order: per shape the peers and two configs (the default and the tile height that suits the shape), shape after
+shape; then the other configs. Writes OUT_DIR/gluon_w4.md and OUT_DIR/gluon_w4.csv (µs, TFLOP/s, ratios) after every
+child. ``--budget-s``: no new child starts past it (a child costs ~20-60 s on the GPU: 240 s covers about the first
+two shapes; 500 s the first pass). ``--dry-run``: the non-Gluon logic on the CPU through the Triton interpreter at
+tiny shapes (children included): "ours" is then :func:`gluon_kernel.emulate_decode` (the kernel's decode, in
+torch) times the activations, so the harness, the references and the prepared weights are checked, not the kernel.
 Written for torch 2.11 and Triton 3.6 (Gluon).
 """
 
@@ -217,16 +220,20 @@ class Problem:
         return relative_errors(got.nan_to_num(1e30), torch.cat([self.refs[g] for g in self.groups]))
 
 
-def child_time(shape_name: str, config_index: int) -> dict:
-    """One config on one shape: correctness on three groups, then the graph timing."""
+def child_time(shape_name: str, config_index: int, with_check: bool) -> dict:
+    """One config on one shape: the small ragged check first when ``with_check`` (same process: one compile),
+    then correctness on three groups of the shape, then the graph timing."""
+    check = child_check(config_index) if with_check else None
     shape = next(s for s in SHAPES + DRY_SHAPES if s.name == shape_name)
     config = _configs()[config_index]
+    if check is not None and not check["ok"]:
+        return dict(system="ours", config=config.label, us=float("nan"), error="small check FAIL", check=check)
     problem = Problem(shape)
     problem.out.fill_(float("nan"))
     ours(problem.x, problem.prepared, problem.offsets, problem.ids, problem.out, config)
     sync()
     fro, worst = problem.errors(problem.out)
-    result = dict(system="ours", config=config.label, fro=fro, max=worst, us=float("nan"), compiled="")
+    result = dict(system="ours", config=config.label, fro=fro, max=worst, us=float("nan"), compiled="", check=check)
     if not (fro <= TOLERANCE[0] and worst <= TOLERANCE[1]):
         result["error"] = "FAIL"
         return result
@@ -297,7 +304,7 @@ def child_main(task: dict) -> None:
     if task["task"] == "check":
         result = child_check(task["config"])
     elif task["task"] == "time":
-        result = child_time(task["shape"], task["config"])
+        result = child_time(task["shape"], task["config"], task["check"])
     else:
         result = child_peers(task["shape"])
     print(RESULT + json.dumps(result), flush=True)
@@ -357,7 +364,6 @@ def main() -> int:
         "| --- | --- | --- | --- | --- |",
     ]
     records = []
-    passed = []
 
     def write() -> None:
         with open(md, "w") as file:
@@ -368,22 +374,24 @@ def main() -> int:
                 writer.writeheader()
                 writer.writerows(records)
 
-    for index, config in enumerate(configs):
-        if time.perf_counter() - START > args.budget_s:
-            lines.append(f"| {config.label} | skipped: time budget | | | |")
-            continue
-        result, message = run_child(dict(task="check", config=index), timeout_s)
-        if result is None:
-            lines.append(f"| {config.label} | {message} | | | FAIL |")
-        else:
-            lines.append(
-                f"| {config.label} | {result['fro']:.2e} / {result['max']:.2e} | {result['zeros']} | "
-                f"{result['kept']} | {'ok' if result['ok'] else 'FAIL'} |"
-            )
-            if result["ok"]:
-                passed.append(index)
-        log(f"check {config.label}: {lines[-1]}")
-        write()
+    checks = {}  # config index -> its check-table row, filled by the first child that runs the config
+    failed = set()  # configs whose check failed or whose child hung or crashed: not run again
+
+    def check_lines() -> list[str]:
+        return [checks.get(i, f"| {c.label} | not run (time budget) | | | |") for i, c in enumerate(configs)]
+
+    def record_check(index: int, check: dict | None, message: str = "") -> None:
+        if index in checks:
+            return
+        if check is None:
+            checks[index] = f"| {configs[index].label} | {message} | | | FAIL |"
+            return
+        checks[index] = (
+            f"| {configs[index].label} | {check['fro']:.2e} / {check['max']:.2e} | {check['zeros']} | "
+            f"{check['kept']} | {'ok' if check['ok'] else 'FAIL'} |"
+        )
+        log(f"check {configs[index].label}: {checks[index]}")
+
     lines.append(
         "\ne4m3 mode (w4a8: weights decoded to e4m3, fp8 activation blocks): not built in this kernel (NOTES.md); "
         "the library's fp8-blocks path is timed below on the same shapes for the record."
@@ -430,15 +438,17 @@ def main() -> int:
                 )
         return out
 
-    head = list(lines)
+    head = list(lines)  # title and check-table header; the check rows follow, then the e4m3 note
+    note = head.pop()
 
     def preferred(shape: Shape) -> list[int]:
         """Configs in the order this shape times them: the default, the tile height that suits the shape (16
         tokens for groups of <= 16, 64 for <= 64, else 256), then the rest."""
         per = shape.tokens_per_expert
         want = 16 if per <= 16 else 64 if per <= 64 else 256
-        first = [i for i in passed if i == 0] + [i for i in passed if i != 0 and configs[i].block_t == want][:1]
-        return first + [i for i in passed if i not in first]
+        everything = range(len(configs))
+        first = [0] + [i for i in everything if i != 0 and configs[i].block_t == want][:1]
+        return first + [i for i in everything if i not in first]
 
     # pass 1: every shape's peers and its first two configs; pass 2: the other configs, while the budget lasts
     plan = [item for shape in shapes for item in [(shape, "peers")] + [(shape, i) for i in preferred(shape)[:2]]]
@@ -459,13 +469,26 @@ def main() -> int:
             rows[shape.name] += (
                 result if result is not None else [dict(system="peers", config="", us=float("nan"), error=message)]
             )
+        elif what in failed:
+            rows[shape.name].append(
+                dict(system="ours", config=configs[what].label, us=float("nan"), error="not run: failed before")
+            )
         else:
-            result, message = run_child(dict(task="time", shape=shape.name, config=what), timeout_s)
+            task = dict(task="time", shape=shape.name, config=what, check=what not in checks)
+            result, message = run_child(task, timeout_s)
             if result is None:
+                if message.startswith("TIMEOUT") or what not in checks:  # a hang, or a crash before any result
+                    failed.add(what)
+                record_check(what, None, message)
                 result = dict(system="ours", config=configs[what].label, us=float("nan"), error=message)
-            rows[shape.name].append(result)
+            else:
+                if result.get("check") is not None:
+                    record_check(what, result["check"])
+                    if not result["check"]["ok"]:
+                        failed.add(what)
+            rows[shape.name].append({k: v for k, v in result.items() if k != "check"})
             log(f"{shape.name} {configs[what].label}: {result.get('us')} µs {result.get('error', '')}")
-        lines[:] = head + shape_lines()
+        lines[:] = head + check_lines() + [note] + shape_lines()
         write()
     lines.append(f"\nTotal time {time.perf_counter() - START:.0f} s.")
     write()

@@ -26,7 +26,14 @@ os.environ["TRITON_INTERPRET"] = "0"
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import triton  # noqa: E402
-from gluon_kernel import CONFIGS, CONSUMER_REGS, LOADER_REGS, MAX_REGS, compile_signature, w4_bf16_gluon_kernel  # noqa: E402
+from gluon_kernel import (  # noqa: E402
+    CONFIGS,
+    CONSUMER_REGS,
+    LOADER_REGS,
+    MAX_REGS,
+    compile_signature,
+    w4_bf16_gluon_kernel,
+)
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.experimental.gluon._runtime import GluonASTSource  # noqa: E402
 

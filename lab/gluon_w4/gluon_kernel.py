@@ -4,20 +4,21 @@ runs while the current chunk's wgmma holds the tensor cores. Not the product (se
 
 Schedule (swap-AB, ``Cᵀ = W · Aᵀ``: weight rows are the MMA's M side, tokens its N side):
 
-* persistent grid of ``min(SMs, tile bound)`` programs; work tiles (group, 128-token tile, 128-weight-row tile)
-  found on the device by the product's ``_find_tile`` (its tiles are 128 rows of A: here 128 tokens), published
-  to the consumers through its ``_publish`` / ``_receive`` shared-memory ring;
+* persistent grid of ``min(SMs, tile bound)`` programs; work tiles (group, ``block_t``-token tile, 128-weight-row
+  tile) found on the device by :func:`_find_token_tile` (the product's ``_find_tile`` with a tile height),
+  published to the consumers through the product's ``_publish`` / ``_receive`` shared-memory ring;
 * 1 load warp: per 128-K step one TMA box of packed weights ``[8 fragment blocks, 4, 64]`` int32 (128 weight
-  rows x 128 K in the library's "hopper" fragment layout, 8 KB) and two activation boxes ``[128 tokens, 64 K]``
-  bf16 (128B swizzle, 32 KB) into a ``STAGES``-deep ring (40 KB a stage);
+  rows x 128 K in the library's "hopper" fragment layout, 8 KB) and two activation boxes ``[block_t, 64 K]`` bf16
+  (128B swizzle) into a ``STAGES``-deep ring;
 * 2 consumer warpgroups, consumer c owns weight rows ``[64c, 64c + 64)`` of the tile. Per 64-K chunk each thread
-  reads its 16 packed bytes from shared memory (one 16-byte ``ld.shared`` a chunk), decodes them with their
-  e8m0 scales (loaded from global memory one K step ahead) into bf16 pairs by masks, shifts and two bf16x2 FMAs
-  per pair (PTX; exact), whose register order is wgmma's A fragment: the layout conversion to
-  ``DotOperandLayout(0, NVMMA v3, k_width=2)`` only relabels registers. ``wgmma m64n{block_t}k16 bf16`` (A from
-  registers, B = the activation tile, K-major in shared memory) is issued asynchronously; the next chunk is
-  decoded while it runs (``warpgroup_mma_wait(num_outstanding=1)``);
-* epilogue: the fp32 accumulator ``[64 weight rows, 128 tokens]`` transposed and stored with masked 16-byte
+  reads its 4 packed words from shared memory (one 16-byte ``ld.shared``), decodes them with their bf16 scale
+  words (loaded from global memory one K step ahead) by masks, shifts and two bf16x2 multiplies per value pair
+  (PTX; exact), and the result's register order is wgmma's A fragment: the conversion to
+  ``DotOperandLayout(0, NVMMA v3, k_width=2)`` only relabels registers (no shuffle, no shared memory in SASS).
+  ``wgmma m64n{block_t}k16 bf16`` (A from registers, B = the activation chunk, K-major in shared memory) is
+  issued asynchronously; chunk 1 is decoded while chunk 0's wgmmas run, and the step ends with a full wait
+  (``CROSS_STEP`` keeps one wgmma in flight across steps instead: ptxas serializes that, see NOTES.md);
+* epilogue: the fp32 accumulator ``[64 weight rows, block_t tokens]`` transposed and stored with masked 16-byte
   stores (tokens past the group's end are not stored; -1 experts write zeros).
 
 Weights: a ScaledTensor MXFP4 ``[E, N, K]``; :func:`prepare_weights` (once, outside timing) converts it to the
@@ -379,10 +380,11 @@ def w4_bf16_gluon_kernel(
     STAGES: gl.constexpr,
     CROSS_STEP: gl.constexpr,
 ):
-    """a_desc: TMA descriptor over bf16 A ``[T, K]``, box ``[block_t, 64]`` (block_t 16, 64, 128 or 256: the tile's tokens); w_desc: over the hopper-layout data viewed as
-    int32 ``[E·N/16, K/32, 64]``, box :data:`W_BOX`; scales_ptr: :func:`prepare_weights`' scale words; out_ptr bf16
-    ``[T, N]`` (unit column stride); a_offsets_ptr int32 ``[G + 1]``; expert_ids_ptr int32 ``[G]``; n_tiles =
-    N / 128. Grid ``(min(SMs, tile bound),)``, ``num_warps=4`` + consumer 1 (4 warps) + the load warp."""
+    """a_desc: TMA descriptor over bf16 A ``[T, K]``, box ``[block_t, 64]`` (block_t 16, 64, 128 or 256: the tile's
+    tokens); w_desc: over the hopper-layout data viewed as int32 ``[E·N/16, K/32, 64]``, box :data:`W_BOX`;
+    scales_ptr: :func:`prepare_weights`' scale words; out_ptr bf16 ``[T, N]`` (unit column stride); a_offsets_ptr
+    int32 ``[G + 1]``; expert_ids_ptr int32 ``[G]``; n_tiles = N / 128. Grid ``(min(SMs, tile bound),)``,
+    ``num_warps=4`` + consumer 1 (4 warps) + the load warp."""
     TOKENS: gl.constexpr = a_desc.block_type.shape[0]
     a_smem = gl.allocate_shared_memory(a_desc.dtype, [2 * STAGES, TOKENS, 64], a_desc.layout)
     w_smem = gl.allocate_shared_memory(w_desc.dtype, [STAGES, 8, 4, 64], w_desc.layout)
