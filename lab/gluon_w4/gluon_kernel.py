@@ -238,7 +238,7 @@ def _load_partition(
     STAGES: gl.constexpr = w_smem.shape[0]
     TOKENS: gl.constexpr = a_desc.block_type.shape[0]
     STAGE_BYTES: gl.constexpr = 2 * a_desc.block_type.nbytes + w_desc.block_type.nbytes
-    k_steps = K // 128
+    k_steps = gl.cdiv(K, 128)  # K a multiple of 64: the last step's second chunk reads zeros
     blocks_per_expert = N // 16
     tile = gl.program_id(0)
     programs = gl.num_programs(0)
@@ -296,7 +296,7 @@ def _consumer_partition(
     )
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_layout, k_width=2)
     store_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
-    k_steps = K // 128
+    k_steps = gl.cdiv(K, 128)  # K a multiple of 64: the last step's second chunk reads zeros
     blocks_per_expert = N // 16
     # word offsets of this thread's scale words of chunk 0 of K step 0: ((block·steps + step)·8 + g)·4 + chunk·2 +
     # (32-K half); data word j uses half j // 2
@@ -499,9 +499,9 @@ def compile_signature(config: W4GluonConfig):
 
 @dataclass(frozen=True)
 class PreparedWeights:
-    """:func:`prepare_weights`' result: hopper-layout data as int32 words ``[E, N/16, K/64, 8, 4, 4]`` and scale
-    words int32 ``[E, N/16, K/128, 8 (g), 2 (chunk), 2 (32-K half)]`` (low 16 bits: bf16 scale of row g, high: row
-    g + 8), logical shape ``(E, N, K)``."""
+    """:func:`prepare_weights`' result: hopper-layout data as int32 words ``[E, N/16, K'/64, 8, 4, 4]`` and scale
+    words int32 ``[E, N/16, K'/128, 8 (g), 2 (chunk), 2 (32-K half)]`` (low 16 bits: bf16 scale of row g, high:
+    row g + 8); K' = K rounded up to 128; logical shape ``(E, N, K)``."""
 
     data: torch.Tensor
     scale_words: torch.Tensor
@@ -522,15 +522,19 @@ def scale_words(hopper_scales: torch.Tensor) -> torch.Tensor:
 
 def prepare_weights(w) -> PreparedWeights:
     """The one-time weight conversion (outside timing): an MXFP4 ScaledTensor ``[E, N, K]`` (any scale layout) →
-    :class:`PreparedWeights`. N a multiple of 128 and K of 128; raises ValueError otherwise."""
+    :class:`PreparedWeights`. N a multiple of 128 and K of 64 (padded here to whole 128-K steps with zero codes
+    under unit scales); raises ValueError otherwise."""
     if getattr(w, "spec", None) is None or w.spec.name != "mxfp4":
         raise ValueError("w: must be an MXFP4 ScaledTensor")
     shape = tuple(w.shape)
-    if len(shape) != 3 or shape[1] % 128 or shape[2] % 128:
-        raise ValueError(f"w: must be [E, N, K] with N and K multiples of 128, got {shape}")
+    if len(shape) != 3 or shape[1] % 128 or shape[2] % 64:
+        raise ValueError(f"w: must be [E, N, K] with N a multiple of 128 and K of 64, got {shape}")
     hopper = w if str(w.scale_layout) == "hopper" else w.to_layout("hopper")
-    data = hopper.data.view(torch.uint8).contiguous().view(torch.int32)
-    return PreparedWeights(data, scale_words(hopper.scales), shape)
+    data, scales = hopper.data.view(torch.uint8), hopper.scales.view(torch.uint8)
+    if data.shape[2] % 2:  # K an odd number of 64-K chunks: one more chunk of zero codes under unit scales
+        data = torch.cat([data, data.new_zeros(*data.shape[:2], 1, *data.shape[3:])], dim=2)
+        scales = torch.cat([scales, scales.new_full((*scales.shape[:2], 1, *scales.shape[3:]), 127)], dim=2)
+    return PreparedWeights(data.contiguous().view(torch.int32), scale_words(scales), shape)
 
 
 def w4_grouped_matmul_gluon(a, w, a_offsets, expert_ids, out=None, mode="bf16", config=None):
@@ -538,7 +542,7 @@ def w4_grouped_matmul_gluon(a, w, a_offsets, expert_ids, out=None, mode="bf16", 
 
     a: bf16 ``[T, K]``; w: :class:`PreparedWeights` (or an MXFP4 ScaledTensor ``[E, N, K]``, prepared here);
     a_offsets int32 ``[G + 1]`` (non-decreasing, a_offsets[0] = 0), expert_ids int32 ``[G]`` (-1 → zero rows);
-    out bf16 ``[T, N]`` (rows past ``a_offsets[G]`` untouched). K and N multiples of 128. Raises ValueError on
+    out bf16 ``[T, N]`` (rows past ``a_offsets[G]`` untouched). K a multiple of 64, N of 128. Raises ValueError on
     other shapes, dtypes or modes (only ``mode="bf16"`` is built)."""
     config = config or CONFIGS[0]
     if mode != "bf16" or config.mode != "bf16":
@@ -551,8 +555,8 @@ def w4_grouped_matmul_gluon(a, w, a_offsets, expert_ids, out=None, mode="bf16", 
         raise ValueError("a: must be a bf16 [T, K] tensor")
     num_experts, n, k = w.shape
     num_tokens = a.shape[0]
-    if a.shape[1] != k or k % 128 or n % 128:
-        raise ValueError(f"a: K must be w's K ({k}) and a multiple of 128 (N too), got a {tuple(a.shape)}")
+    if a.shape[1] != k or k % 64 or n % 128:
+        raise ValueError(f"a: K must be w's K ({k}) and a multiple of 64 (N of 128), got a {tuple(a.shape)}")
     num_groups = expert_ids.numel()
     if a_offsets.numel() != num_groups + 1 or a_offsets.dtype != torch.int32 or expert_ids.dtype != torch.int32:
         raise ValueError("a_offsets: must be int32 [G + 1] with expert_ids int32 [G]")
@@ -568,7 +572,8 @@ def w4_grouped_matmul_gluon(a, w, a_offsets, expert_ids, out=None, mode="bf16", 
     a_desc = TensorDescriptor(
         a_data, [num_tokens, k], [a_data.stride(0), 1], config.a_box, a_layout_shared(config.a_box)
     )
-    w_view = w.data.view(num_experts * (n // 16), k // 32, 64)
+    k_padded = triton.cdiv(k, 128) * 128  # prepare_weights' data holds whole 128-K steps
+    w_view = w.data.view(num_experts * (n // 16), k_padded // 32, 64)
     w_desc = TensorDescriptor(w_view, list(w_view.shape), [w_view.stride(0), 64, 1], W_BOX, w_layout_shared())
     target = out if out.stride(1) == 1 else out.contiguous()
     n_tiles = n // 128
@@ -602,7 +607,8 @@ def emulate_decode(w: PreparedWeights) -> torch.Tensor:
     """float32 ``[E, N, K]`` weights as the kernel decodes them from ``w`` (the PTX's masks and shifts on each data
     word, x 2^126, x the bf16 scale of the word's row from its scale word), in torch on any device: a CPU check of
     :func:`prepare_weights`' data and scale words against ``llmkernels.dequantize``."""
-    num_experts, n, k = w.shape
+    num_experts, n, k_logical = w.shape
+    k = -(-k_logical // 128) * 128  # the data's padded K
     words = w.data.view(num_experts, n // 16, k // 64, 8, 4, 4).to(torch.int64) & 0xFFFFFFFF
     mask = 0x81C081C0
     v0 = words & mask
@@ -626,4 +632,4 @@ def emulate_decode(w: PreparedWeights) -> torch.Tensor:
     both = torch.stack([row_g, row_g8], 3)  # (e, block, chunk, h, g, t, j, bh, bl)
     # row = 16 block + 8h + g, k = 64 chunk + 16j + 8bh + 2t + bl
     both = both.permute(0, 1, 3, 4, 2, 6, 7, 5, 8)
-    return both.reshape(num_experts, n, k)
+    return both.reshape(num_experts, n, k)[..., :k_logical]
