@@ -13,6 +13,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 from llmkernels.integrations import transformers as lk_transformers  # noqa: E402
+from llmkernels.moe.layer import prefers_hopper_layout  # noqa: E402
 
 TOLERANCE = 2e-2  # bf16 attention against transformers' eager bf16 attention, relative over the logits
 
@@ -107,6 +108,9 @@ def _quantized_twin(eager, ours, weight_format="mxfp4"):
             weights = module.__dict__.get("llmkernels_weights")
             if weights is None:
                 continue
+            # the default layout: the Hopper one for 4-bit weights on a Hopper GPU (what reads fastest there)
+            fast = weight_format in ("mxfp4", "nvfp4") and prefers_hopper_layout(module.gate_up_proj.device)
+            assert weights.w1.scale_layout.name == ("hopper" if fast else "row"), weights.w1.scale_layout
             w1, w2 = lk.dequantize(weights.w1), lk.dequantize(weights.w2)
             if reference.is_transposed:  # gpt-oss: [gate | up] rows back to interleaved columns
                 half = w1.shape[1] // 2

@@ -31,9 +31,10 @@ import torch
 
 from ..attention import softcap as softcap_mod
 from ..formats import ScaledTensor
-from ..formats.layouts import ROW, Layout, as_layout
+from ..formats.layouts import HOPPER, ROW, Layout, as_layout
 from ..grouped_matmul import SwiGLU
 from ..moe import fused_experts
+from ..moe.layer import prefers_hopper_layout
 from ..ops import attention, quantize
 
 __all__ = ["register", "attention_forward", "experts_forward", "quantize_experts", "ExpertWeights", "NAME"]
@@ -256,12 +257,16 @@ def experts_forward(
     )
 
 
-def quantize_experts(model: torch.nn.Module, weight_format: str = "mxfp4", scale_layout: Layout | str = ROW) -> int:
+def quantize_experts(
+    model: torch.nn.Module, weight_format: str = "mxfp4", scale_layout: Layout | str | None = None
+) -> int:
     """Quantizes, once, the weights of every experts module of ``model`` that runs fused (transformers'
     default layout and gpt-oss') to ``weight_format`` (``"mxfp4"``, ``"mxfp8"``, ``"nvfp4"``, or ``"fp8"``: 128x128
     blocks with float32 scales, as the fine-grained FP8 checkpoints hold them, and activations quantized per token
     and 128 columns; ``scale_layout`` the row or the Hopper layout, a :class:`~llmkernels.formats.layouts.Layout`
-    or its name, the row layout only for fp8) and stores them as its ``llmkernels_weights`` (an
+    or its name, the row layout only for fp8; None: the layout the grouped matmul reads fastest where the weights
+    are, the Hopper layout for MXFP4 and NVFP4 on a Hopper GPU, as :meth:`~llmkernels.moe.MoEFeedForward.from_float`
+    chooses, else the row layout) and stores them as its ``llmkernels_weights`` (an
     :class:`ExpertWeights`), which ``experts_implementation="llmkernels"`` reads. The bf16 parameters stay, for
     the other implementations; call it again after changing them or moving the model. Experts loaded from an FP8
     checkpoint are quantized already (they run as they are) and are not counted. Returns how many modules were
@@ -271,13 +276,21 @@ def quantize_experts(model: torch.nn.Module, weight_format: str = "mxfp4", scale
         ValueError: ``scale_layout`` other than the row layout for fp8, and what :func:`llmkernels.quantize`
             raises.
     """
-    if weight_format == "fp8" and as_layout(scale_layout, argument="scale_layout") is not ROW:
+    if (
+        weight_format == "fp8"
+        and scale_layout is not None
+        and as_layout(scale_layout, argument="scale_layout") is not ROW
+    ):
         raise ValueError(f"fp8 scales live in the row layout only, got scale_layout={scale_layout!r}")
     count = 0
     for module in model.modules():
         layout = _layout(module) if hasattr(module, "gate_up_proj") else None
         if layout is not None and layout != "fp8":
-            module.llmkernels_weights = _expert_weights(module, layout, weight_format, scale_layout)
+            chosen = scale_layout
+            if chosen is None:
+                fast = HOPPER.holds(weight_format) and prefers_hopper_layout(module.gate_up_proj.device)
+                chosen = HOPPER if fast else ROW
+            module.llmkernels_weights = _expert_weights(module, layout, weight_format, chosen)
             count += 1
     return count
 
