@@ -22,9 +22,13 @@ SHAPES = {  # name: (experts, tokens per expert, N, K)
 }
 
 
-def check() -> str:
+def check(wide: bool = False) -> str:
     import torch
-    from gluon_kernel import bf16_grouped_matmul_gluon
+
+    if wide:
+        from gluon_kernel_wide import bf16_grouped_matmul_gluon
+    else:
+        from gluon_kernel import bf16_grouped_matmul_gluon
 
     torch.manual_seed(0)
     sizes, ids = [0, 1, 130, 77, 40], [2, 0, 1, -1, 2]
@@ -56,6 +60,7 @@ def time_shape(name: str) -> str:
 
     import torch
     from gluon_kernel import bf16_grouped_matmul_gluon  # before fp8_blocks' folder joins sys.path
+    from gluon_kernel_wide import bf16_grouped_matmul_gluon as wide_gluon
 
     import llmkernels as lk
 
@@ -85,6 +90,7 @@ def time_shape(name: str) -> str:
         ("lk bf16", lambda: lk.grouped_matmul(a, b, offsets, ids)),
         ("gluon bf16", lambda: bf16_grouped_matmul_gluon(a, b, offsets, ids, out)),
         ("gluon bf16 4 stages, pointer stores", lambda: bf16_grouped_matmul_gluon(a, b, offsets, ids, out, 4, False)),
+        ("gluon bf16 m64n256, 4 stages", lambda: wide_gluon(a, b, offsets, ids, out, 4, False)),
     ):
         times[label] = graph_time_us(fn)
         cells.append(f"{label} {times[label]:.1f} us {flops / times[label] / 1e6:.0f} TF")
@@ -98,10 +104,10 @@ def time_shape(name: str) -> str:
 def main() -> None:
     if len(sys.argv) > 2 and sys.argv[1] == "--child":
         what = sys.argv[2]
-        print(check() if what == "check" else time_shape(what), flush=True)
+        print(check(what == "check-wide") if what.startswith("check") else time_shape(what), flush=True)
         return
     lines = ["# lab/gluon_bf16 on the GPU", ""]
-    for what in ["check", *SHAPES]:
+    for what in ["check", "check-wide", *SHAPES]:
         try:
             done = subprocess.run(
                 [sys.executable, __file__, "--child", what], capture_output=True, text=True, timeout=120
@@ -111,7 +117,7 @@ def main() -> None:
             text = f"{what}: hang/timeout"
         print(text, flush=True)
         lines.append(text)
-        if what == "check" and "ok" not in text.split("(")[0]:
+        if what.startswith("check") and "ok" not in text.split("(")[0]:
             break
     with open(sys.argv[1], "w") as handle:
         handle.write("\n".join(lines) + "\n")

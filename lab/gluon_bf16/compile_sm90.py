@@ -13,7 +13,11 @@ os.environ["TRITON_INTERPRET"] = "0"
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import triton  # noqa: E402
-from gluon_kernel import A_BOX, B_BOX, MAX_REGS, OUT_BOX, STAGES, fp8_hopper_grouped_kernel  # noqa: E402
+
+if "--wide" in sys.argv:  # the one-wgmma-per-step variant
+    from gluon_kernel_wide import A_BOX, B_BOX, MAX_REGS, OUT_BOX, STAGES, fp8_hopper_grouped_kernel  # noqa: E402
+else:
+    from gluon_kernel import A_BOX, B_BOX, MAX_REGS, OUT_BOX, STAGES, fp8_hopper_grouped_kernel  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.experimental.gluon import language as gl  # noqa: E402
 from triton.experimental.gluon._runtime import GluonASTSource  # noqa: E402
