@@ -116,7 +116,8 @@ def _case(pair: str, call: CheckedCall, config, group_rows: tuple[int, int], arc
     mma_m = config.block_n if config.ab_swapped else config.block_m  # the weights' rows under swap-AB
     warp_specialized = backend in (fp8_hopper, bf16_hopper)
     if warp_specialized:  # the Gluon kernel's own tile, whatever the config's
-        kernel, k_step = fp8_hopper.kernel, spec.arg_types["a_ptr"].split("[")[1].split("]")[0].split(", ")[1]
+        kernel = fp8_hopper.kernel
+        (_, k_step), _ = kernel.boxes(kernel.gl.float8e4nv if backend is fp8_hopper else kernel.gl.bfloat16)
         tile = f"gluon {kernel.BLOCK_M}x{kernel.BLOCK_N}x{k_step}"
         label = (
             f"{pair:11s} {'swiglu' if swiglu else 'plain ':6s} {tile} s{spec.constexprs['STAGES']} ws   {'wgmma':10s}"

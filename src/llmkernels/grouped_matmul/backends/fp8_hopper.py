@@ -35,10 +35,14 @@ __all__ = [
     "HopperWsLaunch",
     "EPILOGUES",
     "descriptor_type",
+    "warp_specialized_launch",
+    "warp_specialized_spec",
+    "warp_specialized_scalars",
+    "GL_DTYPES",
 ]
 
 EPILOGUES = ("none", "silu", "gelu", "swiglu", "user")  # "user": a @triton.jit fn(value, row, col)
-_GL_DTYPES = {
+GL_DTYPES = {  # torch dtype -> Gluon dtype
     torch.bfloat16: gl.bfloat16,
     torch.float16: gl.float16,
     torch.float32: gl.float32,
@@ -58,9 +62,17 @@ def supports(call, config) -> bool:
     a, b = call.a, call.b
     if a.format != "fp8" or b.format != "fp8" or a.block_rows != 1 or b.block_rows != 128:
         return False
+    return config.block_k == kernel.BLOCK_K and warp_specialized_launch(call, config, element_bytes=1)
+
+
+def warp_specialized_launch(call, config, element_bytes: int) -> bool:
+    """What the warp-specialized kernel needs of a launch whatever its operands: a CUDA device of compute
+    capability 9.x (not the interpreter); not ``ab_swapped``, ``block_m`` >= 128; rows of K a multiple of 16
+    bytes (TMA); an epilogue of :data:`EPILOGUES`, SwiGLU on ``[gate | up]`` halves with ``N / 2`` a multiple of
+    128, not interleaved."""
     if call.device.type != "cuda" or interpreting() or (cuda_capability(call.device) or (0, 0))[0] != 9:
         return False
-    if config.ab_swapped or config.block_m < kernel.BLOCK_M or config.block_k != kernel.BLOCK_K or call.k % 16:
+    if config.ab_swapped or config.block_m < kernel.BLOCK_M or call.k * element_bytes % 16:
         return False
     if call.epilogue_kind not in EPILOGUES:
         return False
@@ -88,13 +100,20 @@ def _tma_store(call) -> bool:
 def kernel_spec(call, config, group_rows: tuple[int, int]) -> HopperWsSpec:
     """The kernel's launch for ``call``: a persistent grid of ``min(SMs, tile bound)`` programs (the bound, from
     shapes, needs no sync); ``config`` only selects this backend (its tile sizes are the kernel's own)."""
+    return warp_specialized_spec(call, gl.float8e4nv, kernel.STAGES, _tma_store(call))
+
+
+def warp_specialized_spec(call, element, stages: int, tma_store: bool) -> HopperWsSpec:
+    """The launch of the warp-specialized kernel on operands of Gluon dtype ``element`` (FP8 blocks here, bf16 /
+    fp16 in ``bf16_hopper``): ``stages`` deep, with the TMA-store epilogue or pointer stores; a persistent grid of
+    ``min(SMs, tile bound)`` programs."""
     glu = call.glu
     swiglu = call.epilogue_kind == "swiglu"
     n_tiles = cdiv(call.n_out, kernel.out_columns_per_tile(swiglu))
     bound = (cdiv(call.num_tokens, kernel.BLOCK_M) + call.num_groups) * n_tiles
-    tma_store = _tma_store(call)
+    a_box, b_box = kernel.boxes(element)
     constexprs = dict(
-        STAGES=kernel.STAGES,
+        STAGES=stages,
         HAS_EXPERT_SCALES=call.has_expert_scales,
         HAS_BIAS=call.has_bias,
         EPILOGUE=call.epilogue_kind,
@@ -106,11 +125,11 @@ def kernel_spec(call, config, group_rows: tuple[int, int]) -> HopperWsSpec:
     )
     arg_types = dict(pointer_types(call))
     arg_types.update(
-        a_ptr=descriptor_type(gl.float8e4nv, kernel.A_BOX),
-        b_ptr=descriptor_type(gl.float8e4nv, kernel.B_BOX),
+        a_ptr=descriptor_type(element, a_box),
+        b_ptr=descriptor_type(element, b_box),
         a_scales_ptr="*fp32",
         b_scales_ptr="*fp32",
-        out_desc=descriptor_type(_GL_DTYPES[call.out_dtype], kernel.OUT_BOX),
+        out_desc=descriptor_type(GL_DTYPES[call.out_dtype], kernel.OUT_BOX),
     )
     return HopperWsSpec(
         kernel.fp8_hopper_grouped_kernel,
@@ -133,12 +152,15 @@ def kernel_spec(call, config, group_rows: tuple[int, int]) -> HopperWsSpec:
 def scalars(call, config, group_rows: tuple[int, int], tensors: dict) -> tuple:
     """The kernel's strides and sizes after ``out_desc`` (which :meth:`HopperWsSpec.bind` makes)."""
     a_scales, b_scales = tensors["a_scales"], tensors["b_scales"]
+    scale_strides = (a_scales.stride(0), a_scales.stride(1), b_scales.stride(0), b_scales.stride(1), b_scales.stride(2))
+    return warp_specialized_scalars(call, group_rows, tensors, scale_strides)
+
+
+def warp_specialized_scalars(call, group_rows: tuple[int, int], tensors: dict, scale_strides: tuple) -> tuple:
+    """The warp-specialized kernel's runtime scalars: the five scale strides given, then out's and the bias' row
+    strides and the sizes."""
     return (
-        a_scales.stride(0),
-        a_scales.stride(1),
-        b_scales.stride(0),
-        b_scales.stride(1),
-        b_scales.stride(2),
+        *scale_strides,
         tensors["out"].stride(0),
         tensors["bias"].stride(0) if call.has_bias else 0,
         call.num_tokens,
@@ -172,8 +194,9 @@ def _dense(t: torch.Tensor) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class HopperWsSpec(KernelSpec):
-    """The warp-specialized kernel's :class:`~llmkernels.launch.KernelSpec` (this backend's and ``bf16_hopper``'s). :meth:`bind` takes the plan's arguments (the call's
-    tensors for the kernel's ``*_ptr`` arguments, then :func:`scalars`) and returns a :class:`HopperWsLaunch`."""
+    """The warp-specialized kernel's :class:`~llmkernels.launch.KernelSpec` (this backend's and ``bf16_hopper``'s).
+    :meth:`bind` takes the plan's arguments (the call's tensors for the kernel's ``*_ptr`` arguments, then
+    :func:`scalars`) and returns a :class:`HopperWsLaunch`."""
 
     def bind(self, *args) -> HopperWsLaunch:
         a, a_scales, b, b_scales, out, a_offsets, expert_ids, expert_scales, bias, *sizes = args
@@ -186,7 +209,7 @@ class HopperWsSpec(KernelSpec):
         num_experts, n, _ = b.shape
         # FP8 data may come as its bytes; 16-bit operands as they are
         dtype = a.dtype if a.element_size() == 2 else _E4M3
-        element = _GL_DTYPES[dtype]
+        element = GL_DTYPES[dtype]
         a_box, b_box = kernel.boxes(element)
         a_desc = TensorDescriptor(a.view(dtype), [num_tokens, k], [a.stride(0), 1], a_box, _layout(a_box, element))
         b_desc = TensorDescriptor(b.view(dtype), [num_experts * n, k], [b.stride(1), 1], b_box, _layout(b_box, element))
@@ -199,7 +222,7 @@ class HopperWsSpec(KernelSpec):
             list(out_base.shape),
             [out_base.stride(0), 1],
             kernel.OUT_BOX,
-            _layout(kernel.OUT_BOX, _GL_DTYPES[out.dtype]),
+            _layout(kernel.OUT_BOX, GL_DTYPES[out.dtype]),
         )
         constexprs = dict(self.constexprs, TMA_STORE=use_out)
         bound = bind(
