@@ -178,12 +178,7 @@ class _Plan:
                 bound(x2d, data_bytes, scales, rows)
             else:
                 bound(x2d, data_bytes, scales, global_scale, rows)
-        result = ScaledTensor.unchecked(
-            data, scales.view(self.scale_dtype), self.format, global_scale, ROW, block=self.block
-        )
-        if self.layout is not None:
-            result = result.to_layout(self.layout, group_offsets=group_offsets)
-        return result
+        return self._result(data, scales, global_scale, group_offsets)
 
     def _quantize_then_gather(self, x, global_scale, group_offsets, rows) -> ScaledTensor:
         """``rows=``'s result as x quantized once, then its rows copied (same bits: rows are quantized alone)."""
@@ -218,8 +213,12 @@ class _Plan:
                 num_warps=num_warps,
             )
         self.gather_bound(rows, *words)
+        return self._result(data, scales, whole.global_scale, group_offsets)
+
+    def _result(self, data, scales, global_scale, group_offsets) -> ScaledTensor:
+        """The row-layout data and scale buffers as the call's ScaledTensor, in its layout."""
         result = ScaledTensor.unchecked(
-            data, scales.view(self.scale_dtype), self.format, whole.global_scale, ROW, block=self.block
+            data, scales.view(self.scale_dtype), self.format, global_scale, ROW, block=self.block
         )
         if self.layout is not None:
             result = result.to_layout(self.layout, group_offsets=group_offsets)
