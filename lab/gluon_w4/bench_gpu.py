@@ -1,7 +1,16 @@
-"""GPU check and benchmark of the LAB Gluon bf16 x MXFP4 grouped matmul (gluon_kernel.py), one run.
+"""GPU check and benchmark of the LAB Gluon x MXFP4 grouped matmul, bf16 mode (gluon_kernel.py) and e4m3 mode
+(w4a8, gluon_w4a8.py), one run.
 
     PYTHONPATH=src:lab/gluon_w4 python lab/gluon_w4/bench_gpu.py OUT_DIR [--budget-s 240] [--shapes PREFIX,...]
-        [--dry-run]
+        [--mode bf16|e4m3|both] [--dry-run]
+
+e4m3 mode: the activations are ``quantize(x, "fp8", block=(1, 128))``, the reference the float64 product of the
+dequantized fp8 activations and the weights (``dequantize(w)``: the prepared weights are exact there); its small
+check adds weights whose 32-K exponents spread by 11 inside a 128-K block (exact: the decode's range is 14) and by
+20 (prepared with ``allow_rounding``: the check bounds the weights' error by the stated ``2^(R - 137)``). Its peers
+are ``_grouped_mm`` bf16, the library's fp8-blocks path on the same fp8 activations and the bf16 mode (default
+config). Under ``--dry-run`` the e4m3 "ours" is :func:`gluon_w4a8.emulate_decode` times the dequantized
+activations, and its check also compares ``emulate_decode`` with ``dequantize`` bit for bit.
 
 Every Gluon step runs in a child process with a timeout (a warp-specialized kernel that deadlocks hangs its
 process, not the run):
@@ -14,8 +23,7 @@ process, not the run):
 2. CUDA-graph replay timings (median µs) at E8x2048 N4096 K7168, E128x128 N4096 K7168, gpt-oss E32x512 N5760
    K2880 and decode E128x16 N4096 K7168: ours per config (weights prepared once, outside timing), against
    ``torch._grouped_mm`` bf16 and the library's bf16 x MXFP4 hopper path (``llmkernels.grouped_matmul(a,
-   quantize(w, "mxfp4", scale_layout="hopper"), ...)``), in one child per shape. The e4m3 (w4a8) mode is not
-   built: its rows say so, with the library's fp8-blocks path timed on the same fp8 activations for the record.
+   quantize(w, "mxfp4", scale_layout="hopper"), ...)``), in one child per shape. The e4m3 mode's peers: see below.
 
 Order: per shape the peers and two configs (the default and the tile height that suits the shape), shape after
 shape; then the other configs. Writes OUT_DIR/gluon_w4.md and OUT_DIR/gluon_w4.csv (µs, TFLOP/s, ratios) after every
@@ -41,6 +49,7 @@ from dataclasses import dataclass
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 DRY = "--dry-run" in sys.argv
+MODE = next((sys.argv[i + 1] for i, arg in enumerate(sys.argv[:-1]) if arg == "--mode"), "both")
 os.environ["TRITON_INTERPRET"] = "1" if DRY else os.environ.get("TRITON_INTERPRET", "0")
 
 import torch  # noqa: E402
@@ -123,20 +132,45 @@ def relative_errors(out: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]
 
 
 def _configs():
-    from gluon_kernel import CONFIGS
+    import gluon_kernel
+    import gluon_w4a8
 
-    return CONFIGS
+    return (gluon_kernel.CONFIGS if MODE != "e4m3" else []) + (gluon_w4a8.CONFIGS if MODE != "bf16" else [])
+
+
+def prepare_for(config, w_q, allow_rounding=False):
+    if config.mode == "e4m3":
+        from gluon_w4a8 import prepare_weights
+
+        return prepare_weights(w_q, reference=config.reference, allow_rounding=allow_rounding)
+    from gluon_kernel import prepare_weights
+
+    return prepare_weights(w_q)
+
+
+def activations(config, x):
+    """The kernel's A operand: bf16 x, or its fp8 (1, 128) blocks in e4m3 mode."""
+    return lk.quantize(x, "fp8", block=(1, 128)) if config.mode == "e4m3" else x
 
 
 def ours(a, prepared, offsets, ids, out, config):
     """The Gluon kernel, or under --dry-run its decode emulated in torch (the kernel cannot run on the CPU)."""
-    if not DRY:
+    if config.mode == "e4m3":
+        if not DRY:
+            from gluon_w4a8 import w4a8_grouped_matmul_gluon
+
+            return w4a8_grouped_matmul_gluon(a, prepared, offsets, ids, out=out, config=config)
+        from gluon_w4a8 import emulate_decode
+
+        weights, a = emulate_decode(prepared), lk.dequantize(a)
+    elif DRY:
+        from gluon_kernel import emulate_decode
+
+        weights = emulate_decode(prepared)
+    else:
         from gluon_kernel import w4_grouped_matmul_gluon
 
         return w4_grouped_matmul_gluon(a, prepared, offsets, ids, out=out, config=config)
-    from gluon_kernel import emulate_decode
-
-    weights = emulate_decode(prepared)
     bounds = offsets.tolist()
     for g, e in enumerate(ids.tolist()):
         rows = slice(bounds[g], bounds[g + 1])
@@ -147,8 +181,11 @@ def ours(a, prepared, offsets, ids, out, config):
     return out
 
 
-def reference(a: torch.Tensor, w_q, offsets: list[int], ids: list[int], groups) -> dict:
-    """float64 ``a[rows of g] @ dequantize(w)[e]ᵀ`` (zeros for e = -1) per group g of ``groups``."""
+def reference(a, w_q, offsets: list[int], ids: list[int], groups) -> dict:
+    """float64 ``a[rows of g] @ dequantize(w)[e]ᵀ`` (zeros for e = -1) per group g of ``groups``; a fp8 ScaledTensor
+    is dequantized first."""
+    if not isinstance(a, torch.Tensor):
+        a = lk.dequantize(a)
     refs = {}
     for g in groups:
         rows = slice(offsets[g], offsets[g + 1])
@@ -161,10 +198,10 @@ def reference(a: torch.Tensor, w_q, offsets: list[int], ids: list[int], groups) 
 
 
 def child_check(config_index: int) -> dict:
-    """The small ragged problem on one config, at K 384 (3 steps of 128) and K 320 (the last step half zeros)."""
-    from gluon_kernel import prepare_weights
-
+    """The small ragged problem on one config, at K 384 (3 steps of 128) and K 320 (the last step half zeros); e4m3
+    mode adds K 384 with exponent spreads 11 (exact) and 20 (rounded, within the stated bound)."""
     config = _configs()[config_index]
+    e4m3 = config.mode == "e4m3"
     generator = torch.Generator(device=DEVICE).manual_seed(1)
     rows, ids = [0, 1, 130, 77, 40], [1, 2, 0, -1, 2]
     offsets = [0]
@@ -173,13 +210,30 @@ def child_check(config_index: int) -> dict:
     tokens, n = offsets[-1] + 9, 256
     offsets_t = torch.tensor(offsets, dtype=torch.int32, device=DEVICE)
     ids_t = torch.tensor(ids, dtype=torch.int32, device=DEVICE)
-    result = dict(config=config.label, fro=0.0, max=0.0, kept=True, zeros=True)
-    for k in (384, 320):
-        a = torch.randn(tokens, k, device=DEVICE, generator=generator).to(torch.bfloat16)
+    result = dict(config=config.label, fro=0.0, max=0.0, kept=True, zeros=True, bits=True, rounded=0, bound=True)
+    for k, spread in [(384, 0), (320, 0)] + ([(384, 11), (384, 20)] if e4m3 else []):
+        x = torch.randn(tokens, k, device=DEVICE, generator=generator).to(torch.bfloat16)
         w = torch.randn(3, n, k, device=DEVICE, generator=generator) * k**-0.5
+        if spread:  # one 32-K block of every 5th row, in each 128-K step, 2^-spread smaller than its neighbours
+            for start in range(32, k, 128):
+                w[:, ::5, start : start + 32] *= 2.0**-spread
         w_q = lk.quantize(w, "mxfp4")
+        a = activations(config, x)
+        prepared = prepare_for(config, w_q, allow_rounding=spread > 14)
+        if e4m3:
+            from gluon_w4a8 import emulate_decode
+
+            exact = lk.dequantize(w_q)
+            decoded = emulate_decode(prepared)
+            if spread <= 14:
+                same = decoded.view(torch.int32) == exact.view(torch.int32)
+                result["bits"] &= bool((same | (decoded.isnan() & exact.isnan())).all())
+            else:  # rounded blocks: each weight within 2^(R - 137) = its row factor x 2^-10
+                factors = prepared.row_factors.repeat_interleave(128, dim=-1)[..., :k]
+                result["bound"] &= bool(((decoded - exact).abs() <= factors * 2.0**-10).all())
+                result["rounded"] += prepared.rounded_blocks
         out = torch.full((tokens, n), float("nan"), dtype=torch.bfloat16, device=DEVICE)
-        ours(a, prepare_weights(w_q), offsets_t, ids_t, out, config)
+        ours(a, prepared, offsets_t, ids_t, out, config)
         sync()
         refs = reference(a, w_q, offsets, ids, range(len(rows)))
         want = torch.cat([refs[g] for g in range(len(rows))])
@@ -188,7 +242,12 @@ def child_check(config_index: int) -> dict:
         result["kept"] &= bool(torch.isnan(out[offsets[-1] :]).all())
         result["zeros"] &= bool((out[offsets[3] : offsets[4]] == 0).all())
     result["ok"] = (
-        result["kept"] and result["zeros"] and result["fro"] <= TOLERANCE[0] and result["max"] <= TOLERANCE[1]
+        result["kept"]
+        and result["zeros"]
+        and result["bits"]
+        and result["bound"]
+        and result["fro"] <= TOLERANCE[0]
+        and result["max"] <= TOLERANCE[1]
     )
     return result
 
@@ -197,9 +256,7 @@ class Problem:
     """One shape's operands: bf16 activations and weights, MXFP4 weights (row layout) prepared for the kernel,
     offsets of equal groups, and the float64 reference on three groups."""
 
-    def __init__(self, shape: Shape):
-        from gluon_kernel import prepare_weights
-
+    def __init__(self, shape: Shape, config=None):
         e, n, k = shape.experts, shape.n, shape.k
         self.shape, self.tokens = shape, e * shape.tokens_per_expert
         generator = torch.Generator(device=DEVICE).manual_seed(0)
@@ -209,13 +266,15 @@ class Problem:
             [(torch.randn(c, n, k, device=DEVICE, generator=generator) * k**-0.5).to(torch.bfloat16) for c in chunks]
         )
         self.w_q = lk.quantize(self.w, "mxfp4")
-        self.prepared = prepare_weights(self.w_q)
+        self.config = config or _configs()[0]
+        self.prepared = prepare_for(self.config, self.w_q)
+        self.a = activations(self.config, self.x)
         self.offsets_list = [g * shape.tokens_per_expert for g in range(e + 1)]
         self.offsets = torch.tensor(self.offsets_list, dtype=torch.int32, device=DEVICE)
         self.ids = torch.arange(e, device=DEVICE, dtype=torch.int32)
         self.out = torch.empty(self.tokens, n, device=DEVICE, dtype=torch.bfloat16)
         self.groups = sorted({0, e // 2, e - 1})
-        self.refs = reference(self.x, self.w_q, self.offsets_list, list(range(e)), self.groups)
+        self.refs = reference(self.a, self.w_q, self.offsets_list, list(range(e)), self.groups)
         self.flops = 2.0 * self.tokens * n * k
 
     def errors(self, out: torch.Tensor) -> tuple[float, float]:
@@ -231,9 +290,9 @@ def child_time(shape_name: str, config_index: int, with_check: bool) -> dict:
     config = _configs()[config_index]
     if check is not None and not check["ok"]:
         return dict(system="ours", config=config.label, us=float("nan"), error="small check FAIL", check=check)
-    problem = Problem(shape)
+    problem = Problem(shape, config)
     problem.out.fill_(float("nan"))
-    ours(problem.x, problem.prepared, problem.offsets, problem.ids, problem.out, config)
+    ours(problem.a, problem.prepared, problem.offsets, problem.ids, problem.out, config)
     sync()
     fro, worst = problem.errors(problem.out)
     result = dict(system="ours", config=config.label, fro=fro, max=worst, us=float("nan"), compiled="", check=check)
@@ -241,10 +300,13 @@ def child_time(shape_name: str, config_index: int, with_check: bool) -> dict:
         result["error"] = "FAIL"
         return result
     result["us"] = graph_time_us(
-        lambda: ours(problem.x, problem.prepared, problem.offsets, problem.ids, problem.out, config)
+        lambda: ours(problem.a, problem.prepared, problem.offsets, problem.ids, problem.out, config)
     )
     if not DRY:
-        from gluon_kernel import LAST_COMPILED
+        import gluon_kernel
+        import gluon_w4a8
+
+        LAST_COMPILED = gluon_w4a8.LAST_COMPILED if config.mode == "e4m3" else gluon_kernel.LAST_COMPILED
 
         compiled = LAST_COMPILED.get(config)
         if compiled is not None:
@@ -257,8 +319,10 @@ def child_time(shape_name: str, config_index: int, with_check: bool) -> dict:
 
 def child_peers(shape_name: str) -> list[dict]:
     """The peers on one shape (each may be unavailable: reported, not fatal)."""
+    import gluon_kernel
+
     shape = next(s for s in SHAPES + DRY_SHAPES if s.name == shape_name)
-    problem = Problem(shape)
+    problem = Problem(shape, gluon_kernel.CONFIGS[0])  # bf16 activations: the peers' errors against their product
     results = []
 
     def grouped_mm():
@@ -274,11 +338,16 @@ def child_peers(shape_name: str) -> list[dict]:
         w_f = lk.quantize(problem.w, "fp8", block=(128, 128))
         return lambda: lk.grouped_matmul(a_q, w_f, problem.offsets, problem.ids, out=problem.out)
 
+    def bf16_mode():
+        return lambda: ours(problem.x, problem.prepared, problem.offsets, problem.ids, problem.out, problem.config)
+
     peers = {
         "torch._grouped_mm bf16": grouped_mm,
         "lk bf16 x mxfp4 (hopper layout)": hopper,
         "lk fp8 blocks (fp8 activations; e4m3 mode's peer)": fp8_blocks,
     }
+    if MODE == "e4m3":  # the bf16 mode's default config as a peer (in "both" it is timed as ours)
+        peers["gluon-w4 bf16 mode (default config)"] = bf16_mode
     for name, make in peers.items():
         try:
             fn = make()
@@ -321,6 +390,7 @@ def run_child(task: dict, timeout_s: float):
     command = [sys.executable, os.path.abspath(__file__), "unused", "--child", json.dumps(task)]
     if DRY:
         command.append("--dry-run")
+    command += ["--mode", MODE]
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
@@ -339,6 +409,7 @@ def main() -> int:
     parser.add_argument("--shapes", default="", help="comma-separated prefixes of shape names (default: all)")
     parser.add_argument("--timeout-s", type=float, default=0.0, help="per child (default 120, 600 on --dry-run)")
     parser.add_argument("--dry-run", action="store_true", help="CPU, interpreter, tiny shapes, kernel emulated")
+    parser.add_argument("--mode", default="both", choices=("bf16", "e4m3", "both"), help="which modes to run")
     parser.add_argument("--child", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -363,8 +434,9 @@ def main() -> int:
         "faster. Each Gluon step in a child process with a timeout.",
         "\n## Small ragged check (groups 0, 1, 130, 77, 40 rows; experts 1, 2, 0, -1, 2; 9 poisoned rows past the "
         "last group; K 384 and 320 (worst of the two), N 256)\n",
-        "| config | rel. err Frobenius / max | -1 group zeros | poisoned rows kept | verdict |",
-        "| --- | --- | --- | --- | --- |",
+        "| config | rel. err Frobenius / max | -1 group zeros | poisoned rows kept | e4m3: decode bits / rounded "
+        "blocks within bound | verdict |",
+        "| --- | --- | --- | --- | --- | --- |",
     ]
     records = []
 
@@ -381,23 +453,24 @@ def main() -> int:
     failed = set()  # configs whose check failed or whose child hung or crashed: not run again
 
     def check_lines() -> list[str]:
-        return [checks.get(i, f"| {c.label} | not run (time budget) | | | |") for i, c in enumerate(configs)]
+        return [checks.get(i, f"| {c.label} | not run (time budget) | | | | |") for i, c in enumerate(configs)]
 
     def record_check(index: int, check: dict | None, message: str = "") -> None:
         if index in checks:
             return
         if check is None:
-            checks[index] = f"| {configs[index].label} | {message} | | | FAIL |"
+            checks[index] = f"| {configs[index].label} | {message} | | | | FAIL |"
             return
         checks[index] = (
             f"| {configs[index].label} | {check['fro']:.2e} / {check['max']:.2e} | {check['zeros']} | "
-            f"{check['kept']} | {'ok' if check['ok'] else 'FAIL'} |"
+            f"{check['kept']} | {check.get('bits', '-')} / {check.get('rounded', 0)} {check.get('bound', '-')} | "
+            f"{'ok' if check['ok'] else 'FAIL'} |"
         )
         log(f"check {configs[index].label}: {checks[index]}")
 
     lines.append(
-        "\ne4m3 mode (w4a8: weights decoded to e4m3, fp8 activation blocks): not built in this kernel (NOTES.md); "
-        "the library's fp8-blocks path is timed below on the same shapes for the record."
+        f"\nModes run: {MODE}. e4m3 mode (w4a8): rel. errors against the float64 product of the dequantized fp8 "
+        "activations and weights; the peers' against bf16 activations x dequantize(w)."
     )
     rows = {shape.name: [] for shape in shapes}
     base_names = ["torch._grouped_mm bf16", "lk bf16 x mxfp4 (hopper layout)"]
@@ -451,11 +524,15 @@ def main() -> int:
         want = 16 if per <= 16 else 64 if per <= 64 else 256
         everything = range(len(configs))
         first = [0] + [i for i in everything if i != 0 and configs[i].block_t == want][:1]
+        e4m3 = [i for i in everything if configs[i].mode == "e4m3"]
+        if e4m3 and e4m3[0] not in first:  # the e4m3 default early, in "both"
+            first.append(e4m3[0])
         return first + [i for i in everything if i not in first]
 
     # pass 1: every shape's peers and its first two configs; pass 2: the other configs, while the budget lasts
-    plan = [item for shape in shapes for item in [(shape, "peers")] + [(shape, i) for i in preferred(shape)[:2]]]
-    plan += [(shape, i) for shape in shapes for i in preferred(shape)[2:]]
+    lead = 3 if MODE == "both" else 2
+    plan = [item for shape in shapes for item in [(shape, "peers")] + [(shape, i) for i in preferred(shape)[:lead]]]
+    plan += [(shape, i) for shape in shapes for i in preferred(shape)[lead:]]
     for shape, what in plan:
         if time.perf_counter() - START > args.budget_s:
             label = "peers" if what == "peers" else configs[what].label

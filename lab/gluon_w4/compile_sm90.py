@@ -1,15 +1,16 @@
-"""Compile the LAB Gluon w4 kernel (gluon_kernel.py) for sm_90a without a GPU, and read what ptxas made of it.
+"""Compile the LAB Gluon w4 kernels (gluon_kernel.py: bf16 mode; gluon_w4a8.py: e4m3 mode) for sm_90a without a
+GPU, and read what ptxas made of them.
 
-    PYTHONPATH=src python3 lab/gluon_w4/compile_sm90.py [--out lab/gluon_w4/results/compile_sm90.md] [--sass DIR]
+    PYTHONPATH=src python3 lab/gluon_w4/compile_sm90.py [--mode bf16|e4m3|both] [--out FILE.md] [--sass DIR]
 
 Per config: ``triton.compile`` ahead of time (``GPUTarget("cuda", 90, 32)``, the wheel's ptxas; nothing runs),
 then: the wgmma kinds in the PTX (bf16 mode must be ``.bf16.bf16`` with A from registers: the PTX's A operand is
-a ``{...}`` register list, not a descriptor), ``wgmma.wait_group`` counts by argument, ``setmaxnreg``, shared
+a ``{...}`` register list, not a descriptor; e4m3 mode ``.e4m3.e4m3`` with A from registers), ``wgmma.wait_group`` counts by argument, ``setmaxnreg``, shared
 memory, registers, spills (``ptxas -v``), ptxas warnings (C751x: wgmma serialized), and inside the K loop (the
 innermost SASS loop holding an HGMMA): instructions, HGMMA, ``WARPGROUP.DEPBAR`` waits by argument, LDS / STS (a
 STS in the loop means the decoded values went through shared memory between decode and wgmma), HFMA2, LOP3,
-SHF/SHL, PRMT, LDG and spill instructions (STL/LDL). Exits 1 if a config fails to compile, has a wgmma kind other
-than bf16 with A from registers, a STS or a spill in its K loop.
+SHF/SHL, PRMT, LDG, FMUL, FFMA and spill instructions (STL/LDL). Exits 1 if a config fails to compile, has a wgmma
+kind other than its mode's with A from registers, a STS or a spill in its K loop.
 """
 
 from __future__ import annotations
@@ -25,15 +26,10 @@ import traceback
 os.environ["TRITON_INTERPRET"] = "0"
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import gluon_kernel  # noqa: E402
+import gluon_w4a8  # noqa: E402
 import triton  # noqa: E402
-from gluon_kernel import (  # noqa: E402
-    CONFIGS,
-    CONSUMER_REGS,
-    LOADER_REGS,
-    MAX_REGS,
-    compile_signature,
-    w4_bf16_gluon_kernel,
-)
+from gluon_kernel import CONSUMER_REGS, LOADER_REGS, MAX_REGS  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.experimental.gluon._runtime import GluonASTSource  # noqa: E402
 
@@ -60,13 +56,17 @@ def _tool(name: str) -> str:
 
 
 def compile_config(config):
-    signature, constexprs = compile_signature(config)
-    names = w4_bf16_gluon_kernel.arg_names
+    if config.mode == "e4m3":
+        module, kernel, divisible = gluon_w4a8, gluon_w4a8.w4a8_gluon_kernel, ("stride_as_k",)
+    else:
+        module, kernel, divisible = gluon_kernel, gluon_kernel.w4_bf16_gluon_kernel, ()
+    signature, constexprs = module.compile_signature(config)
+    names = kernel.arg_names
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n, t in signature.items() if t.startswith("*")}
-    for name in ("stride_out_row", "K", "N"):
+    for name in ("stride_out_row", "K", "N") + divisible:
         attrs[(names.index(name),)] = [["tt.divisibility", 16]]
     source = GluonASTSource(
-        w4_bf16_gluon_kernel,
+        kernel,
         signature,
         constexprs={(names.index(n),): v for n, v in constexprs.items()},
         attrs=attrs,
@@ -132,6 +132,8 @@ def inspect(compiled) -> dict:
                 shift=_count(r"\b(SHF|SHL|SHR|IMAD\.SHL)\b", body),
                 prmt=_count(r"\bPRMT\b", body),
                 ldg=_count(r"\bLDG\b", body),
+                fmul=_count(r"\bFMUL\b", body),
+                ffma=_count(r"\bFFMA\b", body),
                 spill=_count(r"\b(STL|LDL)\b", body),
             )
         )
@@ -158,19 +160,24 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="", help="markdown file to write the table to")
     parser.add_argument("--sass", default="", help="folder to write each config's SASS and PTX to")
+    parser.add_argument("--mode", default="both", choices=("bf16", "e4m3", "both"))
     args = parser.parse_args()
+    configs = (gluon_kernel.CONFIGS if args.mode != "e4m3" else []) + (
+        gluon_w4a8.CONFIGS if args.mode != "bf16" else []
+    )
     lines = [
         f"Triton {triton.__version__}, target sm_90a; launch num_warps=4, maxnreg={MAX_REGS} (setmaxnreg "
         f"{CONSUMER_REGS.value} consumers / {LOADER_REGS.value} load warp)",
         "",
         "| config | wgmma (PTX) | wait_group N x count | setmaxnreg | smem B | regs | spill st/ld B | STL/LDL | "
-        "HGMMA (SASS) | K loops: instr, HGMMA, DEPBAR 0/1, LDS, STS, HFMA2+HMUL2, LOP3, shifts, PRMT, LDG, spill | "
+        "HGMMA (SASS) | K loops: instr, HGMMA, DEPBAR 0/1, LDS, STS, HFMA2+HMUL2, LOP3, shifts, PRMT, LDG, FMUL, FFMA, "
+        "spill | "
         "ptxas warnings | verdict |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     print("\n".join(lines), flush=True)
     failed = False
-    for config in CONFIGS:
+    for config in configs:
         try:
             result = inspect(compile_config(config))
         except Exception as error:  # noqa: BLE001 - report and go on
@@ -181,7 +188,8 @@ def main() -> int:
             traceback.print_exc(file=sys.stderr)
             continue
         verdict = []
-        if not result["wgmma"] or any(not (k.endswith("bf16.bf16 A-regs")) for k in result["wgmma"]):
+        kind = "e4m3.e4m3 A-regs" if config.mode == "e4m3" else "bf16.bf16 A-regs"
+        if not result["wgmma"] or any(not k.endswith(kind) for k in result["wgmma"]):
             verdict.append("WRONG wgmma kind")
         if sum(lp["spill"] for lp in result["loops"]):
             verdict.append("SPILLS IN K LOOP")
@@ -191,7 +199,9 @@ def main() -> int:
             verdict.append("no K loop found")
         if any("C75" in str(w) for w in result["warnings"]):
             verdict.append("wgmma serialized")
-        failed = failed or (bool(verdict) and not config.cross_step)  # "cross" is the known counter-example
+        failed = failed or (
+            bool(verdict) and not getattr(config, "cross_step", False)
+        )  # "cross" is the known counter-example
         if args.sass:
             os.makedirs(args.sass, exist_ok=True)
             stem = os.path.join(args.sass, config.label.replace(" ", "_"))
@@ -202,7 +212,8 @@ def main() -> int:
         waits = ", ".join(f"{k} x{v}" for k, v in sorted(result["waits"].items()))
         loops = "; ".join(
             f"{lp['instructions']}, {lp['hgmma']}, {lp['depbar0']}/{lp['depbar1']}, {lp['lds']}, {lp['sts']}, "
-            f"{lp['hfma2']}, {lp['lop3']}, {lp['shift']}, {lp['prmt']}, {lp['ldg']}, {lp['spill']}"
+            f"{lp['hfma2']}, {lp['lop3']}, {lp['shift']}, {lp['prmt']}, {lp['ldg']}, {lp['fmul']}, {lp['ffma']}, "
+            f"{lp['spill']}"
             for lp in result["loops"]
         )
         row = (

@@ -14,9 +14,10 @@ grid, one TMA load warp reused as is, two consumer warpgroups of 64 weight rows)
   below (``d > 8``) is rounded to nearest e4m3: each such weight is off by at most ``2^(R - 127 - 10) = 2^(max s -
   127 - 16)``; :func:`prepare_weights` counts these blocks and raises unless ``allow_rounding=True``.
 * **Promotion**: a fresh fp32 partial per 128-K step (``use_acc=False`` on its first wgmma), then ``acc +=
-  partial x (2^(R - 127) x a_scale[token])``: per accumulator element one FMUL (the outer product of the row
-  factor and the token scale) and one FFMA; with ``reference="tile"`` (one R per 64-row consumer half and 128-K
-  step) the factor is a token vector: half an FMUL per element (32 FMUL + 64 FFMA a thread and step).
+  partial x a_scale[token]``: one FFMA per accumulator element and step; the row factor ``2^(R - 127)`` (R one
+  per row over all of K, ``reference="row"``, the default) multiplies the accumulator once, in the epilogue. With
+  ``reference="step"`` (R per row and 128-K step: exact for more weights, see below) the promotion is ``acc +=
+  partial x (2^(R - 127) x a_scale)``: one FMUL (the outer product) and one FFMA per element and step.
 
 Shapes: a ``float8_e4m3fn [T, K]`` with fp32 scales ``[T, ceil(K/128)]`` (any strides), K a multiple of 64, N of 128;
 out bf16 ``[T, N]``.
@@ -28,11 +29,372 @@ from dataclasses import dataclass
 
 import torch
 import triton
+from gluon_kernel import (
+    _CHUNK_L,
+    _SMEM_CHUNK_L,
+    CONSUMER_REGS,
+    LOADER_REGS,
+    W_BOX,
+    _index4,
+    _load_partition,
+    w_layout_shared,
+)
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+from llmkernels.grouped_matmul.gluon_fp8_kernel import _receive
 
 # magnitudes of the e2m1 codes 0..7
 _E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 D_MIN, D_MAX = -6, 8  # e2m1 x 2^-d is an e4m3 value for every d in [D_MIN, D_MAX]
 _NAN_TABLE = 0x7F7F7F7F  # e4m3fn NaN in every byte: a block with scale 255 decodes to NaN, as dequantize does
+MAX_REGS = 168
+_STOP = gl.constexpr(-2)
+
+# $2: a data word, $3 / $4: its table words (e4m3 bytes of magnitudes 0..3 / 4..7). Out: $0 the low e4m3 word
+# (k = 4t + 0..3 of its 32-K block), $1 the high one (k = 16 + 4t + 0..3). prmt's default mode reads four selector
+# nibbles from the low 16 bits (bit 3 of each must be clear: it would replicate the byte's sign); the signs are
+# placed at the output bytes' bit 7 by one mask each.
+_DECODE_PTX = gl.constexpr("""
+{
+.reg .b32 m, lo, hi, s;
+and.b32 m, $2, 0x77777777;
+prmt.b32 lo, $3, $4, m;
+and.b32 s, $2, 0x80808080;
+or.b32 $0, lo, s;
+shr.u32 m, m, 16;
+prmt.b32 hi, $3, $4, m;
+shl.b32 s, $2, 4;
+and.b32 s, s, 0x80808080;
+or.b32 $1, hi, s;
+}
+""")
+
+# One consumer's table words of one 64-K chunk, int32 [4 blocks, 8 g, 4 t, 8 (j, low/high)]: 32 contiguous bytes a
+# thread (two 16-byte loads); lanes 4g + t share g's words.
+_TABLE_L = gl.constexpr(
+    gl.DistributedLinearLayout(
+        reg_bases=[[0, 0, 0, 1], [0, 0, 0, 2], [0, 0, 0, 4]],
+        lane_bases=[[0, 0, 1, 0], [0, 0, 2, 0], [0, 1, 0, 0], [0, 2, 0, 0], [0, 4, 0, 0]],
+        warp_bases=[[1, 0, 0, 0], [2, 0, 0, 0]],
+        block_bases=[],
+        shape=[4, 8, 4, 8],
+    )
+)
+
+
+@gluon.jit
+def _bytes(word):
+    """int32 ``[4, 8, 4, 4]`` → its four bytes as e4m3 along a new last dim (a register relabelling once
+    repacked)."""
+    b0 = word.to(gl.int8).to(gl.float8e4nv, bitcast=True)
+    b1 = (word >> 8).to(gl.int8).to(gl.float8e4nv, bitcast=True)
+    b2 = (word >> 16).to(gl.int8).to(gl.float8e4nv, bitcast=True)
+    b3 = (word >> 24).to(gl.int8).to(gl.float8e4nv, bitcast=True)
+    both = gl.join(gl.join(b0, b2), gl.join(b1, b3))  # [..., p, q]: byte 2p + q
+    return gl.reshape(both, [4, 8, 4, 4, 4])
+
+
+@gluon.jit
+def _decode_chunk(w_tile, tables, CHUNK: gl.constexpr, CONSUMER: gl.constexpr, a_layout: gl.constexpr):
+    """Packed words of chunk CHUNK of this consumer's 64 rows (shared int32 ``[8, 4, 64]`` tile) and their table
+    words (int32 ``[4, 8, 4, 8]``) → e4m3 ``[64, 64]`` in wgmma's A-operand layout (k_width 4)."""
+    view = w_tile.slice(4 * CONSUMER, 4, dim=0).slice(2 * CHUNK, 2, dim=1)
+    data = gl.convert_layout(gl.reshape(view.load(_SMEM_CHUNK_L), [4, 8, 4, 4]), _CHUNK_L)
+    t_low, t_high = gl.split(gl.reshape(tables, [4, 8, 4, 4, 2]))
+    t_low = gl.convert_layout(t_low, _CHUNK_L)
+    t_high = gl.convert_layout(t_high, _CHUNK_L)
+    low, high = gl.inline_asm_elementwise(
+        _DECODE_PTX,
+        "=r,=r,r,r,r",
+        [data, t_low, t_high],
+        dtype=(gl.int32, gl.int32),
+        is_pure=True,
+        pack=1,
+    )
+    both = gl.join(_bytes(low), _bytes(high))  # (block, g, t, j, n, half)
+    both = gl.reshape(both, [4, 8, 4, 2, 2, 4, 2])  # (block, g, t, i, h, n, half)
+    # row = 16 block + 8h + g, k = 32i + 16 half + 4t + n
+    both = gl.permute(both, (0, 4, 1, 3, 6, 2, 5))
+    return gl.convert_layout(gl.reshape(both, [64, 64]), a_layout)
+
+
+@gluon.jit
+def _consumer_partition(
+    a_smem,
+    w_smem,
+    ready,
+    empty,
+    schedule,
+    tables_ptr,
+    factors_ptr,
+    a_scales_ptr,
+    stride_as_row,
+    stride_as_k,
+    out_ptr,
+    stride_out_row,
+    N,
+    K,
+    CONSUMER: gl.constexpr,
+    STEP_REFERENCE: gl.constexpr,
+):
+    """Consumer warpgroup CONSUMER: weight rows ``[64·CONSUMER, 64·CONSUMER + 64)`` of each tile it is handed.
+    Per 128-K step: chunk 0 decoded, its two k32 wgmmas into a fresh partial (async), chunk 1 decoded under them,
+    its wgmmas, a full wait, the stage released, then ``acc += partial x factor`` (the promotion runs while the
+    other consumer's wgmmas hold the tensor cores)."""
+    STAGES: gl.constexpr = w_smem.shape[0]
+    TOKENS: gl.constexpr = a_smem.shape[1]
+    mma_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, TOKENS, 32]
+    )
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_layout, k_width=4)
+    token_layout: gl.constexpr = gl.SliceLayout(0, mma_layout)
+    row_layout: gl.constexpr = gl.SliceLayout(1, mma_layout)
+    store_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    k_steps = gl.cdiv(K, 128)
+    blocks_per_expert = N // 16
+    # int32 offsets of this thread's table words of chunk 0, K step 0: ((block·steps + step)·8 + g)·16 + chunk·8 + r
+    table_offsets = (
+        _index4(4, 0, _TABLE_L) * (k_steps * 128)
+        + _index4(8, 1, _TABLE_L) * 16
+        + _index4(4, 2, _TABLE_L) * 0
+        + _index4(8, 3, _TABLE_L)
+    )
+    tokens = gl.arange(0, TOKENS, layout=token_layout)
+    zero = gl.zeros([64, TOKENS], gl.float32, layout=mma_layout)
+    partial = zero
+    count = 0
+    consumed = 0
+    first_row, rows, first_col, expert = _receive(count, schedule)
+    while expert != _STOP:
+        acc = zero
+        if expert >= 0:
+            block0 = expert.to(gl.int64) * blocks_per_expert + (first_col // 16) + 4 * CONSUMER
+            table_base = tables_ptr + block0 * (k_steps * 128)
+            row0 = expert.to(gl.int64) * N + first_col + 64 * CONSUMER
+            # token-major scales with >= 256 columns of padding past T (the wrapper's copy): unmasked, contiguous
+            scale_base = a_scales_ptr + first_row.to(gl.int64) * stride_as_row
+            t0 = gl.load(table_base + table_offsets)
+            t1 = gl.load(table_base + table_offsets + 8)
+            for kb in range(k_steps):
+                position = consumed + kb
+                stage = position % STAGES
+                ahead = gl.minimum(kb + 1, k_steps - 1) * 128
+                next0 = gl.load(table_base + table_offsets + ahead)
+                next1 = gl.load(table_base + table_offsets + ahead + 8)
+                # used after the wgmmas: the loads' latency hides under the decode
+                a_scale = gl.load(scale_base + kb * stride_as_k + tokens * stride_as_row)
+                if STEP_REFERENCE:
+                    factor_rows = gl.load(factors_ptr + (row0 + gl.arange(0, 64, layout=row_layout)) * k_steps + kb)
+                mbarrier.wait(ready.index(stage), (position // STAGES) & 1)
+                w_tile = w_smem.index(stage)
+                a0 = _decode_chunk(w_tile, t0, 0, CONSUMER, a_layout)
+                partial = warpgroup_mma(
+                    a0, a_smem.index(2 * stage).permute((1, 0)), partial, use_acc=False, is_async=True
+                )
+                a1 = _decode_chunk(w_tile, t1, 1, CONSUMER, a_layout)
+                partial = warpgroup_mma(a1, a_smem.index(2 * stage + 1).permute((1, 0)), partial, is_async=True)
+                partial = warpgroup_mma_wait(num_outstanding=0, deps=(partial,))
+                mbarrier.arrive(empty.index(stage))
+                if STEP_REFERENCE:
+                    factor = gl.expand_dims(factor_rows, 1) * gl.expand_dims(a_scale, 0)
+                    acc = gl.fma(partial, factor, acc)
+                else:
+                    acc = gl.fma(partial, gl.expand_dims(a_scale, 0), acc)
+                t0 = next0
+                t1 = next1
+            consumed += k_steps
+            if not STEP_REFERENCE:  # the row factor, once per tile
+                factor_rows = gl.load(factors_ptr + (row0 + gl.arange(0, 64, layout=row_layout)) * k_steps)
+                acc = acc * gl.expand_dims(factor_rows, 1)
+        # out[first_row + t, first_col + 64·CONSUMER + r] = acc[r, t]
+        values = gl.where(expert >= 0, acc, 0.0).to(out_ptr.dtype.element_ty)
+        values = gl.convert_layout(gl.permute(values, (1, 0)), store_layout)
+        out_tokens = gl.arange(0, TOKENS, layout=gl.SliceLayout(1, store_layout))
+        cols = first_col + 64 * CONSUMER + gl.arange(0, 64, layout=gl.SliceLayout(0, store_layout))
+        offsets = gl.expand_dims((first_row + out_tokens).to(gl.int64) * stride_out_row, 1) + gl.expand_dims(cols, 0)
+        mask = gl.expand_dims(out_tokens < rows, 1) & gl.expand_dims(cols < N, 0)
+        gl.store(out_ptr + offsets, values, mask=mask)
+        count += 1
+        first_row, rows, first_col, expert = _receive(count, schedule)
+
+
+@gluon.jit
+def w4a8_gluon_kernel(
+    a_desc,
+    w_desc,
+    tables_ptr,
+    factors_ptr,
+    a_scales_ptr,
+    stride_as_row,
+    stride_as_k,
+    out_ptr,
+    a_offsets_ptr,
+    expert_ids_ptr,
+    stride_out_row,
+    num_tokens,
+    num_groups,
+    num_experts,
+    N,
+    K,
+    n_tiles,
+    STAGES: gl.constexpr,
+    STEP_REFERENCE: gl.constexpr,
+):
+    """a_desc: TMA descriptor over e4m3 A ``[T, K]``, box ``[block_t, 64]`` (64B swizzle); w_desc: over
+    :class:`PreparedW4A8`'s data viewed as int32 ``[E·N/16, K'/32, 64]``, box :data:`W_BOX`; tables_ptr int32 and
+    factors_ptr float32 (:class:`PreparedW4A8`); a_scales_ptr fp32 ``[T, ceil(K/128)]`` with its strides; out_ptr
+    bf16 ``[T, N]`` (unit column stride); a_offsets_ptr int32 ``[G + 1]``; expert_ids_ptr int32 ``[G]``; n_tiles =
+    N / 128. Grid ``(min(SMs, tile bound),)``, ``num_warps=4`` + consumer 1 (4 warps) + the load warp."""
+    TOKENS: gl.constexpr = a_desc.block_type.shape[0]
+    a_smem = gl.allocate_shared_memory(a_desc.dtype, [2 * STAGES, TOKENS, 64], a_desc.layout)
+    w_smem = gl.allocate_shared_memory(w_desc.dtype, [STAGES, 8, 4, 64], w_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    info_smem = gl.allocate_shared_memory(gl.int32, [2, 4], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    info_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    info_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=2)
+    for i in gl.static_range(2):
+        mbarrier.init(info_ready.index(i), count=1)
+        mbarrier.init(info_empty.index(i), count=2)
+    fence_async_shared()
+    schedule = (info_smem, info_ready, info_empty)
+    gl.warp_specialize(
+        [
+            (
+                _consumer_partition,
+                (
+                    a_smem,
+                    w_smem,
+                    ready,
+                    empty,
+                    schedule,
+                    tables_ptr,
+                    factors_ptr,
+                    a_scales_ptr,
+                    stride_as_row,
+                    stride_as_k,
+                    out_ptr,
+                    stride_out_row,
+                    N,
+                    K,
+                    0,
+                    STEP_REFERENCE,
+                ),
+            ),
+            (
+                _consumer_partition,
+                (
+                    a_smem,
+                    w_smem,
+                    ready,
+                    empty,
+                    schedule,
+                    tables_ptr,
+                    factors_ptr,
+                    a_scales_ptr,
+                    stride_as_row,
+                    stride_as_k,
+                    out_ptr,
+                    stride_out_row,
+                    N,
+                    K,
+                    1,
+                    STEP_REFERENCE,
+                ),
+            ),
+            (
+                _load_partition,
+                (
+                    a_desc,
+                    w_desc,
+                    a_smem,
+                    w_smem,
+                    ready,
+                    empty,
+                    schedule,
+                    a_offsets_ptr,
+                    expert_ids_ptr,
+                    num_groups,
+                    num_tokens,
+                    num_experts,
+                    N,
+                    K,
+                    n_tiles,
+                ),
+            ),
+        ],
+        [4, 1],
+        [CONSUMER_REGS, LOADER_REGS],
+    )
+
+
+# ------------------------------------------------------------------------------------------------------ host side
+
+
+@dataclass(frozen=True)
+class W4A8Config:
+    """``stages``: the TMA ring's depth (24 KB a stage at 128 tokens: 16 KB of e4m3 activations + 8 KB of packed
+    weights); ``block_t``: tokens per tile (wgmma's N: 64 or 128; 256 would need 256 accumulator registers);
+    ``reference``: the :func:`prepare_weights` reference the weights were prepared with."""
+
+    stages: int = 6
+    block_t: int = 128
+    reference: str = "row"
+    mode: str = "e4m3"
+
+    @property
+    def a_box(self) -> list:
+        return [self.block_t, 64]
+
+    @property
+    def label(self) -> str:
+        return f"gluon-w4 e4m3 128x{self.block_t}x128 s{self.stages} {self.reference}-ref"
+
+
+CONFIGS = [
+    W4A8Config(6),
+    W4A8Config(4),
+    W4A8Config(6, reference="step"),
+    W4A8Config(8, block_t=64),
+]
+LAST_COMPILED = {}
+
+
+def a_layout_shared(a_box):
+    return gl.NVMMASharedLayout.get_default_for(a_box, gl.float8e4nv)
+
+
+def descriptor_types(config: W4A8Config) -> dict:
+    return dict(
+        a_desc=f"tensordesc<fp8e4nv[{', '.join(map(str, config.a_box))}],{a_layout_shared(config.a_box)!r}>",
+        w_desc=f"tensordesc<i32[{', '.join(map(str, W_BOX))}],{w_layout_shared()!r}>",
+    )
+
+
+def compile_signature(config: W4A8Config):
+    names = w4a8_gluon_kernel.arg_names
+    types = dict(
+        descriptor_types(config),
+        tables_ptr="*i32",
+        factors_ptr="*fp32",
+        a_scales_ptr="*fp32",
+        out_ptr="*bf16",
+        a_offsets_ptr="*i32",
+        expert_ids_ptr="*i32",
+    )
+    constexprs = dict(STAGES=config.stages, STEP_REFERENCE=config.reference == "step", stride_as_row=1)
+    signature = {name: ("constexpr" if name in constexprs else types.get(name, "i32")) for name in names}
+    return signature, constexprs
 
 
 @dataclass(frozen=True)
@@ -77,9 +439,8 @@ def _references(codes, exps, reference):
     relevant = ((codes & 7).reshape(num_experts, n, kp // 32, 32).amax(-1) > 0) & (exps != 255)
     masked = torch.where(relevant, exps, -1).to(torch.int64)  # [E, N, K'/32]
     step_max = masked.reshape(num_experts, n, kp // 128, 4).amax(-1)  # [E, N, steps]
-    if reference == "tile":  # one R per 64 rows (a consumer's half of the 128-row tile) and 128-K step
-        step_max = step_max.reshape(num_experts, n // 64, 64, -1).amax(2, keepdim=True).expand(-1, -1, 64, -1)
-        step_max = step_max.reshape(num_experts, n, -1)
+    if reference == "row":  # one R per row over all of K
+        step_max = step_max.amax(-1, keepdim=True).expand(-1, -1, kp // 128)
     r = torch.where(step_max >= 0, step_max - 6, 127)
     d = r.repeat_interleave(4, dim=-1) - exps
     return r, d, relevant
@@ -99,17 +460,17 @@ def _tables(exps, d):
 def prepare_weights(w, reference: str = "row", allow_rounding: bool = False) -> PreparedW4A8:
     """The one-time weight conversion for the e4m3 mode (outside timing): MXFP4 ScaledTensor ``[E, N, K]`` (any
     scale layout) → :class:`PreparedW4A8`. N a multiple of 128, K of 64 (padded to whole 128-K steps with zero
-    codes). ``reference``: "row" (one R per row and 128-K step: exact while a row's four 32-K exponents of a step
-    spread by <= 14) or "tile" (one R per 64 rows and step: cheaper promotion, exact while those 256 exponents
-    spread by <= 14). Raises ValueError on other shapes or formats, and when a block would be rounded unless
+    codes). ``reference``: "row" (one R per row over all of K: the row factor goes to the epilogue, the promotion is
+    one FFMA an element; exact while the row's K/32 exponents spread by <= 14) or "step" (one R per row and 128-K
+    step: exact while a row's four exponents of a step spread by <= 14; one more FMUL an element and step). Raises ValueError on other shapes or formats, and when a block would be rounded unless
     ``allow_rounding`` (then each rounded weight is within ``2^(R - 137)`` of its value)."""
     if getattr(w, "spec", None) is None or w.spec.name != "mxfp4":
         raise ValueError("w: must be an MXFP4 ScaledTensor")
     shape = tuple(w.shape)
     if len(shape) != 3 or shape[1] % 128 or shape[2] % 64:
         raise ValueError(f"w: must be [E, N, K] with N a multiple of 128 and K of 64, got {shape}")
-    if reference not in ("row", "tile"):
-        raise ValueError(f"reference: must be 'row' or 'tile', got {reference!r}")
+    if reference not in ("row", "step"):
+        raise ValueError(f"reference: must be 'row' or 'step', got {reference!r}")
     codes, exps = _codes_and_exponents(w)
     num_experts, n, kp = codes.shape
     r, d, relevant = _references(codes, exps, reference)
@@ -187,4 +548,84 @@ def reference_matmul(a, w: PreparedW4A8, a_offsets, expert_ids, out_rows=None):
     for g, e in enumerate(expert_ids.tolist()):
         if e >= 0:
             out[offsets[g] : offsets[g + 1]] = a64[offsets[g] : offsets[g + 1]] @ weights[e].T
+    return out
+
+
+def w4a8_grouped_matmul_gluon(a, w, a_offsets, expert_ids, out=None, config=None):
+    """``out[rows of g] = dequantize(a)[rows of g] @ W[expert_ids[g]]ᵀ`` on an sm_90 GPU, W the weights as
+    :func:`emulate_decode` gives them (``dequantize(w)`` exactly unless ``prepare_weights`` rounded blocks).
+
+    a: FP8 ScaledTensor ``[T, K]`` (float8_e4m3fn data, fp32 scales ``[T, ceil(K/128)]``, block (1, 128)); w:
+    :class:`PreparedW4A8` (or an MXFP4 ScaledTensor ``[E, N, K]``, prepared here with the config's reference);
+    a_offsets int32 ``[G + 1]`` (non-decreasing, a_offsets[0] = 0), expert_ids int32 ``[G]`` (-1 → zero rows); out
+    bf16 ``[T, N]`` (rows past ``a_offsets[G]`` untouched). K a multiple of 64, N of 128. Raises ValueError on
+    other shapes, dtypes or blocks, before any launch."""
+    config = config or CONFIGS[0]
+    if config.block_t not in (64, 128) or config.stages < 2:
+        raise ValueError(f"config: block_t must be 64 or 128 and stages >= 2, got {config}")
+    if not isinstance(w, PreparedW4A8):
+        w = prepare_weights(w, reference=config.reference)
+    if w.reference != config.reference:
+        raise ValueError(f"w: prepared with reference {w.reference!r}, config wants {config.reference!r}")
+    if getattr(a, "spec", None) is None or a.spec.name != "fp8" or tuple(a.block) != (1, 128) or a.dim() != 2:
+        raise ValueError("a: must be an FP8 ScaledTensor [T, K] with block (1, 128)")
+    num_experts, n, k = w.shape
+    data, scales = a.data, a.scales
+    num_tokens = data.shape[0]
+    if data.shape[1] != k or k % 64 or n % 128:
+        raise ValueError(f"a: K must be w's K ({k}) and a multiple of 64 (N of 128), got a {tuple(data.shape)}")
+    num_groups = expert_ids.numel()
+    if a_offsets.numel() != num_groups + 1 or a_offsets.dtype != torch.int32 or expert_ids.dtype != torch.int32:
+        raise ValueError("a_offsets: must be int32 [G + 1] with expert_ids int32 [G]")
+    if out is None:
+        out = torch.empty(num_tokens, n, dtype=torch.bfloat16, device=data.device)
+    if out.dtype != torch.bfloat16 or tuple(out.shape) != (num_tokens, n):
+        raise ValueError("out: must be bf16 [T, N]")
+    if num_groups == 0 or num_tokens == 0:
+        return out
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    a_data = data if (data.stride(1) == 1 and data.stride(0) % 16 == 0 and data.data_ptr() % 16 == 0) else None
+    a_data = a_data if a_data is not None else data.contiguous()
+    # the scales token-major ([K/128, T + pad], pad >= 256 and a multiple of 4): a thread's 32 token scales of a step
+    # load as 16 8-byte loads from one base, no mask (tiles past T read the zero padding)
+    steps = triton.cdiv(k, 128)
+    padded = triton.cdiv(num_tokens + 256, 4) * 4
+    scales_t = torch.zeros(steps, padded, dtype=torch.float32, device=data.device)
+    scales_t[:, :num_tokens] = scales.t()
+    a_desc = TensorDescriptor(
+        a_data, [num_tokens, k], [a_data.stride(0), 1], config.a_box, a_layout_shared(config.a_box)
+    )
+    k_padded = triton.cdiv(k, 128) * 128
+    w_view = w.data.view(num_experts * (n // 16), k_padded // 32, 64)
+    w_desc = TensorDescriptor(w_view, list(w_view.shape), [w_view.stride(0), 64, 1], W_BOX, w_layout_shared())
+    target = out if out.stride(1) == 1 else out.contiguous()
+    n_tiles = n // 128
+    bound = (triton.cdiv(num_tokens, config.block_t) + num_groups) * n_tiles
+    grid = (max(1, min(bound, torch.cuda.get_device_properties(data.device).multi_processor_count)),)
+    LAST_COMPILED[config] = w4a8_gluon_kernel[grid](
+        a_desc,
+        w_desc,
+        w.tables,
+        w.row_factors,
+        scales_t,
+        1,
+        padded,
+        target,
+        a_offsets.contiguous(),
+        expert_ids.contiguous(),
+        target.stride(0),
+        num_tokens,
+        num_groups,
+        num_experts,
+        n,
+        k,
+        n_tiles,
+        STAGES=config.stages,
+        STEP_REFERENCE=config.reference == "step",
+        num_warps=4,
+        maxnreg=MAX_REGS,
+    )
+    if target is not out:
+        out.copy_(target)
     return out
