@@ -429,7 +429,7 @@ def main() -> int:
     import triton
 
     lines = [
-        f"# LAB Gluon bf16 x MXFP4 grouped matmul (lab/gluon_w4), {device}",
+        f"# LAB Gluon x MXFP4 grouped matmul (lab/gluon_w4), modes: {MODE}, {device}",
         f"\ntorch {torch.__version__}, Triton {triton.__version__}; CUDA-graph replay, median µs; ratios > 1: ours "
         "faster. Each Gluon step in a child process with a timeout.",
         "\n## Small ragged check (groups 0, 1, 130, 77, 40 rows; experts 1, 2, 0, -1, 2; 9 poisoned rows past the "
@@ -474,6 +474,10 @@ def main() -> int:
     )
     rows = {shape.name: [] for shape in shapes}
     base_names = ["torch._grouped_mm bf16", "lk bf16 x mxfp4 (hopper layout)"]
+    if MODE != "bf16":
+        base_names.append("lk fp8 blocks (fp8 activations; e4m3 mode's peer)")
+    if MODE == "e4m3":
+        base_names.append("gluon-w4 bf16 mode (default config)")
 
     def shape_lines() -> list[str]:
         """The per-shape tables and the CSV records of everything measured so far."""

@@ -57,7 +57,7 @@ def _tool(name: str) -> str:
 
 def compile_config(config):
     if config.mode == "e4m3":
-        module, kernel, divisible = gluon_w4a8, gluon_w4a8.w4a8_gluon_kernel, ("stride_as_k",)
+        module, kernel, divisible = gluon_w4a8, gluon_w4a8.w4a8_gluon_kernel, ()
     else:
         module, kernel, divisible = gluon_kernel, gluon_kernel.w4_bf16_gluon_kernel, ()
     signature, constexprs = module.compile_signature(config)

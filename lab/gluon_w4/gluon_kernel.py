@@ -24,7 +24,8 @@ Schedule (swap-AB, ``Cᵀ = W · Aᵀ``: weight rows are the MMA's M side, token
 Weights: a ScaledTensor MXFP4 ``[E, N, K]``; :func:`prepare_weights` (once, outside timing) converts it to the
 hopper layout and rearranges its e8m0 scales into bf16 factor words (``[bf16 2^(s_g - 127), bf16 2^(s_g+8 -
 127)]`` per fragment block, chunk, g and 32-K half: one 32-bit word per decoded data word, 2 bytes per 32
-weights instead of 1). e4m3 mode (w4a8) is not implemented here (NOTES.md).
+weights instead of 1). e4m3 mode (w4a8): ``gluon_w4a8.py``, reached through ``mode="e4m3"`` of
+:func:`prepare_weights` and :func:`w4_grouped_matmul_gluon`.
 """
 
 from __future__ import annotations
@@ -442,7 +443,7 @@ def w4_bf16_gluon_kernel(
 
 @dataclass(frozen=True)
 class W4GluonConfig:
-    """``stages``: the TMA ring's depth (40 KB a stage); ``mode``: "bf16" (the only one built)."""
+    """``stages``: the TMA ring's depth (40 KB a stage); ``mode``: "bf16" (e4m3 mode: ``gluon_w4a8.W4A8Config``)."""
 
     stages: int = 4
     cross_step: bool = False  # keep chunk 1's wgmma in flight across the K loop's back edge
@@ -520,10 +521,16 @@ def scale_words(hopper_scales: torch.Tensor) -> torch.Tensor:
     return words.permute(0, 1, 2, 4, 3, 5).contiguous().to(torch.int32)
 
 
-def prepare_weights(w) -> PreparedWeights:
+def prepare_weights(w, mode: str = "bf16", **options):
     """The one-time weight conversion (outside timing): an MXFP4 ScaledTensor ``[E, N, K]`` (any scale layout) →
-    :class:`PreparedWeights`. N a multiple of 128 and K of 64 (padded here to whole 128-K steps with zero codes
-    under unit scales); raises ValueError otherwise."""
+    :class:`PreparedWeights` (``mode="e4m3"``: ``gluon_w4a8.prepare_weights(w, **options)``). N a multiple of 128
+    and K of 64 (padded here to whole 128-K steps with zero codes under unit scales); raises ValueError otherwise."""
+    if mode == "e4m3":
+        from gluon_w4a8 import prepare_weights as prepare_e4m3
+
+        return prepare_e4m3(w, **options)
+    if mode != "bf16" or options:
+        raise ValueError(f"mode: must be 'bf16' or 'e4m3' (options only for e4m3), got {mode!r} {options}")
     if getattr(w, "spec", None) is None or w.spec.name != "mxfp4":
         raise ValueError("w: must be an MXFP4 ScaledTensor")
     shape = tuple(w.shape)
@@ -542,11 +549,16 @@ def w4_grouped_matmul_gluon(a, w, a_offsets, expert_ids, out=None, mode="bf16", 
 
     a: bf16 ``[T, K]``; w: :class:`PreparedWeights` (or an MXFP4 ScaledTensor ``[E, N, K]``, prepared here);
     a_offsets int32 ``[G + 1]`` (non-decreasing, a_offsets[0] = 0), expert_ids int32 ``[G]`` (-1 → zero rows);
-    out bf16 ``[T, N]`` (rows past ``a_offsets[G]`` untouched). K a multiple of 64, N of 128. Raises ValueError on
-    other shapes, dtypes or modes (only ``mode="bf16"`` is built)."""
+    out bf16 ``[T, N]`` (rows past ``a_offsets[G]`` untouched). K a multiple of 64, N of 128. ``mode="e4m3"``: a
+    is an FP8 (1, 128) ScaledTensor, see ``gluon_w4a8.w4a8_grouped_matmul_gluon``. Raises ValueError on other
+    shapes, dtypes or modes."""
+    if mode == "e4m3":
+        from gluon_w4a8 import w4a8_grouped_matmul_gluon
+
+        return w4a8_grouped_matmul_gluon(a, w, a_offsets, expert_ids, out=out, config=config)
     config = config or CONFIGS[0]
     if mode != "bf16" or config.mode != "bf16":
-        raise ValueError(f"mode: only 'bf16' is built, got {mode!r}")
+        raise ValueError(f"mode: must be 'bf16' or 'e4m3', got {mode!r} (config mode {config.mode!r})")
     if config.block_t not in (16, 64, 128, 256) or config.stages < 2:
         raise ValueError(f"config: block_t must be 16, 64, 128 or 256 and stages >= 2, got {config}")
     if not isinstance(w, PreparedWeights):

@@ -35,8 +35,9 @@ from gluon_kernel import (
     CONSUMER_REGS,
     LOADER_REGS,
     W_BOX,
+    _find_token_tile,
     _index4,
-    _load_partition,
+    _tma_load,
     w_layout_shared,
 )
 from triton.experimental import gluon
@@ -48,7 +49,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from llmkernels.grouped_matmul.gluon_fp8_kernel import _receive
+from llmkernels.grouped_matmul.gluon_fp8_kernel import _publish, _receive
 
 # magnitudes of the e2m1 codes 0..7
 _E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
@@ -126,17 +127,76 @@ def _decode_chunk(w_tile, tables, CHUNK: gl.constexpr, CONSUMER: gl.constexpr, a
 
 
 @gluon.jit
+def _load_partition(
+    a_desc,
+    w_desc,
+    s_desc,
+    a_smem,
+    w_smem,
+    s_smem,
+    ready,
+    empty,
+    schedule,
+    a_offsets_ptr,
+    expert_ids_ptr,
+    num_groups,
+    num_tokens,
+    num_experts,
+    N,
+    K,
+    n_tiles,
+):
+    """The load warp (the bf16 mode's, plus the tile's token scales of each K step: one ``[1, block_t]`` fp32 box of
+    the token-major scale copy, zero-filled past T)."""
+    STAGES: gl.constexpr = w_smem.shape[0]
+    TOKENS: gl.constexpr = a_desc.block_type.shape[0]
+    STAGE_BYTES: gl.constexpr = 2 * a_desc.block_type.nbytes + w_desc.block_type.nbytes + s_desc.block_type.nbytes
+    k_steps = gl.cdiv(K, 128)
+    blocks_per_expert = N // 16
+    tile = gl.program_id(0)
+    programs = gl.num_programs(0)
+    cursor = (tile * 0, tile * 0, gl.load(a_offsets_ptr).to(gl.int32))
+    count = 0
+    loaded = 0
+    found, group, group_start, group_end, tile_m, tile_n, cursor = _find_token_tile(
+        tile, cursor, a_offsets_ptr, num_groups, num_tokens, n_tiles, TOKENS
+    )
+    while found:
+        first_row = group_start + tile_m * TOKENS
+        first_col = tile_n * 128
+        expert = gl.load(expert_ids_ptr + group)
+        expert_ok = (expert >= 0) & (expert < num_experts)
+        expert = gl.where(expert_ok, expert, -1)
+        _publish(count, (first_row, gl.minimum(group_end - first_row, TOKENS), first_col, expert), schedule)
+        if expert_ok:
+            block0 = expert * blocks_per_expert + tile_n * 8
+            for kb in range(k_steps):
+                stage = loaded % STAGES
+                mbarrier.wait(empty.index(stage), ((loaded // STAGES) & 1) ^ 1)
+                mbarrier.expect(ready.index(stage), STAGE_BYTES)
+                _tma_load(w_desc, [block0, 4 * kb, 0], ready.index(stage), w_smem.index(stage))
+                _tma_load(a_desc, [first_row, kb * 128], ready.index(stage), a_smem.index(2 * stage))
+                _tma_load(a_desc, [first_row, kb * 128 + 64], ready.index(stage), a_smem.index(2 * stage + 1))
+                _tma_load(s_desc, [kb, first_row], ready.index(stage), s_smem.index(stage))
+                loaded += 1
+        count += 1
+        tile += programs
+        found, group, group_start, group_end, tile_m, tile_n, cursor = _find_token_tile(
+            tile, cursor, a_offsets_ptr, num_groups, num_tokens, n_tiles, TOKENS
+        )
+    _publish(count, (tile * 0, tile * 0, tile * 0, tile * 0 + _STOP), schedule)
+
+
+@gluon.jit
 def _consumer_partition(
     a_smem,
     w_smem,
+    s_smem,
     ready,
     empty,
     schedule,
     tables_ptr,
     factors_ptr,
-    a_scales_ptr,
-    stride_as_row,
-    stride_as_k,
     out_ptr,
     stride_out_row,
     N,
@@ -166,7 +226,6 @@ def _consumer_partition(
         + _index4(4, 2, _TABLE_L) * 0
         + _index4(8, 3, _TABLE_L)
     )
-    tokens = gl.arange(0, TOKENS, layout=token_layout)
     zero = gl.zeros([64, TOKENS], gl.float32, layout=mma_layout)
     partial = zero
     count = 0
@@ -178,8 +237,6 @@ def _consumer_partition(
             block0 = expert.to(gl.int64) * blocks_per_expert + (first_col // 16) + 4 * CONSUMER
             table_base = tables_ptr + block0 * (k_steps * 128)
             row0 = expert.to(gl.int64) * N + first_col + 64 * CONSUMER
-            # token-major scales with >= 256 columns of padding past T (the wrapper's copy): unmasked, contiguous
-            scale_base = a_scales_ptr + first_row.to(gl.int64) * stride_as_row
             t0 = gl.load(table_base + table_offsets)
             t1 = gl.load(table_base + table_offsets + 8)
             for kb in range(k_steps):
@@ -188,8 +245,6 @@ def _consumer_partition(
                 ahead = gl.minimum(kb + 1, k_steps - 1) * 128
                 next0 = gl.load(table_base + table_offsets + ahead)
                 next1 = gl.load(table_base + table_offsets + ahead + 8)
-                # used after the wgmmas: the loads' latency hides under the decode
-                a_scale = gl.load(scale_base + kb * stride_as_k + tokens * stride_as_row)
                 if STEP_REFERENCE:
                     factor_rows = gl.load(factors_ptr + (row0 + gl.arange(0, 64, layout=row_layout)) * k_steps + kb)
                 mbarrier.wait(ready.index(stage), (position // STAGES) & 1)
@@ -201,6 +256,7 @@ def _consumer_partition(
                 a1 = _decode_chunk(w_tile, t1, 1, CONSUMER, a_layout)
                 partial = warpgroup_mma(a1, a_smem.index(2 * stage + 1).permute((1, 0)), partial, is_async=True)
                 partial = warpgroup_mma_wait(num_outstanding=0, deps=(partial,))
+                a_scale = s_smem.index(stage).reshape([TOKENS]).load(token_layout)
                 mbarrier.arrive(empty.index(stage))
                 if STEP_REFERENCE:
                     factor = gl.expand_dims(factor_rows, 1) * gl.expand_dims(a_scale, 0)
@@ -229,11 +285,9 @@ def _consumer_partition(
 def w4a8_gluon_kernel(
     a_desc,
     w_desc,
+    s_desc,
     tables_ptr,
     factors_ptr,
-    a_scales_ptr,
-    stride_as_row,
-    stride_as_k,
     out_ptr,
     a_offsets_ptr,
     expert_ids_ptr,
@@ -249,12 +303,14 @@ def w4a8_gluon_kernel(
 ):
     """a_desc: TMA descriptor over e4m3 A ``[T, K]``, box ``[block_t, 64]`` (64B swizzle); w_desc: over
     :class:`PreparedW4A8`'s data viewed as int32 ``[E·N/16, K'/32, 64]``, box :data:`W_BOX`; tables_ptr int32 and
-    factors_ptr float32 (:class:`PreparedW4A8`); a_scales_ptr fp32 ``[T, ceil(K/128)]`` with its strides; out_ptr
+    factors_ptr float32 (:class:`PreparedW4A8`); s_desc: over the token-major fp32 scale copy ``[ceil(K/128),
+    T']`` (T' = T rounded up to 4), box ``[1, block_t]``; out_ptr
     bf16 ``[T, N]`` (unit column stride); a_offsets_ptr int32 ``[G + 1]``; expert_ids_ptr int32 ``[G]``; n_tiles =
     N / 128. Grid ``(min(SMs, tile bound),)``, ``num_warps=4`` + consumer 1 (4 warps) + the load warp."""
     TOKENS: gl.constexpr = a_desc.block_type.shape[0]
     a_smem = gl.allocate_shared_memory(a_desc.dtype, [2 * STAGES, TOKENS, 64], a_desc.layout)
     w_smem = gl.allocate_shared_memory(w_desc.dtype, [STAGES, 8, 4, 64], w_desc.layout)
+    s_smem = gl.allocate_shared_memory(s_desc.dtype, [STAGES, 1, TOKENS], s_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     info_smem = gl.allocate_shared_memory(gl.int32, [2, 4], gl.SwizzledSharedLayout(1, 1, 1, [0]))
@@ -275,14 +331,12 @@ def w4a8_gluon_kernel(
                 (
                     a_smem,
                     w_smem,
+                    s_smem,
                     ready,
                     empty,
                     schedule,
                     tables_ptr,
                     factors_ptr,
-                    a_scales_ptr,
-                    stride_as_row,
-                    stride_as_k,
                     out_ptr,
                     stride_out_row,
                     N,
@@ -296,14 +350,12 @@ def w4a8_gluon_kernel(
                 (
                     a_smem,
                     w_smem,
+                    s_smem,
                     ready,
                     empty,
                     schedule,
                     tables_ptr,
                     factors_ptr,
-                    a_scales_ptr,
-                    stride_as_row,
-                    stride_as_k,
                     out_ptr,
                     stride_out_row,
                     N,
@@ -317,8 +369,10 @@ def w4a8_gluon_kernel(
                 (
                     a_desc,
                     w_desc,
+                    s_desc,
                     a_smem,
                     w_smem,
+                    s_smem,
                     ready,
                     empty,
                     schedule,
@@ -374,10 +428,15 @@ def a_layout_shared(a_box):
     return gl.NVMMASharedLayout.get_default_for(a_box, gl.float8e4nv)
 
 
+def s_layout_shared():
+    return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
+
+
 def descriptor_types(config: W4A8Config) -> dict:
     return dict(
         a_desc=f"tensordesc<fp8e4nv[{', '.join(map(str, config.a_box))}],{a_layout_shared(config.a_box)!r}>",
         w_desc=f"tensordesc<i32[{', '.join(map(str, W_BOX))}],{w_layout_shared()!r}>",
+        s_desc=f"tensordesc<fp32[1, {config.block_t}],{s_layout_shared()!r}>",
     )
 
 
@@ -387,12 +446,11 @@ def compile_signature(config: W4A8Config):
         descriptor_types(config),
         tables_ptr="*i32",
         factors_ptr="*fp32",
-        a_scales_ptr="*fp32",
         out_ptr="*bf16",
         a_offsets_ptr="*i32",
         expert_ids_ptr="*i32",
     )
-    constexprs = dict(STAGES=config.stages, STEP_REFERENCE=config.reference == "step", stride_as_row=1)
+    constexprs = dict(STAGES=config.stages, STEP_REFERENCE=config.reference == "step")
     signature = {name: ("constexpr" if name in constexprs else types.get(name, "i32")) for name in names}
     return signature, constexprs
 
@@ -587,14 +645,16 @@ def w4a8_grouped_matmul_gluon(a, w, a_offsets, expert_ids, out=None, config=None
 
     a_data = data if (data.stride(1) == 1 and data.stride(0) % 16 == 0 and data.data_ptr() % 16 == 0) else None
     a_data = a_data if a_data is not None else data.contiguous()
-    # the scales token-major ([K/128, T + pad], pad >= 256 and a multiple of 4): a thread's 32 token scales of a step
-    # load as 16 8-byte loads from one base, no mask (tiles past T read the zero padding)
-    steps = triton.cdiv(k, 128)
-    padded = triton.cdiv(num_tokens + 256, 4) * 4
-    scales_t = torch.zeros(steps, padded, dtype=torch.float32, device=data.device)
-    scales_t[:, :num_tokens] = scales.t()
     a_desc = TensorDescriptor(
         a_data, [num_tokens, k], [a_data.stride(0), 1], config.a_box, a_layout_shared(config.a_box)
+    )
+    # the scales token-major ([K/128, T'], T' a multiple of 4 for TMA's 16-byte row stride): one small copy a call;
+    # the load warp brings each step's [1, block_t] box (zero past T) with the step's other boxes
+    steps = triton.cdiv(k, 128)
+    scales_t = torch.zeros(steps, triton.cdiv(num_tokens, 4) * 4, dtype=torch.float32, device=data.device)
+    scales_t[:, :num_tokens] = scales.t()
+    s_desc = TensorDescriptor(
+        scales_t, [steps, num_tokens], [scales_t.stride(0), 1], [1, config.block_t], s_layout_shared()
     )
     k_padded = triton.cdiv(k, 128) * 128
     w_view = w.data.view(num_experts * (n // 16), k_padded // 32, 64)
@@ -606,11 +666,9 @@ def w4a8_grouped_matmul_gluon(a, w, a_offsets, expert_ids, out=None, config=None
     LAST_COMPILED[config] = w4a8_gluon_kernel[grid](
         a_desc,
         w_desc,
+        s_desc,
         w.tables,
         w.row_factors,
-        scales_t,
-        1,
-        padded,
         target,
         a_offsets.contiguous(),
         expert_ids.contiguous(),
