@@ -1,13 +1,15 @@
 """LAB Gluon kernel, e4m3 mode (w4a8): FP8 (1, 128)-block activations x MXFP4 expert weights on Hopper's FP8 tensor
 cores, the weights decoded in registers straight into the e4m3 A operand of ``wgmma m64nNk32 f32.e4m3.e4m3``. Not
 the product (see NOTES.md, "e4m3 mode"). The schedule is the bf16 mode's (``gluon_kernel.py``: swap-AB, persistent
-grid, one TMA load warp reused as is, two consumer warpgroups of 64 weight rows); what differs is the consumer:
+grid, device tile search, two consumer warpgroups of 64 weight rows, one TMA load warp that here also brings each
+step's token scales); what differs is the consumer:
 
-* **Decode by table**: for each weight row and 128-K step a reference exponent ``R`` (:func:`prepare_weights`), and
-  for each 32-K block of that row (e8m0 exponent ``s``) the eight e4m3 bytes of ``{0, 0.5, 1, 1.5, 2, 3, 4, 6} x
-  2^(s - R)`` (two int32 words, precomputed). A packed data word holds 8 codes (3 magnitude bits as PRMT selector
-  nibbles, the signs at the e4m3 sign bits); ``prmt`` looks up four magnitudes at once: 7 instructions per 8 weights
-  (``and, prmt, lop3, shr, prmt, shl, lop3``), against 2.6 a weight for the bf16 mode's decode.
+* **Decode by table**: for each weight row a reference exponent ``R`` (over all of K, or per 128-K step with
+  ``reference="step"``; :func:`prepare_weights`), and for each 32-K block of that row (e8m0 exponent ``s``) the
+  eight e4m3 bytes of ``{0, 0.5, 1, 1.5, 2, 3, 4, 6} x 2^(s - R)`` (two int32 words, precomputed). A packed data
+  word holds 8 codes (3 magnitude bits as PRMT selector nibbles, the signs at the e4m3 sign bits); ``prmt`` looks
+  up four magnitudes at once: 7 instructions per 8 weights (``and, prmt, lop3, shr, prmt, shl, lop3``), against
+  2.6 a weight for the bf16 mode's decode.
 * **Exact range**: ``e2m1 x 2^-d`` is an e4m3 value for every ``-6 <= d <= 8`` (384 = 1.5 x 2^8 on top, 2^-9 the
   smallest subnormal at the bottom). With ``R = max s - 6`` over the domain's blocks that matter (codes not all
   zero, scale not NaN), every block is exact while the domain's exponents spread by at most 14. A block further
@@ -16,7 +18,7 @@ grid, one TMA load warp reused as is, two consumer warpgroups of 64 weight rows)
 * **Promotion**: a fresh fp32 partial per 128-K step (``use_acc=False`` on its first wgmma), then ``acc +=
   partial x a_scale[token]``: one FFMA per accumulator element and step; the row factor ``2^(R - 127)`` (R one
   per row over all of K, ``reference="row"``, the default) multiplies the accumulator once, in the epilogue. With
-  ``reference="step"`` (R per row and 128-K step: exact for more weights, see below) the promotion is ``acc +=
+  ``reference="step"`` (R per row and 128-K step: exact for wider spreads along K) the promotion is ``acc +=
   partial x (2^(R - 127) x a_scale)``: one FMUL (the outer product) and one FFMA per element and step.
 
 Shapes: a ``float8_e4m3fn [T, K]`` with fp32 scales ``[T, ceil(K/128)]`` (any strides), K a multiple of 64, N of 128;
