@@ -3,14 +3,14 @@ GPU, and read what ptxas made of them.
 
     PYTHONPATH=src python3 lab/gluon_w4/compile_sm90.py [--mode bf16|e4m3|both] [--out FILE.md] [--sass DIR]
 
-Per config: ``triton.compile`` ahead of time (``GPUTarget("cuda", 90, 32)``, the wheel's ptxas; nothing runs),
-then: the wgmma kinds in the PTX (bf16 mode must be ``.bf16.bf16`` with A from registers: the PTX's A operand is
-a ``{...}`` register list, not a descriptor; e4m3 mode ``.e4m3.e4m3`` with A from registers), ``wgmma.wait_group`` counts by argument, ``setmaxnreg``, shared
-memory, registers, spills (``ptxas -v``), ptxas warnings (C751x: wgmma serialized), and inside the K loop (the
-innermost SASS loop holding an HGMMA): instructions, HGMMA, ``WARPGROUP.DEPBAR`` waits by argument, LDS / STS (a
-STS in the loop means the decoded values went through shared memory between decode and wgmma), HFMA2, LOP3,
-SHF/SHL, PRMT, LDG, FMUL, FFMA and spill instructions (STL/LDL). Exits 1 if a config fails to compile, has a wgmma
-kind other than its mode's with A from registers, a STS or a spill in its K loop.
+Per config: ``triton.compile`` ahead of time (``GPUTarget("cuda", 90, 32)``, the wheel's ptxas; nothing runs), then: the
+wgmma kinds in the PTX (bf16 mode must be ``.bf16.bf16`` with A from registers: the PTX's A operand is a ``{...}``
+register list, not a descriptor; e4m3 mode ``.e4m3.e4m3`` with A from registers), ``wgmma.wait_group`` counts by
+argument, ``setmaxnreg``, shared memory, registers, spills (``ptxas -v``), ptxas warnings (C751x: wgmma serialized), and
+inside the K loop (the innermost SASS loop holding an HGMMA): instructions, HGMMA, ``WARPGROUP.DEPBAR`` waits by
+argument, LDS / STS (a STS in the loop means the decoded values went through shared memory between decode and wgmma),
+HFMA2, LOP3, SHF/SHL, PRMT, LDG, FMUL, FFMA and spill instructions (STL/LDL). Exits 1 if a config fails to compile, has
+a wgmma kind other than its mode's with A from registers, a STS or a spill in its K loop.
 """
 
 from __future__ import annotations

@@ -522,8 +522,9 @@ def prepare_weights(w, reference: str = "row", allow_rounding: bool = False) -> 
     scale layout) → :class:`PreparedW4A8`. N a multiple of 128, K of 64 (padded to whole 128-K steps with zero
     codes). ``reference``: "row" (one R per row over all of K: the row factor goes to the epilogue, the promotion is
     one FFMA an element; exact while the row's K/32 exponents spread by <= 14) or "step" (one R per row and 128-K
-    step: exact while a row's four exponents of a step spread by <= 14; one more FMUL an element and step). Raises ValueError on other shapes or formats, and when a block would be rounded unless
-    ``allow_rounding`` (then each rounded weight is within ``2^(R - 137)`` of its value)."""
+    step: exact while a row's four exponents of a step spread by <= 14; one more FMUL an element and step). Raises
+    ValueError on other shapes or formats, and when a block would be rounded unless ``allow_rounding`` (then each
+    rounded weight is within ``2^(R - 137)`` of its value)."""
     if getattr(w, "spec", None) is None or w.spec.name != "mxfp4":
         raise ValueError("w: must be an MXFP4 ScaledTensor")
     shape = tuple(w.shape)
