@@ -218,6 +218,11 @@ def check_out(out, shape: tuple, dtype: torch.dtype, **inputs: torch.Tensor | No
             raise ValueError(f"out shares memory with {name}: the kernel would read what it overwrites")
 
 
+def capturing(device: torch.device) -> bool:
+    """Whether a CUDA graph is being captured on ``device``'s current stream (False off CUDA)."""
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
 def new_buffer(shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """Every buffer a kernel writes is allocated here (tests replace it with guarded, poisoned buffers)."""
     return torch.empty(shape, dtype=dtype, device=device)

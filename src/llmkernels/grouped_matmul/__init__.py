@@ -3,6 +3,7 @@
 from .api import EPILOGUES, grouped_matmul
 from .config import BlockScaledMatmulConfig, default_config, default_launches
 from .epilogue import GPT_OSS_SWIGLU, SwiGLU
+from .layout_cache import HOPPER_COPIES, prefers_hopper_layout
 from .reference import grouped_matmul_reference
 
 __all__ = [
@@ -14,4 +15,6 @@ __all__ = [
     "EPILOGUES",
     "SwiGLU",
     "GPT_OSS_SWIGLU",
+    "HOPPER_COPIES",
+    "prefers_hopper_layout",
 ]

@@ -12,18 +12,13 @@ from torch import nn
 from ..formats import FORMATS, ScaledTensor, unwrap_torchao
 from ..formats.layouts import HOPPER, ROW, Layout, as_layout
 from ..formats.spec import format_spec
+from ..grouped_matmul import prefers_hopper_layout
 from ..ops import combine, dispatch, grouped_matmul, quantize
 from ..routing import check_routing, route, select_experts
-from ..runtime import cuda_capability, forward_only, interpreting
+from ..runtime import forward_only
 from .expert_parallel import ExpertExchange
 
 __all__ = ["MoEFeedForward", "prefers_hopper_layout"]
-
-
-def prefers_hopper_layout(device: torch.device) -> bool:
-    """Whether :meth:`MoEFeedForward.from_float` lays MXFP4 and NVFP4 weights out in the Hopper layout by default
-    on ``device``: a Hopper GPU (compute capability 9.x), outside the interpreter."""
-    return device.type == "cuda" and not interpreting() and cuda_capability(device)[0] == 9
 
 
 def _is_process_group(group) -> bool:
