@@ -40,6 +40,7 @@ from benchmarks.common import (  # noqa: E402
     zipf_offsets,
 )
 from benchmarks.peers import TritonKernelsExperts  # noqa: E402
+from llmkernels.grouped_matmul import HOPPER_COPIES  # noqa: E402
 from llmkernels.testing import relative_error  # noqa: E402
 
 # name: (experts, N, K) of one grouped projection (gate_up: N = 2 x intermediate).
@@ -70,13 +71,17 @@ FP8_TARGETS = {
 TOKENS_PER_EXPERT = (1, 4, 16, 64, 512, 1024, 4096)
 MAX_ROWS = 131072  # larger points are skipped (E=256 stops at 512 tokens per expert)
 DECODE_MAX, COMPUTE_MIN = 64, 512  # the regimes, in tokens per expert
-# label: (activation format, weight format); peers are timed by their own functions.
+# label: (activation format, weight format); peers are timed by their own functions. "<format> hopper": weights
+# converted ahead with to_layout("hopper"); "<format>": quantize's row layout as the README writes it (on a Hopper
+# GPU grouped_matmul reads it through its Hopper-layout copy); "<format> row-kernel": the row layout with that copy
+# turned off (HOPPER_COPIES.enabled = False), the kernel other GPUs run.
 OURS = {
     "ours bf16": ("bf16", "bf16"),
     "ours mxfp8": ("mxfp8", "mxfp8"),
     "ours bf16 x mxfp8": ("bf16", "mxfp8"),
     "ours mxfp4": ("mxfp4", "mxfp4"),
     "ours bf16 x mxfp4": ("bf16", "mxfp4"),
+    "ours bf16 x mxfp4 row kernel": ("bf16", "mxfp4 row-kernel"),
     "ours bf16 x mxfp4 hopper": ("bf16", "mxfp4 hopper"),
     "ours mxfp4 x mxfp4 hopper": ("mxfp4", "mxfp4 hopper"),
     "ours nvfp4": ("nvfp4", "nvfp4"),
@@ -124,8 +129,10 @@ class Problem:
         rows = int(offsets[-1])
         x = self.x[:rows]
         a = x if activation_format == "bf16" else _quantize(x, activation_format, "activations")
-        b = self.weights[weight_format]
-        return lambda: lk.grouped_matmul(a, b, offsets, self.ids[: offsets.numel() - 1])
+        b, ids = self.weights[weight_format], self.ids[: offsets.numel() - 1]
+        if weight_format.endswith(" row-kernel"):
+            return lambda: _without_hopper_copies(lambda: lk.grouped_matmul(a, b, offsets, ids))
+        return lambda: lk.grouped_matmul(a, b, offsets, ids)
 
     def peer_bf16(self, offsets: torch.Tensor):
         x, w_t = self.x[: int(offsets[-1])], self.w.transpose(-2, -1)
@@ -157,6 +164,14 @@ class Problem:
             ScalingType.BlockWise128x128,
             output_dtype=torch.bfloat16,
         )
+
+
+def _without_hopper_copies(call):
+    HOPPER_COPIES.enabled = False
+    try:
+        return call()
+    finally:
+        HOPPER_COPIES.enabled = True
 
 
 def _quantize(x: torch.Tensor, fmt: str, role: str):
@@ -291,7 +306,15 @@ def routing_rows(problem: Problem, model: str, ceilings: dict) -> list:
     return [
         r
         for r in rows
-        if r["system"] in (PEER_BF16, "ours bf16", "ours mxfp8", "ours bf16 x mxfp4", "ours bf16 x mxfp4 hopper")
+        if r["system"]
+        in (
+            PEER_BF16,
+            "ours bf16",
+            "ours mxfp8",
+            "ours bf16 x mxfp4",
+            "ours bf16 x mxfp4 row kernel",
+            "ours bf16 x mxfp4 hopper",
+        )
     ]
 
 
