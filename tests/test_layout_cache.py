@@ -71,9 +71,9 @@ def test_interleaved_swiglu_with_bias(copies, device):
     bias = torch.randn(EXPERTS, 64, device=device)
     out = lk.grouped_matmul(x, w, offsets, ids, epilogue=GPT_OSS_SWIGLU, bias=bias)
     assert len(copies) == 1
-    halves = lk.ScaledTensor(
-        torch.cat((w.data[:, 0::2], w.data[:, 1::2]), 1), torch.cat((w.scales[:, 0::2], w.scales[:, 1::2]), 1), "mxfp4"
-    )
+    scales = w.scales.view(torch.uint8)
+    halves_scales = torch.cat((scales[:, 0::2], scales[:, 1::2]), 1).view(w.scales.dtype)
+    halves = lk.ScaledTensor(torch.cat((w.data[:, 0::2], w.data[:, 1::2]), 1), halves_scales, "mxfp4")
     halves_bias = torch.cat((bias[:, 0::2], bias[:, 1::2]), 1)
     glu = SwiGLU(GPT_OSS_SWIGLU.alpha, GPT_OSS_SWIGLU.limit, GPT_OSS_SWIGLU.up_shift)
     expected = lk.grouped_matmul(x, halves.to_layout("hopper"), offsets, ids, epilogue=glu, bias=halves_bias)

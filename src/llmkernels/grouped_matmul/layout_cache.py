@@ -148,7 +148,8 @@ def _deinterleave(t: torch.Tensor) -> torch.Tensor:
 
 def _to_hopper(b: ScaledTensor, interleaved: bool) -> ScaledTensor:
     if interleaved:
-        b = ScaledTensor(_deinterleave(b.data), _deinterleave(b.scales), b.format, b.global_scale, block=b.block)
+        scales = _deinterleave(b.scales.view(torch.uint8)).view(b.scales.dtype)  # CUDA cannot cat 8-bit floats
+        b = ScaledTensor(_deinterleave(b.data), scales, b.format, b.global_scale, block=b.block)
     return b.to_layout(HOPPER)
 
 
