@@ -455,6 +455,11 @@ def main() -> int:
     def check_lines() -> list[str]:
         return [checks.get(i, f"| {c.label} | not run (time budget) | | | | |") for i, c in enumerate(configs)]
 
+    def e4m3_column(index: int, check: dict) -> str:
+        if configs[index].mode != "e4m3":
+            return "-"
+        return f"{check['bits']} / {check['rounded']} {check['bound']}"
+
     def record_check(index: int, check: dict | None, message: str = "") -> None:
         if index in checks:
             return
@@ -463,7 +468,7 @@ def main() -> int:
             return
         checks[index] = (
             f"| {configs[index].label} | {check['fro']:.2e} / {check['max']:.2e} | {check['zeros']} | "
-            f"{check['kept']} | {check.get('bits', '-')} / {check.get('rounded', 0)} {check.get('bound', '-')} | "
+            f"{check['kept']} | {e4m3_column(index, check)} | "
             f"{'ok' if check['ok'] else 'FAIL'} |"
         )
         log(f"check {configs[index].label}: {checks[index]}")
@@ -531,6 +536,8 @@ def main() -> int:
         e4m3 = [i for i in everything if configs[i].mode == "e4m3"]
         if e4m3 and e4m3[0] not in first:  # the e4m3 default early, in "both"
             first.append(e4m3[0])
+        if MODE == "e4m3" and len(first) == 1 and want < 128:  # no 16-token e4m3 tile: its smallest (64)
+            first.append(min(everything, key=lambda i: configs[i].block_t))
         return first + [i for i in everything if i not in first]
 
     # pass 1: every shape's peers and its first two configs; pass 2: the other configs, while the budget lasts
