@@ -33,6 +33,9 @@ def attention(
     return_lse: bool = False,
     config: FA4Config | None = None,
     validate: bool = False,
+    q_descale: torch.Tensor | None = None,
+    k_descale: torch.Tensor | None = None,
+    v_descale: torch.Tensor | None = None,
 ):
     """FA4-style attention forward, flash-attn conventions.
 
@@ -48,6 +51,17 @@ def attention(
           with ``cu_seqlens_q``; ``kv_cache.seqlens[b]`` counts the keys of sequence b, new tokens included.
           ``max_seqlen_k`` is optional (bound: ``block_table.shape[1] * page_size``).
         D: any multiple of 16 up to 256 (64, 128, 256 are the tuned ones); the same for q, k and v.
+
+    FP8 (FlashAttention-3's convention): k and v (dense, ragged or the pages of a :class:`PagedKVCache`) may be
+    ``float8_e4m3fn`` with a bf16/fp16 q, or q, k and v all ``float8_e4m3fn`` (output bfloat16). ``q_descale``,
+    ``k_descale``, ``v_descale``: float32 ``[B, Hkv]`` (``[1, 1]``, ``[B, 1]`` and ``[1, Hkv]`` broadcast; None
+    is 1.0; any strides) multiply the stored values: the result is ``attention(q * q_descale, k * k_descale, v *
+    v_descale)`` per (sequence, KV head), q head h taking its KV head's ``q_descale``. vLLM's per-tensor
+    ``k_scale`` / ``v_scale`` are the ``[1, 1]`` case. The kernel converts the e4m3 tiles to the compute dtype
+    (q's, bf16 for an fp8 q) in registers and folds ``q_descale * k_descale`` into the softmax scale and
+    ``v_descale`` into the output (scores are linear in k, O in v): one load of each factor per program, no
+    host sync (capturable in a CUDA graph). FP8 calls run the portable Triton kernel (the Gluon kernels do not
+    read FP8 yet).
 
     Kernels: on an sm_90 GPU, a call of more than 16 queries per sequence (``max_seqlen_q`` for ragged q), dense
     or ragged q and k/v or a paged cache (without ``starts``, its pages in a layout TMA reads: heads contiguous in
@@ -108,12 +122,14 @@ def attention(
     strides go to the kernels, other layouts are copied first; the result has the bits of the contiguous call.
 
     Returns:
-        out in q's layout and dtype (contiguous), or ``(out, lse)``.
+        out in q's layout and dtype (bfloat16 for an fp8 q; contiguous), or ``(out, lse)``.
 
     Raises:
-        TypeError: wrong dtypes (q not fp16/bf16, k/v/pages not q's dtype, cu_seqlens/seqlens/block_table not
-            int32, sinks/alibi slopes not float32) or wrong argument types.
-        ValueError: shape mismatches, Hq not a multiple of Hkv, unsupported head dim, cu_seqlens of the wrong
+        TypeError: wrong dtypes (q not fp16/bf16/float8_e4m3fn, k/v/pages neither q's dtype nor float8_e4m3fn, an fp8
+            q with non-fp8 k/v, k and v of different dtypes, cu_seqlens/seqlens/block_table not int32, sinks/alibi
+            slopes/descales not float32) or wrong argument types.
+        ValueError: shape mismatches (a descale not broadcastable to ``[B, Hkv]``), a descale given for a tensor
+            that is not float8_e4m3fn, Hq not a multiple of Hkv, unsupported head dim, cu_seqlens of the wrong
             length, block_table too small for max_seqlen_k, a sequence bound of 2**30 queries or keys or more,
             k/v given with kv_cache, config disagreeing with the inputs, tensors on different devices or on
             the CPU outside the Triton interpreter, an input that requires grad (forward-only); with
@@ -139,6 +155,9 @@ def attention(
         return_lse,
         config,
         validate,
+        q_descale,
+        k_descale,
+        v_descale,
     )
     plan = PLANS.get(key)
     if plan is None:
@@ -160,6 +179,9 @@ def attention(
             return_lse,
             config,
             validate,
+            q_descale,
+            k_descale,
+            v_descale,
         )
         plan = PLANS.put(key, Plan(call, config, tuple(q.shape)))
     if validate:
@@ -176,7 +198,8 @@ def attention(
         mask = split_mask_tensor(mask)[1]
     else:
         mask = None
-    return plan(q, k, v, kv_cache, cu_seqlens_q, cu_seqlens_k, sinks, score_mod, mask)
+    descales = (q_descale, k_descale, v_descale)
+    return plan(q, k, v, kv_cache, cu_seqlens_q, cu_seqlens_k, sinks, score_mod, mask, descales)
 
 
 def _empty(shape, dtype, device) -> torch.Tensor:

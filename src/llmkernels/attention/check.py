@@ -28,6 +28,38 @@ from .paged import PagedKVCache
 __all__ = ["CheckedCall", "check_attention", "check_metadata_values"]
 
 _DTYPES = (torch.float16, torch.bfloat16)
+FP8 = torch.float8_e4m3fn  # FP8 attention's storage dtype (FA3's e4m3 K/V and q)
+DESCALE_NAMES = ("q_descale", "k_descale", "v_descale")
+
+
+def _check_fp8(q, k_dtype, v_dtype, k_name: str, v_name: str) -> tuple[bool, bool]:
+    """The dtype rules of FP8 attention: q fp16/bf16 with k, v in q's dtype or both float8_e4m3fn; or q, k, v all
+    float8_e4m3fn. Returns ``(fp8_q, fp8_kv)``."""
+    fp8_q = q.dtype == FP8
+    if k_dtype != FP8 and (fp8_q or k_dtype != q.dtype):
+        rule = "with a float8_e4m3fn q, k and v must be float8_e4m3fn" if fp8_q else "or float8_e4m3fn"
+        raise TypeError(f"{k_name} dtype {k_dtype} != q dtype {q.dtype} ({rule})")
+    if v_dtype != k_dtype:
+        raise TypeError(f"{v_name} dtype {v_dtype} != {k_name} dtype {k_dtype} (k and v share one dtype)")
+    fp8_kv = k_dtype == FP8
+    return fp8_q, fp8_kv
+
+
+def _check_descales(descales, fp8: tuple, batch: int, num_kv_heads: int) -> None:
+    """FA3's descales: float32 ``[B, Hkv]``, each dim 1 (broadcast) or full; only for a float8_e4m3fn tensor."""
+    for name, descale, is_fp8 in zip(DESCALE_NAMES, descales, fp8):
+        if descale is None:
+            continue
+        tensor = name[0]
+        if not is_fp8:
+            raise ValueError(f"{name} given but {tensor} is not float8_e4m3fn (descales scale FP8 inputs only)")
+        if not isinstance(descale, torch.Tensor) or descale.dtype != torch.float32:
+            raise TypeError(f"{name} must be a float32 tensor [B, Hkv], got {_dtype_name(descale)}")
+        if descale.dim() != 2 or any(size not in (1, want) for size, want in zip(descale.shape, (batch, num_kv_heads))):
+            raise ValueError(
+                f"{name} must be [B, Hkv] = [{batch}, {num_kv_heads}] (or [1, 1], [B, 1], [1, Hkv]), "
+                f"got shape {tuple(descale.shape)}"
+            )
 
 
 def _dtype_name(x) -> str:
@@ -168,6 +200,14 @@ class CheckedCall:
     kv_token_rows: bool = False  # dense or ragged K and V are token rows of Hkv * D (layout.kv_token_rows)
     tma_ready: tuple = (False, False, False)  # TMA reads q, k, v (or the pages) in place (layout.tma_ready)
     page_offsets_64: bool = False  # some element offset of the pages needs more than 31 bits (layout.read_extent)
+    fp8_q: bool = False  # q is float8_e4m3fn (dtype is then bfloat16: the compute and output dtype)
+    fp8_kv: bool = False  # k and v (or the pages) are float8_e4m3fn
+    descales: tuple = (False, False, False)  # q_descale, k_descale, v_descale given
+
+    @property
+    def fp8(self) -> bool:
+        """Some input is float8_e4m3fn: only backends that read FP8 take the call (:mod:`.plan`)."""
+        return self.fp8_q or self.fp8_kv
 
     @property
     def dynamic_kv(self) -> bool:
@@ -195,10 +235,13 @@ def check_attention(
     return_lse,
     config,
     validate,
+    q_descale=None,
+    k_descale=None,
+    v_descale=None,
 ) -> CheckedCall:
     """The checks of :func:`attention` that need no sync (no launch; safe while torch.compile traces)."""
-    if not isinstance(q, torch.Tensor) or q.dtype not in _DTYPES:
-        raise TypeError(f"q must be a float16 or bfloat16 tensor, got {_dtype_name(q)}")
+    if not isinstance(q, torch.Tensor) or (q.dtype not in _DTYPES and q.dtype != FP8):
+        raise TypeError(f"q must be a float16, bfloat16 or float8_e4m3fn tensor, got {_dtype_name(q)}")
     ragged = cu_seqlens_q is not None
     paged = kv_cache is not None
     if ragged and q.dim() != 3:
@@ -216,8 +259,9 @@ def check_attention(
             raise ValueError("with kv_cache, pass k = v = None (the keys and values live in the cache)")
         if cu_seqlens_k is not None:
             raise ValueError("cu_seqlens_k must be None with kv_cache (kv_cache.seqlens gives the key counts)")
-        if kv_cache.dtype != q.dtype:
-            raise TypeError(f"kv_cache.k_pages dtype {kv_cache.dtype} != q dtype {q.dtype}")
+        fp8_q, fp8_kv = _check_fp8(
+            q, kv_cache.k_pages.dtype, kv_cache.v_pages.dtype, "kv_cache.k_pages", "kv_cache.v_pages"
+        )
         batch = kv_cache.batch_size
         if ragged and cu_seqlens_q.shape[0] != batch + 1:
             raise ValueError(
@@ -240,8 +284,7 @@ def check_attention(
         for name, tensor in (("k", k), ("v", v)):
             if not isinstance(tensor, torch.Tensor):
                 raise TypeError(f"{name} must be a tensor (or None with kv_cache), got {type(tensor).__name__}")
-            if tensor.dtype != q.dtype:
-                raise TypeError(f"{name} dtype {tensor.dtype} != q dtype {q.dtype}")
+        fp8_q, fp8_kv = _check_fp8(q, k.dtype, v.dtype, "k", "v")
         if v.shape != k.shape:
             raise ValueError(f"v shape {tuple(v.shape)} != k shape {tuple(k.shape)}")
         if ragged != (cu_seqlens_k is not None):
@@ -268,6 +311,8 @@ def check_attention(
     if num_kv_heads < 1 or num_q_heads % num_kv_heads:
         raise ValueError(f"q heads ({num_q_heads}) must be a multiple of k/v heads ({num_kv_heads})")
     group = num_q_heads // num_kv_heads
+    descales = (q_descale, k_descale, v_descale)
+    _check_descales(descales, (fp8_q, fp8_kv, fp8_kv), batch, num_kv_heads)
     _check_optional_int("max_seqlen_q", max_seqlen_q, 0)
     q_bound = (q.shape[0] if max_seqlen_q is None else min(max_seqlen_q, q.shape[0])) if ragged else q.shape[1]
     for name, bound in (("queries", q_bound), ("keys", kv_bound)):
@@ -334,6 +379,9 @@ def check_attention(
         k_pages=kv_cache.k_pages if paged else None,
         block_table=kv_cache.block_table if paged else None,
         seqlens=kv_cache.seqlens if paged else None,
+        q_descale=q_descale,
+        k_descale=k_descale,
+        v_descale=v_descale,
     )
     forward_only(
         "attention",
@@ -345,6 +393,9 @@ def check_attention(
         mask=attn_mask,
         k_pages=kv_cache.k_pages if paged else None,
         v_pages=kv_cache.v_pages if paged else None,
+        q_descale=q_descale,
+        k_descale=k_descale,
+        v_descale=v_descale,
     )
 
     pages = (kv_cache.k_pages, kv_cache.v_pages) if paged else (k, v)
@@ -372,7 +423,7 @@ def check_attention(
         device,
         mask_tensor_kind(attn_mask),
         paged and kv_cache.starts is not None,
-        q.dtype,
+        torch.bfloat16 if fp8_q else q.dtype,
         q.shape[0 if ragged else 1],
         kv_rows,
         page_size,
@@ -382,6 +433,9 @@ def check_attention(
         token_rows,
         readable,
         page_offsets_64,
+        fp8_q,
+        fp8_kv,
+        tuple(descale is not None for descale in descales),
     )
 
 

@@ -233,11 +233,12 @@ class GluonDecode:
         restrict), no score_mod or mask tensor, no key starts (:func:`gluon_hopper.gluon_eligible`), a positive
         scale, at most 64 q heads per KV head and ``MAX_HEAD_PROGRAMS`` (sequence, KV head) pairs (more fill the GPU
         without splits, where the portable pass measured faster), k and v (or the pages, at least one) read by TMA
-        in place (never copied: a cache is large)."""
+        in place (never copied: a cache is large); no FP8 input (this kernel reads 16-bit tiles only)."""
         spec = call.mask_spec
         whole = not spec.has_window or (spec.window_left >= call.kv_bound and spec.window_right >= 0)
         return (
             tiles.partials
+            and not call.fp8
             and not call.ragged
             and call.q_bound == 1
             and whole

@@ -989,9 +989,10 @@ class GluonPrefill:
     def supports(self, call: CheckedCall, tiles: Tiling) -> bool:
         """A config with ``warp_specialized`` (sm_90's default) on an sm_90 GPU (not the interpreter), one pass,
         no sinks, :func:`gluon_eligible`, what :func:`_fits` asks, at least one key row (or page), and pages TMA
-        reads in place (q, k, v in other layouts are copied)."""
+        reads in place (q, k, v in other layouts are copied); no FP8 input (this kernel reads 16-bit tiles only)."""
         return (
             not tiles.split
+            and not call.fp8
             and not call.has_sinks
             and gluon_eligible(call, tiles.config)
             and call.kv_rows >= 1

@@ -452,6 +452,7 @@ def attend_kv_range(
     MASK_TENSOR: tl.constexpr = "none",
     PAGE_OFFSETS_64: tl.constexpr = True,
     PAGE_ALIGNED: tl.constexpr = False,
+    FP8_KV: tl.constexpr = False,
 ):
     """Keys ``[kv_lo, kv_hi)`` (kv_lo a multiple of BLOCK_N): each K/V tile is loaded once for both Q tiles.
     ``MASK_TENSOR``: row pointers ``mask_rows_a`` / ``_b`` ``[BLOCK_M]`` into the materialized mask, whose
@@ -459,7 +460,8 @@ def attend_kv_range(
 
     ``TMA_KV`` and not ``MASKED`` (the fully visible band, whose tiles lie inside the sequence): K/V
     tiles come through the tensor descriptors ``k_desc`` / ``v_desc`` over ``[tokens, Hkv * D]``, at row
-    ``kv_row_base + key`` and column ``kv_col``."""
+    ``kv_row_base + key`` and column ``kv_col``. ``FP8_KV``: K/V are float8_e4m3fn, converted to q's dtype (the
+    compute dtype) in registers after the load (exact: every e4m3 value is a bf16 and an fp16 value)."""
     dims = tl.arange(0, HEAD_DIM_PAD)
     CLAMP_KV: tl.constexpr = HAS_MASK_MOD or SCORE_MOD_KIND == "user"
     for start_n in tl.range(kv_lo, kv_hi, BLOCK_N):
@@ -556,6 +558,9 @@ def attend_kv_range(
                 PAGE_OFFSETS_64,
                 PAGE_ALIGNED,
             )
+        if FP8_KV:
+            k = k.to(q_a.dtype)
+            v = v.to(q_a.dtype)
         if CLAMP_KV:
             kv_mod = tl.minimum(kv_raw, tl.maximum(seqlen_k - 1, 0))
         else:
@@ -749,6 +754,9 @@ def attention_fwd_kernel(
     attn_mask_ptr,
     k_desc,
     v_desc,
+    q_descale_ptr,
+    k_descale_ptr,
+    v_descale_ptr,
     stride_qb,
     stride_qs,
     stride_qh,
@@ -771,6 +779,12 @@ def attention_fwd_kernel(
     stride_mask_h,
     stride_mask_q,
     stride_mask_k,
+    stride_q_descale_b,
+    stride_q_descale_h,
+    stride_k_descale_b,
+    stride_k_descale_h,
+    stride_v_descale_b,
+    stride_v_descale_h,
     seqlen_q_dense,
     seqlen_k_dense,
     total_q,
@@ -813,6 +827,11 @@ def attention_fwd_kernel(
     KV_STARTS: tl.constexpr = False,
     MASK_TENSOR: tl.constexpr = "none",
     PAGE_OFFSETS_64: tl.constexpr = True,
+    FP8_Q: tl.constexpr = False,
+    FP8_KV: tl.constexpr = False,
+    Q_DESCALE: tl.constexpr = False,
+    K_DESCALE: tl.constexpr = False,
+    V_DESCALE: tl.constexpr = False,
 ):
     """Attention forward for one (Q block, batch x KV head x head tile) pair and one split.
 
@@ -827,6 +846,11 @@ def attention_fwd_kernel(
       ``TMA_KV`` (dense or ragged K/V, not paged, ``HEAD_DIM == HEAD_DIM_PAD``): ``k_desc`` / ``v_desc`` are
       tensor descriptors over K / V seen as ``[B * Skv or total_k, Hkv * D]`` with ``[BLOCK_N, D]`` blocks;
       otherwise unused.
+      FP8 (FlashAttention-3's convention): ``FP8_Q`` / ``FP8_KV``: q / k and v (or the pages) are float8_e4m3fn,
+      converted in registers to bf16 (q) or q's dtype (K/V); ``*_DESCALE``: float32 factors ``[B, Hkv]`` (element
+      strides ``stride_*_descale_b`` / ``_h``, 0 where a dim broadcasts) that multiply the stored values, read once
+      per program: ``q_descale * k_descale`` folds into the softmax scale (scores are linear in q and k) and
+      ``v_descale`` into the accumulator before the store (O and the split partials are linear in v).
 
     Metadata is never trusted with an address: ragged bounds come from :func:`ragged_bounds` (rows
     ``total_q`` / ``total_k``), ``seqlens_k[b]`` is clamped to ``[0, paged_seqlen_bound]`` (the block
@@ -916,6 +940,9 @@ def attention_fwd_kernel(
         q_b = load_q_tile(q_ptr, q_batch_offset, q_start, q_idx_b, heads, valid_b, dims, stride_qs, stride_qh, HEAD_DIM)
     else:
         q_b = q_a
+    if FP8_Q:
+        q_a = q_a.to(tl.bfloat16)
+        q_b = q_b.to(tl.bfloat16)
     q_idx_mod_a = tl.minimum(q_idx_a, tl.maximum(seqlen_q - 1, 0))
     q_idx_mod_b = tl.minimum(q_idx_b, tl.maximum(seqlen_q - 1, 0))
     mask_rows_a = attn_mask_ptr
@@ -944,6 +971,14 @@ def attention_fwd_kernel(
     v_head_offset = kv_head * stride_vh
     kv_row_base = kv_start if RAGGED_K else batch * seqlen_k_dense  # descriptor row of key 0
     kv_col = kv_head * HEAD_DIM
+    if Q_DESCALE:
+        softmax_scale = softmax_scale * tl.load(
+            q_descale_ptr + batch.to(tl.int64) * stride_q_descale_b + kv_head * stride_q_descale_h
+        )
+    if K_DESCALE:
+        softmax_scale = softmax_scale * tl.load(
+            k_descale_ptr + batch.to(tl.int64) * stride_k_descale_b + kv_head * stride_k_descale_h
+        )
     qk_scale_log2 = softmax_scale * LOG2E
 
     acc_a = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
@@ -1032,7 +1067,13 @@ def attention_fwd_kernel(
             MASK_TENSOR,
             PAGE_OFFSETS_64,
             PAGED and not KV_STARTS,
+            FP8_KV,
         )
+
+    if V_DESCALE:
+        v_factor = tl.load(v_descale_ptr + batch.to(tl.int64) * stride_v_descale_b + kv_head * stride_v_descale_h)
+        acc_a = acc_a * v_factor
+        acc_b = acc_b * v_factor
 
     store_q_tile(
         acc_a,

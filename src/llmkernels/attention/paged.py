@@ -18,7 +18,9 @@ class PagedKVCache:
     """A paged KV cache.
 
     Args:
-        k_pages: fp16/bf16 ``[num_pages, page_size, Hkv, D]``; page_size a power of two in [16, 256].
+        k_pages: fp16/bf16 or float8_e4m3fn ``[num_pages, page_size, Hkv, D]``; page_size a power of two in [16, 256].
+            FP8 pages are read with ``attention``'s ``k_descale`` / ``v_descale`` (FA3's ``[B, Hkv]``; vLLM's
+            per-tensor ``k_scale`` / ``v_scale`` are the ``[1, 1]`` case).
         v_pages: same shape, dtype and device as ``k_pages``.
         block_table: int32 ``[B, max_pages]``: ``block_table[b, i]`` is the page holding keys
             ``i * page_size ... (i + 1) * page_size - 1`` of sequence b (pages in any order).
@@ -54,8 +56,8 @@ class PagedKVCache:
             if not isinstance(getattr(self, name), torch.Tensor):
                 raise TypeError(f"PagedKVCache.{name} must be a torch.Tensor, got {type(getattr(self, name)).__name__}")
         k_pages, v_pages = self.k_pages, self.v_pages
-        if k_pages.dtype not in (torch.float16, torch.bfloat16):
-            raise TypeError(f"PagedKVCache.k_pages must be float16 or bfloat16, got {k_pages.dtype}")
+        if k_pages.dtype not in (torch.float16, torch.bfloat16, torch.float8_e4m3fn):
+            raise TypeError(f"PagedKVCache.k_pages must be float16, bfloat16 or float8_e4m3fn, got {k_pages.dtype}")
         if v_pages.dtype != k_pages.dtype:
             raise TypeError(f"PagedKVCache.v_pages dtype {v_pages.dtype} != k_pages dtype {k_pages.dtype}")
         if k_pages.dim() != 4:

@@ -11,7 +11,9 @@ A backend is one kernel and the host code around it, behind one contract:
   then called with each call's tensors.
 
 A plan asks :data:`PASSES` in order (the Gluon prefill, the Gluon split-KV pass, the portable kernel, which takes
-every call) for the pass over the keys; a split-KV call of several splits then runs :data:`COMBINE`.
+every call) for the pass over the keys; a split-KV call of several splits then runs :data:`COMBINE`. A call with a
+float8_e4m3fn input (FP8 attention) goes only to a pass whose backend says ``reads_fp8 = True`` (the portable
+kernel; the Gluon kernels do not read FP8 yet): :func:`takes`.
 
 The plan key (:func:`plan_key`) is the call's signature as :class:`~llmkernels.launch.PlanCache` makes it, except
 for dense K/V without a mask tensor: there it holds, of Skv and the K/V strides, only what Triton specializes on
@@ -35,7 +37,7 @@ from . import portable, split_kv
 from .check import CheckedCall
 from .config import FA4Config, Tiling, default_config
 
-__all__ = ["PLANS", "PASSES", "COMBINE", "Plan", "plan_key"]
+__all__ = ["PLANS", "PASSES", "COMBINE", "Plan", "plan_key", "takes"]
 
 PLANS = PlanCache("attention")
 
@@ -139,6 +141,9 @@ def plan_key(
     return_lse,
     config,
     validate,
+    q_descale=None,
+    k_descale=None,
+    v_descale=None,
 ):
     """The plan key of an :func:`~llmkernels.attention.attention` call (arguments in its order), or None for a call
     with an unhashable argument (planned, and checked, every time)."""
@@ -173,9 +178,20 @@ def plan_key(
             value_key(return_lse),
             None if config is None else value_key(config),
             value_key(validate),
+            None if q_descale is None else value_key(q_descale),
+            None if k_descale is None else value_key(k_descale),
+            None if v_descale is None else value_key(v_descale),
         )
     except TypeError:
         return None
+
+
+def takes(backend, call: CheckedCall, tiles: Tiling) -> bool:
+    """Whether ``backend`` runs ``call``: its ``supports``, and for an FP8 call (float8_e4m3fn q or K/V, descales)
+    its ``reads_fp8`` flag: a backend that does not load e4m3 tiles and apply the descales must never take one."""
+    if call.fp8 and not getattr(backend, "reads_fp8", False):
+        return False
+    return backend.supports(call, tiles)
 
 
 class _Launches:
@@ -183,7 +199,7 @@ class _Launches:
 
     def __init__(self, call: CheckedCall, tiles: Tiling, q_shape: tuple):
         self.tiles = tiles
-        backend = next(backend for backend in PASSES if backend.supports(call, tiles))
+        backend = next(backend for backend in PASSES if takes(backend, call, tiles))
         self.backend = backend.name
         self.run = backend.launch(call, tiles)
         self.combine = COMBINE.launch(call, tiles) if COMBINE.supports(call, tiles) else None
@@ -265,7 +281,9 @@ class Plan:
             launches = self.by_key_count[key] = self._launches(kv_bound)
         return launches
 
-    def __call__(self, q, k, v, kv_cache, cu_seqlens_q, cu_seqlens_k, sinks, score_mod, attn_mask=None):
+    def __call__(
+        self, q, k, v, kv_cache, cu_seqlens_q, cu_seqlens_k, sinks, score_mod, attn_mask=None, descales=(None,) * 3
+    ):
         out = runtime.new_buffer(self.q_shape, self.dtype, self.device)
         lse = runtime.new_buffer(self.lse_shape, torch.float32, self.device) if self.return_lse else None
         if self.empty:
@@ -276,9 +294,11 @@ class Plan:
             o_partial = runtime.new_buffer(launches.partial_shapes[0], torch.float32, self.device)
             lse_partial = runtime.new_buffer(launches.partial_shapes[1], torch.float32, self.device)
         slopes = score_mod.slopes if self.has_slopes else None
-        launches.run(
-            q, k, v, kv_cache, cu_seqlens_q, cu_seqlens_k, sinks, slopes, attn_mask, out, lse, o_partial, lse_partial
-        )
+        run_args = (q, k, v, kv_cache, cu_seqlens_q, cu_seqlens_k, sinks, slopes, attn_mask, out, lse)
+        if self.call.fp8:  # only backends that read FP8 run these (takes), and only they take descales
+            launches.run(*run_args, o_partial, lse_partial, descales)
+        else:
+            launches.run(*run_args, o_partial, lse_partial)
         if launches.combine is not None:
             launches.combine(o_partial, lse_partial, out, lse, sinks)
         return (out, lse) if self.return_lse else out

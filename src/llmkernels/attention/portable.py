@@ -16,7 +16,7 @@ from .masks import SCORE_MOD_ALIBI, mask_tensor_4d
 
 __all__ = ["BACKEND", "Portable", "TYPE_NAMES"]
 
-TYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+TYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.float8_e4m3fn: "fp8e4nv"}
 # integer arguments a typical launch does not see divisible by 16 (what an ahead-of-time compile assumes)
 UNALIGNED = (
     "group",
@@ -27,6 +27,12 @@ UNALIGNED = (
     "window_right",
     "chunk_size",
     "num_pages",
+    "stride_q_descale_b",
+    "stride_q_descale_h",
+    "stride_k_descale_b",
+    "stride_k_descale_h",
+    "stride_v_descale_b",
+    "stride_v_descale_h",
 )
 # dense K/V: what a cache growing by a token per call changes, passed per call (CheckedCall.dynamic_kv)
 PER_CALL = ("stride_kb", "stride_ks", "stride_kh", "stride_vb", "stride_vs", "stride_vh", "seqlen_k_dense")
@@ -39,10 +45,12 @@ def _tma_capable(device: torch.device) -> bool:
 
 
 class Portable:
-    """The portable Triton kernel: supports every checked call."""
+    """The portable Triton kernel: supports every checked call, FP8 (float8_e4m3fn q / K / V with descales)
+    included."""
 
     name = "portable"
     kernel = attention_fwd_kernel
+    reads_fp8 = True
 
     def supports(self, call: CheckedCall, tiles: Tiling) -> bool:
         return True
@@ -52,6 +60,7 @@ class Portable:
         token rows (dense or ragged), D a power of two, on sm90+ (or the interpreter)."""
         return (
             tiles.config.tma_kv
+            and not call.fp8_kv  # e4m3 tiles through descriptors: not yet measured, the pointer loads read them
             and not call.paged
             and call.kv_token_rows
             and call.head_dim == next_power_of_2(call.head_dim)
@@ -89,21 +98,30 @@ class Portable:
             KV_STARTS=call.kv_starts,
             MASK_TENSOR=call.mask_kind,
             PAGE_OFFSETS_64=paged and call.page_offsets_64,
+            FP8_Q=call.fp8_q,
+            FP8_KV=call.fp8_kv,
+            Q_DESCALE=call.descales[0],
+            K_DESCALE=call.descales[1],
+            V_DESCALE=call.descales[2],
         )
         data = "*" + TYPE_NAMES[call.dtype]
+        fp8 = "*" + TYPE_NAMES[torch.float8_e4m3fn]
         arg_types = {name: "*i32" for name in self.kernel.arg_names if name.endswith("_ptr")}
         arg_types.update(
-            q_ptr=data,
-            k_ptr=data,
-            v_ptr=data,
+            q_ptr=fp8 if call.fp8_q else data,
+            k_ptr=fp8 if call.fp8_kv else data,
+            v_ptr=fp8 if call.fp8_kv else data,
+            q_descale_ptr="*fp32",
+            k_descale_ptr="*fp32",
+            v_descale_ptr="*fp32",
             out_ptr="*fp32" if partials else data,
             lse_ptr="*fp32",
             sinks_ptr="*fp32",
             alibi_slopes_ptr="*fp32",
             softmax_scale="fp32",
             softcap_value="fp32",
-            k_desc=data,
-            v_desc=data,
+            k_desc=fp8 if call.fp8_kv else data,
+            v_desc=fp8 if call.fp8_kv else data,
         )
         if tma:
             block = f"tensordesc<{TYPE_NAMES[call.dtype]}[{config.BN},{call.head_dim}]>"
@@ -141,7 +159,21 @@ class PortableLaunch:
         self.dummies = (dummy(call.device, torch.int32), dummy(call.device, torch.float32))
 
     def __call__(
-        self, q, k, v, kv_cache, cu_seqlens_q, cu_seqlens_k, sinks, slopes, attn_mask, out, lse, o_partial, lse_partial
+        self,
+        q,
+        k,
+        v,
+        kv_cache,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        sinks,
+        slopes,
+        attn_mask,
+        out,
+        lse,
+        o_partial,
+        lse_partial,
+        descales=(None, None, None),
     ) -> None:
         # Token / head / batch strides of q, k, v and the pages go to the kernel (zero ones included); a head dim
         # that is not unit-stride is copied. The kernel reads metadata vectors as dense: views of other strides
@@ -165,6 +197,8 @@ class PortableLaunch:
             target_out, target_lse = o_partial, lse_partial
         else:
             target_out, target_lse = out, lse if lse is not None else float_dummy
+        # [B|1, Hkv|1] float32, any strides (bound with the plan; a size-1 dim broadcasts with stride 0)
+        descales = tuple(float_dummy if descale is None else descale for descale in descales)
         if not self.dynamic:
             values = (
                 q,
@@ -182,6 +216,7 @@ class PortableLaunch:
                 attn_mask,
                 k,
                 v,
+                *descales,
             )
         else:  # dense K/V: their strides and key count, and the descriptors' rows (B * Skv), vary per call
             (batch, seqlen, heads, head_dim), k_strides, v_strides = k.shape, k.stride(), v.stride()
@@ -205,6 +240,7 @@ class PortableLaunch:
                 attn_mask,
                 k_desc,
                 v_desc,
+                *descales,
                 k_strides[0],
                 k_strides[1],
                 k_strides[2],
@@ -233,14 +269,21 @@ class PortableLaunch:
             mask_strides = tuple(
                 0 if size == 1 else stride for size, stride in zip(attn_mask.shape, attn_mask.stride())
             )
+        descales = values[15:18]
         if self.tma:
             pointers = (
                 *values[:13],
                 token_row_descriptor(k, ragged, self.block_n),
                 token_row_descriptor(v, ragged, self.block_n),
+                *descales,
             )
         else:
-            pointers = values[:15]
+            pointers = values[:18]
+        descale_strides = tuple(
+            0 if size == 1 else stride
+            for descale, given in zip(descales, call.descales)
+            for size, stride in zip(descale.shape if given else (1, 1), descale.stride() if given else (0, 0))
+        )
         # out / lse strides as (b, token, head) and (b, head, token); ragged has no batch stride
         stride_o = strides3(out, ragged)
         stride_lse = strides3(lse, ragged) if lse is not None else (0, 0, 0)
@@ -261,6 +304,7 @@ class PortableLaunch:
             stride_lse_split,
             stride_block_table,
             *mask_strides,
+            *descale_strides,
             0 if ragged else q.shape[1],
             seqlen_k_dense,
             q.shape[0],

@@ -73,15 +73,22 @@ def attention_reference(
     cu_seqlens_k=None,
     kv_cache=None,
     return_lse=False,
+    q_descale=None,
+    k_descale=None,
+    v_descale=None,
     **_ignored,
 ):
     """Same arguments and conventions as :func:`llmkernels.attention`; returns float32 ``out`` (q's shape)
-    and, with ``return_lse``, the float32 natural-log LSE ``[B, Hq, Sq]`` (ragged ``[Hq, total_q]``).
+    and, with ``return_lse``, the float32 (float64: see FP8 below) natural-log LSE ``[B, Hq, Sq]`` (ragged ``[Hq, total_q]``).
 
     ``mask`` / ``score_mod`` may also be plain Python callables on torch tensors (``b`` an int, ``h``
     ``[Hq, 1, 1]``, ``q_idx`` ``[1, Sq, 1]``, ``kv_idx`` ``[1, 1, Skv]``); a ``@triton.jit`` function is
     called through its Python body. Extra keyword arguments of :func:`attention` (``num_splits``,
     ``config``, ``max_seqlen_*``) are accepted and ignored. Reads lengths on the host (it syncs).
+
+    FP8: float8_e4m3fn q / k / v (or pages) and float32 ``q_descale`` / ``k_descale`` / ``v_descale`` ``[B, Hkv]``
+    (size-1 dims broadcast) are read as ``x.double() * descale[b, kv head]``, and such a call (and one with float64
+    inputs) computes and returns float64.
     """
     mask, attn_mask = split_mask_tensor(mask)
     builtin_mask, user_mask = _split_mask(mask)
@@ -106,9 +113,19 @@ def attention_reference(
     seqlens_cache = kv_cache.seqlens.clamp(0, kv_cache.max_seqlen_bound).tolist() if kv_cache is not None else None
     starts_cache = kv_cache.starts.tolist() if kv_cache is not None and kv_cache.starts is not None else [0] * batch
 
-    out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    kv_dtype = kv_cache.dtype if kv_cache is not None else k.dtype
+    fp8 = torch.float8_e4m3fn in (q.dtype, kv_dtype) or any(d is not None for d in (q_descale, k_descale, v_descale))
+    compute = torch.float64 if fp8 or q.dtype == torch.float64 else torch.float32
+    num_kv_heads = kv_cache.num_kv_heads if kv_cache is not None else k.shape[-2]
+
+    def per_head(descale, b):  # [Hkv] factors of sequence b (1.0 without a descale)
+        if descale is None:
+            return torch.ones(num_kv_heads, dtype=compute, device=q.device)
+        return descale[b if descale.shape[0] > 1 else 0].to(compute).expand(num_kv_heads)
+
+    out = torch.zeros(q.shape, dtype=compute, device=q.device)
     lse_shape = (num_q_heads, q.shape[0]) if ragged else (q.shape[0], num_q_heads, q.shape[1])
-    lse = torch.full(lse_shape, float("-inf"), dtype=torch.float32, device=q.device)
+    lse = torch.full(lse_shape, float("-inf"), dtype=compute, device=q.device)
     for b in range(batch):
         qb = q[starts_q[b] : starts_q[b + 1]] if ragged else q[b]
         if kv_cache is not None:
@@ -122,16 +139,17 @@ def attention_reference(
             continue
         group = num_q_heads // kb.shape[1]
         # dense copies: the matmuls' rounding must not depend on the strides of the caller's views
-        qf = qb.float().transpose(0, 1).contiguous()  # [Hq, Sq, D]
-        kf = kb.float().repeat_interleave(group, dim=1).transpose(0, 1).contiguous()  # [Hq, Skv, D]
-        vf = vb.float().repeat_interleave(group, dim=1).transpose(0, 1).contiguous()
+        q_factor, k_factor, v_factor = (per_head(d, b) for d in (q_descale, k_descale, v_descale))
+        qf = (qb.to(compute) * q_factor.repeat_interleave(group)[:, None]).transpose(0, 1).contiguous()  # [Hq, Sq, D]
+        kf = (kb.to(compute) * k_factor[:, None]).repeat_interleave(group, dim=1).transpose(0, 1).contiguous()
+        vf = (vb.to(compute) * v_factor[:, None]).repeat_interleave(group, dim=1).transpose(0, 1).contiguous()
         scores = torch.matmul(qf, kf.transpose(1, 2)) * scale  # [Hq, Sq, Skv]
         heads = torch.arange(num_q_heads, device=q.device).view(-1, 1, 1)
         q_idx = torch.arange(seqlen_q, device=q.device).view(1, -1, 1)
         kv_idx = torch.arange(seqlen_k, device=q.device).view(1, 1, -1)
         pos = q_idx + (seqlen_k - seqlen_q)
         if user_score is not None:
-            scores = user_score(scores, b, heads, q_idx, kv_idx).float()
+            scores = user_score(scores, b, heads, q_idx, kv_idx).to(compute)
         elif mod.kind == SCORE_MOD_SOFTCAP:
             scores = mod.cap * torch.tanh(scores / mod.cap)
         elif mod.kind == SCORE_MOD_ALIBI:
@@ -160,11 +178,11 @@ def attention_reference(
             if attn_mask.dtype == torch.bool:
                 visible &= mask_b
             else:
-                scores = scores + mask_b.float()
+                scores = scores + mask_b.to(compute)
         scores = scores.masked_fill(~visible, float("-inf"))
         logits = scores
         if sinks is not None:
-            logits = torch.cat([scores, sinks.float().view(-1, 1, 1).expand(-1, seqlen_q, 1)], dim=-1)
+            logits = torch.cat([scores, sinks.to(compute).view(-1, 1, 1).expand(-1, seqlen_q, 1)], dim=-1)
         row_lse = torch.logsumexp(logits, dim=-1)  # [Hq, Sq]
         empty = torch.isneginf(row_lse)  # fully masked rows: output 0; NaN scores propagate
         probs = torch.exp(scores - torch.where(empty, 0.0, row_lse).unsqueeze(-1))
