@@ -1,6 +1,6 @@
 """The whole MoE feed-forward block (routing to combine) against the same block on torch._grouped_mm and a loop.
 
-    python -m benchmarks bench_moe_layer [--out DIR] [--quick | --fp8]
+    python -m benchmarks bench_moe_layer [--out DIR] [--quick | --fp8 | --hf]
 
 llmkernels.moe.MoEFeedForward next to the same block written with torch._grouped_mm (bf16) and with a loop over
 experts, one run. DeepSeek-V3 (E=256, H=7168, I=2048, top-8 of sigmoid scores in 8 groups, 4 kept), Qwen3-30B-A3B
@@ -9,7 +9,11 @@ experts, one run. DeepSeek-V3 (E=256, H=7168, I=2048, top-8 of sigmoid scores in
 expert computation and combine. Writes moe_layer.{csv,md} and moe_layer.png (tokens/s against tokens,
 one panel per model) to DIR (default benchmarks/results/<gpu>/bench_moe_layer/). ``--fp8``: the Qwen3-30B-A3B
 layer at 1, 2048 and 16384 tokens, fp8 blocks (weights per 128 x 128 tile, activations per token per 128) next to
-our bf16 and MXFP8 blocks and the torch._grouped_mm block (DIR's ``fp8/`` folder by default).
+our bf16 and MXFP8 blocks and the torch._grouped_mm block (DIR's ``fp8/`` folder by default). ``--hf``: transformers'
+own Qwen3-MoE sparse block (router, experts, combine; bf16) with each of its experts implementations against the
+same module with ``experts_implementation="llmkernels"`` on bf16 and on MXFP4 experts (``quantize_experts``), 1 to
+16384 tokens, eager and CUDA-graph replay, with the ratio to transformers' fastest implementation at each count
+(DIR's ``hf/`` folder by default; needs transformers).
 """
 
 from __future__ import annotations
@@ -50,6 +54,8 @@ FORMATS = (
     ("ours fp8 blocks", "fp8", None, None),
 )
 FP8_SYSTEMS = ("torch._grouped_mm bf16", "ours bf16", "ours mxfp8", "ours fp8 blocks")
+HF_TOKENS = (1, 32, 512, 2048, 4096, 16384)
+HF_EXPERTS = ("grouped_mm", "batched_mm", "eager")  # transformers' implementations (eager: a loop over experts)
 FP8_TOKENS = (1, 2048, 16384)
 
 
@@ -150,15 +156,113 @@ def weight_bytes_per_expert(block) -> int:
     return (block.w_gate_up_t.nbytes + block.w_down_t.nbytes) // block.w_gate_up_t.shape[0]
 
 
+def hf_rows(ceilings: dict) -> list:
+    """transformers' Qwen3-MoE sparse block with each experts implementation, and the same module through
+    llmkernels (bf16, then MXFP4 experts), on the same weights and tokens; eager and graph-replay µs, errors against
+    the grouped_mm implementation, and each system's speed against transformers' fastest at that token count."""
+    import transformers
+
+    from llmkernels.integrations import transformers as lk_transformers
+
+    lk_transformers.register()
+    experts, hidden, intermediate, top_k, _ = MODELS["Qwen3-30B-A3B"]
+    config = transformers.Qwen3MoeConfig(
+        hidden_size=hidden,
+        num_hidden_layers=1,
+        num_attention_heads=32,
+        num_key_value_heads=4,
+        head_dim=128,
+        moe_intermediate_size=intermediate,
+        num_experts=experts,
+        num_experts_per_tok=top_k,
+        norm_topk_prob=True,
+        vocab_size=256,
+    )
+    with torch.device("cuda"):
+        model = transformers.Qwen3MoeForCausalLM._from_config(config, dtype=torch.bfloat16).eval()
+    block = model.model.layers[0].mlp
+
+    def use(experts_implementation: str) -> None:
+        if hasattr(model, "set_experts_implementation"):
+            model.set_experts_implementation(experts_implementation)
+        else:
+            model.config._experts_implementation = experts_implementation
+
+    systems = [(f"transformers {name}", name, None) for name in HF_EXPERTS]
+    systems += [("ours bf16 (llmkernels experts)", "llmkernels", None), ("ours mxfp4", "llmkernels", "mxfp4")]
+    rows = []
+    results = {tokens: {} for tokens in HF_TOKENS}
+    for name, implementation, weight_format in systems:
+        if weight_format is not None:
+            lk_transformers.quantize_experts(model, weight_format)
+        use(implementation)
+        for tokens in HF_TOKENS:
+            print(f"hf: {name}, {tokens} tokens", flush=True)
+            torch.manual_seed(tokens)
+            x = torch.randn(1, tokens, hidden, device="cuda", dtype=torch.bfloat16)
+            eager = graphed = error = float("nan")
+            try:
+                with torch.no_grad():
+                    out = block(x)
+                    out = (out[0] if isinstance(out, tuple) else out).float()
+                    reference = results[tokens].get("transformers grouped_mm", (None, None, out))[2]
+                    error = relative_error(out, reference)
+                    eager = time_ms(lambda: block(x))
+            except Exception as exc:  # noqa: BLE001 - a failing system (out of memory) is a result too
+                print(f"  {name} fails at {tokens} tokens: {type(exc).__name__}: {str(exc)[:160]}")
+                torch.cuda.synchronize()
+                out = None
+            if out is not None:
+                try:
+                    with torch.no_grad():
+                        graphed = graph_time_ms(lambda: block(x))
+                except Exception as exc:  # noqa: BLE001 - a host sync in the block: no capture
+                    print(f"  {name}: no graph at {tokens} tokens: {type(exc).__name__}: {str(exc)[:120]}")
+                    torch.cuda.synchronize()
+            results[tokens][name] = (eager, graphed, out if name == "transformers grouped_mm" else None, error)
+    for tokens, timings in results.items():
+        fastest_eager = min(
+            (t[0] for n, t in timings.items() if n.startswith("transformers") and t[0] == t[0]), default=float("nan")
+        )
+        fastest_graph = min(
+            (t[1] for n, t in timings.items() if n.startswith("transformers") and t[1] == t[1]), default=float("nan")
+        )
+        for name, (eager, graphed, _, error) in timings.items():
+            rows.append(
+                {
+                    "tokens": tokens,
+                    "system": name,
+                    "eager us": eager * 1e3,
+                    "graph us": graphed * 1e3,
+                    "vs transformers' fastest eager": fastest_eager / eager,
+                    "vs transformers' fastest graph": fastest_graph / graphed,
+                    "rel err vs grouped_mm": error,
+                }
+            )
+    return rows
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=None)
     parser.add_argument("--quick", action="store_true", help="Qwen3 only, three token counts")
     parser.add_argument("--fp8", action="store_true", help="Qwen3 only: fp8 blocks against bf16 at 1, 2048, 16384")
+    parser.add_argument("--hf", action="store_true", help="Qwen3 only: against transformers' sparse MoE block")
     args = parser.parse_args()
     require_gpu("bench_moe_layer")
     torch.manual_seed(0)
     ceilings = measure_ceilings()
+    if args.hf:
+        out_dir = args.out or default_out_dir("bench_moe_layer/hf")
+        notes = (
+            f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}. transformers' Qwen3-MoE sparse block "
+            "(H 2048, I 768, 128 experts, top-8; random bf16 weights) with each of its experts implementations, "
+            "and the same module with experts_implementation='llmkernels' (bf16 experts, then MXFP4 experts from "
+            "quantize_experts). Median µs of eager calls and of CUDA-graph replays; 'vs' columns: transformers' "
+            "fastest implementation at that token count / this system. Errors against transformers' grouped_mm."
+        )
+        print(write_table(hf_rows(ceilings), out_dir, "moe_hf", "MoE block against transformers' experts", notes))
+        return
     models = {"Qwen3-30B-A3B": MODELS["Qwen3-30B-A3B"]} if args.quick or args.fp8 else MODELS
     token_counts = FP8_TOKENS if args.fp8 else (1, 64, 2048) if args.quick else TOKENS
     rows, panels = [], {}
