@@ -1,0 +1,268 @@
+"""FP8 attention (FlashAttention-3's convention): float8_e4m3fn K/V (and q) with float32 ``q_descale`` /
+``k_descale`` / ``v_descale`` ``[B, Hkv]`` through the portable Triton kernel, against the float64 reference on the
+dequantized inputs; every layout (dense, ragged, paged with shuffled pages), masks, sinks, LSE, split-KV decode; the
+descales' broadcasts and views; the errors; appends into an FP8 cache (bits of the e4m3 rounding, saturation)."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from llmkernels import runtime
+from llmkernels.attention import config as attention_config
+from llmkernels.attention import gluon_hopper, portable
+from llmkernels.attention.api import attention
+from llmkernels.attention.check import check_attention
+from llmkernels.attention.config import FA4Config, default_config, tiling
+from llmkernels.attention.masks import SlidingWindow
+from llmkernels.attention.paged import PagedKVCache
+from llmkernels.attention.plan import PASSES, takes
+from llmkernels.attention.reference import attention_reference
+from llmkernels.testing import assert_close_relative, poison, relative_error
+
+# The interpreter evaluates both sides of tl.where: -inf - -inf of fully masked rows warns in numpy.
+pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+
+FP8 = torch.float8_e4m3fn
+# Relative error (norm-wise) against the float64 reference on the dequantized inputs. The inputs are exact (e4m3
+# values are bf16 / fp16 values); what remains is P rounded to the compute dtype before PV and O rounded to the
+# output dtype (bf16: 2**-9 = 2.0e-3 per rounding; measured 3.6e-3 to 4.8e-3 at these shapes).
+TOLERANCE = {torch.bfloat16: 1.2e-2, torch.float16: 4e-3, FP8: 1.2e-2, "lse": 1e-4}
+SMALL = FA4Config(BM=16, BN=16, num_kv_stages=1)
+
+
+@pytest.fixture(autouse=True)
+def poisoned_buffers(monkeypatch):
+    monkeypatch.setattr(
+        runtime, "new_buffer", lambda shape, dtype, device: poison(torch.empty(shape, dtype=dtype, device=device))
+    )
+
+
+def _e4m3(shape, device, spread=3.0):
+    """Random e4m3 values over several binades (normals, and subnormals at the small end)."""
+    values = torch.randn(shape, device=device) * torch.exp2(torch.randn(shape, device=device) * spread / 3)
+    return values.clamp(-448, 448).to(FP8)
+
+
+def _descale(batch, kv_heads, device):
+    """Factors that differ per sequence and per KV head (0.05 to 2): a kernel that reads the wrong one fails."""
+    return (torch.rand(batch, kv_heads, device=device) * 1.95 + 0.05).float()
+
+
+def _check(q, k, v, what="", **kwargs):
+    """attention with return_lse against the float64 reference; returns (out, lse)."""
+    out, lse = attention(q, k, v, return_lse=True, **kwargs)
+    ref_out, ref_lse = attention_reference(q, k, v, return_lse=True, **kwargs)
+    want = torch.bfloat16 if q.dtype == FP8 else q.dtype
+    assert out.dtype == want and out.shape == q.shape, what
+    assert_close_relative(out, ref_out, TOLERANCE[q.dtype], f"{what} out")
+    finite = torch.isfinite(ref_lse)
+    assert torch.equal(torch.isfinite(lse), finite), f"{what}: -inf LSE rows differ"
+    assert_close_relative(lse[finite], ref_lse[finite], TOLERANCE["lse"], f"{what} lse")
+    return out, lse
+
+
+def test_reference_reads_descales_as_dequantization(device):
+    """The reference with descales is the reference on ``x.double() * descale`` (what the tests compare with)."""
+    q, k, v = _e4m3((2, 5, 4, 16), device), _e4m3((2, 9, 2, 16), device), _e4m3((2, 9, 2, 16), device)
+    qd, kd, vd = (_descale(2, 2, device) for _ in range(3))
+    out = attention_reference(q, k, v, q_descale=qd, k_descale=kd, v_descale=vd, causal=True)
+
+    def dequantized(x, descale):
+        return x.double() * descale.double().repeat_interleave(x.shape[2] // 2, 1)[:, None, :, None]
+
+    plain = attention_reference(dequantized(q, qd), dequantized(k, kd), dequantized(v, vd), causal=True)
+    assert out.dtype == torch.float64 and torch.allclose(out, plain, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("q_dtype", [torch.bfloat16, torch.float16, FP8], ids=["bf16_q", "fp16_q", "fp8_q"])
+def test_dense_gqa_causal(device, q_dtype):
+    """GQA (4 q heads per KV head), causal, per-(sequence, KV head) descales; fp8 q gives a bf16 output."""
+    batch, kv_heads = 2, 2
+    q = (
+        _e4m3((batch, 12, 8, 32), device)
+        if q_dtype == FP8
+        else torch.randn(batch, 12, 8, 32, device=device).to(q_dtype)
+    )
+    k, v = _e4m3((batch, 29, kv_heads, 32), device), _e4m3((batch, 29, kv_heads, 32), device)
+    descales = dict(k_descale=_descale(batch, kv_heads, device), v_descale=_descale(batch, kv_heads, device))
+    if q_dtype == FP8:
+        descales["q_descale"] = _descale(batch, kv_heads, device)
+    out, _ = _check(q, k, v, causal=True, config=SMALL, what=str(q_dtype), **descales)
+    # the descales matter: the same call with the factors of another sequence is far off
+    swapped = {name: d.flip(0) for name, d in descales.items()}
+    assert relative_error(out, attention_reference(q, k, v, causal=True, **swapped)) > 0.05
+
+
+def test_window_and_sinks(device):
+    """A sliding window and sinks (natural-log logits, not scaled by the descales) with FP8 K/V."""
+    q = torch.randn(1, 24, 4, 32, device=device).to(torch.bfloat16)
+    k, v = _e4m3((1, 40, 2, 32), device), _e4m3((1, 40, 2, 32), device)
+    _check(
+        q,
+        k,
+        v,
+        mask=SlidingWindow(7, 2),
+        sinks=torch.randn(4, device=device),
+        k_descale=_descale(1, 2, device),
+        v_descale=_descale(1, 2, device),
+        config=SMALL,
+        what="window + sinks",
+    )
+
+
+def test_varlen(device):
+    """Ragged q and K/V (an empty sequence included), fp8 q, descales ``[B, 1]`` (one factor per sequence)."""
+    lengths_q, lengths_k = [5, 0, 11], [9, 4, 16]
+    cu_q = torch.tensor([0, 5, 5, 16], dtype=torch.int32, device=device)
+    cu_k = torch.tensor([0, 9, 13, 29], dtype=torch.int32, device=device)
+    q = _e4m3((sum(lengths_q), 4, 32), device)
+    k, v = _e4m3((sum(lengths_k), 2, 32), device), _e4m3((sum(lengths_k), 2, 32), device)
+    _check(
+        q,
+        k,
+        v,
+        causal=True,
+        cu_seqlens_q=cu_q,
+        cu_seqlens_k=cu_k,
+        max_seqlen_q=11,
+        max_seqlen_k=16,
+        q_descale=_descale(3, 1, device),
+        k_descale=_descale(3, 1, device),
+        v_descale=_descale(3, 1, device),
+        config=SMALL,
+        what="varlen",
+    )
+
+
+def _fp8_paged_cache(seqlens, page_size, kv_heads, head_dim, device):
+    """Pages in a random order (shuffled block table); entries past a sequence's pages hold garbage ids."""
+    pages_per_sequence = [max(1, -(-n // page_size)) for n in seqlens]
+    num_pages = sum(pages_per_sequence) + 2
+    order = torch.randperm(num_pages).tolist()
+    block_table = torch.full((len(seqlens), max(pages_per_sequence) + 1), 10**6, dtype=torch.int32)
+    cursor = 0
+    for b, count in enumerate(pages_per_sequence):
+        block_table[b, :count] = torch.tensor(order[cursor : cursor + count], dtype=torch.int32)
+        cursor += count
+    shape = (num_pages, page_size, kv_heads, head_dim)
+    return PagedKVCache(
+        _e4m3(shape, device),
+        _e4m3(shape, device),
+        block_table.to(device),
+        torch.tensor(seqlens, dtype=torch.int32, device=device),
+    )
+
+
+def test_paged_decode_split_kv(device):
+    """A paged FP8 cache (shuffled pages, vLLM's page size 16) read by split-KV decode: every split count gives
+    the reference (per-tensor descales ``[1, 1]``, vLLM's k_scale / v_scale), and a short causal prefill."""
+    cache = _fp8_paged_cache([37, 1, 0, 20], 16, 2, 32, device)
+    q = torch.randn(4, 1, 8, 32, device=device).to(torch.bfloat16)
+    descales = dict(k_descale=_descale(1, 1, device), v_descale=_descale(1, 1, device))
+    outputs = [
+        _check(q, None, None, kv_cache=cache, num_splits=splits, config=SMALL, what=f"splits={splits}", **descales)[0]
+        for splits in (1, 3)
+    ]
+    assert relative_error(outputs[1], outputs[0]) < 6e-3
+    prefill = torch.randn(4, 3, 8, 32, device=device).to(torch.bfloat16)
+    _check(prefill, None, None, kv_cache=cache, causal=True, config=SMALL, what="paged prefill", **descales)
+
+
+def test_dense_decode_splits_fp8_q(device):
+    """Dense split-KV decode with fp8 q, K, V: the v descale scales each split's partial O (the combine is linear)."""
+    q, k, v = _e4m3((2, 1, 4, 32), device), _e4m3((2, 50, 1, 32), device), _e4m3((2, 50, 1, 32), device)
+    descales = {name: _descale(2, 1, device) for name in ("q_descale", "k_descale", "v_descale")}
+    _check(q, k, v, num_splits=4, config=SMALL, what="decode", **descales)
+
+
+def test_views_give_the_contiguous_bits(device):
+    """Strided / offset / expanded views of q, k, v and of each descale give the bits of the contiguous call."""
+    q, k, v = _e4m3((2, 9, 4, 32), device), _e4m3((2, 13, 2, 32), device), _e4m3((2, 13, 2, 32), device)
+    qd, kd, vd = _descale(2, 2, device), _descale(2, 1, device), _descale(2, 2, device)
+    expected = attention(q, k, v, q_descale=qd, k_descale=kd.expand(2, 2).contiguous(), v_descale=vd, config=SMALL)
+
+    def strided(x):  # every other row of a larger tensor, at an offset
+        big = torch.zeros((x.shape[0], 2 * x.shape[1] + 1, *x.shape[2:]), dtype=x.dtype, device=device)
+        big[:, 1::2] = x
+        return big[:, 1::2]
+
+    qd_view = torch.zeros(2, 5, device=device)
+    qd_view[:, 1:5:2] = qd  # offset, strided columns
+    vd_view = vd.t().contiguous().t()  # transposed storage
+    out = attention(
+        strided(q),
+        strided(k),
+        strided(v),
+        q_descale=qd_view[:, 1:5:2],
+        k_descale=kd.expand(2, 2),  # stride 0
+        v_descale=vd_view,
+        config=SMALL,
+    )
+    assert torch.equal(out.view(torch.int16), expected.view(torch.int16))
+
+
+def test_fp8_calls_never_take_a_gluon_backend(monkeypatch):
+    """On an sm_90 GPU the Gluon prefill takes a bf16 call; the same call with FP8 K/V goes to the portable kernel
+    (the Gluon kernels do not read e4m3 tiles nor apply descales)."""
+    monkeypatch.setattr(attention_config, "runs_gluon", lambda device: True)  # as on an H100, not the interpreter
+    with runtime.pretend_gpu((9, 0)) as gpu:
+        q = torch.zeros(1, 256, 4, 64, dtype=torch.bfloat16)
+        k = torch.zeros(1, 256, 4, 64, dtype=torch.bfloat16)
+        args = (False, None, None, None, None, None, None, None, None, None, None, False, None, False)
+        for kv_dtype, wanted in ((torch.bfloat16, "gluon_prefill"), (FP8, "portable")):
+            kv = k.to(kv_dtype)
+            call = check_attention(q, kv, kv, *args)
+            call = dataclasses.replace(call, device=gpu, tma_ready=(True, True, True), kv_token_rows=True)
+            config = default_config(64, torch.bfloat16, gpu)
+            tiles = tiling(config, False, call.q_bound, call.group, call.batch, call.num_kv_heads)
+            chosen = next(backend for backend in PASSES if takes(backend, call, tiles))
+            assert chosen.name == wanted, (kv_dtype, chosen.name)
+        assert gluon_hopper.BACKEND.supports(call, tiles) is False and portable.BACKEND.reads_fp8
+
+
+def _errors_cases(device):
+    bf16 = torch.randn(2, 4, 4, 16, device=device).to(torch.bfloat16)
+    kv8 = _e4m3((2, 6, 2, 16), device)
+    kv16 = torch.randn(2, 6, 2, 16, device=device).to(torch.bfloat16)
+    q8 = _e4m3((2, 4, 4, 16), device)
+    good = _descale(2, 2, device)
+    return [
+        ((q8, kv16, kv16), {}, TypeError, "k dtype"),
+        ((bf16, kv8, kv16), {}, TypeError, "v dtype"),
+        ((bf16, kv16, kv8), {}, TypeError, "v dtype"),
+        ((bf16, kv16, kv16), dict(k_descale=good), ValueError, "k_descale"),
+        ((bf16, kv8, kv8), dict(q_descale=good), ValueError, "q_descale"),
+        ((bf16, kv8, kv8), dict(k_descale=good.double()), TypeError, "k_descale"),
+        ((bf16, kv8, kv8), dict(v_descale=good.to(torch.bfloat16)), TypeError, "v_descale"),
+        ((bf16, kv8, kv8), dict(k_descale=[[1.0]]), TypeError, "k_descale"),
+        ((bf16, kv8, kv8), dict(k_descale=_descale(2, 3, device)), ValueError, "k_descale"),
+        ((bf16, kv8, kv8), dict(v_descale=_descale(3, 2, device)), ValueError, "v_descale"),
+        ((bf16, kv8, kv8), dict(v_descale=good[0]), ValueError, "v_descale"),
+        ((q8, kv8, kv8), dict(q_descale=torch.ones(2, 2, device="meta")), ValueError, "q_descale"),
+        ((kv16[:, :, :, :0].float(), kv8, kv8), {}, TypeError, "q must be"),
+    ]
+
+
+@pytest.mark.parametrize("case", range(13))
+def test_errors_name_the_argument(device, case, monkeypatch):
+    """Wrong dtypes, shapes, devices or a descale without its fp8 tensor: TypeError / ValueError naming the
+    argument, before any launch."""
+    launched = []
+    monkeypatch.setattr(portable.PortableLaunch, "__call__", lambda *a, **k: launched.append(1))
+    (q, k, v), kwargs, error, name = _errors_cases(device)[case]
+    with pytest.raises(error, match=name):
+        attention(q, k, v, **kwargs)
+    assert not launched
+
+
+def test_paged_cache_dtype_rules(device):
+    """FP8 pages: k and v pages of one dtype; a bf16 q reads them, an fp8 q needs fp8 pages."""
+    cache = _fp8_paged_cache([5], 16, 1, 16, device)
+    with pytest.raises(TypeError, match="v_pages"):
+        PagedKVCache(cache.k_pages, cache.v_pages.to(torch.bfloat16), cache.block_table, cache.seqlens)
+    bf16_cache = PagedKVCache(
+        cache.k_pages.to(torch.bfloat16), cache.v_pages.to(torch.bfloat16), cache.block_table, cache.seqlens
+    )
+    with pytest.raises(TypeError, match="kv_cache.k_pages"):
+        attention(_e4m3((1, 1, 2, 16), device), None, None, kv_cache=bf16_cache)
