@@ -244,9 +244,6 @@ def _consumer_partition(
             for kb in range(k_steps):
                 position = consumed + kb
                 stage = position % STAGES
-                ahead = gl.minimum(kb + 1, k_steps - 1) * 128
-                next0 = gl.load(table_base + table_offsets + ahead)
-                next1 = gl.load(table_base + table_offsets + ahead + 8)
                 if STEP_REFERENCE:
                     factor_rows = gl.load(factors_ptr + (row0 + gl.arange(0, 64, layout=row_layout)) * k_steps + kb)
                 mbarrier.wait(ready.index(stage), (position // STAGES) & 1)
@@ -256,6 +253,11 @@ def _consumer_partition(
                     a0, a_smem.index(2 * stage).permute((1, 0)), partial, use_acc=False, is_async=True
                 )
                 a1 = _decode_chunk(w_tile, t1, 1, CONSUMER, a_layout)
+                # the next step's tables, into the registers this step's just freed (loading them before the
+                # decode cost 16 register moves a step)
+                ahead = gl.minimum(kb + 1, k_steps - 1) * 128
+                t0 = gl.load(table_base + table_offsets + ahead)
+                t1 = gl.load(table_base + table_offsets + ahead + 8)
                 partial = warpgroup_mma(a1, a_smem.index(2 * stage + 1).permute((1, 0)), partial, is_async=True)
                 partial = warpgroup_mma_wait(num_outstanding=0, deps=(partial,))
                 a_scale = s_smem.index(stage).reshape([TOKENS]).load(token_layout)
@@ -265,8 +267,6 @@ def _consumer_partition(
                     acc = gl.fma(partial, factor, acc)
                 else:
                     acc = gl.fma(partial, gl.expand_dims(a_scale, 0), acc)
-                t0 = next0
-                t1 = next1
             consumed += k_steps
             if not STEP_REFERENCE:  # the row factor, once per tile
                 factor_rows = gl.load(factors_ptr + (row0 + gl.arange(0, 64, layout=row_layout)) * k_steps)
