@@ -266,3 +266,136 @@ def test_paged_cache_dtype_rules(device):
     )
     with pytest.raises(TypeError, match="kv_cache.k_pages"):
         attention(_e4m3((1, 1, 2, 16), device), None, None, kv_cache=bf16_cache)
+
+
+# --------------------------------------------------------------------------- appends into an e4m3 cache
+
+
+def _e4m3_ties(count, device):
+    """Values halfway between neighbouring e4m3 values (both signs; subnormal and normal binades): the cases round
+    to nearest even decides."""
+    codes = torch.arange(256, dtype=torch.uint8).view(FP8).float()
+    values = codes[torch.isfinite(codes)].unique().sort().values
+    middles = (values[1:] + values[:-1]) / 2
+    middles = torch.cat([middles, -middles])
+    return middles[torch.randint(middles.numel(), (count,))].to(device)
+
+
+def _expected_e4m3(x: torch.Tensor, descale: torch.Tensor) -> torch.Tensor:
+    """The bits an append stores: round to nearest even of ``x / descale`` (float32), saturated at ±448."""
+    return (x.float() / descale).clamp(-448, 448).to(FP8).view(torch.uint8)
+
+
+def test_append_bits_rounding_and_saturation(device):
+    """``append_to_cache`` of bf16 keys into an e4m3 cache: the bits of the round-to-nearest-even e4m3 of ``k /
+    descale`` (ties, subnormals, saturation at ±448 past the range, NaN kept), at positions ``start[b] + i`` of
+    sequence ``cache_batch_idx[b]``; canary bytes around the cache (other positions, a head beyond Hkv, rows
+    outside it) are untouched. Descales 0.5 / 2 / 0.25 (powers of two: the ties stay ties) and 0.3."""
+    from llmkernels.attention.kv_append import append_to_cache
+
+    batch, new_tokens, heads, head_dim, capacity = 3, 4, 2, 16, 8
+    descale = torch.tensor([[0.5, 2.0], [0.25, 0.3], [1.0, 0.5]], device=device)
+    ties = _e4m3_ties(batch * new_tokens * heads * head_dim, device).view(batch, new_tokens, heads, head_dim)
+    new = (ties * descale[:, None, :, None]).to(torch.bfloat16)
+    new[0, 0, 0, :4] = torch.tensor([1e4, -1e4, 460.0, float("nan")])  # x 0.5 descale: past 448 (and NaN)
+    new[1, 1, 1] = torch.randn(head_dim) * 3  # not ties, a descale that is not a power of two
+    buffer = torch.full((batch + 1, capacity + 2, heads + 1, head_dim), 0xA5, dtype=torch.uint8, device=device)
+    cache = buffer[1:, 1 : capacity + 1, :heads].view(FP8)  # canaries on every side
+    start = torch.tensor([0, 5, 2], dtype=torch.int32, device=device)  # sequence 1 reaches past the capacity
+    cache_batch_idx = torch.tensor([2, 0, 1], dtype=torch.int32, device=device)
+    append_to_cache(new, cache, start, cache_batch_idx=cache_batch_idx, descale=descale)
+
+    expected = torch.full_like(buffer, 0xA5)
+    for b in range(batch):
+        for i in range(new_tokens):
+            position = int(start[b]) + i
+            if position < capacity:
+                row = expected[1 + int(cache_batch_idx[b]), 1 + position, :heads]
+                row.copy_(_expected_e4m3(new[b, i], descale[b][:, None]))
+    nan = expected.view(FP8).float().isnan() & buffer.view(FP8).float().isnan()
+    assert torch.equal(buffer[~nan], expected[~nan]), (buffer != expected).nonzero()[:5]
+    assert buffer[3, 1, 0, 3] & 0x7F == 0x7F, "NaN stays NaN"
+    assert buffer[3, 1, 0, :3].view(FP8).float().tolist() == [448.0, -448.0, 448.0], "saturated at 448"
+
+
+def test_flash_attn_with_kvcache_fp8_paged(device):
+    """flash_attn_with_kvcache on e4m3 pages (shuffled): bf16 k / v appended (bits of the rounding; every other
+    byte of the pages unchanged), then attention over the cache with the descales matches the float64 reference,
+    per-(sequence, KV head) k_descale and a per-tensor v_descale ``[1, 1]`` (vLLM's v_scale)."""
+    from llmkernels.flash_attn import flash_attn_with_kvcache
+
+    cache = _fp8_paged_cache([20, 33], 16, 2, 32, device)
+    before = cache.k_pages.view(torch.uint8).clone(), cache.v_pages.view(torch.uint8).clone()
+    cache_seqlens = torch.tensor([20, 33], dtype=torch.int32, device=device)
+    q = torch.randn(2, 2, 8, 32, device=device).to(torch.bfloat16)
+    k_new, v_new = (torch.randn(2, 2, 2, 32, device=device).to(torch.bfloat16) for _ in range(2))
+    k_descale, v_descale = _descale(2, 2, device), _descale(1, 1, device)
+    out = flash_attn_with_kvcache(
+        q,
+        cache.k_pages,
+        cache.v_pages,
+        k_new,
+        v_new,
+        cache_seqlens=cache_seqlens,
+        block_table=cache.block_table,
+        causal=True,
+        k_descale=k_descale,
+        v_descale=v_descale,
+    )
+    expected_k, expected_v = before[0].clone(), before[1].clone()
+    for b in range(2):
+        for i in range(2):
+            position = int(cache_seqlens[b]) + i
+            page = int(cache.block_table[b, position // 16])
+            expected_k[page, position % 16] = _expected_e4m3(k_new[b, i], k_descale[b][:, None])
+            expected_v[page, position % 16] = _expected_e4m3(v_new[b, i], v_descale[0][:, None])
+    assert torch.equal(cache.k_pages.view(torch.uint8), expected_k)
+    assert torch.equal(cache.v_pages.view(torch.uint8), expected_v)
+    after = PagedKVCache(cache.k_pages, cache.v_pages, cache.block_table, cache_seqlens + 2)
+    reference = attention_reference(
+        q, None, None, kv_cache=after, causal=True, k_descale=k_descale, v_descale=v_descale
+    )
+    assert out.dtype == torch.bfloat16
+    assert_close_relative(out, reference, TOLERANCE[torch.bfloat16], "flash_attn_with_kvcache fp8")
+
+
+def test_flash_attn_functions_pass_the_descales(device):
+    """flash_attn_func and flash_attn_varlen_func with FA3's descales give the bits of ``attention``'s call."""
+    from llmkernels.flash_attn import flash_attn_func, flash_attn_varlen_func
+
+    q, k, v = _e4m3((2, 6, 4, 32), device), _e4m3((2, 10, 2, 32), device), _e4m3((2, 10, 2, 32), device)
+    descales = {name: _descale(2, 2, device) for name in ("q_descale", "k_descale", "v_descale")}
+    expected = attention(q, k, v, causal=True, **descales)
+    assert torch.equal(flash_attn_func(q, k, v, causal=True, **descales), expected)
+    cu_q = torch.tensor([0, 6, 12], dtype=torch.int32, device=device)
+    cu_k = torch.tensor([0, 10, 20], dtype=torch.int32, device=device)
+    out = flash_attn_varlen_func(
+        q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), cu_q, cu_k, 6, 10, causal=True, **descales
+    )
+    assert torch.equal(out.view(2, 6, 4, 32), expected)
+
+
+def test_append_errors_name_the_argument(device):
+    """Before anything is written: a descale for a 16-bit cache, float32 keys into an e4m3 cache, a descale of the
+    wrong shape."""
+    from llmkernels.flash_attn import flash_attn_with_kvcache
+
+    q = torch.randn(2, 1, 4, 16, device=device).to(torch.bfloat16)
+    cache8 = torch.zeros(2, 16, 2, 16, device=device).to(FP8)
+    cache16 = torch.zeros(2, 16, 2, 16, device=device).to(torch.bfloat16)
+    new = torch.randn(2, 1, 2, 16, device=device).to(torch.bfloat16)
+    seqlens = torch.zeros(2, dtype=torch.int32, device=device)
+    cases = [
+        (cache16, new, dict(k_descale=_descale(2, 2, device)), ValueError, "k_descale"),
+        (cache8, new.float(), {}, TypeError, "k dtype"),
+        (cache8, new, dict(v_descale=_descale(2, 3, device)), ValueError, "v_descale"),
+        (cache8, new, dict(k_descale=_descale(2, 2, device).half()), TypeError, "k_descale"),
+    ]
+    for cache, k_new, kwargs, error, name in cases:
+        snapshot = cache.clone()
+        with pytest.raises(error, match=name):
+            flash_attn_with_kvcache(q, cache, cache.clone(), k_new, k_new, cache_seqlens=seqlens, **kwargs)
+        assert torch.equal(
+            cache.view(torch.uint8) if cache.dtype == FP8 else cache,
+            snapshot.view(torch.uint8) if cache.dtype == FP8 else snapshot,
+        )

@@ -13,6 +13,13 @@ Every tensor argument may be any view (strided, expanded, offset): the result, a
 the bits of the contiguous call. ``flash_attn_with_kvcache`` checks its whole call before it writes the cache: a
 call that raises leaves every tensor as it was.
 
+FP8 (FA3): q, k, v (or the caches) may be float8_e4m3fn, k and v with a bf16 / fp16 q or all three, with FA3's
+``q_descale`` / ``k_descale`` / ``v_descale`` float32 ``[B, Hkv]`` keywords (``[1, 1]``, ``[B, 1]`` broadcast; vLLM's
+per-tensor ``k_scale`` / ``v_scale`` are the ``[1, 1]`` case) that multiply the stored values; an fp8 q gives a
+bf16 output. ``flash_attn_with_kvcache`` appends bf16 / fp16 ``k`` / ``v`` into an e4m3 cache as the round-to-nearest
+e4m3 of ``k / k_descale`` (``v / v_descale``), saturated at ±448. Such calls run :func:`llmkernels.attention.api.
+attention` directly (the torch.compile custom op does not take descales yet).
+
 Not yet supported, each raising ``NotImplementedError`` that names the argument: per-batch ``alibi_slopes``
 ``[B, H]``, softcap together with ALiBi.
 """
@@ -26,8 +33,9 @@ import torch.nn.functional as F
 
 from .attention import Chunked, PagedKVCache, SlidingWindow, alibi
 from .attention import softcap as softcap_mod
+from .attention.api import attention as eager_attention
 from .attention.api import check_attention
-from .attention.kv_append import append_to_cache, apply_rotary, check_rotary_tables
+from .attention.kv_append import append_to_cache, apply_rotary, check_append_descale, check_rotary_tables
 from .attention.paged import SUPPORTED_PAGE_SIZES
 from .launch import PlanCache
 from .ops import attention
@@ -94,6 +102,27 @@ def _sinks(learnable_sink, q):
     return learnable_sink.float()
 
 
+FP8 = torch.float8_e4m3fn
+
+
+def _pad(x: torch.Tensor, pad: tuple) -> torch.Tensor:
+    """``F.pad`` with zeros, also for float8_e4m3fn (padded as its bytes: byte 0 is +0.0)."""
+    if x.dtype == FP8:
+        return F.pad(x.view(torch.uint8), pad).view(FP8)
+    return F.pad(x, pad)
+
+
+def _attention(q, k, v, descales, **kwargs):
+    """:func:`llmkernels.attention` (a custom op under torch.compile); FP8 inputs and descales go to the eager call,
+    which takes them (the op does not yet)."""
+    kv_cache = kwargs.get("kv_cache")
+    tensors = (q, k, v) if kv_cache is None else (q, kv_cache.k_pages)
+    if any(d is not None for d in descales) or any(getattr(t, "dtype", None) == FP8 for t in tensors):
+        q_descale, k_descale, v_descale = descales
+        return eager_attention(q, k, v, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale, **kwargs)
+    return attention(q, k, v, **kwargs)
+
+
 def _splits(num_splits):
     return None if not num_splits or num_splits <= 0 else int(num_splits)
 
@@ -119,7 +148,7 @@ def _pad_head_dim(q, k, v, softmax_scale):
         return q, k, v, softmax_scale
     pad = -head_dim % 16
     scale = softmax_scale if softmax_scale is not None else head_dim**-0.5
-    return F.pad(q, (0, pad)), F.pad(k, (0, pad)), F.pad(v, (0, pad)), scale
+    return _pad(q, (0, pad)), _pad(k, (0, pad)), _pad(v, (0, pad)), scale
 
 
 def flash_attn_func(
@@ -138,12 +167,17 @@ def flash_attn_func(
     attention_chunk=0,
     num_splits=0,
     learnable_sink=None,
+    q_descale=None,
+    k_descale=None,
+    v_descale=None,
 ):
     """flash-attn's ``flash_attn_func``: q ``[B, Sq, Hq, D]``, k / v ``[B, Skv, Hkv, D]`` (fp16 / bf16, Hq a
     multiple of Hkv) → out ``[B, Sq, Hq, D]``; with ``return_attn_probs`` ``(out, lse [B, Hq, Sq] float32,
     None)``. ``window_size=(left, right)`` (-1: unbounded), ``softcap`` (0: off), ``alibi_slopes`` float32
     ``[Hq]``, ``attention_chunk`` (FA3; 0: off), ``num_splits`` (0: heuristic), ``learnable_sink`` ``[Hq]``
     natural-log sink logits (FA4; any float dtype). ``deterministic`` is accepted (the forward is deterministic).
+    FP8 (FA3): float8_e4m3fn k / v (and q) with ``q_descale`` / ``k_descale`` / ``v_descale`` float32 ``[B, Hkv]``
+    (module docstring).
 
     Raises:
         TypeError: ``learnable_sink`` not a float tensor, ``alibi_slopes`` not a float32 tensor, and what
@@ -158,10 +192,11 @@ def flash_attn_func(
     sinks = _sinks(learnable_sink, q)
     head_dim = q.shape[-1] if isinstance(q, torch.Tensor) and q.dim() >= 1 else None
     q, k, v, softmax_scale = _pad_head_dim(q, k, v, softmax_scale)
-    result = attention(
+    result = _attention(
         q,
         k,
         v,
+        (q_descale, k_descale, v_descale),
         causal=causal,
         mask=mask,
         score_mod=score_mod,
@@ -222,6 +257,9 @@ def flash_attn_varlen_func(
     attention_chunk=0,
     num_splits=0,
     learnable_sink=None,
+    q_descale=None,
+    k_descale=None,
+    v_descale=None,
 ):
     """flash-attn's ``flash_attn_varlen_func``: q ``[total_q, Hq, D]``, k / v ``[total_k, Hkv, D]`` with int32
     ``cu_seqlens_q`` / ``cu_seqlens_k`` ``[B + 1]`` → out ``[total_q, Hq, D]``; with ``return_attn_probs``
@@ -229,7 +267,8 @@ def flash_attn_varlen_func(
     ``seqused_k[b]`` keys (from row ``cu_seqlens_k[b]``, never past row ``total_k``; k / v are then read as
     pages, a copy when ``total_k`` is not a multiple of 16). With ``block_table`` (or ``page_table``) int32
     ``[B, max_pages]``, k / v are pages ``[num_pages, page_size, Hkv, D]`` and sequence b holds ``seqused_k[b]``
-    keys (default ``cu_seqlens_k[b + 1] - cu_seqlens_k[b]``). The other arguments as :func:`flash_attn_func`.
+    keys (default ``cu_seqlens_k[b + 1] - cu_seqlens_k[b]``). The other arguments as :func:`flash_attn_func`, FP8
+    and its descales (``[B, Hkv]``, B the sequences) included.
 
     Raises:
         TypeError: ``cu_seqlens_q`` / ``cu_seqlens_k`` / ``seqused_k`` not int32 tensors; as :func:`flash_attn_func`.
@@ -256,8 +295,9 @@ def flash_attn_varlen_func(
         max_seqlen_q=max_seqlen_q,
         max_seqlen_k=max_seqlen_k,
     )
+    descales = (q_descale, k_descale, v_descale)
     if block_table is None and seqused_k is None:
-        result = attention(q, k, v, cu_seqlens_k=cu_seqlens_k, **common)
+        result = _attention(q, k, v, descales, cu_seqlens_k=cu_seqlens_k, **common)
     elif block_table is None:  # rows cu_seqlens_k[b] .. + seqused_k[b]: one run of pages every sequence shares
         if not isinstance(k, torch.Tensor) or k.dim() != 3 or not isinstance(v, torch.Tensor) or v.shape != k.shape:
             raise ValueError(
@@ -270,10 +310,10 @@ def flash_attn_varlen_func(
         ends = torch.minimum(seqused_k, total_k - starts) + starts  # never into the zero rows padding k to pages
         shared = torch.arange(k_pages.shape[0], dtype=torch.int32, device=k.device)
         kv_cache = PagedKVCache(k_pages, v_pages, shared.expand(starts.shape[0], -1), ends, starts)
-        result = attention(q, None, None, kv_cache=kv_cache, **common)
+        result = _attention(q, None, None, descales, kv_cache=kv_cache, **common)
     else:
         seqlens = seqused_k if seqused_k is not None else cu_seqlens_k[1:] - cu_seqlens_k[:-1]
-        result = attention(q, None, None, kv_cache=PagedKVCache(k, v, block_table, seqlens), **common)
+        result = _attention(q, None, None, descales, kv_cache=PagedKVCache(k, v, block_table, seqlens), **common)
     return _results(result, return_attn_probs, True, head_dim)
 
 
@@ -293,7 +333,7 @@ def _dense_cache_pages(cache: torch.Tensor) -> tuple[torch.Tensor, int, bool]:
     copied = page_size is None
     if copied:
         page_size = SUPPORTED_PAGE_SIZES[0]
-        cache = F.pad(cache, (0, 0, 0, 0, 0, -seqlen % page_size))
+        cache = _pad(cache, (0, 0, 0, 0, 0, -seqlen % page_size))
     grouped = cache.unflatten(1, (cache.shape[1] // page_size, page_size))
     shape = (grouped.shape[0] * grouped.shape[1], *grouped.shape[2:])
     try:
@@ -316,24 +356,32 @@ def _check_kvcache_call(
     block_table,
     learnable_sink,
     alibi_slopes,
+    k_descale=None,
+    v_descale=None,
 ) -> None:
     """flash-attn's rules for the arguments of :func:`flash_attn_with_kvcache`, with their names; no launch, no
     sync. The attention call's own rules are checked next, on the final arguments (:func:`check_attention`)."""
-    if not isinstance(q, torch.Tensor) or q.dtype not in (torch.float16, torch.bfloat16):
-        raise TypeError(f"q must be a float16 or bfloat16 tensor, got {getattr(q, 'dtype', type(q).__name__)}")
+    if not isinstance(q, torch.Tensor) or q.dtype not in (torch.float16, torch.bfloat16, FP8):
+        raise TypeError(
+            f"q must be a float16, bfloat16 or float8_e4m3fn tensor, got {getattr(q, 'dtype', type(q).__name__)}"
+        )
     if q.dim() != 4:
         raise ValueError(f"q must be [B, Sq, Hq, D], got shape {tuple(q.shape)}")
     batch, head_dim = q.shape[0], q.shape[3]
     for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
         if not isinstance(cache, torch.Tensor):
             raise TypeError(f"{name} must be a tensor, got {type(cache).__name__}")
-        if cache.dtype != q.dtype:
-            raise TypeError(f"{name} dtype {cache.dtype} != q dtype {q.dtype}")
+        if cache.dtype != q.dtype and cache.dtype != FP8:
+            raise TypeError(f"{name} dtype {cache.dtype} != q dtype {q.dtype} (or float8_e4m3fn)")
         if cache.dim() != 4:
             raise ValueError(
                 f"{name} must be [B_cache, S, Hkv, D] or pages [num_pages, page_size, Hkv, D], got "
                 f"shape {tuple(cache.shape)}"
             )
+    if v_cache.dtype != k_cache.dtype:
+        raise TypeError(f"v_cache dtype {v_cache.dtype} != k_cache dtype {k_cache.dtype}")
+    if q.dtype == FP8 and k_cache.dtype != FP8:
+        raise TypeError(f"k_cache dtype {k_cache.dtype}: with a float8_e4m3fn q the caches must be float8_e4m3fn")
     if v_cache.shape != k_cache.shape:
         raise ValueError(f"v_cache shape {tuple(v_cache.shape)} != k_cache shape {tuple(k_cache.shape)}")
     if k_cache.shape[3] != head_dim:
@@ -375,7 +423,7 @@ def _check_kvcache_call(
     if (k is None) != (v is None):
         raise ValueError("k and v come together: pass both new keys and new values, or neither")
     if k is not None:
-        _check_new_tokens(k, v, k_cache, v_cache, batch)
+        _check_new_tokens(k, v, k_cache, v_cache, batch, k_descale, v_descale)
     if (rotary_cos is None) != (rotary_sin is None):
         raise ValueError("rotary_cos and rotary_sin come together")
     if rotary_cos is not None:
@@ -414,13 +462,13 @@ def _check_kvcache_call(
     )
 
 
-def _check_new_tokens(k, v, k_cache, v_cache, batch: int) -> None:
-    """k / v ``[B, S_new, Hkv, D]`` of one shape, in the caches' dtype and heads; caches writable in place."""
+def _check_new_tokens(k, v, k_cache, v_cache, batch: int, k_descale=None, v_descale=None) -> None:
+    """k / v ``[B, S_new, Hkv, D]`` of one shape, in the caches' dtype (or fp16 / bf16 into e4m3 caches, with the
+    descales the append divides by) and heads; caches writable in place."""
     for name, new, cache in (("k", k, k_cache), ("v", v, v_cache)):
         if not isinstance(new, torch.Tensor):
             raise TypeError(f"{name} must be a tensor [B, S_new, Hkv, D] or None, got {type(new).__name__}")
-        if new.dtype != cache.dtype:
-            raise TypeError(f"{name} dtype {new.dtype} != {name}_cache dtype {cache.dtype}")
+        check_append_descale(f"{name}_descale", None, new, cache, name, f"{name}_cache")  # the dtypes
     expected = (batch, "S_new", *k_cache.shape[2:])
     if k.dim() != 4 or k.shape[0] != batch or k.shape[2:] != k_cache.shape[2:]:
         raise ValueError(
@@ -429,6 +477,8 @@ def _check_new_tokens(k, v, k_cache, v_cache, batch: int) -> None:
         )
     if v.shape != k.shape:
         raise ValueError(f"v shape {tuple(v.shape)} != k shape {tuple(k.shape)}")
+    check_append_descale("k_descale", k_descale, k, k_cache, "k", "k_cache")
+    check_append_descale("v_descale", v_descale, v, v_cache, "v", "v_cache")
     for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
         if has_internal_overlap(cache):
             raise ValueError(
@@ -575,6 +625,9 @@ def flash_attn_with_kvcache(
     attention_chunk=0,
     learnable_sink=None,
     validate=False,
+    q_descale=None,
+    k_descale=None,
+    v_descale=None,
 ):
     """flash-attn's ``flash_attn_with_kvcache``: attention of q ``[B, Sq, Hq, D]`` (fp16 / bf16, D a multiple of
     16 up to 256) over a KV cache, after appending new keys and values to it in place.
@@ -595,6 +648,11 @@ def flash_attn_with_kvcache(
     keys start at that cache position (left padding; positions and rotary stay absolute, causal alignment and
     windows count from it). The other arguments as :func:`flash_attn_func`.
 
+    FP8 (FA3): e4m3 caches (and q) with ``q_descale`` / ``k_descale`` / ``v_descale`` float32 ``[B, Hkv]`` that
+    multiply the stored values; new bf16 / fp16 ``k`` / ``v`` are stored as the round-to-nearest-even e4m3 of
+    ``k / k_descale`` / ``v / v_descale`` (after the rotary; IEEE division), saturated at ±448, NaN kept; new e4m3
+    ``k`` / ``v`` are already in the cache's scale and are copied (rotated and rounded with the rotary).
+
     Every argument is checked before the cache is written: a call that raises changes no tensor; the checks run
     once per call signature (shapes, dtypes, strides, devices, flags and scalar values). No host sync
     (CUDA-graph capturable) unless ``validate``. Values are not read on the host; what bad ones do:
@@ -614,7 +672,8 @@ def flash_attn_with_kvcache(
         out ``[B, Sq, Hq, D]``, or ``(out, lse [B, Hq, Sq])`` with ``return_softmax_lse``.
 
     Raises:
-        TypeError: q not fp16 / bf16; caches not q's dtype; k / v not their cache's dtype; cache_seqlens,
+        TypeError: q not fp16 / bf16 / e4m3; caches neither q's dtype nor e4m3 (an e4m3 q: e4m3 caches); k / v neither
+            their cache's dtype nor fp16 / bf16 into an e4m3 cache; descales not float32; cache_seqlens,
             cache_batch_idx, cache_leftpad, block_table not int32 (cache_seqlens: or an int); rotary tables not
             float16 / bfloat16 / float32; learnable_sink not a float tensor; as :func:`llmkernels.attention`.
         ValueError: a shape that disagrees (caches, k / v against the cache and q's batch, metadata lengths,
@@ -653,6 +712,9 @@ def flash_attn_with_kvcache(
             attention_chunk,
             learnable_sink,
             validate,
+            q_descale,
+            k_descale,
+            v_descale,
         )
     if checked is None:
         _check_kvcache_call(
@@ -669,6 +731,8 @@ def flash_attn_with_kvcache(
             block_table,
             learnable_sink,
             alibi_slopes,
+            k_descale,
+            v_descale,
         )
     sinks, num_splits = _sinks(learnable_sink, q), _splits(num_splits)
     new_tokens = k.shape[1] if k is not None else 0
@@ -694,6 +758,9 @@ def flash_attn_with_kvcache(
             return_softmax_lse,
             None,
             validate,
+            q_descale,
+            k_descale,
+            v_descale,
         )
         _CHECKED.put(key, True)
     if validate:
@@ -701,21 +768,22 @@ def flash_attn_with_kvcache(
     if k is not None:
         rotary = dict(cos=rotary_cos, sin=rotary_sin, interleaved=rotary_interleaved)
         where = dict(cache_batch_idx=cache_batch_idx, block_table=block_table)
-        append_to_cache(k, k_cache, cache.cache_seqlens, **rotary, **where)
-        append_to_cache(v, v_cache, cache.cache_seqlens, **where)
+        append_to_cache(k, k_cache, cache.cache_seqlens, descale=k_descale, **rotary, **where)
+        append_to_cache(v, v_cache, cache.cache_seqlens, descale=v_descale, **where)
         # the page-aligned copies attention reads get them too
         paged = dict(block_table=cache.kv_cache.block_table)
         if cache.k_pages_copied:
-            append_to_cache(k, cache.kv_cache.k_pages, cache.cache_seqlens, **rotary, **paged)
+            append_to_cache(k, cache.kv_cache.k_pages, cache.cache_seqlens, descale=k_descale, **rotary, **paged)
         if cache.v_pages_copied:
-            append_to_cache(v, cache.kv_cache.v_pages, cache.cache_seqlens, **paged)
+            append_to_cache(v, cache.kv_cache.v_pages, cache.cache_seqlens, descale=v_descale, **paged)
     if rotary_cos is not None:
         local = any(int(side) >= 0 for side in window_size)
         q = apply_rotary(q, rotary_cos, rotary_sin, cache.cache_seqlens, rotary_interleaved, per_token=causal or local)
-    result = attention(
+    result = _attention(
         q,
         None,
         None,
+        (q_descale, k_descale, v_descale),
         kv_cache=cache.kv_cache,
         causal=causal,
         mask=mask,

@@ -22,7 +22,9 @@ import triton.language as tl
 from ..launch import BoundKernel, PlanCache, bind
 from ..runtime import interpreting
 
-__all__ = ["apply_rotary", "append_to_cache", "check_rotary_tables"]
+__all__ = ["apply_rotary", "append_to_cache", "check_rotary_tables", "check_append_descale"]
+
+FP8 = torch.float8_e4m3fn
 
 
 @triton.jit
@@ -36,6 +38,23 @@ def _bf16_nearest_even(x):
 
 
 @triton.jit
+def _e4m3_nearest_even(x):
+    """float32 ``x`` (already saturated to ``[-448, 448]``) → the bits of its float8_e4m3fn rounding to nearest, ties
+    to even, as uint8 (NaN → 0x7F with x's sign): what the GPU's conversion does and the interpreter's does not (it
+    rounds ties away and mis-rounds some values). Normals: the float32 mantissa rounded to 3 bits and the exponent
+    rebiased (127 → 7); below 2**-6, multiples of 2**-9 (an exact scaling and the 2**23 rounding trick)."""
+    bits = x.to(tl.uint32, bitcast=True)
+    sign = (bits >> 24) & 0x80
+    magnitude = tl.abs(x)
+    magnitude_bits = magnitude.to(tl.uint32, bitcast=True)
+    normal = ((magnitude_bits + 0x7FFFF + ((magnitude_bits >> 20) & 1)) >> 20) - (120 << 3)
+    subnormal = ((magnitude * 512.0 + 8388608.0) - 8388608.0).to(tl.uint32)
+    code = tl.where(magnitude >= 0.015625, normal, subnormal)
+    code = tl.where(x != x, 0x7F, code)
+    return (code | sign).to(tl.uint8)
+
+
+@triton.jit
 def _rotary_copy_kernel(
     src_ptr,
     dst_ptr,
@@ -44,6 +63,7 @@ def _rotary_copy_kernel(
     start_ptr,
     dst_batch_ptr,
     block_table_ptr,
+    descale_ptr,
     stride_src_b,
     stride_src_s,
     stride_src_h,
@@ -60,6 +80,8 @@ def _rotary_copy_kernel(
     stride_dst_batch,
     stride_block_table_b,
     stride_block_table_p,
+    stride_descale_b,
+    stride_descale_h,
     seqlen_new,
     num_heads,
     head_dim,
@@ -74,6 +96,9 @@ def _rotary_copy_kernel(
     PAGE_SIZE: tl.constexpr,
     HAS_DST_BATCH: tl.constexpr,
     BF16_BY_HAND: tl.constexpr,
+    DESCALE: tl.constexpr,
+    E4M3: tl.constexpr,
+    E4M3_BY_HAND: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
@@ -84,7 +109,10 @@ def _rotary_copy_kernel(
     ``dst_batch[b]`` to the dense cache's ``num_pages`` sequences); ``p`` outside ``[0, capacity)`` is not
     stored. Rotary positions outside ``[0, rotary_seqlen)`` read its first / last row. No load reads past
     ``head_dim`` features of a row nor past ``ROTARY_DIM / 2`` columns of cos / sin (ROTARY_DIM <= head_dim).
-    Computed in float32 and rounded once to nearest even (BF16_BY_HAND: a bfloat16 ``dst`` in the interpreter)."""
+    Computed in float32 and rounded once to nearest even (BF16_BY_HAND: a bfloat16 ``dst`` in the interpreter).
+    ``E4M3``: ``dst`` is float8_e4m3fn: the value (divided by ``descale[b, head]`` with ``DESCALE``, float32 ``[B,
+    Hkv]``, IEEE division) saturates to ``[-448, 448]`` (NaN stays NaN) and rounds to nearest even; ``E4M3_BY_HAND``
+    (the interpreter): ``dst`` is the cache's bytes and the bits are made by :func:`_e4m3_nearest_even`."""
     row = tl.program_id(0)
     b = row // seqlen_new
     i = row % seqlen_new
@@ -114,6 +142,15 @@ def _rotary_copy_kernel(
             src_row + partner.to(tl.int64) * stride_src_d, mask=valid & rotates & (partner < head_dim), other=0.0
         ).to(tl.float32)
         x = x * cos.to(tl.float32) + sign * x_partner * sin.to(tl.float32)
+    if DESCALE:
+        descale = tl.load(
+            descale_ptr + b.to(tl.int64) * stride_descale_b + heads * stride_descale_h,
+            mask=heads < num_heads,
+            other=1.0,
+        )
+        x = tl.div_rn(x, descale)
+    if E4M3:
+        x = tl.where(x != x, x, tl.minimum(tl.maximum(x, -448.0), 448.0))
     if TO_CACHE:
         positions = tl.zeros((1, 1), tl.int32) + position  # [1, 1]: the interpreter takes no scalar mask
         in_cache = (positions < capacity) & (positions >= 0)
@@ -134,7 +171,12 @@ def _rotary_copy_kernel(
     else:
         keep = valid
         dst_row = dst_ptr + b.to(tl.int64) * stride_dst_b + i.to(tl.int64) * stride_dst_s
-    rounded = _bf16_nearest_even(x) if BF16_BY_HAND else x.to(dst_ptr.dtype.element_ty)
+    if E4M3_BY_HAND:
+        rounded = _e4m3_nearest_even(x)
+    elif BF16_BY_HAND:
+        rounded = _bf16_nearest_even(x)
+    else:
+        rounded = x.to(dst_ptr.dtype.element_ty)
     tl.store(dst_row + heads * stride_dst_h + dims.to(tl.int64) * stride_dst_d, rounded, mask=keep)
 
 
@@ -156,6 +198,7 @@ def _launch(
     page_size,
     capacity,
     num_pages,
+    descale=None,
 ):
     batch, seqlen_new, num_heads, head_dim = src.shape
     if batch * seqlen_new == 0 or num_heads * head_dim == 0:
@@ -163,6 +206,8 @@ def _launch(
     if to_cache and (capacity <= 0 or num_pages <= 0):  # every position is past the cache: nothing is written
         return
     dummy = start  # pointers the compiled variant never reads
+    if dst.dtype == FP8 and interpreting():  # the interpreter's e4m3 conversion does not round to nearest even
+        dst = dst.view(torch.uint8)
     tensors = (
         src,
         dst,
@@ -171,6 +216,7 @@ def _launch(
         start,
         dst_batch if dst_batch is not None else dummy,
         block_table if block_table is not None else dummy,
+        descale if descale is not None else dummy,
     )
     key, bound = _PLANS.lookup(
         src,
@@ -187,6 +233,7 @@ def _launch(
         page_size,
         capacity,
         num_pages,
+        descale,
     )
     if bound is None:
         bound = _PLANS.put(
@@ -204,16 +251,29 @@ def _launch(
                 page_size,
                 capacity,
                 num_pages,
+                descale,
             ),
         )
     bound(*tensors)
 
 
 def _bind(
-    tensors, cos, sin, dst_batch, block_table, interleaved, per_token, to_cache, paged, page_size, capacity, num_pages
+    tensors,
+    cos,
+    sin,
+    dst_batch,
+    block_table,
+    interleaved,
+    per_token,
+    to_cache,
+    paged,
+    page_size,
+    capacity,
+    num_pages,
+    descale,
 ) -> BoundKernel:
-    """The copy kernel's launch for the signature of ``tensors`` (its seven pointer arguments), compiled once."""
-    src, dst, _, _, start, _, _ = tensors
+    """The copy kernel's launch for the signature of ``tensors`` (its eight pointer arguments), compiled once."""
+    src, dst, _, _, start, _, _, _ = tensors
     batch, seqlen_new, num_heads, head_dim = src.shape
     rotary_dim = 0 if cos is None else 2 * cos.shape[1]
     table_strides = (0, 0, 0, 0) if cos is None else (*cos.stride(), *sin.stride())
@@ -227,6 +287,9 @@ def _bind(
         start.stride(0),
         dst_batch.stride(0) if dst_batch is not None else 0,
         *(block_table.stride() if block_table is not None else (0, 0)),
+        *(0 if size == 1 else stride for size, stride in zip(descale.shape, descale.stride()))
+        if descale is not None
+        else (0, 0),
         seqlen_new,
         num_heads,
         head_dim,
@@ -241,6 +304,9 @@ def _bind(
         PAGE_SIZE=page_size,
         HAS_DST_BATCH=dst_batch is not None,
         BF16_BY_HAND=interpreting() and dst.dtype == torch.bfloat16,
+        DESCALE=descale is not None,
+        E4M3=dst.dtype in (FP8, torch.uint8),  # uint8: the bytes of an e4m3 cache (_launch)
+        E4M3_BY_HAND=dst.dtype == torch.uint8,
         BLOCK_H=triton.next_power_of_2(num_heads),
         BLOCK_D=triton.next_power_of_2(head_dim),
         num_warps=1 if interpreting() else 4,
@@ -270,6 +336,34 @@ def check_rotary_tables(cos, sin, head_dim: int, cos_name: str = "cos", sin_name
         raise ValueError(f"rotary_dim = 2 * {cos_name}.shape[1] = {rotary_dim} must be <= head dim {head_dim}")
     if rotary_dim > 0 and cos.shape[0] == 0:
         raise ValueError(f"{cos_name} has no rows (seqlen_ro = 0)")
+
+
+def check_append_descale(name: str, descale, new, cache, new_name: str, cache_name: str) -> None:
+    """The dtypes of an append ``new`` ``[B, S_new, Hkv, D]`` → ``cache``: the cache's dtype, or fp16 / bf16 into a
+    float8_e4m3fn cache; ``descale`` None or, with an e4m3 cache, float32 ``[B, Hkv]`` (size-1 dims broadcast).
+
+    Raises:
+        TypeError: other dtypes, naming ``new_name`` or ``name``. ValueError: a descale of another shape, or with a
+        cache that is not e4m3, naming ``name``.
+    """
+    if new.dtype != cache.dtype and not (cache.dtype == FP8 and new.dtype in (torch.float16, torch.bfloat16)):
+        raise TypeError(
+            f"{new_name} dtype {new.dtype} != {cache_name} dtype {cache.dtype} (or float16 / bfloat16 into a "
+            f"float8_e4m3fn cache)"
+        )
+    if descale is None:
+        return
+    if cache.dtype != FP8:
+        raise ValueError(f"{name} given but {cache_name} is {cache.dtype}, not float8_e4m3fn")
+    if not isinstance(descale, torch.Tensor) or descale.dtype != torch.float32:
+        raise TypeError(
+            f"{name} must be a float32 tensor [B, Hkv], got {getattr(descale, 'dtype', type(descale).__name__)}"
+        )
+    want = (new.shape[0], new.shape[2])
+    if descale.dim() != 2 or any(size not in (1, full) for size, full in zip(descale.shape, want)):
+        raise ValueError(f"{name} must be [B, Hkv] = {list(want)} (or size-1 dims), got shape {tuple(descale.shape)}")
+    if descale.device != new.device:
+        raise ValueError(f"{name} is on {descale.device} but {new_name} is on {new.device}")
 
 
 def _check_positions(name: str, tensor, batch: int) -> None:
@@ -309,6 +403,7 @@ def append_to_cache(
     interleaved: bool = True,
     cache_batch_idx: torch.Tensor | None = None,
     block_table: torch.Tensor | None = None,
+    descale: torch.Tensor | None = None,
 ) -> None:
     """Writes ``new`` ``[B, S_new, Hkv, D]`` (rotated when ``cos`` / ``sin`` are given) into ``cache`` in place,
     token i of sequence b at position ``start[b] + i``: a dense cache ``[B_cache, S, Hkv, D]`` (sequence
@@ -318,9 +413,16 @@ def append_to_cache(
     (repeated ``cache_batch_idx`` entries or pages) leave one of them there, which is unspecified. Any strides
     (the cache's elements must not overlap: the caller's contract).
 
+    FP8 cache (float8_e4m3fn): fp16 / bf16 ``new`` is stored as the e4m3 rounding to nearest even of ``new /
+    descale[b, head]`` (float32 ``descale`` ``[B, Hkv]``, FA3's ``k_descale`` / ``v_descale``; ``[1, 1]`` is vLLM's
+    per-tensor ``k_scale`` / ``v_scale``; None: 1.0), saturated to ``[-448, 448]`` (NaN stays NaN); e4m3 ``new`` is
+    already in the cache's scale: copied (rotated, then rounded, with cos / sin), never divided.
+
     Raises:
+        TypeError: ``new`` neither the cache's dtype nor fp16 / bf16 into an e4m3 cache; ``descale`` not float32.
         ValueError: shapes that disagree (new's heads / head dim vs the cache's, ``start`` / ``cache_batch_idx``
-            not int32 ``[B]``, ``block_table`` not int32 ``[B, max_pages]``, bad rotary tables).
+            not int32 ``[B]``, ``block_table`` not int32 ``[B, max_pages]``, bad rotary tables, ``descale`` not
+            broadcastable to ``[B, Hkv]``), a ``descale`` with a cache that is not e4m3.
     """
     if new.dim() != 4 or cache.dim() != 4 or new.shape[2:] != cache.shape[2:]:
         raise ValueError(
@@ -328,6 +430,9 @@ def append_to_cache(
         )
     batch = new.shape[0]
     _check_positions("start", start, batch)
+    check_append_descale("descale", descale, new, cache, "new", "cache")
+    if new.dtype == FP8 or cache.dtype != FP8:
+        descale = None  # e4m3 keys are in the cache's scale already
     if cos is not None:
         check_rotary_tables(cos, sin, new.shape[-1])
     if block_table is not None:
@@ -351,6 +456,7 @@ def append_to_cache(
             page_size,
             block_table.shape[1] * page_size,
             cache.shape[0],
+            descale,
         )
     else:
         if cache_batch_idx is not None:
@@ -370,4 +476,5 @@ def append_to_cache(
             1,
             cache.shape[1],
             cache.shape[0],
+            descale,
         )
