@@ -132,7 +132,9 @@ def _decode_chunk(w_tile, tables, CHUNK: gl.constexpr, CONSUMER: gl.constexpr, a
 def _load_partition(
     a_desc,
     w_desc,
-    s_desc,
+    scales_ptr,
+    stride_s_row,
+    stride_s_col,
     a_smem,
     w_smem,
     s_smem,
@@ -148,11 +150,15 @@ def _load_partition(
     K,
     n_tiles,
 ):
-    """The load warp (the bf16 mode's, plus the tile's token scales of each K step: one ``[1, block_t]`` fp32 box of
-    the token-major scale copy, zero-filled past T)."""
+    """The load warp (the bf16 mode's, plus the tile's token scales of each K step: ``block_t`` fp32 values loaded by
+    the warp and stored to shared memory before the stage's arrive, whose release orders them for the consumers;
+    zero past T). A TMA box ``[1, block_t]`` of a token-major copy was an illegal instruction on the H200 (Triton
+    3.6; compute-sanitizer at the box's load), and plain loads need no copy of the scales."""
     STAGES: gl.constexpr = w_smem.shape[0]
     TOKENS: gl.constexpr = a_desc.block_type.shape[0]
-    STAGE_BYTES: gl.constexpr = 2 * a_desc.block_type.nbytes + w_desc.block_type.nbytes + s_desc.block_type.nbytes
+    STAGE_BYTES: gl.constexpr = 2 * a_desc.block_type.nbytes + w_desc.block_type.nbytes
+    token_layout: gl.constexpr = gl.BlockedLayout([TOKENS // 32], [32], [1], [0])
+    tokens = gl.arange(0, TOKENS, layout=token_layout)
     k_steps = gl.cdiv(K, 128)
     blocks_per_expert = N // 16
     tile = gl.program_id(0)
@@ -175,11 +181,17 @@ def _load_partition(
             for kb in range(k_steps):
                 stage = loaded % STAGES
                 mbarrier.wait(empty.index(stage), ((loaded // STAGES) & 1) ^ 1)
+                token_rows = first_row + tokens
+                a_scales = gl.load(
+                    scales_ptr + token_rows.to(gl.int64) * stride_s_row + kb * stride_s_col,
+                    mask=token_rows < num_tokens,
+                    other=0.0,
+                )
+                s_smem.index(stage).store(a_scales)
                 mbarrier.expect(ready.index(stage), STAGE_BYTES)
                 _tma_load(w_desc, [block0, 4 * kb, 0], ready.index(stage), w_smem.index(stage))
                 _tma_load(a_desc, [first_row, kb * 128], ready.index(stage), a_smem.index(2 * stage))
                 _tma_load(a_desc, [first_row, kb * 128 + 64], ready.index(stage), a_smem.index(2 * stage + 1))
-                _tma_load(s_desc, [kb, first_row], ready.index(stage), s_smem.index(stage))
                 loaded += 1
         count += 1
         tile += programs
@@ -260,7 +272,7 @@ def _consumer_partition(
                 t1 = gl.load(table_base + table_offsets + ahead + 8)
                 partial = warpgroup_mma(a1, a_smem.index(2 * stage + 1).permute((1, 0)), partial, is_async=True)
                 partial = warpgroup_mma_wait(num_outstanding=0, deps=(partial,))
-                a_scale = s_smem.index(stage).reshape([TOKENS]).load(token_layout)
+                a_scale = s_smem.index(stage).load(token_layout)
                 mbarrier.arrive(empty.index(stage))
                 if STEP_REFERENCE:
                     factor = gl.expand_dims(factor_rows, 1) * gl.expand_dims(a_scale, 0)
@@ -287,13 +299,15 @@ def _consumer_partition(
 def w4a8_gluon_kernel(
     a_desc,
     w_desc,
-    s_desc,
+    scales_ptr,
     tables_ptr,
     factors_ptr,
     out_ptr,
     a_offsets_ptr,
     expert_ids_ptr,
     stride_out_row,
+    stride_s_row,
+    stride_s_col,
     num_tokens,
     num_groups,
     num_experts,
@@ -305,14 +319,14 @@ def w4a8_gluon_kernel(
 ):
     """a_desc: TMA descriptor over e4m3 A ``[T, K]``, box ``[block_t, 64]`` (64B swizzle); w_desc: over
     :class:`PreparedW4A8`'s data viewed as int32 ``[E·N/16, K'/32, 64]``, box :data:`W_BOX`; tables_ptr int32 and
-    factors_ptr float32 (:class:`PreparedW4A8`); s_desc: over the token-major fp32 scale copy ``[ceil(K/128),
-    T']`` (T' = T rounded up to 4), box ``[1, block_t]``; out_ptr
+    factors_ptr float32 (:class:`PreparedW4A8`); scales_ptr: A's fp32 scales ``[T, ceil(K/128)]`` (strides
+    ``stride_s_row``, ``stride_s_col``); out_ptr
     bf16 ``[T, N]`` (unit column stride); a_offsets_ptr int32 ``[G + 1]``; expert_ids_ptr int32 ``[G]``; n_tiles =
     N / 128. Grid ``(min(SMs, tile bound),)``, ``num_warps=4`` + consumer 1 (4 warps) + the load warp."""
     TOKENS: gl.constexpr = a_desc.block_type.shape[0]
     a_smem = gl.allocate_shared_memory(a_desc.dtype, [2 * STAGES, TOKENS, 64], a_desc.layout)
     w_smem = gl.allocate_shared_memory(w_desc.dtype, [STAGES, 8, 4, 64], w_desc.layout)
-    s_smem = gl.allocate_shared_memory(s_desc.dtype, [STAGES, 1, TOKENS], s_desc.layout)
+    s_smem = gl.allocate_shared_memory(gl.float32, [STAGES, TOKENS], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     info_smem = gl.allocate_shared_memory(gl.int32, [2, 4], gl.SwizzledSharedLayout(1, 1, 1, [0]))
@@ -371,7 +385,9 @@ def w4a8_gluon_kernel(
                 (
                     a_desc,
                     w_desc,
-                    s_desc,
+                    scales_ptr,
+                    stride_s_row,
+                    stride_s_col,
                     a_smem,
                     w_smem,
                     s_smem,
@@ -430,15 +446,10 @@ def a_layout_shared(a_box):
     return gl.NVMMASharedLayout.get_default_for(a_box, gl.float8e4nv)
 
 
-def s_layout_shared():
-    return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
-
-
 def descriptor_types(config: W4A8Config) -> dict:
     return dict(
         a_desc=f"tensordesc<fp8e4nv[{', '.join(map(str, config.a_box))}],{a_layout_shared(config.a_box)!r}>",
         w_desc=f"tensordesc<i32[{', '.join(map(str, W_BOX))}],{w_layout_shared()!r}>",
-        s_desc=f"tensordesc<fp32[1, {config.block_t}],{s_layout_shared()!r}>",
     )
 
 
@@ -446,6 +457,7 @@ def compile_signature(config: W4A8Config):
     names = w4a8_gluon_kernel.arg_names
     types = dict(
         descriptor_types(config),
+        scales_ptr="*fp32",
         tables_ptr="*i32",
         factors_ptr="*fp32",
         out_ptr="*bf16",
@@ -651,14 +663,6 @@ def w4a8_grouped_matmul_gluon(a, w, a_offsets, expert_ids, out=None, config=None
     a_desc = TensorDescriptor(
         a_data, [num_tokens, k], [a_data.stride(0), 1], config.a_box, a_layout_shared(config.a_box)
     )
-    # the scales token-major ([K/128, T'], T' a multiple of 4 for TMA's 16-byte row stride): one small copy a call;
-    # the load warp brings each step's [1, block_t] box (zero past T) with the step's other boxes
-    steps = triton.cdiv(k, 128)
-    scales_t = torch.zeros(steps, triton.cdiv(num_tokens, 4) * 4, dtype=torch.float32, device=data.device)
-    scales_t[:, :num_tokens] = scales.t()
-    s_desc = TensorDescriptor(
-        scales_t, [steps, num_tokens], [scales_t.stride(0), 1], [1, config.block_t], s_layout_shared()
-    )
     k_padded = triton.cdiv(k, 128) * 128
     w_view = w.data.view(num_experts * (n // 16), k_padded // 32, 64)
     w_desc = TensorDescriptor(w_view, list(w_view.shape), [w_view.stride(0), 64, 1], W_BOX, w_layout_shared())
@@ -669,13 +673,15 @@ def w4a8_grouped_matmul_gluon(a, w, a_offsets, expert_ids, out=None, config=None
     LAST_COMPILED[config] = w4a8_gluon_kernel[grid](
         a_desc,
         w_desc,
-        s_desc,
+        scales,
         w.tables,
         w.row_factors,
         target,
         a_offsets.contiguous(),
         expert_ids.contiguous(),
         target.stride(0),
+        scales.stride(0),
+        scales.stride(1),
         num_tokens,
         num_groups,
         num_experts,
