@@ -13,19 +13,24 @@ from llmkernels.attention.check import CheckedCall
 from llmkernels.attention.config import default_config, tiling
 from llmkernels.attention.masks import MaskSpec, ScoreModSpec
 
-# The attention calls: (label, head dim, decode, paged, visible band)
+# The attention calls: (label, head dim, decode, paged, visible band, FP8 inputs: None, "kv" or "qkv")
 ATTENTION_CALLS = (
-    [(f"prefill d{d}", d, False, False, None) for d in (64, 128, 256)]
-    + [("prefill d128 window 1024", 128, False, False, 1024)]
-    + [(f"decode d{d} paged gqa8", d, True, True, None) for d in (64, 128, 256)]
-    + [("decode d128 gqa8", 128, True, False, None)]
+    [(f"prefill d{d}", d, False, False, None, None) for d in (64, 128, 256)]
+    + [("prefill d128 window 1024", 128, False, False, 1024, None)]
+    + [(f"decode d{d} paged gqa8", d, True, True, None, None) for d in (64, 128, 256)]
+    + [("decode d128 gqa8", 128, True, False, None, None)]
+    + [("prefill d128 fp8 qkv", 128, False, False, None, "qkv")]
+    + [("decode d128 paged fp8 kv", 128, True, True, None, "kv")]
 )
 NUM_Q_HEADS, NUM_KV_HEADS, PAGE_SIZE = 32, 4, 64
 
 
-def _call(depth: int, decode: bool, paged: bool, band: int | None, device: torch.device) -> CheckedCall:
+def _call(
+    depth: int, decode: bool, paged: bool, band: int | None, device: torch.device, fp8: str | None = None
+) -> CheckedCall:
     """A bf16 call of one sequence (one query for decode), 8 q heads per KV head, K/V token rows TMA can read
-    (dense) or pages of 64 keys; ``band``: a sliding window that shows each query that many keys."""
+    (dense) or pages of 64 keys; ``band``: a sliding window that shows each query that many keys; ``fp8``: e4m3
+    K/V ("kv") or q, K and V ("qkv") with all their descales (FA3's)."""
     mask = MaskSpec(has_window=True, window_left=band - 1, window_right=0) if band else MaskSpec()
     return CheckedCall(
         False,
@@ -47,6 +52,9 @@ def _call(depth: int, decode: bool, paged: bool, band: int | None, device: torch
         page_size=PAGE_SIZE if paged else 0,
         kv_token_rows=not paged,
         tma_ready=(True, True, True),
+        fp8_q=fp8 == "qkv",
+        fp8_kv=fp8 is not None,
+        descales=(fp8 == "qkv", fp8 is not None, fp8 is not None),
     )
 
 
@@ -69,12 +77,13 @@ def _case(label: str, spec, mma_m: int, arch: int) -> Case:
 
 def attention_cases(arch: int, calls=tuple(ATTENTION_CALLS)) -> list[Case]:
     """The launches of the portable backend for ``default_config`` on ``arch``: prefill (TMA K/V where the library
-    takes it), a windowed prefill, split-KV decode of 8 q heads per KV head (paged and dense), and the combine
-    backend's two variants (all splits in one block, and blocks of 64)."""
+    takes it), a windowed prefill, split-KV decode of 8 q heads per KV head (paged and dense), FP8 (e4m3 q, K, V
+    prefill and e4m3 paged decode, with descales), and the combine backend's two variants (all splits in one block,
+    and blocks of 64)."""
     device = _pretend_gpu(arch)
     cases = []
-    for label, depth, decode, paged, band in calls:
-        call = _call(depth, decode, paged, band, device)
+    for label, depth, decode, paged, band, fp8 in calls:
+        call = _call(depth, decode, paged, band, device, fp8)
         config = default_config(
             depth,
             torch.bfloat16,
