@@ -315,6 +315,18 @@ def test_append_bits_rounding_and_saturation(device):
     nan = expected.view(FP8).float().isnan() & buffer.view(FP8).float().isnan()
     assert torch.equal(buffer[~nan], expected[~nan]), (buffer != expected).nonzero()[:5]
     assert buffer[3, 1, 0, 3] & 0x7F == 0x7F, "NaN stays NaN"
+    # the descale as a transposed-storage view, new as a strided view: the same bits
+    again = torch.full_like(buffer, 0xA5)
+    wide = torch.zeros(batch, new_tokens, heads, 2 * head_dim, dtype=torch.bfloat16, device=device)
+    wide[..., ::2] = new
+    append_to_cache(
+        wide[..., ::2],
+        again[1:, 1 : capacity + 1, :heads].view(FP8),
+        start,
+        cache_batch_idx=cache_batch_idx,
+        descale=descale.t().contiguous().t(),
+    )
+    assert torch.equal(again, buffer)
     assert buffer[3, 1, 0, :3].view(FP8).float().tolist() == [448.0, -448.0, 448.0], "saturated at 448"
 
 
