@@ -12,7 +12,7 @@ from llmkernels import runtime
 from llmkernels.attention import config as attention_config
 from llmkernels.attention import gluon_hopper, portable
 from llmkernels.attention.api import attention
-from llmkernels.attention.check import check_attention
+from llmkernels.attention.check import check_attention, check_fp8_capability
 from llmkernels.attention.config import FA4Config, default_config, tiling
 from llmkernels.attention.masks import SlidingWindow
 from llmkernels.attention.paged import PagedKVCache
@@ -219,6 +219,14 @@ def test_fp8_calls_never_take_a_gluon_backend(monkeypatch):
             chosen = next(backend for backend in PASSES if takes(backend, call, tiles))
             assert chosen.name == wanted, (kv_dtype, chosen.name)
         assert gluon_hopper.BACKEND.supports(call, tiles) is False and portable.BACKEND.reads_fp8
+
+
+def test_fp8_needs_sm89():
+    """Ampere has no e4m3 conversion: FP8 inputs on an sm_80 GPU are refused by name (sm_89+ pass)."""
+    with runtime.pretend_gpu((8, 0)) as gpu, pytest.raises(ValueError, match="k is float8_e4m3fn on an sm_80"):
+        check_fp8_capability("k", gpu)
+    with runtime.pretend_gpu((9, 0)) as gpu:
+        check_fp8_capability("k", gpu)
 
 
 def _errors_cases(device):

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..runtime import check_device, first_bad_prefix_sum, first_true, forward_only
+from ..runtime import check_device, cuda_capability, first_bad_prefix_sum, first_true, forward_only
 from . import layout
 from .config import SUPPORTED_HEAD_DIMS, FA4Config
 from .masks import (
@@ -25,7 +25,7 @@ from .masks import (
 )
 from .paged import PagedKVCache
 
-__all__ = ["CheckedCall", "check_attention", "check_metadata_values"]
+__all__ = ["CheckedCall", "check_attention", "check_metadata_values", "check_fp8_capability"]
 
 _DTYPES = (torch.float16, torch.bfloat16)
 FP8 = torch.float8_e4m3fn  # FP8 attention's storage dtype (FA3's e4m3 K/V and q)
@@ -43,6 +43,16 @@ def _check_fp8(q, k_dtype, v_dtype, k_name: str, v_name: str) -> tuple[bool, boo
         raise TypeError(f"{v_name} dtype {v_dtype} != {k_name} dtype {k_dtype} (k and v share one dtype)")
     fp8_kv = k_dtype == FP8
     return fp8_q, fp8_kv
+
+
+def check_fp8_capability(name: str, device: torch.device) -> None:
+    """float8_e4m3fn tensors on a GPU before sm_89 (Ampere): Triton has no e4m3 conversion there. Raises
+    ``ValueError`` naming ``name``."""
+    capability = cuda_capability(device)
+    if capability is not None and capability < (8, 9):
+        raise ValueError(
+            f"{name} is float8_e4m3fn on an sm_{capability[0]}{capability[1]} GPU: FP8 attention needs sm_89 or newer"
+        )
 
 
 def _check_descales(descales, fp8: tuple, batch: int, num_kv_heads: int) -> None:
@@ -383,6 +393,8 @@ def check_attention(
         k_descale=k_descale,
         v_descale=v_descale,
     )
+    if fp8_q or fp8_kv:
+        check_fp8_capability("q" if fp8_q else ("kv_cache.k_pages" if paged else "k"), device)
     forward_only(
         "attention",
         q=q,

@@ -21,6 +21,7 @@ import triton.language as tl
 
 from ..launch import BoundKernel, PlanCache, bind
 from ..runtime import interpreting
+from .check import check_fp8_capability
 
 __all__ = ["apply_rotary", "append_to_cache", "check_rotary_tables", "check_append_descale"]
 
@@ -351,6 +352,8 @@ def check_append_descale(name: str, descale, new, cache, new_name: str, cache_na
             f"{new_name} dtype {new.dtype} != {cache_name} dtype {cache.dtype} (or float16 / bfloat16 into a "
             f"float8_e4m3fn cache)"
         )
+    if cache.dtype == FP8:
+        check_fp8_capability(cache_name, cache.device)
     if descale is None:
         return
     if cache.dtype != FP8:
