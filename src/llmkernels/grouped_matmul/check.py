@@ -200,6 +200,14 @@ def _describe(x: Operand) -> str:
 
 
 def _check_format_pair(a: Operand, b: Operand) -> None:
+    if a.format == "fp8" and a.block_rows == 1 and b.format == "mxfp4":
+        # w4a8: fp8 (1, 128) activations with MXFP4 weights whose scale rows the kernel addresses
+        if b.scale_layout.expert_scale_rows is None:
+            raise TypeError(
+                f"unsupported format pair a=fp8 block=(1, 128), b=mxfp4 in the {b.scale_layout} layout: fp8 "
+                f"activations take MXFP4 weights with {ROW} or 128x4 scales"
+            )
+        return
     if "fp8" in (a.format, b.format):
         # fp8 blocks pair only as their checkpoints store them: (1, 128) activations (or bf16/fp16 ones, which
         # the call quantizes so) with (128, 128) weights.
@@ -208,7 +216,8 @@ def _check_format_pair(a: Operand, b: Operand) -> None:
         if not (a_ok and b_ok):
             raise TypeError(
                 f"unsupported format pair a={_describe(a)}, b={_describe(b)}: fp8 weights take block=(128, 128) "
-                f"with fp8 block=(1, 128) or bf16/fp16 activations"
+                f"with fp8 block=(1, 128) or bf16/fp16 activations; fp8 block=(1, 128) activations take those or "
+                f"mxfp4 weights"
             )
         return
     if not a.quantized:
@@ -226,6 +235,14 @@ def _check_fp8_config(config) -> None:
         raise ValueError(
             f"fp8 launches step K one 128-wide scale block at a time: config.block_k must be {FP8_BLOCK_K}, "
             f"got {config.block_k}"
+        )
+
+
+def _check_w4a8_config(config) -> None:
+    if config is not None and config.block_k > FP8_BLOCK_K:
+        raise ValueError(
+            f"fp8 block=(1, 128) activations scale each K step by one scale of a: config.block_k must divide "
+            f"{FP8_BLOCK_K}, got {config.block_k}"
         )
 
 
@@ -356,6 +373,8 @@ def check_grouped_matmul(
         _check_hopper_weights(a_op, b_op, n_out, epilogue_kind, config, a_data.device)
     if b_op.format == "fp8":
         _check_fp8_config(config)
+    elif a_op.format == "fp8":
+        _check_w4a8_config(config)
     if out is not None:
         check_out(
             out,

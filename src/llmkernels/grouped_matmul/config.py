@@ -21,6 +21,7 @@ __all__ = [
     "default_launches",
     "hopper_config",
     "fp8_config",
+    "w4a8_config",
     "HOPPER_MIN_BLOCK_K",
     "FP8_BLOCK_K",
     "compute_dtype",
@@ -141,11 +142,13 @@ def default_config(
     b_scale_block: int = 32,
     b_layout: Layout | str = ROW,
     b_scale: str | None = None,
+    a_scale: str | None = None,
 ) -> BlockScaledMatmulConfig:
     """A config from what the host knows without a sync: shapes, the operands' element types
     (``"bf16" | "fp16" | "e4m3" | "e2m1"``), whether the epilogue is SwiGLU, B's scale block
     (32 for MX, 16 for NVFP4) and B's layout (a layout or its name; the Hopper layout: :func:`hopper_config`),
-    B's scale type (``"f32"``: fp8 blocks, :func:`fp8_config`).
+    B's scale type (``"f32"``: fp8 blocks, :func:`fp8_config`), A's scale type (``"f32"`` with e2m1 weights:
+    fp8 ``(1, 128)`` activations with MXFP4 weights, :func:`w4a8_config`).
 
     SwiGLU tiles load gate and up rows of B (``2 · block_n`` rows per K step): the 128×128×128 compute
     tile keeps its ``block_n`` (both B tiles fit shared memory), the 256-row compute tiles of quantized
@@ -157,6 +160,8 @@ def default_config(
         return hopper_config(num_tokens, num_groups, device, swiglu, b_scale_block)
     if b_scale == "f32":
         return fp8_config(num_tokens, num_groups, device, swiglu)
+    if a_scale == "f32":
+        return w4a8_config(num_tokens, num_groups, device, swiglu)
     config = _measured_config(num_tokens, num_groups, n_out, k, device, a_element, b_element, b_scale_block)
     if swiglu and config.block_m == 256:
         # Two e2m1 products per step: the packed register decode beats tl.dot_scaled's upcast there
@@ -222,6 +227,32 @@ def fp8_config(num_tokens: int, num_groups: int, device: torch.device, swiglu: b
         block_m, block_n, warps, stages, swap = 64, 128, 4, 4, False
     else:
         block_m, block_n, warps, stages, swap = 128, 256, 8, 3, False
+    if swiglu:
+        block_n //= 2
+    return BlockScaledMatmulConfig(block_m, block_n, FP8_BLOCK_K, num_stages=stages, num_warps=warps, ab_swapped=swap)
+
+
+def w4a8_config(
+    num_tokens: int, num_groups: int, device: torch.device, swiglu: bool = False
+) -> BlockScaledMatmulConfig:
+    """The tiles of fp8 ``(1, 128)`` activations with MXFP4 weights on the portable ``w4a8_blocks`` backend, by the
+    average group: ≤ 16 tokens 16 x 128 swap-AB (the decoded weights on the MMA's M side), 4 warps, 4 stages;
+    17 to 64 tokens 64 x 128, 4 warps, 3 stages; more 128 x 128, 8 warps, 3 stages (on sm_90 the ``w4a8_hopper``
+    backend takes those where it can). ``block_k`` 128 (a divisor of A's scale block is what the kernel needs).
+    Chosen by analogy with :func:`fp8_config` (one 128-row weight tile: the decoded bf16 weights take twice the
+    registers of e4m3 ones), not measured on a GPU yet. SwiGLU tiles halve ``block_n``. Small tiles in the
+    interpreter, swap-AB for ≤ 16 tokens; one program per tile."""
+    tokens_per_group = num_tokens / max(num_groups, 1)
+    if device.type != "cuda" or interpreting():
+        return BlockScaledMatmulConfig(
+            16, 32, FP8_BLOCK_K, num_stages=1, num_warps=4, ab_swapped=tokens_per_group <= 16
+        )
+    if tokens_per_group <= 16:
+        block_m, block_n, warps, stages, swap = 16, 128, 4, 4, True
+    elif tokens_per_group <= 64:
+        block_m, block_n, warps, stages, swap = 64, 128, 4, 3, False
+    else:
+        block_m, block_n, warps, stages, swap = 128, 128, 8, 3, False
     if swiglu:
         block_n //= 2
     return BlockScaledMatmulConfig(block_m, block_n, FP8_BLOCK_K, num_stages=stages, num_warps=warps, ab_swapped=swap)
@@ -322,6 +353,7 @@ def default_launches(
     b_scale_block: int = 32,
     b_layout: Layout | str = ROW,
     b_scale: str | None = None,
+    a_scale: str | None = None,
 ) -> tuple:
     """``((config, min_group_rows, max_group_rows), ...)``: the launches of one call by default.
 
@@ -333,7 +365,8 @@ def default_launches(
     the host needs for three launches: from ``weight_bytes`` ≥ 1 GiB on (a third of a millisecond
     at 3 TB/s), and always in the interpreter, where it is tested. Otherwise one launch takes every
     group. Each launch's config is :func:`default_config`'s for its class (``b_scale="f32"``: fp8-block weights,
-    :func:`fp8_config`). Cached: the host work of a call is a dictionary lookup.
+    :func:`fp8_config`; ``a_scale="f32"`` with MXFP4 weights: :func:`w4a8_config`). Cached: the host work of a
+    call is a dictionary lookup.
     """
     tokens_per_group = num_tokens / max(num_groups, 1)
     split = interpreting() or device.type != "cuda" or weight_bytes >= _SPLIT_MIN_WEIGHT_BYTES
@@ -352,6 +385,7 @@ def default_launches(
                     b_scale_block,
                     b_layout,
                     b_scale,
+                    a_scale,
                 ),
                 *ALL_GROUP_SIZES,
             ),
@@ -372,6 +406,7 @@ def default_launches(
             b_scale_block,
             b_layout,
             b_scale,
+            a_scale,
         )
         launches.append((config, min_rows, max_rows))
     return tuple(launches)

@@ -97,7 +97,7 @@ def _promoted_step(
 
 
 @triton.jit
-def _store_sub_tile(
+def store_sub_tile(
     out_ptr,
     acc,
     up_acc,
@@ -381,7 +381,7 @@ def _fp8_tile(
         multiplier = tl.load(expert_scales_ptr + expert)
     out_row_base = out_ptr + tile_start * stride_out_row
     cols = first_col + tl.arange(0, SUB_N)
-    _store_sub_tile(
+    store_sub_tile(
         out_ptr,
         acc0,
         up0_acc,
@@ -408,7 +408,7 @@ def _fp8_tile(
         GLU_UP_SHIFT,
     )
     if SPLIT_N == 2:
-        _store_sub_tile(
+        store_sub_tile(
             out_ptr,
             acc1,
             up1_acc,

@@ -131,9 +131,9 @@ class HopperCopies:
 
 def _reads_hopper_weights(a) -> bool:
     """Whether the Hopper-layout kernel takes activations ``a``: bf16, or quantized with scales not padded per
-    group (decoded ahead to bf16)."""
+    group (decoded ahead to bf16), fp8 blocks aside (their product with MXFP4 weights is the w4a8 pair's)."""
     if type(a) is ScaledTensor:
-        return not a.scale_layout.grouped
+        return not a.scale_layout.grouped and a.format != "fp8"
     return isinstance(a, torch.Tensor) and a.dtype == torch.bfloat16
 
 

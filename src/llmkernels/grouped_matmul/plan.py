@@ -40,6 +40,7 @@ def launch_configs(call: CheckedCall, config: BlockScaledMatmulConfig | None) ->
         b.scale_block,
         b.scale_layout,
         b.scale,
+        a.scale,
     )
 
 

@@ -1,0 +1,201 @@
+"""grouped_matmul on w4a8: fp8 ``block=(1, 128)`` activations (e4m3, a float32 scale per token and 128 columns)
+with MXFP4 expert weights, against grouped_matmul_reference: float64 products of the dequantized operands.
+
+Outputs are poisoned with NaN: an unwritten row fails, and rows past a_offsets[G] must still be NaN afterwards;
+groups of expert -1 must be exact zeros. Small shapes: the interpreter runs each program in numpy.
+
+Relative errors (Frobenius) measured under the Triton 3.9 interpreter (CPU), bounds about 10x those:
+
+==========  ===============  ====================================================================================
+out dtype   measured         what is left
+==========  ===============  ====================================================================================
+float32     4.7e-8 - 1.4e-7  fp32 sums of exact products (e4m3 x e2m1 · 2^e) and the promotions' roundings, fp32
+                             epilogues; the reference's dequantized A is rounded to fp32 too; bound 2e-6
+bfloat16    3.4e-3           the output's rounding; bound 1e-2
+==========  ===============  ====================================================================================
+"""
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+import llmkernels as lk
+from llmkernels.formats import quantize_reference
+from llmkernels.grouped_matmul import HOPPER_COPIES, default_launches, layout_cache
+from llmkernels.testing import assert_close_relative, on_gpu, poison, random_group_offsets
+
+# On a GPU the bf16 MMA's fp32 accumulation is not IEEE-exact in its order of additions: a looser fp32 bound there
+TOLERANCE = {torch.float32: 1e-4 if on_gpu() else 2e-6, torch.bfloat16: 1e-2}
+
+# Group sizes, expert of each group, experts: an empty group, a 1-row group, an expert -1, a group larger than
+# one 16-row tile, ids in any order.
+SIZES, IDS, EXPERTS = [17, 0, 1, 6, 13, 2], [2, 0, 1, -1, 1, 2], 3
+TRAILING = 3  # rows past a_offsets[G]: never written
+N = 96
+
+
+def _config(block_m=16, block_n=32, block_k=128, swapped=False, num_programs=None):
+    return lk.BlockScaledMatmulConfig(
+        block_m, block_n, block_k, num_stages=1, num_warps=4, ab_swapped=swapped, num_programs=num_programs
+    )
+
+
+def _problem(k: int, device, n: int = N):
+    """Activations with outlier columns (scales that differ per token and K block), weights whose 32-wide blocks
+    span a wide range of scales; fp8 (1, 128) activations, MXFP4 weights and the metadata of SIZES / IDS."""
+    num_tokens = sum(SIZES) + TRAILING
+    x = torch.randn(num_tokens, k, device=device)
+    x[:, ::7] *= 30.0
+    w = torch.randn(EXPERTS, n, k, device=device) / k**0.5
+    w *= (
+        torch.exp2(torch.randint(-6, 7, (EXPERTS, n, k // 32, 1), device=device).float())
+        .expand(-1, -1, -1, 32)
+        .reshape(EXPERTS, n, k)
+    )
+    a = quantize_reference(x, "fp8", block=(1, 128))
+    b = quantize_reference(w, "mxfp4")
+    offsets = random_group_offsets(SIZES, device=device)
+    ids = torch.tensor(IDS, dtype=torch.int32, device=device)
+    return a, b, offsets, ids
+
+
+def _run(a, b, offsets, ids, n_out, *, out_dtype=torch.float32, out=None, **kwargs):
+    out = poison(torch.empty(a.shape[0], n_out, dtype=out_dtype, device=offsets.device)) if out is None else out
+    result = lk.grouped_matmul(a, b, offsets, ids, out_dtype=out_dtype, out=out, **kwargs)
+    assert result is out
+    return out
+
+
+def _check(out, a, b, offsets, ids, expert_scales=None, *, epilogue=None, reference_epilogue=None, bias=None):
+    rows = sum(SIZES)
+    expected = lk.grouped_matmul_reference(
+        a, b, offsets, ids, expert_scales, epilogue=reference_epilogue or epilogue, bias=bias
+    )
+    assert_close_relative(out[:rows].float(), expected[:rows], TOLERANCE[out.dtype], "w4a8 grouped_matmul")
+    assert out[rows:].isnan().all(), "rows past a_offsets[G] were written"
+    starts = offsets.tolist()
+    for group, expert in enumerate(IDS):
+        if expert < 0:
+            assert (out[starts[group] : starts[group + 1]] == 0).all(), "a group of expert -1 is not zeros"
+
+
+@pytest.mark.parametrize(
+    "config, k, scale_layout",
+    [
+        (_config(), 192, "row"),  # a ragged last K step (K % 128 = 64)
+        (_config(block_k=64, swapped=True), 160, "row"),  # two steps per scale block of A, the last one ragged
+        (_config(32, 64, swapped=True, num_programs=3), 256, "128x4"),  # persistent, a tile past N
+    ],
+    ids=["plain-K192", "swapped-bk64-K160", "persistent-128x4"],
+)
+def test_orientations_ragged_k_and_scale_layouts(config, k, scale_layout, device):
+    a, b, offsets, ids = _problem(k, device)
+    if scale_layout != "row":
+        b = b.to_layout(scale_layout)
+    expert_scales = torch.rand(EXPERTS, device=device) + 0.5
+    out = _run(a, b, offsets, ids, N, expert_scales=expert_scales, config=config)
+    _check(out, a, b, offsets, ids, expert_scales)
+
+
+@triton.jit
+def _row_col_epilogue(value, row, col):
+    return value * (1.0 + 0.01 * row.to(tl.float32)) - 0.001 * col.to(tl.float32)
+
+
+def _row_col_reference(value, row, col):
+    return value * (1.0 + 0.01 * row) - 0.001 * col
+
+
+# (epilogue, reference epilogue, config)
+EPILOGUE_CASES = {
+    "silu": ("silu", None, _config(32, 32)),
+    "gelu": ("gelu", None, _config(swapped=True)),
+    "swiglu": ("swiglu", None, _config(swapped=True)),
+    "interleaved-clamped": (lk.SwiGLU(alpha=1.702, limit=0.5, up_shift=1.0, interleaved=True), None, _config()),
+    "user": (_row_col_epilogue, _row_col_reference, _config()),
+}
+
+
+@pytest.mark.parametrize("case", sorted(EPILOGUE_CASES))
+def test_epilogues_with_bias_and_expert_scales(case, device):
+    epilogue, reference_epilogue, config = EPILOGUE_CASES[case]
+    a, b, offsets, ids = _problem(128, device)
+    expert_scales = torch.rand(EXPERTS, device=device) + 0.5
+    bias = torch.randn(EXPERTS, N, device=device).to(torch.bfloat16 if case in ("gelu", "swiglu") else torch.float32)
+    gated = epilogue == "swiglu" or isinstance(epilogue, lk.SwiGLU)
+    out = _run(
+        a,
+        b,
+        offsets,
+        ids,
+        N // 2 if gated else N,
+        out_dtype=torch.bfloat16 if case == "user" else torch.float32,
+        expert_scales=expert_scales,
+        epilogue=epilogue,
+        bias=bias,
+        config=config,
+    )
+    _check(out, a, b, offsets, ids, expert_scales, epilogue=epilogue, reference_epilogue=reference_epilogue, bias=bias)
+
+
+def test_views_give_the_bits_of_the_contiguous_call(device):
+    """Token-major A scales (as vLLM and DeepGEMM keep them), A's data, the weights' data and scales as offset and
+    strided views, a strided bias, strided metadata and an ``out=`` that is a transposed view: the bits of the call
+    on contiguous copies."""
+    k = 128
+    a, b, offsets, ids = _problem(k, device)
+    bias = torch.randn(EXPERTS, N, device=device)
+    config = _config(swapped=True)
+    expected = _run(a, b, offsets, ids, N, out_dtype=torch.bfloat16, bias=bias, config=config)
+
+    a_data = torch.zeros(a.shape[0] + 1, k + 16, dtype=a.data.dtype, device=device)[1:, 8 : 8 + k]
+    a_data.copy_(a.data)
+    a_scales = a.scales.t().contiguous().t()  # token-major
+    b_data = torch.zeros(EXPERTS, N, k, dtype=b.data.dtype, device=device)[..., 1::2]
+    b_data.copy_(b.data)
+    b_scales = torch.zeros(EXPERTS, N + 1, k // 16, dtype=b.scales.dtype, device=device)[:, 1:, ::2]
+    b_scales.copy_(b.scales)
+    a_view = lk.ScaledTensor(a_data, a_scales, "fp8", block=(1, 128))
+    b_view = lk.ScaledTensor(b_data, b_scales, "mxfp4")
+    bias_view = torch.zeros(EXPERTS, 2 * N, device=device)[:, ::2]
+    bias_view.copy_(bias)
+    offsets_view = torch.zeros(2 * offsets.numel(), dtype=offsets.dtype, device=device)[::2]
+    offsets_view.copy_(offsets)
+    ids_view = torch.zeros(ids.numel() + 1, dtype=ids.dtype, device=device)[1:]
+    ids_view.copy_(ids)
+    out = poison(torch.empty(N, a.shape[0], dtype=torch.bfloat16, device=device)).t()
+    _run(a_view, b_view, offsets_view, ids_view, N, out_dtype=torch.bfloat16, out=out, bias=bias_view, config=config)
+    assert torch.equal(out.isnan(), expected.isnan())
+    assert torch.equal(torch.nan_to_num(out), torch.nan_to_num(expected))
+
+
+def test_default_launches_and_no_hopper_copy(monkeypatch, device):
+    """config=None: the default launches (by group size class in the interpreter: swap-AB tiles for groups of up
+    to 16 rows, plain ones above), K steps of 128. Row-layout MXFP4 weights with fp8 activations are never
+    rewritten into the generic Hopper-layout copy (its kernel would decode A ahead to bf16, rounding it), also
+    where the Hopper layout is preferred."""
+    monkeypatch.setattr(layout_cache, "prefers_hopper_layout", lambda device: True)
+    HOPPER_COPIES.clear()
+    a, b, offsets, ids = _problem(128, device, n=64)
+    out = _run(a, b, offsets, ids, 64)
+    _check(out, a, b, offsets, ids)
+    assert len(HOPPER_COPIES) == 0
+    launches = default_launches(sum(SIZES), len(SIZES), 64, 128, device, "e4m3", "e2m1", b_scale="e8m0", a_scale="f32")
+    assert all(config.block_k == 128 for config, _, _ in launches)
+
+
+def test_bad_pairs_and_configs_raise_before_any_launch(device):
+    a, b, offsets, ids = _problem(128, device)
+    w = torch.randn(EXPERTS, N, 128, device=device)
+    out = poison(torch.empty(a.shape[0], N, device=device))
+    for b_wrong in (quantize_reference(w, "nvfp4"), quantize_reference(w, "mxfp8"), b.to_layout("hopper")):
+        with pytest.raises(TypeError, match="a="):
+            lk.grouped_matmul(a, b_wrong, offsets, ids, out=out, out_dtype=torch.float32)
+    with pytest.raises(ValueError, match="block_k"):
+        lk.grouped_matmul(a, b, offsets, ids, out=out, out_dtype=torch.float32, config=_config(block_k=256))
+    bad = lk.ScaledTensor(a.data, a.scales, "fp8", block=(1, 128))
+    bad.scales = a.scales[:, :0]  # no scale for the K block
+    with pytest.raises(ValueError):
+        lk.grouped_matmul(bad, b, offsets, ids, out=out, out_dtype=torch.float32)
+    assert out.isnan().all(), "a call that raised wrote into out"
