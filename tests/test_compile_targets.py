@@ -432,3 +432,27 @@ def test_bf16_hopper_binds_tma_descriptors_over_the_plan_tensors():
     spaced = torch.zeros(experts, n + 16, k, dtype=torch.bfloat16)[:, :n]
     spaced.copy_(b)
     assert bind(b=spaced).copy_b
+
+
+_W4A8_SCRIPT = (
+    _FP8_SCRIPT.split("cases = (")[0]
+    + 'cases = ((90, 2048, "w4a8_blocks", "fp8xmxfp4"), (90, 8, "w4a8_blocks", "fp8xmxfp4"))\n'
+    + "for arch"
+    + _FP8_SCRIPT.split("\nfor arch", 1)[1]
+)
+
+
+def test_w4a8_blocks_compiles_for_sm90():
+    """The portable w4a8 kernel (fp8 (1, 128) activations with MXFP4 weights: ``w4a8_blocks``, its default launch
+    for compute-size groups and for decode-size ones, swap-AB, as the library plans them) builds for sm_90a: bf16
+    wgmmas (A's e4m3 tile and B's decoded tile in bf16), no spill inside the MMA loop, within a block's shared
+    memory."""
+    if not _compilable(90):
+        pytest.skip("this Triton does not compile for sm_90a")
+    rows = _compiler_rows(_W4A8_SCRIPT.format(tools=str(TOOL.parent)))
+    assert len(rows) == 2, rows
+    for arch, tokens, backend, wanted, kinds, _, shared, spills in rows:
+        assert backend == wanted, (arch, tokens, backend)
+        assert kinds == "f32.bf16.bf16", (tokens, kinds)
+        assert int(spills) == 0, (tokens, spills)  # -1: no MMA loop found
+        assert int(shared) <= 232448, (tokens, shared)

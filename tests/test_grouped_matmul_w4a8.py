@@ -199,3 +199,36 @@ def test_bad_pairs_and_configs_raise_before_any_launch(device):
     with pytest.raises(ValueError):
         lk.grouped_matmul(bad, b, offsets, ids, out=out, out_dtype=torch.float32)
     assert out.isnan().all(), "a call that raised wrote into out"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "sizes",
+    [[256] * 8, [16] * 64, [0, 1, 300, 77, 40, 5, 129]],
+    ids=["E8x256", "E64x16", "ragged"],
+)
+def test_gpu_shapes_repeats_and_capture(sizes, device):
+    """Realistic shapes with the default launches (compute tiles, decode tiles, a ragged mix of size classes; K 2048
+    with a ragged last scale block of 64): against float64, the same bits on a repeat and under CUDA-graph
+    replay."""
+    num_experts, n, k = 8, 512, 2048 - 64
+    x = torch.randn(sum(sizes), k, device=device)
+    x[:, ::7] *= 30.0
+    a = lk.quantize(x, "fp8", block=(1, 128))
+    b = lk.quantize(torch.randn(num_experts, n, k, device=device) / k**0.5, "mxfp4")
+    offsets = random_group_offsets(sizes, device=device)
+    ids = torch.arange(len(sizes), dtype=torch.int32, device=device) % num_experts
+    ids[2] = -1
+    out = _run(a, b, offsets, ids, n)
+    expected = lk.grouped_matmul_reference(a, b, offsets, ids)
+    assert_close_relative(out, expected, TOLERANCE[torch.float32], "w4a8 grouped_matmul")
+    assert torch.equal(_run(a, b, offsets, ids, n), out), "a repeat changed the bits"
+    graph_out = poison(torch.empty_like(out))
+    lk.grouped_matmul(a, b, offsets, ids, out_dtype=torch.float32, out=graph_out)  # plans before the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        lk.grouped_matmul(a, b, offsets, ids, out_dtype=torch.float32, out=graph_out)
+    graph_out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(graph_out, out), "graph replay changed the bits"

@@ -32,6 +32,8 @@ PAIRS = {
     "bf16xnvfp4@hopper": ("bf16", "nvfp4", HOPPER),
     # fp8 blocks: (1, 128) activations, (128, 128) weights (a bf16 A is quantized to this ahead: the same launches)
     "fp8xfp8": ("fp8", "fp8", ROW),
+    # w4a8: fp8 (1, 128) activations with MXFP4 weights (the portable w4a8_blocks kernel)
+    "fp8xmxfp4": ("fp8", "mxfp4", ROW),
 }
 # The problem the grouped-matmul defaults are asked for: DeepSeek-V3-sized experts
 GM_N, GM_K, GM_GROUPS, GM_TOKENS_PER_GROUP = 4096, 7168, 64, (2048, 48, 8)

@@ -236,26 +236,27 @@ def w4a8_config(
     num_tokens: int, num_groups: int, device: torch.device, swiglu: bool = False
 ) -> BlockScaledMatmulConfig:
     """The tiles of fp8 ``(1, 128)`` activations with MXFP4 weights on the portable ``w4a8_blocks`` backend, by the
-    average group: ≤ 16 tokens 16 x 128 swap-AB (the decoded weights on the MMA's M side), 4 warps, 4 stages;
-    17 to 64 tokens 64 x 128, 4 warps, 3 stages; more 128 x 128, 8 warps, 3 stages (on sm_90 the ``w4a8_hopper``
-    backend takes those where it can). ``block_k`` 128 (a divisor of A's scale block is what the kernel needs).
-    Chosen by analogy with :func:`fp8_config` (one 128-row weight tile: the decoded bf16 weights take twice the
-    registers of e4m3 ones), not measured on a GPU yet. SwiGLU tiles halve ``block_n``. Small tiles in the
-    interpreter, swap-AB for ≤ 16 tokens; one program per tile."""
+    average group: ≤ 16 tokens 16 x 128 x 128 swap-AB (the decoded weights on the MMA's M side), 4 warps, 4 stages;
+    17 to 64 tokens 64 x 128 x 64, 4 warps, 3 stages; more 128 x 128 x 64, 8 warps, 3 stages. The plain tiles step
+    64 along K (two steps per scale block of A): with 128 they spilled 56-168 bytes a thread at sm_90a (Triton 3.9,
+    ``tools/compile_defaults.py``), with 64 none. Chosen by analogy with :func:`fp8_config` (one 128-row weight
+    tile: decoded bf16 weights take twice the registers of e4m3 ones), not timed on a GPU. SwiGLU tiles halve
+    ``block_n``. Small tiles in the interpreter, swap-AB for ≤ 16 tokens; one program per tile."""
     tokens_per_group = num_tokens / max(num_groups, 1)
     if device.type != "cuda" or interpreting():
         return BlockScaledMatmulConfig(
             16, 32, FP8_BLOCK_K, num_stages=1, num_warps=4, ab_swapped=tokens_per_group <= 16
         )
+    block_k = FP8_BLOCK_K
     if tokens_per_group <= 16:
         block_m, block_n, warps, stages, swap = 16, 128, 4, 4, True
     elif tokens_per_group <= 64:
-        block_m, block_n, warps, stages, swap = 64, 128, 4, 3, False
+        block_m, block_n, block_k, warps, stages, swap = 64, 128, 64, 4, 3, False
     else:
-        block_m, block_n, warps, stages, swap = 128, 128, 8, 3, False
+        block_m, block_n, block_k, warps, stages, swap = 128, 128, 64, 8, 3, False
     if swiglu:
         block_n //= 2
-    return BlockScaledMatmulConfig(block_m, block_n, FP8_BLOCK_K, num_stages=stages, num_warps=warps, ab_swapped=swap)
+    return BlockScaledMatmulConfig(block_m, block_n, block_k, num_stages=stages, num_warps=warps, ab_swapped=swap)
 
 
 def _measured_config(
