@@ -89,8 +89,9 @@ OURS = {
     "ours nvfp4 x nvfp4 hopper": ("nvfp4", "nvfp4 hopper"),
     "ours fp8 blocks": ("fp8", "fp8"),
     "ours bf16 x fp8 blocks": ("bf16", "fp8"),
+    "ours w4a8 (fp8 x mxfp4)": ("fp8", "mxfp4"),
 }
-FP8_SYSTEMS = ("ours bf16", "ours mxfp8", "ours fp8 blocks", "ours bf16 x fp8 blocks")
+FP8_SYSTEMS = ("ours bf16", "ours mxfp8", "ours fp8 blocks", "ours bf16 x fp8 blocks", "ours w4a8 (fp8 x mxfp4)")
 # fp8 blocks: activations per token per 128 columns, weights per 128 x 128 tile
 FP8_BLOCKS = {"activations": (1, 128), "weights": (128, 128)}
 PEER_BF16, PEER_FP8 = "torch._grouped_mm bf16", "torch._scaled_grouped_mm fp8"
