@@ -435,24 +435,34 @@ def test_bf16_hopper_binds_tma_descriptors_over_the_plan_tensors():
 
 
 _W4A8_SCRIPT = (
-    _FP8_SCRIPT.split("cases = (")[0]
-    + 'cases = ((90, 2048, "w4a8_blocks", "fp8xmxfp4"), (90, 8, "w4a8_blocks", "fp8xmxfp4"))\n'
+    "import dataclasses\n"
+    + _FP8_SCRIPT.split("cases = (")[0]
+    + "cases = ("
+    + '(90, 2048, "w4a8_hopper", "fp8xmxfp4"), (90, 8, "w4a8_blocks", "fp8xmxfp4"))\n'
     + "for arch"
-    + _FP8_SCRIPT.split("\nfor arch", 1)[1]
+    + _FP8_SCRIPT.split("\nfor arch", 1)[1].replace(
+        "call = described_call(pair, tokens, False, device)",
+        "call = dataclasses.replace(described_call(pair, tokens, False, device), has_expert_scales=False)",
+    )
 )
 
 
-def test_w4a8_blocks_compiles_for_sm90():
-    """The portable w4a8 kernel (fp8 (1, 128) activations with MXFP4 weights: ``w4a8_blocks``, its default launch
-    for compute-size groups and for decode-size ones, swap-AB, as the library plans them) builds for sm_90a: bf16
-    wgmmas (A's e4m3 tile and B's decoded tile in bf16), no spill inside the MMA loop, within a block's shared
-    memory."""
+def test_w4a8_backends_compile_for_sm90():
+    """fp8 (1, 128) activations with MXFP4 weights (``fp8xmxfp4``, each backend's default launch as the library plans
+    it) build for sm_90a: the Gluon ``w4a8_hopper`` kernel (compute-size groups, plain epilogue) issues only e4m3 x
+    e4m3 wgmmas, warp-specialized (setmaxnreg: consumers 232, load warp 40); the portable ``w4a8_blocks`` kernel
+    (decode-size groups, swap-AB) bf16 wgmmas (A's e4m3 tile and B's decoded tile in bf16); no spill inside a loop
+    that issues them; all within a block's shared memory."""
     if not _compilable(90):
         pytest.skip("this Triton does not compile for sm_90a")
     rows = _compiler_rows(_W4A8_SCRIPT.format(tools=str(TOOL.parent)))
     assert len(rows) == 2, rows
-    for arch, tokens, backend, wanted, kinds, _, shared, spills in rows:
+    for arch, tokens, backend, wanted, kinds, regs, shared, spills in rows:
         assert backend == wanted, (arch, tokens, backend)
-        assert kinds == "f32.bf16.bf16", (tokens, kinds)
         assert int(spills) == 0, (tokens, spills)  # -1: no MMA loop found
         assert int(shared) <= 232448, (tokens, shared)
+        if backend == "w4a8_hopper":
+            assert kinds == "f32.e4m3.e4m3", kinds
+            assert {"232", "40"} <= set(regs.split(",")), regs
+        else:
+            assert kinds == "f32.bf16.bf16", (tokens, kinds)

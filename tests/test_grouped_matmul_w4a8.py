@@ -21,8 +21,9 @@ import triton
 import triton.language as tl
 
 import llmkernels as lk
-from llmkernels.formats import quantize_reference
+from llmkernels.formats import dequantize, quantize_reference
 from llmkernels.grouped_matmul import HOPPER_COPIES, default_launches, layout_cache
+from llmkernels.grouped_matmul.w4a8_prepare import W4A8_COPIES, emulate_decode, prepare_weights
 from llmkernels.testing import assert_close_relative, on_gpu, poison, random_group_offsets
 
 # On a GPU the bf16 MMA's fp32 accumulation is not IEEE-exact in its order of additions: a looser fp32 bound there
@@ -201,6 +202,69 @@ def test_bad_pairs_and_configs_raise_before_any_launch(device):
     assert out.isnan().all(), "a call that raised wrote into out"
 
 
+def _spread_weights(device, spread: int, n: int = 128, k: int = 128):
+    """MXFP4 weights ``[2, n, k]`` whose first row's 32-K blocks span ``spread`` binades of scale."""
+    w = torch.randn(2, n, k, device=device)
+    w[0, 0, :32] *= 2.0**spread
+    return quantize_reference(w, "mxfp4")
+
+
+def test_prepared_weights_decode_to_the_dequantized_ones(device):
+    """The Hopper kernel's weight preparation: its decode (emulated bit for bit in torch) gives ``dequantize(b)``
+    exactly while a row's exponents spread by at most 14 binades (here 14, and a ragged K padded to 128-K steps);
+    wider spreads raise ValueError naming the weights (or, with ``allow_rounding``, are rounded within the bound)."""
+    for w in (_spread_weights(device, 12), quantize_reference(torch.randn(2, 128, 192, device=device), "mxfp4")):
+        prepared = prepare_weights(w)
+        assert prepared.rounded_blocks == 0
+        assert torch.equal(emulate_decode(prepared), dequantize(w))
+    wide = _spread_weights(device, 20)
+    with pytest.raises(ValueError, match="w: .* rounded"):
+        prepare_weights(wide)
+    rounded = prepare_weights(wide, allow_rounding=True)
+    assert rounded.rounded_blocks > 0 and not torch.equal(emulate_decode(rounded), dequantize(wide))
+    with pytest.raises(ValueError, match="N a multiple of 128"):
+        prepare_weights(quantize_reference(torch.randn(1, 96, 64, device=device), "mxfp4"))
+
+
+def _bytes(w):
+    return w.data.view(torch.uint8), w.scales.view(torch.uint8), tuple(w.shape)
+
+
+def test_prepared_copies_follow_the_layout_cache_rules(monkeypatch, device):
+    """One copy per weight memory (views and re-wraps find it), prepared again after an in-place write, dropped
+    with the weights, none while a graph is captured or for tensors without version counters, none (remembered)
+    for weights the decode cannot hold exactly, none when disabled."""
+    W4A8_COPIES.clear()
+    try:
+        w = _spread_weights(device, 3)
+        copy = W4A8_COPIES.get(*_bytes(w))
+        assert copy is not None and len(W4A8_COPIES) == 1
+        rewrapped = lk.ScaledTensor(w.data[:], w.scales.view(w.scales.shape), "mxfp4")
+        assert W4A8_COPIES.get(*_bytes(rewrapped)) is copy and len(W4A8_COPIES) == 1
+        other = quantize_reference(torch.randn(w.shape, device=device), "mxfp4")
+        w.data.copy_(other.data)
+        w.scales.copy_(other.scales)
+        again = W4A8_COPIES.get(*_bytes(w))
+        assert again is not copy and torch.equal(emulate_decode(again), dequantize(other))
+        del w, rewrapped, copy, again
+        assert len(W4A8_COPIES) == 0, "freed weights kept their copy"
+
+        wide = _spread_weights(device, 20)
+        assert W4A8_COPIES.get(*_bytes(wide)) is None and len(W4A8_COPIES) == 1  # remembered: not prepared again
+        fresh = _spread_weights(device, 3)
+        monkeypatch.setattr(layout_cache, "capturing", lambda device: True)
+        assert W4A8_COPIES.get(*_bytes(fresh)) is None
+        monkeypatch.undo()
+        with torch.inference_mode():  # no version counter: a write could not be seen
+            assert W4A8_COPIES.get(*_bytes(_spread_weights(device, 3))) is None
+        W4A8_COPIES.enabled = False
+        assert W4A8_COPIES.get(*_bytes(fresh)) is None
+        assert len(W4A8_COPIES) == 1
+    finally:
+        W4A8_COPIES.enabled = True
+        W4A8_COPIES.clear()
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize(
     "sizes",
@@ -232,3 +296,39 @@ def test_gpu_shapes_repeats_and_capture(sizes, device):
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(graph_out, out), "graph replay changed the bits"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("spread", [3, 20], ids=["exact-decode", "wide-spread-portable"])
+def test_gpu_hopper_kernel(spread, device):
+    """Groups of more than 64 tokens, the plain epilogue, bf16 out: on an sm_90 GPU the ``w4a8_hopper`` Gluon kernel
+    through the prepared copy (weights whose exponents spread by 20 binades take the portable kernel instead, never
+    rounded). Ragged groups (empty, -1, partial token tiles), rows past a_offsets[G] kept, K 1984 (a half last
+    128-K step): against float64, the same bits on a repeat and under CUDA-graph replay."""
+    sizes, num_experts, n, k = [0, 300, 77, 129, 256, 1000, 40], 8, 512, 1984
+    x = torch.randn(sum(sizes) + 5, k, device=device)
+    x[:, ::7] *= 30.0
+    w = torch.randn(num_experts, n, k, device=device) / k**0.5
+    w[:, 0, :32] *= 2.0**spread
+    a, b = lk.quantize(x, "fp8", block=(1, 128)), lk.quantize(w, "mxfp4")
+    offsets = random_group_offsets(sizes, device=device)
+    ids = torch.tensor([3, 0, -1, 7, 1, 2, 5], dtype=torch.int32, device=device)
+    W4A8_COPIES.clear()
+    out = _run(a, b, offsets, ids, n, out_dtype=torch.bfloat16)
+    if torch.cuda.get_device_capability(device)[0] == 9:
+        prepared = W4A8_COPIES.get(b.data.view(torch.uint8), b.scales.view(torch.uint8), tuple(b.shape))
+        assert len(W4A8_COPIES) == 1 and (prepared is None) == (spread > 14)
+    rows = sum(sizes)
+    expected = lk.grouped_matmul_reference(a, b, offsets, ids)
+    assert_close_relative(out[:rows].float(), expected[:rows], TOLERANCE[torch.bfloat16], "w4a8 hopper")
+    assert out[rows:].isnan().all() and (out[300:377] == 0).all()
+    assert torch.equal(_run(a, b, offsets, ids, n, out_dtype=torch.bfloat16), out), "a repeat changed the bits"
+    graph_out = poison(torch.empty_like(out))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        lk.grouped_matmul(a, b, offsets, ids, out=graph_out)
+    graph_out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(graph_out, out), "graph replay changed the bits"
+    W4A8_COPIES.clear()

@@ -13,7 +13,7 @@ from llmkernels.formats import format_spec
 from llmkernels.formats.layouts import HOPPER, ROW
 from llmkernels.grouped_matmul import SwiGLU
 from llmkernels.grouped_matmul import config as gm_config
-from llmkernels.grouped_matmul.backends import backend_for, bf16_hopper, fp8_hopper
+from llmkernels.grouped_matmul.backends import backend_for, bf16_hopper, fp8_hopper, w4a8_hopper
 from llmkernels.grouped_matmul.backends.base import read_a
 from llmkernels.grouped_matmul.check import CheckedCall, Operand
 from llmkernels.grouped_matmul.plan import launch_configs
@@ -116,11 +116,14 @@ def _case(pair: str, call: CheckedCall, config, group_rows: tuple[int, int], arc
     dot_scaled = spec.constexprs.get("USE_DOT_SCALED", False)
     swiglu = call.epilogue_kind == "swiglu"
     mma_m = config.block_n if config.ab_swapped else config.block_m  # the weights' rows under swap-AB
-    warp_specialized = backend in (fp8_hopper, bf16_hopper)
-    if warp_specialized:  # the Gluon kernel's own tile, whatever the config's
+    warp_specialized = backend in (fp8_hopper, bf16_hopper, w4a8_hopper)
+    if backend is w4a8_hopper:  # weight rows x tokens x K per stage
+        tile = f"gluon {w4a8_hopper.kernel.BLOCK_W}x{w4a8_hopper.TOKENS}x128"
+    elif warp_specialized:  # the Gluon kernel's own tile, whatever the config's
         kernel = fp8_hopper.kernel
         (_, k_step), _ = kernel.boxes(kernel.gl.float8e4nv if backend is fp8_hopper else kernel.gl.bfloat16)
         tile = f"gluon {kernel.BLOCK_M}x{kernel.BLOCK_N}x{k_step}"
+    if warp_specialized:
         label = (
             f"{pair:11s} {'swiglu' if swiglu else 'plain ':6s} {tile} s{spec.constexprs['STAGES']} ws   {'wgmma':10s}"
         )

@@ -39,23 +39,30 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
-    tma,
     warpgroup_mma,
     warpgroup_mma_wait,
 )
 
-from llmkernels.grouped_matmul.gluon_fp8_kernel import _add_combine, _max_combine, _pick, _publish, _receive
+from llmkernels.grouped_matmul.gluon_fp8_kernel import _publish, _receive
 
-_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+# the schedule, the packed words' layouts and the tile search are the product's w4a8 kernel's (moved there from here)
+from llmkernels.grouped_matmul.gluon_w4a8_kernel import (  # noqa: F401 - BLOCK_W, MAX_REGS: the bench's names
+    _CHUNK_L,
+    _SMEM_CHUNK_L,
+    _STOP,
+    BLOCK_W,
+    CONSUMER_REGS,
+    LOADER_REGS,
+    MAX_REGS,
+    W_BOX,
+    _find_token_tile,
+    _index4,
+    _tma_load,
+    w_layout_shared,
+)
 
-BLOCK_W = 128  # weight rows per tile (two consumers of 64)
 BLOCK_K = 128  # one TMA stage
-W_BOX = [8, 4, 64]  # packed weight words of one stage: 8 fragment blocks x (2 chunks x 128 int32)
 # the activation box of one 64-K chunk is [block_t, 64] (128 bytes a row: the 128B swizzle's limit)
-CONSUMER_REGS = gl.constexpr(232)
-LOADER_REGS = gl.constexpr(40)
-MAX_REGS = 168
-_STOP = gl.constexpr(-2)
 
 # $4: one data word (eight e2m1 values in the hopper layout's SLOT_BITS positions), $5: the scale word [bf16 row
 # g | bf16 row g + 8]. Masks and shifts put each value's sign, exponent and mantissa at bf16 bits 15, 8-7 and 6
@@ -94,50 +101,6 @@ fma.rn.bf16x2 $3, v3, sh, mz;
 """)
 
 
-# Register layout of one consumer's packed chunk, int32 words [4 blocks, 8 g, 4 t, 4 j]: warp w holds fragment
-# block w, lane 4g + t its 4 words (wgmma's A fragment of rows 16w + g and 16w + g + 8, K steps j).
-_CHUNK_L = gl.constexpr(
-    gl.DistributedLinearLayout(
-        reg_bases=[[0, 0, 0, 1], [0, 0, 0, 2]],
-        lane_bases=[[0, 0, 1, 0], [0, 0, 2, 0], [0, 1, 0, 0], [0, 2, 0, 0], [0, 4, 0, 0]],
-        warp_bases=[[1, 0, 0, 0], [2, 0, 0, 0]],
-        block_bases=[],
-        shape=[4, 8, 4, 4],
-    )
-)
-# The same words as the shared tile's [4 blocks, 2 halves, 64] view (half = g // 4).
-_SMEM_CHUNK_L = gl.constexpr(
-    gl.DistributedLinearLayout(
-        reg_bases=[[0, 0, 1], [0, 0, 2]],
-        lane_bases=[[0, 0, 4], [0, 0, 8], [0, 0, 16], [0, 0, 32], [0, 1, 0]],
-        warp_bases=[[1, 0, 0], [2, 0, 0]],
-        block_bases=[],
-        shape=[4, 2, 64],
-    )
-)
-
-
-@gluon.jit
-def _index4(n: gl.constexpr, DIM: gl.constexpr, layout: gl.constexpr):
-    """``arange(n)`` along dim DIM of a rank-4 ``layout``, expanded to rank 4."""
-    if DIM == 0:
-        sliced: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, layout)))
-        x = gl.arange(0, n, layout=sliced)
-        return gl.expand_dims(gl.expand_dims(gl.expand_dims(x, 1), 2), 3)
-    elif DIM == 1:
-        sliced: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(2, gl.SliceLayout(3, layout)))
-        x = gl.arange(0, n, layout=sliced)
-        return gl.expand_dims(gl.expand_dims(gl.expand_dims(x, 0), 2), 3)
-    elif DIM == 2:
-        sliced: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, layout)))
-        x = gl.arange(0, n, layout=sliced)
-        return gl.expand_dims(gl.expand_dims(gl.expand_dims(x, 0), 1), 3)
-    else:
-        sliced: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, layout)))
-        x = gl.arange(0, n, layout=sliced)
-        return gl.expand_dims(gl.expand_dims(gl.expand_dims(x, 0), 1), 2)
-
-
 @gluon.jit
 def _halves(word):
     """int32 → its low and high 16 bits as bf16 (register relabelling once packed back into a bf16x2)."""
@@ -164,57 +127,6 @@ def _decode_chunk(w_tile, scale_words, CHUNK: gl.constexpr, CONSUMER: gl.constex
     row_g8 = gl.join(_halves(v2), _halves(v3))
     both = gl.permute(gl.join(row_g, row_g8), (0, 6, 1, 3, 5, 2, 4))  # (block, h, g, j, bh, t, bl)
     return gl.convert_layout(gl.reshape(both, [64, 64]), a_layout)
-
-
-@gluon.jit
-def _find_token_tile(tile, cursor, a_offsets_ptr, num_groups, num_tokens, n_tiles, TOKENS: gl.constexpr):
-    """Work tile ``tile`` -> ``(found, group, group_start, group_end, token tile, weight tile, cursor)``: the
-    product's ``_find_tile`` (``grouped_matmul/gluon_fp8_kernel.py``: forward-only cursor over 32-group chunks,
-    offsets read as ``clamp(cummax(a_offsets), 0, T)``, token tiles fastest) with token tiles of ``TOKENS`` rows
-    instead of 128 and every non-empty group taken."""
-    layout: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
-    lanes = gl.arange(0, 32, layout=layout)
-    chunk, before, carried = cursor
-    searching = tile >= 0
-    found = tile < 0
-    group = tile * 0
-    group_start = tile * 0
-    group_end = tile * 0
-    tile_m = tile * 0
-    tile_n = tile * 0
-    while searching:
-        groups = chunk + lanes
-        valid = groups < num_groups
-        raw_starts = gl.load(a_offsets_ptr + groups, mask=valid, other=0).to(gl.int32)
-        raw_ends = gl.load(a_offsets_ptr + groups + 1, mask=valid, other=0).to(gl.int32)
-        starts = gl.maximum(gl.associative_scan(raw_starts, 0, _max_combine), carried)
-        ends = gl.maximum(gl.associative_scan(raw_ends, 0, _max_combine), carried)
-        starts = gl.minimum(gl.maximum(starts, 0), num_tokens)
-        ends = gl.minimum(gl.maximum(ends, 0), num_tokens)
-        sizes = ends - starts
-        taken = valid & (sizes > 0)
-        tiles = gl.where(taken, gl.cdiv(sizes, TOKENS) * n_tiles, 0)
-        through = before + gl.associative_scan(tiles, 0, _add_combine)
-        chunk_tiles = gl.sum(tiles, axis=0)
-        if tile < before + chunk_tiles:
-            index = gl.sum((through <= tile).to(gl.int32), axis=0)
-            group = chunk + index
-            group_start = _pick(starts, lanes, index)
-            group_end = _pick(ends, lanes, index)
-            local = tile - (through - tiles)
-            m_tiles = gl.maximum(gl.cdiv(ends - starts, TOKENS), 1)
-            tile_m = _pick(local % m_tiles, lanes, index)
-            tile_n = _pick(local // m_tiles, lanes, index)
-            found = tile >= 0
-            searching = tile < 0
-        else:
-            if chunk + 32 >= num_groups:
-                searching = tile < 0
-            else:
-                before += chunk_tiles
-                carried = gl.maximum(carried, gl.max(gl.where(valid, raw_ends, carried), axis=0))
-                chunk += 32
-    return found, group, group_start, group_end, tile_m, tile_n, (chunk, before, carried)
 
 
 @gluon.jit
@@ -474,10 +386,6 @@ LAST_COMPILED = {}
 
 def a_layout_shared(a_box):
     return gl.NVMMASharedLayout.get_default_for(a_box, gl.bfloat16)
-
-
-def w_layout_shared():
-    return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=3)
 
 
 def descriptor_types(config: W4GluonConfig) -> dict:

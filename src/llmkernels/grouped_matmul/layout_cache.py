@@ -40,7 +40,7 @@ from ..formats.layouts import HOPPER, ROW
 from ..runtime import capturing, cuda_capability, interpreting
 from .epilogue import SwiGLU
 
-__all__ = ["HOPPER_COPIES", "HopperCopies", "prefers_hopper_layout"]
+__all__ = ["HOPPER_COPIES", "HopperCopies", "WeightCopies", "prefers_hopper_layout"]
 
 
 def prefers_hopper_layout(device: torch.device) -> bool:
@@ -53,12 +53,13 @@ def prefers_hopper_layout(device: torch.device) -> bool:
 class _Copy:
     storage: weakref.ref  # the source data's storage: the entry is valid while it lives
     versions: tuple[int, int]  # the data's and the scales' version counters when converted
-    weights: ScaledTensor  # the copy in the Hopper layout
+    weights: object  # the copy (None: the source cannot be converted; remembered until it changes)
 
 
-class HopperCopies:
-    """The Hopper-layout copies of row-layout expert weights that :func:`llmkernels.grouped_matmul` made (see the
-    module for the rules). ``enabled``: whether calls convert (True by default)."""
+class WeightCopies:
+    """Copies of weights made once per weight memory (the rules of this module): keyed on the memory of the data and
+    scales, valid while the data's storage lives and their version counters are unchanged. ``enabled``: whether
+    calls use and make copies."""
 
     def __init__(self):
         self.enabled = True
@@ -70,6 +71,38 @@ class HopperCopies:
     def clear(self) -> None:
         """Frees every copy (later calls convert again)."""
         self._copies.clear()
+
+    def _copy_of(self, data: torch.Tensor, scales: torch.Tensor, extra: tuple, convert):
+        """The copy of ``data`` / ``scales`` (``extra``: the rest of the key), made now by ``convert()`` where there is
+        none or it is stale; None where the rules make none (no version counter, a capture without a copy made
+        before) or ``convert`` made none (a source it cannot convert: remembered until the source changes)."""
+        try:
+            versions = (data._version, scales._version)
+        except RuntimeError:  # inference-mode tensors: no version counter, so no way to see them change
+            return None
+        key = (_memory_key(data), _memory_key(scales), *extra)
+        copy = self._copies.get(key)
+        if copy is None or copy.storage() is None or copy.versions != versions:
+            if capturing(data.device):
+                return None
+            storage = data.untyped_storage()
+            copy = self._copies[key] = _Copy(weakref.ref(storage, self._forget(key)), versions, convert())
+        return copy.weights
+
+    def _forget(self, key):
+        cache = weakref.ref(self)
+
+        def forget(_):
+            held = cache()
+            if held is not None:
+                held._copies.pop(key, None)
+
+        return forget
+
+
+class HopperCopies(WeightCopies):
+    """The Hopper-layout copies of row-layout expert weights that :func:`llmkernels.grouped_matmul` made (see the
+    module for the rules). ``enabled``: whether calls convert (True by default)."""
 
     def substitute(self, a, b, epilogue, bias, config):
         """``(b, epilogue, bias)`` as the call should run them: ``b``'s Hopper-layout copy (made now if needed),
@@ -97,36 +130,21 @@ class HopperCopies:
             return b, epilogue, bias  # the layout's SwiGLU halves are whole row blocks
         if interleaved and bias is not None and (not isinstance(bias, torch.Tensor) or bias.dim() != 2):
             return b, epilogue, bias
-        try:
-            versions = (data._version, scales._version)
-        except RuntimeError:  # inference-mode tensors: no version counter, so no way to see them change
+        weights = self._copy_of(data, scales, (b.format, interleaved), lambda: _converted(b, interleaved))
+        if weights is None:  # no copy: a capture, no version counter, or parts that do not fit
             return b, epilogue, bias
-        key = (_memory_key(data), _memory_key(scales), b.format, interleaved)
-        copy = self._copies.get(key)
-        if copy is None or copy.storage() is None or copy.versions != versions:
-            if capturing(data.device):
-                return b, epilogue, bias
-            try:
-                weights = _to_hopper(b, interleaved)
-            except (TypeError, ValueError):  # parts that do not fit: the call's checks say so
-                return b, epilogue, bias
-            storage = data.untyped_storage()
-            copy = self._copies[key] = _Copy(weakref.ref(storage, self._forget(key)), versions, weights)
         if interleaved:
             epilogue = dataclasses.replace(epilogue, interleaved=False)
             if bias is not None:
                 bias = _deinterleave(bias)
-        return copy.weights, epilogue, bias
+        return weights, epilogue, bias
 
-    def _forget(self, key):
-        cache = weakref.ref(self)
 
-        def forget(_):
-            held = cache()
-            if held is not None:
-                held._copies.pop(key, None)
-
-        return forget
+def _converted(b: ScaledTensor, interleaved: bool) -> ScaledTensor | None:
+    try:
+        return _to_hopper(b, interleaved)
+    except (TypeError, ValueError):  # parts that do not fit: the call's checks say so
+        return None
 
 
 def _reads_hopper_weights(a) -> bool:
