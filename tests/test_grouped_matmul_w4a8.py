@@ -15,14 +15,19 @@ bfloat16    3.4e-3           the output's rounding; bound 1e-2
 ==========  ===============  ====================================================================================
 """
 
+import dataclasses
+
 import pytest
 import torch
 import triton
 import triton.language as tl
 
 import llmkernels as lk
+from llmkernels import runtime
 from llmkernels.formats import dequantize, quantize_reference
 from llmkernels.grouped_matmul import HOPPER_COPIES, default_launches, layout_cache
+from llmkernels.grouped_matmul.backends import backend_for, w4a8_hopper
+from llmkernels.grouped_matmul.check import check_grouped_matmul
 from llmkernels.grouped_matmul.w4a8_prepare import W4A8_COPIES, emulate_decode, prepare_weights
 from llmkernels.testing import assert_close_relative, on_gpu, poison, random_group_offsets
 
@@ -263,6 +268,38 @@ def test_prepared_copies_follow_the_layout_cache_rules(monkeypatch, device):
     finally:
         W4A8_COPIES.enabled = True
         W4A8_COPIES.clear()
+
+
+def test_hopper_backend_takes_large_plain_launches_only(monkeypatch, device):
+    """Which backend takes a w4a8 launch on an sm_90 GPU (asked of the plan's rules, nothing runs): the Gluon
+    ``w4a8_hopper`` kernel for plain 128-row tiles with the plain epilogue, bf16 out, N a multiple of 128, K of 64;
+    the portable ``w4a8_blocks`` kernel for swap-AB or smaller tiles, epilogues, bias, expert scales, other out
+    dtypes and shapes, and on other GPUs."""
+    monkeypatch.setattr(w4a8_hopper, "interpreting", lambda: False)  # as on an H100, not the interpreter
+    a, _, offsets, ids = _problem(128, device)
+    b = quantize_reference(torch.randn(EXPERTS, 256, 128, device=device), "mxfp4")
+    large = lk.BlockScaledMatmulConfig(128, 128, 64)
+
+    def chosen(config=large, capability=(9, 0), b=b, expert_scales=None, epilogue=None, out_dtype=torch.bfloat16):
+        bias = torch.zeros(EXPERTS, b.shape[1], device=device) if epilogue == "bias" else None
+        epilogue = None if epilogue == "bias" else epilogue
+        call = check_grouped_matmul(a, b, offsets, ids, expert_scales, epilogue, out_dtype, None, config, bias)
+        with runtime.pretend_gpu(capability) as gpu:
+            return backend_for(dataclasses.replace(call, device=gpu), config).__name__.rsplit(".", 1)[-1]
+
+    assert chosen() == "w4a8_hopper"
+    portable = [
+        chosen(lk.BlockScaledMatmulConfig(128, 128, 64, ab_swapped=True)),
+        chosen(lk.BlockScaledMatmulConfig(64, 128, 64)),
+        chosen(capability=(10, 0)),
+        chosen(b=quantize_reference(torch.randn(EXPERTS, 192, 128, device=device), "mxfp4")),
+        chosen(b=b.to_layout("128x4")),
+        chosen(expert_scales=torch.ones(EXPERTS, device=device)),
+        chosen(epilogue="silu"),
+        chosen(epilogue="bias"),
+        chosen(out_dtype=torch.float32),
+    ]
+    assert portable == ["w4a8_blocks"] * len(portable), portable
 
 
 @pytest.mark.gpu
