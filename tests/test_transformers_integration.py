@@ -2,7 +2,8 @@
 (``llmkernels.integrations.transformers.register``): tiny Llama-like, gpt-oss-like, Qwen3-MoE-like, Mixtral-like and
 DeepSeek-V3-like models built from configs (no download) generate the same greedy tokens as ``"eager"`` on the same
 bf16 weights (a differing token only where eager's top two logits are within twice the logits' difference: a
-near-tie of random tiny models, checked), and their logits agree at every non-padding position. With MXFP4 experts
+near-tie of random tiny models, checked), and their logits agree at every non-padding position of the prompt, as on
+an unpadded sequence (plain causal attention, no mask). With MXFP4 experts
 (``quantize_experts``) the logits agree with an eager model on the dequantized weights within ``TOLERANCE``."""
 
 import copy
@@ -16,9 +17,13 @@ from llmkernels.integrations import transformers as lk_transformers  # noqa: E40
 from llmkernels.moe.layer import prefers_hopper_layout  # noqa: E402
 
 TOLERANCE = 2e-2  # bf16 attention against transformers' eager bf16 attention, relative over the logits
+# SiLU-gated experts' weights times this: at the configs' initializer range their output is a few percent of the
+# residual stream, and experts off by 10% moved the logits' error from 0.5% to 0.6% (Mixtral-like), well within
+# TOLERANCE; times 3 it outweighs the residual stream, and the same fault reads 3.5% to 4.3%.
+EXPERT_GAIN = 3.0
 
 
-def _models(device, config_class, model_class, experts=None, **fields):
+def _models(device, config_class, model_class, experts=None, gain=EXPERT_GAIN, **fields):
     lk_transformers.register()
     torch.manual_seed(0)
     sizes = dict(
@@ -39,6 +44,12 @@ def _models(device, config_class, model_class, experts=None, **fields):
         ours = model_class._from_config(copy.deepcopy(config), attn_implementation="llmkernels", **extra)
     eager = eager.to(device=device, dtype=torch.bfloat16).eval()
     ours = ours.to(device=device, dtype=torch.bfloat16).eval()
+    with torch.no_grad():
+        for module in eager.modules():
+            for name in ("gate_up_proj", "down_proj"):
+                weight = getattr(module, name, None)
+                if isinstance(weight, torch.Tensor) and weight.dim() == 3:
+                    weight.mul_(gain)
     ours.load_state_dict(eager.state_dict())
     assert ours.config._attn_implementation == "llmkernels" and eager.config._attn_implementation == "eager"
     return eager, ours
@@ -54,11 +65,11 @@ def _counted(calls: dict, name: str, forward):
     return counted
 
 
-def _compare(eager, ours, device, tolerance=TOLERANCE, experts=False):
+def _compare(eager, ours, device, tolerance=TOLERANCE, experts=False, unpadded=True):
     """Greedy tokens and logits of ``ours`` against ``eager``; every attention call (and with ``experts``
     every experts call) must reach llmkernels. One ``generate`` per model on a left-padded batch (its prefill's
-    hidden states give the prompt's logits, its per-step logits settle a differing token), and one forward of an
-    unpadded sequence, which full attention layers run without a mask (plain causal)."""
+    hidden states give the prompt's logits, its per-step logits settle a differing token), and with ``unpadded`` one
+    forward of an unpadded sequence, which full attention layers run without a mask (plain causal)."""
     # 2 x 9 prompt tokens: each expert that every token takes gets 18 rows in the prefill and 2 per decode step,
     # so both the prefill's and the decode's group sizes run; two decode steps: the second reads a cache that a
     # decode step appended to (and, past the window of 4, a sliding one).
@@ -87,19 +98,21 @@ def _compare(eager, ours, device, tolerance=TOLERANCE, experts=False):
             # the prefill's last hidden states are the final norm's output over the whole prompt
             expected_logits = eager.lm_head(expected.hidden_states[0][-1]).float()
             logits = ours.lm_head(tokens.hidden_states[0][-1]).float()
-            expected_unpadded = eager(ids[:1]).logits.float()
-            unpadded = ours(ids[:1]).logits.float()
+            if unpadded:
+                expected_unpadded = eager(ids[:1]).logits.float()
+                unpadded_logits = ours(ids[:1]).logits.float()
     finally:
         lk_transformers.register()
     assert calls.get("attention"), "the llmkernels attention was not called"
     assert calls.get("experts") if experts else True, "the llmkernels experts were not called"
-    assert calls.get("attention without a mask"), "no attention call ran plain causal (without a mask)"
+    assert calls.get("attention without a mask") if unpadded else True, "no attention call ran without a mask"
     assert logits.shape == (*ids.shape, 128)
     keep = padding.bool()
     error = (logits[keep] - expected_logits[keep]).norm() / expected_logits[keep].norm()
     assert error < tolerance, f"logits differ by {error:.2e}"
-    error = (unpadded - expected_unpadded).norm() / expected_unpadded.norm()
-    assert error < tolerance, f"the unpadded sequence's logits differ by {error:.2e}"
+    if unpadded:
+        error = (unpadded_logits - expected_unpadded).norm() / expected_unpadded.norm()
+        assert error < tolerance, f"the unpadded sequence's logits differ by {error:.2e}"
     if not torch.equal(tokens.sequences, expected.sequences):  # only a near-tie of eager's logits may flip a token
         row, step = next(
             (r, s)
@@ -152,26 +165,30 @@ def test_gpt_oss_like_sinks_sliding_windows_and_experts(device):
         transformers.GptOssConfig,
         transformers.GptOssForCausalLM,
         experts="llmkernels",
+        gain=1.0,  # the SwiGLU's up + 1 makes these experts' output outweigh the residual stream as they are
         num_hidden_layers=2,
-        intermediate_size=64,
+        intermediate_size=32,
         num_local_experts=2,
         num_experts_per_tok=2,
         sliding_window=4,
         layer_types=["sliding_attention", "full_attention"],
         swiglu_limit=1.0,
     )
-    with torch.no_grad():  # non-zero sinks and biases, so that they matter
+    # non-zero sinks and biases, so that they matter; the output bias no larger than the experts' output: at the
+    # gate and up biases' 0.5 it outweighed the rest, and the final norm left the logits blind to attention or
+    # experts off by 10% (0.9% against TOLERANCE's 2%); at 0.02 the same faults read 4%
+    with torch.no_grad():
         for layer in (*eager.model.layers, *ours.model.layers):
             layer.self_attn.sinks.copy_(torch.linspace(-1, 1, 4))
         for module, twin in zip(eager.modules(), ours.modules()):
             if hasattr(module, "gate_up_proj_bias"):
-                for name in ("gate_up_proj_bias", "down_proj_bias"):
-                    bias = torch.randn_like(getattr(module, name)) * 0.5
+                for name, scale in (("gate_up_proj_bias", 0.5), ("down_proj_bias", 0.02)):
+                    bias = torch.randn_like(getattr(module, name)) * scale
                     getattr(module, name).copy_(bias)
                     getattr(twin, name).copy_(bias)
     _compare(eager, ours, device, experts=True)
     assert _quantized_twin(eager, ours) == 2
-    _compare(eager, ours, device, experts=True)
+    _compare(eager, ours, device, experts=True, unpadded=False)  # the bf16 run took the unpadded path
 
 
 # DeepSeek-V3's correction bias per expert (groups of two): sums of two biased scores keep groups 1 and 2 for
@@ -247,7 +264,7 @@ def test_moe_experts(family, device):
     if family == "deepseek_v3":  # only the experts of the two kept groups
         assert set(torch.cat(routed).unique().tolist()) == {2, 3, 4, 5}
     assert _quantized_twin(eager, ours) == 1
-    _compare(eager, ours, device, experts=True)
+    _compare(eager, ours, device, experts=True, unpadded=False)  # the bf16 run took the unpadded path
 
 
 def test_dropout_is_refused(device):
