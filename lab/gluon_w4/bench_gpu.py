@@ -317,6 +317,9 @@ def child_time(shape_name: str, config_index: int, with_check: bool) -> dict:
     return result
 
 
+PRODUCT_W4A8 = "lk w4a8 (fp8 x row mxfp4: the product's call)"
+
+
 def child_peers(shape_name: str) -> list[dict]:
     """The peers on one shape (each may be unavailable: reported, not fatal)."""
     import gluon_kernel
@@ -338,6 +341,11 @@ def child_peers(shape_name: str) -> list[dict]:
         w_f = lk.quantize(problem.w, "fp8", block=(128, 128))
         return lambda: lk.grouped_matmul(a_q, w_f, problem.offsets, problem.ids, out=problem.out)
 
+    def product_w4a8():  # lk.grouped_matmul on the pair: the moved kernel (w4a8_hopper) where it takes the launch
+        a_q = lk.quantize(problem.x, "fp8", block=(1, 128))
+        w_row = lk.quantize(problem.w, "mxfp4")
+        return lambda: lk.grouped_matmul(a_q, w_row, problem.offsets, problem.ids, out=problem.out)
+
     def bf16_mode():
         return lambda: ours(problem.x, problem.prepared, problem.offsets, problem.ids, problem.out, problem.config)
 
@@ -346,6 +354,8 @@ def child_peers(shape_name: str) -> list[dict]:
         "lk bf16 x mxfp4 (hopper layout)": hopper,
         "lk fp8 blocks (fp8 activations; e4m3 mode's peer)": fp8_blocks,
     }
+    if MODE != "bf16":
+        peers[PRODUCT_W4A8] = product_w4a8
     if MODE == "e4m3":  # the bf16 mode's default config as a peer (in "both" it is timed as ours)
         peers["gluon-w4 bf16 mode (default config)"] = bf16_mode
     for name, make in peers.items():
@@ -481,6 +491,7 @@ def main() -> int:
     base_names = ["torch._grouped_mm bf16", "lk bf16 x mxfp4 (hopper layout)"]
     if MODE != "bf16":
         base_names.append("lk fp8 blocks (fp8 activations; e4m3 mode's peer)")
+        base_names.append(PRODUCT_W4A8)
     if MODE == "e4m3":
         base_names.append("gluon-w4 bf16 mode (default config)")
 
