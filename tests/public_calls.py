@@ -561,6 +561,62 @@ def _attention_call(mode: str) -> Call:
     return Call(f"attention[{mode}]", ("attention", "PagedKVCache", "alibi"), make, run)
 
 
+def _attention_fp8_call(mode: str, function: str = "attention") -> Call:
+    """FP8 attention (FA3's descales): mode "dense" (e4m3 q, K, V, the three descales ``[B, Hkv]`` / ``[B, 1]``,
+    causal), "paged" (bf16 q over e4m3 shuffled pages, per-tensor descales ``[1, 1]``, split-KV decode);
+    ``function``: ``attention`` or ``attention_reference``."""
+    heads, kv_heads = 4, 2
+
+    def make(device):
+        e4m3 = lambda *shape: torch.randn(*shape, device=device).to(torch.float8_e4m3fn)  # noqa: E731
+        descale = lambda *shape: torch.rand(*shape, device=device) + 0.5  # noqa: E731
+        if mode == "dense":
+            return {
+                "q": e4m3(2, 9, heads, HEAD_DIM),
+                "k": e4m3(2, 13, kv_heads, HEAD_DIM),
+                "v": e4m3(2, 13, kv_heads, HEAD_DIM),
+                "q_descale": descale(2, kv_heads),
+                "k_descale": descale(2, kv_heads),
+                "v_descale": descale(2, 1),
+            }
+        return {
+            "q": torch.randn(2, 1, heads, HEAD_DIM, dtype=torch.bfloat16, device=device),
+            "kv_cache.k_pages": e4m3(7, 16, kv_heads, HEAD_DIM),
+            "kv_cache.v_pages": e4m3(7, 16, kv_heads, HEAD_DIM),
+            "kv_cache.block_table": torch.tensor([[4, 1, 6], [0, 5, 2]], dtype=torch.int32, device=device),
+            "kv_cache.seqlens": torch.tensor([40, 23], dtype=torch.int32, device=device),
+            "k_descale": descale(1, 1),
+            "v_descale": descale(1, 1),
+        }
+
+    def run(leaves):
+        kv_cache = None
+        if "kv_cache.k_pages" in leaves:
+            kv_cache = PagedKVCache(
+                *(leaves[f"kv_cache.{field}"] for field in ("k_pages", "v_pages", "block_table", "seqlens"))
+            )
+        arguments = dict(
+            causal=True,
+            kv_cache=kv_cache,
+            return_lse=True,
+            q_descale=leaves.get("q_descale"),
+            k_descale=leaves["k_descale"],
+            v_descale=leaves["v_descale"],
+        )
+        if function == "attention_reference":
+            return lk.attention_reference(leaves["q"], leaves.get("k"), leaves.get("v"), **arguments)
+        return lk.attention(
+            leaves["q"],
+            leaves.get("k"),
+            leaves.get("v"),
+            num_splits=3 if mode == "paged" else 1,
+            config=ATTENTION_CONFIG,
+            **arguments,
+        )
+
+    return Call(f"{function}[fp8 {mode}]", (function, "PagedKVCache"), make, run)
+
+
 # ----------------------------------------------------------------------------- MoE
 
 
@@ -1003,6 +1059,47 @@ def _flash_attn_func_call() -> Call:
     return Call("flash_attn_func[D 24, causal window, alibi, sink]", ("flash_attn_func",), make, run)
 
 
+def _flash_attn_fp8_call(function: str) -> Call:
+    """FA3's FP8: e4m3 q, k, v with ``q_descale`` / ``k_descale`` / ``v_descale`` through ``flash_attn_func`` or
+    ``flash_attn_varlen_func`` (ragged)."""
+
+    def make(device):
+        e4m3 = lambda *shape: torch.randn(*shape, device=device).to(torch.float8_e4m3fn)  # noqa: E731
+        ragged = function == "flash_attn_varlen_func"
+        leaves = {
+            "q": e4m3(*((9,) if ragged else (2, 5)), 4, HEAD_DIM),
+            "k": e4m3(*((20,) if ragged else (2, 10)), 2, HEAD_DIM),
+            "v": e4m3(*((20,) if ragged else (2, 10)), 2, HEAD_DIM),
+            "q_descale": torch.rand(2, 2, device=device) + 0.5,
+            "k_descale": torch.rand(2, 2, device=device) + 0.5,
+            "v_descale": torch.rand(2, 1, device=device) + 0.5,
+        }
+        if ragged:
+            leaves.update(cu_seqlens_q=_offsets([4, 5], device), cu_seqlens_k=_offsets([12, 8], device))
+        return leaves
+
+    def run(leaves):
+        descales = {name: leaves[name] for name in ("q_descale", "k_descale", "v_descale")}
+        if function == "flash_attn_func":
+            return flash_attn.flash_attn_func(
+                leaves["q"], leaves["k"], leaves["v"], causal=True, return_attn_probs=True, **descales
+            )
+        return flash_attn.flash_attn_varlen_func(
+            leaves["q"],
+            leaves["k"],
+            leaves["v"],
+            leaves["cu_seqlens_q"],
+            leaves["cu_seqlens_k"],
+            5,
+            12,
+            causal=True,
+            return_attn_probs=True,
+            **descales,
+        )
+
+    return Call(f"{function}[fp8]", (function,), make, run)
+
+
 def _flash_attn_varlen_call(mode: str) -> Call:
     """mode: "seqused_k" (ragged K, FA3's seqused_k), "block_table" / "page_table" (K / V as shuffled pages)."""
 
@@ -1053,11 +1150,26 @@ def _flash_attn_varlen_call(mode: str) -> Call:
 
 def _flash_attn_kvcache_call(mode: str) -> Call:
     """mode: "dense" (append with rotary into a cache of 40 positions, cache_batch_idx, cache_leftpad, sinks),
-    "page_table" (append into shuffled pages, ALiBi, three splits), "block_table" (no new keys, softcap, a chunk)."""
+    "page_table" (append into shuffled pages, ALiBi, three splits), "block_table" (no new keys, softcap, a chunk),
+    "fp8" (bf16 keys appended into e4m3 pages with FA3's descales, e4m3 q)."""
     heads, kv_heads, dtype = 4, 2, torch.bfloat16
 
     def make(device):
         rand = lambda *shape: torch.randn(*shape, dtype=dtype, device=device)  # noqa: E731
+        if mode == "fp8":
+            e4m3 = lambda *shape: torch.randn(*shape, device=device).to(torch.float8_e4m3fn)  # noqa: E731
+            return {
+                "q": e4m3(2, 2, heads, HEAD_DIM),
+                "k_cache": e4m3(7, 16, kv_heads, HEAD_DIM),
+                "v_cache": e4m3(7, 16, kv_heads, HEAD_DIM),
+                "k": rand(2, 2, kv_heads, HEAD_DIM),
+                "v": rand(2, 2, kv_heads, HEAD_DIM),
+                "block_table": torch.tensor([[4, 1, 6], [0, 5, 2]], dtype=torch.int32, device=device),
+                "cache_seqlens": torch.tensor([20, 31], dtype=torch.int32, device=device),
+                "q_descale": torch.rand(2, kv_heads, device=device) + 0.5,
+                "k_descale": torch.rand(2, kv_heads, device=device) + 0.5,
+                "v_descale": torch.rand(1, 1, device=device) + 0.5,
+            }
         if mode == "dense":
             leaves = {
                 "q": rand(2, 2, heads, HEAD_DIM),
@@ -1109,6 +1221,9 @@ def _flash_attn_kvcache_call(mode: str) -> Call:
             return_softmax_lse=True,
             attention_chunk=32 if mode == "block_table" else 0,
             learnable_sink=leaves.get("learnable_sink"),
+            q_descale=leaves.get("q_descale"),
+            k_descale=leaves.get("k_descale"),
+            v_descale=leaves.get("v_descale"),
         )
 
     written = ("k_cache", "v_cache") if mode != "block_table" else ()
@@ -1389,6 +1504,8 @@ CALLS = [
     _attention_call("ragged"),
     _attention_call("paged"),
     _attention_call("decode"),
+    _attention_fp8_call("dense"),
+    _attention_fp8_call("paged"),
     _route_call(),
     _select_call(),
     _dispatch_call(),
@@ -1403,6 +1520,7 @@ CALLS = [
     _grouped_matmul_reference_call(),
     _attention_reference_call(paged=False),
     _attention_reference_call(paged=True),
+    _attention_fp8_call("dense", "attention_reference"),
     _dispatch_reference_call(),
     _scale_layout_call(grouped=False),
     _scale_layout_call(grouped=True),
@@ -1414,12 +1532,15 @@ CALLS = [
     _scaled_tensor_methods_call("hopper"),
     *((_torchao_call("mxfp4"), _torchao_call("nvfp4"), _to_torchao_call("mxfp8")) if HAS_TORCHAO else ()),
     _flash_attn_func_call(),
+    _flash_attn_fp8_call("flash_attn_func"),
+    _flash_attn_fp8_call("flash_attn_varlen_func"),
     _flash_attn_varlen_call("seqused_k"),
     _flash_attn_varlen_call("block_table"),
     _flash_attn_varlen_call("page_table"),
     _flash_attn_kvcache_call("dense"),
     _flash_attn_kvcache_call("page_table"),
     _flash_attn_kvcache_call("block_table"),
+    _flash_attn_kvcache_call("fp8"),
     _fused_experts_call("bf16", inplace=False),
     _fused_experts_call("mxfp8", inplace=True),
     _fused_experts_fp8_call(),

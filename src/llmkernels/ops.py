@@ -445,8 +445,17 @@ def attention(
     return_lse=False,
     config=None,
     validate=False,
+    q_descale=None,
+    k_descale=None,
+    v_descale=None,
 ):
-    if torch.compiler.is_compiling() and config is None and not validate:
+    # FP8 calls stay on the Python path: the custom op takes no descales (and gives out in q's dtype)
+    if (
+        torch.compiler.is_compiling()
+        and config is None
+        and not validate
+        and not _fp8_call(q, k, kv_cache, q_descale, k_descale, v_descale)
+    ):
         call = attention_api.check_attention(
             q,
             k,
@@ -500,6 +509,17 @@ def attention(
         return_lse=return_lse,
         config=config,
         validate=validate,
+        q_descale=q_descale,
+        k_descale=k_descale,
+        v_descale=v_descale,
+    )
+
+
+def _fp8_call(q, k, kv_cache, *descales) -> bool:
+    """A call with a descale or a float8_e4m3fn q, k or page tensor (FP8 attention)."""
+    tensors = (q, k, getattr(kv_cache, "k_pages", None))
+    return any(d is not None for d in descales) or any(
+        getattr(t, "dtype", None) == torch.float8_e4m3fn for t in tensors
     )
 
 
