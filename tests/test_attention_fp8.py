@@ -202,13 +202,13 @@ def test_views_give_the_contiguous_bits(device):
     assert torch.equal(out.view(torch.int16), expected.view(torch.int16))
 
 
-def test_fp8_calls_never_take_a_gluon_backend(monkeypatch):
+def test_fp8_calls_never_take_a_gluon_backend(monkeypatch, device):
     """On an sm_90 GPU the Gluon prefill takes a bf16 call; the same call with FP8 K/V goes to the portable kernel
     (the Gluon kernels do not read e4m3 tiles nor apply descales)."""
     monkeypatch.setattr(attention_config, "runs_gluon", lambda device: True)  # as on an H100, not the interpreter
     with runtime.pretend_gpu((9, 0)) as gpu:
-        q = torch.zeros(1, 256, 4, 64, dtype=torch.bfloat16)
-        k = torch.zeros(1, 256, 4, 64, dtype=torch.bfloat16)
+        q = torch.zeros(1, 256, 4, 64, dtype=torch.bfloat16, device=device)
+        k = torch.zeros(1, 256, 4, 64, dtype=torch.bfloat16, device=device)
         args = (False, None, None, None, None, None, None, None, None, None, None, False, None, False)
         for kv_dtype, wanted in ((torch.bfloat16, "gluon_prefill"), (FP8, "portable")):
             kv = k.to(kv_dtype)

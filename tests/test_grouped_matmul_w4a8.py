@@ -359,7 +359,8 @@ def test_gpu_hopper_kernel(spread, device):
     expected = lk.grouped_matmul_reference(a, b, offsets, ids)
     assert_close_relative(out[:rows].float(), expected[:rows], TOLERANCE[torch.bfloat16], "w4a8 hopper")
     assert out[rows:].isnan().all() and (out[300:377] == 0).all()
-    assert torch.equal(_run(a, b, offsets, ids, n, out_dtype=torch.bfloat16), out), "a repeat changed the bits"
+    repeat = _run(a, b, offsets, ids, n, out_dtype=torch.bfloat16)  # rows past a_offsets[G] stay NaN: not compared
+    assert torch.equal(repeat[:rows], out[:rows]) and repeat[rows:].isnan().all(), "a repeat changed the bits"
     graph_out = poison(torch.empty_like(out))
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
@@ -367,5 +368,5 @@ def test_gpu_hopper_kernel(spread, device):
     graph_out.fill_(float("nan"))
     graph.replay()
     torch.cuda.synchronize()
-    assert torch.equal(graph_out, out), "graph replay changed the bits"
+    assert torch.equal(graph_out[:rows], out[:rows]) and graph_out[rows:].isnan().all(), "graph replay changed bits"
     W4A8_COPIES.clear()

@@ -56,6 +56,9 @@ class PreparedW4A8:
     max_spread: int
 
 
+_CHUNK_WEIGHTS = 2**27
+
+
 def _codes_and_exponents(packed: torch.Tensor, scales: torch.Tensor):
     """Packed e2m1 bytes ``[E, N, K / 2]`` and row-layout e8m0 bytes ``[E, N, K / 32]`` → uint8 codes ``[E, N, K']``
     and e8m0 exponents int32 ``[E, N, K'/32]``, K' = K rounded up to 128 (zero codes, exponent 127 past K)."""
@@ -114,22 +117,37 @@ def prepare_weights(w, reference: str = "row", allow_rounding: bool = False) -> 
 
 
 def _prepare(packed, scales, shape: tuple, reference: str, allow_rounding: bool) -> PreparedW4A8:
-    """:func:`prepare_weights` on row-layout bytes (``[E, N, K / 2]`` codes, ``[E, N, K / 32]`` exponents)."""
+    """:func:`prepare_weights` on row-layout bytes (``[E, N, K / 2]`` codes, ``[E, N, K / 32]`` exponents), a few
+    experts at a time (the rearrangement holds int64 temporaries of ~8 bytes per weight: 2^27 weights a chunk keep
+    it near a GB whatever E; each expert's rows are prepared on their own, so chunks change no bit)."""
     if len(shape) != 3 or shape[1] % 128 or shape[2] % 64:
         raise ValueError(f"w: must be [E, N, K] with N a multiple of 128 and K of 64, got {shape}")
     if reference not in ("row", "step"):
         raise ValueError(f"reference: must be 'row' or 'step', got {reference!r}")
-    codes, exps = _codes_and_exponents(packed, scales)
-    num_experts, n, kp = codes.shape
-    r, d, relevant = _references(codes, exps, reference)
-    rounded = relevant & (d > D_MAX)
-    rounded_blocks = int(rounded.sum())
-    spread = torch.where(relevant, d, D_MIN).amax() - D_MIN if relevant.any() else torch.tensor(0)
+    num_experts = shape[0]
+    per_chunk = max(1, _CHUNK_WEIGHTS // max(1, shape[1] * shape[2]))
+    parts = [
+        _prepare_experts(packed[e : e + per_chunk], scales[e : e + per_chunk], reference)
+        for e in range(0, num_experts, per_chunk)
+    ]
+    rounded_blocks = sum(part[3] for part in parts)
+    spread = max((part[4] for part in parts), default=0)
     if rounded_blocks and not allow_rounding:
         raise ValueError(
             f"w: {rounded_blocks} 32-K blocks lie more than 14 binades below their reference (spread "
-            f"{int(spread)}): they would be rounded; pass allow_rounding=True to accept the stated bound"
+            f"{spread}): they would be rounded; pass allow_rounding=True to accept the stated bound"
         )
+    data, tables, factors = (torch.cat([part[i] for part in parts]) if parts else None for i in range(3))
+    return PreparedW4A8(data, tables, factors, shape, reference, rounded_blocks, spread)
+
+
+def _prepare_experts(packed, scales, reference: str) -> tuple:
+    """``(data, tables, row_factors, rounded_blocks, spread)`` of the experts ``packed`` / ``scales`` hold."""
+    codes, exps = _codes_and_exponents(packed, scales)
+    num_experts, n, kp = codes.shape
+    r, d, relevant = _references(codes, exps, reference)
+    rounded_blocks = int((relevant & (d > D_MAX)).sum())
+    spread = int(torch.where(relevant, d, D_MIN).amax() - D_MIN) if relevant.any() else 0
     mags = (codes & 7).to(torch.int64)
     signs = (codes >> 3).to(torch.int64)
     # [E, block, h, g, chunk, i, half, t, n]: row = 16 block + 8h + g, k = 64 chunk + 32i + 16 half + 4t + n
@@ -148,7 +166,7 @@ def _prepare(packed, scales, shape: tuple, reference: str, allow_rounding: bool)
     tables = tables.reshape(num_experts, n // 16, 2, 8, kp // 128, 2, 2, 2)  # (e, block, h, g, step, chunk, i, w)
     tables = tables.permute(0, 1, 4, 3, 5, 6, 2, 7).reshape(num_experts, n // 16, kp // 128, 8, 2, 4, 2)
     factors = torch.ldexp(torch.ones_like(r, dtype=torch.float32), (r - 127).to(torch.float32))
-    return PreparedW4A8(data, tables.contiguous(), factors.contiguous(), shape, reference, rounded_blocks, int(spread))
+    return data, tables.contiguous(), factors.contiguous(), rounded_blocks, spread
 
 
 def emulate_decode(w: PreparedW4A8) -> torch.Tensor:
