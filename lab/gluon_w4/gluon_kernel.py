@@ -5,7 +5,7 @@ runs while the current chunk's wgmma holds the tensor cores. Not the product (se
 Schedule (swap-AB, ``Cᵀ = W · Aᵀ``: weight rows are the MMA's M side, tokens its N side):
 
 * persistent grid of ``min(SMs, tile bound)`` programs; work tiles (group, ``block_t``-token tile, 128-weight-row
-  tile) found on the device by :func:`_find_token_tile` (the product's ``_find_tile`` with a tile height),
+  tile) found on the device by the product's ``_find_tile`` (with a tile height),
   published to the consumers through the product's ``_publish`` / ``_receive`` shared-memory ring;
 * 1 load warp: per 128-K step one TMA box of packed weights ``[8 fragment blocks, 4, 64]`` int32 (128 weight
   rows x 128 K in the library's "hopper" fragment layout, 8 KB) and two activation boxes ``[block_t, 64 K]`` bf16
@@ -43,7 +43,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from llmkernels.grouped_matmul.gluon_fp8_kernel import _publish, _receive
+from llmkernels.grouped_matmul.gluon_fp8_kernel import _find_tile, _publish, _receive
 
 # the schedule, the packed words' layouts and the tile search are the product's w4a8 kernel's (moved there from here)
 from llmkernels.grouped_matmul.gluon_w4a8_kernel import (  # noqa: F401 - BLOCK_W, MAX_REGS: the bench's names
@@ -55,7 +55,6 @@ from llmkernels.grouped_matmul.gluon_w4a8_kernel import (  # noqa: F401 - BLOCK_
     LOADER_REGS,
     MAX_REGS,
     W_BOX,
-    _find_token_tile,
     _index4,
     _tma_load,
     w_layout_shared,
@@ -158,8 +157,8 @@ def _load_partition(
     cursor = (tile * 0, tile * 0, gl.load(a_offsets_ptr).to(gl.int32))
     count = 0
     loaded = 0
-    found, group, group_start, group_end, tile_m, tile_n, cursor = _find_token_tile(
-        tile, cursor, a_offsets_ptr, num_groups, num_tokens, n_tiles, TOKENS
+    found, group, group_start, group_end, tile_m, tile_n, cursor = _find_tile(
+        tile, cursor, a_offsets_ptr, num_groups, num_tokens, n_tiles, 0, num_tokens, TOKENS
     )
     while found:
         first_row = group_start + tile_m * TOKENS
@@ -180,8 +179,8 @@ def _load_partition(
                 loaded += 1
         count += 1
         tile += programs
-        found, group, group_start, group_end, tile_m, tile_n, cursor = _find_token_tile(
-            tile, cursor, a_offsets_ptr, num_groups, num_tokens, n_tiles, TOKENS
+        found, group, group_start, group_end, tile_m, tile_n, cursor = _find_tile(
+            tile, cursor, a_offsets_ptr, num_groups, num_tokens, n_tiles, 0, num_tokens, TOKENS
         )
     _publish(count, (tile * 0, tile * 0, tile * 0, tile * 0 + _STOP), schedule)
 

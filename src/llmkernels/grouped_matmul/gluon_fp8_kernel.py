@@ -142,8 +142,19 @@ def _pick(values, lanes, index):
 
 
 @gluon.jit
-def _find_tile(tile, cursor, a_offsets_ptr, num_groups, num_tokens, n_tiles, min_group_rows, max_group_rows):
-    """Work tile ``tile`` -> ``(found, group, group_start, group_end, m-tile, n-tile, cursor)``.
+def _find_tile(
+    tile,
+    cursor,
+    a_offsets_ptr,
+    num_groups,
+    num_tokens,
+    n_tiles,
+    min_group_rows,
+    max_group_rows,
+    TILE_ROWS: gl.constexpr = 128,
+):
+    """Work tile ``tile`` -> ``(found, group, group_start, group_end, m-tile, n-tile, cursor)``, m-tiles of
+    ``TILE_ROWS`` rows.
 
     ``cursor = (first group of a 32-group chunk, tiles before it, running max of the offsets before it)`` only moves
     forward (a program's tiles increase), so a tile costs one vector load of 33 offsets unless its group lies in a
@@ -170,7 +181,7 @@ def _find_tile(tile, cursor, a_offsets_ptr, num_groups, num_tokens, n_tiles, min
         ends = gl.minimum(gl.maximum(ends, 0), num_tokens)
         sizes = ends - starts
         taken = valid & (sizes > min_group_rows) & (sizes <= max_group_rows)
-        tiles = gl.where(taken, gl.cdiv(sizes, 128) * n_tiles, 0)
+        tiles = gl.where(taken, gl.cdiv(sizes, TILE_ROWS) * n_tiles, 0)
         through = before + gl.associative_scan(tiles, 0, _add_combine)
         chunk_tiles = gl.sum(tiles, axis=0)
         if tile < before + chunk_tiles:
@@ -181,7 +192,7 @@ def _find_tile(tile, cursor, a_offsets_ptr, num_groups, num_tokens, n_tiles, min
             # (m-tile, n-tile) per lane, picked after: Triton 3.6's Gluon crashes (GluonInferCoalescedEncodings)
             # on a scalar integer division by a loop-carried scalar here
             local = tile - (through - tiles)
-            m_tiles = gl.maximum(gl.cdiv(ends - starts, 128), 1)
+            m_tiles = gl.maximum(gl.cdiv(ends - starts, TILE_ROWS), 1)
             tile_m = _pick(local % m_tiles, lanes, index)
             tile_n = _pick(local // m_tiles, lanes, index)
             found = tile >= 0

@@ -4,9 +4,10 @@ tensor cores (the ``w4a8_hopper`` backend; sm_90a only, not the interpreter): th
 ``wgmma m64nNk32 f32.e4m3.e4m3`` (swap-AB: weight rows are the MMA's M side, tokens its N side).
 
 * **Schedule**: persistent grid, work tiles (group, token tile, 128-row weight tile) found on the device by
-  :func:`_find_token_tile`, handed by one load warp (TMA boxes of the prepared weights and of A, plain loads of the
-  tile's token scales into shared memory) to two consumer warpgroups of 64 weight rows each through the
-  ``_publish`` / ``_receive`` ring of :mod:`~llmkernels.grouped_matmul.gluon_fp8_kernel`.
+  ``_find_tile`` (every non-empty group, token tiles of ``TOKENS`` rows), handed by one load warp (TMA boxes of the
+  prepared weights and of A, plain loads of the tile's token scales into shared memory) to two consumer warpgroups
+  of 64 weight rows each through the ``_publish`` / ``_receive`` ring of
+  :mod:`~llmkernels.grouped_matmul.gluon_fp8_kernel`.
 * **Decode by table**: for each weight row a reference exponent ``R`` (over all of K, or per 128-K step with
   STEP_REFERENCE) and for each 32-K block (e8m0 exponent ``s``) the eight e4m3 bytes of ``{0, 0.5, 1, 1.5, 2, 3, 4,
   6} x 2^(s - R)``; ``prmt`` looks up four magnitudes at once: 7 instructions per 8 weights. Exact while the
@@ -31,7 +32,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from .gluon_fp8_kernel import _add_combine, _max_combine, _pick, _publish, _receive
+from .gluon_fp8_kernel import _find_tile, _publish, _receive
 
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 
@@ -96,57 +97,6 @@ def _index4(n: gl.constexpr, DIM: gl.constexpr, layout: gl.constexpr):
         sliced: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, layout)))
         x = gl.arange(0, n, layout=sliced)
         return gl.expand_dims(gl.expand_dims(gl.expand_dims(x, 0), 1), 2)
-
-
-@gluon.jit
-def _find_token_tile(tile, cursor, a_offsets_ptr, num_groups, num_tokens, n_tiles, TOKENS: gl.constexpr):
-    """Work tile ``tile`` -> ``(found, group, group_start, group_end, token tile, weight tile, cursor)``: the
-    product's ``_find_tile`` (``grouped_matmul/gluon_fp8_kernel.py``: forward-only cursor over 32-group chunks,
-    offsets read as ``clamp(cummax(a_offsets), 0, T)``, token tiles fastest) with token tiles of ``TOKENS`` rows
-    instead of 128 and every non-empty group taken."""
-    layout: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
-    lanes = gl.arange(0, 32, layout=layout)
-    chunk, before, carried = cursor
-    searching = tile >= 0
-    found = tile < 0
-    group = tile * 0
-    group_start = tile * 0
-    group_end = tile * 0
-    tile_m = tile * 0
-    tile_n = tile * 0
-    while searching:
-        groups = chunk + lanes
-        valid = groups < num_groups
-        raw_starts = gl.load(a_offsets_ptr + groups, mask=valid, other=0).to(gl.int32)
-        raw_ends = gl.load(a_offsets_ptr + groups + 1, mask=valid, other=0).to(gl.int32)
-        starts = gl.maximum(gl.associative_scan(raw_starts, 0, _max_combine), carried)
-        ends = gl.maximum(gl.associative_scan(raw_ends, 0, _max_combine), carried)
-        starts = gl.minimum(gl.maximum(starts, 0), num_tokens)
-        ends = gl.minimum(gl.maximum(ends, 0), num_tokens)
-        sizes = ends - starts
-        taken = valid & (sizes > 0)
-        tiles = gl.where(taken, gl.cdiv(sizes, TOKENS) * n_tiles, 0)
-        through = before + gl.associative_scan(tiles, 0, _add_combine)
-        chunk_tiles = gl.sum(tiles, axis=0)
-        if tile < before + chunk_tiles:
-            index = gl.sum((through <= tile).to(gl.int32), axis=0)
-            group = chunk + index
-            group_start = _pick(starts, lanes, index)
-            group_end = _pick(ends, lanes, index)
-            local = tile - (through - tiles)
-            m_tiles = gl.maximum(gl.cdiv(ends - starts, TOKENS), 1)
-            tile_m = _pick(local % m_tiles, lanes, index)
-            tile_n = _pick(local // m_tiles, lanes, index)
-            found = tile >= 0
-            searching = tile < 0
-        else:
-            if chunk + 32 >= num_groups:
-                searching = tile < 0
-            else:
-                before += chunk_tiles
-                carried = gl.maximum(carried, gl.max(gl.where(valid, raw_ends, carried), axis=0))
-                chunk += 32
-    return found, group, group_start, group_end, tile_m, tile_n, (chunk, before, carried)
 
 
 # $2: a data word, $3 / $4: its table words (e4m3 bytes of magnitudes 0..3 / 4..7). Out: $0 the low e4m3 word
@@ -255,8 +205,8 @@ def _load_partition(
     cursor = (tile * 0, tile * 0, gl.load(a_offsets_ptr).to(gl.int32))
     count = 0
     loaded = 0
-    found, group, group_start, group_end, tile_m, tile_n, cursor = _find_token_tile(
-        tile, cursor, a_offsets_ptr, num_groups, num_tokens, n_tiles, TOKENS
+    found, group, group_start, group_end, tile_m, tile_n, cursor = _find_tile(
+        tile, cursor, a_offsets_ptr, num_groups, num_tokens, n_tiles, 0, num_tokens, TOKENS
     )
     while found:
         first_row = group_start + tile_m * TOKENS
@@ -284,8 +234,8 @@ def _load_partition(
                 loaded += 1
         count += 1
         tile += programs
-        found, group, group_start, group_end, tile_m, tile_n, cursor = _find_token_tile(
-            tile, cursor, a_offsets_ptr, num_groups, num_tokens, n_tiles, TOKENS
+        found, group, group_start, group_end, tile_m, tile_n, cursor = _find_tile(
+            tile, cursor, a_offsets_ptr, num_groups, num_tokens, n_tiles, 0, num_tokens, TOKENS
         )
     _publish(count, (tile * 0, tile * 0, tile * 0, tile * 0 + _STOP), schedule)
 
