@@ -5,7 +5,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-__all__ = ["EPILOGUES", "SwiGLU", "GPT_OSS_SWIGLU"]
+import torch
+
+__all__ = ["EPILOGUES", "SwiGLU", "GPT_OSS_SWIGLU", "deinterleave_gate_up"]
 
 EPILOGUES = ("silu", "gelu", "swiglu")
 
@@ -56,3 +58,9 @@ def _finite(value) -> bool:
 
 GPT_OSS_SWIGLU = SwiGLU(alpha=1.702, limit=7.0, up_shift=1.0, interleaved=True)
 """gpt-oss' clamped SwiGLU on its interleaved gate/up rows."""
+
+
+def deinterleave_gate_up(rows: torch.Tensor) -> torch.Tensor:
+    """Rows ``gate 0, up 0, gate 1, ...`` along dim 1 (``SwiGLU.interleaved``) as ``[gate | up]`` halves, a new
+    tensor."""
+    return torch.cat((rows[:, 0::2], rows[:, 1::2]), dim=1)

@@ -38,7 +38,7 @@ import torch
 from ..formats import ScaledTensor
 from ..formats.layouts import HOPPER, ROW
 from ..runtime import capturing, cuda_capability, interpreting
-from .epilogue import SwiGLU
+from .epilogue import SwiGLU, deinterleave_gate_up
 
 __all__ = ["HOPPER_COPIES", "HopperCopies", "WeightCopies", "prefers_hopper_layout"]
 
@@ -136,7 +136,7 @@ class HopperCopies(WeightCopies):
         if interleaved:
             epilogue = dataclasses.replace(epilogue, interleaved=False)
             if bias is not None:
-                bias = _deinterleave(bias)
+                bias = deinterleave_gate_up(bias)
         return weights, epilogue, bias
 
 
@@ -159,15 +159,10 @@ def _memory_key(t: torch.Tensor) -> tuple:
     return (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype, t.device)
 
 
-def _deinterleave(t: torch.Tensor) -> torch.Tensor:
-    """Rows ``gate 0, up 0, gate 1, ...`` along dim 1 as ``[gate | up]`` halves."""
-    return torch.cat((t[:, 0::2], t[:, 1::2]), dim=1)
-
-
 def _to_hopper(b: ScaledTensor, interleaved: bool) -> ScaledTensor:
     if interleaved:
-        scales = _deinterleave(b.scales.view(torch.uint8)).view(b.scales.dtype)  # CUDA cannot cat 8-bit floats
-        b = ScaledTensor(_deinterleave(b.data), scales, b.format, b.global_scale, block=b.block)
+        scales = deinterleave_gate_up(b.scales.view(torch.uint8)).view(b.scales.dtype)  # CUDA cannot cat 8-bit floats
+        b = ScaledTensor(deinterleave_gate_up(b.data), scales, b.format, b.global_scale, block=b.block)
     return b.to_layout(HOPPER)
 
 

@@ -33,6 +33,7 @@ from ..attention import softcap as softcap_mod
 from ..formats import ScaledTensor
 from ..formats.layouts import HOPPER, ROW, Layout, as_layout
 from ..grouped_matmul import SwiGLU
+from ..grouped_matmul.epilogue import deinterleave_gate_up
 from ..moe import fused_experts
 from ..moe.layer import prefers_hopper_layout
 from ..ops import attention, quantize
@@ -163,11 +164,6 @@ def _source(experts: torch.nn.Module) -> tuple:
     return tuple((p._version, p.data_ptr()) for p in experts.parameters(recurse=False))
 
 
-def _deinterleave(t: torch.Tensor) -> torch.Tensor:
-    """gpt-oss' ``gate 0, up 0, gate 1, ...`` along dim 1 → ``[gate | up]`` halves."""
-    return torch.cat((t[:, 0::2], t[:, 1::2]), 1)
-
-
 def _fp8_expert_weights(experts: torch.nn.Module) -> ExpertWeights:
     """An ``FP8Experts`` module's weights and block scales as fp8 ScaledTensors of block ``(128, 128)``, read in
     place (ue8m0 scales, powers of two, become float32 exactly: a copy of the scales only).
@@ -212,9 +208,9 @@ def _expert_weights(
         if layout == "default":
             w1, w2, b1, b2, activation = experts.gate_up_proj, experts.down_proj, None, None, SwiGLU()
         else:  # gpt-oss: [E, H, 2I] interleaved and [E, I, H] -> K-major, [gate | up] halves
-            w1 = _deinterleave(experts.gate_up_proj.transpose(1, 2))
+            w1 = deinterleave_gate_up(experts.gate_up_proj.transpose(1, 2))
             w2 = experts.down_proj.transpose(1, 2)
-            b1, b2 = _deinterleave(experts.gate_up_proj_bias).float(), experts.down_proj_bias.float()
+            b1, b2 = deinterleave_gate_up(experts.gate_up_proj_bias).float(), experts.down_proj_bias.float()
             activation = SwiGLU(alpha=float(experts.alpha), limit=float(experts.limit), up_shift=1.0)
         w1, w2 = (w.detach().to(torch.bfloat16).contiguous() for w in (w1, w2))
         if weight_format == "fp8":
