@@ -8,8 +8,9 @@ import triton.language as tl
 
 from ..check import Operand
 from ..config import compute_dtype
+from ..epilogue import SwiGLU
 
-__all__ = ["TENSORS", "pointer_types", "triton_dtype", "compute_torch_dtype", "read_a"]
+__all__ = ["TENSORS", "pointer_types", "triton_dtype", "compute_torch_dtype", "read_a", "epilogue_constexprs"]
 
 # The tensors of a call, in the order a plan hands them to every launch (a kernel takes those of its
 # ``<name>_ptr`` arguments); a missing one is a dummy the compiled kernel never reads.
@@ -80,3 +81,20 @@ def pointer_types(call, a_dtype: torch.dtype | None = None) -> dict:
         "expert_scales_ptr": "*fp32",
         "bias_ptr": _POINTER_TYPES[call.bias_dtype] if call.has_bias else "*i32",
     }
+
+
+def epilogue_constexprs(call) -> dict:
+    """The epilogue's constexprs of a launch of ``call`` as the Triton kernels name them: expert scales, the
+    epilogue's kind and user function, bias, and the SwiGLU parameters (``SwiGLU()``'s where the epilogue is not
+    one: unread)."""
+    glu = call.glu or SwiGLU()
+    return dict(
+        HAS_EXPERT_SCALES=call.has_expert_scales,
+        EPILOGUE=call.epilogue_kind,
+        EPILOGUE_FN=call.epilogue_fn,
+        HAS_BIAS=call.has_bias,
+        GLU_ALPHA=glu.alpha,
+        GLU_LIMIT=glu.limit,
+        GLU_UP_SHIFT=glu.up_shift,
+        GLU_INTERLEAVED=glu.interleaved,
+    )

@@ -8,9 +8,8 @@ from __future__ import annotations
 from ...launch import KernelSpec
 from ...runtime import cdiv
 from .. import config as gm_config
-from ..epilogue import SwiGLU
 from ..fp8_kernel import fp8_blocks_matmul_kernel
-from .base import pointer_types
+from .base import epilogue_constexprs, pointer_types
 
 __all__ = ["supports", "upcast_dtype", "kernel_spec", "scalars", "UNALIGNED"]
 
@@ -68,18 +67,10 @@ def max_tiles(call, config, group_rows: tuple[int, int]) -> int:
 def kernel_spec(call, config, group_rows: tuple[int, int]) -> KernelSpec:
     """One program per tile of :func:`max_tiles` (``config.num_programs`` None), or a persistent grid of
     ``config.num_programs`` programs when fewer."""
-    glu = call.glu or SwiGLU()  # the GLU_* constexprs (unread by other epilogues)
     tiles = max_tiles(call, config, group_rows)
     programs = tiles if config.num_programs is None else min(config.num_programs, tiles)
     constexprs = dict(
-        HAS_EXPERT_SCALES=call.has_expert_scales,
-        EPILOGUE=call.epilogue_kind,
-        EPILOGUE_FN=call.epilogue_fn,
-        HAS_BIAS=call.has_bias,
-        GLU_ALPHA=glu.alpha,
-        GLU_LIMIT=glu.limit,
-        GLU_UP_SHIFT=glu.up_shift,
-        GLU_INTERLEAVED=glu.interleaved,
+        **epilogue_constexprs(call),
         SWAP_AB=config.ab_swapped,
         EVEN_K=call.k % gm_config.FP8_BLOCK_K == 0,
         SPLIT_N=split_n(config),

@@ -8,9 +8,8 @@ from __future__ import annotations
 from ...launch import KernelSpec
 from ...runtime import cdiv, num_programs_hint
 from .. import config as gm_config
-from ..epilogue import SwiGLU
 from ..kernel import grouped_matmul_kernel
-from .base import compute_torch_dtype, pointer_types, read_a
+from .base import compute_torch_dtype, epilogue_constexprs, pointer_types, read_a
 
 __all__ = ["supports", "upcast_dtype", "kernel_spec", "scalars", "grouped_kernel_spec", "grouped_kernel_scalars"]
 
@@ -46,7 +45,6 @@ def grouped_kernel_spec(call, config, group_rows: tuple[int, int], use_dot_scale
     ``config.num_programs``, at most one per tile), ``tl.dot_scaled`` where ``use_dot_scaled``, A decoded ahead to
     ``upcast`` (a torch dtype) or read as given (None)."""
     a, b, device = read_a(call, upcast), call.b, call.device
-    glu = call.glu or SwiGLU()  # the GLU_* constexprs (unread by other epilogues)
     dtype = gm_config.compute_dtype(call.a.element)
     max_tiles = (cdiv(call.num_tokens, config.block_m) + call.num_groups) * cdiv(call.n_out, config.block_n)
     num_programs = min(config.num_programs or num_programs_hint(device), max_tiles)
@@ -65,14 +63,7 @@ def grouped_kernel_spec(call, config, group_rows: tuple[int, int], use_dot_scale
         B_SCALE_COLS=b.scale_layout.scale_cols,
         A_GLOBAL_SCALE=call.a.has_global_scale,
         B_GLOBAL_SCALE=b.has_global_scale,
-        HAS_EXPERT_SCALES=call.has_expert_scales,
-        EPILOGUE=call.epilogue_kind,
-        EPILOGUE_FN=call.epilogue_fn,
-        HAS_BIAS=call.has_bias,
-        GLU_ALPHA=glu.alpha,
-        GLU_LIMIT=glu.limit,
-        GLU_UP_SHIFT=glu.up_shift,
-        GLU_INTERLEAVED=glu.interleaved,
+        **epilogue_constexprs(call),
         USE_DOT_SCALED=use_dot_scaled,
         SWAP_AB=config.ab_swapped,
         PREFETCH_SCALES=config.prefetch_scales,

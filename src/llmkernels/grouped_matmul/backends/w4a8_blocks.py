@@ -6,9 +6,8 @@ from __future__ import annotations
 
 from ...launch import KernelSpec
 from .. import config as gm_config
-from ..epilogue import SwiGLU
 from ..w4a8_kernel import w4a8_matmul_kernel
-from .base import pointer_types
+from .base import epilogue_constexprs, pointer_types
 from .fp8_blocks import max_tiles
 
 __all__ = ["supports", "upcast_dtype", "kernel_spec", "scalars", "takes", "UNALIGNED"]
@@ -37,21 +36,13 @@ def upcast_dtype(call, config):
 def kernel_spec(call, config, group_rows: tuple[int, int]) -> KernelSpec:
     """One program per tile of :func:`~.fp8_blocks.max_tiles` (``config.num_programs`` None), or a persistent grid
     of ``config.num_programs`` programs when fewer."""
-    glu = call.glu or SwiGLU()  # the GLU_* constexprs (unread by other epilogues)
     tiles = max_tiles(call, config, group_rows)
     programs = tiles if config.num_programs is None else min(config.num_programs, tiles)
     dtype = gm_config.compute_dtype(call.a.element)
     constexprs = dict(
         B_SCALE_ROWS=call.b.scale_layout.expert_scale_rows,
         B_SCALE_COLS=call.b.scale_layout.scale_cols,
-        HAS_EXPERT_SCALES=call.has_expert_scales,
-        EPILOGUE=call.epilogue_kind,
-        EPILOGUE_FN=call.epilogue_fn,
-        HAS_BIAS=call.has_bias,
-        GLU_ALPHA=glu.alpha,
-        GLU_LIMIT=glu.limit,
-        GLU_UP_SHIFT=glu.up_shift,
-        GLU_INTERLEAVED=glu.interleaved,
+        **epilogue_constexprs(call),
         SWAP_AB=config.ab_swapped,
         PACKED_DECODE=gm_config.packed_decode(dtype, call.device),
         COMPUTE_DTYPE=dtype,
