@@ -60,7 +60,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from ..launch import BoundKernel, KernelSpec, PlanCache
-from ..runtime import num_programs_hint, pretend_gpu
+from ..runtime import capturing, num_programs_hint, pretend_gpu
 from . import config as attention_config
 from .check import CheckedCall, check_attention
 from .config import FA4Config, Tiling
@@ -1093,7 +1093,7 @@ class GluonPrefillLaunch:
         """A zeroed int32 tile counter: the next of the plan's own for the current stream (:class:`_TileCounters`;
         the caller holds the lock, so that two threads' launches on one stream take them in order), or a fresh one
         while a CUDA graph is captured (each captured launch keeps its own) and off the GPU."""
-        if device.type != "cuda" or torch.cuda.is_current_stream_capturing():
+        if device.type != "cuda" or capturing(device):
             return torch.zeros(1, dtype=torch.int32, device=device)
         stream = torch._C._cuda_getCurrentRawStream(
             device.index if device.index is not None else torch.cuda.current_device()
