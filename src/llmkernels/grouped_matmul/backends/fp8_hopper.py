@@ -39,6 +39,8 @@ __all__ = [
     "warp_specialized_spec",
     "warp_specialized_scalars",
     "GL_DTYPES",
+    "tma_readable",
+    "dense_copy",
 ]
 
 EPILOGUES = ("none", "silu", "gelu", "swiglu", "user")  # "user": a @triton.jit fn(value, row, col)
@@ -174,7 +176,7 @@ def warp_specialized_scalars(call, group_rows: tuple[int, int], tensors: dict, s
     )
 
 
-def _tma_readable(t: torch.Tensor) -> bool:
+def tma_readable(t: torch.Tensor) -> bool:
     """What a TMA descriptor over ``t``'s rows needs: 16-byte aligned base and row strides, unit last stride."""
     return (
         t.stride(-1) == 1
@@ -188,7 +190,8 @@ def _weights_2d(b: torch.Tensor) -> bool:
     return b.shape[0] <= 1 or b.stride(0) == b.shape[1] * b.stride(1)
 
 
-def _dense(t: torch.Tensor) -> torch.Tensor:
+def dense_copy(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous copy of ``t`` in fresh (aligned) memory, even where ``t`` is contiguous already."""
     return t.clone(memory_format=torch.contiguous_format)
 
 
@@ -202,9 +205,9 @@ class HopperWsSpec(KernelSpec):
         a, a_scales, b, b_scales, out, a_offsets, expert_ids, expert_scales, bias, *sizes = args
         # A, B in a layout TMA cannot read (16-byte rows and base; B's experts back to back) are copied per
         # call: their strides and alignment are the plan's, so the decision is made once, here
-        copy_a = not _tma_readable(a)
-        copy_b = not (_tma_readable(b) and _weights_2d(b))
-        a, b = (_dense(a) if copy_a else a), (_dense(b) if copy_b else b)
+        copy_a = not tma_readable(a)
+        copy_b = not (tma_readable(b) and _weights_2d(b))
+        a, b = (dense_copy(a) if copy_a else a), (dense_copy(b) if copy_b else b)
         num_tokens, k = a.shape
         num_experts, n, _ = b.shape
         # FP8 data may come as its bytes; 16-bit operands as they are
@@ -215,7 +218,7 @@ class HopperWsSpec(KernelSpec):
         b_desc = TensorDescriptor(b.view(dtype), [num_experts * n, k], [b.stride(1), 1], b_box, _layout(b_box, element))
         # the TMA store's descriptor over out [T, N_out] (it clips the columns past N_out); a variant without the
         # TMA store, or an out TMA cannot address, gets a dummy the kernel never reads
-        use_out = self.constexprs["TMA_STORE"] and _tma_readable(out)
+        use_out = self.constexprs["TMA_STORE"] and tma_readable(out)
         out_base = out if use_out else torch.zeros(kernel.OUT_BOX, dtype=out.dtype, device=out.device)
         out_desc = TensorDescriptor(
             out_base,
@@ -263,9 +266,9 @@ class HopperWsLaunch:
 
     def __call__(self, a, a_scales, b, b_scales, out, a_offsets, expert_ids, expert_scales, bias) -> None:
         if self.copy_a:
-            a = _dense(a)
+            a = dense_copy(a)
         if self.copy_b:
-            b = _dense(b)
+            b = dense_copy(b)
         out_base = out if self.out_dummy is None else self.out_dummy
         self.bound(a, a_scales, b, b_scales, out, a_offsets, expert_ids, expert_scales, bias, out_base)
 

@@ -29,6 +29,7 @@ from .. import gluon_w4a8_kernel as kernel
 from ..w4a8_prepare import W4A8_COPIES
 from . import w4a8_blocks
 from .base import pointer_types
+from .fp8_hopper import dense_copy, tma_readable
 
 __all__ = ["supports", "upcast_dtype", "kernel_spec", "scalars", "W4A8HopperSpec", "W4A8HopperLaunch", "TOKENS"]
 
@@ -142,8 +143,8 @@ class W4A8HopperLaunch:
         if prepared is None:
             self._portable(a, a_scales, b, b_scales, out, a_offsets, expert_ids)
             return
-        if not _tma_readable(a):
-            a = a.contiguous()
+        if not tma_readable(a):  # a contiguous view at a misaligned address too: a fresh copy
+            a = dense_copy(a)
         a = a.view(torch.float8_e4m3fn)
         k_padded = cdiv(call.k, 128) * 128
         weights = prepared.data.view(call.num_experts * (call.n // 16), k_padded // 32, 64)
@@ -183,8 +184,3 @@ class W4A8HopperLaunch:
 
     def __repr__(self) -> str:
         return f"W4A8HopperLaunch(gluon={self.gluon!r}, portable={self.portable!r})"
-
-
-def _tma_readable(t: torch.Tensor) -> bool:
-    """What a TMA descriptor over ``t``'s rows needs: 16-byte aligned base and row stride, unit last stride."""
-    return t.stride(-1) == 1 and t.stride(0) % 16 == 0 and t.data_ptr() % 16 == 0
