@@ -17,8 +17,8 @@ FP8 (FA3): q, k, v (or the caches) may be float8_e4m3fn, k and v with a bf16 / f
 ``q_descale`` / ``k_descale`` / ``v_descale`` float32 ``[B, Hkv]`` keywords (``[1, 1]``, ``[B, 1]`` broadcast; vLLM's
 per-tensor ``k_scale`` / ``v_scale`` are the ``[1, 1]`` case) that multiply the stored values; an fp8 q gives a
 bf16 output. ``flash_attn_with_kvcache`` appends bf16 / fp16 ``k`` / ``v`` into an e4m3 cache as the round-to-nearest
-e4m3 of ``k / k_descale`` (``v / v_descale``), saturated at ±448. Such calls run :func:`llmkernels.attention.api.
-attention` directly (the torch.compile custom op does not take descales yet).
+e4m3 of ``k / k_descale`` (``v / v_descale``), saturated at ±448. Under torch.compile such calls run eagerly
+(:func:`llmkernels.attention` keeps them off its custom op, which does not take descales yet).
 
 Not yet supported, each raising ``NotImplementedError`` that names the argument: per-batch ``alibi_slopes``
 ``[B, H]``, softcap together with ALiBi.
@@ -33,7 +33,6 @@ import torch.nn.functional as F
 
 from .attention import Chunked, PagedKVCache, SlidingWindow, alibi
 from .attention import softcap as softcap_mod
-from .attention.api import attention as eager_attention
 from .attention.api import check_attention
 from .attention.kv_append import append_to_cache, apply_rotary, check_append_descale, check_rotary_tables
 from .attention.paged import SUPPORTED_PAGE_SIZES
@@ -112,17 +111,6 @@ def _pad(x: torch.Tensor, pad: tuple) -> torch.Tensor:
     return F.pad(x, pad)
 
 
-def _attention(q, k, v, descales, **kwargs):
-    """:func:`llmkernels.attention` (a custom op under torch.compile); FP8 inputs and descales go to the eager call,
-    which takes them (the op does not yet)."""
-    kv_cache = kwargs.get("kv_cache")
-    tensors = (q, k, v) if kv_cache is None else (q, kv_cache.k_pages)
-    if any(d is not None for d in descales) or any(getattr(t, "dtype", None) == FP8 for t in tensors):
-        q_descale, k_descale, v_descale = descales
-        return eager_attention(q, k, v, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale, **kwargs)
-    return attention(q, k, v, **kwargs)
-
-
 def _splits(num_splits):
     return None if not num_splits or num_splits <= 0 else int(num_splits)
 
@@ -192,11 +180,10 @@ def flash_attn_func(
     sinks = _sinks(learnable_sink, q)
     head_dim = q.shape[-1] if isinstance(q, torch.Tensor) and q.dim() >= 1 else None
     q, k, v, softmax_scale = _pad_head_dim(q, k, v, softmax_scale)
-    result = _attention(
+    result = attention(
         q,
         k,
         v,
-        (q_descale, k_descale, v_descale),
         causal=causal,
         mask=mask,
         score_mod=score_mod,
@@ -204,6 +191,9 @@ def flash_attn_func(
         softmax_scale=softmax_scale,
         num_splits=_splits(num_splits),
         return_lse=return_attn_probs,
+        q_descale=q_descale,
+        k_descale=k_descale,
+        v_descale=v_descale,
     )
     return _results(result, return_attn_probs, True, head_dim)
 
@@ -294,10 +284,12 @@ def flash_attn_varlen_func(
         cu_seqlens_q=cu_seqlens_q,
         max_seqlen_q=max_seqlen_q,
         max_seqlen_k=max_seqlen_k,
+        q_descale=q_descale,
+        k_descale=k_descale,
+        v_descale=v_descale,
     )
-    descales = (q_descale, k_descale, v_descale)
     if block_table is None and seqused_k is None:
-        result = _attention(q, k, v, descales, cu_seqlens_k=cu_seqlens_k, **common)
+        result = attention(q, k, v, cu_seqlens_k=cu_seqlens_k, **common)
     elif block_table is None:  # rows cu_seqlens_k[b] .. + seqused_k[b]: one run of pages every sequence shares
         if not isinstance(k, torch.Tensor) or k.dim() != 3 or not isinstance(v, torch.Tensor) or v.shape != k.shape:
             raise ValueError(
@@ -310,10 +302,10 @@ def flash_attn_varlen_func(
         ends = torch.minimum(seqused_k, total_k - starts) + starts  # never into the zero rows padding k to pages
         shared = torch.arange(k_pages.shape[0], dtype=torch.int32, device=k.device)
         kv_cache = PagedKVCache(k_pages, v_pages, shared.expand(starts.shape[0], -1), ends, starts)
-        result = _attention(q, None, None, descales, kv_cache=kv_cache, **common)
+        result = attention(q, None, None, kv_cache=kv_cache, **common)
     else:
         seqlens = seqused_k if seqused_k is not None else cu_seqlens_k[1:] - cu_seqlens_k[:-1]
-        result = _attention(q, None, None, descales, kv_cache=PagedKVCache(k, v, block_table, seqlens), **common)
+        result = attention(q, None, None, kv_cache=PagedKVCache(k, v, block_table, seqlens), **common)
     return _results(result, return_attn_probs, True, head_dim)
 
 
@@ -779,11 +771,10 @@ def flash_attn_with_kvcache(
     if rotary_cos is not None:
         local = any(int(side) >= 0 for side in window_size)
         q = apply_rotary(q, rotary_cos, rotary_sin, cache.cache_seqlens, rotary_interleaved, per_token=causal or local)
-    result = _attention(
+    result = attention(
         q,
         None,
         None,
-        (q_descale, k_descale, v_descale),
         kv_cache=cache.kv_cache,
         causal=causal,
         mask=mask,
@@ -793,5 +784,8 @@ def flash_attn_with_kvcache(
         num_splits=num_splits,
         return_lse=return_softmax_lse,
         validate=validate,
+        q_descale=q_descale,
+        k_descale=k_descale,
+        v_descale=v_descale,
     )
     return _results(result, return_softmax_lse, False)
