@@ -4,7 +4,9 @@ Each thread loads 16 bytes of weights that, decoded in registers (masks, shifts 
 exactly its part of wgmma's register operand: no shared-memory round trip between decode and MMA. The
 product is computed swapped, ``Cᵀ = W · Aᵀ``: the weight tile is the MMA's M side (``BLOCK_N`` rows), the
 group's tokens its N side (``BLOCK_M``). Activations are bf16 (a quantized A is decoded ahead by the host
-layer). What each choice measured: ``lab/NOTES.md``.
+layer), or fp8 ``block=(1, 128)`` (A_FP8_BLOCKS: e4m3 with a float32 scale per token and 128 K; the w4a8 pair), whose
+e4m3 tile the kernel converts to bf16 (exact) and whose scales it applies to each 128-wide K step's fp32 partial.
+What each choice measured: ``lab/NOTES.md``.
 """
 
 import triton
@@ -17,6 +19,7 @@ from .kernel import apply_epilogue, find_group, group_tiles, retire_mma
 @triton.jit
 def hopper_fp4_matmul_kernel(
     a_ptr,
+    a_scales_ptr,
     a_global_scale_ptr,
     b_ptr,
     b_scales_ptr,
@@ -27,6 +30,8 @@ def hopper_fp4_matmul_kernel(
     expert_scales_ptr,
     bias_ptr,
     stride_a_row,
+    stride_a_scale_row,
+    stride_a_scale_k,
     stride_b_expert,
     stride_b_scale_expert,
     stride_out_row,
@@ -39,6 +44,7 @@ def hopper_fp4_matmul_kernel(
     min_group_rows,
     max_group_rows,
     B_SCALE: tl.constexpr,
+    A_FP8_BLOCKS: tl.constexpr,
     A_GLOBAL_SCALE: tl.constexpr,
     B_GLOBAL_SCALE: tl.constexpr,
     HAS_EXPERT_SCALES: tl.constexpr,
@@ -60,7 +66,12 @@ def hopper_fp4_matmul_kernel(
     """``out[rows of g] = epilogue(a_global · b_global · expert_scales[e] · A[rows of g] @ B[e]ᵀ + bias[e])``,
     ``e = expert_ids[g]``.
 
-    a: bf16 ``[num_tokens, K]`` (float32 in the interpreter); b: uint8 ``[E, ceil(N/16), ceil(K/64), 8, 4, 16]``
+    a: bf16 ``[num_tokens, K]`` (float32 in the interpreter), unit column stride; or with A_FP8_BLOCKS e4m3 bytes
+    ``[num_tokens, K]``, unit column stride, and a_scales float32 ``[num_tokens, cdiv(K, 128)]`` of any strides
+    (``stride_a_scale_row`` / ``stride_a_scale_k``; unread otherwise), BLOCK_K 128: each K step's product of A's
+    tile in COMPUTE_DTYPE (every e4m3 value is exact in bf16) goes into a fresh fp32 partial, added to the
+    accumulator times the step's scale of each token, ``acc += partial · a_scale[row, k / 128]``; the products are
+    exact (e4m3 x e2m1 · 2^e), so the result is the portable w4a8 kernel's up to the fp32 summation order. b: uint8 ``[E, ceil(N/16), ceil(K/64), 8, 4, 16]``
     and b_scales uint8 ``[E, ceil(N/16), ceil(K/64), 8, 2, S]`` (:mod:`llmkernels.formats.layouts.hopper`; B_SCALE
     ``"e8m0"`` with S = 2 for MXFP4, ``"e4m3"`` with S = 4 for NVFP4), each expert's blocks contiguous;
     a_global_scale / b_global_scale: float32 scalars (NVFP4's decode scales) read when A_GLOBAL_SCALE /
@@ -108,6 +119,9 @@ def hopper_fp4_matmul_kernel(
     up_acc = acc
     ks = tl.arange(0, BLOCK_K)
     a_rows = a_ptr + load_rows[:, None].to(tl.int64) * stride_a_row
+    if A_FP8_BLOCKS:
+        tl.static_assert(BLOCK_K == 128, "a K step is one scale block of A")
+        a_scale_rows = a_scales_ptr + load_rows.to(tl.int64) * stride_a_scale_row
     # 16-row tiles load no row past the group's end: with one token per expert the other 15 rows would stream
     # from L2 half as many bytes as the weights (ncu, E128 x 1 token). Taller tiles (groups of 17 rows and
     # more) load them again unmasked: a mask per row costs their pipeline 40 registers or a spill.
@@ -124,7 +138,12 @@ def hopper_fp4_matmul_kernel(
             a = tl.load(
                 a_rows + (k_start + ks)[None, :], mask=a_row_ok[:, None] & (k_start + ks < K)[None, :] & live, other=0.0
             )
-        a_t = tl.trans(a.to(COMPUTE_DTYPE))
+        if A_FP8_BLOCKS:
+            a_t = tl.trans(a.to(tl.float8e4nv, bitcast=True).to(tl.float32).to(COMPUTE_DTYPE))
+            # rows and steps past the ends read scale 0: their (zero) partials stay zero
+            a_scale = tl.load(a_scale_rows + (k_start // 128) * stride_a_scale_k, mask=a_row_ok & live, other=0.0)
+        else:
+            a_t = tl.trans(a.to(COMPUTE_DTYPE))
         w = load_fragment_tile(
             data_base,
             scale_base,
@@ -139,7 +158,10 @@ def hopper_fp4_matmul_kernel(
             PACKED_DECODE,
             COMPUTE_DTYPE,
         )
-        acc = tl.dot(w, a_t, acc)
+        if A_FP8_BLOCKS:
+            acc = acc + tl.dot(w, a_t) * a_scale[None, :]
+        else:
+            acc = tl.dot(w, a_t, acc)
         if EPILOGUE == "swiglu":
             w_up = load_fragment_tile(
                 data_base,
@@ -155,7 +177,10 @@ def hopper_fp4_matmul_kernel(
                 PACKED_DECODE,
                 COMPUTE_DTYPE,
             )
-            up_acc = retire_mma(tl.dot(w_up, a_t, up_acc), RETIRE_MMA)
+            if A_FP8_BLOCKS:
+                up_acc = retire_mma(up_acc + tl.dot(w_up, a_t) * a_scale[None, :], RETIRE_MMA)
+            else:
+                up_acc = retire_mma(tl.dot(w_up, a_t, up_acc), RETIRE_MMA)
         acc = retire_mma(acc, RETIRE_MMA)
 
     multiplier = 1.0

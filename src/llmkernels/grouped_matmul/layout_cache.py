@@ -10,7 +10,9 @@ The rules:
 
 * **What is converted**: an MXFP4 or NVFP4 ScaledTensor ``[E, N, K]`` with row scales on a Hopper GPU, called
   without a ``config`` (an explicit config chooses the row-layout kernel), with bf16 activations or quantized
-  ones whose scales are not padded per group. Interleaved SwiGLU rows (gpt-oss' ``GPT_OSS_SWIGLU``) are
+  ones whose scales are not padded per group; and MXFP4 weights with fp8 ``block=(1, 128)`` activations (w4a8)
+  in the decode sizes, which the ``w4a8_decode`` backend reads through the same copy (:meth:`HopperCopies.get`:
+  at its launch, so the 128-token launches of the same call keep the row-layout weights their kernel reads). Interleaved SwiGLU rows (gpt-oss' ``GPT_OSS_SWIGLU``) are
   de-interleaved into ``[gate | up]`` halves in the copy; the call's bias is de-interleaved alongside (a copy of
   ``[E, N]`` per call) and the epilogue reads halves. The result is the one of ``b.to_layout("hopper")``, bit for
   bit.
@@ -35,7 +37,7 @@ import weakref
 
 import torch
 
-from ..formats import ScaledTensor
+from ..formats import ScaledTensor, format_spec
 from ..formats.layouts import HOPPER, ROW
 from ..runtime import capturing, cuda_capability, interpreting
 from .epilogue import SwiGLU, deinterleave_gate_up
@@ -138,6 +140,28 @@ class HopperCopies(WeightCopies):
             if bias is not None:
                 bias = deinterleave_gate_up(bias)
         return weights, epilogue, bias
+
+    def get(self, data: torch.Tensor, scales: torch.Tensor) -> ScaledTensor | None:
+        """The Hopper-layout copy of row-layout MXFP4 weights given as the kernels read them (packed e2m1 bytes
+        ``data`` ``[E, N, K / 2]``, e8m0 bytes ``scales`` ``[E, N, K / 32]``), made now if needed: the copy
+        :meth:`substitute` gives the same memory (one copy per weight, whatever the activations). None where the
+        rules of the module make none (disabled, no version counter, a capture without a copy made before) or the
+        layout cannot hold the parts (remembered until they change). Never raises for parts that fit no
+        ScaledTensor."""
+        if not self.enabled:
+            return None
+        scales = scales.view(_MXFP4_SCALE_DTYPE)  # the dtype of the ScaledTensor's scales: substitute's key
+        return self._copy_of(data, scales, ("mxfp4", False), lambda: _converted_parts(data, scales))
+
+
+_MXFP4_SCALE_DTYPE = format_spec("mxfp4").scale_dtype
+
+
+def _converted_parts(data: torch.Tensor, scales: torch.Tensor) -> ScaledTensor | None:
+    try:
+        return _to_hopper(ScaledTensor(data, scales, "mxfp4"), False)
+    except (TypeError, ValueError):  # parts that do not fit
+        return None
 
 
 def _converted(b: ScaledTensor, interleaved: bool) -> ScaledTensor | None:

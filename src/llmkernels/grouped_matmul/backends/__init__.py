@@ -17,16 +17,37 @@ A backend module exposes
 
 from __future__ import annotations
 
-from . import bf16_hopper, dot_scaled, fp8_blocks, fp8_hopper, hopper_layout, portable, w4a8_blocks, w4a8_hopper
+from . import (
+    bf16_hopper,
+    dot_scaled,
+    fp8_blocks,
+    fp8_hopper,
+    hopper_layout,
+    portable,
+    w4a8_blocks,
+    w4a8_decode,
+    w4a8_hopper,
+)
 from .base import TENSORS, pointer_types
 
 __all__ = ["BACKENDS", "TENSORS", "backend_for", "pointer_types"]
 
 # fp8 blocks first (no other backend takes their float32 scales): the Gluon kernel for sm_90 where it takes the
 # launch, else the portable one; fp8 (1, 128) activations with MXFP4 weights (w4a8) next: the Gluon kernel for sm_90
-# where it takes the launch, else the portable one; then the fp8 Gluon kernel on plain 16-bit operands (sm_90, large
-# groups); portable last: it takes every call the others leave
-BACKENDS = (fp8_hopper, fp8_blocks, w4a8_hopper, w4a8_blocks, bf16_hopper, hopper_layout, dot_scaled, portable)
+# where it takes the launch, the Hopper-layout kernel on the weights' Hopper-layout copy for the decode sizes on
+# sm_90, else the portable one; then the fp8 Gluon kernel on plain 16-bit operands (sm_90, large groups); portable
+# last: it takes every call the others leave
+BACKENDS = (
+    fp8_hopper,
+    fp8_blocks,
+    w4a8_hopper,
+    w4a8_decode,
+    w4a8_blocks,
+    bf16_hopper,
+    hopper_layout,
+    dot_scaled,
+    portable,
+)
 
 
 def backend_for(call, config):

@@ -1,7 +1,8 @@
 """The Hopper-layout backend: MXFP4 and NVFP4 weights in wgmma's register-fragment order
 (:mod:`llmkernels.formats.layouts.hopper`), read by ``grouped_matmul/hopper_kernel.py`` (each thread's 16 bytes
 decode to its part of the MMA's register operand). Activations are bf16, or quantized ones decoded ahead; the
-product is always swapped and the grid not persistent."""
+product is always swapped and the grid not persistent. :func:`kernel_spec` also plans the kernel's fp8 ``(1, 128)``
+mode (A's e4m3 tiles and float32 scales read as they are) for the ``w4a8_decode`` backend."""
 
 from __future__ import annotations
 
@@ -22,8 +23,13 @@ def supports(call, config) -> bool:
 
 
 def upcast_dtype(call, config):
-    """The compute dtype for a quantized A (the kernel reads A plain), else None."""
-    return compute_torch_dtype(call) if call.a.quantized else None
+    """The compute dtype for a quantized A (the kernel reads A plain), else None; None for fp8 ``(1, 128)``
+    activations too (float32 scales: the kernel's fp8 mode reads them as they are)."""
+    return compute_torch_dtype(call) if call.a.quantized and not _fp8_blocks(call) else None
+
+
+def _fp8_blocks(call) -> bool:
+    return call.a.scale == "f32"
 
 
 def kernel_spec(call, config, group_rows: tuple[int, int]) -> KernelSpec:
@@ -31,8 +37,15 @@ def kernel_spec(call, config, group_rows: tuple[int, int]) -> KernelSpec:
     of those pairs: each holds at least one of the T rows, and there are at most ``cdiv(T, block_m)`` plus one per
     group of this launch's size class, of which there are at most ``T / (min_rows + 1)``. The programs past the
     last return at once, but an empty class launched over ``cdiv(T, block_m) + G`` tiles cost 15 us (E128 x 1
-    token, H100)."""
+    token, H100). fp8 ``(1, 128)`` activations (float32 scales) take the kernel's A_FP8_BLOCKS mode, whose K step
+    is one scale block of A: ``config.block_k`` must be 128.
+
+    Raises:
+        ValueError: fp8 ``(1, 128)`` activations under a ``block_k`` other than 128."""
     min_rows, _ = group_rows
+    fp8_blocks = _fp8_blocks(call)
+    if fp8_blocks and config.block_k != 128:
+        raise ValueError(f"config: fp8 (1, 128) activations take block_k=128 on Hopper-layout weights, got {config}")
     glu = call.glu or SwiGLU()
     dtype = gm_config.compute_dtype(call.a.element)
     class_groups = call.num_groups if min_rows < 0 else min(call.num_groups, call.num_tokens // (min_rows + 1))
@@ -40,6 +53,7 @@ def kernel_spec(call, config, group_rows: tuple[int, int]) -> KernelSpec:
     grid = (m_tiles * cdiv(call.n_out, config.block_n),)
     constexprs = dict(
         B_SCALE=call.b.scale,
+        A_FP8_BLOCKS=fp8_blocks,
         A_GLOBAL_SCALE=call.a.has_global_scale,
         B_GLOBAL_SCALE=call.b.has_global_scale,
         HAS_EXPERT_SCALES=call.has_expert_scales,
@@ -64,13 +78,18 @@ def kernel_spec(call, config, group_rows: tuple[int, int]) -> KernelSpec:
         constexprs,
         dict(num_warps=config.num_warps, num_stages=config.num_stages),
         arg_types=pointer_types(call, upcast_dtype(call, config)),
-        unaligned=UNALIGNED,
+        # A's scale strides count 128-wide blocks of K
+        unaligned=(*UNALIGNED, "stride_a_scale_row", "stride_a_scale_k") if fp8_blocks else UNALIGNED,
     )
 
 
 def scalars(call, config, group_rows: tuple[int, int], tensors: dict) -> tuple:
+    """Strides (A's scales' both strides in the fp8 mode, else 0) and sizes."""
+    a_scales = tensors["a_scales"] if _fp8_blocks(call) else None
     return (
         tensors["a"].stride(0),
+        a_scales.stride(0) if a_scales is not None else 0,
+        a_scales.stride(1) if a_scales is not None else 0,
         tensors["b"].stride(0),
         tensors["b_scales"].stride(0),
         tensors["out"].stride(0),
