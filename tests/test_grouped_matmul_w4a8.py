@@ -26,9 +26,11 @@ import llmkernels as lk
 from llmkernels import runtime
 from llmkernels.formats import dequantize, quantize_reference
 from llmkernels.grouped_matmul import HOPPER_COPIES, default_launches, layout_cache
-from llmkernels.grouped_matmul.backends import backend_for, w4a8_hopper
+from llmkernels.grouped_matmul import config as gm_config
+from llmkernels.grouped_matmul.backends import backend_for, w4a8_blocks, w4a8_decode, w4a8_hopper
 from llmkernels.grouped_matmul.check import check_grouped_matmul
 from llmkernels.grouped_matmul.w4a8_prepare import W4A8_COPIES, emulate_decode, prepare_weights
+from llmkernels.launch import clear_plans
 from llmkernels.testing import assert_close_relative, on_gpu, poison, random_group_offsets
 
 # On a GPU the bf16 MMA's fp32 accumulation is not IEEE-exact in its order of additions: a looser fp32 bound there
@@ -370,3 +372,156 @@ def test_gpu_hopper_kernel(spread, device):
     torch.cuda.synchronize()
     assert torch.equal(graph_out[:rows], out[:rows]) and graph_out[rows:].isnan().all(), "graph replay changed bits"
     W4A8_COPIES.clear()
+
+
+# The w4a8_decode backend: the Hopper-layout kernel's fp8 (1, 128) mode on the weights' Hopper-layout copy. It runs
+# on sm_90 GPUs only; in the interpreter the tests route the launches to it (supports patched) to run its kernel.
+
+
+@pytest.fixture
+def decode_backend(monkeypatch):
+    """Every w4a8 launch with row-layout weights runs through the ``w4a8_decode`` backend (its launch, the copy
+    lookup, the Hopper-layout kernel's fp8 mode); plans and copies are fresh before and after."""
+    monkeypatch.setattr(
+        w4a8_decode, "supports", lambda call, config: w4a8_blocks.takes(call.a, call.b) and call.b.scale_layout == "row"
+    )
+    clear_plans()
+    HOPPER_COPIES.clear()
+    yield HOPPER_COPIES
+    monkeypatch.undo()
+    clear_plans()
+    HOPPER_COPIES.enabled = True
+    HOPPER_COPIES.clear()
+
+
+# (K, N, epilogue, out dtype, bias dtype): K 320 ends in a half 128-K step and N 80 in a partial 32-column tile;
+# SwiGLU's 48 output columns too, with bias and bf16 out
+DECODE_CASES = {
+    "plain-K320-N80": (320, 80, None, torch.float32, None),
+    "swiglu-bias-bf16": (192, 96, "swiglu", torch.bfloat16, torch.bfloat16),
+}
+
+
+@pytest.mark.parametrize("case", sorted(DECODE_CASES))
+def test_decode_backend_matches_reference_and_portable_kernel(case, decode_backend, device):
+    """The Hopper-layout kernel's fp8 mode on ragged groups (empty, 1 row, 17 rows over two 16-row tiles, an expert
+    -1, ids in any order: the interpreter's default launches split them by size class), with expert scales and
+    token-major A scales: close to float64, and within fp32 summation order of the portable w4a8 kernel (measured:
+    the same bits in the interpreter); rows past a_offsets[G] unwritten; one Hopper-layout copy, found again by the
+    next call."""
+    k, n, epilogue, out_dtype, bias_dtype = DECODE_CASES[case]
+    a, b, offsets, ids = _problem(k, device, n=n)
+    a = lk.ScaledTensor(a.data, a.scales.t().contiguous().t(), "fp8", block=(1, 128))  # token-major scales
+    expert_scales = torch.rand(EXPERTS, device=device) + 0.5
+    bias = torch.randn(EXPERTS, n, device=device).to(bias_dtype) if bias_dtype is not None else None
+    n_out = n // 2 if epilogue == "swiglu" else n
+    kwargs = dict(out_dtype=out_dtype, expert_scales=expert_scales, epilogue=epilogue, bias=bias)
+    out = _run(a, b, offsets, ids, n_out, **kwargs)
+    assert len(decode_backend) == 1, "the decode launches did not read the Hopper-layout copy"
+    _check(out, a, b, offsets, ids, expert_scales, epilogue=epilogue, bias=bias)
+    rows = sum(SIZES)
+    assert torch.equal(_run(a, b, offsets, ids, n_out, **kwargs)[:rows], out[:rows]) and len(decode_backend) == 1
+    decode_backend.enabled = False  # no copy: the same launches run the portable kernel
+    portable = _run(a, b, offsets, ids, n_out, **kwargs)
+    assert len(decode_backend) == 1 and portable[rows:].isnan().all()
+    tight = 1e-6 if out_dtype == torch.float32 else 4e-3  # bf16: one rounding of a value that may differ by an ulp
+    assert_close_relative(out[:rows].float(), portable[:rows].float(), tight, "w4a8 decode against the portable")
+
+
+def test_decode_backend_takes_the_default_decode_launches_on_sm90(monkeypatch, device):
+    """Which backend takes a w4a8 launch on an sm_90 GPU (asked of the plan's rules, nothing runs): ``w4a8_decode``
+    for the default launches of groups of up to 64 tokens, on the Hopper-layout path's tiles of their size (16 or
+    64 tokens x 128 weight rows, 64 under SwiGLU, 128-K steps) in the kernel's fp8 mode; ``w4a8_hopper`` for the
+    128-row plain launches; the portable ``w4a8_blocks`` kernel for a config the caller chose, interleaved SwiGLU
+    rows, SwiGLU halves of partial 16-row blocks, 128x4 scales, 128-row launches with an epilogue, and other GPUs."""
+    for module in (w4a8_hopper, w4a8_decode, gm_config):
+        monkeypatch.setattr(module, "interpreting", lambda: False)  # as on an H100, not the interpreter
+    a, _, offsets, ids = _problem(128, device)
+    b = quantize_reference(torch.randn(EXPERTS, 256, 128, device=device), "mxfp4")
+
+    def chosen(tokens, config=None, capability=(9, 0), b=b, epilogue=None, tile=None):
+        swiglu = epilogue == "swiglu" or isinstance(epilogue, lk.SwiGLU)
+        call = check_grouped_matmul(a, b, offsets, ids, None, epilogue, torch.bfloat16, None, None, None)
+        with runtime.pretend_gpu(capability) as gpu:
+            call = dataclasses.replace(call, device=gpu)
+            config = config or gm_config.w4a8_config(tokens, 1, gpu, swiglu)
+            backend = backend_for(call, config)
+            if backend is w4a8_decode:
+                spec = w4a8_decode.kernel_spec(call, config, (-1, 2**31 - 1))
+                constexprs = spec.constexprs
+                assert constexprs["A_FP8_BLOCKS"] and w4a8_decode.upcast_dtype(call, config) is None
+                expected = gm_config.hopper_config(tokens, 1, gpu, swiglu)
+                assert (constexprs["BLOCK_M"], constexprs["BLOCK_N"], constexprs["BLOCK_K"]) == tile, constexprs
+                assert (expected.block_m, expected.block_n, expected.block_k) == tile
+                assert spec.options == dict(num_warps=expected.num_warps, num_stages=expected.num_stages)
+        return backend.__name__.rsplit(".", 1)[-1]
+
+    assert chosen(1, tile=(16, 128, 128)) == "w4a8_decode"
+    assert chosen(16, tile=(16, 128, 128)) == "w4a8_decode"
+    assert chosen(48, tile=(64, 128, 128)) == "w4a8_decode"
+    assert chosen(8, epilogue="swiglu", tile=(16, 64, 128)) == "w4a8_decode"
+    assert chosen(64, epilogue="swiglu", tile=(64, 64, 128)) == "w4a8_decode"
+    assert chosen(2048) == "w4a8_hopper"
+    b_rows_40 = quantize_reference(torch.randn(EXPERTS, 40, 128, device=device), "mxfp4")
+    portable = [
+        chosen(8, config=lk.BlockScaledMatmulConfig(16, 64, 128, ab_swapped=True)),
+        chosen(8, epilogue=lk.SwiGLU(interleaved=True)),
+        chosen(8, b=b_rows_40, epilogue="swiglu"),
+        chosen(8, b=b.to_layout("128x4")),
+        chosen(2048, epilogue="silu"),
+        chosen(8, capability=(10, 0)),
+        chosen(8, capability=(8, 9)),
+    ]
+    assert portable == ["w4a8_blocks"] * len(portable), portable
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "sizes, epilogue",
+    [([1] * 64, None), ([16] * 32, "swiglu"), ([0, 1, 40, 3, 64, 17, 9, 2], None)],
+    ids=["E64x1", "E32x16-swiglu", "ragged-decode"],
+)
+def test_gpu_decode_sizes(sizes, epilogue, device):
+    """Decode sizes on the GPU with the default launches (on sm_90 the ``w4a8_decode`` backend through the weights'
+    Hopper-layout copy): against float64, within fp32 summation order of the portable kernel (the copies off), rows
+    past a_offsets[G] unwritten, an expert -1 zeros, the same bits on a repeat and under CUDA-graph replay. K 1984:
+    a half last 128-K step; bias and expert scales under SwiGLU."""
+    num_experts, n, k = 64, 512, 1984
+    x = torch.randn(sum(sizes) + 5, k, device=device)
+    x[:, ::7] *= 30.0
+    a = lk.quantize(x, "fp8", block=(1, 128))
+    b = lk.quantize(torch.randn(num_experts, n, k, device=device) / k**0.5, "mxfp4")
+    offsets = random_group_offsets(sizes, device=device)
+    ids = torch.arange(len(sizes), dtype=torch.int32, device=device) % num_experts
+    ids[len(sizes) // 2] = -1
+    expert_scales = torch.rand(num_experts, device=device) + 0.5 if epilogue else None
+    bias = torch.randn(num_experts, n, device=device) if epilogue else None
+    n_out = n // 2 if epilogue else n
+    kwargs = dict(out_dtype=torch.float32, expert_scales=expert_scales, epilogue=epilogue, bias=bias)
+    HOPPER_COPIES.clear()
+    try:
+        out = _run(a, b, offsets, ids, n_out, **kwargs)
+        if torch.cuda.get_device_capability(device)[0] == 9:
+            assert len(HOPPER_COPIES) == 1, "the decode launches did not read the Hopper-layout copy"
+        rows = sum(sizes)
+        expected = lk.grouped_matmul_reference(a, b, offsets, ids, expert_scales, epilogue=epilogue, bias=bias)
+        assert_close_relative(out[:rows], expected[:rows], TOLERANCE[torch.float32], "w4a8 decode")
+        assert out[rows:].isnan().all(), "rows past a_offsets[G] were written"
+        start, end = offsets[len(sizes) // 2].item(), offsets[len(sizes) // 2 + 1].item()
+        assert (out[start:end] == 0).all(), "a group of expert -1 is not zeros"
+        assert torch.equal(_run(a, b, offsets, ids, n_out, **kwargs), out), "a repeat changed the bits"
+        graph_out = poison(torch.empty_like(out))
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            lk.grouped_matmul(a, b, offsets, ids, out=graph_out, **kwargs)
+        graph_out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(graph_out[:rows], out[:rows]) and graph_out[rows:].isnan().all(), "graph replay changed bits"
+        HOPPER_COPIES.enabled = False
+        clear_plans()
+        portable = _run(a, b, offsets, ids, n_out, **kwargs)
+        assert_close_relative(out[:rows], portable[:rows], 1e-5, "w4a8 decode against the portable kernel")
+    finally:
+        HOPPER_COPIES.enabled = True
+        HOPPER_COPIES.clear()

@@ -105,3 +105,41 @@ def test_what_is_not_converted(copies, device, monkeypatch):
     assert torch.equal(lk.grouped_matmul(x, w, offsets, ids), expected) and len(copies) == 1
     with pytest.raises(ValueError, match="K"):  # a bad call still raises the call's own error
         lk.grouped_matmul(x[:, :32], w, offsets, ids)
+
+
+def test_w4a8_lookup_shares_the_copy_and_its_rules(copies, device, monkeypatch):
+    """``HOPPER_COPIES.get`` (the ``w4a8_decode`` backend's lookup at its launch, on the bytes the kernels read) finds
+    the copy a bf16 call made of the same memory and makes the same one itself; it follows the module's rules: an
+    in-place write converts again, freed weights drop the copy, none while a stream is captured, for tensors without
+    version counters or when disabled, none (remembered) for parts the layout cannot hold."""
+    x, w, offsets, ids = _problem("mxfp4", 32, 64, device)
+
+    def as_read(b):  # what a plan hands its launches
+        return b.data.view(torch.uint8), b.scales.view(torch.uint8)
+
+    substituted, _, _ = copies.substitute(x, w, None, None, None)
+    assert copies.get(*as_read(w)) is substituted and len(copies) == 1
+    other = lk.quantize(torch.randn(w.shape, device=device), "mxfp4")
+    w.scales.copy_(other.scales)
+    w.data.copy_(other.data)
+    again = copies.get(*as_read(w))
+    expected = other.to_layout("hopper")
+    assert again is not substituted and len(copies) == 1
+    assert torch.equal(again.data, expected.data) and torch.equal(again.scales.view(torch.uint8), as_read(expected)[1])
+    del w, substituted, again
+    gc.collect()
+    assert len(copies) == 0
+
+    fresh = lk.quantize(torch.randn(EXPERTS, 32, 64, device=device), "mxfp4")
+    capturing = layout_cache.capturing
+    monkeypatch.setattr(layout_cache, "capturing", lambda device: True)
+    assert copies.get(*as_read(fresh)) is None
+    monkeypatch.setattr(layout_cache, "capturing", capturing)
+    with torch.inference_mode():
+        assert copies.get(*as_read(lk.quantize(torch.randn(EXPERTS, 32, 64, device=device), "mxfp4"))) is None
+    copies.enabled = False
+    assert copies.get(*as_read(fresh)) is None
+    copies.enabled = True
+    assert len(copies) == 0
+    data, scales = as_read(fresh)
+    assert copies.get(data, scales[..., :1]) is None and len(copies) == 1  # scales of half of K: remembered
