@@ -283,6 +283,8 @@ def test_heuristics():
     assert choose_num_splits(8, 512, 132) == 33
     assert choose_num_splits(1, 4, 132) == 4
     assert choose_num_splits(256, 128, 132) == 2 and choose_num_splits(264, 128, 132) == 1
+    # over an FP8 cache the rule fills the GPU four times: 8 -> 9 splits of 64 programs, 33 -> 66 of 8
+    assert choose_num_splits(64, 512, 132, 4) == 9 and choose_num_splits(8, 2048, 132, 4) == 66
     for max_q, group in [(1, 1), (1, 8), (1, 64), (16, 8), (5, 3), (200, 8)]:
         block_q, heads_per_tile = decode_tiling(max_q, group)
         rows = block_q * heads_per_tile

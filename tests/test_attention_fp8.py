@@ -419,3 +419,68 @@ def test_append_errors_name_the_argument(device):
             cache.view(torch.uint8) if cache.dtype == FP8 else cache,
             snapshot.view(torch.uint8) if cache.dtype == FP8 else snapshot,
         )
+
+
+@pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9), reason="needs an sm_89+ GPU"
+)
+def test_e4m3_to_bf16_on_the_gpu_gives_every_value_exactly():
+    """The kernels' e4m3 -> bf16 conversion (PTX on the GPU) against torch's cast, bit for bit, over every finite
+    e4m3 value (signs, zeros, subnormals, 448) in each of the four positions of a packed register."""
+    import triton
+    import triton.language as tl
+
+    from llmkernels.attention.kernel import e4m3_to
+
+    @triton.jit
+    def convert(x_ptr, out_ptr, N: tl.constexpr):
+        offsets = tl.arange(0, N)
+        tl.store(out_ptr + offsets, e4m3_to(tl.load(x_ptr + offsets), tl.bfloat16, True))
+
+    codes = torch.arange(256, dtype=torch.uint8)
+    finite = codes[(codes & 0x7F) != 0x7F]  # 0x7F / 0xFF are NaN
+    for shift in range(4):
+        x = torch.roll(finite.repeat(5)[:1024], shift).cuda().view(FP8)
+        out = torch.empty(1024, dtype=torch.bfloat16, device="cuda")
+        convert[(1,)](x, out, N=1024)
+        assert torch.equal(out.view(torch.int16), x.to(torch.bfloat16).view(torch.int16)), shift
+
+
+_E4M3_SASS_SCRIPT = """
+import os, re, subprocess, sys, tempfile
+sys.path.insert(0, {tools!r})
+import compile_common  # noqa: F401 - sets TRITON_INTERPRET=0 and the path to src first
+import triton
+from compile_attention import ATTENTION_CALLS, attention_cases
+from triton.backends.compiler import GPUTarget
+
+cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+calls = [call for call in ATTENTION_CALLS if call[0] == "decode d128 paged fp8 kv"]
+case = attention_cases(90, calls)[0]
+compiled = triton.compile(case.spec.ast_source(), target=GPUTarget("cuda", 90, 32), options=dict(case.spec.options))
+with tempfile.NamedTemporaryFile(suffix=".cubin") as file:
+    file.write(compiled.asm["cubin"])
+    file.flush()
+    sass = subprocess.run([cuobjdump, "-sass", file.name], capture_output=True, text=True, check=True).stdout
+print(sass.count("F2F.BF16.F16"), sass.count("F2FP.F16.E4M3.UNPACK_B"), sass.count("F2FP.BF16.F32.PACK_AB"))
+"""
+
+
+def test_fp8_cache_decode_converts_without_the_quarter_rate_unit_on_sm90():
+    """The paged FP8-cache decode pass built for sm_90a converts its e4m3 tiles by pairs (e4m3x2 -> f16x2 -> bf16x2
+    packs), never through the one-element ``F2F.BF16.F16`` that Triton's own cast emits."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    if runtime.triton_version() < runtime.MIN_TRITON[9]:
+        pytest.skip("this Triton does not compile for sm_90a")
+    root = Path(__file__).resolve().parents[1]
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(root / "src"), env.get("PYTHONPATH", "")])
+    script = _E4M3_SASS_SCRIPT.format(tools=str(root / "tools"))
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    one_by_one, pairs, packs = map(int, done.stdout.split()[-3:])
+    assert one_by_one == 0 and pairs > 0 and packs >= pairs, (one_by_one, pairs, packs)

@@ -257,7 +257,11 @@ class Plan:
         whole = self._sees_every_key(kv_bound)
         if tiles.split:
             num_splits = attention_config.split_count(
-                tiles, max(1, cdiv(kv_bound, tiles.config.BN)), call.num_splits, num_programs_hint(call.device)
+                tiles,
+                max(1, cdiv(kv_bound, tiles.config.BN)),
+                call.num_splits,
+                num_programs_hint(call.device),
+                call.fp8_kv,
             )
             tiles = dataclasses.replace(tiles, num_splits=num_splits)
         launches = self.by_splits.get((tiles.num_splits, whole))

@@ -100,6 +100,7 @@ class Portable:
             PAGE_OFFSETS_64=paged and call.page_offsets_64,
             FP8_Q=call.fp8_q,
             FP8_KV=call.fp8_kv,
+            E4M3_ASM=call.fp8_kv and call.dtype == torch.bfloat16 and not interpreting(),  # FP8 is sm_89+
             Q_DESCALE=call.descales[0],
             K_DESCALE=call.descales[1],
             V_DESCALE=call.descales[2],
