@@ -9,7 +9,7 @@ from llmkernels import runtime
 from llmkernels.attention import config as attention_config
 from llmkernels.attention import layout as attention_layout
 from llmkernels.attention.api import attention
-from llmkernels.attention.config import FA4Config, choose_num_splits, decode_tiling
+from llmkernels.attention.config import FA4Config, choose_num_splits, decode_tiling, fp8_kv_splits
 from llmkernels.attention.masks import SlidingWindow, softcap
 from llmkernels.attention.paged import PagedKVCache
 from llmkernels.attention.plan import PLANS
@@ -283,8 +283,9 @@ def test_heuristics():
     assert choose_num_splits(8, 512, 132) == 33
     assert choose_num_splits(1, 4, 132) == 4
     assert choose_num_splits(256, 128, 132) == 2 and choose_num_splits(264, 128, 132) == 1
-    # over an FP8 cache the rule fills the GPU four times: 8 -> 9 splits of 64 programs, 33 -> 66 of 8
-    assert choose_num_splits(64, 512, 132, 4) == 9 and choose_num_splits(8, 2048, 132, 4) == 66
+    # over an FP8 cache: one whole wave of 4 programs per SM, never a partial second one
+    assert fp8_kv_splits(64, 512, 132) == 8 and fp8_kv_splits(256, 128, 132) == 2 and fp8_kv_splits(8, 2048, 132) == 66
+    assert fp8_kv_splits(1000, 64, 132) == 1 and fp8_kv_splits(8, 40, 132) == 40
     for max_q, group in [(1, 1), (1, 8), (1, 64), (16, 8), (5, 3), (200, 8)]:
         block_q, heads_per_tile = decode_tiling(max_q, group)
         rows = block_q * heads_per_tile

@@ -56,6 +56,7 @@ def main():
     parser.add_argument("--tag", default="")
     parser.add_argument("--out", default=None)
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--splits", action="store_true", help="default tiles, split counts around the rule's")
     args = parser.parse_args()
     torch.manual_seed(0)
     device = torch.device("cuda")
@@ -72,6 +73,13 @@ def main():
         variants = [("default", None, None)]
         sms = torch.cuda.get_device_properties(device).multi_processor_count
         programs = batch * KV_HEADS
+        if args.splits:
+            rule = max(1, -(-4 * sms // programs))
+            counts = sorted(
+                {max(1, c) for c in (rule // 2, rule - 1, rule, rule + 1, 2 * rule, 1 << (rule.bit_length() - 1))}
+            )
+            variants += [(f"default tiles, splits {c}", None, c) for c in counts]
+            tiles = []
         for bn, stages, warps in tiles:
             config = dataclasses.replace(base, BN=bn, num_kv_stages=stages, num_warps=warps, warp_specialized=False)
             for factor in SPLIT_FACTORS:

@@ -80,6 +80,7 @@ __all__ = [
     "splits_kv",
     "split_count",
     "choose_num_splits",
+    "fp8_kv_splits",
     "decode_tiling",
     "gluon_prefill_consumers",
     "gluon_prefill_block_n",
@@ -316,20 +317,31 @@ def splits_kv(max_seqlen_q: int, num_splits: int | None) -> bool:
     return (num_splits is not None and num_splits > 1) or (num_splits is None and max_seqlen_q <= MAX_DECODE_QUERIES)
 
 
-# Programs x splits over an FP8 cache, in units of SMs: each key costs the bf16 cache's work for half its bytes, so
-# the pass needs more programs in flight to keep the reads going. H100, Hq 32 / Hkv 8, D 128, page 16: B = 8 x 32k
-# 300 -> 223 us (4 -> 8 splits), B = 1 x 128k 164 -> 125 us (33 -> 66); B = 32 x 8k 225 us at 2 splits, 232 at 4.
-FP8_KV_FILL = 4
+# Programs of the split pass resident per SM over an FP8 cache: two warps of ~240 registers a thread (sm_90a), so
+# four fill the 64k registers of an SM.
+FP8_KV_PROGRAMS_PER_SM = 4
 
 
-def choose_num_splits(num_programs_without_split: int, num_kv_tiles_bound: int, num_sms: int, fill: int = 2) -> int:
-    """Splits so that ``programs * splits`` fills the GPU about ``fill`` times (host-known bounds only, no sync).
+def fp8_kv_splits(num_programs_without_split: int, num_kv_tiles_bound: int, num_sms: int) -> int:
+    """Splits over an FP8 cache: as many as one wave of resident programs holds (never a partial second wave).
+
+    Each key costs the bf16 pass's work for half its bytes, so the pass wants more programs in flight than the
+    bf16 rule's two per SM, and a wave that spills over costs a third of the time. H100, Hq 32 / Hkv 8, D 128,
+    page 16 (``lab/NOTES.md``): B = 8 x 32k 308 / 227 / 321 / 297 us at 4 / 8 / 9 / 10 splits; B = 32 x 8k 227 /
+    279 / 237 at 2 / 3 / 4; B = 1 x 128k 164 at 33, 125-128 at 64-67.
+    """
+    wanted = FP8_KV_PROGRAMS_PER_SM * num_sms // max(num_programs_without_split, 1)
+    return max(1, min(wanted, num_kv_tiles_bound, 256))
+
+
+def choose_num_splits(num_programs_without_split: int, num_kv_tiles_bound: int, num_sms: int) -> int:
+    """Splits so that ``programs * splits`` fills the GPU about twice (host-known bounds only, no sync).
 
     Never more splits than KV tiles of the longest possible sequence, never fewer than one: programs that
-    already fill the GPU ``fill`` times get one. Programs that fill it once but not twice still split in two
+    already fill the GPU twice get one. Programs that fill it once but not twice still split in two
     (H100, 32 sequences x 8 KV heads at 8k: 375 vs 395 µs, ``lab/NOTES.md``).
     """
-    wanted = cdiv(fill * num_sms, max(num_programs_without_split, 1))
+    wanted = cdiv(2 * num_sms, max(num_programs_without_split, 1))
     return max(1, min(wanted, num_kv_tiles_bound, 256))
 
 
@@ -419,12 +431,15 @@ def tiling(
 def split_count(
     tiles: Tiling, num_kv_tiles_bound: int, num_splits: int | None, num_sms: int, fp8_kv: bool = False
 ) -> int:
-    """Splits of a split-KV call: ``num_splits`` when given, else :func:`choose_num_splits` (filling the GPU twice,
-    or :data:`FP8_KV_FILL` times over an FP8 cache); never more than the KV tiles of the longest possible sequence
-    (extra splits would only see empty ranges)."""
+    """Splits of a split-KV call: ``num_splits`` when given, else :func:`choose_num_splits` (over an FP8 cache:
+    :func:`fp8_kv_splits`); never more than the KV tiles of the longest possible sequence (extra splits would only
+    see empty ranges)."""
     if num_splits is None:
-        fill = FP8_KV_FILL if fp8_kv else 2
-        num_splits = choose_num_splits(tiles.num_q_blocks * tiles.num_head_programs, num_kv_tiles_bound, num_sms, fill)
+        programs = tiles.num_q_blocks * tiles.num_head_programs
+        if fp8_kv:
+            num_splits = fp8_kv_splits(programs, num_kv_tiles_bound, num_sms)
+        else:
+            num_splits = choose_num_splits(programs, num_kv_tiles_bound, num_sms)
     return min(num_splits, num_kv_tiles_bound)
 
 
