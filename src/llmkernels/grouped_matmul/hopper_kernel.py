@@ -19,7 +19,6 @@ from .kernel import apply_epilogue, find_group, group_tiles, retire_mma
 @triton.jit
 def hopper_fp4_matmul_kernel(
     a_ptr,
-    a_scales_ptr,
     a_global_scale_ptr,
     b_ptr,
     b_scales_ptr,
@@ -29,9 +28,8 @@ def hopper_fp4_matmul_kernel(
     expert_ids_ptr,
     expert_scales_ptr,
     bias_ptr,
+    a_scales_ptr,
     stride_a_row,
-    stride_a_scale_row,
-    stride_a_scale_k,
     stride_b_expert,
     stride_b_scale_expert,
     stride_out_row,
@@ -43,6 +41,8 @@ def hopper_fp4_matmul_kernel(
     K,
     min_group_rows,
     max_group_rows,
+    stride_a_scale_row,
+    stride_a_scale_k,
     B_SCALE: tl.constexpr,
     A_FP8_BLOCKS: tl.constexpr,
     A_GLOBAL_SCALE: tl.constexpr,

@@ -84,12 +84,10 @@ def kernel_spec(call, config, group_rows: tuple[int, int]) -> KernelSpec:
 
 
 def scalars(call, config, group_rows: tuple[int, int], tensors: dict) -> tuple:
-    """Strides (A's scales' both strides in the fp8 mode, else 0) and sizes."""
+    """Strides and sizes, then A's scales' both strides (the fp8 mode's; else 0)."""
     a_scales = tensors["a_scales"] if _fp8_blocks(call) else None
     return (
         tensors["a"].stride(0),
-        a_scales.stride(0) if a_scales is not None else 0,
-        a_scales.stride(1) if a_scales is not None else 0,
         tensors["b"].stride(0),
         tensors["b_scales"].stride(0),
         tensors["out"].stride(0),
@@ -100,4 +98,6 @@ def scalars(call, config, group_rows: tuple[int, int], tensors: dict) -> tuple:
         call.n,
         call.k,
         *group_rows,
+        a_scales.stride(0) if a_scales is not None else 0,
+        a_scales.stride(1) if a_scales is not None else 0,
     )

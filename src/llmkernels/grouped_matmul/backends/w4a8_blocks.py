@@ -1,6 +1,7 @@
 """The portable w4a8 backend: ``grouped_matmul/w4a8_kernel.py`` on fp8 ``block=(1, 128)`` activations and MXFP4
 weights (row or 128x4 scales), plain or swap-AB, A's e4m3 tile and B's decoded tile in bf16 (exact) with per-step
-promotion by A's scales in fp32. Any GPU with e4m3 conversions (sm_89+) and the interpreter."""
+promotion by A's scales in fp32. Any GPU with e4m3 conversions (sm_89+) and the interpreter; on sm_90 the launches
+that ``w4a8_hopper`` and ``w4a8_decode`` do not take, and theirs where the weights have no copy for them."""
 
 from __future__ import annotations
 

@@ -14,7 +14,9 @@ The weights are read through the copy :data:`~llmkernels.grouped_matmul.layout_c
 rules: memory key, version counters, never made during a CUDA graph capture, freed with the weights, the same copy
 bf16 calls on those weights read). Where there is none (during a capture before any copy was made,
 ``HOPPER_COPIES.enabled`` False, tensors without version counters), the launch runs the portable ``w4a8_blocks``
-kernel on the row-layout weights with the launch's config instead.
+kernel on the row-layout weights with the launch's config instead. Memory: the copy is as large as the weights;
+weights whose large groups ran ``w4a8_hopper`` also have its prepared copy (1.5x the weights): ``HOPPER_COPIES.
+enabled = False`` / ``W4A8_COPIES.enabled = False`` turn either off.
 """
 
 from __future__ import annotations
@@ -125,7 +127,6 @@ class W4A8DecodeLaunch:
     def __call__(
         self,
         a,
-        a_scales,
         a_global_scale,
         b,
         b_scales,
@@ -135,14 +136,15 @@ class W4A8DecodeLaunch:
         expert_ids,
         expert_scales,
         bias,
+        a_scales,
     ) -> None:
         copy = HOPPER_COPIES.get(b, b_scales)
         if copy is None:
             self._portable(a, a_scales, b, b_scales, out, a_offsets, expert_ids, expert_scales, bias)
             return
         b, b_scales = copy.data.view(torch.uint8), copy.scales.view(torch.uint8)
-        tensors = (a, a_scales, a_global_scale, b, b_scales, b_global_scale, out, a_offsets, expert_ids)
-        tensors = (*tensors, expert_scales, bias)
+        tensors = (a, a_global_scale, b, b_scales, b_global_scale, out, a_offsets, expert_ids, expert_scales, bias)
+        tensors = (*tensors, a_scales)
         if self.hopper is None:
             spec = self.spec
             named = dict(a=a, a_scales=a_scales, b=b, b_scales=b_scales, out=out, bias=bias)
