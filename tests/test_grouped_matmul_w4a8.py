@@ -181,8 +181,9 @@ def test_views_give_the_bits_of_the_contiguous_call(device):
 def test_default_launches_and_no_hopper_copy(monkeypatch, device):
     """config=None: the default launches (by group size class in the interpreter: swap-AB tiles for groups of up
     to 16 rows, plain ones above), K steps of 128. Row-layout MXFP4 weights with fp8 activations are never
-    rewritten into the generic Hopper-layout copy (its kernel would decode A ahead to bf16, rounding it), also
-    where the Hopper layout is preferred."""
+    substituted by the generic Hopper-layout copy ahead of the call (its bf16 launches would decode A ahead to bf16,
+    rounding it), also where the Hopper layout is preferred: only the ``w4a8_decode`` launches (sm_90) look the copy
+    up, for the kernel's fp8 mode."""
     monkeypatch.setattr(layout_cache, "prefers_hopper_layout", lambda device: True)
     HOPPER_COPIES.clear()
     a, b, offsets, ids = _problem(128, device, n=64)
@@ -394,11 +395,19 @@ def decode_backend(monkeypatch):
     HOPPER_COPIES.clear()
 
 
-# (K, N, epilogue, out dtype, bias dtype): K 320 ends in a half 128-K step and N 80 in a partial 32-column tile;
-# SwiGLU's 48 output columns too, with bias and bf16 out
+# (K, N, epilogue, out dtype, bias dtype): K 288 ends in a quarter 128-K step (half a 64-K chunk of the layout) and
+# N 80 in a partial 32-column tile; SwiGLU's 48 output columns too, with bias and bf16 out; gpt-oss' interleaved rows
+# (read through a [gate | up] copy, the bias de-interleaved per launch)
 DECODE_CASES = {
-    "plain-K320-N80": (320, 80, None, torch.float32, None),
+    "plain-K288-N80": (288, 80, None, torch.float32, None),
     "swiglu-bias-bf16": (192, 96, "swiglu", torch.bfloat16, torch.bfloat16),
+    "interleaved-clamped-bias": (
+        128,
+        96,
+        lk.SwiGLU(alpha=1.702, limit=0.5, up_shift=1.0, interleaved=True),
+        torch.float32,
+        torch.float32,
+    ),
 }
 
 
@@ -414,7 +423,7 @@ def test_decode_backend_matches_reference_and_portable_kernel(case, decode_backe
     a = lk.ScaledTensor(a.data, a.scales.t().contiguous().t(), "fp8", block=(1, 128))  # token-major scales
     expert_scales = torch.rand(EXPERTS, device=device) + 0.5
     bias = torch.randn(EXPERTS, n, device=device).to(bias_dtype) if bias_dtype is not None else None
-    n_out = n // 2 if epilogue == "swiglu" else n
+    n_out = n // 2 if epilogue is not None else n
     kwargs = dict(out_dtype=out_dtype, expert_scales=expert_scales, epilogue=epilogue, bias=bias)
     out = _run(a, b, offsets, ids, n_out, **kwargs)
     assert len(decode_backend) == 1, "the decode launches did not read the Hopper-layout copy"
@@ -431,9 +440,9 @@ def test_decode_backend_matches_reference_and_portable_kernel(case, decode_backe
 def test_decode_backend_takes_the_default_decode_launches_on_sm90(monkeypatch, device):
     """Which backend takes a w4a8 launch on an sm_90 GPU (asked of the plan's rules, nothing runs): ``w4a8_decode``
     for the default launches of groups of up to 64 tokens, on the Hopper-layout path's tiles of their size (16
-    tokens x 128 weight rows, 64 under SwiGLU; 64 tokens x 64 rows; 128-K steps) in the kernel's fp8 mode; ``w4a8_hopper`` for the
-    128-row plain launches; the portable ``w4a8_blocks`` kernel for a config the caller chose, interleaved SwiGLU
-    rows, SwiGLU halves of partial 16-row blocks, 128x4 scales, 128-row launches with an epilogue, and other GPUs."""
+    tokens x 128 weight rows, 64 under SwiGLU; 64 tokens x 64 rows; 128-K steps) in the kernel's fp8 mode,
+    interleaved SwiGLU rows too; ``w4a8_hopper`` for the 128-row plain launches; the portable ``w4a8_blocks`` kernel
+    for a config the caller chose, SwiGLU halves of partial 16-row blocks, 128x4 scales, 128-row launches with an epilogue, and other GPUs."""
     for module in (w4a8_hopper, w4a8_decode, gm_config):
         monkeypatch.setattr(module, "interpreting", lambda: False)  # as on an H100, not the interpreter
     a, _, offsets, ids = _problem(128, device)
@@ -461,11 +470,11 @@ def test_decode_backend_takes_the_default_decode_launches_on_sm90(monkeypatch, d
     assert chosen(48, tile=(64, 64, 128)) == "w4a8_decode"
     assert chosen(8, epilogue="swiglu", tile=(16, 64, 128)) == "w4a8_decode"
     assert chosen(64, epilogue="swiglu", tile=(64, 64, 128)) == "w4a8_decode"
+    assert chosen(8, epilogue=lk.SwiGLU(interleaved=True), tile=(16, 64, 128)) == "w4a8_decode"
     assert chosen(2048) == "w4a8_hopper"
     b_rows_40 = quantize_reference(torch.randn(EXPERTS, 40, 128, device=device), "mxfp4")
     portable = [
         chosen(8, config=lk.BlockScaledMatmulConfig(16, 64, 128, ab_swapped=True)),
-        chosen(8, epilogue=lk.SwiGLU(interleaved=True)),
         chosen(8, b=b_rows_40, epilogue="swiglu"),
         chosen(8, b=b.to_layout("128x4")),
         chosen(2048, epilogue="silu"),

@@ -119,12 +119,15 @@ def test_w4a8_lookup_shares_the_copy_and_its_rules(copies, device, monkeypatch):
 
     substituted, _, _ = copies.substitute(x, w, None, None, None)
     assert copies.get(*as_read(w)) is substituted and len(copies) == 1
+    halves, _, _ = copies.substitute(x, w, GPT_OSS_SWIGLU, None, None)  # interleaved rows: a copy of their own
+    assert copies.get(*as_read(w), interleaved=True) is halves and len(copies) == 2
+    del halves
     other = lk.quantize(torch.randn(w.shape, device=device), "mxfp4")
     w.scales.copy_(other.scales)
     w.data.copy_(other.data)
     again = copies.get(*as_read(w))
     expected = other.to_layout("hopper")
-    assert again is not substituted and len(copies) == 1
+    assert again is not substituted and len(copies) == 2
     assert torch.equal(again.data, expected.data) and torch.equal(again.scales.view(torch.uint8), as_read(expected)[1])
     del w, substituted, again
     gc.collect()

@@ -141,9 +141,10 @@ class HopperCopies(WeightCopies):
                 bias = deinterleave_gate_up(bias)
         return weights, epilogue, bias
 
-    def get(self, data: torch.Tensor, scales: torch.Tensor) -> ScaledTensor | None:
+    def get(self, data: torch.Tensor, scales: torch.Tensor, interleaved: bool = False) -> ScaledTensor | None:
         """The Hopper-layout copy of row-layout MXFP4 weights given as the kernels read them (packed e2m1 bytes
-        ``data`` ``[E, N, K / 2]``, e8m0 bytes ``scales`` ``[E, N, K / 32]``), made now if needed: the copy
+        ``data`` ``[E, N, K / 2]``, e8m0 bytes ``scales`` ``[E, N, K / 32]``; ``interleaved``: SwiGLU's gate and up
+        rows alternate, and the copy holds them as ``[gate | up]`` halves), made now if needed: the copy
         :meth:`substitute` gives the same memory (one copy per weight, whatever the activations). None where the
         rules of the module make none (disabled, no version counter, a capture without a copy made before) or the
         layout cannot hold the parts (remembered until they change). Never raises for parts that fit no
@@ -151,15 +152,15 @@ class HopperCopies(WeightCopies):
         if not self.enabled:
             return None
         scales = scales.view(_MXFP4_SCALE_DTYPE)  # the dtype of the ScaledTensor's scales: substitute's key
-        return self._copy_of(data, scales, ("mxfp4", False), lambda: _converted_parts(data, scales))
+        return self._copy_of(data, scales, ("mxfp4", interleaved), lambda: _converted_parts(data, scales, interleaved))
 
 
 _MXFP4_SCALE_DTYPE = format_spec("mxfp4").scale_dtype
 
 
-def _converted_parts(data: torch.Tensor, scales: torch.Tensor) -> ScaledTensor | None:
+def _converted_parts(data: torch.Tensor, scales: torch.Tensor, interleaved: bool) -> ScaledTensor | None:
     try:
-        return _to_hopper(ScaledTensor(data, scales, "mxfp4"), False)
+        return _to_hopper(ScaledTensor(data, scales, "mxfp4"), interleaved)
     except (TypeError, ValueError):  # parts that do not fit
         return None
 

@@ -5,7 +5,9 @@ step's fp32 partial added to the accumulator times A's scales. The products are 
 result is the portable ``w4a8_blocks`` kernel's up to the fp32 summation order.
 
 It takes the launches of the default size classes of at most 64 tokens per group (:func:`supports`), every
-epilogue but interleaved SwiGLU rows, bias, expert scales and out dtype the Hopper-layout kernel has, on the tiles
+epilogue, bias, expert scales and out dtype the Hopper-layout kernel has (interleaved SwiGLU rows through a copy
+that holds them as ``[gate | up]`` halves, the bias de-interleaved alongside: a copy of ``[E, N]`` per launch, as
+the bf16 calls' ``HOPPER_COPIES.substitute`` does), on the tiles
 :func:`~llmkernels.grouped_matmul.config.hopper_config` gives the bf16 x MXFP4 Hopper-layout path for groups of the
 launch's size, of at most 64 x 64 outputs (:func:`tile`; whatever the config's tile, as ``w4a8_hopper`` takes its own).
 
@@ -30,6 +32,7 @@ from ...formats.layouts import HOPPER, ROW
 from ...launch import KernelSpec
 from ...runtime import cuda_capability, interpreting
 from .. import config as gm_config
+from ..epilogue import deinterleave_gate_up
 from ..layout_cache import HOPPER_COPIES
 from . import hopper_layout, w4a8_blocks, w4a8_hopper
 
@@ -43,8 +46,8 @@ def supports(call, config) -> bool:
     """The w4a8 pair (:func:`~.w4a8_blocks.takes`) with row-layout weights on a CUDA device of compute capability
     9.x (not the interpreter), in a launch ``w4a8_hopper`` does not take whose config is the default one of the
     groups of at most 64 tokens (:func:`~llmkernels.grouped_matmul.config.w4a8_config`'s 16- and 64-row tiles: a
-    config the caller chose runs the portable kernel, as the layout cache's rules have it); not interleaved SwiGLU
-    rows (the Hopper-layout kernel reads ``[gate | up]`` halves), SwiGLU halves of whole 16-row blocks."""
+    config the caller chose runs the portable kernel, as the layout cache's rules have it); SwiGLU halves of whole
+    16-row blocks of the layout."""
     if not w4a8_blocks.takes(call.a, call.b) or call.b.scale_layout is not ROW:
         return False
     if call.device.type != "cuda" or interpreting() or (cuda_capability(call.device) or (0, 0))[0] != 9:
@@ -54,9 +57,7 @@ def supports(call, config) -> bool:
     swiglu = call.epilogue_kind == "swiglu"
     if config != gm_config.w4a8_config(config.block_m, 1, call.device, swiglu):
         return False
-    if swiglu and ((call.glu is not None and call.glu.interleaved) or call.n % (2 * HOPPER.rows_per_block)):
-        return False
-    return True
+    return not swiglu or call.n % (2 * HOPPER.rows_per_block) == 0
 
 
 def upcast_dtype(call, config):
@@ -138,11 +139,15 @@ class W4A8DecodeLaunch:
         bias,
         a_scales,
     ) -> None:
-        copy = HOPPER_COPIES.get(b, b_scales)
+        call = self.spec.call
+        interleaved = call.glu is not None and call.glu.interleaved
+        copy = HOPPER_COPIES.get(b, b_scales, interleaved)
         if copy is None:
             self._portable(a, a_scales, b, b_scales, out, a_offsets, expert_ids, expert_scales, bias)
             return
         b, b_scales = copy.data.view(torch.uint8), copy.scales.view(torch.uint8)
+        if interleaved and call.has_bias:
+            bias = deinterleave_gate_up(bias)  # in the copy's row order
         tensors = (a, a_global_scale, b, b_scales, b_global_scale, out, a_offsets, expert_ids, expert_scales, bias)
         tensors = (*tensors, a_scales)
         if self.hopper is None:
