@@ -498,10 +498,10 @@ for tokens in (8, 48):
 
 
 def test_w4a8_decode_backend_compiles_for_sm90():
-    """fp8 (1, 128) activations with MXFP4 weights in the decode sizes (8 and 48 tokens per group, plain and SwiGLU,
-    the default launches as the library plans them on sm_90) take the ``w4a8_decode`` backend: the Hopper-layout
-    kernel in its fp8 mode on the Hopper-layout path's tiles (16 tokens x 128 weight rows, 64 under SwiGLU; 64 tokens x
-    64 rows; K steps of 128) builds for sm_90a to wgmma with no register spill, no write to the A registers of an HGMMA in flight
+    """fp8 (1, 128) activations with MXFP4 weights in the decode sizes (8 and 48 tokens per group, plain and SwiGLU, the
+    default launches as the library plans them on sm_90) take the ``w4a8_decode`` backend: the Hopper-layout kernel in
+    its fp8 mode on the Hopper-layout path's tiles (16 tokens x 128 weight rows, 64 under SwiGLU; 64 tokens x 64 rows; K
+    steps of 128) builds for sm_90a to wgmma with no register spill, no write to the A registers of an HGMMA in flight
     (``tools/sass_hazards.py``), no wgmma serialized by ptxas, within the GPU's limits (``tools/compile_defaults.py``'s
     checks); so does the portable ``w4a8_blocks`` kernel each launch falls back to without a copy."""
     if not _compilable(90):

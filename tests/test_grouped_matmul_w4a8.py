@@ -438,11 +438,11 @@ def test_decode_backend_matches_reference_and_portable_kernel(case, decode_backe
 
 
 def test_decode_backend_takes_the_default_decode_launches_on_sm90(monkeypatch, device):
-    """Which backend takes a w4a8 launch on an sm_90 GPU (asked of the plan's rules, nothing runs): ``w4a8_decode``
-    for the default launches of groups of up to 64 tokens, on the Hopper-layout path's tiles of their size (16
-    tokens x 128 weight rows, 64 under SwiGLU; 64 tokens x 64 rows; 128-K steps) in the kernel's fp8 mode,
-    interleaved SwiGLU rows too; ``w4a8_hopper`` for the 128-row plain launches; the portable ``w4a8_blocks`` kernel
-    for a config the caller chose, SwiGLU halves of partial 16-row blocks, 128x4 scales, 128-row launches with an epilogue, and other GPUs."""
+    """Which backend takes a w4a8 launch on an sm_90 GPU (asked of the plan's rules, nothing runs): ``w4a8_decode`` for
+    the default launches of groups of up to 64 tokens, on the Hopper-layout path's tiles of their size (16 tokens x 128
+    weight rows, 64 under SwiGLU; 64 tokens x 64 rows; 128-K steps) in the kernel's fp8 mode, interleaved SwiGLU rows
+    too; ``w4a8_hopper`` for the 128-row plain launches; the portable ``w4a8_blocks`` kernel for a config the caller
+    chose, SwiGLU halves of partial 16-row blocks, 128x4 scales, 128-row launches with an epilogue, and other GPUs."""
     for module in (w4a8_hopper, w4a8_decode, gm_config):
         monkeypatch.setattr(module, "interpreting", lambda: False)  # as on an H100, not the interpreter
     a, _, offsets, ids = _problem(128, device)

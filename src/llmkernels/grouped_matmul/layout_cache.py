@@ -8,14 +8,14 @@ so that the README's ``grouped_matmul(x, lk.quantize(w, "mxfp4"), ...)`` runs th
 
 The rules:
 
-* **What is converted**: an MXFP4 or NVFP4 ScaledTensor ``[E, N, K]`` with row scales on a Hopper GPU, called
-  without a ``config`` (an explicit config chooses the row-layout kernel), with bf16 activations or quantized
-  ones whose scales are not padded per group; and MXFP4 weights with fp8 ``block=(1, 128)`` activations (w4a8)
-  in the decode sizes, which the ``w4a8_decode`` backend reads through the same copy (:meth:`HopperCopies.get`:
-  at its launch, so the 128-token launches of the same call keep the row-layout weights their kernel reads). Interleaved SwiGLU rows (gpt-oss' ``GPT_OSS_SWIGLU``) are
-  de-interleaved into ``[gate | up]`` halves in the copy; the call's bias is de-interleaved alongside (a copy of
-  ``[E, N]`` per call) and the epilogue reads halves. The result is the one of ``b.to_layout("hopper")``, bit for
-  bit.
+* **What is converted**: an MXFP4 or NVFP4 ScaledTensor ``[E, N, K]`` with row scales on a Hopper GPU, called without a
+  ``config`` (an explicit config chooses the row-layout kernel), with bf16 activations or quantized ones whose scales
+  are not padded per group; and MXFP4 weights with fp8 ``block=(1, 128)`` activations (w4a8) in the decode sizes, which
+  the ``w4a8_decode`` backend reads through the same copy (:meth:`HopperCopies.get`: at its launch, so the 128-token
+  launches of the same call keep the row-layout weights their kernel reads). Interleaved SwiGLU rows (gpt-oss'
+  ``GPT_OSS_SWIGLU``) are de-interleaved into ``[gate | up]`` halves in the copy; the call's bias is de-interleaved
+  alongside (a copy of ``[E, N]`` per call) and the epilogue reads halves. The result is the one of
+  ``b.to_layout("hopper")``, bit for bit.
 * **Identity**: the copy is keyed on the memory of the data and scales (storage, offset, shape, strides), so
   every view or re-wrap of the same tensors (a module's parameters through ``torch.compile``, a ScaledTensor
   rebuilt from checkpoint parts on each call) finds it; it is dropped when the data's storage is freed.

@@ -1,12 +1,12 @@
 """The ``w4a8_hopper`` backend: the warp-specialized Gluon kernel for fp8 ``block=(1, 128)`` activations with MXFP4
 weights on Hopper's FP8 tensor cores (``grouped_matmul/gluon_w4a8_kernel.py``), on an sm_90 GPU.
 
-It takes the plain (not ``ab_swapped``) launches of 128-row tiles, the defaults for groups of more than 64 tokens,
-with the plain epilogue: no bias, no ``expert_scales``, bf16 out, row-layout weights with N a multiple of 128 and K
-of 64, int32 offsets (:func:`supports`); the ``w4a8_decode`` backend takes the default launches of the decode sizes
-(through the weights' Hopper-layout copy), the portable ``w4a8_blocks`` kernel every other launch (epilogues, bias,
-expert scales, other shapes of large groups, configs the caller chose). Its own tile: 128 weight rows x 128 tokens x 128 K, 6 stages, a
-persistent grid of one program per SM, whatever the config's tile.
+It takes the plain (not ``ab_swapped``) launches of 128-row tiles, the defaults for groups of more than 64 tokens, with
+the plain epilogue: no bias, no ``expert_scales``, bf16 out, row-layout weights with N a multiple of 128 and K of 64,
+int32 offsets (:func:`supports`); the ``w4a8_decode`` backend takes the default launches of the decode sizes (through
+the weights' Hopper-layout copy), the portable ``w4a8_blocks`` kernel every other launch (epilogues, bias, expert
+scales, other shapes of large groups, configs the caller chose). Its own tile: 128 weight rows x 128 tokens x 128 K, 6
+stages, a persistent grid of one program per SM, whatever the config's tile.
 
 The kernel reads the weights through a copy prepared once per weight tensor
 (:data:`~llmkernels.grouped_matmul.w4a8_prepare.W4A8_COPIES`: memory key, version counters, never during a CUDA
