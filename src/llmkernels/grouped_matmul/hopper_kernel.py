@@ -70,14 +70,13 @@ def hopper_fp4_matmul_kernel(
     ``[num_tokens, K]``, unit column stride, and a_scales float32 ``[num_tokens, cdiv(K, 128)]`` of any strides
     (``stride_a_scale_row`` / ``stride_a_scale_k``; unread otherwise), BLOCK_K 128: each K step's product of A's tile in
     COMPUTE_DTYPE (every e4m3 value is exact in bf16) goes into a fresh fp32 partial, added to the accumulator times the
-    step's scale of each token, ``acc += partial · a_scale[row, k / 128]``; the products are exact (e4m3 x e2m1 ·
-    2^e), so the result is the portable w4a8 kernel's up to the fp32 summation order. b: uint8
-    ``[E, ceil(N/16), ceil(K/64), 8, 4, 16]`` and b_scales uint8 ``[E, ceil(N/16), ceil(K/64), 8, 2, S]`` (:mod:`llmkernels.formats.layouts.hopper`;
+    step's scale of each token, ``acc += partial · a_scale[row, k / 128]``; the products are exact (e4m3 x e2m1 · 2^e),
+    so the result is the portable w4a8 kernel's up to the fp32 summation order. b: uint8 ``[E, ceil(N/16), ceil(K/64),
+    8, 4, 16]`` and b_scales uint8 ``[E, ceil(N/16), ceil(K/64), 8, 2, S]`` (:mod:`llmkernels.formats.layouts.hopper`;
     B_SCALE ``"e8m0"`` with S = 2 for MXFP4, ``"e4m3"`` with S = 4 for NVFP4), each expert's blocks contiguous;
-    a_global_scale / b_global_scale: float32 scalars (NVFP4's decode scales) read when A_GLOBAL_SCALE /
-    B_GLOBAL_SCALE; out ``[num_tokens, N_out]`` (N_out = N / 2 for SwiGLU, whose up rows start at
-    fragment block ``N_out / 16``); bias ``[E, N]`` (HAS_BIAS) in B's row order, unit column stride;
-    a_offsets ``[G + 1]``, expert_ids int32 ``[G]``.
+    a_global_scale / b_global_scale: float32 scalars (NVFP4's decode scales) read when A_GLOBAL_SCALE / B_GLOBAL_SCALE;
+    out ``[num_tokens, N_out]`` (N_out = N / 2 for SwiGLU, whose up rows start at fragment block ``N_out / 16``); bias
+    ``[E, N]`` (HAS_BIAS) in B's row order, unit column stride; a_offsets ``[G + 1]``, expert_ids int32 ``[G]``.
 
     Non-persistent: program ``p`` takes output tile ``p // n_tiles`` of the launch's (group, M tile) order
     and weight columns ``p % n_tiles``; the host launches an upper bound of programs and the ones past the
