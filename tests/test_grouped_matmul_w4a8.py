@@ -25,7 +25,7 @@ import triton.language as tl
 import llmkernels as lk
 from llmkernels import runtime
 from llmkernels.formats import dequantize, quantize_reference
-from llmkernels.grouped_matmul import HOPPER_COPIES, default_launches, layout_cache
+from llmkernels.grouped_matmul import GPT_OSS_SWIGLU, HOPPER_COPIES, default_launches, layout_cache
 from llmkernels.grouped_matmul import config as gm_config
 from llmkernels.grouped_matmul.backends import backend_for, w4a8_blocks, w4a8_decode, w4a8_hopper
 from llmkernels.grouped_matmul.check import check_grouped_matmul
@@ -487,14 +487,14 @@ def test_decode_backend_takes_the_default_decode_launches_on_sm90(monkeypatch, d
 @pytest.mark.gpu
 @pytest.mark.parametrize(
     "sizes, epilogue",
-    [([1] * 64, None), ([16] * 32, "swiglu"), ([0, 1, 40, 3, 64, 17, 9, 2], None)],
-    ids=["E64x1", "E32x16-swiglu", "ragged-decode"],
+    [([1] * 64, None), ([16] * 32, "swiglu"), ([4] * 32, GPT_OSS_SWIGLU), ([0, 1, 40, 3, 64, 17, 9, 2], None)],
+    ids=["E64x1", "E32x16-swiglu", "E32x4-gpt-oss", "ragged-decode"],
 )
 def test_gpu_decode_sizes(sizes, epilogue, device):
     """Decode sizes on the GPU with the default launches (on sm_90 the ``w4a8_decode`` backend through the weights'
     Hopper-layout copy): against float64, within fp32 summation order of the portable kernel (the copies off), rows
     past a_offsets[G] unwritten, an expert -1 zeros, the same bits on a repeat and under CUDA-graph replay. K 1984:
-    a half last 128-K step; bias and expert scales under SwiGLU."""
+    a half last 128-K step; bias and expert scales under SwiGLU (gpt-oss' interleaved rows too)."""
     num_experts, n, k = 64, 512, 1984
     x = torch.randn(sum(sizes) + 5, k, device=device)
     x[:, ::7] *= 30.0
@@ -503,9 +503,9 @@ def test_gpu_decode_sizes(sizes, epilogue, device):
     offsets = random_group_offsets(sizes, device=device)
     ids = torch.arange(len(sizes), dtype=torch.int32, device=device) % num_experts
     ids[len(sizes) // 2] = -1
-    expert_scales = torch.rand(num_experts, device=device) + 0.5 if epilogue else None
-    bias = torch.randn(num_experts, n, device=device) if epilogue else None
-    n_out = n // 2 if epilogue else n
+    expert_scales = torch.rand(num_experts, device=device) + 0.5 if epilogue is not None else None
+    bias = torch.randn(num_experts, n, device=device) if epilogue is not None else None
+    n_out = n // 2 if epilogue is not None else n
     kwargs = dict(out_dtype=torch.float32, expert_scales=expert_scales, epilogue=epilogue, bias=bias)
     HOPPER_COPIES.clear()
     try:
