@@ -188,8 +188,10 @@ def test_default_launches_and_no_hopper_copy(monkeypatch, device):
     HOPPER_COPIES.clear()
     a, b, offsets, ids = _problem(128, device, n=64)
     out = _run(a, b, offsets, ids, 64)
-    _check(out, a, b, offsets, ids)
-    assert len(HOPPER_COPIES) == 0
+    _check(out, a, b, offsets, ids)  # A rounded to bf16 ahead would miss the bound
+    decode_backend = device.type == "cuda" and torch.cuda.get_device_capability(device)[0] == 9
+    assert len(HOPPER_COPIES) == (1 if decode_backend else 0)
+    HOPPER_COPIES.clear()
     launches = default_launches(sum(SIZES), len(SIZES), 64, 128, device, "e4m3", "e2m1", b_scale="e8m0", a_scale="f32")
     assert all(config.block_k == 128 for config, _, _ in launches)
 
@@ -433,7 +435,8 @@ def test_decode_backend_matches_reference_and_portable_kernel(case, decode_backe
     decode_backend.enabled = False  # no copy: the same launches run the portable kernel
     portable = _run(a, b, offsets, ids, n_out, **kwargs)
     assert len(decode_backend) == 1 and portable[rows:].isnan().all()
-    tight = 1e-6 if out_dtype == torch.float32 else 4e-3  # bf16: one rounding of a value that may differ by an ulp
+    # fp32: the bits in the interpreter, the MMAs' summation order on a GPU; bf16: one rounding of values an ulp apart
+    tight = (2e-5 if on_gpu() else 1e-6) if out_dtype == torch.float32 else 4e-3
     assert_close_relative(out[:rows].float(), portable[:rows].float(), tight, "w4a8 decode against the portable")
 
 
