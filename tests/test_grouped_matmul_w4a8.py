@@ -147,15 +147,21 @@ def test_epilogues_with_bias_and_expert_scales(case, device):
     _check(out, a, b, offsets, ids, expert_scales, epilogue=epilogue, reference_epilogue=reference_epilogue, bias=bias)
 
 
-def test_views_give_the_bits_of_the_contiguous_call(device):
+@pytest.mark.parametrize("route", ["portable", "decode"])
+def test_views_give_the_bits_of_the_contiguous_call(route, request, device):
     """Token-major A scales (as vLLM and DeepGEMM keep them), A's data, the weights' data and scales as offset and
     strided views, a strided bias, strided metadata and an ``out=`` that is a transposed view: the bits of the call
-    on contiguous copies."""
+    on contiguous copies; on the portable kernel (an explicit config) and on the ``w4a8_decode`` backend's default
+    launches (routed to in the interpreter, :func:`decode_backend`)."""
     k = 128
     a, b, offsets, ids = _problem(k, device)
     bias = torch.randn(EXPERTS, N, device=device)
     config = _config(swapped=True)
+    if route == "decode":
+        request.getfixturevalue("decode_backend")
+        config = None
     expected = _run(a, b, offsets, ids, N, out_dtype=torch.bfloat16, bias=bias, config=config)
+    assert route == "portable" or len(HOPPER_COPIES) == 1, "the decode launches read no Hopper-layout copy"
 
     a_data = torch.zeros(a.shape[0] + 1, k + 16, dtype=a.data.dtype, device=device)[1:, 8 : 8 + k]
     a_data.copy_(a.data)
