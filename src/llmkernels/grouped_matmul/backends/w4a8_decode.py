@@ -17,8 +17,8 @@ rules: memory key, version counters, never made during a CUDA graph capture, fre
 bf16 calls on those weights read). Where there is none (during a capture before any copy was made,
 ``HOPPER_COPIES.enabled`` False, tensors without version counters), the launch runs the portable ``w4a8_blocks``
 kernel on the row-layout weights with the launch's config instead. Memory: the copy is as large as the weights;
-weights whose large groups ran ``w4a8_hopper`` also have its prepared copy (1.5x the weights): ``HOPPER_COPIES.
-enabled = False`` / ``W4A8_COPIES.enabled = False`` turn either off.
+weights whose large groups ran ``w4a8_hopper`` also have its prepared copy (1.5x the weights):
+``HOPPER_COPIES.enabled = False`` / ``W4A8_COPIES.enabled = False`` turn either off.
 """
 
 from __future__ import annotations
