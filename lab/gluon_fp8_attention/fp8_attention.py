@@ -1,0 +1,568 @@
+"""Lab prototype: FP8 (e4m3) attention forward for Hopper (sm_90a) in Gluon, FA3-style. Self-contained: nothing
+in the library imports it.
+
+    out = fp8_attention(q, k, v, q_descale, k_descale, v_descale, causal=False)   # bf16 [B, Sq, Hq, D]
+
+q ``[B, Sq, Hq, D]``, k / v ``[B, Skv, Hkv, D]`` float8_e4m3fn (D = 128; Hq a multiple of Hkv), descales float32
+``[B, Hkv]`` (FA3's convention: the real tensors are ``q.float() * q_descale[b, h // group]`` and so on); softmax
+scale ``D ** -0.5``; causal is bottom-right aligned (query i sees keys ``j <= i + Skv - Sq``).
+
+Schedule (the structure of ``src/llmkernels/attention/gluon_hopper.py``, FP8 operands):
+
+* persistent grid, one program per SM, work tiles = 128 query rows of one (batch, q head), head-major; causal
+  tiles handed out longest first through an atomic counter;
+* a **producer** warpgroup (4 warps, 24 registers) issues the TMA loads (Q once per tile, K and V tiles
+  through two-stage rings) and **transposes V**: fp8 wgmma wants its B operand K-major, i.e. ``V^T`` with keys
+  contiguous. V arrives by TMA as four ``[TILE_N, 32]`` column boxes (32-byte swizzle), each is read into
+  registers (thread: 4 keys x 8 dims), permuted in registers (``gl.permute``: a relabelling, no data moves)
+  and stored as 32 rows of the ``[D, TILE_N]`` 128-byte-swizzled ``V^T`` buffer; fence.proxy.async, a barrier
+  of the producer's warps, then ``vt_ready``. The raw V ring is separate from the ``V^T`` ring, so that tile
+  ``j + 1`` lands while ``j`` is transposed;
+* two **consumer** warpgroups (240 registers), 64 query rows each: ``S = Q K^T`` as an e4m3 x e4m3 wgmma
+  (both operands from shared memory, K-major), fp32 accumulate; online softmax on raw scores with
+  ``c = q_descale * k_descale * D^-0.5 * log2(e)`` folded into the one FMA of the exp2 argument;
+  ``P = exp2(s c - m c + 8)`` i.e. probabilities times 256, rounded to e4m3 (RNE, satfinite) and kept in
+  registers as the A operand of the e4m3 x e4m3 ``P V`` wgmma (B = ``V^T`` buffer, permuted view). The factor
+  256 keeps probabilities down to 2^-14 normal in e4m3 (2^-6 without it) and cancels in ``O / l``; ``l`` sums
+  the unrounded fp32 probabilities. At the end ``O * v_descale / l`` is stored as bf16.
+
+:func:`compile_for_sm90` builds the kernel without a GPU (``TRITON_INTERPRET`` must be unset / 0).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+__all__ = ["fp8_attention", "compile_for_sm90", "reference_attention", "HEAD_DIMS"]
+
+LOG2E = 1.4426950408889634
+HEAD_DIMS = (128,)
+BLOCK_M = 128  # query rows per work tile: two consumer warpgroups of 64
+TILE_N = 128  # keys per K/V tile
+V_CHUNK = 32  # V arrives as D / 32 column boxes of [TILE_N, 32] (32-byte swizzle) for the in-register transpose
+P_SHIFT = gl.constexpr(8.0)  # P is stored times 2^8 in e4m3
+# Registers: 12 warps (consumer 0 = default partition, consumer 1, producer warpgroup). maxnreg 168 = 65536 / 384
+# rounded to 8; setmaxnreg then gives 2 x 128 x 240 + 128 x 24 = 64512 = 168 x 384.
+MAX_REGS = 168
+CONSUMER_REGS = gl.constexpr(240)
+PRODUCER_REGS = gl.constexpr(24)
+PRODUCER_WARPS = gl.constexpr(4)
+
+# Names that differ between Triton 3.6 (the GPU machine) and 3.9 (the CPU machine).
+_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+_partition_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
+
+
+@gluon.jit
+def _as_box(buffer):
+    """A ``[rows, cols]`` shared tile as the ``[1, rows, cols]`` box of a per-sequence 3-D descriptor."""
+    return buffer.reshape([1, buffer.shape[0], buffer.shape[1]])
+
+
+@gluon.jit
+def _tile_block(tile, seqlen_q, seqlen_kv, num_q_heads, group_size, num_m_blocks, CAUSAL: gl.constexpr):
+    """Work tile ``tile``: ``(batch, q head, kv head, first query row, number of key tiles)``. Head-major; causal
+    blocks of a head run longest (last rows) first. At least one key tile, so that every block runs."""
+    pid_bh = tile // num_m_blocks
+    pid_m = tile % num_m_blocks
+    if CAUSAL:
+        pid_m = num_m_blocks - 1 - pid_m
+    batch = pid_bh // num_q_heads
+    head = pid_bh % num_q_heads
+    q_start = pid_m * 128
+    if CAUSAL:
+        q_last = gl.minimum(q_start + 128, seqlen_q) - 1
+        kv_hi = gl.minimum(q_last + seqlen_kv - seqlen_q + 1, seqlen_kv)
+        num_tiles = gl.maximum(gl.cdiv(kv_hi, 128), 1)
+    else:
+        num_tiles = gl.maximum(gl.cdiv(seqlen_kv, 128), 1)
+    return batch, head, head // group_size, q_start, num_tiles
+
+
+@gluon.jit
+def _publish_tile(tile, count, schedule):
+    """The producer hands work tile ``tile`` (its ``count``-th) to the consumers through a 2-slot ring."""
+    tile_smem, tile_ready, tile_empty = schedule
+    slot = count % 2
+    mbarrier.wait(tile_empty.index(slot), ((count // 2) & 1) ^ 1)
+    tile_smem.index(slot).store(gl.full([1], tile, gl.int32, layout=gl.BlockedLayout([1], [32], [4], [0])))
+    _partition_barrier()
+    mbarrier.arrive(tile_ready.index(slot))
+
+
+@gluon.jit
+def _receive_tile(count, schedule):
+    tile_smem, tile_ready, tile_empty = schedule
+    slot = count % 2
+    mbarrier.wait(tile_ready.index(slot), (count // 2) & 1)
+    tile = gl.max(tile_smem.index(slot).load(gl.BlockedLayout([1], [32], [4], [0])), axis=0)
+    mbarrier.arrive(tile_empty.index(slot))
+    return tile
+
+
+@gluon.jit
+def _transpose_v(position, vraw_smem, vt_smem, vraw_ready, vt_ready, vt_empty):
+    """Producer: V tile at ring position ``position``, landed in ``vraw_smem`` as ``[CHUNKS, TILE_N, 32]``,
+    written transposed into ``vt_smem[stage]`` (``[D, TILE_N]``, keys contiguous) once the consumers released
+    that stage; then ``vt_ready``."""
+    STAGES: gl.constexpr = vt_smem.shape[0]
+    CHUNKS: gl.constexpr = vraw_smem.shape[0] // STAGES
+    CH: gl.constexpr = vraw_smem.shape[2]
+    N: gl.constexpr = vraw_smem.shape[1]
+    # thread: 4 keys x 8 dims (four 8-byte loads); after the permute 8 dims x 4 keys (eight 4-byte stores)
+    load_layout: gl.constexpr = gl.BlockedLayout([4, 8], [8, 4], [4, 1], [1, 0])
+    gl.static_assert(N == 4 * 8 * 4)
+    gl.static_assert(CH == 8 * 4)
+    stage = position % STAGES
+    phase = (position // STAGES) & 1
+    mbarrier.wait(vraw_ready.index(stage), phase)
+    mbarrier.wait(vt_empty.index(stage), phase ^ 1)
+    vt = vt_smem.index(stage)
+    for c in gl.static_range(CHUNKS):
+        x = vraw_smem.index(stage * CHUNKS + c).load(load_layout)
+        vt.slice(c * CH, CH, dim=0).store(gl.permute(x, (1, 0)))
+    fence_async_shared()  # the generic-proxy stores, before wgmma (async proxy) reads them
+    _partition_barrier()  # every producer warp's part is written (and its raw reads done) before the arrive
+    mbarrier.arrive(vt_ready.index(stage))
+
+
+@gluon.jit
+def _producer_partition(
+    descs, smem, bars, schedule, seqlen_q, seqlen_kv, num_q_heads, group_size, num_m_blocks, num_work_tiles,
+    tile_counter, CAUSAL: gl.constexpr,
+):
+    """Loads and transposes. Per work tile: publish it, load its two 64-row Q tiles once the consumers released
+    the last ones, then for each key tile i: K_i into the K ring, V_i's column boxes into the raw ring, and
+    transpose V_{i-1} meanwhile (the last one after the loop)."""
+    q_desc, k_desc, v_desc = descs
+    q_smem, k_smem, vraw_smem, vt_smem = smem
+    q_ready, q_empty, k_ready, k_empty, vraw_ready, vt_ready, vt_empty = bars
+    STAGES: gl.constexpr = k_smem.shape[0]
+    N: gl.constexpr = k_smem.shape[1]
+    HEAD_DIM: gl.constexpr = k_smem.shape[2]
+    CHUNKS: gl.constexpr = vraw_smem.shape[0] // STAGES
+    CH: gl.constexpr = vraw_smem.shape[2]
+    TILE_BYTES: gl.constexpr = N * HEAD_DIM  # e4m3: one byte each
+    tile = gl.program_id(0)
+    count = 0
+    loaded = 0
+    while tile < num_work_tiles:
+        batch, head, kv_head, q_start, num_tiles = _tile_block(
+            tile, seqlen_q, seqlen_kv, num_q_heads, group_size, num_m_blocks, CAUSAL
+        )
+        _publish_tile(tile, count, schedule)
+        for c in gl.static_range(2):
+            mbarrier.wait(q_empty.index(c), (count & 1) ^ 1)
+            mbarrier.expect(q_ready.index(c), q_desc.block_type.nbytes)
+            _tma_load(q_desc, [batch, q_start + c * 64, head * HEAD_DIM], q_ready.index(c), _as_box(q_smem.index(c)))
+        for i in range(num_tiles):
+            position = loaded + i
+            stage = position % STAGES
+            phase = (position // STAGES) & 1
+            key = i * N
+            mbarrier.wait(k_empty.index(stage), phase ^ 1)
+            mbarrier.expect(k_ready.index(stage), TILE_BYTES)
+            _tma_load(k_desc, [batch, key, kv_head * HEAD_DIM], k_ready.index(stage), _as_box(k_smem.index(stage)))
+            # The raw V stage was last read by this partition's transpose of position - STAGES, which ended in a
+            # barrier of the producer's warps: it is free.
+            mbarrier.expect(vraw_ready.index(stage), TILE_BYTES)
+            for c in gl.static_range(CHUNKS):
+                _tma_load(
+                    v_desc,
+                    [batch, key, kv_head * HEAD_DIM + c * CH],
+                    vraw_ready.index(stage),
+                    _as_box(vraw_smem.index(stage * CHUNKS + c)),
+                )
+            if i > 0:
+                _transpose_v(position - 1, vraw_smem, vt_smem, vraw_ready, vt_ready, vt_empty)
+        _transpose_v(loaded + num_tiles - 1, vraw_smem, vt_smem, vraw_ready, vt_ready, vt_empty)
+        loaded += num_tiles
+        count += 1
+        if CAUSAL:
+            tile = gl.num_programs(0) + gl.atomic_add(tile_counter, 1)
+        else:
+            tile += gl.num_programs(0)
+    _publish_tile(num_work_tiles, count, schedule)  # no more work
+
+
+@gluon.jit
+def _softmax_tile(s, m_i, l_i, j, rows, seqlen_kv, shift, c, MASKED: gl.constexpr, CAUSAL: gl.constexpr):
+    """Online softmax of raw fp8-product scores ``s`` (key tile j): ``(p * 2^8, m, l, alpha)``; m is the running
+    max of raw scores, ``c > 0`` the scale (descales, softmax scale, log2 e) folded into the exponent."""
+    N: gl.constexpr = s.shape[1]
+    if MASKED:
+        cols = gl.expand_dims(j * N + gl.arange(0, N, layout=gl.SliceLayout(0, s.type.layout)), 0)
+        valid = cols < seqlen_kv
+        if CAUSAL:
+            valid = valid & (cols <= gl.expand_dims(rows + shift, 1))
+        s = gl.where(valid, s, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(s, axis=1))
+    m_scaled = m_new * c
+    if MASKED:  # a row that has seen no key yet: alpha and p are exp2(-inf) = 0, not NaN
+        m_scaled = gl.where(m_new == float("-inf"), 0.0, m_scaled)
+    alpha = gl.exp2(m_i * c - m_scaled)
+    p = gl.exp2(gl.fma(s, c, gl.expand_dims(P_SHIFT - m_scaled, 1)))
+    l_new = l_i * alpha + gl.sum(p, axis=1)
+    return p, m_new, l_new, alpha
+
+
+@gluon.jit
+def _consumer_step(i, j, q, smem, bars, p, m_i, l_i, acc, rows, s_zero, seqlen_kv, shift, c,
+                   MASKED: gl.constexpr, CAUSAL: gl.constexpr):
+    """Ring position i, key tile j: issue ``S_j = Q K_j^T`` and ``O += P_{j-1} V_{j-1}`` (both e4m3 wgmmas), the
+    softmax of S_j once the first is done, then rescale O."""
+    q_smem, k_smem, vraw_smem, vt_smem = smem
+    q_ready, q_empty, k_ready, k_empty, vraw_ready, vt_ready, vt_empty = bars
+    STAGES: gl.constexpr = k_smem.shape[0]
+    stage = i % STAGES
+    prev = (i - 1) % STAGES
+    mbarrier.wait(k_ready.index(stage), (i // STAGES) & 1)
+    s = warpgroup_mma(q, k_smem.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    mbarrier.wait(vt_ready.index(prev), ((i - 1) // STAGES) & 1)
+    acc = warpgroup_mma(p, vt_smem.index(prev).permute((1, 0)), acc, is_async=True)
+    s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))
+    mbarrier.arrive(k_empty.index(stage))
+    p_new, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, j, rows, seqlen_kv, shift, c, MASKED, CAUSAL)
+    # The softmax's fp32 results pass through the wait (8-bit values cannot: Triton's wait lowering refuses them),
+    # so that LLVM keeps the exponentials before it; the loop-carried e4m3 P (the in-flight wgmma's register
+    # operand) is only written after the wait, never while the P V wgmma may still read its registers.
+    acc, p_new, l_i, alpha = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_new, l_i, alpha))
+    mbarrier.arrive(vt_empty.index(prev))
+    p_new = gl.convert_layout(p_new.to(gl.float8e4nv), p.type.layout)
+    acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout)), 1)
+    return p_new, m_i, l_i, acc
+
+
+@gluon.jit
+def _consumer_block(tile, count, base, smem, bars, out_ptr, descales, seqlen_q, seqlen_kv, num_q_heads,
+                    num_kv_heads, group_size, num_m_blocks, sm_scale_log2, CONSUMER: gl.constexpr,
+                    CAUSAL: gl.constexpr):
+    """Consumer ``CONSUMER`` on work tile ``tile`` (this program's ``count``-th; its key tiles from ring position
+    ``base``): query rows ``[q_start + 64 CONSUMER, + 64)``. Returns the number of key tiles of the block."""
+    q_smem, k_smem, vraw_smem, vt_smem = smem
+    q_ready, q_empty, k_ready, k_empty, vraw_ready, vt_ready, vt_empty = bars
+    q_descale_ptr, k_descale_ptr, v_descale_ptr = descales
+    N: gl.constexpr = k_smem.shape[1]
+    HEAD_DIM: gl.constexpr = k_smem.shape[2]
+    STAGES: gl.constexpr = k_smem.shape[0]
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, N, 32])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 32]
+    )
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=4)
+    row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
+
+    batch, head, kv_head, q_start, end_tile = _tile_block(
+        tile, seqlen_q, seqlen_kv, num_q_heads, group_size, num_m_blocks, CAUSAL
+    )
+    shift = seqlen_kv - seqlen_q
+    scale_index = batch * num_kv_heads + kv_head
+    c = gl.load(q_descale_ptr + scale_index) * gl.load(k_descale_ptr + scale_index) * sm_scale_log2
+    v_descale = gl.load(v_descale_ptr + scale_index)
+    first_row = q_start + CONSUMER * 64
+    rows = first_row + gl.arange(0, 64, layout=row_layout)
+    # Tiles [1, band_hi): every row of this consumer sees all keys (no mask); [band_hi, my_end): masked; tiles
+    # [my_end, end_tile) hold no key these rows see (the causal diagonal of the other consumer): only released.
+    if CAUSAL:
+        last_row = gl.minimum(first_row + 64, seqlen_q) - 1
+        seen_hi = gl.minimum(last_row + shift + 1, seqlen_kv)
+        my_end = gl.minimum(gl.maximum(gl.cdiv(seen_hi, N), 1), end_tile)
+        full_hi = gl.minimum(first_row + shift + 1, seqlen_kv)
+    else:
+        my_end = end_tile
+        full_hi = seqlen_kv
+    band_hi = gl.maximum(gl.minimum(gl.maximum(full_hi, 0) // N, my_end), 1)
+    offset = base  # ring position of key tile j: base + j
+
+    q = q_smem.index(CONSUMER)
+    mbarrier.wait(q_ready.index(CONSUMER), count & 1)
+    s_zero = gl.zeros([64, N], gl.float32, layout=s_layout)
+    acc = gl.zeros([64, HEAD_DIM], gl.float32, layout=o_layout)
+
+    # Tile 0 alone: S and its softmax (masked).
+    mbarrier.wait(k_ready.index(base % STAGES), (base // STAGES) & 1)
+    s = warpgroup_mma(q, k_smem.index(base % STAGES).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+    mbarrier.arrive(k_empty.index(base % STAGES))
+    m_i = gl.full([64], float("-inf"), gl.float32, layout=row_layout)
+    l_i = gl.full([64], 0.0, gl.float32, layout=row_layout)
+    p, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, 0, rows, seqlen_kv, shift, c, True, CAUSAL)
+    p = gl.convert_layout(p.to(gl.float8e4nv), p_layout)
+
+    for j in range(1, band_hi):
+        p, m_i, l_i, acc = _consumer_step(offset + j, j, q, smem, bars, p, m_i, l_i, acc, rows, s_zero, seqlen_kv,
+                                          shift, c, False, CAUSAL)
+    for j in range(band_hi, my_end):
+        p, m_i, l_i, acc = _consumer_step(offset + j, j, q, smem, bars, p, m_i, l_i, acc, rows, s_zero, seqlen_kv,
+                                          shift, c, True, CAUSAL)
+    mbarrier.arrive(q_empty.index(CONSUMER))  # every S of the block is issued and done: the next Q may land
+
+    last = offset + my_end - 1
+    mbarrier.wait(vt_ready.index(last % STAGES), (last // STAGES) & 1)
+    acc = warpgroup_mma(p, vt_smem.index(last % STAGES).permute((1, 0)), acc, is_async=True)
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+    mbarrier.arrive(vt_empty.index(last % STAGES))
+    for j in range(my_end, end_tile):  # tiles this consumer does not see: released once landed
+        position = offset + j
+        mbarrier.wait(k_ready.index(position % STAGES), (position // STAGES) & 1)
+        mbarrier.arrive(k_empty.index(position % STAGES))
+        mbarrier.wait(vt_ready.index(position % STAGES), (position // STAGES) & 1)
+        mbarrier.arrive(vt_empty.index(position % STAGES))
+
+    l_safe = gl.where(l_i == 0.0, 1.0, l_i)  # a row that saw no key: output 0
+    factor = gl.convert_layout(v_descale / l_safe, gl.SliceLayout(1, o_layout))
+    out = acc * gl.expand_dims(factor, 1)
+    store_layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (HEAD_DIM // 8), HEAD_DIM // 8], [4, 1], [1, 0])
+    out = gl.convert_layout(out.to(gl.bfloat16), store_layout)
+    out_rows = first_row + gl.arange(0, 64, layout=gl.SliceLayout(1, store_layout))
+    out_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, store_layout))
+    row_offsets = ((batch * seqlen_q + out_rows).to(gl.int64) * num_q_heads + head) * HEAD_DIM
+    offsets = gl.expand_dims(row_offsets, 1) + gl.expand_dims(out_cols, 0)
+    gl.store(out_ptr + offsets, out, mask=gl.expand_dims(out_rows < seqlen_q, 1))
+    return end_tile
+
+
+@gluon.jit
+def _consumer_partition(smem, bars, schedule, out_ptr, descales, seqlen_q, seqlen_kv, num_q_heads, num_kv_heads,
+                        group_size, num_m_blocks, num_work_tiles, sm_scale_log2, CONSUMER: gl.constexpr,
+                        CAUSAL: gl.constexpr):
+    count = 0
+    base = 0
+    tile = _receive_tile(count, schedule)
+    while tile < num_work_tiles:
+        base += _consumer_block(tile, count, base, smem, bars, out_ptr, descales, seqlen_q, seqlen_kv, num_q_heads,
+                                num_kv_heads, group_size, num_m_blocks, sm_scale_log2, CONSUMER, CAUSAL)
+        count += 1
+        tile = _receive_tile(count, schedule)
+
+
+@gluon.jit
+def fp8_attention_kernel(
+    q_desc, k_desc, v_desc, out_ptr, q_descale_ptr, k_descale_ptr, v_descale_ptr, tile_counter,
+    seqlen_q, seqlen_kv, num_q_heads, num_kv_heads, group_size, num_m_blocks, num_work_tiles, sm_scale_log2,
+    CAUSAL: gl.constexpr, Q_LAYOUT: gl.constexpr, K_LAYOUT: gl.constexpr, VRAW_LAYOUT: gl.constexpr,
+    VT_LAYOUT: gl.constexpr,
+):
+    """q_desc: e4m3 ``[B, Sq, Hq * D]`` block ``[1, 64, D]``; k_desc ``[B, Skv, Hkv * D]`` block ``[1, 128, D]``;
+    v_desc the same tensor shape, block ``[1, 128, 32]``. out_ptr: bf16 ``[B, Sq, Hq, D]`` contiguous. Descales:
+    float32 ``[B, Hkv]`` contiguous. tile_counter: int32 [1] zero (causal). sm_scale_log2: ``D^-0.5 log2(e)``.
+    Grid ``(min(num_work_tiles, SMs),)``, num_warps 4, maxnreg 168."""
+    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[2]
+    N: gl.constexpr = k_desc.block_type.shape[1]
+    CH: gl.constexpr = v_desc.block_type.shape[2]
+    CHUNKS: gl.constexpr = HEAD_DIM // CH
+    STAGES: gl.constexpr = 2
+    dtype: gl.constexpr = q_desc.dtype
+    q_smem = gl.allocate_shared_memory(dtype, [2, 64, HEAD_DIM], Q_LAYOUT)
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES, N, HEAD_DIM], K_LAYOUT)
+    vraw_smem = gl.allocate_shared_memory(dtype, [STAGES * CHUNKS, N, CH], VRAW_LAYOUT)
+    vt_smem = gl.allocate_shared_memory(dtype, [STAGES, HEAD_DIM, N], VT_LAYOUT)
+    tile_smem = gl.allocate_shared_memory(gl.int32, [2, 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    q_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    vraw_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    vt_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    vt_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    tile_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    tile_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(2):
+        mbarrier.init(q_ready.index(i), count=1)
+        mbarrier.init(q_empty.index(i), count=1)
+        mbarrier.init(tile_ready.index(i), count=1)
+        mbarrier.init(tile_empty.index(i), count=2)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(k_ready.index(i), count=1)
+        mbarrier.init(k_empty.index(i), count=2)  # both consumers release a tile
+        mbarrier.init(vraw_ready.index(i), count=1)
+        mbarrier.init(vt_ready.index(i), count=1)
+        mbarrier.init(vt_empty.index(i), count=2)
+    smem = (q_smem, k_smem, vraw_smem, vt_smem)
+    bars = (q_ready, q_empty, k_ready, k_empty, vraw_ready, vt_ready, vt_empty)
+    schedule = (tile_smem, tile_ready, tile_empty)
+    descales = (q_descale_ptr, k_descale_ptr, v_descale_ptr)
+    gl.warp_specialize(
+        [
+            (_consumer_partition, (smem, bars, schedule, out_ptr, descales, seqlen_q, seqlen_kv, num_q_heads,
+                                   num_kv_heads, group_size, num_m_blocks, num_work_tiles, sm_scale_log2, 0, CAUSAL)),
+            (_consumer_partition, (smem, bars, schedule, out_ptr, descales, seqlen_q, seqlen_kv, num_q_heads,
+                                   num_kv_heads, group_size, num_m_blocks, num_work_tiles, sm_scale_log2, 1, CAUSAL)),
+            (_producer_partition, ((q_desc, k_desc, v_desc), smem, bars, schedule, seqlen_q, seqlen_kv, num_q_heads,
+                                   group_size, num_m_blocks, num_work_tiles, tile_counter, CAUSAL)),
+        ],
+        [4, PRODUCER_WARPS],
+        [CONSUMER_REGS, PRODUCER_REGS],
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# host side
+
+
+def _layouts(head_dim: int) -> dict:
+    fp8 = gl.float8e4nv
+    return dict(
+        Q_LAYOUT=gl.NVMMASharedLayout.get_default_for([64, head_dim], fp8),
+        K_LAYOUT=gl.NVMMASharedLayout.get_default_for([TILE_N, head_dim], fp8),
+        VRAW_LAYOUT=gl.NVMMASharedLayout.get_default_for([TILE_N, V_CHUNK], fp8),
+        VT_LAYOUT=gl.NVMMASharedLayout.get_default_for([head_dim, TILE_N], fp8),
+    )
+
+
+def _blocks(head_dim: int) -> dict:
+    return dict(q_desc=[1, 64, head_dim], k_desc=[1, TILE_N, head_dim], v_desc=[1, TILE_N, V_CHUNK])
+
+
+def _descriptor(t: torch.Tensor, block) -> TensorDescriptor:
+    """Per sequence ``[B, S, H * D]`` with t's batch and token strides: boxes past S read zeros."""
+    batch, seqlen, heads, head_dim = t.shape
+    layout = gl.NVMMASharedLayout.get_default_for(block, gl.float8e4nv)
+    return TensorDescriptor(t, [batch, seqlen, heads * head_dim], [t.stride(0), t.stride(1), 1], block, layout)
+
+
+def _tma_ready(t: torch.Tensor) -> torch.Tensor:
+    ok = (
+        t.stride(3) == 1
+        and t.stride(2) == t.shape[3]
+        and t.data_ptr() % 16 == 0
+        and t.stride(0) % 16 == 0
+        and t.stride(1) % 16 == 0
+    )
+    return t if ok else t.contiguous()
+
+
+_SMS: dict = {}
+
+
+def _num_sms(device: torch.device) -> int:
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _SMS:
+        _SMS[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return _SMS[index]
+
+
+def fp8_attention(q, k, v, q_descale, k_descale, v_descale, causal: bool = False) -> torch.Tensor:
+    """Attention forward on e4m3 inputs: ``softmax(D^-0.5 (q q_ds)(k k_ds)^T) (v v_ds)`` as bf16 ``[B, Sq, Hq, D]``
+    (see the module docstring). Descales may be None (1.0)."""
+    if q.dtype != torch.float8_e4m3fn or k.dtype != q.dtype or v.dtype != q.dtype:
+        raise TypeError("q, k, v must be float8_e4m3fn")
+    batch, seqlen_q, num_q_heads, head_dim = q.shape
+    seqlen_kv, num_kv_heads = k.shape[1], k.shape[2]
+    if head_dim not in HEAD_DIMS or k.shape != v.shape or k.shape[0] != batch or k.shape[3] != head_dim:
+        raise ValueError(f"unsupported shapes q {tuple(q.shape)} k {tuple(k.shape)} v {tuple(v.shape)}")
+    if num_q_heads % num_kv_heads or seqlen_kv < 1:
+        raise ValueError("Hq must be a multiple of Hkv and Skv >= 1")
+
+    def _scale(d):
+        if d is None:
+            return torch.ones(batch, num_kv_heads, dtype=torch.float32, device=q.device)
+        return d.to(torch.float32).expand(batch, num_kv_heads).contiguous()
+
+    q, k, v = _tma_ready(q), _tma_ready(k), _tma_ready(v)
+    out = torch.empty(q.shape, dtype=torch.bfloat16, device=q.device)
+    num_m_blocks = triton.cdiv(seqlen_q, BLOCK_M)
+    num_work_tiles = num_m_blocks * batch * num_q_heads
+    if num_work_tiles == 0:
+        return out
+    counter = torch.zeros(1, dtype=torch.int32, device=q.device)
+    blocks = _blocks(head_dim)
+    grid = (min(num_work_tiles, _num_sms(q.device)),)
+    fp8_attention_kernel[grid](
+        _descriptor(q, blocks["q_desc"]),
+        _descriptor(k, blocks["k_desc"]),
+        _descriptor(v, blocks["v_desc"]),
+        out,
+        _scale(q_descale),
+        _scale(k_descale),
+        _scale(v_descale),
+        counter,
+        seqlen_q,
+        seqlen_kv,
+        num_q_heads,
+        num_kv_heads,
+        num_q_heads // num_kv_heads,
+        num_m_blocks,
+        num_work_tiles,
+        head_dim**-0.5 * LOG2E,
+        CAUSAL=causal,
+        **_layouts(head_dim),
+        num_warps=4,
+        maxnreg=MAX_REGS,
+    )
+    return out
+
+
+def reference_attention(q, k, v, q_descale, k_descale, v_descale, causal: bool = False) -> torch.Tensor:
+    """float64 attention on the dequantized inputs (the real tensors the fp8 ones stand for), ``[B, Sq, Hq, D]``.
+    Memory: one float64 ``[Sq, Skv]`` score matrix per (batch, head) at a time."""
+    batch, seqlen_q, num_q_heads, head_dim = q.shape
+    seqlen_kv, num_kv_heads = k.shape[1], k.shape[2]
+    group = num_q_heads // num_kv_heads
+    out = torch.empty(q.shape, dtype=torch.float64, device=q.device)
+    mask = None
+    if causal:
+        i = torch.arange(seqlen_q, device=q.device)[:, None]
+        j = torch.arange(seqlen_kv, device=q.device)[None, :]
+        mask = j <= i + seqlen_kv - seqlen_q
+    for b in range(batch):
+        for h in range(num_q_heads):
+            g = h // group
+            qd = q[b, :, h].double() * (1.0 if q_descale is None else float(q_descale[b, g]))
+            kd = k[b, :, g].double() * (1.0 if k_descale is None else float(k_descale[b, g]))
+            vd = v[b, :, g].double() * (1.0 if v_descale is None else float(v_descale[b, g]))
+            s = (qd @ kd.T) * head_dim**-0.5
+            if mask is not None:
+                s = s.masked_fill(~mask, float("-inf"))
+            p = torch.softmax(s, dim=-1)
+            out[b, :, h] = torch.nan_to_num(p) @ vd
+    return out
+
+
+def _descriptor_type(block) -> str:
+    layout = gl.NVMMASharedLayout.get_default_for(block, gl.float8e4nv)
+    return f"tensordesc<fp8e4nv[{', '.join(map(str, block))}],{layout!r}>"
+
+
+def compile_for_sm90(head_dim: int = 128, causal: bool = False):
+    """Compiles the kernel for sm_90a without a GPU (ptxas runs, nothing launches); returns the compiled kernel
+    (``.asm`` dict: ttgir, ptx, cubin; ``.metadata``). Run with ``TRITON_INTERPRET`` unset or 0."""
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    fn = fp8_attention_kernel
+    names = fn.arg_names
+    constexprs = dict(CAUSAL=causal, **_layouts(head_dim))
+    signature, attrs = {}, {}
+    types = {name: _descriptor_type(block) for name, block in _blocks(head_dim).items()}
+    types.update(out_ptr="*bf16", q_descale_ptr="*fp32", k_descale_ptr="*fp32", v_descale_ptr="*fp32",
+                 tile_counter="*i32", sm_scale_log2="fp32")
+    for index, name in enumerate(names):
+        if name in constexprs:
+            signature[name] = "constexpr"
+            continue
+        signature[name] = types.get(name, "i32")
+        if signature[name].startswith("*"):
+            attrs[(index,)] = [["tt.divisibility", 16]]
+    source = GluonASTSource(fn, signature, constexprs={(names.index(n),): v for n, v in constexprs.items()},
+                            attrs=attrs)
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4, maxnreg=MAX_REGS))
+
+
+if __name__ == "__main__":  # quick compile
+    compiled = compile_for_sm90(128, False)
+    print(sorted(set(__import__("re").findall(r"wgmma\.mma_async\.sync\.aligned\.(\S+)", compiled.asm["ptx"]))))
+    print("shared", compiled.metadata.shared, "math", math.pi > 3)
