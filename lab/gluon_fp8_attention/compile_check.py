@@ -1,0 +1,134 @@
+"""Compile the FP8 attention prototype (fp8_attention.py) for sm_90a without a GPU and print what it runs.
+
+    python lab/gluon_fp8_attention/compile_check.py [--sass DIR]
+
+Per variant (D = 128, non-causal and causal): the wgmma kinds in the PTX (both products must be
+``m64n128k32.f32.e4m3.e4m3``: S = Q K^T from shared memory, P V with P in registers), ``wgmma.wait_group``
+counts by argument, ``setmaxnreg`` values, shared memory, registers per thread, spills (``ptxas -v`` with the
+wheel's ptxas), ptxas warnings (C7515 / C7510: wgmma serialized), and SASS counts: QGMMA / HGMMA, full waits,
+SHFL (P's register reshuffle from the accumulator layout to the e4m3 A-operand layout), STS / LDS (shared
+stores / loads: the V transpose and the tile handoff), PRMT (byte permutes), F2FP (fp32 -> e4m3 packs), MUFU.EX2.
+Exits 1 if a variant fails to compile or its wgmmas are not all e4m3 x e4m3. Run with TRITON_INTERPRET unset.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import traceback
+
+os.environ["TRITON_INTERPRET"] = "0"
+os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import triton  # noqa: E402
+from fp8_attention import compile_for_sm90  # noqa: E402
+
+_BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+
+
+def _run(*command: str) -> str:
+    done = subprocess.run(command, capture_output=True, text=True)
+    return done.stdout + done.stderr
+
+
+def _ptxas() -> str:
+    from triton.backends.nvidia import compiler
+
+    try:
+        return compiler.get_ptxas(90).path
+    except TypeError:
+        return compiler.get_ptxas().path
+
+
+def inspect(compiled) -> dict:
+    ptx, cubin = compiled.asm["ptx"], compiled.asm["cubin"]
+    kinds = {}
+    for kind in re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+\.\w+\.\w+\.\w+)", ptx):
+        kinds[kind] = kinds.get(kind, 0) + 1
+    waits = {}
+    for arg in re.findall(r"wgmma\.wait_group\.sync\.aligned\s+(\d+)", ptx):
+        waits[arg] = waits.get(arg, 0) + 1
+    with tempfile.TemporaryDirectory() as folder:
+        ptx_path, cubin_path = os.path.join(folder, "k.ptx"), os.path.join(folder, "k.cubin")
+        with open(ptx_path, "w") as file:
+            file.write(ptx)
+        with open(cubin_path, "wb") as file:
+            file.write(cubin)
+        verbose = _run(_ptxas(), "--gpu-name=sm_90a", "-v", ptx_path, "-o", os.path.join(folder, "v.cubin"))
+        sass = _run(os.path.join(_BIN, "cuobjdump"), "-sass", cubin_path)
+        usage = _run(os.path.join(_BIN, "cuobjdump"), "-res-usage", cubin_path)
+    spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", verbose)
+    warnings = sorted(set(re.findall(r"warning\s*:?\s*(.{0,160})", verbose)) | set(re.findall(r"\((C75\d\d)\)", verbose)))
+
+    def count(pattern):
+        return len(re.findall(pattern, sass))
+
+    return dict(
+        wgmma=kinds,
+        waits=waits,
+        setmaxnreg=sorted(set(re.findall(r"setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32\s+(\d+)", ptx))),
+        shared=compiled.metadata.shared,
+        registers=int(re.search(r"REG:(\d+)", usage).group(1)),
+        spills=f"{spill.group(1)}/{spill.group(2)}" if spill else "?",
+        stl_ldl=count(r"\b(?:STL|LDL)\b"),
+        qgmma=count(r"\bQGMMA\."),
+        qgmma_kinds=sorted(set(re.findall(r"QGMMA\.(\w+\.\w+\.\w+\.\w+)", sass))),
+        hgmma=count(r"\bHGMMA\."),
+        full_waits=count(r"WARPGROUP\.DEPBAR\.LE\s+gsb0,\s*0x0"),
+        shfl=count(r"\bSHFL\."),
+        sts=count(r"\bSTS\b|\bSTS\."),
+        lds=count(r"\bLDS\b|\bLDS\."),
+        prmt=count(r"\bPRMT\b"),
+        f2fp=count(r"\bF2FP\."),
+        ex2=count(r"MUFU\.EX2"),
+        warnings=warnings,
+        sass=sass,
+        ptx=ptx,
+        ttgir=compiled.asm.get("ttgir", ""),
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sass", default="", help="write each variant's SASS, PTX and TTGIR into this folder")
+    args = parser.parse_args()
+    print(f"Triton {triton.__version__}, ptxas {_ptxas()}")
+    failed = False
+    for head_dim, causal in ((128, False), (128, True)):
+        label = f"D={head_dim} {'causal' if causal else 'full'}"
+        try:
+            result = inspect(compile_for_sm90(head_dim, causal))
+        except Exception as error:  # noqa: BLE001 - report and go on
+            failed = True
+            print(f"{label}: COMPILE ERROR {type(error).__name__}: {str(error)[:3000]}")
+            traceback.print_exc(file=sys.stderr)
+            continue
+        if not result["wgmma"] or any("e4m3.e4m3" not in kind for kind in result["wgmma"]):
+            failed = True
+        if args.sass:
+            os.makedirs(args.sass, exist_ok=True)
+            stem = os.path.join(args.sass, f"fp8_attention_d{head_dim}_{'causal' if causal else 'full'}")
+            for ext in ("sass", "ptx", "ttgir"):
+                with open(f"{stem}.{ext}", "w") as file:
+                    file.write(result[ext])
+        print(f"{label}:")
+        print(f"  wgmma (PTX): {', '.join(f'{k} x{v}' for k, v in sorted(result['wgmma'].items()))}")
+        print(f"  QGMMA (SASS): {result['qgmma']} {','.join(result['qgmma_kinds'])}; HGMMA {result['hgmma']}")
+        print(f"  wgmma.wait_group: {', '.join(f'{k} x{v}' for k, v in sorted(result['waits'].items()))}; "
+              f"full waits in SASS {result['full_waits']}")
+        print(f"  setmaxnreg: {','.join(result['setmaxnreg'])}; registers/thread (launch) {result['registers']}; "
+              f"spill stores/loads {result['spills']} B; STL/LDL {result['stl_ldl']}")
+        print(f"  shared memory: {result['shared']} B")
+        print(f"  SASS: SHFL {result['shfl']}, STS {result['sts']}, LDS {result['lds']}, PRMT {result['prmt']}, "
+              f"F2FP {result['f2fp']}, MUFU.EX2 {result['ex2']}")
+        print(f"  ptxas warnings: {'; '.join(result['warnings']) or '-'}", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
