@@ -2,7 +2,7 @@
 
     python lab/gluon_fp8_attention/compile_check.py [--sass DIR]
 
-Per variant (D = 128, non-causal and causal): the wgmma kinds in the PTX (both products must be
+Per variant (D = 128, non-causal and causal; keys permuted (default) or P reshuffled across lanes): the wgmma kinds in the PTX (both products must be
 ``m64n128k32.f32.e4m3.e4m3``: S = Q K^T from shared memory, P V with P in registers), ``wgmma.wait_group``
 counts by argument, ``setmaxnreg`` values, shared memory, registers per thread, spills (``ptxas -v`` with the
 wheel's ptxas), ptxas warnings (C7515 / C7510: wgmma serialized), and SASS counts: QGMMA / HGMMA, full waits,
@@ -99,10 +99,10 @@ def main() -> int:
     args = parser.parse_args()
     print(f"Triton {triton.__version__}, ptxas {_ptxas()}")
     failed = False
-    for head_dim, causal in ((128, False), (128, True)):
-        label = f"D={head_dim} {'causal' if causal else 'full'}"
+    for head_dim, causal, permute in ((128, False, True), (128, True, True), (128, False, False), (128, True, False)):
+        label = f"D={head_dim} {'causal' if causal else 'full'} {'permuted keys' if permute else 'P reshuffled'}"
         try:
-            result = inspect(compile_for_sm90(head_dim, causal))
+            result = inspect(compile_for_sm90(head_dim, causal, permute))
         except Exception as error:  # noqa: BLE001 - report and go on
             failed = True
             print(f"{label}: COMPILE ERROR {type(error).__name__}: {str(error)[:3000]}")
@@ -112,7 +112,8 @@ def main() -> int:
             failed = True
         if args.sass:
             os.makedirs(args.sass, exist_ok=True)
-            stem = os.path.join(args.sass, f"fp8_attention_d{head_dim}_{'causal' if causal else 'full'}")
+            stem = os.path.join(args.sass, f"fp8_attention_d{head_dim}_{'causal' if causal else 'full'}"
+                                f"{'' if permute else '_reshuffle'}")
             for ext in ("sass", "ptx", "ttgir"):
                 with open(f"{stem}.{ext}", "w") as file:
                     file.write(result[ext])

@@ -114,7 +114,7 @@ def _receive_tile(count, schedule):
 
 
 @gluon.jit
-def _transpose_v(position, vraw_smem, vt_smem, vraw_ready, vt_ready, vt_empty):
+def _transpose_v(position, vraw_smem, vt_smem, vraw_ready, vt_ready, vt_empty, PERMUTE_KEYS: gl.constexpr):
     """Producer: V tile at ring position ``position``, landed in ``vraw_smem`` as ``[CHUNKS, TILE_N, 32]``,
     written transposed into ``vt_smem[stage]`` (``[D, TILE_N]``, keys contiguous) once the consumers released
     that stage; then ``vt_ready``."""
@@ -122,10 +122,21 @@ def _transpose_v(position, vraw_smem, vt_smem, vraw_ready, vt_ready, vt_empty):
     CHUNKS: gl.constexpr = vraw_smem.shape[0] // STAGES
     CH: gl.constexpr = vraw_smem.shape[2]
     N: gl.constexpr = vraw_smem.shape[1]
-    # thread: 4 keys x 8 dims (four 8-byte loads); after the permute 8 dims x 4 keys (eight 4-byte stores)
-    load_layout: gl.constexpr = gl.BlockedLayout([4, 8], [8, 4], [4, 1], [1, 0])
-    gl.static_assert(N == 4 * 8 * 4)
-    gl.static_assert(CH == 8 * 4)
+    gl.static_assert(N == 128)
+    gl.static_assert(CH == 32)
+    if PERMUTE_KEYS:
+        # thread: keys {2c, 2c+1, 2c+8, 2c+9} (+16, +32...) x 8 dims: the keys whose P values one thread holds
+        # in the S accumulator, which sigma sends to 4 consecutive P' columns (see _permute_keys)
+        load_layout: gl.constexpr = gl.DistributedLinearLayout(
+            reg_bases=[[0, 1], [0, 2], [0, 4], [1, 0], [8, 0]],
+            lane_bases=[[2, 0], [4, 0], [0, 8], [0, 16], [16, 0]],
+            warp_bases=[[32, 0], [64, 0]],
+            block_bases=[],
+            shape=[128, 32],
+        )
+    else:
+        # thread: 4 keys x 8 dims (four 8-byte loads); after the permute 8 dims x 4 keys (eight 4-byte stores)
+        load_layout: gl.constexpr = gl.BlockedLayout([4, 8], [8, 4], [4, 1], [1, 0])
     stage = position % STAGES
     phase = (position // STAGES) & 1
     mbarrier.wait(vraw_ready.index(stage), phase)
@@ -133,6 +144,8 @@ def _transpose_v(position, vraw_smem, vt_smem, vraw_ready, vt_ready, vt_empty):
     vt = vt_smem.index(stage)
     for c in gl.static_range(CHUNKS):
         x = vraw_smem.index(stage * CHUNKS + c).load(load_layout)
+        if PERMUTE_KEYS:  # row x of the tile becomes key sigma(x): V'[x] = V[sigma(x)]
+            x = x.reshape([4, 2, 2, 4, 2, CH]).permute((0, 1, 3, 2, 4, 5)).reshape([N, CH])
         vt.slice(c * CH, CH, dim=0).store(gl.permute(x, (1, 0)))
     fence_async_shared()  # the generic-proxy stores, before wgmma (async proxy) reads them
     _partition_barrier()  # every producer warp's part is written (and its raw reads done) before the arrive
@@ -142,7 +155,7 @@ def _transpose_v(position, vraw_smem, vt_smem, vraw_ready, vt_ready, vt_empty):
 @gluon.jit
 def _producer_partition(
     descs, smem, bars, schedule, seqlen_q, seqlen_kv, num_q_heads, group_size, num_m_blocks, num_work_tiles,
-    tile_counter, CAUSAL: gl.constexpr,
+    tile_counter, CAUSAL: gl.constexpr, PERMUTE_KEYS: gl.constexpr,
 ):
     """Loads and transposes. Per work tile: publish it, load its two 64-row Q tiles once the consumers released
     the last ones, then for each key tile i: K_i into the K ring, V_i's column boxes into the raw ring, and
@@ -187,8 +200,8 @@ def _producer_partition(
                     _as_box(vraw_smem.index(stage * CHUNKS + c)),
                 )
             if i > 0:
-                _transpose_v(position - 1, vraw_smem, vt_smem, vraw_ready, vt_ready, vt_empty)
-        _transpose_v(loaded + num_tiles - 1, vraw_smem, vt_smem, vraw_ready, vt_ready, vt_empty)
+                _transpose_v(position - 1, vraw_smem, vt_smem, vraw_ready, vt_ready, vt_empty, PERMUTE_KEYS)
+        _transpose_v(loaded + num_tiles - 1, vraw_smem, vt_smem, vraw_ready, vt_ready, vt_empty, PERMUTE_KEYS)
         loaded += num_tiles
         count += 1
         if CAUSAL:
@@ -220,8 +233,25 @@ def _softmax_tile(s, m_i, l_i, j, rows, seqlen_kv, shift, c, MASKED: gl.constexp
 
 
 @gluon.jit
+def _to_operand(p, p_layout: gl.constexpr, PERMUTE_KEYS: gl.constexpr):
+    """fp32 probabilities ``[64, 128]`` in the S accumulator layout -> e4m3 A operand of the P V wgmma.
+
+    PERMUTE_KEYS: the columns are relabelled instead of moved. Per 32-key block, the accumulator gives lane
+    ``c`` (= lane % 4) columns ``{2c, 2c+1, 8+2c, 9+2c, 16+2c, 17+2c, 24+2c, 25+2c}``; the e4m3 A fragment of
+    ``m64nNk32`` wants ``{4c..4c+3, 16+4c..16+4c+3}``. With key = 32b + 16h + 8e + 2c + p and
+    ``sigma^-1(key) = 32b + 16h + 4c + 2e + p``, column x of P' is column sigma(x) of P and is already in the
+    thread that needs it: the reshape / permute below changes no data, and the convert_layout only reorders
+    bytes within a thread (no shuffles). The transpose writes V' (row x = key sigma(x)) to match:
+    P' V' = P V."""
+    if PERMUTE_KEYS:  # relabel, move the fp32 values within the thread (free), then round in place
+        p = p.reshape([64, 4, 2, 2, 4, 2]).permute((0, 1, 2, 4, 3, 5)).reshape([64, 128])
+        return gl.convert_layout(p, p_layout).to(gl.float8e4nv)
+    return gl.convert_layout(p.to(gl.float8e4nv), p_layout)
+
+
+@gluon.jit
 def _consumer_step(i, j, q, smem, bars, p, m_i, l_i, acc, rows, s_zero, seqlen_kv, shift, c,
-                   MASKED: gl.constexpr, CAUSAL: gl.constexpr):
+                   MASKED: gl.constexpr, CAUSAL: gl.constexpr, PERMUTE_KEYS: gl.constexpr):
     """Ring position i, key tile j: issue ``S_j = Q K_j^T`` and ``O += P_{j-1} V_{j-1}`` (both e4m3 wgmmas), the
     softmax of S_j once the first is done, then rescale O."""
     q_smem, k_smem, vraw_smem, vt_smem = smem
@@ -241,7 +271,7 @@ def _consumer_step(i, j, q, smem, bars, p, m_i, l_i, acc, rows, s_zero, seqlen_k
     # operand) is only written after the wait, never while the P V wgmma may still read its registers.
     acc, p_new, l_i, alpha = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_new, l_i, alpha))
     mbarrier.arrive(vt_empty.index(prev))
-    p_new = gl.convert_layout(p_new.to(gl.float8e4nv), p.type.layout)
+    p_new = _to_operand(p_new, p.type.layout, PERMUTE_KEYS)
     acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout)), 1)
     return p_new, m_i, l_i, acc
 
@@ -249,7 +279,7 @@ def _consumer_step(i, j, q, smem, bars, p, m_i, l_i, acc, rows, s_zero, seqlen_k
 @gluon.jit
 def _consumer_block(tile, count, base, smem, bars, out_ptr, descales, seqlen_q, seqlen_kv, num_q_heads,
                     num_kv_heads, group_size, num_m_blocks, sm_scale_log2, CONSUMER: gl.constexpr,
-                    CAUSAL: gl.constexpr):
+                    CAUSAL: gl.constexpr, PERMUTE_KEYS: gl.constexpr):
     """Consumer ``CONSUMER`` on work tile ``tile`` (this program's ``count``-th; its key tiles from ring position
     ``base``): query rows ``[q_start + 64 CONSUMER, + 64)``. Returns the number of key tiles of the block."""
     q_smem, k_smem, vraw_smem, vt_smem = smem
@@ -300,14 +330,14 @@ def _consumer_block(tile, count, base, smem, bars, out_ptr, descales, seqlen_q, 
     m_i = gl.full([64], float("-inf"), gl.float32, layout=row_layout)
     l_i = gl.full([64], 0.0, gl.float32, layout=row_layout)
     p, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, 0, rows, seqlen_kv, shift, c, True, CAUSAL)
-    p = gl.convert_layout(p.to(gl.float8e4nv), p_layout)
+    p = _to_operand(p, p_layout, PERMUTE_KEYS)
 
     for j in range(1, band_hi):
         p, m_i, l_i, acc = _consumer_step(offset + j, j, q, smem, bars, p, m_i, l_i, acc, rows, s_zero, seqlen_kv,
-                                          shift, c, False, CAUSAL)
+                                          shift, c, False, CAUSAL, PERMUTE_KEYS)
     for j in range(band_hi, my_end):
         p, m_i, l_i, acc = _consumer_step(offset + j, j, q, smem, bars, p, m_i, l_i, acc, rows, s_zero, seqlen_kv,
-                                          shift, c, True, CAUSAL)
+                                          shift, c, True, CAUSAL, PERMUTE_KEYS)
     mbarrier.arrive(q_empty.index(CONSUMER))  # every S of the block is issued and done: the next Q may land
 
     last = offset + my_end - 1
@@ -338,13 +368,14 @@ def _consumer_block(tile, count, base, smem, bars, out_ptr, descales, seqlen_q, 
 @gluon.jit
 def _consumer_partition(smem, bars, schedule, out_ptr, descales, seqlen_q, seqlen_kv, num_q_heads, num_kv_heads,
                         group_size, num_m_blocks, num_work_tiles, sm_scale_log2, CONSUMER: gl.constexpr,
-                        CAUSAL: gl.constexpr):
+                        CAUSAL: gl.constexpr, PERMUTE_KEYS: gl.constexpr):
     count = 0
     base = 0
     tile = _receive_tile(count, schedule)
     while tile < num_work_tiles:
         base += _consumer_block(tile, count, base, smem, bars, out_ptr, descales, seqlen_q, seqlen_kv, num_q_heads,
-                                num_kv_heads, group_size, num_m_blocks, sm_scale_log2, CONSUMER, CAUSAL)
+                                num_kv_heads, group_size, num_m_blocks, sm_scale_log2, CONSUMER, CAUSAL,
+                                PERMUTE_KEYS)
         count += 1
         tile = _receive_tile(count, schedule)
 
@@ -354,7 +385,7 @@ def fp8_attention_kernel(
     q_desc, k_desc, v_desc, out_ptr, q_descale_ptr, k_descale_ptr, v_descale_ptr, tile_counter,
     seqlen_q, seqlen_kv, num_q_heads, num_kv_heads, group_size, num_m_blocks, num_work_tiles, sm_scale_log2,
     CAUSAL: gl.constexpr, Q_LAYOUT: gl.constexpr, K_LAYOUT: gl.constexpr, VRAW_LAYOUT: gl.constexpr,
-    VT_LAYOUT: gl.constexpr,
+    VT_LAYOUT: gl.constexpr, PERMUTE_KEYS: gl.constexpr,
 ):
     """q_desc: e4m3 ``[B, Sq, Hq * D]`` block ``[1, 64, D]``; k_desc ``[B, Skv, Hkv * D]`` block ``[1, 128, D]``;
     v_desc the same tensor shape, block ``[1, 128, 32]``. out_ptr: bf16 ``[B, Sq, Hq, D]`` contiguous. Descales:
@@ -398,11 +429,14 @@ def fp8_attention_kernel(
     gl.warp_specialize(
         [
             (_consumer_partition, (smem, bars, schedule, out_ptr, descales, seqlen_q, seqlen_kv, num_q_heads,
-                                   num_kv_heads, group_size, num_m_blocks, num_work_tiles, sm_scale_log2, 0, CAUSAL)),
+                                   num_kv_heads, group_size, num_m_blocks, num_work_tiles, sm_scale_log2, 0, CAUSAL,
+                                   PERMUTE_KEYS)),
             (_consumer_partition, (smem, bars, schedule, out_ptr, descales, seqlen_q, seqlen_kv, num_q_heads,
-                                   num_kv_heads, group_size, num_m_blocks, num_work_tiles, sm_scale_log2, 1, CAUSAL)),
+                                   num_kv_heads, group_size, num_m_blocks, num_work_tiles, sm_scale_log2, 1, CAUSAL,
+                                   PERMUTE_KEYS)),
             (_producer_partition, ((q_desc, k_desc, v_desc), smem, bars, schedule, seqlen_q, seqlen_kv, num_q_heads,
-                                   group_size, num_m_blocks, num_work_tiles, tile_counter, CAUSAL)),
+                                   group_size, num_m_blocks, num_work_tiles, tile_counter, CAUSAL,
+                                   PERMUTE_KEYS)),
         ],
         [4, PRODUCER_WARPS],
         [CONSUMER_REGS, PRODUCER_REGS],
@@ -455,7 +489,7 @@ def _num_sms(device: torch.device) -> int:
     return _SMS[index]
 
 
-def fp8_attention(q, k, v, q_descale, k_descale, v_descale, causal: bool = False) -> torch.Tensor:
+def fp8_attention(q, k, v, q_descale, k_descale, v_descale, causal: bool = False, permute_keys: bool = True) -> torch.Tensor:
     """Attention forward on e4m3 inputs: ``softmax(D^-0.5 (q q_ds)(k k_ds)^T) (v v_ds)`` as bf16 ``[B, Sq, Hq, D]``
     (see the module docstring). Descales may be None (1.0)."""
     if q.dtype != torch.float8_e4m3fn or k.dtype != q.dtype or v.dtype != q.dtype:
@@ -499,6 +533,7 @@ def fp8_attention(q, k, v, q_descale, k_descale, v_descale, causal: bool = False
         num_work_tiles,
         head_dim**-0.5 * LOG2E,
         CAUSAL=causal,
+        PERMUTE_KEYS=permute_keys,
         **_layouts(head_dim),
         num_warps=4,
         maxnreg=MAX_REGS,
@@ -537,7 +572,7 @@ def _descriptor_type(block) -> str:
     return f"tensordesc<fp8e4nv[{', '.join(map(str, block))}],{layout!r}>"
 
 
-def compile_for_sm90(head_dim: int = 128, causal: bool = False):
+def compile_for_sm90(head_dim: int = 128, causal: bool = False, permute_keys: bool = True):
     """Compiles the kernel for sm_90a without a GPU (ptxas runs, nothing launches); returns the compiled kernel
     (``.asm`` dict: ttgir, ptx, cubin; ``.metadata``). Run with ``TRITON_INTERPRET`` unset or 0."""
     from triton.backends.compiler import GPUTarget
@@ -545,7 +580,7 @@ def compile_for_sm90(head_dim: int = 128, causal: bool = False):
 
     fn = fp8_attention_kernel
     names = fn.arg_names
-    constexprs = dict(CAUSAL=causal, **_layouts(head_dim))
+    constexprs = dict(CAUSAL=causal, PERMUTE_KEYS=permute_keys, **_layouts(head_dim))
     signature, attrs = {}, {}
     types = {name: _descriptor_type(block) for name, block in _blocks(head_dim).items()}
     types.update(out_ptr="*bf16", q_descale_ptr="*fp32", k_descale_ptr="*fp32", v_descale_ptr="*fp32",
