@@ -8,7 +8,9 @@ counts by argument, ``setmaxnreg`` values, shared memory, registers per thread, 
 wheel's ptxas), ptxas warnings (C7515 / C7510: wgmma serialized), and SASS counts: QGMMA / HGMMA, full waits,
 SHFL (P's register reshuffle from the accumulator layout to the e4m3 A-operand layout), STS / LDS (shared
 stores / loads: the V transpose and the tile handoff), PRMT (byte permutes), F2FP (fp32 -> e4m3 packs), MUFU.EX2.
-Exits 1 if a variant fails to compile or its wgmmas are not all e4m3 x e4m3. Run with TRITON_INTERPRET unset.
+tools/sass_hazards.py's count (register-A wgmma fragments written while in flight). Exits 1 if a variant fails
+to compile or its wgmmas are not all e4m3 x e4m3. Run with TRITON_INTERPRET unset. For the GPU machine's Triton
+3.6: ``PYTHONPATH=/path/to/triton-3.6 python lab/gluon_fp8_attention/compile_check.py``.
 """
 
 from __future__ import annotations
@@ -29,6 +31,20 @@ import triton  # noqa: E402
 from fp8_attention import compile_for_sm90  # noqa: E402
 
 _BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+_HAZARDS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools", "sass_hazards.py")
+
+
+def _hazards(sass: str) -> str:
+    """tools/sass_hazards.py (writes to a register-A wgmma's fragment while it may be in flight) on this SASS,
+    with QGMMA read as HGMMA (the tool knows the HGMMA spelling; the A fragment is 4 registers in both)."""
+    if not os.path.exists(_HAZARDS):
+        return "tool not found"
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "k.sass")
+        with open(path, "w") as file:
+            file.write(sass.replace("QGMMA", "HGMMA"))
+        out = _run(sys.executable, _HAZARDS, path).strip().splitlines()
+    return out[-1].split(": ", 1)[-1] if out else "?"
 
 
 def _run(*command: str) -> str:
@@ -87,6 +103,7 @@ def inspect(compiled) -> dict:
         f2fp=count(r"\bF2FP\."),
         ex2=count(r"MUFU\.EX2"),
         warnings=warnings,
+        hazards=_hazards(sass),
         sass=sass,
         ptx=ptx,
         ttgir=compiled.asm.get("ttgir", ""),
@@ -127,7 +144,7 @@ def main() -> int:
         print(f"  shared memory: {result['shared']} B")
         print(f"  SASS: SHFL {result['shfl']}, STS {result['sts']}, LDS {result['lds']}, PRMT {result['prmt']}, "
               f"F2FP {result['f2fp']}, MUFU.EX2 {result['ex2']}")
-        print(f"  ptxas warnings: {'; '.join(result['warnings']) or '-'}", flush=True)
+        print(f"  ptxas warnings: {'; '.join(result['warnings']) or '-'}; sass_hazards: {result['hazards']}", flush=True)
     return 1 if failed else 0
 
 

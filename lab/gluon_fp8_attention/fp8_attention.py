@@ -233,7 +233,7 @@ def _softmax_tile(s, m_i, l_i, j, rows, seqlen_kv, shift, c, MASKED: gl.constexp
 
 
 @gluon.jit
-def _to_operand(p, p_layout: gl.constexpr, PERMUTE_KEYS: gl.constexpr):
+def _to_operand(p, HEAD_DIM: gl.constexpr, PERMUTE_KEYS: gl.constexpr):
     """fp32 probabilities ``[64, 128]`` in the S accumulator layout -> e4m3 A operand of the P V wgmma.
 
     PERMUTE_KEYS: the columns are relabelled instead of moved. Per 32-key block, the accumulator gives lane
@@ -243,6 +243,10 @@ def _to_operand(p, p_layout: gl.constexpr, PERMUTE_KEYS: gl.constexpr):
     thread that needs it: the reshape / permute below changes no data, and the convert_layout only reorders
     bytes within a thread (no shuffles). The transpose writes V' (row x = key sigma(x)) to match:
     P' V' = P V."""
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 32]
+    )
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=4)
     if PERMUTE_KEYS:  # relabel, move the fp32 values within the thread (free), then round in place
         p = p.reshape([64, 4, 2, 2, 4, 2]).permute((0, 1, 2, 4, 3, 5)).reshape([64, 128])
         return gl.convert_layout(p, p_layout).to(gl.float8e4nv)
@@ -271,7 +275,7 @@ def _consumer_step(i, j, q, smem, bars, p, m_i, l_i, acc, rows, s_zero, seqlen_k
     # operand) is only written after the wait, never while the P V wgmma may still read its registers.
     acc, p_new, l_i, alpha = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_new, l_i, alpha))
     mbarrier.arrive(vt_empty.index(prev))
-    p_new = _to_operand(p_new, p.type.layout, PERMUTE_KEYS)
+    p_new = _to_operand(p_new, acc.shape[1], PERMUTE_KEYS)
     acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout)), 1)
     return p_new, m_i, l_i, acc
 
@@ -330,7 +334,7 @@ def _consumer_block(tile, count, base, smem, bars, out_ptr, descales, seqlen_q, 
     m_i = gl.full([64], float("-inf"), gl.float32, layout=row_layout)
     l_i = gl.full([64], 0.0, gl.float32, layout=row_layout)
     p, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, 0, rows, seqlen_kv, shift, c, True, CAUSAL)
-    p = _to_operand(p, p_layout, PERMUTE_KEYS)
+    p = _to_operand(p, HEAD_DIM, PERMUTE_KEYS)
 
     for j in range(1, band_hi):
         p, m_i, l_i, acc = _consumer_step(offset + j, j, q, smem, bars, p, m_i, l_i, acc, rows, s_zero, seqlen_kv,
