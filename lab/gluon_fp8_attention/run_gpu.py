@@ -142,7 +142,8 @@ class CudnnFp8:
         self.pack.update(dict(zip(tensors, self.scalars)))
         self.workspace = torch.empty(graph.get_workspace_size(), dtype=torch.uint8, device=DEVICE)
 
-    def __call__(self):
+    def __call__(self):  # the current stream each call: CUDA-graph capture runs on a side stream
+        cudnn.set_stream(handle=self.handle, stream=torch.cuda.current_stream().cuda_stream)
         self.graph.execute(self.pack, self.workspace, handle=self.handle)
         return self.o
 
@@ -202,11 +203,42 @@ def make_inputs(batch, seqlen_q, seqlen_kv, num_q_heads, num_kv_heads, dim, per_
     return q8, k8, v8, qd, kd, vd
 
 
+def smoke() -> int:
+    """One small call per variant (a child process, so that a hang is a timeout, not a stuck GPU job)."""
+    for causal in (False, True):
+        for permute in (True, False):
+            q8, k8, v8, qd, kd, vd = make_inputs(1, 300, 300, 2, 1, 128, True)
+            out = fp8_attention(q8, k8, v8, qd, kd, vd, causal=causal, permute_keys=permute)
+            torch.cuda.synchronize()
+            ref, pairs = reference(q8, k8, v8, qd, kd, vd, causal)
+            print(f"smoke causal={causal} permute_keys={permute}: rel {errors(pick(out, pairs), ref)[0]:.3e}",
+                  flush=True)
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="correctness only")
+    parser.add_argument("--smoke", action="store_true", help="(internal) the child's small calls")
+    parser.add_argument("--smoke-timeout", type=float, default=120.0, help="seconds before a hang is declared")
     args = parser.parse_args()
+    if args.smoke:
+        return smoke()
     t0 = time.time()
+    import subprocess
+
+    try:
+        done = subprocess.run([sys.executable, os.path.abspath(__file__), "--smoke"], capture_output=True, text=True,
+                              timeout=args.smoke_timeout)
+        print(done.stdout + done.stderr[-4000:])
+        if done.returncode != 0:
+            print("smoke run failed: stopping")
+            return 2
+    except subprocess.TimeoutExpired as expired:
+        print(f"smoke run did not finish in {args.smoke_timeout:.0f} s (a hang: mbarrier phases?); output so far:\n"
+              f"{(expired.stdout or b'').decode(errors='replace') if isinstance(expired.stdout, bytes) else expired.stdout}")
+        return 2
+    print(f"(smoke {time.time() - t0:.0f} s)")
     print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}, triton "
           f"{__import__('triton').__version__}, cudnn frontend: "
           f"{getattr(cudnn, '__version__', '?') if cudnn else 'not importable (' + CUDNN_ERROR + '): cuDNN FP8 skipped'}")
