@@ -2,8 +2,8 @@
 
     python lab/gluon_fp8_attention/compile_check.py [--sass DIR]
 
-Per variant (D = 128, non-causal and causal; keys permuted (default) or P reshuffled across lanes): the wgmma kinds in the PTX (both products must be
-``m64n128k32.f32.e4m3.e4m3``: S = Q K^T from shared memory, P V with P in registers), ``wgmma.wait_group``
+Per variant (D = 128 and 64, non-causal and causal; keys permuted (default) or P reshuffled across lanes): the wgmma kinds in the PTX (both products must be e4m3 x e4m3:
+``m64n128k32`` for S = Q K^T from shared memory, ``m64n{D}k32`` for P V with P in registers), ``wgmma.wait_group``
 counts by argument, ``setmaxnreg`` values, shared memory, registers per thread, spills (``ptxas -v`` with the
 wheel's ptxas), ptxas warnings (C7515 / C7510: wgmma serialized), and SASS counts: QGMMA / HGMMA, full waits,
 SHFL (P's register reshuffle from the accumulator layout to the e4m3 A-operand layout), STS / LDS (shared
@@ -116,7 +116,9 @@ def main() -> int:
     args = parser.parse_args()
     print(f"Triton {triton.__version__}, ptxas {_ptxas()}")
     failed = False
-    for head_dim, causal, permute in ((128, False, True), (128, True, True), (128, False, False), (128, True, False)):
+    variants = ((128, False, True), (128, True, True), (128, False, False), (128, True, False), (64, False, True),
+                (64, True, True))
+    for head_dim, causal, permute in variants:
         label = f"D={head_dim} {'causal' if causal else 'full'} {'permuted keys' if permute else 'P reshuffled'}"
         try:
             result = inspect(compile_for_sm90(head_dim, causal, permute))

@@ -262,11 +262,16 @@ def main() -> int:
         (4, 4096, 4096, 16, 16, False, True, 0.0, [(0, 0), (3, 15)]),
         (2, 8192, 8192, 16, 16, False, True, 0.0, [(1, 7)]),
     ]
-    for batch, sq, skv, hq, hkv, per_head, causal, v_mean, heads in cases:
-        label = f"{batch}x{sq}x{skv} Hq{hq}/Hkv{hkv} {'per-head' if per_head else 'per-tensor'} " \
+    cases = [(*case, 128) for case in cases] + [
+        (2, 1000, 1000, 4, 2, True, False, 0.0, None, 64),
+        (2, 1000, 1500, 4, 4, False, True, 0.0, None, 64),
+        (2, 2048, 2048, 4, 4, False, True, 0.0, None, 64),
+    ]
+    for batch, sq, skv, hq, hkv, per_head, causal, v_mean, heads, dim in cases:
+        label = f"{batch}x{sq}x{skv} D{dim} Hq{hq}/Hkv{hkv} {'per-head' if per_head else 'per-tensor'} " \
                 f"{'causal' if causal else 'full'}{' v+1' if v_mean else ''}"
         try:
-            q8, k8, v8, qd, kd, vd = make_inputs(batch, sq, skv, hq, hkv, 128, per_head, v_mean=v_mean)
+            q8, k8, v8, qd, kd, vd = make_inputs(batch, sq, skv, hq, hkv, dim, per_head, v_mean=v_mean)
             ref, pairs = reference(q8, k8, v8, qd, kd, vd, causal, heads)
             out = fp8_attention(q8, k8, v8, qd, kd, vd, causal=causal)
             torch.cuda.synchronize()
