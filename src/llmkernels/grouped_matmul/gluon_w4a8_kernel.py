@@ -4,7 +4,7 @@ tensor cores (the ``w4a8_hopper`` backend; sm_90a only, not the interpreter): th
 ``wgmma m64nNk32 f32.e4m3.e4m3`` (swap-AB: weight rows are the MMA's M side, tokens its N side).
 
 * **Schedule**: persistent grid, work tiles (group, token tile, 128-row weight tile) found on the device by
-  ``_find_tile`` (every non-empty group, token tiles of ``TOKENS`` rows), handed by one load warp (TMA boxes of the
+  ``_find_tile`` (the groups of the launch's size class, token tiles of ``TOKENS`` rows), handed by one load warp (TMA boxes of the
   prepared weights and of A, plain loads of the tile's token scales into shared memory) to two consumer warpgroups
   of 64 weight rows each through the ``_publish`` / ``_receive`` ring of
   :mod:`~llmkernels.grouped_matmul.gluon_fp8_kernel`.
@@ -188,6 +188,8 @@ def _load_partition(
     N,
     K,
     n_tiles,
+    min_group_rows,
+    max_group_rows,
 ):
     """The load warp (the bf16 mode's, plus the tile's token scales of each K step: ``block_t`` fp32 values loaded by
     the warp and stored to shared memory before the stage's arrive, whose release orders them for the consumers;
@@ -206,7 +208,7 @@ def _load_partition(
     count = 0
     loaded = 0
     found, group, group_start, group_end, tile_m, tile_n, cursor = _find_tile(
-        tile, cursor, a_offsets_ptr, num_groups, num_tokens, n_tiles, 0, num_tokens, TOKENS
+        tile, cursor, a_offsets_ptr, num_groups, num_tokens, n_tiles, min_group_rows, max_group_rows, TOKENS
     )
     while found:
         first_row = group_start + tile_m * TOKENS
@@ -235,7 +237,7 @@ def _load_partition(
         count += 1
         tile += programs
         found, group, group_start, group_end, tile_m, tile_n, cursor = _find_tile(
-            tile, cursor, a_offsets_ptr, num_groups, num_tokens, n_tiles, 0, num_tokens, TOKENS
+            tile, cursor, a_offsets_ptr, num_groups, num_tokens, n_tiles, min_group_rows, max_group_rows, TOKENS
         )
     _publish(count, (tile * 0, tile * 0, tile * 0, tile * 0 + _STOP), schedule)
 
@@ -353,6 +355,8 @@ def w4a8_hopper_kernel(
     N,
     K,
     n_tiles,
+    min_group_rows,
+    max_group_rows,
     STAGES: gl.constexpr,
     STEP_REFERENCE: gl.constexpr,
 ):
@@ -365,7 +369,8 @@ def w4a8_hopper_kernel(
     :data:`W_BOX`; b_scales_ptr: the prepared tables (int32); b_global_scale_ptr: the prepared row factors (float32);
     a_scales_ptr: A's fp32 scales ``[T, cdiv(K, 128)]`` (strides ``stride_a_scale_row``, ``stride_a_scale_k``);
     out_ptr bf16 ``[T, N]`` (unit column stride); a_offsets_ptr int32 ``[G + 1]``; expert_ids_ptr int32 ``[G]`` (an
-    id outside ``[0, num_experts)``: zero rows); n_tiles = N / 128. K a multiple of 64, N of 128. Grid
+    id outside ``[0, num_experts)``: zero rows); n_tiles = N / 128; only the groups of ``min_group_rows < rows <=
+    max_group_rows`` (the launch's size class). K a multiple of 64, N of 128. Grid
     ``(min(SMs, tile bound),)``, ``num_warps=4`` + consumer 1 (4 warps) + the load warp."""
     TOKENS: gl.constexpr = a_ptr.block_type.shape[0]
     a_smem = gl.allocate_shared_memory(a_ptr.dtype, [2 * STAGES, TOKENS, 64], a_ptr.layout)
@@ -446,6 +451,8 @@ def w4a8_hopper_kernel(
                     N,
                     K,
                     n_tiles,
+                    min_group_rows,
+                    max_group_rows,
                 ),
             ),
         ],

@@ -92,7 +92,16 @@ def kernel_spec(call, config, group_rows: tuple[int, int]) -> W4A8HopperSpec:
         dict(STAGES=STAGES, STEP_REFERENCE=False),
         dict(num_warps=4, maxnreg=kernel.MAX_REGS),
         arg_types=types,
-        unaligned=("stride_a_scale_row", "stride_a_scale_k", "num_tokens", "num_groups", "num_experts", "n_tiles"),
+        unaligned=(
+            "stride_a_scale_row",
+            "stride_a_scale_k",
+            "num_tokens",
+            "num_groups",
+            "num_experts",
+            "n_tiles",
+            "min_group_rows",
+            "max_group_rows",
+        ),
         call=call,
         config=config,
         group_rows=group_rows,
@@ -100,7 +109,7 @@ def kernel_spec(call, config, group_rows: tuple[int, int]) -> W4A8HopperSpec:
 
 
 def scalars(call, config, group_rows: tuple[int, int], tensors: dict) -> tuple:
-    """Strides of out and A's scales, sizes; the portable fallback's scalars follow (:func:`~.w4a8_blocks.scalars`)."""
+    """Strides of out and A's scales, sizes, the size class's group rows (the portable fallback computes its own)."""
     a_scales = tensors["a_scales"]
     return (
         tensors["out"].stride(0),
@@ -112,6 +121,7 @@ def scalars(call, config, group_rows: tuple[int, int], tensors: dict) -> tuple:
         call.n,
         call.k,
         call.n // kernel.BLOCK_W,
+        *group_rows,
     )
 
 
