@@ -2,12 +2,16 @@
 
     torchrun --nproc-per-node W -m benchmarks.bench_moe_ep [--out DIR] [--experts 64] [--hidden 7168]
         [--intermediate 2048] [--top-k 8] [--weight-format mxfp4] [--tokens 4096]
+        [--dispatch-formats auto [bf16 fp8]] [--micro-batches 1 [2 4]]
     python -m benchmarks bench_moe_ep --cpu-smoke     (2 gloo ranks on the CPU, tiny shapes: checks the script)
 
 Each rank holds E / W experts and routes its own ``--tokens`` tokens. Rank 0 reports:
 
 * **prefill**: MoE-block tokens/s of the W ranks (exact mode; W·T tokens per forward) against rank 0 alone running
-  the one-process block with every expert on the same W·T tokens, and the ratio;
+  the one-process block with every expert on the same W·T tokens, and the ratio; one row per exchange option
+  (``dispatch_format`` × ``micro_batches``: ``auto`` is the block's default, the activations' own format where
+  its rows quantize alone), each with ``exchange_bytes``, the bytes rank 0 sends to the other ranks per forward
+  (dispatch payload + bf16 return, from this run's routing);
 * **all-to-all**: the time of one ``all_to_all_single`` of a forward's dispatch volume against the bandwidth this
   run measures for the group (a large all-to-all), i.e. how close the exchange runs to the link;
 * **decode**: bounded-mode latency at 1 to 64 tokens per rank (capacity = tokens · top_k, so nothing is dropped),
@@ -21,6 +25,7 @@ GPU per rank and torchrun, except with ``--cpu-smoke``.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 import time
@@ -77,6 +82,16 @@ def main(argv=None):
     parser.add_argument("--top-k", type=int, default=8)
     parser.add_argument("--weight-format", default="mxfp4")
     parser.add_argument("--tokens", type=int, default=4096, help="tokens per rank (prefill)")
+    parser.add_argument(
+        "--dispatch-formats",
+        nargs="+",
+        default=["auto"],
+        choices=["auto", "bf16", "fp8"],
+        help="prefill: the exact mode's dispatch formats to time (auto: the block's default)",
+    )
+    parser.add_argument(
+        "--micro-batches", nargs="+", type=int, default=[1], help="prefill: the micro_batches values to time"
+    )
     parser.add_argument("--cpu-smoke", action="store_true", help="2 gloo ranks, tiny shapes, the interpreter")
     args = parser.parse_args(argv)
     if args.cpu_smoke:
@@ -93,6 +108,8 @@ def main(argv=None):
             tokens=16,
             weight_format=args.weight_format,
             out=args.out or "/tmp/moe_ep_smoke",
+            dispatch_formats=args.dispatch_formats,
+            micro_batches=args.micro_batches,
         )
         mp.spawn(_smoke_rank, args=(small,), nprocs=2)
         return
@@ -137,35 +154,55 @@ def run(options: dict, decode_tokens=(1, 2, 4, 8, 16, 32, 64)) -> None:
     w_down = torch.randn(num_experts, hidden, intermediate, device=device, generator=generator) / intermediate**0.5
     per_rank = num_experts // world
     mine = slice(rank * per_rank, (rank + 1) * per_rank)
-    block = MoEFeedForward.from_float(
-        router, w_gate_up[mine], w_down[mine], top_k, weight_format=weight_format, process_group=dist.group.WORLD
-    )
     x_all = torch.randn(world * tokens, hidden, device=device, generator=generator).to(torch.bfloat16)
     x = x_all[rank * tokens : (rank + 1) * tokens]
     time_ms = _timer(device)
     reps = 3 if device.type == "cpu" else 20
     rows = []
 
-    # prefill: W ranks (exact mode) against rank 0 alone with every expert on all W·T tokens
-    ep_ms = time_ms(lambda: block(x), reps)
+    # prefill: rank 0 alone with every expert on all W·T tokens, then the W ranks (exact mode) per option
     whole_ms = float("nan")
     if rank == 0:
         whole = MoEFeedForward.from_float(router, w_gate_up, w_down, top_k, weight_format=weight_format)
         started = _timer_local(device)
         whole_ms = started(lambda: whole(x_all), reps)
         del whole
-    rows.append(
-        dict(
-            part="prefill",
-            tokens_per_rank=tokens,
-            ranks=world,
-            ms=ep_ms,
-            tokens_per_s=world * tokens / ep_ms * 1e3,
-            one_gpu_ms=whole_ms,
-            one_gpu_tokens_per_s=world * tokens / whole_ms * 1e3,
-            speedup=whole_ms / ep_ms,
-        )
-    )
+    dist.barrier()
+    expert_ids = torch.topk(x.float() @ router.float().t(), top_k, dim=-1).indices  # softmax routing's top-k
+    sent_away = int((expert_ids // per_rank != rank).sum())  # copies of rank 0's tokens that leave it
+    for dispatch_format in options.get("dispatch_formats", ["auto"]):
+        for micro_batches in options.get("micro_batches", [1]):
+            try:  # every rank raises the same ValueError, before any collective
+                block = MoEFeedForward.from_float(
+                    router,
+                    w_gate_up[mine],
+                    w_down[mine],
+                    top_k,
+                    weight_format=weight_format,
+                    process_group=dist.group.WORLD,
+                    micro_batches=micro_batches,
+                    dispatch_format=None if dispatch_format == "auto" else dispatch_format,
+                )
+            except ValueError as error:
+                if rank == 0:
+                    print(f"bench_moe_ep: skipped dispatch_format={dispatch_format}: {error}", file=sys.stderr)
+                continue
+            ep_ms = time_ms(functools.partial(block, x), reps)
+            rows.append(
+                dict(
+                    part="prefill",
+                    dispatch_format=block.dispatch_format,
+                    micro_batches=micro_batches,
+                    tokens_per_rank=tokens,
+                    ranks=world,
+                    ms=ep_ms,
+                    tokens_per_s=world * tokens / ep_ms * 1e3,
+                    one_gpu_ms=whole_ms,
+                    one_gpu_tokens_per_s=world * tokens / whole_ms * 1e3,
+                    speedup=whole_ms / ep_ms,
+                    exchange_bytes=sent_away * (_row_bytes(block.dispatch_format, hidden) + 2 * hidden),
+                )
+            )
 
     # all-to-all: a forward's dispatch volume against the group's measured bandwidth
     dispatch_bytes = tokens * top_k * hidden * 2  # bf16 rows sent by one rank (upper bound: all to others)
@@ -226,6 +263,16 @@ def run(options: dict, decode_tokens=(1, 2, 4, 8, 16, 32, 64)) -> None:
             os.path.join(out_dir, "moe_ep.png"),
             "Expert-parallel decode latency",
         )
+
+
+def _row_bytes(dispatch_format: str, hidden: int) -> int:
+    """The bytes one copy's row travels in: bf16, fp8 (1, 128) with float32 scales, mxfp8 or mxfp4 (e8m0 per 32)."""
+    return {
+        "bf16": 2 * hidden,
+        "fp8": hidden + 4 * -(-hidden // 128),
+        "mxfp8": hidden + hidden // 32,
+        "mxfp4": hidden // 2 + hidden // 32,
+    }[dispatch_format]
 
 
 def _timer_local(device: torch.device):

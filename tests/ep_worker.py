@@ -1,4 +1,5 @@
-"""The ranks of tests/test_expert_parallel.py: ``python tests/ep_worker.py WORLD PORT CASE FORMAT CAPACITY OUT``
+"""The ranks of tests/test_expert_parallel.py: ``python tests/ep_worker.py WORLD PORT CASE FORMAT CAPACITY OUT
+[VARIANTS]``
 spawns WORLD processes on the CPU (gloo, Triton's interpreter); each builds the expert-parallel MoE block with its
 own experts and the single-process block with all of them, runs its own tokens through both, and writes what it
 found to ``OUT.<rank>.json``. With ``EP_DEVICE=cuda`` the ranks run on GPUs through NCCL (rank r on GPU r) and the
@@ -8,6 +9,11 @@ Cases: ``balanced`` (random routing), ``skewed`` (one hot expert), ``no-tokens``
 ``idle-experts`` (no token goes to the last rank's experts), ``disagree`` (rank 0 is built with another top_k: every
 rank must raise the same ValueError at construction), ``bad-inputs`` (errors raised before any collective),
 ``graph`` (GPUs only: the bounded block captured in a CUDA graph and replayed on new tokens equals the eager block).
+
+VARIANTS (optional, comma-separated ``FORMAT/DISPATCH/MICRO_BATCHES``, e.g. ``fp8/auto/3``): more exact-mode blocks
+run in the same processes on the same tokens, each against the one-process block of its weight format (``auto``:
+the default dispatch_format; ``fp8`` dispatch of bf16 activations: against the one-process block on the tokens
+rounded through fp8 (1, 128) blocks, and its error against the bf16 result).
 """
 
 import json
@@ -75,6 +81,31 @@ def _bad_inputs(router, w_gate_up, w_down, mine, x) -> list:
             router, w_gate_up[mine], w_down[mine], TOP_K, weight_format="bf16", process_group=group, capacity=0
         ),
         lambda: MoEFeedForward.from_float(router, w_gate_up, w_down, TOP_K, weight_format="bf16", capacity=4),
+        lambda: MoEFeedForward.from_float(
+            router,
+            w_gate_up[mine],
+            w_down[mine],
+            TOP_K,
+            weight_format="bf16",
+            process_group=group,
+            dispatch_format="int8",
+        ),
+        lambda: MoEFeedForward.from_float(
+            router,
+            w_gate_up[mine],
+            w_down[mine],
+            TOP_K,
+            weight_format="mxfp8",
+            process_group=group,
+            dispatch_format="fp8",
+        ),  # mxfp8 activations rounded again
+        lambda: MoEFeedForward.from_float(
+            router, w_gate_up[mine], w_down[mine], TOP_K, weight_format="bf16", process_group=group, micro_batches=0
+        ),
+        lambda: MoEFeedForward.from_float(
+            router, w_gate_up[mine], w_down[mine], TOP_K, process_group=group, capacity=4, micro_batches=2
+        ),  # the bounded mode keeps one chunk
+        lambda: MoEFeedForward.from_float(router, w_gate_up, w_down, TOP_K, weight_format="bf16", micro_batches=2),
     ]
     errors = []
     for attempt in attempts:
@@ -110,7 +141,69 @@ def _graph_replay(block, x: torch.Tensor) -> torch.Tensor:
     return static_out.clone()
 
 
-def _run(rank: int, world: int, port: int, case: str, weight_format: str, capacity: int | None, out: str):
+def _experts_on(whole, router, x, rows):
+    """The one-process bf16-activation block's forward with the routing of x and the experts run on ``rows``
+    (x itself, or x rounded through the dispatch format), from the library's public pieces."""
+    from llmkernels.moe import combine, dispatch, select_experts
+    from llmkernels.ops import grouped_matmul
+
+    weights, expert_ids = select_experts(x.float() @ router.float().t(), TOP_K)
+    token_of_row, a_offsets, row_of_copy = dispatch(expert_ids, NUM_EXPERTS)
+    experts = torch.arange(NUM_EXPERTS, dtype=torch.int32, device=x.device)
+    h = grouped_matmul(rows[token_of_row], whole.w_gate_up, a_offsets, experts, epilogue="swiglu")
+    return combine(grouped_matmul(h, whole.w_down, a_offsets, experts), row_of_copy, weights, x.dtype)
+
+
+def _variants(router, w_gate_up, w_down, mine, x, variants: str, wholes: dict) -> dict:
+    """The reports of the exact-mode variants (``FORMAT/DISPATCH/MICRO_BATCHES``) on this rank's tokens x;
+    ``wholes``: weight format -> (the one-process block, its output on x), filled as needed."""
+    from llmkernels.formats import dequantize
+    from llmkernels.moe import MoEFeedForward
+    from llmkernels.ops import quantize
+
+    reports = {}
+    for variant in filter(None, variants.split(",")):
+        weight_format, dispatch_format, micro_batches = variant.split("/")
+        block = MoEFeedForward.from_float(
+            router,
+            w_gate_up[mine],
+            w_down[mine],
+            TOP_K,
+            weight_format=weight_format,
+            process_group=dist.group.WORLD,
+            micro_batches=int(micro_batches),
+            dispatch_format=None if dispatch_format == "auto" else dispatch_format,
+        )
+        if weight_format not in wholes:
+            whole = MoEFeedForward.from_float(router, w_gate_up, w_down, TOP_K, weight_format=weight_format)
+            wholes[weight_format] = whole, whole(x)
+        whole, expected = wholes[weight_format]
+        got = block(x)
+        report = {"dispatch_format": block.dispatch_format, "finite": bool(torch.isfinite(got).all())}
+        if block.dispatch_format == "fp8" and block.activation_format == "bf16":
+            report["rel_error_vs_bf16"] = (got.float() - expected.float()).norm().item() / max(
+                expected.float().norm().item(), 1e-30
+            )
+            rounded = dequantize(quantize(x, "fp8", block=(1, 128))).to(torch.bfloat16)
+            expected = _experts_on(whole, router, x, rounded)  # routed on x, the experts run on the rounded rows
+        report["bit_equal"] = bool(torch.equal(got, expected)) and got.shape == x.shape
+        report["rel_error"] = (got.float() - expected.float()).norm().item() / max(
+            expected.float().norm().item(), 1e-30
+        )
+        reports[variant] = report
+    return reports
+
+
+def _run(
+    rank: int,
+    world: int,
+    port: int,
+    case: str,
+    weight_format: str,
+    capacity: int | None,
+    out: str,
+    variants: str = "",
+):
     on_gpu = os.environ.get("EP_DEVICE", "cpu") == "cuda"
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     if on_gpu:
@@ -153,13 +246,15 @@ def _run(rank: int, world: int, port: int, case: str, weight_format: str, capaci
     else:
         whole = MoEFeedForward.from_float(router, w_gate_up, w_down, TOP_K, weight_format=weight_format)
         x = xs[rank]
-        got, expected = block(x).float(), whole(x).float()
+        whole_out = whole(x)
+        got, expected = block(x).float(), whole_out.float()
         if case == "graph":
             report["graph_equal"] = bool(torch.equal(_graph_replay(block, xs[rank]).float(), got))
         kept_copies = _kept_copies(router, xs, rank, world, capacity)
         kept = kept_copies.all(dim=1)  # tokens with every copy computed
         difference = (got[kept] - expected[kept]).norm().item()
         report.update(
+            bit_equal=bool(torch.equal(got[kept], expected[kept])),
             tokens=x.shape[0],
             tokens_whole=int(kept.sum()),
             finite=bool(torch.isfinite(got).all()),
@@ -168,6 +263,7 @@ def _run(rank: int, world: int, port: int, case: str, weight_format: str, capaci
             dropped=None if block.exchange.dropped is None else int(block.exchange.dropped),
             dropped_expected=int((~kept_copies).sum()),
             copies_to=_copies_to(router, x, world),
+            variants=_variants(router, w_gate_up, w_down, mine, x, variants, {weight_format: (whole, whole_out)}),
         )
     _finish(report, out, rank)
 
@@ -186,8 +282,9 @@ def _finish(report: dict, out: str, rank: int) -> None:
 
 if __name__ == "__main__":
     world, port, case, weight_format, capacity, out = sys.argv[1:7]
+    variants = sys.argv[7] if len(sys.argv) > 7 else ""
     mp.spawn(
         _run,
-        args=(int(world), int(port), case, weight_format, None if capacity == "none" else int(capacity), out),
+        args=(int(world), int(port), case, weight_format, None if capacity == "none" else int(capacity), out, variants),
         nprocs=int(world),
     )

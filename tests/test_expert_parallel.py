@@ -2,7 +2,9 @@
 shapes); each rank's outputs must equal the single-process ``MoEFeedForward`` with every expert on the same
 tokens (exact mode: every token; bounded mode: every token whose copies all fit the capacity, the dropped copies
 counted exactly), for bf16, mxfp8 and mxfp4 weights, balanced and skewed routing, a rank with no token and a rank
-whose experts get none; ranks built differently and bad arguments raise ValueError on every rank, never hang."""
+whose experts get none; the exact mode's quantized dispatch (fp8 and mxfp8 activations), its opt-in fp8 dispatch of
+bf16 activations and its micro-batches; ranks built differently and bad arguments raise ValueError on every rank,
+never hang."""
 
 import json
 import os
@@ -27,7 +29,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _run_ranks(tmp_path, world: int, case: str, weight_format: str, capacity, device: str = "cpu") -> list:
+def _run_ranks(
+    tmp_path, world: int, case: str, weight_format: str, capacity, device: str = "cpu", variants: str = ""
+) -> list:
     out = tmp_path / "rank"
     env = {
         **os.environ,
@@ -48,6 +52,7 @@ def _run_ranks(tmp_path, world: int, case: str, weight_format: str, capacity, de
             weight_format,
             "none" if capacity is None else str(capacity),
             str(out),
+            variants,
         ],
         capture_output=True,
         text=True,
@@ -58,25 +63,39 @@ def _run_ranks(tmp_path, world: int, case: str, weight_format: str, capacity, de
     return [json.loads(Path(f"{out}.{rank}.json").read_text()) for rank in range(world)]
 
 
+FP8_DISPATCH_BOUND = 2**-4  # e4m3 rounds each element to within 2^-4 of its value; measured 0.037-0.038
+
+
 @cpu_only
 @pytest.mark.parametrize(
-    "world, case, weight_format, capacity",
+    "world, case, weight_format, capacity, variants",
+    # variants: more exact-mode blocks run by the same ranks (no extra process start), FORMAT/DISPATCH/MICRO_BATCHES
     [
-        (2, "balanced", "bf16", None),
-        (2, "skewed", "mxfp8", None),
-        (2, "no-tokens", "bf16", None),
-        (2, "idle-experts", "mxfp4", None),
-        (2, "balanced", "mxfp4", 64),  # bounded, nothing dropped
-        (2, "skewed", "bf16", 5),  # bounded, the hot expert's rank overflows
-        (4, "balanced", "mxfp8", 3),
+        (2, "balanced", "bf16", None, ""),
+        # fp8 (1, 128) activations exchanged quantized, in 3 chunks; fp8 dispatch of bf16 activations, 2 chunks
+        # (the main block: mxfp8 activations exchanged quantized); mxfp8 rows sent as bf16, quantized on receipt
+        (2, "skewed", "mxfp8", None, "fp8/auto/3,bf16/fp8/2,mxfp8/bf16/2"),
+        (2, "no-tokens", "bf16", None, "bf16/auto/2"),  # rank 0's chunks are empty
+        (2, "idle-experts", "mxfp4", None, ""),
+        (2, "balanced", "mxfp4", 64, ""),  # bounded, nothing dropped
+        (2, "skewed", "bf16", 5, ""),  # bounded, the hot expert's rank overflows
+        (4, "balanced", "mxfp8", 3, "mxfp8/auto/2"),
     ],
 )
-def test_ranks_match_one_process(tmp_path, world, case, weight_format, capacity):
-    reports = _run_ranks(tmp_path, world, case, weight_format, capacity)
+def test_ranks_match_one_process(tmp_path, world, case, weight_format, capacity, variants):
+    reports = _run_ranks(tmp_path, world, case, weight_format, capacity, variants=variants)
     for report in reports:
         assert "error" not in report, report
         assert report["shape_ok"] and report["finite"], report
-        assert report["rel_error"] <= 1e-2, report  # the MoE tests' bf16 level; measured: 0 (same bits)
+        assert report["bit_equal"], report  # row-local formats: the one-process block's bits
+        assert sorted(report["variants"]) == sorted(filter(None, variants.split(","))), report
+        for name, variant in report["variants"].items():
+            assert variant["finite"] and variant["bit_equal"], (name, report)
+            if "rel_error_vs_bf16" in variant:  # fp8 dispatch of bf16 activations: rounded rows
+                assert variant["dispatch_format"] == "fp8", (name, report)
+                assert 0 < variant["rel_error_vs_bf16"] <= FP8_DISPATCH_BOUND, (name, report)
+            elif name.startswith(("fp8/auto", "mxfp8/auto")):  # quantized activations travel quantized
+                assert variant["dispatch_format"] == name.split("/")[0], (name, report)
         if capacity is None:
             assert report["dropped"] is None and report["tokens_whole"] == report["tokens"], report
         else:
@@ -104,11 +123,16 @@ def test_ranks_built_differently_all_raise(tmp_path):
 @cpu_only
 def test_bad_arguments_raise_before_any_collective(tmp_path):
     for report in _run_ranks(tmp_path, 2, "bad-inputs", "bf16", None):
-        indivisible, whole, capacity, no_group, hidden = report["errors"]
+        indivisible, whole, capacity, no_group, dispatch, twice, micro, bounded, alone, hidden = report["errors"]
         assert "2 ranks must divide the E = 7 experts" in indivisible
         assert "this rank's experts" in whole
         assert "capacity must be None (exact mode) or an int >= 1" in capacity
         assert "capacity needs a process_group" in no_group
+        assert "dispatch_format must be None or one of ('bf16', 'fp8'), got 'int8'" in dispatch
+        assert "dispatch_format 'fp8' goes with bf16 or fp8 activations" in twice
+        assert "micro_batches must be an int >= 1, got 0" in micro
+        assert "the bounded mode (capacity) runs one chunk" in bounded
+        assert "micro_batches and dispatch_format need a process_group" in alone
         assert "hidden_states must end in H = 64" in hidden
 
 
@@ -118,27 +142,32 @@ def _gpus() -> int:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(
-    "case, weight_format, capacity",
+    "case, weight_format, capacity, variants",
     [
-        ("balanced", "bf16", None),
-        ("skewed", "mxfp8", None),
-        ("balanced", "mxfp4", 64),
-        ("skewed", "bf16", 5),
-        ("graph", "mxfp4", 64),
-        ("graph", "bf16", 5),  # overflowing capacity, replayed
+        ("balanced", "bf16", None, ""),
+        ("skewed", "mxfp8", None, "fp8/auto/3,bf16/fp8/2,mxfp8/auto/4"),
+        ("no-tokens", "mxfp4", None, "mxfp4/auto/2,mxfp4/fp8/2"),
+        ("balanced", "mxfp4", 64, ""),
+        ("skewed", "bf16", 5, ""),
+        ("graph", "mxfp4", 64, ""),
+        ("graph", "bf16", 5, ""),  # overflowing capacity, replayed
     ],
 )
-def test_nccl_ranks_match_one_process(tmp_path, case, weight_format, capacity):
+def test_nccl_ranks_match_one_process(tmp_path, case, weight_format, capacity, variants):
     """The same check through NCCL on every GPU of this machine (world size 1 on one GPU: the exchange is a copy
     but runs the whole path); ``graph``: the bounded block captured in a CUDA graph replays the eager bits."""
     world = min(_gpus(), 4)
     if world == 0:
         pytest.skip("needs a CUDA GPU")
-    reports = _run_ranks(tmp_path, world, case, weight_format, capacity, device="cuda")
+    reports = _run_ranks(tmp_path, world, case, weight_format, capacity, device="cuda", variants=variants)
     for report in reports:
         assert "error" not in report, report
         assert report["shape_ok"] and report["finite"], report
         assert report["rel_error"] <= 1e-2, report
+        for name, variant in report["variants"].items():  # the compiled kernels: the MoE tests' bf16 level
+            assert variant["finite"] and variant["rel_error"] <= 1e-2, (name, report)
+            if "rel_error_vs_bf16" in variant:
+                assert variant["rel_error_vs_bf16"] <= FP8_DISPATCH_BOUND, (name, report)
         if capacity is None:
             assert report["dropped"] is None and report["tokens_whole"] == report["tokens"], report
         else:

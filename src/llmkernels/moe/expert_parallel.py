@@ -4,22 +4,34 @@ its experts on what it receives, and sends the results back.
 
 Two modes (:class:`ExpertExchange`):
 
-* **exact** (``capacity=None``): the per-rank copy counts are exchanged first and read on the host (one sync),
-  then the copies travel with those split sizes. Every copy is computed. For prefill.
+* **exact** (``capacity=None``, :meth:`ExpertExchange.exact`): the per-rank copy counts are exchanged first and
+  read on the host (one sync), then the copies travel with those split sizes. Every copy is computed. For
+  prefill. The sender orders its copies by expert (its own experts last), so that each source's rows arrive
+  grouped by local expert: the receiver runs its grouped matmuls straight on the received buffer (one group per
+  (source, expert)), writes the outputs where the return all-to-all reads them, and the returned rows land in the
+  sender's order, where the combine reads them. The rows a rank keeps for its own experts are never exchanged: its
+  gather writes them where its grouped matmuls read them. The payload is any set of row-major parts (bf16 rows,
+  or quantized data and its scales). With ``micro_batches = m`` the tokens run in m chunks: chunk i+1's dispatch
+  all-to-all and chunk i's return are in flight (``async_op=True``) while chunk i's experts run; the counts of all
+  chunks travel in one exchange (still one sync). Each token's result does not depend on the chunking.
 * **bounded** (``capacity=C``): every rank sends exactly ``C`` rows to every rank (padding included), so no
-  count reaches the host: no sync, CUDA-graph capturable. For decode. **Rule for the overflow**: a rank's copies
-  to one destination beyond the first ``C`` (in token order, then top-k slot) are dropped: their expert's
-  output is left out of the token's weighted sum (the other weights are not renormalized). The number of copies
-  dropped in the last forward is :attr:`ExpertExchange.dropped` (a device tensor, read it when convenient);
-  dropped copies never change any other token's result.
+  count reaches the host: no sync, CUDA-graph capturable. For decode. One chunk, bf16 rows. **Rule for the
+  overflow**: a rank's copies to one destination beyond the first ``C`` (in token order, then top-k slot) are
+  dropped: their expert's output is left out of the token's weighted sum (the other weights are not
+  renormalized). The number of copies dropped in the last forward is :attr:`ExpertExchange.dropped` (a device
+  tensor, read it when convenient); dropped copies never change any other token's result.
 
-The exchange moves bf16 activations and int32 local expert ids; the local experts run exactly as on one GPU.
+The local experts run exactly as on one GPU.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 import torch
 import torch.distributed as dist
+
+from ..ops import dispatch
 
 __all__ = ["ExpertExchange"]
 
@@ -32,13 +44,132 @@ class ExpertExchange:
     :meth:`receive` takes those rows' outputs and returns this rank's tokens' outputs.
     """
 
-    def __init__(self, group, num_experts: int, capacity: int | None):
+    def __init__(self, group, num_experts: int, capacity: int | None, micro_batches: int = 1, device=None):
         self.group = group
         self.world = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
+        self.num_experts = num_experts
         self.experts_per_rank = num_experts // self.world
         self.capacity = capacity
+        self.micro_batches = micro_batches
         self.dropped = None  # copies dropped in the last bounded forward (int64 device scalar)
+        world, rank, per_rank = self.world, self.rank, self.experts_per_rank
+        # The exact mode's sort key of each global expert: the experts of the other ranks in rank order, then this
+        # rank's own, so that the copies for the other ranks are one contiguous block in rank order (what
+        # all_to_all_single sends) and the kept copies follow it.
+        experts = torch.arange(num_experts)
+        owner = experts // per_rank
+        key = torch.where(owner < rank, experts, torch.where(owner > rank, experts - per_rank, experts))
+        key = torch.where(owner == rank, experts + (world - 1 - rank) * per_rank, key)
+        self.sort_key = key.to(device=device, dtype=torch.int32)  # [E] global expert -> sort key
+        # the receiver's rows: this rank's own copies first, then the other sources in rank order
+        self.sources = torch.tensor([rank] + [s for s in range(world) if s != rank], device=device)
+        self.group_expert_ids = torch.arange(per_rank, dtype=torch.int32, device=device).repeat(world)
+
+    def exact(
+        self,
+        parts: Sequence[torch.Tensor],
+        expert_ids: torch.Tensor,
+        run_experts: Callable,
+        hidden: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The exact mode's forward around this rank's experts.
+
+        Args:
+            parts: the payload of this rank's ``T`` tokens, row-major ``[T, ...]`` tensors of any dtype that the
+                backend moves (bf16 rows, or quantized data and scales as uint8 / float32); row t of each part
+                travels with every copy of token t.
+            expert_ids: int ``[T, k]`` global expert ids.
+            run_experts: ``run_experts(rows, a_offsets, group_expert_ids, out)``: ``rows``, the parts' ``[R, ...]``
+                rows this rank's experts run (views), grouped by ``a_offsets`` (int32 ``[W·E/W + 1]``: one group per
+                (source rank, local expert)) with the local expert ``group_expert_ids[g]`` (int32); it writes the
+                bf16 ``[R, hidden]`` outputs into ``out`` (a view).
+
+        Returns:
+            ``(results, row_of_copy)``: bf16 ``[N, hidden]`` holding the expert outputs of this rank's copies (and
+            other rows), and int64 ``[T, k]``, the row of ``results`` of token t's slot s (:func:`combine`'s
+            arguments).
+        """
+        num_tokens, top_k = expert_ids.shape
+        world, rank, per_rank, device = self.world, self.rank, self.experts_per_rank, expert_ids.device
+        if self.sort_key.device != device:  # the block was moved (``.to()``): the tables follow once
+            self.sort_key, self.sources, self.group_expert_ids = (
+                t.to(device) for t in (self.sort_key, self.sources, self.group_expert_ids)
+            )
+        chunks = self.micro_batches  # on every rank, also one with fewer tokens (empty chunks exchange nothing)
+        bounds = [num_tokens * c // chunks for c in range(chunks + 1)]
+        keys = self.sort_key[expert_ids]
+        routed = [dispatch(keys[bounds[c] : bounds[c + 1]], self.num_experts) for c in range(chunks)]
+        # copies per (destination, chunk, local expert): every chunk's counts in one exchange
+        send_counts = torch.stack([offsets.diff().index_select(0, self.sort_key) for _, offsets, _ in routed])
+        send_counts = send_counts.view(chunks, world, per_rank).transpose(0, 1).contiguous()
+        recv_counts = torch.empty_like(send_counts)
+        if world > 1:
+            dist.all_to_all_single(recv_counts, send_counts, group=self.group)
+        else:
+            recv_counts = send_counts
+        counts = torch.cat([send_counts.sum(2), recv_counts.sum(2)]).tolist()  # the exact mode's one sync
+        send_sizes, recv_sizes = counts[:world], counts[world:]  # [rank][chunk]
+        ordered = recv_counts.index_select(0, self.sources).permute(1, 0, 2).reshape(chunks, world * per_rank)
+        a_offsets = torch.nn.functional.pad(ordered.cumsum(1), (1, 0)).to(torch.int32)  # [chunks, W·E/W + 1]
+        layout, base = [], 0  # per chunk: (start, rows sent away, copies, rows received from the others)
+        for c in range(chunks):
+            copies = (bounds[c + 1] - bounds[c]) * top_k
+            kept = send_sizes[rank][c]
+            received = sum(recv_sizes[s][c] for s in range(world)) - kept
+            layout.append((base, copies - kept, copies, received))
+            base += copies + received
+        buffers = [part.new_empty((base, *part.shape[1:])) for part in parts]
+        out = torch.empty((base, hidden), dtype=torch.bfloat16, device=device)
+
+        def splits(sizes, c):
+            return [0 if s == rank else sizes[s][c] for s in range(world)]
+
+        def post_dispatch(c):
+            start, sent, copies, received = layout[c]
+            token_of_row = routed[c][0]
+            works = []
+            for part, buffer in zip(parts, buffers):
+                torch.index_select(part[bounds[c] : bounds[c + 1]], 0, token_of_row, out=buffer[start : start + copies])
+                if world > 1:
+                    works.append(
+                        dist.all_to_all_single(
+                            buffer[start + copies : start + copies + received],
+                            buffer[start : start + sent],
+                            splits(recv_sizes, c),
+                            splits(send_sizes, c),
+                            group=self.group,
+                            async_op=True,
+                        )
+                    )
+            return works
+
+        pending = post_dispatch(0)
+        returns = []
+        for c in range(chunks):
+            following = post_dispatch(c + 1) if c + 1 < chunks else []
+            for work in pending:
+                work.wait()
+            start, sent, copies, received = layout[c]
+            rows = slice(start + sent, start + copies + received)  # this rank's kept copies, then the received
+            run_experts([buffer[rows] for buffer in buffers], a_offsets[c], self.group_expert_ids, out[rows])
+            if world > 1:
+                returns.append(
+                    dist.all_to_all_single(
+                        out[start : start + sent],
+                        out[start + copies : start + copies + received],
+                        splits(send_sizes, c),
+                        splits(recv_sizes, c),
+                        group=self.group,
+                        async_op=True,
+                    )
+                )
+            pending = following
+        for work in returns:
+            work.wait()
+        if chunks == 1:
+            return out, routed[0][2]
+        return out, torch.cat([row_of_copy + layout[c][0] for c, (_, _, row_of_copy) in enumerate(routed)])
 
     def send(self, x: torch.Tensor, expert_ids: torch.Tensor):
         """x: bf16 ``[T, H]`` this rank's tokens; expert_ids: int ``[T, k]`` global expert ids. Returns
