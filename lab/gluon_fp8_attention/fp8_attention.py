@@ -389,7 +389,7 @@ def fp8_attention_kernel(
     q_desc, k_desc, v_desc, out_ptr, q_descale_ptr, k_descale_ptr, v_descale_ptr, tile_counter,
     seqlen_q, seqlen_kv, num_q_heads, num_kv_heads, group_size, num_m_blocks, num_work_tiles, sm_scale_log2,
     CAUSAL: gl.constexpr, Q_LAYOUT: gl.constexpr, K_LAYOUT: gl.constexpr, VRAW_LAYOUT: gl.constexpr,
-    VT_LAYOUT: gl.constexpr, PERMUTE_KEYS: gl.constexpr,
+    VT_LAYOUT: gl.constexpr, PERMUTE_KEYS: gl.constexpr, STAGES: gl.constexpr,
 ):
     """q_desc: e4m3 ``[B, Sq, Hq * D]`` block ``[1, 64, D]``; k_desc ``[B, Skv, Hkv * D]`` block ``[1, 128, D]``;
     v_desc the same tensor shape, block ``[1, 128, 32]``. out_ptr: bf16 ``[B, Sq, Hq, D]`` contiguous. Descales:
@@ -399,7 +399,6 @@ def fp8_attention_kernel(
     N: gl.constexpr = k_desc.block_type.shape[1]
     CH: gl.constexpr = v_desc.block_type.shape[2]
     CHUNKS: gl.constexpr = HEAD_DIM // CH
-    STAGES: gl.constexpr = 2
     dtype: gl.constexpr = q_desc.dtype
     q_smem = gl.allocate_shared_memory(dtype, [2, 64, HEAD_DIM], Q_LAYOUT)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, N, HEAD_DIM], K_LAYOUT)
@@ -493,9 +492,11 @@ def _num_sms(device: torch.device) -> int:
     return _SMS[index]
 
 
-def fp8_attention(q, k, v, q_descale, k_descale, v_descale, causal: bool = False, permute_keys: bool = True) -> torch.Tensor:
+def fp8_attention(q, k, v, q_descale, k_descale, v_descale, causal: bool = False, permute_keys: bool = True,
+                  stages: int = 2) -> torch.Tensor:
     """Attention forward on e4m3 inputs: ``softmax(D^-0.5 (q q_ds)(k k_ds)^T) (v v_ds)`` as bf16 ``[B, Sq, Hq, D]``
-    (see the module docstring). Descales may be None (1.0)."""
+    (see the module docstring). Descales may be None (1.0). permute_keys: False reshuffles P across lanes instead
+    (the first version, kept for comparison). stages: depth of the K, raw V and V^T rings (2 or 3)."""
     if q.dtype != torch.float8_e4m3fn or k.dtype != q.dtype or v.dtype != q.dtype:
         raise TypeError("q, k, v must be float8_e4m3fn")
     batch, seqlen_q, num_q_heads, head_dim = q.shape
@@ -538,6 +539,7 @@ def fp8_attention(q, k, v, q_descale, k_descale, v_descale, causal: bool = False
         head_dim**-0.5 * LOG2E,
         CAUSAL=causal,
         PERMUTE_KEYS=permute_keys,
+        STAGES=stages,
         **_layouts(head_dim),
         num_warps=4,
         maxnreg=MAX_REGS,
@@ -576,7 +578,7 @@ def _descriptor_type(block) -> str:
     return f"tensordesc<fp8e4nv[{', '.join(map(str, block))}],{layout!r}>"
 
 
-def compile_for_sm90(head_dim: int = 128, causal: bool = False, permute_keys: bool = True):
+def compile_for_sm90(head_dim: int = 128, causal: bool = False, permute_keys: bool = True, stages: int = 2):
     """Compiles the kernel for sm_90a without a GPU (ptxas runs, nothing launches); returns the compiled kernel
     (``.asm`` dict: ttgir, ptx, cubin; ``.metadata``). Run with ``TRITON_INTERPRET`` unset or 0."""
     from triton.backends.compiler import GPUTarget
@@ -584,7 +586,7 @@ def compile_for_sm90(head_dim: int = 128, causal: bool = False, permute_keys: bo
 
     fn = fp8_attention_kernel
     names = fn.arg_names
-    constexprs = dict(CAUSAL=causal, PERMUTE_KEYS=permute_keys, **_layouts(head_dim))
+    constexprs = dict(CAUSAL=causal, PERMUTE_KEYS=permute_keys, STAGES=stages, **_layouts(head_dim))
     signature, attrs = {}, {}
     types = {name: _descriptor_type(block) for name, block in _blocks(head_dim).items()}
     types.update(out_ptr="*bf16", q_descale_ptr="*fp32", k_descale_ptr="*fp32", v_descale_ptr="*fp32",
