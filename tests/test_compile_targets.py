@@ -529,5 +529,5 @@ def test_w4a8_decode_backend_compiles_for_sm90():
         assert int(waits) <= 2 or 2 * int(waits) < int(hgmma), (tokens, epilogue, backend, waits, hgmma)  # serialized
         if backend != "fallback":
             assert backend == "w4a8_decode" and fp8_mode == "True", (tokens, backend, fp8_mode)
-            expected = (16, 64 if epilogue == "swiglu" else 128, 128) if tokens == "8" else (64, 64, 128)
+            expected = (16 if tokens == "8" else 64, 64 if epilogue == "swiglu" else 128, 128)
             assert (int(block_m), int(block_n), int(block_k)) == expected, (tokens, epilogue, block_m, block_n)

@@ -471,12 +471,13 @@ def test_decode_backend_takes_the_default_decode_launches_on_sm90(monkeypatch, d
                 expected = gm_config.hopper_config(tokens, 1, gpu, swiglu)  # the bf16 x MXFP4 Hopper-layout path's
                 assert (constexprs["BLOCK_M"], constexprs["BLOCK_N"], constexprs["BLOCK_K"]) == tile, constexprs
                 assert (expected.block_m, expected.block_k) == (tile[0], tile[2]) and tile[1] <= expected.block_n
-                assert spec.options == dict(num_warps=expected.num_warps, num_stages=expected.num_stages)
+                warps = 8 if tile[0] * tile[1] > 64 * 64 else expected.num_warps  # 4 warps of 64 x 128 spill
+                assert spec.options == dict(num_warps=warps, num_stages=expected.num_stages)
         return backend.__name__.rsplit(".", 1)[-1]
 
     assert chosen(1, tile=(16, 128, 128)) == "w4a8_decode"
     assert chosen(16, tile=(16, 128, 128)) == "w4a8_decode"
-    assert chosen(48, tile=(64, 64, 128)) == "w4a8_decode"
+    assert chosen(48, tile=(64, 128, 128)) == "w4a8_decode"
     assert chosen(8, epilogue="swiglu", tile=(16, 64, 128)) == "w4a8_decode"
     assert chosen(64, epilogue="swiglu", tile=(64, 64, 128)) == "w4a8_decode"
     assert chosen(8, epilogue=lk.SwiGLU(interleaved=True), tile=(16, 64, 128)) == "w4a8_decode"

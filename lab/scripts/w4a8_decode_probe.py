@@ -2,8 +2,10 @@
 N 4096, K 7168) runs on this GPU and how long each takes, next to bf16 x MXFP4 on the same weights (profiler,
 eager, after a warm call).
 
-    PYTHONPATH=src python lab/scripts/w4a8_decode_probe.py
+    PYTHONPATH=src python lab/scripts/w4a8_decode_probe.py [tokens per expert ...]
 """
+
+import sys
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -23,7 +25,7 @@ def counting(self, *args):
 W4A8DecodeLaunch.__call__ = counting
 E, N, K = 128, 4096, 7168
 w = lk.quantize(torch.randn(E, N, K, device="cuda", dtype=torch.bfloat16) * K**-0.5, "mxfp4")
-for tokens in (1, 16):
+for tokens in [int(t) for t in sys.argv[1:]] or (1, 16):
     x = torch.randn(E * tokens, K, device="cuda", dtype=torch.bfloat16)
     a = lk.quantize(x, "fp8", block=(1, 128))
     offsets = torch.arange(E + 1, dtype=torch.int32, device="cuda") * tokens
