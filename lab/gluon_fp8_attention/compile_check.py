@@ -116,13 +116,16 @@ def main() -> int:
     args = parser.parse_args()
     print(f"Triton {triton.__version__}, ptxas {_ptxas()}")
     failed = False
-    variants = ((128, False, True, 2), (128, True, True, 2), (128, False, False, 2), (128, True, False, 2),
-                (128, False, True, 3), (128, True, True, 3), (64, False, True, 2), (64, True, True, 2))
-    for head_dim, causal, permute, stages in variants:
+    # (D, causal, permute_keys, stages, fused_pv); the first two are the defaults
+    variants = ((128, False, True, 2, True), (128, True, True, 2, True), (128, False, True, 3, True),
+                (128, True, True, 3, True), (64, False, True, 2, True), (64, True, True, 2, True),
+                (128, False, True, 2, False), (128, True, True, 2, False), (128, False, False, 2, False),
+                (128, True, False, 2, False))
+    for head_dim, causal, permute, stages, fused in variants:
         label = (f"D={head_dim} {'causal' if causal else 'full'} {'permuted keys' if permute else 'P reshuffled'} "
-                 f"{stages} stages")
+                 f"{stages} stages {'fused P V' if fused else 'loop-carried P'}")
         try:
-            result = inspect(compile_for_sm90(head_dim, causal, permute, stages))
+            result = inspect(compile_for_sm90(head_dim, causal, permute, stages, fused))
         except Exception as error:  # noqa: BLE001 - report and go on
             failed = True
             print(f"{label}: COMPILE ERROR {type(error).__name__}: {str(error)[:3000]}")
@@ -133,7 +136,7 @@ def main() -> int:
         if args.sass:
             os.makedirs(args.sass, exist_ok=True)
             stem = os.path.join(args.sass, f"fp8_attention_d{head_dim}_{'causal' if causal else 'full'}"
-                                f"{'' if permute else '_reshuffle'}_s{stages}")
+                                f"{'' if permute else '_reshuffle'}_s{stages}{'' if fused else '_carried'}")
             for ext in ("sass", "ptx", "ttgir"):
                 with open(f"{stem}.{ext}", "w") as file:
                     file.write(result[ext])

@@ -281,9 +281,35 @@ def _consumer_step(i, j, q, smem, bars, p, m_i, l_i, acc, rows, s_zero, seqlen_k
 
 
 @gluon.jit
+def _fused_step(i, j, q, smem, bars, s, m_i, l_i, acc, rows, s_zero, seqlen_kv, shift, c, MASKED: gl.constexpr,
+                CAUSAL: gl.constexpr, PERMUTE_KEYS: gl.constexpr):
+    """FUSED_PV schedule, ring position i, key tile j (not the block's last), ``s = S_j`` retired: softmax of S_j,
+    issue ``S_{j+1}``, rescale O, round P_j and issue ``O += P_j V_j``, wait for both. P is produced and consumed
+    in one step (not loop-carried): the e4m3 bytes go from the cvt straight into the wgmma's operand registers,
+    and nothing runs between the P V wgmma and its wait, so its register operand cannot be overwritten in flight.
+    The softmax overlaps the other consumer's wgmmas only."""
+    q_smem, k_smem, vraw_smem, vt_smem = smem
+    q_ready, q_empty, k_ready, k_empty, vraw_ready, vt_ready, vt_empty = bars
+    STAGES: gl.constexpr = k_smem.shape[0]
+    HEAD_DIM: gl.constexpr = acc.shape[1]
+    p, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, j, rows, seqlen_kv, shift, c, MASKED, CAUSAL)
+    nxt = i + 1
+    mbarrier.wait(k_ready.index(nxt % STAGES), (nxt // STAGES) & 1)
+    s_next = warpgroup_mma(q, k_smem.index(nxt % STAGES).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout)), 1)
+    p8 = _to_operand(p, HEAD_DIM, PERMUTE_KEYS)
+    mbarrier.wait(vt_ready.index(i % STAGES), (i // STAGES) & 1)
+    acc = warpgroup_mma(p8, vt_smem.index(i % STAGES).permute((1, 0)), acc, is_async=True)
+    s_next, acc = warpgroup_mma_wait(num_outstanding=0, deps=(s_next, acc))
+    mbarrier.arrive(k_empty.index(nxt % STAGES))
+    mbarrier.arrive(vt_empty.index(i % STAGES))
+    return s_next, m_i, l_i, acc
+
+
+@gluon.jit
 def _consumer_block(tile, count, base, smem, bars, out_ptr, descales, seqlen_q, seqlen_kv, num_q_heads,
                     num_kv_heads, group_size, num_m_blocks, sm_scale_log2, CONSUMER: gl.constexpr,
-                    CAUSAL: gl.constexpr, PERMUTE_KEYS: gl.constexpr):
+                    CAUSAL: gl.constexpr, PERMUTE_KEYS: gl.constexpr, FUSED_PV: gl.constexpr):
     """Consumer ``CONSUMER`` on work tile ``tile`` (this program's ``count``-th; its key tiles from ring position
     ``base``): query rows ``[q_start + 64 CONSUMER, + 64)``. Returns the number of key tiles of the block."""
     q_smem, k_smem, vraw_smem, vt_smem = smem
@@ -333,22 +359,44 @@ def _consumer_block(tile, count, base, smem, bars, out_ptr, descales, seqlen_q, 
     mbarrier.arrive(k_empty.index(base % STAGES))
     m_i = gl.full([64], float("-inf"), gl.float32, layout=row_layout)
     l_i = gl.full([64], 0.0, gl.float32, layout=row_layout)
-    p, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, 0, rows, seqlen_kv, shift, c, True, CAUSAL)
-    p = _to_operand(p, HEAD_DIM, PERMUTE_KEYS)
+    if FUSED_PV:
+        # tile j's P V in its own step (P not loop-carried): tile 0 (masked) if another follows, the unmasked
+        # band, the masked tiles, then the last tile (masked, no next S)
+        for j in range(0, gl.minimum(my_end - 1, 1)):
+            s, m_i, l_i, acc = _fused_step(offset + j, j, q, smem, bars, s, m_i, l_i, acc, rows, s_zero, seqlen_kv,
+                                           shift, c, True, CAUSAL, PERMUTE_KEYS)
+        for j in range(1, gl.minimum(band_hi, my_end - 1)):
+            s, m_i, l_i, acc = _fused_step(offset + j, j, q, smem, bars, s, m_i, l_i, acc, rows, s_zero, seqlen_kv,
+                                           shift, c, False, CAUSAL, PERMUTE_KEYS)
+        for j in range(gl.maximum(band_hi, 1), my_end - 1):
+            s, m_i, l_i, acc = _fused_step(offset + j, j, q, smem, bars, s, m_i, l_i, acc, rows, s_zero, seqlen_kv,
+                                           shift, c, True, CAUSAL, PERMUTE_KEYS)
+        mbarrier.arrive(q_empty.index(CONSUMER))  # every S of the block is done: the next Q may land
+        last = offset + my_end - 1
+        p, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, my_end - 1, rows, seqlen_kv, shift, c, True, CAUSAL)
+        acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
+        p = _to_operand(p, HEAD_DIM, PERMUTE_KEYS)
+        mbarrier.wait(vt_ready.index(last % STAGES), (last // STAGES) & 1)
+        acc = warpgroup_mma(p, vt_smem.index(last % STAGES).permute((1, 0)), acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        mbarrier.arrive(vt_empty.index(last % STAGES))
+    else:
+        p, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, 0, rows, seqlen_kv, shift, c, True, CAUSAL)
+        p = _to_operand(p, HEAD_DIM, PERMUTE_KEYS)
 
-    for j in range(1, band_hi):
-        p, m_i, l_i, acc = _consumer_step(offset + j, j, q, smem, bars, p, m_i, l_i, acc, rows, s_zero, seqlen_kv,
-                                          shift, c, False, CAUSAL, PERMUTE_KEYS)
-    for j in range(band_hi, my_end):
-        p, m_i, l_i, acc = _consumer_step(offset + j, j, q, smem, bars, p, m_i, l_i, acc, rows, s_zero, seqlen_kv,
-                                          shift, c, True, CAUSAL, PERMUTE_KEYS)
-    mbarrier.arrive(q_empty.index(CONSUMER))  # every S of the block is issued and done: the next Q may land
+        for j in range(1, band_hi):
+            p, m_i, l_i, acc = _consumer_step(offset + j, j, q, smem, bars, p, m_i, l_i, acc, rows, s_zero,
+                                              seqlen_kv, shift, c, False, CAUSAL, PERMUTE_KEYS)
+        for j in range(band_hi, my_end):
+            p, m_i, l_i, acc = _consumer_step(offset + j, j, q, smem, bars, p, m_i, l_i, acc, rows, s_zero,
+                                              seqlen_kv, shift, c, True, CAUSAL, PERMUTE_KEYS)
+        mbarrier.arrive(q_empty.index(CONSUMER))  # every S of the block is issued and done: the next Q may land
 
-    last = offset + my_end - 1
-    mbarrier.wait(vt_ready.index(last % STAGES), (last // STAGES) & 1)
-    acc = warpgroup_mma(p, vt_smem.index(last % STAGES).permute((1, 0)), acc, is_async=True)
-    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-    mbarrier.arrive(vt_empty.index(last % STAGES))
+        last = offset + my_end - 1
+        mbarrier.wait(vt_ready.index(last % STAGES), (last // STAGES) & 1)
+        acc = warpgroup_mma(p, vt_smem.index(last % STAGES).permute((1, 0)), acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        mbarrier.arrive(vt_empty.index(last % STAGES))
     for j in range(my_end, end_tile):  # tiles this consumer does not see: released once landed
         position = offset + j
         mbarrier.wait(k_ready.index(position % STAGES), (position // STAGES) & 1)
@@ -372,14 +420,14 @@ def _consumer_block(tile, count, base, smem, bars, out_ptr, descales, seqlen_q, 
 @gluon.jit
 def _consumer_partition(smem, bars, schedule, out_ptr, descales, seqlen_q, seqlen_kv, num_q_heads, num_kv_heads,
                         group_size, num_m_blocks, num_work_tiles, sm_scale_log2, CONSUMER: gl.constexpr,
-                        CAUSAL: gl.constexpr, PERMUTE_KEYS: gl.constexpr):
+                        CAUSAL: gl.constexpr, PERMUTE_KEYS: gl.constexpr, FUSED_PV: gl.constexpr):
     count = 0
     base = 0
     tile = _receive_tile(count, schedule)
     while tile < num_work_tiles:
         base += _consumer_block(tile, count, base, smem, bars, out_ptr, descales, seqlen_q, seqlen_kv, num_q_heads,
                                 num_kv_heads, group_size, num_m_blocks, sm_scale_log2, CONSUMER, CAUSAL,
-                                PERMUTE_KEYS)
+                                PERMUTE_KEYS, FUSED_PV)
         count += 1
         tile = _receive_tile(count, schedule)
 
@@ -389,7 +437,7 @@ def fp8_attention_kernel(
     q_desc, k_desc, v_desc, out_ptr, q_descale_ptr, k_descale_ptr, v_descale_ptr, tile_counter,
     seqlen_q, seqlen_kv, num_q_heads, num_kv_heads, group_size, num_m_blocks, num_work_tiles, sm_scale_log2,
     CAUSAL: gl.constexpr, Q_LAYOUT: gl.constexpr, K_LAYOUT: gl.constexpr, VRAW_LAYOUT: gl.constexpr,
-    VT_LAYOUT: gl.constexpr, PERMUTE_KEYS: gl.constexpr, STAGES: gl.constexpr,
+    VT_LAYOUT: gl.constexpr, PERMUTE_KEYS: gl.constexpr, STAGES: gl.constexpr, FUSED_PV: gl.constexpr,
 ):
     """q_desc: e4m3 ``[B, Sq, Hq * D]`` block ``[1, 64, D]``; k_desc ``[B, Skv, Hkv * D]`` block ``[1, 128, D]``;
     v_desc the same tensor shape, block ``[1, 128, 32]``. out_ptr: bf16 ``[B, Sq, Hq, D]`` contiguous. Descales:
@@ -433,10 +481,10 @@ def fp8_attention_kernel(
         [
             (_consumer_partition, (smem, bars, schedule, out_ptr, descales, seqlen_q, seqlen_kv, num_q_heads,
                                    num_kv_heads, group_size, num_m_blocks, num_work_tiles, sm_scale_log2, 0, CAUSAL,
-                                   PERMUTE_KEYS)),
+                                   PERMUTE_KEYS, FUSED_PV)),
             (_consumer_partition, (smem, bars, schedule, out_ptr, descales, seqlen_q, seqlen_kv, num_q_heads,
                                    num_kv_heads, group_size, num_m_blocks, num_work_tiles, sm_scale_log2, 1, CAUSAL,
-                                   PERMUTE_KEYS)),
+                                   PERMUTE_KEYS, FUSED_PV)),
             (_producer_partition, ((q_desc, k_desc, v_desc), smem, bars, schedule, seqlen_q, seqlen_kv, num_q_heads,
                                    group_size, num_m_blocks, num_work_tiles, tile_counter, CAUSAL,
                                    PERMUTE_KEYS)),
@@ -493,10 +541,12 @@ def _num_sms(device: torch.device) -> int:
 
 
 def fp8_attention(q, k, v, q_descale, k_descale, v_descale, causal: bool = False, permute_keys: bool = True,
-                  stages: int = 2) -> torch.Tensor:
+                  stages: int = 2, fused_pv: bool = True) -> torch.Tensor:
     """Attention forward on e4m3 inputs: ``softmax(D^-0.5 (q q_ds)(k k_ds)^T) (v v_ds)`` as bf16 ``[B, Sq, Hq, D]``
     (see the module docstring). Descales may be None (1.0). permute_keys: False reshuffles P across lanes instead
-    (the first version, kept for comparison). stages: depth of the K, raw V and V^T rings (2 or 3)."""
+    (the first version, kept for comparison; only with fused_pv=False matters it little). stages: depth of the K,
+    raw V and V^T rings (2 or 3). fused_pv (default): each tile's P V in the step of its softmax (P not
+    loop-carried; see _fused_step); False: FA3's order (P_{j-1} V_{j-1} issued with S_j, P loop-carried)."""
     if q.dtype != torch.float8_e4m3fn or k.dtype != q.dtype or v.dtype != q.dtype:
         raise TypeError("q, k, v must be float8_e4m3fn")
     batch, seqlen_q, num_q_heads, head_dim = q.shape
@@ -540,6 +590,7 @@ def fp8_attention(q, k, v, q_descale, k_descale, v_descale, causal: bool = False
         CAUSAL=causal,
         PERMUTE_KEYS=permute_keys,
         STAGES=stages,
+        FUSED_PV=fused_pv,
         **_layouts(head_dim),
         num_warps=4,
         maxnreg=MAX_REGS,
@@ -578,7 +629,8 @@ def _descriptor_type(block) -> str:
     return f"tensordesc<fp8e4nv[{', '.join(map(str, block))}],{layout!r}>"
 
 
-def compile_for_sm90(head_dim: int = 128, causal: bool = False, permute_keys: bool = True, stages: int = 2):
+def compile_for_sm90(head_dim: int = 128, causal: bool = False, permute_keys: bool = True, stages: int = 2,
+                     fused_pv: bool = True):
     """Compiles the kernel for sm_90a without a GPU (ptxas runs, nothing launches); returns the compiled kernel
     (``.asm`` dict: ttgir, ptx, cubin; ``.metadata``). Run with ``TRITON_INTERPRET`` unset or 0."""
     from triton.backends.compiler import GPUTarget
@@ -586,7 +638,8 @@ def compile_for_sm90(head_dim: int = 128, causal: bool = False, permute_keys: bo
 
     fn = fp8_attention_kernel
     names = fn.arg_names
-    constexprs = dict(CAUSAL=causal, PERMUTE_KEYS=permute_keys, STAGES=stages, **_layouts(head_dim))
+    constexprs = dict(CAUSAL=causal, PERMUTE_KEYS=permute_keys, STAGES=stages, FUSED_PV=fused_pv,
+                      **_layouts(head_dim))
     signature, attrs = {}, {}
     types = {name: _descriptor_type(block) for name, block in _blocks(head_dim).items()}
     types.update(out_ptr="*bf16", q_descale_ptr="*fp32", k_descale_ptr="*fp32", v_descale_ptr="*fp32",
