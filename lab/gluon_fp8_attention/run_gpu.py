@@ -228,7 +228,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="correctness only")
     parser.add_argument("--smoke", action="store_true", help="(internal) the child's small calls")
-    parser.add_argument("--smoke-timeout", type=float, default=120.0, help="seconds before a hang is declared")
+    parser.add_argument("--smoke-timeout", type=float, default=240.0, help="seconds before a hang is declared")
     args = parser.parse_args()
     if args.smoke:
         return smoke()
