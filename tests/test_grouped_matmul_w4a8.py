@@ -283,8 +283,8 @@ def test_prepared_copies_follow_the_layout_cache_rules(monkeypatch, device):
 
 def test_hopper_backend_takes_large_plain_launches_only(monkeypatch, device):
     """Which backend takes a w4a8 launch on an sm_90 GPU (asked of the plan's rules, nothing runs): the Gluon
-    ``w4a8_hopper`` kernel for plain 128-row tiles with the plain epilogue, bf16 out, N a multiple of 128, K of 64;
-    the portable ``w4a8_blocks`` kernel for swap-AB or smaller tiles, epilogues, bias, expert scales, other out
+    ``w4a8_hopper`` kernel for plain 64- and 128-row tiles with the plain epilogue, bf16 out, N a multiple of 128, K
+    of 64; the portable ``w4a8_blocks`` kernel for swap-AB or smaller tiles, epilogues, bias, expert scales, other out
     dtypes and shapes, and on other GPUs."""
     monkeypatch.setattr(w4a8_hopper, "interpreting", lambda: False)  # as on an H100, not the interpreter
     a, _, offsets, ids = _problem(128, device)
@@ -298,10 +298,10 @@ def test_hopper_backend_takes_large_plain_launches_only(monkeypatch, device):
         with runtime.pretend_gpu(capability) as gpu:
             return backend_for(dataclasses.replace(call, device=gpu), config).__name__.rsplit(".", 1)[-1]
 
-    assert chosen() == "w4a8_hopper"
+    assert chosen() == "w4a8_hopper" and chosen(lk.BlockScaledMatmulConfig(64, 128, 64)) == "w4a8_hopper"
     portable = [
         chosen(lk.BlockScaledMatmulConfig(128, 128, 64, ab_swapped=True)),
-        chosen(lk.BlockScaledMatmulConfig(64, 128, 64)),
+        chosen(lk.BlockScaledMatmulConfig(32, 128, 64)),
         chosen(capability=(10, 0)),
         chosen(b=quantize_reference(torch.randn(EXPERTS, 192, 128, device=device), "mxfp4")),
         chosen(b=b.to_layout("128x4")),
@@ -471,13 +471,12 @@ def test_decode_backend_takes_the_default_decode_launches_on_sm90(monkeypatch, d
                 expected = gm_config.hopper_config(tokens, 1, gpu, swiglu)  # the bf16 x MXFP4 Hopper-layout path's
                 assert (constexprs["BLOCK_M"], constexprs["BLOCK_N"], constexprs["BLOCK_K"]) == tile, constexprs
                 assert (expected.block_m, expected.block_k) == (tile[0], tile[2]) and tile[1] <= expected.block_n
-                warps = 8 if tile[0] * tile[1] > 64 * 64 else expected.num_warps  # 4 warps of 64 x 128 spill
-                assert spec.options == dict(num_warps=warps, num_stages=expected.num_stages)
+                assert spec.options == dict(num_warps=expected.num_warps, num_stages=expected.num_stages)
         return backend.__name__.rsplit(".", 1)[-1]
 
     assert chosen(1, tile=(16, 128, 128)) == "w4a8_decode"
     assert chosen(16, tile=(16, 128, 128)) == "w4a8_decode"
-    assert chosen(48, tile=(64, 128, 128)) == "w4a8_decode"
+    assert chosen(48) == "w4a8_hopper"  # the plain 17-64-token class: the Gluon kernel's 128-token tiles
     assert chosen(8, epilogue="swiglu", tile=(16, 64, 128)) == "w4a8_decode"
     assert chosen(64, epilogue="swiglu", tile=(64, 64, 128)) == "w4a8_decode"
     assert chosen(8, epilogue=lk.SwiGLU(interleaved=True), tile=(16, 64, 128)) == "w4a8_decode"

@@ -39,7 +39,7 @@ from . import hopper_layout, w4a8_blocks, w4a8_hopper
 __all__ = ["supports", "upcast_dtype", "kernel_spec", "scalars", "tile", "W4A8DecodeSpec", "W4A8DecodeLaunch"]
 
 MAX_GROUP_ROWS = 64  # the decode sizes: the default launches' tiles of at most 64 rows
-MAX_TILE_ELEMENTS = 64 * 64  # outputs per tile of 4 warps; more take 8 (:func:`tile`)
+MAX_TILE_ELEMENTS = 64 * 64  # outputs per tile of 4 warps (:func:`tile`)
 
 
 def supports(call, config) -> bool:
@@ -68,15 +68,14 @@ def upcast_dtype(call, config):
 def tile(call, config) -> gm_config.BlockScaledMatmulConfig:
     """The Hopper-layout kernel's tile for a launch under ``config``: :func:`~llmkernels.grouped_matmul.config.
     hopper_config`'s for groups of ``config.block_m`` tokens (the default launch's tile height is its size class's:
-    16 or 64 rows), K steps of 128 (one scale block of A), with 8 warps where it holds more than
-    :data:`MAX_TILE_ELEMENTS` outputs: the fp8 mode holds each step's fp32 partial beside the accumulator, and the
-    plain 64-token tile of 128 weight rows spilled 160 bytes a thread inside its MMA loop with 4 warps (sm_90a,
-    Triton 3.9). 64 x 64 tiles of 4 warps instead (no spill) ran E128 x 64 tokens in 2439 us against the bf16
-    path's 1410 (H100)."""
+    16 or 64 rows), K steps of 128 (one scale block of A), at most :data:`MAX_TILE_ELEMENTS` outputs: the fp8 mode
+    holds each step's fp32 partial beside the accumulator, and the plain 64-token tile of 128 weight rows spilled
+    160 bytes a thread inside its MMA loop at sm_90a (Triton 3.9, 4 warps, 255 registers), 64 rows none (196
+    registers; SwiGLU's 64 gate and 64 up rows none either). Not timed on a GPU."""
     chosen = gm_config.hopper_config(config.block_m, 1, call.device, call.epilogue_kind == "swiglu")
     assert chosen.block_k == 128, chosen  # the fp8 mode promotes once per scale block of A
     if chosen.block_m * chosen.block_n > MAX_TILE_ELEMENTS:
-        chosen = dataclasses.replace(chosen, num_warps=8)
+        chosen = dataclasses.replace(chosen, block_n=max(16, MAX_TILE_ELEMENTS // chosen.block_m))
     return chosen
 
 

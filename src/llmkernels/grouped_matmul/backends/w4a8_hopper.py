@@ -1,10 +1,10 @@
 """The ``w4a8_hopper`` backend: the warp-specialized Gluon kernel for fp8 ``block=(1, 128)`` activations with MXFP4
 weights on Hopper's FP8 tensor cores (``grouped_matmul/gluon_w4a8_kernel.py``), on an sm_90 GPU.
 
-It takes the plain (not ``ab_swapped``) launches of 128-row tiles, the defaults for groups of more than 64 tokens, with
-the plain epilogue: no bias, no ``expert_scales``, bf16 out, row-layout weights with N a multiple of 128 and K of 64,
+It takes the plain (not ``ab_swapped``) launches of 64- and 128-row tiles, the defaults for groups of more than 16
+tokens (:data:`MIN_CLASS_ROWS`), with the plain epilogue: no bias, no ``expert_scales``, bf16 out, row-layout weights with N a multiple of 128 and K of 64,
 int32 offsets (:func:`supports`); the ``w4a8_decode`` backend takes the default launches of the decode sizes (through
-the weights' Hopper-layout copy), the portable ``w4a8_blocks`` kernel every other launch (epilogues, bias, expert
+the weights' Hopper-layout copy) of up to 16 tokens and of 17-64 under other epilogues, the portable ``w4a8_blocks`` kernel every other launch (epilogues, bias, expert
 scales, other shapes of large groups, configs the caller chose). Its own tile: 128 weight rows x 128 tokens x 128 K, 6
 stages, a persistent grid of one program per SM, whatever the config's tile.
 
@@ -35,20 +35,24 @@ from .fp8_hopper import dense_copy, tma_readable
 __all__ = ["supports", "upcast_dtype", "kernel_spec", "scalars", "W4A8HopperSpec", "W4A8HopperLaunch", "TOKENS"]
 
 TOKENS = 128  # tokens per tile (wgmma's N)
+# The launches of 64-row tiles (groups of 17-64 tokens) too: its 128-token tiles, half empty there, ran E128 x 64
+# tokens (N 4096, K 7168) in 1590 us on an H100 against 2412 for the Hopper-layout kernel's fp8 mode (w4a8_decode)
+# on 64 x 64 tiles and 1401 for bf16 x MXFP4; E32 x 64 (N 5760, K 2880) 272 / 370 / 212 us.
+MIN_CLASS_ROWS = 64
 STAGES = 6  # the TMA ring's depth (24 KB a stage: 16 KB of activations, 8 KB of packed weights)
 _A_BOX = [TOKENS, 64]
 
 
 def supports(call, config) -> bool:
     """The w4a8 pair (:func:`~.w4a8_blocks.takes`) with row-layout weights on a CUDA device of compute capability
-    9.x (not the interpreter); a launch of 128-row tiles, not ``ab_swapped`` (the defaults for groups of more than
-    64 tokens); the plain epilogue without bias or expert scales, bf16 out; N a multiple of 128, K of 64; int32
+    9.x (not the interpreter); a launch of at least 64-row tiles, not ``ab_swapped`` (the defaults for groups of more
+    than 16 tokens); the plain epilogue without bias or expert scales, bf16 out; N a multiple of 128, K of 64; int32
     offsets."""
     if not w4a8_blocks.takes(call.a, call.b) or call.b.scale_layout is not ROW:
         return False
     if call.device.type != "cuda" or interpreting() or (cuda_capability(call.device) or (0, 0))[0] != 9:
         return False
-    if config.ab_swapped or config.block_m < TOKENS:
+    if config.ab_swapped or config.block_m < MIN_CLASS_ROWS:
         return False
     return (
         call.epilogue_kind == "none"
