@@ -2,8 +2,9 @@
 
     python lab/gluon_fp8_attention/compile_check.py [--sass DIR]
 
-Per variant (D = 128 and 64, non-causal and causal; keys permuted (default) or P reshuffled across lanes): the wgmma kinds in the PTX (both products must be e4m3 x e4m3:
-``m64n128k32`` for S = Q K^T from shared memory, ``m64n{D}k32`` for P V with P in registers), ``wgmma.wait_group``
+Per variant (D = 128, 64 and 256, non-causal and causal; keys permuted (default) or P reshuffled across lanes): the wgmma kinds in the PTX (both products must be e4m3 x e4m3:
+``m64n{keys}k32`` for S = Q K^T from shared memory, ``m64n{D}k32`` for P V with P in registers; 64-key tiles
+at D = 256), ``wgmma.wait_group``
 counts by argument, ``setmaxnreg`` values, shared memory, registers per thread, spills (``ptxas -v`` with the
 wheel's ptxas), ptxas warnings (C7515 / C7510: wgmma serialized), and SASS counts: QGMMA / HGMMA, full waits,
 SHFL (P's register reshuffle from the accumulator layout to the e4m3 A-operand layout), STS / LDS (shared
@@ -119,6 +120,7 @@ def main() -> int:
     # (D, causal, permute_keys, stages, fused_pv); the first two are the defaults
     variants = ((128, False, True, 2, True), (128, True, True, 2, True), (128, False, True, 3, True),
                 (128, True, True, 3, True), (64, False, True, 2, True), (64, True, True, 2, True),
+                (256, False, True, 2, True), (256, True, True, 2, True),
                 (128, False, True, 2, False), (128, True, True, 2, False), (128, False, False, 2, False),
                 (128, True, False, 2, False))
     for head_dim, causal, permute, stages, fused in variants:

@@ -3,7 +3,7 @@ in the library imports it.
 
     out = fp8_attention(q, k, v, q_descale, k_descale, v_descale, causal=False)   # bf16 [B, Sq, Hq, D]
 
-q ``[B, Sq, Hq, D]``, k / v ``[B, Skv, Hkv, D]`` float8_e4m3fn (D = 128; Hq a multiple of Hkv), descales float32
+q ``[B, Sq, Hq, D]``, k / v ``[B, Skv, Hkv, D]`` float8_e4m3fn (D = 64, 128 or 256; Hq a multiple of Hkv), descales float32
 ``[B, Hkv]`` (FA3's convention: the real tensors are ``q.float() * q_descale[b, h // group]`` and so on); softmax
 scale ``D ** -0.5``; causal is bottom-right aligned (query i sees keys ``j <= i + Skv - Sq``).
 
@@ -13,7 +13,7 @@ Schedule (the structure of ``src/llmkernels/attention/gluon_hopper.py``, FP8 ope
   tiles handed out longest first through an atomic counter;
 * a **producer** warpgroup (4 warps, 24 registers) issues the TMA loads (Q once per tile, K and V tiles
   through two-stage rings) and **transposes V**: fp8 wgmma wants its B operand K-major, i.e. ``V^T`` with keys
-  contiguous. V arrives by TMA as four ``[TILE_N, 32]`` column boxes (32-byte swizzle), each is read into
+  contiguous. V arrives by TMA as ``[TILE_N, 32]`` column boxes (32-byte swizzle; ``[64, 64]`` at D = 256), each is read into
   registers (thread: 4 keys x 8 dims), permuted in registers (``gl.permute``: a relabelling, no data moves)
   and stored as 32 rows of the ``[D, TILE_N]`` 128-byte-swizzled ``V^T`` buffer; fence.proxy.async, a barrier
   of the producer's warps, then ``vt_ready``. The raw V ring is separate from the ``V^T`` ring, so that tile
@@ -49,10 +49,19 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 __all__ = ["fp8_attention", "compile_for_sm90", "reference_attention", "HEAD_DIMS"]
 
 LOG2E = 1.4426950408889634
-HEAD_DIMS = (64, 128)  # 256: needs 64-key tiles (262 KB smem and spills at 128), not done
+HEAD_DIMS = (64, 128, 256)
 BLOCK_M = 128  # query rows per work tile: two consumer warpgroups of 64
-TILE_N = 128  # keys per K/V tile
-V_CHUNK = 32  # V arrives as D / 32 column boxes of [TILE_N, 32] (32-byte swizzle) for the in-register transpose
+
+
+def _tile_n(head_dim: int) -> int:
+    """Keys per K/V tile: 128, or 64 at D = 256 (128 would need 262 KB of shared memory and spill)."""
+    return 64 if head_dim == 256 else 128
+
+
+def _v_chunk(head_dim: int) -> int:
+    """V arrives as D / chunk column boxes of [TILE_N, chunk] for the in-register transpose: 32 (32-byte swizzle)
+    with 128-key tiles, 64 (64-byte swizzle) with 64-key tiles (the transposer's layout covers 4 KB a box)."""
+    return 64 if _tile_n(head_dim) == 64 else 32
 P_SHIFT = gl.constexpr(8.0)  # P is stored times 2^8 in e4m3
 # Registers: 12 warps (consumer 0 = default partition, consumer 1, producer warpgroup). maxnreg 168 = 65536 / 384
 # rounded to 8; setmaxnreg then gives 2 x 128 x 240 + 128 x 24 = 64512 = 168 x 384.
@@ -73,7 +82,8 @@ def _as_box(buffer):
 
 
 @gluon.jit
-def _tile_block(tile, seqlen_q, seqlen_kv, num_q_heads, group_size, num_m_blocks, CAUSAL: gl.constexpr):
+def _tile_block(tile, seqlen_q, seqlen_kv, num_q_heads, group_size, num_m_blocks, CAUSAL: gl.constexpr,
+                TILE_N: gl.constexpr):
     """Work tile ``tile``: ``(batch, q head, kv head, first query row, number of key tiles)``. Head-major; causal
     blocks of a head run longest (last rows) first. At least one key tile, so that every block runs."""
     pid_bh = tile // num_m_blocks
@@ -86,9 +96,9 @@ def _tile_block(tile, seqlen_q, seqlen_kv, num_q_heads, group_size, num_m_blocks
     if CAUSAL:
         q_last = gl.minimum(q_start + 128, seqlen_q) - 1
         kv_hi = gl.minimum(q_last + seqlen_kv - seqlen_q + 1, seqlen_kv)
-        num_tiles = gl.maximum(gl.cdiv(kv_hi, 128), 1)
+        num_tiles = gl.maximum(gl.cdiv(kv_hi, TILE_N), 1)
     else:
-        num_tiles = gl.maximum(gl.cdiv(seqlen_kv, 128), 1)
+        num_tiles = gl.maximum(gl.cdiv(seqlen_kv, TILE_N), 1)
     return batch, head, head // group_size, q_start, num_tiles
 
 
@@ -115,28 +125,29 @@ def _receive_tile(count, schedule):
 
 @gluon.jit
 def _transpose_v(position, vraw_smem, vt_smem, vraw_ready, vt_ready, vt_empty, PERMUTE_KEYS: gl.constexpr):
-    """Producer: V tile at ring position ``position``, landed in ``vraw_smem`` as ``[CHUNKS, TILE_N, 32]``,
+    """Producer: V tile at ring position ``position``, landed in ``vraw_smem`` as ``[CHUNKS, TILE_N, CH]``,
     written transposed into ``vt_smem[stage]`` (``[D, TILE_N]``, keys contiguous) once the consumers released
     that stage; then ``vt_ready``."""
     STAGES: gl.constexpr = vt_smem.shape[0]
     CHUNKS: gl.constexpr = vraw_smem.shape[0] // STAGES
     CH: gl.constexpr = vraw_smem.shape[2]
     N: gl.constexpr = vraw_smem.shape[1]
-    gl.static_assert(N == 128)
-    gl.static_assert(CH == 32)
+    gl.static_assert((N == 128 and CH == 32) or (N == 64 and CH == 64))
+    # the fourth warp bit: key bit 6 for [128 keys, 32 dims] boxes, dim bit 5 for [64 keys, 64 dims] (D = 256)
+    WARP_BASE: gl.constexpr = [64, 0] if N == 128 else [0, 32]
     if PERMUTE_KEYS:
         # thread: keys {2c, 2c+1, 2c+8, 2c+9} (+16, +32...) x 8 dims: the keys whose P values one thread holds
-        # in the S accumulator, which sigma sends to 4 consecutive P' columns (see _permute_keys)
+        # in the S accumulator, which sigma sends to 4 consecutive P' columns (see _to_operand)
         load_layout: gl.constexpr = gl.DistributedLinearLayout(
             reg_bases=[[0, 1], [0, 2], [0, 4], [1, 0], [8, 0]],
             lane_bases=[[2, 0], [4, 0], [0, 8], [0, 16], [16, 0]],
-            warp_bases=[[32, 0], [64, 0]],
+            warp_bases=[[32, 0], WARP_BASE],
             block_bases=[],
-            shape=[128, 32],
+            shape=[N, CH],
         )
     else:
         # thread: 4 keys x 8 dims (four 8-byte loads); after the permute 8 dims x 4 keys (eight 4-byte stores)
-        load_layout: gl.constexpr = gl.BlockedLayout([4, 8], [8, 4], [4, 1], [1, 0])
+        load_layout: gl.constexpr = gl.BlockedLayout([4, 8], [32 // (CH // 8), CH // 8], [4, 1], [1, 0])
     stage = position % STAGES
     phase = (position // STAGES) & 1
     mbarrier.wait(vraw_ready.index(stage), phase)
@@ -145,7 +156,7 @@ def _transpose_v(position, vraw_smem, vt_smem, vraw_ready, vt_ready, vt_empty, P
     for c in gl.static_range(CHUNKS):
         x = vraw_smem.index(stage * CHUNKS + c).load(load_layout)
         if PERMUTE_KEYS:  # row x of the tile becomes key sigma(x): V'[x] = V[sigma(x)]
-            x = x.reshape([4, 2, 2, 4, 2, CH]).permute((0, 1, 3, 2, 4, 5)).reshape([N, CH])
+            x = x.reshape([N // 32, 2, 2, 4, 2, CH]).permute((0, 1, 3, 2, 4, 5)).reshape([N, CH])
         vt.slice(c * CH, CH, dim=0).store(gl.permute(x, (1, 0)))
     fence_async_shared()  # the generic-proxy stores, before wgmma (async proxy) reads them
     _partition_barrier()  # every producer warp's part is written (and its raw reads done) before the arrive
@@ -174,7 +185,7 @@ def _producer_partition(
     loaded = 0
     while tile < num_work_tiles:
         batch, head, kv_head, q_start, num_tiles = _tile_block(
-            tile, seqlen_q, seqlen_kv, num_q_heads, group_size, num_m_blocks, CAUSAL
+            tile, seqlen_q, seqlen_kv, num_q_heads, group_size, num_m_blocks, CAUSAL, N
         )
         _publish_tile(tile, count, schedule)
         for c in gl.static_range(2):
@@ -248,7 +259,8 @@ def _to_operand(p, HEAD_DIM: gl.constexpr, PERMUTE_KEYS: gl.constexpr):
     )
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=4)
     if PERMUTE_KEYS:  # relabel, move the fp32 values within the thread (free), then round in place
-        p = p.reshape([64, 4, 2, 2, 4, 2]).permute((0, 1, 2, 4, 3, 5)).reshape([64, 128])
+        N: gl.constexpr = p.shape[1]
+        p = p.reshape([64, N // 32, 2, 2, 4, 2]).permute((0, 1, 2, 4, 3, 5)).reshape([64, N])
         return gl.convert_layout(p, p_layout).to(gl.float8e4nv)
     return gl.convert_layout(p.to(gl.float8e4nv), p_layout)
 
@@ -326,7 +338,7 @@ def _consumer_block(tile, count, base, smem, bars, out_ptr, descales, seqlen_q, 
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
 
     batch, head, kv_head, q_start, end_tile = _tile_block(
-        tile, seqlen_q, seqlen_kv, num_q_heads, group_size, num_m_blocks, CAUSAL
+        tile, seqlen_q, seqlen_kv, num_q_heads, group_size, num_m_blocks, CAUSAL, N
     )
     shift = seqlen_kv - seqlen_q
     scale_index = batch * num_kv_heads + kv_head
@@ -502,14 +514,15 @@ def _layouts(head_dim: int) -> dict:
     fp8 = gl.float8e4nv
     return dict(
         Q_LAYOUT=gl.NVMMASharedLayout.get_default_for([64, head_dim], fp8),
-        K_LAYOUT=gl.NVMMASharedLayout.get_default_for([TILE_N, head_dim], fp8),
-        VRAW_LAYOUT=gl.NVMMASharedLayout.get_default_for([TILE_N, V_CHUNK], fp8),
-        VT_LAYOUT=gl.NVMMASharedLayout.get_default_for([head_dim, TILE_N], fp8),
+        K_LAYOUT=gl.NVMMASharedLayout.get_default_for([_tile_n(head_dim), head_dim], fp8),
+        VRAW_LAYOUT=gl.NVMMASharedLayout.get_default_for([_tile_n(head_dim), _v_chunk(head_dim)], fp8),
+        VT_LAYOUT=gl.NVMMASharedLayout.get_default_for([head_dim, _tile_n(head_dim)], fp8),
     )
 
 
 def _blocks(head_dim: int) -> dict:
-    return dict(q_desc=[1, 64, head_dim], k_desc=[1, TILE_N, head_dim], v_desc=[1, TILE_N, V_CHUNK])
+    tile_n = _tile_n(head_dim)
+    return dict(q_desc=[1, 64, head_dim], k_desc=[1, tile_n, head_dim], v_desc=[1, tile_n, _v_chunk(head_dim)])
 
 
 def _descriptor(t: torch.Tensor, block) -> TensorDescriptor:

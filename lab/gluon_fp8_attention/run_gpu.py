@@ -275,6 +275,9 @@ def main() -> int:
         (2, 1000, 1000, 4, 2, True, False, 0.0, None, 64),
         (2, 1000, 1500, 4, 4, False, True, 0.0, None, 64),
         (2, 2048, 2048, 4, 4, False, True, 0.0, None, 64),
+        (2, 1000, 1000, 4, 2, True, False, 0.0, None, 256),
+        (2, 1000, 1500, 4, 4, False, True, 0.0, None, 256),
+        (1, 2048, 2048, 4, 4, False, False, 0.0, None, 256),
     ]
     for batch, sq, skv, hq, hkv, per_head, causal, v_mean, heads, dim in cases:
         label = f"{batch}x{sq}x{skv} D{dim} Hq{hq}/Hkv{hkv} {'per-head' if per_head else 'per-tensor'} " \
