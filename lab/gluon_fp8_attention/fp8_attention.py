@@ -3,28 +3,31 @@ in the library imports it.
 
     out = fp8_attention(q, k, v, q_descale, k_descale, v_descale, causal=False)   # bf16 [B, Sq, Hq, D]
 
-q ``[B, Sq, Hq, D]``, k / v ``[B, Skv, Hkv, D]`` float8_e4m3fn (D = 64, 128 or 256; Hq a multiple of Hkv), descales float32
-``[B, Hkv]`` (FA3's convention: the real tensors are ``q.float() * q_descale[b, h // group]`` and so on); softmax
-scale ``D ** -0.5``; causal is bottom-right aligned (query i sees keys ``j <= i + Skv - Sq``).
+q ``[B, Sq, Hq, D]``, k / v ``[B, Skv, Hkv, D]`` float8_e4m3fn (D = 64, 128 or 256; Hq a multiple of Hkv),
+descales float32 ``[B, Hkv]`` (FA3's convention: the real tensors are ``q.float() * q_descale[b, h // group]``
+and so on); softmax scale ``D ** -0.5``; causal is bottom-right aligned (query i sees keys
+``j <= i + Skv - Sq``). Design, compile results and open points: NOTES.md next to this file.
 
 Schedule (the structure of ``src/llmkernels/attention/gluon_hopper.py``, FP8 operands):
 
 * persistent grid, one program per SM, work tiles = 128 query rows of one (batch, q head), head-major; causal
   tiles handed out longest first through an atomic counter;
 * a **producer** warpgroup (4 warps, 24 registers) issues the TMA loads (Q once per tile, K and V tiles
-  through two-stage rings) and **transposes V**: fp8 wgmma wants its B operand K-major, i.e. ``V^T`` with keys
-  contiguous. V arrives by TMA as ``[TILE_N, 32]`` column boxes (32-byte swizzle; ``[64, 64]`` at D = 256), each is read into
-  registers (thread: 4 keys x 8 dims), permuted in registers (``gl.permute``: a relabelling, no data moves)
-  and stored as 32 rows of the ``[D, TILE_N]`` 128-byte-swizzled ``V^T`` buffer; fence.proxy.async, a barrier
-  of the producer's warps, then ``vt_ready``. The raw V ring is separate from the ``V^T`` ring, so that tile
-  ``j + 1`` lands while ``j`` is transposed;
+  through rings of ``stages``) and **transposes V**: fp8 wgmma wants its B operand K-major, i.e. ``V^T`` with
+  keys contiguous. V arrives by TMA as ``[TILE_N, 32]`` column boxes (``[64, 64]`` at D = 256, 64-key tiles),
+  each is read into registers, relabelled ``[dims, keys]`` (``gl.permute``: no data moves) and stored into the
+  ``[D, TILE_N]`` ``V^T`` stage; fence.proxy.async, a barrier of the producer's warps, then ``vt_ready``. The
+  raw V ring is separate from the ``V^T`` ring, so that tile ``j + 1`` lands while ``j`` is transposed. With
+  ``permute_keys`` (default) the keys are permuted within each 32-key block on the way (:func:`_to_operand`);
 * two **consumer** warpgroups (240 registers), 64 query rows each: ``S = Q K^T`` as an e4m3 x e4m3 wgmma
   (both operands from shared memory, K-major), fp32 accumulate; online softmax on raw scores with
   ``c = q_descale * k_descale * D^-0.5 * log2(e)`` folded into the one FMA of the exp2 argument;
-  ``P = exp2(s c - m c + 8)`` i.e. probabilities times 256, rounded to e4m3 (RNE, satfinite) and kept in
-  registers as the A operand of the e4m3 x e4m3 ``P V`` wgmma (B = ``V^T`` buffer, permuted view). The factor
+  ``P = exp2(s c - m c + 8)`` i.e. probabilities times 256, rounded to e4m3 (RNE, satfinite) and used from
+  registers as the A operand of the e4m3 x e4m3 ``P V`` wgmma (B = ``V^T`` stage, permuted view). The factor
   256 keeps probabilities down to 2^-14 normal in e4m3 (2^-6 without it) and cancels in ``O / l``; ``l`` sums
-  the unrounded fp32 probabilities. At the end ``O * v_descale / l`` is stored as bf16.
+  the unrounded fp32 probabilities. At the end ``O * v_descale / l`` is stored as bf16. Default order
+  (``fused_pv``, :func:`_fused_step`): softmax of S_j, issue S_{j+1}, rescale O, issue P_j V_j, wait both;
+  ``fused_pv=False``: FA3's order (S_j with P_{j-1} V_{j-1}, P loop-carried).
 
 :func:`compile_for_sm90` builds the kernel without a GPU (``TRITON_INTERPRET`` must be unset / 0).
 """
