@@ -2,15 +2,16 @@
 
     torchrun --nproc-per-node W -m benchmarks.bench_moe_ep [--out DIR] [--experts 64] [--hidden 7168]
         [--intermediate 2048] [--top-k 8] [--weight-format mxfp4] [--tokens 4096]
-        [--dispatch-formats auto [bf16 fp8]] [--micro-batches 1 [2 4]]
+        [--dispatch-formats auto [bf16 fp8]] [--micro-batches 1 [2 4]] [--kept-first on [off]]
     python -m benchmarks bench_moe_ep --cpu-smoke     (2 gloo ranks on the CPU, tiny shapes: checks the script)
 
 Each rank holds E / W experts and routes its own ``--tokens`` tokens. Rank 0 reports:
 
 * **prefill**: MoE-block tokens/s of the W ranks (exact mode; W·T tokens per forward) against rank 0 alone running
   the one-process block with every expert on the same W·T tokens, and the ratio; one row per exchange option
-  (``dispatch_format`` × ``micro_batches``: ``auto`` is the block's default, the activations' own format where
-  its rows quantize alone), each with ``exchange_bytes``, the bytes rank 0 sends to the other ranks per forward
+  (``dispatch_format`` × ``micro_batches`` × ``kept_first``: ``auto`` is the block's default, the activations' own
+  format where its rows quantize alone; ``kept_first`` on: the copies kept on their rank run while the dispatch is
+  in flight, the block's default), each with ``exchange_bytes``, the bytes rank 0 sends to the other ranks per forward
   (dispatch payload + bf16 return, from this run's routing);
 * **all-to-all**: the time of one ``all_to_all_single`` of a forward's dispatch volume against the bandwidth this
   run measures for the group (a large all-to-all), i.e. how close the exchange runs to the link;
@@ -92,6 +93,13 @@ def main(argv=None):
     parser.add_argument(
         "--micro-batches", nargs="+", type=int, default=[1], help="prefill: the micro_batches values to time"
     )
+    parser.add_argument(
+        "--kept-first",
+        nargs="+",
+        default=["on"],
+        choices=["on", "off"],
+        help="prefill: ExpertExchange.kept_first values to time (on: the block's default)",
+    )
     parser.add_argument("--cpu-smoke", action="store_true", help="2 gloo ranks, tiny shapes, the interpreter")
     args = parser.parse_args(argv)
     if args.cpu_smoke:
@@ -110,6 +118,7 @@ def main(argv=None):
             out=args.out or "/tmp/moe_ep_smoke",
             dispatch_formats=args.dispatch_formats,
             micro_batches=args.micro_batches,
+            kept_first=args.kept_first,
         )
         mp.spawn(_smoke_rank, args=(small,), nprocs=2)
         return
@@ -187,22 +196,25 @@ def run(options: dict, decode_tokens=(1, 2, 4, 8, 16, 32, 64)) -> None:
                 if rank == 0:
                     print(f"bench_moe_ep: skipped dispatch_format={dispatch_format}: {error}", file=sys.stderr)
                 continue
-            ep_ms = time_ms(functools.partial(block, x), reps)
-            rows.append(
-                dict(
-                    part="prefill",
-                    dispatch_format=block.dispatch_format,
-                    micro_batches=micro_batches,
-                    tokens_per_rank=tokens,
-                    ranks=world,
-                    ms=ep_ms,
-                    tokens_per_s=world * tokens / ep_ms * 1e3,
-                    one_gpu_ms=whole_ms,
-                    one_gpu_tokens_per_s=world * tokens / whole_ms * 1e3,
-                    speedup=whole_ms / ep_ms,
-                    exchange_bytes=sent_away * (_row_bytes(block.dispatch_format, hidden) + 2 * hidden),
+            for kept_first in options.get("kept_first", ["on"]):
+                block.exchange.kept_first = kept_first == "on"
+                ep_ms = time_ms(functools.partial(block, x), reps)
+                rows.append(
+                    dict(
+                        part="prefill",
+                        dispatch_format=block.dispatch_format,
+                        micro_batches=micro_batches,
+                        kept_first=kept_first,
+                        tokens_per_rank=tokens,
+                        ranks=world,
+                        ms=ep_ms,
+                        tokens_per_s=world * tokens / ep_ms * 1e3,
+                        one_gpu_ms=whole_ms,
+                        one_gpu_tokens_per_s=world * tokens / whole_ms * 1e3,
+                        speedup=whole_ms / ep_ms,
+                        exchange_bytes=sent_away * (_row_bytes(block.dispatch_format, hidden) + 2 * hidden),
+                    )
                 )
-            )
 
     # all-to-all: a forward's dispatch volume against the group's measured bandwidth
     dispatch_bytes = tokens * top_k * hidden * 2  # bf16 rows sent by one rank (upper bound: all to others)

@@ -10,8 +10,8 @@ Cases: ``balanced`` (random routing), ``skewed`` (one hot expert), ``no-tokens``
 rank must raise the same ValueError at construction), ``bad-inputs`` (errors raised before any collective),
 ``graph`` (GPUs only: the bounded block captured in a CUDA graph and replayed on new tokens equals the eager block).
 
-VARIANTS (optional, comma-separated ``FORMAT/DISPATCH/MICRO_BATCHES``, e.g. ``fp8/auto/3``): more exact-mode blocks
-run in the same processes on the same tokens, each against the one-process block of its weight format (``auto``:
+VARIANTS (optional, comma-separated ``FORMAT/DISPATCH/MICRO_BATCHES[/together]``, e.g. ``fp8/auto/3``): more
+exact-mode blocks run in the same processes on the same tokens, each against the one-process block of its weight format (``auto``:
 the default dispatch_format; ``fp8`` dispatch of bf16 activations: against the one-process block on the tokens
 rounded through fp8 (1, 128) blocks, and its error against the bf16 result).
 """
@@ -163,7 +163,7 @@ def _variants(router, w_gate_up, w_down, mine, x, variants: str, wholes: dict) -
 
     reports = {}
     for variant in filter(None, variants.split(",")):
-        weight_format, dispatch_format, micro_batches = variant.split("/")
+        weight_format, dispatch_format, micro_batches, *together = variant.split("/")
         block = MoEFeedForward.from_float(
             router,
             w_gate_up[mine],
@@ -174,6 +174,7 @@ def _variants(router, w_gate_up, w_down, mine, x, variants: str, wholes: dict) -
             micro_batches=int(micro_batches),
             dispatch_format=None if dispatch_format == "auto" else dispatch_format,
         )
+        block.exchange.kept_first = not together  # "/together": kept and received rows in one call of the experts
         if weight_format not in wholes:
             whole = MoEFeedForward.from_float(router, w_gate_up, w_down, TOP_K, weight_format=weight_format)
             wholes[weight_format] = whole, whole(x)

@@ -75,7 +75,8 @@ FP8_DISPATCH_BOUND = 2**-4  # e4m3 rounds each element to within 2^-4 of its val
         # fp8 (1, 128) activations exchanged quantized, in 3 chunks; fp8 dispatch of bf16 activations, 2 chunks
         # (the main block: mxfp8 activations exchanged quantized); mxfp8 rows sent as bf16, quantized on receipt
         (2, "skewed", "mxfp8", None, "fp8/auto/3,bf16/fp8/2,mxfp8/bf16/2"),
-        (2, "no-tokens", "bf16", None, "bf16/auto/2"),  # rank 0's chunks are empty
+        # rank 0's chunks are empty; kept and received rows in one call of the experts
+        (2, "no-tokens", "bf16", None, "bf16/auto/2/together"),
         (2, "idle-experts", "mxfp4", None, ""),
         (2, "balanced", "mxfp4", 64, ""),  # bounded, nothing dropped
         (2, "skewed", "bf16", 5, ""),  # bounded, the hot expert's rank overflows

@@ -10,7 +10,8 @@ Two modes (:class:`ExpertExchange`):
   grouped by local expert: the receiver runs its grouped matmuls straight on the received buffer (one group per
   (source, expert)), writes the outputs where the return all-to-all reads them, and the returned rows land in the
   sender's order, where the combine reads them. The rows a rank keeps for its own experts are never exchanged: its
-  gather writes them where its grouped matmuls read them. The payload is any set of row-major parts (bf16 rows,
+  gather writes them where its grouped matmuls read them, and they run while the dispatch is in flight
+  (:attr:`ExpertExchange.kept_first`). The payload is any set of row-major parts (bf16 rows,
   or quantized data and its scales). With ``micro_batches = m`` the tokens run in m chunks: chunk i+1's dispatch
   all-to-all and chunk i's return are in flight (``async_op=True``) while chunk i's experts run; the counts of all
   chunks travel in one exchange (still one sync). Each token's result does not depend on the chunking.
@@ -40,8 +41,10 @@ class ExpertExchange:
     """The token exchange of one expert-parallel MoE block over ``group`` (``W`` ranks, ``E / W`` experts each:
     rank ``r`` owns experts ``r·E/W … (r+1)·E/W − 1``).
 
-    :meth:`send` takes this rank's tokens and their routing, and returns the rows this rank's experts must run;
-    :meth:`receive` takes those rows' outputs and returns this rank's tokens' outputs.
+    :meth:`exact` runs the exact mode's forward around this rank's experts (what the block calls without a
+    capacity). :meth:`send` takes this rank's tokens and their routing, and returns the rows this rank's experts
+    must run; :meth:`receive` takes those rows' outputs and returns this rank's tokens' outputs (the bounded mode's
+    path, and a one-chunk exact exchange of bf16 rows with local expert ids).
     """
 
     def __init__(self, group, num_experts: int, capacity: int | None, micro_batches: int = 1, device=None):
@@ -52,6 +55,9 @@ class ExpertExchange:
         self.experts_per_rank = num_experts // self.world
         self.capacity = capacity
         self.micro_batches = micro_batches
+        # exact mode: run the copies kept here while the dispatch is in flight, then the received rows (two calls
+        # of the experts per chunk, the same bits); False: one call on both, after the dispatch
+        self.kept_first = True
         self.dropped = None  # copies dropped in the last bounded forward (int64 device scalar)
         world, rank, per_rank = self.world, self.rank, self.experts_per_rank
         # The exact mode's sort key of each global expert: the experts of the other ranks in rank order, then this
@@ -59,7 +65,7 @@ class ExpertExchange:
         # all_to_all_single sends) and the kept copies follow it.
         experts = torch.arange(num_experts)
         owner = experts // per_rank
-        key = torch.where(owner < rank, experts, torch.where(owner > rank, experts - per_rank, experts))
+        key = torch.where(owner < rank, experts, experts - per_rank)
         key = torch.where(owner == rank, experts + (world - 1 - rank) * per_rank, key)
         self.sort_key = key.to(device=device, dtype=torch.int32)  # [E] global expert -> sort key
         # the receiver's rows: this rank's own copies first, then the other sources in rank order
@@ -144,15 +150,28 @@ class ExpertExchange:
                     )
             return works
 
+        kept_first = self.kept_first and world > 1
+        if kept_first:  # the groups of the kept copies, and those of the received rows from their first row
+            kept_offsets = a_offsets[:, : per_rank + 1]
+            received_offsets = a_offsets[:, per_rank:] - a_offsets[:, per_rank : per_rank + 1]
         pending = post_dispatch(0)
         returns = []
         for c in range(chunks):
             following = post_dispatch(c + 1) if c + 1 < chunks else []
+            start, sent, copies, received = layout[c]
+            if kept_first:  # while the chunk's dispatch is in flight
+                rows = slice(start + sent, start + copies)
+                ids = self.group_expert_ids[:per_rank]
+                run_experts([buffer[rows] for buffer in buffers], kept_offsets[c], ids, out[rows])
             for work in pending:
                 work.wait()
-            start, sent, copies, received = layout[c]
-            rows = slice(start + sent, start + copies + received)  # this rank's kept copies, then the received
-            run_experts([buffer[rows] for buffer in buffers], a_offsets[c], self.group_expert_ids, out[rows])
+            if kept_first:
+                rows = slice(start + copies, start + copies + received)
+                ids = self.group_expert_ids[per_rank:]
+                run_experts([buffer[rows] for buffer in buffers], received_offsets[c], ids, out[rows])
+            else:
+                rows = slice(start + sent, start + copies + received)  # this rank's kept copies, then the received
+                run_experts([buffer[rows] for buffer in buffers], a_offsets[c], self.group_expert_ids, out[rows])
             if world > 1:
                 returns.append(
                     dist.all_to_all_single(

@@ -227,6 +227,10 @@ class MoEFeedForward(nn.Module):
     (one scale per token and 128 columns), quantized in the dispatch's gather (``quantize(..., rows=)``: no
     ``[T·k, H]`` copy of x) and after the SwiGLU; H and I need not be multiples of 128 (partial tiles).
 
+    With a ``process_group`` (expert parallelism, :mod:`llmkernels.moe.expert_parallel`), ``capacity``,
+    ``micro_batches`` and ``dispatch_format`` choose how the tokens travel (:meth:`from_float`); the exact mode
+    moves fp8, mxfp8 and mxfp4 activations quantized, once per token.
+
     The constructor checks every argument (shapes, format pairs, blocks, routing, devices, the process group)
     before it copies anything, and raises TypeError / ValueError naming it.
     """
