@@ -80,7 +80,9 @@ def inspect(compiled) -> dict:
         sass = _run(os.path.join(_BIN, "cuobjdump"), "-sass", cubin_path)
         usage = _run(os.path.join(_BIN, "cuobjdump"), "-res-usage", cubin_path)
     spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", verbose)
-    warnings = sorted(set(re.findall(r"warning\s*:?\s*(.{0,160})", verbose)) | set(re.findall(r"\((C75\d\d)\)", verbose)))
+    warnings = sorted(
+        set(re.findall(r"warning\s*:?\s*(.{0,160})", verbose)) | set(re.findall(r"\((C75\d\d)\)", verbose))
+    )
 
     def count(pattern):
         return len(re.findall(pattern, sass))
@@ -118,14 +120,25 @@ def main() -> int:
     print(f"Triton {triton.__version__}, ptxas {_ptxas()}")
     failed = False
     # (D, causal, permute_keys, stages, fused_pv); the first two are the defaults
-    variants = ((128, False, True, 2, True), (128, True, True, 2, True), (128, False, True, 3, True),
-                (128, True, True, 3, True), (64, False, True, 2, True), (64, True, True, 2, True),
-                (256, False, True, 2, True), (256, True, True, 2, True),
-                (128, False, True, 2, False), (128, True, True, 2, False), (128, False, False, 2, False),
-                (128, True, False, 2, False))
+    variants = (
+        (128, False, True, 2, True),
+        (128, True, True, 2, True),
+        (128, False, True, 3, True),
+        (128, True, True, 3, True),
+        (64, False, True, 2, True),
+        (64, True, True, 2, True),
+        (256, False, True, 2, True),
+        (256, True, True, 2, True),
+        (128, False, True, 2, False),
+        (128, True, True, 2, False),
+        (128, False, False, 2, False),
+        (128, True, False, 2, False),
+    )
     for head_dim, causal, permute, stages, fused in variants:
-        label = (f"D={head_dim} {'causal' if causal else 'full'} {'permuted keys' if permute else 'P reshuffled'} "
-                 f"{stages} stages {'fused P V' if fused else 'loop-carried P'}")
+        label = (
+            f"D={head_dim} {'causal' if causal else 'full'} {'permuted keys' if permute else 'P reshuffled'} "
+            f"{stages} stages {'fused P V' if fused else 'loop-carried P'}"
+        )
         try:
             result = inspect(compile_for_sm90(head_dim, causal, permute, stages, fused))
         except Exception as error:  # noqa: BLE001 - report and go on
@@ -137,22 +150,33 @@ def main() -> int:
             failed = True
         if args.sass:
             os.makedirs(args.sass, exist_ok=True)
-            stem = os.path.join(args.sass, f"fp8_attention_d{head_dim}_{'causal' if causal else 'full'}"
-                                f"{'' if permute else '_reshuffle'}_s{stages}{'' if fused else '_carried'}")
+            stem = os.path.join(
+                args.sass,
+                f"fp8_attention_d{head_dim}_{'causal' if causal else 'full'}"
+                f"{'' if permute else '_reshuffle'}_s{stages}{'' if fused else '_carried'}",
+            )
             for ext in ("sass", "ptx", "ttgir"):
                 with open(f"{stem}.{ext}", "w") as file:
                     file.write(result[ext])
         print(f"{label}:")
         print(f"  wgmma (PTX): {', '.join(f'{k} x{v}' for k, v in sorted(result['wgmma'].items()))}")
         print(f"  QGMMA (SASS): {result['qgmma']} {','.join(result['qgmma_kinds'])}; HGMMA {result['hgmma']}")
-        print(f"  wgmma.wait_group: {', '.join(f'{k} x{v}' for k, v in sorted(result['waits'].items()))}; "
-              f"full waits in SASS {result['full_waits']}")
-        print(f"  setmaxnreg: {','.join(result['setmaxnreg'])}; registers/thread (launch) {result['registers']}; "
-              f"spill stores/loads {result['spills']} B; STL/LDL {result['stl_ldl']}")
+        print(
+            f"  wgmma.wait_group: {', '.join(f'{k} x{v}' for k, v in sorted(result['waits'].items()))}; "
+            f"full waits in SASS {result['full_waits']}"
+        )
+        print(
+            f"  setmaxnreg: {','.join(result['setmaxnreg'])}; registers/thread (launch) {result['registers']}; "
+            f"spill stores/loads {result['spills']} B; STL/LDL {result['stl_ldl']}"
+        )
         print(f"  shared memory: {result['shared']} B")
-        print(f"  SASS: SHFL {result['shfl']}, STS {result['sts']}, LDS {result['lds']}, PRMT {result['prmt']}, "
-              f"F2FP {result['f2fp']}, MUFU.EX2 {result['ex2']}")
-        print(f"  ptxas warnings: {'; '.join(result['warnings']) or '-'}; sass_hazards: {result['hazards']}", flush=True)
+        print(
+            f"  SASS: SHFL {result['shfl']}, STS {result['sts']}, LDS {result['lds']}, PRMT {result['prmt']}, "
+            f"F2FP {result['f2fp']}, MUFU.EX2 {result['ex2']}"
+        )
+        print(
+            f"  ptxas warnings: {'; '.join(result['warnings']) or '-'}; sass_hazards: {result['hazards']}", flush=True
+        )
     return 1 if failed else 0
 
 

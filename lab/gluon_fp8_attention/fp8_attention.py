@@ -65,6 +65,8 @@ def _v_chunk(head_dim: int) -> int:
     """V arrives as D / chunk column boxes of [TILE_N, chunk] for the in-register transpose: 32 (32-byte swizzle)
     with 128-key tiles, 64 (64-byte swizzle) with 64-key tiles (the transposer's layout covers 4 KB a box)."""
     return 64 if _tile_n(head_dim) == 64 else 32
+
+
 P_SHIFT = gl.constexpr(8.0)  # P is stored times 2^8 in e4m3
 # Registers: 12 warps (consumer 0 = default partition, consumer 1, producer warpgroup). maxnreg 168 = 65536 / 384
 # rounded to 8; setmaxnreg then gives 2 x 128 x 240 + 128 x 24 = 64512 = 168 x 384.
@@ -85,8 +87,9 @@ def _as_box(buffer):
 
 
 @gluon.jit
-def _tile_block(tile, seqlen_q, seqlen_kv, num_q_heads, group_size, num_m_blocks, CAUSAL: gl.constexpr,
-                TILE_N: gl.constexpr):
+def _tile_block(
+    tile, seqlen_q, seqlen_kv, num_q_heads, group_size, num_m_blocks, CAUSAL: gl.constexpr, TILE_N: gl.constexpr
+):
     """Work tile ``tile``: ``(batch, q head, kv head, first query row, number of key tiles)``. Head-major; causal
     blocks of a head run longest (last rows) first. At least one key tile, so that every block runs."""
     pid_bh = tile // num_m_blocks
@@ -168,8 +171,19 @@ def _transpose_v(position, vraw_smem, vt_smem, vraw_ready, vt_ready, vt_empty, P
 
 @gluon.jit
 def _producer_partition(
-    descs, smem, bars, schedule, seqlen_q, seqlen_kv, num_q_heads, group_size, num_m_blocks, num_work_tiles,
-    tile_counter, CAUSAL: gl.constexpr, PERMUTE_KEYS: gl.constexpr,
+    descs,
+    smem,
+    bars,
+    schedule,
+    seqlen_q,
+    seqlen_kv,
+    num_q_heads,
+    group_size,
+    num_m_blocks,
+    num_work_tiles,
+    tile_counter,
+    CAUSAL: gl.constexpr,
+    PERMUTE_KEYS: gl.constexpr,
 ):
     """Loads and transposes. Per work tile: publish it, load its two 64-row Q tiles once the consumers released
     the last ones, then for each key tile i: K_i into the K ring, V_i's column boxes into the raw ring, and
@@ -269,8 +283,25 @@ def _to_operand(p, HEAD_DIM: gl.constexpr, PERMUTE_KEYS: gl.constexpr):
 
 
 @gluon.jit
-def _consumer_step(i, j, q, smem, bars, p, m_i, l_i, acc, rows, s_zero, seqlen_kv, shift, c,
-                   MASKED: gl.constexpr, CAUSAL: gl.constexpr, PERMUTE_KEYS: gl.constexpr):
+def _consumer_step(
+    i,
+    j,
+    q,
+    smem,
+    bars,
+    p,
+    m_i,
+    l_i,
+    acc,
+    rows,
+    s_zero,
+    seqlen_kv,
+    shift,
+    c,
+    MASKED: gl.constexpr,
+    CAUSAL: gl.constexpr,
+    PERMUTE_KEYS: gl.constexpr,
+):
     """Ring position i, key tile j: issue ``S_j = Q K_j^T`` and ``O += P_{j-1} V_{j-1}`` (both e4m3 wgmmas), the
     softmax of S_j once the first is done, then rescale O."""
     q_smem, k_smem, vraw_smem, vt_smem = smem
@@ -296,8 +327,25 @@ def _consumer_step(i, j, q, smem, bars, p, m_i, l_i, acc, rows, s_zero, seqlen_k
 
 
 @gluon.jit
-def _fused_step(i, j, q, smem, bars, s, m_i, l_i, acc, rows, s_zero, seqlen_kv, shift, c, MASKED: gl.constexpr,
-                CAUSAL: gl.constexpr, PERMUTE_KEYS: gl.constexpr):
+def _fused_step(
+    i,
+    j,
+    q,
+    smem,
+    bars,
+    s,
+    m_i,
+    l_i,
+    acc,
+    rows,
+    s_zero,
+    seqlen_kv,
+    shift,
+    c,
+    MASKED: gl.constexpr,
+    CAUSAL: gl.constexpr,
+    PERMUTE_KEYS: gl.constexpr,
+):
     """FUSED_PV schedule, ring position i, key tile j (not the block's last), ``s = S_j`` retired: softmax of S_j,
     issue ``S_{j+1}``, rescale O, round P_j and issue ``O += P_j V_j``, wait for both. P is produced and consumed
     in one step (not loop-carried): the e4m3 bytes go from the cvt straight into the wgmma's operand registers,
@@ -322,9 +370,26 @@ def _fused_step(i, j, q, smem, bars, s, m_i, l_i, acc, rows, s_zero, seqlen_kv, 
 
 
 @gluon.jit
-def _consumer_block(tile, count, base, smem, bars, out_ptr, descales, seqlen_q, seqlen_kv, num_q_heads,
-                    num_kv_heads, group_size, num_m_blocks, sm_scale_log2, CONSUMER: gl.constexpr,
-                    CAUSAL: gl.constexpr, PERMUTE_KEYS: gl.constexpr, FUSED_PV: gl.constexpr):
+def _consumer_block(
+    tile,
+    count,
+    base,
+    smem,
+    bars,
+    out_ptr,
+    descales,
+    seqlen_q,
+    seqlen_kv,
+    num_q_heads,
+    num_kv_heads,
+    group_size,
+    num_m_blocks,
+    sm_scale_log2,
+    CONSUMER: gl.constexpr,
+    CAUSAL: gl.constexpr,
+    PERMUTE_KEYS: gl.constexpr,
+    FUSED_PV: gl.constexpr,
+):
     """Consumer ``CONSUMER`` on work tile ``tile`` (this program's ``count``-th; its key tiles from ring position
     ``base``): query rows ``[q_start + 64 CONSUMER, + 64)``. Returns the number of key tiles of the block."""
     q_smem, k_smem, vraw_smem, vt_smem = smem
@@ -377,14 +442,65 @@ def _consumer_block(tile, count, base, smem, bars, out_ptr, descales, seqlen_q, 
         # tile j's P V in its own step (P not loop-carried): tile 0 (masked) if another follows, the unmasked
         # band, the masked tiles, then the last tile (masked, no next S)
         for j in range(0, gl.minimum(my_end - 1, 1)):
-            s, m_i, l_i, acc = _fused_step(offset + j, j, q, smem, bars, s, m_i, l_i, acc, rows, s_zero, seqlen_kv,
-                                           shift, c, True, CAUSAL, PERMUTE_KEYS)
+            s, m_i, l_i, acc = _fused_step(
+                offset + j,
+                j,
+                q,
+                smem,
+                bars,
+                s,
+                m_i,
+                l_i,
+                acc,
+                rows,
+                s_zero,
+                seqlen_kv,
+                shift,
+                c,
+                True,
+                CAUSAL,
+                PERMUTE_KEYS,
+            )
         for j in range(1, gl.minimum(band_hi, my_end - 1)):
-            s, m_i, l_i, acc = _fused_step(offset + j, j, q, smem, bars, s, m_i, l_i, acc, rows, s_zero, seqlen_kv,
-                                           shift, c, False, CAUSAL, PERMUTE_KEYS)
+            s, m_i, l_i, acc = _fused_step(
+                offset + j,
+                j,
+                q,
+                smem,
+                bars,
+                s,
+                m_i,
+                l_i,
+                acc,
+                rows,
+                s_zero,
+                seqlen_kv,
+                shift,
+                c,
+                False,
+                CAUSAL,
+                PERMUTE_KEYS,
+            )
         for j in range(gl.maximum(band_hi, 1), my_end - 1):
-            s, m_i, l_i, acc = _fused_step(offset + j, j, q, smem, bars, s, m_i, l_i, acc, rows, s_zero, seqlen_kv,
-                                           shift, c, True, CAUSAL, PERMUTE_KEYS)
+            s, m_i, l_i, acc = _fused_step(
+                offset + j,
+                j,
+                q,
+                smem,
+                bars,
+                s,
+                m_i,
+                l_i,
+                acc,
+                rows,
+                s_zero,
+                seqlen_kv,
+                shift,
+                c,
+                True,
+                CAUSAL,
+                PERMUTE_KEYS,
+            )
         mbarrier.arrive(q_empty.index(CONSUMER))  # every S of the block is done: the next Q may land
         last = offset + my_end - 1
         p, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, my_end - 1, rows, seqlen_kv, shift, c, True, CAUSAL)
@@ -399,11 +515,45 @@ def _consumer_block(tile, count, base, smem, bars, out_ptr, descales, seqlen_q, 
         p = _to_operand(p, HEAD_DIM, PERMUTE_KEYS)
 
         for j in range(1, band_hi):
-            p, m_i, l_i, acc = _consumer_step(offset + j, j, q, smem, bars, p, m_i, l_i, acc, rows, s_zero,
-                                              seqlen_kv, shift, c, False, CAUSAL, PERMUTE_KEYS)
+            p, m_i, l_i, acc = _consumer_step(
+                offset + j,
+                j,
+                q,
+                smem,
+                bars,
+                p,
+                m_i,
+                l_i,
+                acc,
+                rows,
+                s_zero,
+                seqlen_kv,
+                shift,
+                c,
+                False,
+                CAUSAL,
+                PERMUTE_KEYS,
+            )
         for j in range(band_hi, my_end):
-            p, m_i, l_i, acc = _consumer_step(offset + j, j, q, smem, bars, p, m_i, l_i, acc, rows, s_zero,
-                                              seqlen_kv, shift, c, True, CAUSAL, PERMUTE_KEYS)
+            p, m_i, l_i, acc = _consumer_step(
+                offset + j,
+                j,
+                q,
+                smem,
+                bars,
+                p,
+                m_i,
+                l_i,
+                acc,
+                rows,
+                s_zero,
+                seqlen_kv,
+                shift,
+                c,
+                True,
+                CAUSAL,
+                PERMUTE_KEYS,
+            )
         mbarrier.arrive(q_empty.index(CONSUMER))  # every S of the block is issued and done: the next Q may land
 
         last = offset + my_end - 1
@@ -432,26 +582,79 @@ def _consumer_block(tile, count, base, smem, bars, out_ptr, descales, seqlen_q, 
 
 
 @gluon.jit
-def _consumer_partition(smem, bars, schedule, out_ptr, descales, seqlen_q, seqlen_kv, num_q_heads, num_kv_heads,
-                        group_size, num_m_blocks, num_work_tiles, sm_scale_log2, CONSUMER: gl.constexpr,
-                        CAUSAL: gl.constexpr, PERMUTE_KEYS: gl.constexpr, FUSED_PV: gl.constexpr):
+def _consumer_partition(
+    smem,
+    bars,
+    schedule,
+    out_ptr,
+    descales,
+    seqlen_q,
+    seqlen_kv,
+    num_q_heads,
+    num_kv_heads,
+    group_size,
+    num_m_blocks,
+    num_work_tiles,
+    sm_scale_log2,
+    CONSUMER: gl.constexpr,
+    CAUSAL: gl.constexpr,
+    PERMUTE_KEYS: gl.constexpr,
+    FUSED_PV: gl.constexpr,
+):
     count = 0
     base = 0
     tile = _receive_tile(count, schedule)
     while tile < num_work_tiles:
-        base += _consumer_block(tile, count, base, smem, bars, out_ptr, descales, seqlen_q, seqlen_kv, num_q_heads,
-                                num_kv_heads, group_size, num_m_blocks, sm_scale_log2, CONSUMER, CAUSAL,
-                                PERMUTE_KEYS, FUSED_PV)
+        base += _consumer_block(
+            tile,
+            count,
+            base,
+            smem,
+            bars,
+            out_ptr,
+            descales,
+            seqlen_q,
+            seqlen_kv,
+            num_q_heads,
+            num_kv_heads,
+            group_size,
+            num_m_blocks,
+            sm_scale_log2,
+            CONSUMER,
+            CAUSAL,
+            PERMUTE_KEYS,
+            FUSED_PV,
+        )
         count += 1
         tile = _receive_tile(count, schedule)
 
 
 @gluon.jit
 def fp8_attention_kernel(
-    q_desc, k_desc, v_desc, out_ptr, q_descale_ptr, k_descale_ptr, v_descale_ptr, tile_counter,
-    seqlen_q, seqlen_kv, num_q_heads, num_kv_heads, group_size, num_m_blocks, num_work_tiles, sm_scale_log2,
-    CAUSAL: gl.constexpr, Q_LAYOUT: gl.constexpr, K_LAYOUT: gl.constexpr, VRAW_LAYOUT: gl.constexpr,
-    VT_LAYOUT: gl.constexpr, PERMUTE_KEYS: gl.constexpr, STAGES: gl.constexpr, FUSED_PV: gl.constexpr,
+    q_desc,
+    k_desc,
+    v_desc,
+    out_ptr,
+    q_descale_ptr,
+    k_descale_ptr,
+    v_descale_ptr,
+    tile_counter,
+    seqlen_q,
+    seqlen_kv,
+    num_q_heads,
+    num_kv_heads,
+    group_size,
+    num_m_blocks,
+    num_work_tiles,
+    sm_scale_log2,
+    CAUSAL: gl.constexpr,
+    Q_LAYOUT: gl.constexpr,
+    K_LAYOUT: gl.constexpr,
+    VRAW_LAYOUT: gl.constexpr,
+    VT_LAYOUT: gl.constexpr,
+    PERMUTE_KEYS: gl.constexpr,
+    STAGES: gl.constexpr,
+    FUSED_PV: gl.constexpr,
 ):
     """q_desc: e4m3 ``[B, Sq, Hq * D]`` block ``[1, 64, D]``; k_desc ``[B, Skv, Hkv * D]`` block ``[1, 128, D]``;
     v_desc the same tensor shape, block ``[1, 128, 32]``. out_ptr: bf16 ``[B, Sq, Hq, D]`` contiguous. Descales:
@@ -493,15 +696,68 @@ def fp8_attention_kernel(
     descales = (q_descale_ptr, k_descale_ptr, v_descale_ptr)
     gl.warp_specialize(
         [
-            (_consumer_partition, (smem, bars, schedule, out_ptr, descales, seqlen_q, seqlen_kv, num_q_heads,
-                                   num_kv_heads, group_size, num_m_blocks, num_work_tiles, sm_scale_log2, 0, CAUSAL,
-                                   PERMUTE_KEYS, FUSED_PV)),
-            (_consumer_partition, (smem, bars, schedule, out_ptr, descales, seqlen_q, seqlen_kv, num_q_heads,
-                                   num_kv_heads, group_size, num_m_blocks, num_work_tiles, sm_scale_log2, 1, CAUSAL,
-                                   PERMUTE_KEYS, FUSED_PV)),
-            (_producer_partition, ((q_desc, k_desc, v_desc), smem, bars, schedule, seqlen_q, seqlen_kv, num_q_heads,
-                                   group_size, num_m_blocks, num_work_tiles, tile_counter, CAUSAL,
-                                   PERMUTE_KEYS)),
+            (
+                _consumer_partition,
+                (
+                    smem,
+                    bars,
+                    schedule,
+                    out_ptr,
+                    descales,
+                    seqlen_q,
+                    seqlen_kv,
+                    num_q_heads,
+                    num_kv_heads,
+                    group_size,
+                    num_m_blocks,
+                    num_work_tiles,
+                    sm_scale_log2,
+                    0,
+                    CAUSAL,
+                    PERMUTE_KEYS,
+                    FUSED_PV,
+                ),
+            ),
+            (
+                _consumer_partition,
+                (
+                    smem,
+                    bars,
+                    schedule,
+                    out_ptr,
+                    descales,
+                    seqlen_q,
+                    seqlen_kv,
+                    num_q_heads,
+                    num_kv_heads,
+                    group_size,
+                    num_m_blocks,
+                    num_work_tiles,
+                    sm_scale_log2,
+                    1,
+                    CAUSAL,
+                    PERMUTE_KEYS,
+                    FUSED_PV,
+                ),
+            ),
+            (
+                _producer_partition,
+                (
+                    (q_desc, k_desc, v_desc),
+                    smem,
+                    bars,
+                    schedule,
+                    seqlen_q,
+                    seqlen_kv,
+                    num_q_heads,
+                    group_size,
+                    num_m_blocks,
+                    num_work_tiles,
+                    tile_counter,
+                    CAUSAL,
+                    PERMUTE_KEYS,
+                ),
+            ),
         ],
         [4, PRODUCER_WARPS],
         [CONSUMER_REGS, PRODUCER_REGS],
@@ -555,8 +811,18 @@ def _num_sms(device: torch.device) -> int:
     return _SMS[index]
 
 
-def fp8_attention(q, k, v, q_descale, k_descale, v_descale, causal: bool = False, permute_keys: bool = True,
-                  stages: int = 2, fused_pv: bool = True) -> torch.Tensor:
+def fp8_attention(
+    q,
+    k,
+    v,
+    q_descale,
+    k_descale,
+    v_descale,
+    causal: bool = False,
+    permute_keys: bool = True,
+    stages: int = 2,
+    fused_pv: bool = True,
+) -> torch.Tensor:
     """Attention forward on e4m3 inputs: ``softmax(D^-0.5 (q q_ds)(k k_ds)^T) (v v_ds)`` as bf16 ``[B, Sq, Hq, D]``
     (see the module docstring). Descales may be None (1.0). permute_keys: False reshuffles P across lanes instead
     (the first version, kept for comparison; only with fused_pv=False matters it little). stages: depth of the K,
@@ -644,8 +910,9 @@ def _descriptor_type(block) -> str:
     return f"tensordesc<fp8e4nv[{', '.join(map(str, block))}],{layout!r}>"
 
 
-def compile_for_sm90(head_dim: int = 128, causal: bool = False, permute_keys: bool = True, stages: int = 2,
-                     fused_pv: bool = True):
+def compile_for_sm90(
+    head_dim: int = 128, causal: bool = False, permute_keys: bool = True, stages: int = 2, fused_pv: bool = True
+):
     """Compiles the kernel for sm_90a without a GPU (ptxas runs, nothing launches); returns the compiled kernel
     (``.asm`` dict: ttgir, ptx, cubin; ``.metadata``). Run with ``TRITON_INTERPRET`` unset or 0."""
     from triton.backends.compiler import GPUTarget
@@ -653,12 +920,17 @@ def compile_for_sm90(head_dim: int = 128, causal: bool = False, permute_keys: bo
 
     fn = fp8_attention_kernel
     names = fn.arg_names
-    constexprs = dict(CAUSAL=causal, PERMUTE_KEYS=permute_keys, STAGES=stages, FUSED_PV=fused_pv,
-                      **_layouts(head_dim))
+    constexprs = dict(CAUSAL=causal, PERMUTE_KEYS=permute_keys, STAGES=stages, FUSED_PV=fused_pv, **_layouts(head_dim))
     signature, attrs = {}, {}
     types = {name: _descriptor_type(block) for name, block in _blocks(head_dim).items()}
-    types.update(out_ptr="*bf16", q_descale_ptr="*fp32", k_descale_ptr="*fp32", v_descale_ptr="*fp32",
-                 tile_counter="*i32", sm_scale_log2="fp32")
+    types.update(
+        out_ptr="*bf16",
+        q_descale_ptr="*fp32",
+        k_descale_ptr="*fp32",
+        v_descale_ptr="*fp32",
+        tile_counter="*i32",
+        sm_scale_log2="fp32",
+    )
     for index, name in enumerate(names):
         if name in constexprs:
             signature[name] = "constexpr"
@@ -666,8 +938,9 @@ def compile_for_sm90(head_dim: int = 128, causal: bool = False, permute_keys: bo
         signature[name] = types.get(name, "i32")
         if signature[name].startswith("*"):
             attrs[(index,)] = [["tt.divisibility", 16]]
-    source = GluonASTSource(fn, signature, constexprs={(names.index(n),): v for n, v in constexprs.items()},
-                            attrs=attrs)
+    source = GluonASTSource(
+        fn, signature, constexprs={(names.index(n),): v for n, v in constexprs.items()}, attrs=attrs
+    )
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4, maxnreg=MAX_REGS))
 
 

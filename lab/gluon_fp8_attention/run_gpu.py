@@ -112,19 +112,37 @@ class CudnnFp8:
             return t.permute(0, 2, 1, 3)
 
         self.q, self.k, self.v = view(q8), view(k8), view(v8)
-        tq, tk, tv = (graph.tensor(name=n, dim=list(t.shape), stride=list(t.stride()), data_type=e4m3)
-                      for n, t in (("q", self.q), ("k", self.k), ("v", self.v)))
+        tq, tk, tv = (
+            graph.tensor(name=n, dim=list(t.shape), stride=list(t.stride()), data_type=e4m3)
+            for n, t in (("q", self.q), ("k", self.k), ("v", self.v))
+        )
         scalar = dict(dim=[1, 1, 1, 1], stride=[1, 1, 1, 1], data_type=fp32)
         names = ("descale_q", "descale_k", "descale_v", "descale_s", "scale_s", "scale_o")
         tensors = [graph.tensor(name=n, **scalar) for n in names]
         self.scale_o = E4M3_MAX / max(float(o_amax), 1e-12)
-        values = (float(qd.flatten()[0]), float(kd.flatten()[0]), float(vd.flatten()[0]), 1.0 / E4M3_MAX, E4M3_MAX,
-                  self.scale_o)
+        values = (
+            float(qd.flatten()[0]),
+            float(kd.flatten()[0]),
+            float(vd.flatten()[0]),
+            1.0 / E4M3_MAX,
+            E4M3_MAX,
+            self.scale_o,
+        )
         self.scalars = [torch.full((1, 1, 1, 1), v, dtype=torch.float32, device=DEVICE) for v in values]
         out, _, amax_s, amax_o = graph.sdpa_fp8(
-            q=tq, k=tk, v=tv, descale_q=tensors[0], descale_k=tensors[1], descale_v=tensors[2],
-            descale_s=tensors[3], scale_s=tensors[4], scale_o=tensors[5], is_inference=True,
-            attn_scale=1.0 / math.sqrt(dim), use_causal_mask=causal, name="sdpa_fp8",
+            q=tq,
+            k=tk,
+            v=tv,
+            descale_q=tensors[0],
+            descale_k=tensors[1],
+            descale_v=tensors[2],
+            descale_s=tensors[3],
+            scale_s=tensors[4],
+            scale_o=tensors[5],
+            is_inference=True,
+            attn_scale=1.0 / math.sqrt(dim),
+            use_causal_mask=causal,
+            name="sdpa_fp8",
         )
         self.o = torch.empty(batch, seqlen_q, heads, dim, dtype=torch.float8_e4m3fn, device=DEVICE)
         o_view = view(self.o)
@@ -156,8 +174,7 @@ def sdpa_bf16(q, k, v, causal):
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                             is_causal=causal)
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=causal)
     return out.transpose(1, 2)
 
 
@@ -236,26 +253,38 @@ def main() -> int:
     import subprocess
 
     try:
-        done = subprocess.run([sys.executable, os.path.abspath(__file__), "--smoke"], capture_output=True, text=True,
-                              timeout=args.smoke_timeout)
+        done = subprocess.run(
+            [sys.executable, os.path.abspath(__file__), "--smoke"],
+            capture_output=True,
+            text=True,
+            timeout=args.smoke_timeout,
+        )
         print(done.stdout + done.stderr[-4000:])
         if done.returncode != 0:
             print("smoke run failed: stopping")
             return 2
     except subprocess.TimeoutExpired as expired:
-        print(f"smoke run did not finish in {args.smoke_timeout:.0f} s (a hang: mbarrier phases?); output so far:\n"
-              f"{(expired.stdout or b'').decode(errors='replace') if isinstance(expired.stdout, bytes) else expired.stdout}")
+        print(
+            f"smoke run did not finish in {args.smoke_timeout:.0f} s (a hang: mbarrier phases?); output so far:\n"
+            f"{(expired.stdout or b'').decode(errors='replace') if isinstance(expired.stdout, bytes) else expired.stdout}"
+        )
         return 2
     print(f"(smoke {time.time() - t0:.0f} s)")
-    print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}, triton "
-          f"{__import__('triton').__version__}, cudnn frontend: "
-          f"{getattr(cudnn, '__version__', '?') if cudnn else 'not importable (' + CUDNN_ERROR + '): cuDNN FP8 skipped'}")
+    print(
+        f"device {torch.cuda.get_device_name()}, torch {torch.__version__}, triton "
+        f"{__import__('triton').__version__}, cudnn frontend: "
+        f"{getattr(cudnn, '__version__', '?') if cudnn else 'not importable (' + CUDNN_ERROR + '): cuDNN FP8 skipped'}"
+    )
     rows = []
     failed = False
 
-    print("\n## correctness vs float64 on the dequantized inputs (rel = ||out-ref||_F/||ref||_F; max = max|err|/max|ref|)")
-    print("| case | ours rel | ours max | other variants' rel (loop-carried P / P reshuffled / 3 stages) "
-          "| cuDNN FP8 rel | cuDNN FP8 max | SDPA bf16 rel |")
+    print(
+        "\n## correctness vs float64 on the dequantized inputs (rel = ||out-ref||_F/||ref||_F; max = max|err|/max|ref|)"
+    )
+    print(
+        "| case | ours rel | ours max | other variants' rel (loop-carried P / P reshuffled / 3 stages) "
+        "| cuDNN FP8 rel | cuDNN FP8 max | SDPA bf16 rel |"
+    )
     print("| --- | --- | --- | --- | --- | --- | --- |")
     cases = [
         # B, Sq, Skv, Hq, Hkv, per_head, causal, v_mean, heads checked
@@ -280,8 +309,10 @@ def main() -> int:
         (1, 2048, 2048, 4, 4, False, False, 0.0, None, 256),
     ]
     for batch, sq, skv, hq, hkv, per_head, causal, v_mean, heads, dim in cases:
-        label = f"{batch}x{sq}x{skv} D{dim} Hq{hq}/Hkv{hkv} {'per-head' if per_head else 'per-tensor'} " \
-                f"{'causal' if causal else 'full'}{' v+1' if v_mean else ''}"
+        label = (
+            f"{batch}x{sq}x{skv} D{dim} Hq{hq}/Hkv{hkv} {'per-head' if per_head else 'per-tensor'} "
+            f"{'causal' if causal else 'full'}{' v+1' if v_mean else ''}"
+        )
         try:
             q8, k8, v8, qd, kd, vd = make_inputs(batch, sq, skv, hq, hkv, dim, per_head, v_mean=v_mean)
             ref, pairs = reference(q8, k8, v8, qd, kd, vd, causal, heads)
@@ -312,11 +343,24 @@ def main() -> int:
             others = others or [float("nan")] * (len(VARIANTS) - 1)
             failed |= bad
             note = "" if not bad else f" **FAIL** (finite {finite}, repeat bit-equal {repeat_equal})"
-            print(f"| {label} | {ours[0]:.3e} | {ours[1]:.3e} | {' / '.join(f'{e:.3e}' for e in others)} | "
-                  f"{cud[0]} | {cud[1]} | {sdpa} |{note}", flush=True)
-            rows.append(dict(kind="error", case=label, ours_rel=ours[0], ours_max=ours[1],
-                             **{f"rel {name}": e for name, e in zip(list(VARIANTS)[1:], others)}, cudnn_fp8_rel=cud[0],
-                             cudnn_fp8_max=cud[1], sdpa_bf16_rel=sdpa, repeat_equal=repeat_equal))
+            print(
+                f"| {label} | {ours[0]:.3e} | {ours[1]:.3e} | {' / '.join(f'{e:.3e}' for e in others)} | "
+                f"{cud[0]} | {cud[1]} | {sdpa} |{note}",
+                flush=True,
+            )
+            rows.append(
+                dict(
+                    kind="error",
+                    case=label,
+                    ours_rel=ours[0],
+                    ours_max=ours[1],
+                    **{f"rel {name}": e for name, e in zip(list(VARIANTS)[1:], others)},
+                    cudnn_fp8_rel=cud[0],
+                    cudnn_fp8_max=cud[1],
+                    sdpa_bf16_rel=sdpa,
+                    repeat_equal=repeat_equal,
+                )
+            )
             del q8, k8, v8, ref, out, again
         except Exception as error:  # noqa: BLE001
             failed = True
@@ -326,8 +370,10 @@ def main() -> int:
 
     if not args.quick:
         print("\n## CUDA-graph replay timings (TFLOP/s; causal counts half the products)")
-        print("| shape | causal | ours ms | ours TFLOP/s | loop-carried P | loop-carried, P reshuffled | 3 stages "
-              "| SDPA cuDNN bf16 TFLOP/s | cuDNN FP8 TFLOP/s | ours / cuDNN FP8 | ours / bf16 |")
+        print(
+            "| shape | causal | ours ms | ours TFLOP/s | loop-carried P | loop-carried, P reshuffled | 3 stages "
+            "| SDPA cuDNN bf16 TFLOP/s | cuDNN FP8 TFLOP/s | ours / cuDNN FP8 | ours / bf16 |"
+        )
         print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
         for batch, seq, heads in ((4, 4096, 16), (2, 8192, 16)):
             for causal in (False, True):
@@ -335,8 +381,10 @@ def main() -> int:
                     q8, k8, v8, qd, kd, vd = make_inputs(batch, seq, seq, heads, heads, 128, False)
                     flops = 4 * batch * heads * seq * seq * 128 / (2 if causal else 1)
                     ours_ms = graph_time(lambda: fp8_attention(q8, k8, v8, qd, kd, vd, causal=causal))
-                    others = [graph_time(lambda: fp8_attention(q8, k8, v8, qd, kd, vd, causal=causal, **VARIANTS[name]))
-                              for name in list(VARIANTS)[1:]]
+                    others = [
+                        graph_time(lambda: fp8_attention(q8, k8, v8, qd, kd, vd, causal=causal, **VARIANTS[name]))
+                        for name in list(VARIANTS)[1:]
+                    ]
                     deq = [dequantize(t, d).to(torch.bfloat16) for t, d in ((q8, qd), (k8, kd), (v8, vd))]
                     bf16_ms = graph_time(lambda: sdpa_bf16(*deq, causal))
                     fp8_ms = float("nan")
@@ -347,17 +395,28 @@ def main() -> int:
                         except Exception as error:  # noqa: BLE001
                             print(f"(cuDNN FP8 timing failed: {type(error).__name__}: {str(error)[:300]})")
                     tf = lambda ms: flops / (ms * 1e-3) / 1e12  # noqa: E731
-                    print(f"| {batch}x{heads}x{seq}x128 | {causal} | {ours_ms:.3f} | {tf(ours_ms):.0f} | "
-                          f"{' | '.join(f'{tf(ms):.0f}' for ms in others)} | {tf(bf16_ms):.0f} | {tf(fp8_ms):.0f} | {fp8_ms / ours_ms:.2f} | {bf16_ms / ours_ms:.2f} |",
-                          flush=True)
-                    rows.append(dict(kind="time", case=f"{batch}x{heads}x{seq}x128 causal={causal}",
-                                     ours_ms=ours_ms, ours_tflops=tf(ours_ms), **{f"tflops {name}": tf(ms) for name, ms in zip(list(VARIANTS)[1:], others)},
-                                     sdpa_bf16_tflops=tf(bf16_ms),
-                                     cudnn_fp8_tflops=tf(fp8_ms)))
+                    print(
+                        f"| {batch}x{heads}x{seq}x128 | {causal} | {ours_ms:.3f} | {tf(ours_ms):.0f} | "
+                        f"{' | '.join(f'{tf(ms):.0f}' for ms in others)} | {tf(bf16_ms):.0f} | {tf(fp8_ms):.0f} | {fp8_ms / ours_ms:.2f} | {bf16_ms / ours_ms:.2f} |",
+                        flush=True,
+                    )
+                    rows.append(
+                        dict(
+                            kind="time",
+                            case=f"{batch}x{heads}x{seq}x128 causal={causal}",
+                            ours_ms=ours_ms,
+                            ours_tflops=tf(ours_ms),
+                            **{f"tflops {name}": tf(ms) for name, ms in zip(list(VARIANTS)[1:], others)},
+                            sdpa_bf16_tflops=tf(bf16_ms),
+                            cudnn_fp8_tflops=tf(fp8_ms),
+                        )
+                    )
                     del q8, k8, v8, deq
                 except Exception as error:  # noqa: BLE001
                     failed = True
-                    print(f"| {batch}x{heads}x{seq}x128 | {causal} | ERROR {type(error).__name__}: {str(error)[:400]} |")
+                    print(
+                        f"| {batch}x{heads}x{seq}x128 | {causal} | ERROR {type(error).__name__}: {str(error)[:400]} |"
+                    )
                     traceback.print_exc()
     out_dir = os.environ.get("OUT")
     if out_dir:
