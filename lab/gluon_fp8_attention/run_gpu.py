@@ -328,7 +328,7 @@ def main() -> int:
                 others.append(errors(pick(other, pairs), ref)[0])
             finite = bool(torch.isfinite(out.float()).all())
             cud, sdpa = ("-", "-"), "-"
-            if hq == hkv:
+            if hq == hkv and (sq == skv or not causal):  # (torch's is_causal is top-left aligned: Sq == Skv only)
                 deq = [dequantize(t, d).to(torch.bfloat16) for t, d in ((q8, qd), (k8, kd), (v8, vd))]
                 try:  # (a peer's refusal, e.g. a head dim its cuDNN lacks, is not our failure)
                     sdpa = f"{errors(pick(sdpa_bf16(*deq, causal), pairs), ref)[0]:.3e}"
