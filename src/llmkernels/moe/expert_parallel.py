@@ -87,9 +87,10 @@ class ExpertExchange:
                 travels with every copy of token t.
             expert_ids: int ``[T, k]`` global expert ids.
             run_experts: ``run_experts(rows, a_offsets, group_expert_ids, out)``: ``rows``, the parts' ``[R, ...]``
-                rows this rank's experts run (views), grouped by ``a_offsets`` (int32 ``[W·E/W + 1]``: one group per
-                (source rank, local expert)) with the local expert ``group_expert_ids[g]`` (int32); it writes the
-                bf16 ``[R, hidden]`` outputs into ``out`` (a view).
+                rows this rank's experts run (views), grouped by ``a_offsets`` (int32 ``[G + 1]``: one group per
+                (source rank, local expert) of these rows, G = E/W · the sources given: 1, W − 1 or W) with the
+                local expert ``group_expert_ids[g]`` (int32 ``[G]``); it writes the bf16 ``[R, hidden]`` outputs
+                into ``out`` (a view). Called once or twice per micro-batch (:attr:`kept_first`).
 
         Returns:
             ``(results, row_of_copy)``: bf16 ``[N, hidden]`` holding the expert outputs of this rank's copies (and
