@@ -49,10 +49,11 @@ def grouped_matmul(
             weights (row or 128x4 scales) take fp8 ``block=(1, 128)`` activations too (w4a8): the fp32-accumulated
             product of the dequantized operands, each product exact (e4m3 times e2m1 · 2^e), each K step's partial
             scaled by its token's scale; measured 5e-8 to 1.4e-7 relative (Frobenius) to float64 in the
-            interpreter with fp32 output (the sums' fp32 rounding; ``~K · 2^-24`` at worst). On an sm_90 GPU large
-            groups with the plain epilogue run on the FP8 tensor cores through a prepared copy of the weights
-            (:mod:`llmkernels.grouped_matmul.w4a8_prepare` states when; weights it cannot decode exactly run the
-            portable kernel).
+            interpreter with fp32 output (the sums' fp32 rounding; ``~K · 2^-24`` at worst). On an sm_90 GPU groups
+            of more than 16 tokens with the plain epilogue run on the FP8 tensor cores through a prepared copy of
+            the weights (:mod:`llmkernels.grouped_matmul.w4a8_prepare` states when; weights it cannot decode exactly
+            run the portable kernel), the decode sizes through the weights' Hopper-layout copy
+            (:mod:`llmkernels.grouped_matmul.backends.w4a8_decode`).
         a_offsets: int32 or uint32 ``[G + 1]`` on a's device, ``a_offsets[0] = 0``, non-decreasing.
             Read on the device: the call syncs nothing and can be captured in a CUDA graph.
         expert_ids: int32 ``[G]``; ``-1`` writes the group's rows as zeros.
