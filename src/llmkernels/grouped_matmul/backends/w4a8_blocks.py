@@ -5,13 +5,13 @@ that ``w4a8_hopper`` and ``w4a8_decode`` do not take, and theirs where the weigh
 
 from __future__ import annotations
 
-from ...launch import KernelSpec
+from ...launch import BoundKernel, KernelSpec
 from .. import config as gm_config
 from ..w4a8_kernel import w4a8_matmul_kernel
 from .base import epilogue_constexprs, pointer_types
 from .fp8_blocks import max_tiles
 
-__all__ = ["supports", "upcast_dtype", "kernel_spec", "scalars", "takes", "UNALIGNED"]
+__all__ = ["supports", "upcast_dtype", "kernel_spec", "scalars", "takes", "bound_fallback", "UNALIGNED"]
 
 # what the kernel's compile assumes of its integer arguments: all divisible by 16 but these (A's scale strides
 # count 128-wide blocks of K; B's row stride K / 2 bytes may be 16 for K = 32)
@@ -84,3 +84,12 @@ def scalars(call, config, group_rows: tuple[int, int], tensors: dict) -> tuple:
         call.k,
         *group_rows,
     )
+
+
+def bound_fallback(call, config, group_rows: tuple[int, int], tensors: tuple) -> BoundKernel:
+    """This backend's launch of ``call`` under ``config`` bound to ``tensors`` (``(a, a_scales, b, b_scales, out,
+    a_offsets, expert_ids, expert_scales, bias)``, its kernel's pointer order): what the Hopper backends run where
+    the weights have no prepared copy."""
+    a, a_scales, b, b_scales, out, _, _, _, bias = tensors
+    named = dict(a=a, a_scales=a_scales, b=b, b_scales=b_scales, out=out, bias=bias)
+    return kernel_spec(call, config, group_rows).bind(*tensors, *scalars(call, config, group_rows, named))

@@ -161,9 +161,7 @@ class W4A8DecodeLaunch:
         tensors = (a, a_scales, b, b_scales, out, a_offsets, expert_ids, expert_scales, bias)
         if self.portable is None:
             spec = self.spec
-            named = dict(a=a, a_scales=a_scales, b=b, b_scales=b_scales, out=out, bias=bias)
-            sizes = w4a8_blocks.scalars(spec.call, spec.config, spec.group_rows, named)
-            self.portable = w4a8_blocks.kernel_spec(spec.call, spec.config, spec.group_rows).bind(*tensors, *sizes)
+            self.portable = w4a8_blocks.bound_fallback(spec.call, spec.config, spec.group_rows, tensors)
         self.portable(*tensors)
 
     def __repr__(self) -> str:
