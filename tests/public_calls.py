@@ -208,6 +208,8 @@ NON_TENSOR_ARGUMENTS = {
         "topk_groups",
         "process_group",
         "capacity",
+        "micro_batches",
+        "dispatch_format",
     },
     "MoEFeedForward.forward": {"self"},
     "MoEFeedForward.from_float": {
@@ -217,6 +219,8 @@ NON_TENSOR_ARGUMENTS = {
         "weight_layout",
         "process_group",
         "capacity",
+        "micro_batches",
+        "dispatch_format",
         "routing",
     },
     "quantize_reference": {"format", "block", "power_of_two_scales"},
