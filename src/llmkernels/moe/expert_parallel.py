@@ -42,9 +42,8 @@ class ExpertExchange:
     rank ``r`` owns experts ``r·E/W … (r+1)·E/W − 1``).
 
     :meth:`exact` runs the exact mode's forward around this rank's experts (what the block calls without a
-    capacity). :meth:`send` takes this rank's tokens and their routing, and returns the rows this rank's experts
-    must run; :meth:`receive` takes those rows' outputs and returns this rank's tokens' outputs (the bounded mode's
-    path, and a one-chunk exact exchange of bf16 rows with local expert ids).
+    capacity). In the bounded mode :meth:`send` takes this rank's tokens and their routing, and returns the rows this
+    rank's experts must run; :meth:`receive` takes those rows' outputs and returns this rank's tokens' outputs.
     """
 
     def __init__(self, group, num_experts: int, capacity: int | None, micro_batches: int = 1, device=None):
@@ -192,9 +191,9 @@ class ExpertExchange:
         return out, torch.cat([row_of_copy + layout[c][0] for c, (_, _, row_of_copy) in enumerate(routed)])
 
     def send(self, x: torch.Tensor, expert_ids: torch.Tensor):
-        """x: bf16 ``[T, H]`` this rank's tokens; expert_ids: int ``[T, k]`` global expert ids. Returns
-        ``(rows [R, H] bf16, local_ids [R] int32, state)``: the copies this rank's experts run (padding rows of the
-        bounded mode are zeros with local id 0) and what :meth:`receive` needs."""
+        """The bounded mode's dispatch. x: bf16 ``[T, H]`` this rank's tokens; expert_ids: int ``[T, k]`` global
+        expert ids. Returns ``(rows [W·C, H] bf16, local_ids [W·C] int32, state)``: the copies this rank's experts run
+        (padding rows are zeros with local id 0) and what :meth:`receive` needs."""
         top_k = expert_ids.shape[1]
         dest = (expert_ids.reshape(-1) // self.experts_per_rank).to(torch.int64)  # [T·k] destination rank
         order = torch.argsort(dest, stable=True)  # copies grouped by destination, token order within
@@ -205,17 +204,6 @@ class ExpertExchange:
         send_counts = torch.zeros(self.world, dtype=torch.int64, device=x.device).scatter_add_(
             0, dest, torch.ones_like(dest)
         )
-        if self.capacity is None:
-            recv_counts = torch.empty_like(send_counts)
-            dist.all_to_all_single(recv_counts, send_counts, group=self.group)
-            send_sizes, recv_sizes = send_counts.tolist(), recv_counts.tolist()  # the exact mode's one sync
-            send_rows = x[token_sorted]
-            rows = x.new_empty((sum(recv_sizes), x.shape[1]))
-            dist.all_to_all_single(rows, send_rows, recv_sizes, send_sizes, group=self.group)
-            local_ids = torch.empty(sum(recv_sizes), dtype=torch.int32, device=x.device)
-            dist.all_to_all_single(local_ids, local_sorted, recv_sizes, send_sizes, group=self.group)
-            # the copy in send position i belongs to (token, slot) order[i]
-            return rows, local_ids, (order, send_sizes, recv_sizes)
         capacity = self.capacity
         starts = torch.cumsum(send_counts, 0) - send_counts
         slot = torch.arange(dest.numel(), device=x.device) - starts[dest_sorted]  # rank among copies to that rank
@@ -233,18 +221,12 @@ class ExpertExchange:
         return rows, local_ids, (order, position)
 
     def receive(self, outputs: torch.Tensor, state) -> tuple[torch.Tensor, torch.Tensor]:
-        """outputs: ``[R, H]`` the experts' results for :meth:`send`'s rows, in their order. Returns
-        ``(results, row_of_copy)``: int64 ``row_of_copy [T·k]`` is the row of ``results`` holding token t's slot s
-        at ``t·k + s``; -1 for a dropped copy (:func:`llmkernels.moe.combine` skips rows outside results)."""
-        order = state[0]
+        """The bounded mode's return. outputs: ``[W·C, H]`` the experts' results for :meth:`send`'s rows, in their
+        order. Returns ``(results, row_of_copy)``: int64 ``row_of_copy [T·k]`` is the row of ``results`` holding token
+        t's slot s at ``t·k + s``; -1 for a dropped copy (:func:`llmkernels.moe.combine` skips rows outside
+        results)."""
+        order, position = state
         row_of_copy = torch.empty_like(order)
-        if self.capacity is None:
-            _, send_sizes, recv_sizes = state
-            results = outputs.new_empty((sum(send_sizes), outputs.shape[1]))
-            dist.all_to_all_single(results, outputs.contiguous(), send_sizes, recv_sizes, group=self.group)
-            row_of_copy[order] = torch.arange(order.numel(), device=order.device)
-            return results, row_of_copy
-        _, position = state
         results = torch.empty_like(outputs)
         dist.all_to_all_single(results, outputs.contiguous(), group=self.group)
         row_of_copy[order] = torch.where(position < self.world * self.capacity, position, -1)
