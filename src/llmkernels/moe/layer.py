@@ -561,16 +561,19 @@ class MoEFeedForward(nn.Module):
             )
             if self.activation_format == "bf16":
                 a = _decode_fp8_rows(a)
-        h = grouped_matmul(a, self.w_gate_up, a_offsets, group_expert_ids, epilogue="swiglu")
-        grouped_matmul(self._activations(h), self.w_down, a_offsets, group_expert_ids, out=out)
+        self._projections(a, a_offsets, group_expert_ids, out)
 
     def _experts(self, x: torch.Tensor, expert_ids: torch.Tensor, num_experts: int):
         """This rank's experts on bf16 ``x [T, H]`` routed by local ``expert_ids [T, k]``: ``(y, row_of_copy)``,
         the outputs in expert-sorted rows and the row of each (token, slot) copy."""
         token_of_row, a_offsets, row_of_copy = dispatch(expert_ids, num_experts)
-        a = self._activations(x, token_of_row)
-        h = grouped_matmul(a, self.w_gate_up, a_offsets, self.expert_ids, epilogue="swiglu")
-        return grouped_matmul(self._activations(h), self.w_down, a_offsets, self.expert_ids), row_of_copy
+        return self._projections(self._activations(x, token_of_row), a_offsets, self.expert_ids), row_of_copy
+
+    def _projections(self, a, a_offsets: torch.Tensor, expert_ids: torch.Tensor, out: torch.Tensor | None = None):
+        """gate_up with the SwiGLU, then down, on the grouped matmul's A ``a [R, H]`` (groups of ``a_offsets``, local
+        expert ``expert_ids[g]``): bf16 ``[R, H]`` (written into ``out`` when given)."""
+        h = grouped_matmul(a, self.w_gate_up, a_offsets, expert_ids, epilogue="swiglu")
+        return grouped_matmul(self._activations(h), self.w_down, a_offsets, expert_ids, out=out)
 
 
 def _decode_fp8_rows(a: ScaledTensor) -> torch.Tensor:
