@@ -83,12 +83,13 @@ def pointer_types(call, a_dtype: torch.dtype | None = None) -> dict:
     }
 
 
-def epilogue_constexprs(call) -> dict:
+def epilogue_constexprs(call, interleaved_rows: bool = True) -> dict:
     """The epilogue's constexprs of a launch of ``call`` as the Triton kernels name them: expert scales, the
     epilogue's kind and user function, bias, and the SwiGLU parameters (``SwiGLU()``'s where the epilogue is not
-    one: unread)."""
+    one: unread). ``interleaved_rows`` False: without GLU_INTERLEAVED, for a kernel whose weights hold SwiGLU's rows
+    as ``[gate | up]`` halves whatever the call's rows (the Hopper-layout copy)."""
     glu = call.glu or SwiGLU()
-    return dict(
+    constexprs = dict(
         HAS_EXPERT_SCALES=call.has_expert_scales,
         EPILOGUE=call.epilogue_kind,
         EPILOGUE_FN=call.epilogue_fn,
@@ -96,5 +97,7 @@ def epilogue_constexprs(call) -> dict:
         GLU_ALPHA=glu.alpha,
         GLU_LIMIT=glu.limit,
         GLU_UP_SHIFT=glu.up_shift,
-        GLU_INTERLEAVED=glu.interleaved,
     )
+    if interleaved_rows:
+        constexprs["GLU_INTERLEAVED"] = glu.interleaved
+    return constexprs

@@ -9,9 +9,8 @@ from __future__ import annotations
 from ...launch import KernelSpec
 from ...runtime import cdiv
 from .. import config as gm_config
-from ..epilogue import SwiGLU
 from ..hopper_kernel import hopper_fp4_matmul_kernel
-from .base import compute_torch_dtype, pointer_types
+from .base import compute_torch_dtype, epilogue_constexprs, pointer_types
 from .portable import UNALIGNED
 
 __all__ = ["supports", "upcast_dtype", "kernel_spec", "scalars"]
@@ -46,7 +45,6 @@ def kernel_spec(call, config, group_rows: tuple[int, int]) -> KernelSpec:
     fp8_blocks = _fp8_blocks(call)
     if fp8_blocks and config.block_k != 128:
         raise ValueError(f"config: fp8 (1, 128) activations take block_k=128 on Hopper-layout weights, got {config}")
-    glu = call.glu or SwiGLU()
     dtype = gm_config.compute_dtype(call.a.element)
     class_groups = call.num_groups if min_rows < 0 else min(call.num_groups, call.num_tokens // (min_rows + 1))
     m_tiles = min(cdiv(call.num_tokens, config.block_m) + class_groups, call.num_tokens)
@@ -56,13 +54,7 @@ def kernel_spec(call, config, group_rows: tuple[int, int]) -> KernelSpec:
         A_FP8_BLOCKS=fp8_blocks,
         A_GLOBAL_SCALE=call.a.has_global_scale,
         B_GLOBAL_SCALE=call.b.has_global_scale,
-        HAS_EXPERT_SCALES=call.has_expert_scales,
-        EPILOGUE=call.epilogue_kind,
-        EPILOGUE_FN=call.epilogue_fn,
-        HAS_BIAS=call.has_bias,
-        GLU_ALPHA=glu.alpha,
-        GLU_LIMIT=glu.limit,
-        GLU_UP_SHIFT=glu.up_shift,
+        **epilogue_constexprs(call, interleaved_rows=False),
         EVEN_K=call.k % config.block_k == 0,
         PACKED_DECODE=gm_config.packed_decode(dtype, call.device),
         RETIRE_MMA=gm_config.retires_mma(call.device, True),
