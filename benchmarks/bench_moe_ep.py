@@ -16,7 +16,7 @@ Each rank holds E / W experts and routes its own ``--tokens`` tokens. Rank 0 rep
 * **all-to-all**: the time of one ``all_to_all_single`` of a forward's dispatch volume against the bandwidth this
   run measures for the group (a large all-to-all), i.e. how close the exchange runs to the link;
 * **decode**: bounded-mode latency at 1 to 64 tokens per rank (capacity = tokens · top_k, so nothing is dropped),
-  under CUDA-graph replay on GPUs.
+  under CUDA-graph replay on GPUs, against the one-GPU block on the same W·n tokens (``latency_ratio``).
 
 Writes ``moe_ep.{csv,md,png}`` under DIR (default ``benchmarks/results/<gpu>/bench_moe_ep/``). With W = 1 (one GPU)
 the exchange degenerates to local copies: the baseline and the block's overhead, not a scaling figure. Needs a CUDA
@@ -170,12 +170,11 @@ def run(options: dict, decode_tokens=(1, 2, 4, 8, 16, 32, 64)) -> None:
     rows = []
 
     # prefill: rank 0 alone with every expert on all W·T tokens, then the W ranks (exact mode) per option
-    whole_ms = float("nan")
+    whole_ms, whole = float("nan"), None
     if rank == 0:
         whole = MoEFeedForward.from_float(router, w_gate_up, w_down, top_k, weight_format=weight_format)
         started = _timer_local(device)
         whole_ms = started(lambda: whole(x_all), reps)
-        del whole
     dist.barrier()
     expert_ids = torch.topk(x.float() @ router.float().t(), top_k, dim=-1).indices  # softmax routing's top-k
     sent_away = int((expert_ids // per_rank != rank).sum())  # copies of rank 0's tokens that leave it
@@ -249,8 +248,22 @@ def run(options: dict, decode_tokens=(1, 2, 4, 8, 16, 32, 64)) -> None:
             capacity=n * top_k,
         )
         xd = x[:n].contiguous()
+        one_gpu_ms = float("nan")
+        if rank == 0:  # the one-GPU block on the same W·n tokens, also replayed
+            x_whole = x_all[: world * n].contiguous()
+            one_gpu_ms = _timer_local(device)(_graphed(lambda: whole(x_whole), device), reps)
         ms = time_ms(_graphed(lambda: decode_block(xd), device), reps)
-        rows.append(dict(part="decode", tokens_per_rank=n, ranks=world, ms=ms, tokens_per_s=world * n / ms * 1e3))
+        rows.append(
+            dict(
+                part="decode",
+                tokens_per_rank=n,
+                ranks=world,
+                ms=ms,
+                tokens_per_s=world * n / ms * 1e3,
+                one_gpu_ms=one_gpu_ms,
+                latency_ratio=ms / one_gpu_ms,
+            )
+        )
 
     columns = list(dict.fromkeys(key for row in rows for key in row))
     rows = [{key: row.get(key, "") for key in columns} for row in rows]

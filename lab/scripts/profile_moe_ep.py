@@ -1,0 +1,125 @@
+"""Where an expert-parallel forward's time goes: torch.profiler on every rank of one exact-mode forward (and of the
+one-GPU block on rank 0), kernels summed by name, the GPU's idle time inside the forward, and a Chrome trace per
+rank under $OUT.
+
+    torchrun --nproc-per-node W lab/scripts/profile_moe_ep.py [--weight-format mxfp4] [--tokens 4096]
+        [--micro-batches 1]
+
+Same shapes as benchmarks/bench_moe_ep.py (E 64, H 7168, I 2048, top-8).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections import defaultdict
+
+import torch
+import torch.distributed as dist
+from torch.profiler import ProfilerActivity, profile
+
+
+def kernel_summary(prof, label: str, reps: int) -> str:
+    """Kernels by name (ms per forward), the GPU-busy union and the span from first kernel start to last end."""
+    events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    by_name = defaultdict(float)
+    spans = []
+    for e in events:
+        by_name[e.name[:90]] += e.device_time_total / 1e3
+        spans.append((e.time_range.start, e.time_range.end))
+    spans.sort()
+    busy, cur_s, cur_e = 0.0, None, None
+    for s, t in spans:
+        if cur_e is None or s > cur_e:
+            if cur_e is not None:
+                busy += cur_e - cur_s
+            cur_s, cur_e = s, t
+        else:
+            cur_e = max(cur_e, t)
+    if cur_e is not None:
+        busy += cur_e - cur_s
+    span = (spans[-1][1] - spans[0][0]) if spans else 0
+    # compute-only busy (NCCL kernels excluded): what the experts and the glue keep the SMs busy
+    lines = [f"## {label}: span {span / 1e3 / reps:.3f} ms/forward, GPU busy (union) {busy / 1e3 / reps:.3f} ms"]
+    for name, ms in sorted(by_name.items(), key=lambda kv: -kv[1])[:40]:
+        lines.append(f"{ms / reps:9.3f} ms  {name}")
+    return "\n".join(lines)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--weight-format", default="mxfp4")
+    parser.add_argument("--tokens", type=int, default=4096)
+    parser.add_argument("--micro-batches", type=int, default=1)
+    parser.add_argument("--one-gpu", action="store_true", help="also profile the one-GPU block on rank 0")
+    args = parser.parse_args()
+    dist.init_process_group("nccl")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)))
+    torch.cuda.set_device(device)
+    from llmkernels.moe import MoEFeedForward
+
+    E, H, I, K, T = 64, 7168, 2048, 8, args.tokens
+    g = torch.Generator(device=device).manual_seed(0)
+    router = torch.randn(E, H, device=device, generator=g)
+    w_gate_up = torch.randn(E, 2 * I, H, device=device, generator=g) / H**0.5
+    w_down = torch.randn(E, H, I, device=device, generator=g) / I**0.5
+    per = E // world
+    mine = slice(rank * per, (rank + 1) * per)
+    x_all = torch.randn(world * T, H, device=device, generator=g).to(torch.bfloat16)
+    x = x_all[rank * T : (rank + 1) * T]
+    out_dir = os.environ.get("OUT", "/tmp")
+    reps = 3
+    report = []
+    if rank == 0 and args.one_gpu:
+        whole = MoEFeedForward.from_float(router, w_gate_up, w_down, K, weight_format=args.weight_format)
+        for _ in range(3):
+            whole(x_all)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(reps):
+                whole(x_all)
+            torch.cuda.synchronize()
+        report.append(kernel_summary(prof, f"one GPU, {world * T} tokens", reps))
+        prof.export_chrome_trace(f"{out_dir}/one_gpu_{args.weight_format}.json")
+        del whole
+    dist.barrier()
+    block = MoEFeedForward.from_float(
+        router,
+        w_gate_up[mine],
+        w_down[mine],
+        K,
+        weight_format=args.weight_format,
+        process_group=dist.group.WORLD,
+        micro_batches=args.micro_batches,
+    )
+    for _ in range(3):
+        block(x)
+    torch.cuda.synchronize()
+    dist.barrier()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(10):
+        block(x)
+    end.record()
+    torch.cuda.synchronize()
+    dist.barrier()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            block(x)
+        torch.cuda.synchronize()
+    report.append(f"# rank {rank}: {start.elapsed_time(end) / 10:.3f} ms per forward (events, unprofiled)")
+    report.append(kernel_summary(prof, f"rank {rank} of {world}, {T} tokens, micro_batches {args.micro_batches}", reps))
+    cpu = prof.key_averages().table(sort_by="cpu_time_total", row_limit=25)
+    report.append("### host ops by CPU time\n" + cpu)
+    prof.export_chrome_trace(f"{out_dir}/rank{rank}_w{world}_{args.weight_format}_m{args.micro_batches}.json")
+    text = "\n".join(report)
+    with open(f"{out_dir}/profile_w{world}_{args.weight_format}_m{args.micro_batches}_rank{rank}.txt", "w") as f:
+        f.write(text)
+    if rank == 0:
+        print(text)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
