@@ -60,7 +60,7 @@ def main():
         print(f"W={world}: copies received per rank {received} (mean {world * T * K // world})")
         for rank in range(world):
             mine = slice(rank * per, (rank + 1) * per)
-            block = MoEFeedForward.from_float(router, w_gate_up[mine], w_down[mine], K, weight_format="mxfp4")
+            block = MoEFeedForward.from_float(router[mine], w_gate_up[mine], w_down[mine], K, weight_format="mxfp4")
             local = counts[:, mine]  # [W, per]
             total = int(local.sum())
             a = torch.randn(total, H, device="cuda").to(torch.bfloat16)
