@@ -10,3 +10,4 @@ for fmt in mxfp4 bf16; do
   CUDA_VISIBLE_DEVICES=0,1 run torchrun --nproc-per-node 2 --master-port 29623 -m benchmarks.bench_moe_ep --weight-format $fmt --kept-first on off --out $OUT/w2_$fmt > $OUT/log_w2_$fmt.txt 2>&1
 done
 for f in $OUT/w*/moe_ep.md; do echo "### $f"; grep -E "prefill|all_to_all|\| decode \| +\| +\| +\| 1 " $f; done
+cd $OUT && tar czf ep_results.tgz w* log_* topo.txt && rm -rf w* log_* topo.txt
