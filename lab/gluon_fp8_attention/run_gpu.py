@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import math
 import os
 import sys
 import time
@@ -85,88 +84,15 @@ def errors(out, ref):
 
 
 # ----------------------------------------------------------------------------------------------- peers
+# cuDNN's FP8 SDPA (cudnn frontend ``graph.sdpa_fp8``, per-tensor descales, e4m3 O) lives in benchmarks/peers.py
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from benchmarks.peers import cudnn_fp8_runner, cudnn_frontend  # noqa: E402
+
 try:
-    import cudnn  # noqa: E402
-
+    cudnn = cudnn_frontend()
     CUDNN_ERROR = None
-except Exception as error:  # noqa: BLE001
-    cudnn, CUDNN_ERROR = None, f"{type(error).__name__}: {error}"
-
-_CUDNN_HANDLE = None
-
-
-class CudnnFp8:
-    """cuDNN FP8 SDPA forward on ``[B, S, H, D]`` e4m3 storage (per-tensor scalar descales), O e4m3."""
-
-    def __init__(self, q8, k8, v8, qd, kd, vd, causal, o_amax):
-        global _CUDNN_HANDLE
-        if _CUDNN_HANDLE is None:
-            _CUDNN_HANDLE = cudnn.create_handle()
-        handle = _CUDNN_HANDLE
-        cudnn.set_stream(handle=handle, stream=torch.cuda.current_stream().cuda_stream)
-        e4m3, fp32 = cudnn.data_type.FP8_E4M3, cudnn.data_type.FLOAT
-        graph = cudnn.pygraph(io_data_type=e4m3, intermediate_data_type=fp32, compute_data_type=fp32, handle=handle)
-        batch, seqlen_q, heads, dim = q8.shape
-
-        def view(t):  # [B, H, S, D] dims over [B, S, H, D] storage
-            return t.permute(0, 2, 1, 3)
-
-        self.q, self.k, self.v = view(q8), view(k8), view(v8)
-        tq, tk, tv = (
-            graph.tensor(name=n, dim=list(t.shape), stride=list(t.stride()), data_type=e4m3)
-            for n, t in (("q", self.q), ("k", self.k), ("v", self.v))
-        )
-        scalar = dict(dim=[1, 1, 1, 1], stride=[1, 1, 1, 1], data_type=fp32)
-        names = ("descale_q", "descale_k", "descale_v", "descale_s", "scale_s", "scale_o")
-        tensors = [graph.tensor(name=n, **scalar) for n in names]
-        self.scale_o = E4M3_MAX / max(float(o_amax), 1e-12)
-        values = (
-            float(qd.flatten()[0]),
-            float(kd.flatten()[0]),
-            float(vd.flatten()[0]),
-            1.0 / E4M3_MAX,
-            E4M3_MAX,
-            self.scale_o,
-        )
-        self.scalars = [torch.full((1, 1, 1, 1), v, dtype=torch.float32, device=DEVICE) for v in values]
-        out, _, amax_s, amax_o = graph.sdpa_fp8(
-            q=tq,
-            k=tk,
-            v=tv,
-            descale_q=tensors[0],
-            descale_k=tensors[1],
-            descale_v=tensors[2],
-            descale_s=tensors[3],
-            scale_s=tensors[4],
-            scale_o=tensors[5],
-            is_inference=True,
-            attn_scale=1.0 / math.sqrt(dim),
-            use_causal_mask=causal,
-            name="sdpa_fp8",
-        )
-        self.o = torch.empty(batch, seqlen_q, heads, dim, dtype=torch.float8_e4m3fn, device=DEVICE)
-        o_view = view(self.o)
-        out.set_output(True).set_dim(list(o_view.shape)).set_stride(list(o_view.stride())).set_data_type(e4m3)
-        self.amax = [torch.zeros(1, 1, 1, 1, dtype=torch.float32, device=DEVICE) for _ in range(2)]
-        for t in (amax_s, amax_o):
-            t.set_output(True).set_dim([1, 1, 1, 1]).set_stride([1, 1, 1, 1]).set_data_type(fp32)
-        graph.validate()
-        graph.build_operation_graph()
-        graph.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
-        graph.check_support()
-        graph.build_plans()
-        self.graph, self.handle = graph, handle
-        self.pack = {tq: self.q, tk: self.k, tv: self.v, out: o_view, amax_s: self.amax[0], amax_o: self.amax[1]}
-        self.pack.update(dict(zip(tensors, self.scalars)))
-        self.workspace = torch.empty(graph.get_workspace_size(), dtype=torch.uint8, device=DEVICE)
-
-    def __call__(self):  # the current stream each call: CUDA-graph capture runs on a side stream
-        cudnn.set_stream(handle=self.handle, stream=torch.cuda.current_stream().cuda_stream)
-        self.graph.execute(self.pack, self.workspace, handle=self.handle)
-        return self.o
-
-    def dequantized(self):
-        return self.o.double() / self.scale_o
+except ImportError as error:
+    cudnn, CUDNN_ERROR = None, str(error)
 
 
 def sdpa_bf16(q, k, v, causal):
@@ -336,7 +262,7 @@ def main() -> int:
                     sdpa = f"error: {type(error).__name__}: {str(error)[:120]}"
             if cudnn is not None and hq == hkv and not per_head and sq == skv:
                 try:
-                    peer = CudnnFp8(q8, k8, v8, qd, kd, vd, causal, ref.abs().max().item())
+                    peer = cudnn_fp8_runner(q8, k8, v8, qd, kd, vd, causal, ref.abs().max().item())
                     peer()
                     torch.cuda.synchronize()
                     cud = tuple(f"{e:.3e}" for e in errors(pick(peer.dequantized(), pairs), ref))
@@ -393,7 +319,7 @@ def main() -> int:
                     fp8_ms = float("nan")
                     if cudnn is not None:
                         try:
-                            peer = CudnnFp8(q8, k8, v8, qd, kd, vd, causal, 1.0)
+                            peer = cudnn_fp8_runner(q8, k8, v8, qd, kd, vd, causal, 1.0)
                             fp8_ms = graph_time(peer)
                         except Exception as error:  # noqa: BLE001
                             print(f"(cuDNN FP8 timing failed: {type(error).__name__}: {str(error)[:300]})")
