@@ -46,6 +46,14 @@ def zipf_offsets(num_experts: int, total_tokens: int, exponent: float = 1.2) -> 
     return torch.cat([torch.zeros(1, dtype=torch.long), sizes.cumsum(0)]).to(torch.int32).cuda()
 
 
+def e4m3_descale(amax: torch.Tensor) -> torch.Tensor:
+    """float32 descales for storing values of max |x| ``amax`` as float8_e4m3fn: the power of two
+    ``2^ceil(log2(amax / 448))``, so that ``x / descale`` fits e4m3 (<= 448) and ``e4m3 * descale`` is exact in bf16
+    (an e4m3 value times a power of two): a bf16 system run on the dequantized values reads the very values the FP8
+    one reads. Same shape as ``amax``."""
+    return torch.exp2(torch.ceil(torch.log2(amax.float().clamp_min(2.0**-100) / 448.0)))
+
+
 def time_ms(fn, warmup_ms: float = 25, rep_ms: float = 100) -> float:
     """Median time of ``fn()`` in milliseconds (CUDA events, via triton.testing.do_bench)."""
     import triton.testing
