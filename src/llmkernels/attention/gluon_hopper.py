@@ -86,6 +86,8 @@ CONSUMER_ROWS = 64  # Q rows per consumer warpgroup: one m64 wgmma row block
 HEAD_DIMS = (64, 128, 256)
 MAX_WORK_TILES = 2**31 - 2**20  # work-tile indices (and the counter, which overshoots by a grid) stay in int32
 DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
+# the element types of the tiles the Gluon kernels read through descriptors: DTYPES and e4m3 (gluon_fp8_prefill)
+TILE_DTYPES = {**DTYPES, torch.float8_e4m3fn: gl.float8e4nv}
 # Registers per thread. Two consumer warpgroups: 240 each and 24 for the load warp's warpgroup, 12 warps in all
 # (4 + 4 + 1, rounded up to warpgroups) sharing the SM's 64K registers: the launch's maxnreg
 # (config.GLUON_PREFILL_MAX_REGS) is 65536 / (12 * 32) rounded down to a multiple of 8, and the default partition
@@ -885,7 +887,8 @@ def _nvmma_layout(block_shape, dtype=gl.bfloat16):
 
 def descriptor_type(dtype: torch.dtype, block) -> str:
     """The Triton type of a tensor descriptor argument with this block (for an ahead-of-time compile)."""
-    return f"tensordesc<{TYPE_NAMES[dtype]}[{', '.join(map(str, block))}],{_nvmma_layout(block, DTYPES[dtype])!r}>"
+    layout = _nvmma_layout(block, TILE_DTYPES[dtype])
+    return f"tensordesc<{TYPE_NAMES[dtype]}[{', '.join(map(str, block))}],{layout!r}>"
 
 
 def as_tma_ready(t: torch.Tensor) -> torch.Tensor:
@@ -964,13 +967,14 @@ def supports_paged(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor
     )
 
 
-def _descriptor(t: torch.Tensor, block_rows: int) -> TensorDescriptor:
+def _descriptor(t: torch.Tensor, block_rows: int, block_cols: int | None = None) -> TensorDescriptor:
     """Per sequence ``[B, S, H * D]`` with t's own batch and token strides: a box past S is zero-filled, never
-    the next sequence's rows."""
+    the next sequence's rows. Boxes of ``block_rows`` tokens by ``block_cols`` elements (default: one head)."""
     batch, seqlen, heads, head_dim = t.shape
     shape = [batch, seqlen, heads * head_dim]
-    block = [1, block_rows, head_dim]
-    return TensorDescriptor(t, shape, [t.stride(0), t.stride(1), 1], block, _nvmma_layout(block, DTYPES[t.dtype]))
+    block = [1, block_rows, block_cols or head_dim]
+    layout = _nvmma_layout(block, TILE_DTYPES[t.dtype])
+    return TensorDescriptor(t, shape, [t.stride(0), t.stride(1), 1], block, layout)
 
 
 def sequence_rows(t: torch.Tensor) -> tuple:
@@ -1076,6 +1080,22 @@ class _TileCounters:
         return self.views[self.taken - 1]
 
 
+def take_tile_counter(counters: dict, device: torch.device) -> torch.Tensor:
+    """A zeroed int32 tile counter, without a sync: the next of a launch's own for the current stream
+    (``counters`` maps streams to :class:`_TileCounters`; the caller holds the launch's lock, so that two threads'
+    launches on one stream take them in order), or a fresh one while a CUDA graph is captured (each captured launch
+    keeps its own) and off the GPU."""
+    if device.type != "cuda" or capturing(device):
+        return torch.zeros(1, dtype=torch.int32, device=device)
+    stream = torch._C._cuda_getCurrentRawStream(
+        device.index if device.index is not None else torch.cuda.current_device()
+    )
+    tile_counters = counters.get(stream)
+    if tile_counters is None:
+        tile_counters = counters.setdefault(stream, _TileCounters(device))
+    return tile_counters.take()
+
+
 class GluonPrefillLaunch:
     """The prefill kernel's launch for one plan: q, k, v TMA cannot read copied, the descriptors laid out, tile
     counters of its own per stream for masked calls, bound at the first call."""
@@ -1088,20 +1108,6 @@ class GluonPrefillLaunch:
         mask = call.mask_spec
         self.sides = (mask.window_left, mask.window_right) if mask.has_window else (UNBOUNDED, UNBOUNDED)
         self.call, self.counters, self.lock = call, {}, threading.Lock()
-
-    def _counter(self, device: torch.device) -> torch.Tensor:
-        """A zeroed int32 tile counter: the next of the plan's own for the current stream (:class:`_TileCounters`;
-        the caller holds the lock, so that two threads' launches on one stream take them in order), or a fresh one
-        while a CUDA graph is captured (each captured launch keeps its own) and off the GPU."""
-        if device.type != "cuda" or capturing(device):
-            return torch.zeros(1, dtype=torch.int32, device=device)
-        stream = torch._C._cuda_getCurrentRawStream(
-            device.index if device.index is not None else torch.cuda.current_device()
-        )
-        counters = self.counters.get(stream)
-        if counters is None:
-            counters = self.counters.setdefault(stream, _TileCounters(device))
-        return counters.take()
 
     def __call__(
         self, q, k, v, kv_cache, cu_seqlens_q, cu_seqlens_k, sinks, slopes, attn_mask, out, lse, o_partial, lse_partial
@@ -1124,7 +1130,7 @@ class GluonPrefillLaunch:
             (self.bound or self._bind(values, k, v))(*values)
             return
         with self.lock:
-            values = (*values[:5], self._counter(out.device), *values[6:])
+            values = (*values[:5], take_tile_counter(self.counters, out.device), *values[6:])
             (self.bound or self._bind(values, k, v))(*values)
 
     def _bind(self, values, k, v) -> BoundKernel:
