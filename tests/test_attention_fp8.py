@@ -10,7 +10,7 @@ import torch
 
 from llmkernels import runtime
 from llmkernels.attention import config as attention_config
-from llmkernels.attention import gluon_hopper, portable
+from llmkernels.attention import gluon_fp8_prefill, gluon_hopper, portable
 from llmkernels.attention.api import attention
 from llmkernels.attention.check import check_attention, check_fp8_capability
 from llmkernels.attention.config import FA4Config, default_config, tiling
@@ -202,23 +202,74 @@ def test_views_give_the_contiguous_bits(device):
     assert torch.equal(out.view(torch.int16), expected.view(torch.int16))
 
 
-def test_fp8_calls_never_take_a_gluon_backend(monkeypatch, device):
-    """On an sm_90 GPU the Gluon prefill takes a bf16 call; the same call with FP8 K/V goes to the portable kernel
-    (the Gluon kernels do not read e4m3 tiles nor apply descales)."""
+def test_fp8_calls_take_the_gluon_fp8_prefill_or_the_portable_kernel(monkeypatch, device):
+    """On an sm_90 GPU: an e4m3 q, k, v dense call (full or causal, GQA, D 64 or 128, descales or none, LSE or not)
+    goes to the Gluon FP8 prefill; a bf16 q over FP8 K/V, a window, sinks, ragged or paged FP8 inputs, D = 256, a
+    split-KV call or an interpreter run go to the portable kernel; a bf16 call to the Gluon bf16 prefill."""
     monkeypatch.setattr(attention_config, "runs_gluon", lambda device: True)  # as on an H100, not the interpreter
     with runtime.pretend_gpu((9, 0)) as gpu:
-        q = torch.zeros(1, 256, 4, 64, dtype=torch.bfloat16, device=device)
-        k = torch.zeros(1, 256, 4, 64, dtype=torch.bfloat16, device=device)
-        args = (False, None, None, None, None, None, None, None, None, None, None, False, None, False)
-        for kv_dtype, wanted in ((torch.bfloat16, "gluon_prefill"), (FP8, "portable")):
-            kv = k.to(kv_dtype)
-            call = check_attention(q, kv, kv, *args)
-            call = dataclasses.replace(call, device=gpu, tma_ready=(True, True, True), kv_token_rows=True)
-            config = default_config(64, torch.bfloat16, gpu)
-            tiles = tiling(config, False, call.q_bound, call.group, call.batch, call.num_kv_heads)
-            chosen = next(backend for backend in PASSES if takes(backend, call, tiles))
-            assert chosen.name == wanted, (kv_dtype, chosen.name)
-        assert gluon_hopper.BACKEND.supports(call, tiles) is False and portable.BACKEND.reads_fp8
+
+        def chosen(q, k, v, causal=False, mask=None, sinks=None, return_lse=False, split=False, **kwargs):
+            call = check_attention(
+                q,
+                k,
+                v,
+                causal,
+                mask,
+                None,
+                sinks,
+                None,
+                None,
+                None,
+                None,
+                None,
+                None,
+                None,
+                return_lse,
+                None,
+                False,
+                **kwargs,
+            )
+            call = dataclasses.replace(call, device=gpu, tma_ready=(True, True, True))
+            config = default_config(call.head_dim, call.dtype, gpu)
+            tiles = tiling(config, split, call.q_bound, call.group, call.batch, call.num_kv_heads, num_splits=2)
+            return next(backend for backend in PASSES if takes(backend, call, tiles)).name
+
+        bf16 = torch.zeros(2, 256, 8, 128, dtype=torch.bfloat16, device=device)
+        q8, kv8 = bf16.to(FP8), bf16[:, :, :2].to(FP8)
+        descales = {name: _descale(2, 2, device) for name in ("q_descale", "k_descale", "v_descale")}
+        assert chosen(q8, kv8, kv8) == "gluon_fp8_prefill"
+        assert chosen(q8, kv8, kv8, causal=True, return_lse=True, **descales) == "gluon_fp8_prefill"
+        assert chosen(q8[..., :64], kv8[..., :64], kv8[..., :64], causal=True) == "gluon_fp8_prefill"
+        assert chosen(q8, kv8, kv8, mask=SlidingWindow(-1, 0)) == "gluon_fp8_prefill"  # causal by another name
+        assert chosen(bf16, bf16, bf16) == "gluon_prefill"
+        assert chosen(bf16, kv8, kv8) == "portable"  # bf16 q over FP8 K/V
+        assert chosen(q8, kv8, kv8, mask=SlidingWindow(100, 0)) == "portable"
+        assert chosen(q8, kv8, kv8, sinks=torch.zeros(8, device=device)) == "portable"
+        assert chosen(q8, kv8, kv8, split=True) == "portable"
+        wide = torch.zeros(2, 256, 8, 256, device=device).to(FP8)
+        assert chosen(wide, wide[:, :, :2], wide[:, :, :2]) == "portable"  # D = 256: never run on a GPU
+        cu = torch.tensor([0, 100, 256], dtype=torch.int32, device=device)
+        ragged = dict(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=156, max_seqlen_k=156)
+        call = check_attention(
+            q8[0], kv8[0], kv8[0], True, None, None, None, None, *ragged.values(), None, None, False, None, False
+        )
+        call = dataclasses.replace(call, device=gpu, tma_ready=(True, True, True))
+        tiles = tiling(default_config(128, call.dtype, gpu), False, call.q_bound, call.group, 2, 2)
+        assert next(backend for backend in PASSES if takes(backend, call, tiles)).name == "portable"
+        cache = _fp8_paged_cache([200, 256], 16, 2, 128, device)
+        call = check_attention(
+            q8, None, None, True, None, None, None, None, None, None, None, None, cache, None, False, None, False
+        )
+        call = dataclasses.replace(call, device=gpu, tma_ready=(True, True, True))
+        assert next(backend for backend in PASSES if takes(backend, call, tiles)).name == "portable"
+    # the interpreter (or any GPU but sm_90): the portable kernel
+    monkeypatch.setattr(attention_config, "runs_gluon", lambda device: False)
+    call = check_attention(
+        q8, kv8, kv8, False, None, None, None, None, None, None, None, None, None, None, False, None, False
+    )
+    assert not gluon_fp8_prefill.BACKEND.supports(call, tiles) and gluon_fp8_prefill.BACKEND.reads_fp8
+    assert not gluon_hopper.BACKEND.supports(call, tiles)
 
 
 def test_fp8_needs_sm89():

@@ -330,6 +330,37 @@ def test_warp_specialized_and_fp8_blocks_backends_compile():
             assert {"232", "40"} <= set(regs.split(",")), regs
 
 
+_FP8_ATTENTION_SCRIPT = (
+    _FP8_SCRIPT.split("cases = (")[0]  # its SASS helpers: sass_of, loop_spills
+    + """
+from llmkernels.attention.gluon_fp8_prefill import compile_for_sm90
+
+for d, causal in ((64, False), (64, True), (128, False), (128, True)):
+    asm = compile_for_sm90(d, causal, return_lse=causal)
+    ptx = asm["ptx"]
+    kinds = sorted(set(re.findall(r"wgmma\\.mma_async\\.sync\\.aligned\\.(m\\d+n\\d+k\\d+\\.\\w+\\.\\w+\\.\\w+)", ptx)))
+    regs = sorted(set(re.findall(r"setmaxnreg\\.\\w+\\.sync\\.aligned\\.u32\\s+(\\d+)", ptx)), key=int)
+    print(d, causal, ",".join(kinds), ",".join(regs), loop_spills(sass_of(asm["cubin"])), ptx.count("atom.global"))
+"""
+)
+
+
+def test_gluon_fp8_attention_compiles_to_e4m3_wgmma():
+    """The Gluon FP8 prefill (``attention/gluon_fp8_prefill.py``: its backend's KernelSpec) builds for sm_90a at D 64
+    and 128, full and causal (the causal ones with the LSE): only e4m3 x e4m3 wgmmas (``m64n128k32`` for S = Q K^T,
+    ``m64n{D}k32`` for P V: no bf16 MMA), consumers raised to 240 registers and the producer lowered to 24
+    (setmaxnreg), no spill inside a loop that issues them, and causal work tiles from an atomic counter."""
+    if not _compilable(90):
+        pytest.skip("this Triton does not compile for sm_90a")
+    rows = _compiler_rows(_FP8_ATTENTION_SCRIPT.format(tools=str(TOOL.parent)))
+    assert len(rows) == 4, rows
+    for head_dim, causal, kinds, regs, spills, atomics in rows:
+        assert set(kinds.split(",")) == {"m64n128k32.f32.e4m3.e4m3", f"m64n{head_dim}k32.f32.e4m3.e4m3"}, kinds
+        assert {"24", "240"} <= set(regs.split(",")), regs
+        assert int(spills) == 0, (head_dim, causal, spills)  # -1: no MMA loop found
+        assert int(atomics) == (1 if causal == "True" else 0), (head_dim, causal, atomics)
+
+
 def test_fp8_hopper_binds_tma_descriptors_over_the_plan_tensors():
     """What the ``fp8_hopper`` backend binds for a GPU launch, checked without one (under the interpreter a binding
     compiles nothing): the plan's tensors, handed by the kernel's ``*_ptr`` names, reach it as TMA descriptors over

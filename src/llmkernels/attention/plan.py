@@ -10,10 +10,11 @@ A backend is one kernel and the host code around it, behind one contract:
 * ``launch(call, tiles)``: that launch for a plan, bound (:meth:`KernelSpec.bind`) on the first call's tensors and
   then called with each call's tensors.
 
-A plan asks :data:`PASSES` in order (the Gluon prefill, the Gluon split-KV pass, the portable kernel, which takes
-every call) for the pass over the keys; a split-KV call of several splits then runs :data:`COMBINE`. A call with a
-float8_e4m3fn input (FP8 attention) goes only to a pass whose backend says ``reads_fp8 = True`` (the portable
-kernel; the Gluon kernels do not read FP8 yet): :func:`takes`.
+A plan asks :data:`PASSES` in order (the Gluon FP8 prefill, the Gluon prefill, the Gluon split-KV pass, the portable
+kernel, which takes every call) for the pass over the keys; a split-KV call of several splits then runs
+:data:`COMBINE`. A call with a float8_e4m3fn input (FP8 attention) goes only to a pass whose backend says
+``reads_fp8 = True`` (:func:`takes`): the Gluon FP8 prefill (e4m3 q, k and v, dense, full or causal, on sm_90) and
+the portable kernel, which takes every other FP8 call.
 
 The plan key (:func:`plan_key`) is the call's signature as :class:`~llmkernels.launch.PlanCache` makes it, except
 for dense K/V without a mask tensor: there it holds, of Skv and the K/V strides, only what Triton specializes on
@@ -45,9 +46,9 @@ PLANS = PlanCache("attention")
 def _passes() -> tuple:
     backends = []
     try:  # Gluon's Hopper modules (Triton >= 3.5); without them the portable kernel runs
-        from . import gluon_decode, gluon_hopper
+        from . import gluon_decode, gluon_fp8_prefill, gluon_hopper
 
-        backends += [gluon_hopper.BACKEND, gluon_decode.BACKEND]
+        backends += [gluon_fp8_prefill.BACKEND, gluon_hopper.BACKEND, gluon_decode.BACKEND]
     except ImportError:
         pass
     return (*backends, portable.BACKEND)
