@@ -43,6 +43,14 @@ def kernel_summary(prof, label: str, reps: int) -> str:
     lines = [f"## {label}: span {span / 1e3 / reps:.3f} ms/forward, GPU busy (union) {busy / 1e3 / reps:.3f} ms"]
     for name, ms in sorted(by_name.items(), key=lambda kv: -kv[1])[:40]:
         lines.append(f"{ms / reps:9.3f} ms  {name}")
+    # the last forward's kernels in order: start (ms from the forward's first kernel), duration, name
+    last = sorted(events, key=lambda e: e.time_range.start)[-len(events) // reps :]
+    origin = last[0].time_range.start if last else 0
+    lines.append("### last forward's kernels: start ms, duration ms, name")
+    for e in last:
+        if e.device_time_total >= 20:
+            start_ms = (e.time_range.start - origin) / 1e3
+            lines.append(f"{start_ms:8.3f} {e.device_time_total / 1e3:8.3f}  {e.name[:60]}")
     return "\n".join(lines)
 
 
@@ -52,6 +60,7 @@ def main():
     parser.add_argument("--tokens", type=int, default=4096)
     parser.add_argument("--micro-batches", type=int, default=1)
     parser.add_argument("--one-gpu", action="store_true", help="also profile the one-GPU block on rank 0")
+    parser.add_argument("--kept-first", default="on", choices=["on", "off"])
     args = parser.parse_args()
     dist.init_process_group("nccl")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -93,6 +102,7 @@ def main():
         process_group=dist.group.WORLD,
         micro_batches=args.micro_batches,
     )
+    block.exchange.kept_first = args.kept_first == "on"
     for _ in range(3):
         block(x)
     torch.cuda.synchronize()
@@ -112,9 +122,10 @@ def main():
     report.append(kernel_summary(prof, f"rank {rank} of {world}, {T} tokens, micro_batches {args.micro_batches}", reps))
     cpu = prof.key_averages().table(sort_by="cpu_time_total", row_limit=25)
     report.append("### host ops by CPU time\n" + cpu)
-    prof.export_chrome_trace(f"{out_dir}/rank{rank}_w{world}_{args.weight_format}_m{args.micro_batches}.json")
     text = "\n".join(report)
-    with open(f"{out_dir}/profile_w{world}_{args.weight_format}_m{args.micro_batches}_rank{rank}.txt", "w") as f:
+    with open(
+        f"{out_dir}/profile_w{world}_{args.weight_format}_m{args.micro_batches}_{args.kept_first}_rank{rank}.txt", "w"
+    ) as f:
         f.write(text)
     if rank == 0:
         print(text)
