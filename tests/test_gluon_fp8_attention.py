@@ -25,8 +25,9 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not _on_sm90(), reason="needs 
 
 FP8 = torch.float8_e4m3fn
 # Relative error (norm-wise) against float64 on the dequantized inputs. The products and the fp32 accumulation are
-# near exact; P is rounded to e4m3 (3 mantissa bits) before P V: measured 2.0-2.5e-2 on randn inputs (H100, the lab
-# prototype; 0.6-0.7x cuDNN FP8's). The LSE comes from the fp32 scores and the unrounded probabilities.
+# near exact; P is rounded to e4m3 (3 mantissa bits) before P V: measured 1.1-2.4e-2 on randn inputs with these
+# descales (H100, D 64 / 128, full / causal, 1000x1000, 300x700, 700x300; the lab's cases 2.0-2.5e-2, 0.6-0.7x cuDNN
+# FP8's). The LSE comes from the fp32 scores and the unrounded probabilities: measured at most 3.2e-5.
 TOLERANCE = {"out": 4e-2, "lse": 1e-4}
 
 

@@ -8,10 +8,12 @@ portable kernel's for an e4m3 q). Every other FP8 call (bf16 q over FP8 K/V, rag
 score_mod, mask tensors, split-KV, D other than 64 and 128) runs the portable kernel. D = 256 compiles (64-key
 tiles, in ``lab/gluon_fp8_attention``) but was never run on a GPU, so it stays with the portable kernel.
 
-Measured on an H100 (Triton 3.6; the lab prototype, this kernel's default variant): 725-757 TFLOP/s full and
-635-681 causal at D = 128 (4x16x4096 and 2x16x8192), 1.09-1.13x cuDNN's bf16 attention, where the portable
-kernel converts the e4m3 tiles to bf16 and runs bf16 MMAs; relative error 2.0-2.5e-2 against float64 on the
-dequantized inputs (randn), 0.6-0.7x cuDNN FP8's (which also rounds O to e4m3).
+Measured on an H100 (Triton 3.6, through :func:`llmkernels.attention`, CUDA-graph replay): 714-717 TFLOP/s full
+and 644-673 causal at D = 128 (4x16x4096 and 2x16x8192), 1.08-1.14x the bf16 Gluon prefill in the same run and
+2.3-2.5x the portable kernel (128 x 128 tiles, 8 warps) on the same e4m3 inputs (it converts them to bf16 for bf16
+MMAs); the lab prototype measured 1.09-1.13x cuDNN's bf16 attention and 0.73-0.77x cuDNN FP8. Relative error
+1.1-2.4e-2 against float64 on the dequantized inputs (randn), the lab's 0.6-0.7x cuDNN FP8's (which also rounds O
+to e4m3).
 
 The schedule is :mod:`.gluon_hopper`'s (the bf16 prefill) with e4m3 operands:
 
