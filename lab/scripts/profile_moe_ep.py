@@ -120,6 +120,15 @@ def main():
         torch.cuda.synchronize()
     report.append(f"# rank {rank}: {start.elapsed_time(end) / 10:.3f} ms per forward (events, unprofiled)")
     report.append(kernel_summary(prof, f"rank {rank} of {world}, {T} tokens, micro_batches {args.micro_batches}", reps))
+    from llmkernels.grouped_matmul.api import PLANS
+
+    for plan in PLANS.plans():  # what each grouped-matmul call planned (config, size class, grid)
+        c = plan.call
+        launches = "; ".join(
+            f"{type(launch.backend).__name__} {launch.config} rows {launch.group_rows} grid {launch.spec.grid}"
+            for launch in plan.launches
+        )
+        report.append(f"plan: rows {c.num_tokens} groups {c.num_groups} n {c.n_out} k {c.k}: {launches}")
     cpu = prof.key_averages().table(sort_by="cpu_time_total", row_limit=25)
     report.append("### host ops by CPU time\n" + cpu)
     text = "\n".join(report)
