@@ -12,7 +12,8 @@ Each rank holds E / W experts and routes its own ``--tokens`` tokens. Rank 0 rep
   (``dispatch_format`` × ``micro_batches`` × ``kept_first``: ``auto`` is the block's default, the activations' own
   format where its rows quantize alone; ``kept_first`` on: the copies kept on their rank run while the dispatch is
   in flight, the block's default), each with ``exchange_bytes``, the bytes rank 0 sends to the other ranks per forward
-  (dispatch payload + bf16 return, from this run's routing);
+  (dispatch payload + bf16 return, from this run's routing), and ``max_rank_load``, the most copies one rank's
+  experts receive over the mean (1.0: balanced; the router has unit-scale logits, as a trained one);
 * **all-to-all**: the time of one ``all_to_all_single`` of a forward's dispatch volume against the bandwidth this
   run measures for the group (a large all-to-all), i.e. how close the exchange runs to the link;
 * **decode**: bounded-mode latency at 1 to 64 tokens per rank (capacity = tokens · top_k, so nothing is dropped),
@@ -158,7 +159,9 @@ def run(options: dict, decode_tokens=(1, 2, 4, 8, 16, 32, 64)) -> None:
     num_experts, hidden, intermediate, top_k = (options[key] for key in ("experts", "hidden", "intermediate", "top_k"))
     tokens, weight_format = options["tokens"], options["weight_format"]
     generator = torch.Generator(device=device).manual_seed(0)  # the same weights on every rank
-    router = torch.randn(num_experts, hidden, device=device, generator=generator)
+    # logits of unit scale, as a trained router gives: unscaled, their softmax underflows to exact zeros and the
+    # ties (lowest id first) send most copies to the first rank's experts
+    router = torch.randn(num_experts, hidden, device=device, generator=generator) / hidden**0.5
     w_gate_up = torch.randn(num_experts, 2 * intermediate, hidden, device=device, generator=generator) / hidden**0.5
     w_down = torch.randn(num_experts, hidden, intermediate, device=device, generator=generator) / intermediate**0.5
     per_rank = num_experts // world
@@ -178,6 +181,10 @@ def run(options: dict, decode_tokens=(1, 2, 4, 8, 16, 32, 64)) -> None:
     dist.barrier()
     expert_ids = torch.topk(x.float() @ router.float().t(), top_k, dim=-1).indices  # softmax routing's top-k
     sent_away = int((expert_ids // per_rank != rank).sum())  # copies of rank 0's tokens that leave it
+    # the most copies one rank's experts receive over the mean: the slowest rank sets the forward's time
+    all_ids = torch.topk(x_all.float() @ router.float().t(), top_k, dim=-1).indices
+    per_rank_copies = torch.bincount((all_ids // per_rank).reshape(-1), minlength=world).float()
+    rank_load = float(per_rank_copies.max() / per_rank_copies.mean())
     for dispatch_format in options.get("dispatch_formats", ["auto"]):
         for micro_batches in options.get("micro_batches", [1]):
             try:  # every rank raises the same ValueError, before any collective
@@ -211,6 +218,7 @@ def run(options: dict, decode_tokens=(1, 2, 4, 8, 16, 32, 64)) -> None:
                         one_gpu_ms=whole_ms,
                         one_gpu_tokens_per_s=world * tokens / whole_ms * 1e3,
                         speedup=whole_ms / ep_ms,
+                        max_rank_load=rank_load,
                         exchange_bytes=sent_away * (_row_bytes(block.dispatch_format, hidden) + 2 * hidden),
                     )
                 )

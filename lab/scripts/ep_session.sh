@@ -1,25 +1,31 @@
 #!/bin/bash
-# One multi-GPU device call for the expert-parallel work: topology, profiles of one forward at 2 and W ranks
-# (and the one-GPU block), then bench_moe_ep at W ranks (and 2 when W > 2). Results under $OUT.
-# Usage (repository root of a clean copy, PYTHONPATH=src:.): bash lab/scripts/ep_session.sh [W] [parts...]
-W=${1:-4}; shift; PARTS=${*:-"profile bench"}
-nvidia-smi topo -m > $OUT/topo.txt 2>&1
-run() { echo "== $*"; timeout ${LIMIT:-300} "$@"; echo "rc=$?"; }
+# One multi-GPU device call for the expert-parallel work (repository root of a clean copy, PYTHONPATH=src:.):
+#   bash lab/scripts/ep_session.sh W [parts...]      parts: bench bench2 nccl profile (default: bench bench2 nccl)
+# bench: bench_moe_ep at W ranks, mxfp4 and bf16 weights, kept-first on / off, 1 / 2 micro-batches; bench2: the same
+# at 2 ranks (GPUs 0, 1); nccl: the NCCL tests (W = min(GPUs, 4)); profile: profile_moe_ep.py at W ranks. Results in
+# one tarball $OUT/ep_results.tgz (the device runner returns a few files per call).
+W=${1:-4}; shift; PARTS=${*:-"bench bench2 nccl"}
+run() { echo "== $*"; timeout ${LIMIT:-240} "$@"; echo "rc=$?"; }
+mkdir -p $OUT/ep && cd_out=$OUT/ep
+nvidia-smi topo -m > $cd_out/topo.txt 2>&1
 for part in $PARTS; do
   case $part in
-    profile)
-      CUDA_VISIBLE_DEVICES=0,1 run torchrun --nproc-per-node 2 --master-port 29611 lab/scripts/profile_moe_ep.py --one-gpu > $OUT/prof_w2.txt 2>&1
-      [ $W -gt 2 ] && run torchrun --nproc-per-node $W --master-port 29612 lab/scripts/profile_moe_ep.py > $OUT/prof_w$W.txt 2>&1 ;;
-    bench)
+    bench|bench2)
+      [ $part = bench2 ] && n=2 && export CUDA_VISIBLE_DEVICES=0,1 || n=$W
       for fmt in mxfp4 bf16; do
-        run torchrun --nproc-per-node $W --master-port 29613 -m benchmarks.bench_moe_ep --weight-format $fmt --micro-batches 1 2 --out $OUT/w${W}_$fmt > $OUT/bench_w${W}_$fmt.txt 2>&1
-      done ;;
-    bench2)
-      for fmt in mxfp4 bf16; do
-        CUDA_VISIBLE_DEVICES=0,1 run torchrun --nproc-per-node 2 --master-port 29614 -m benchmarks.bench_moe_ep --weight-format $fmt --out $OUT/w2_$fmt > $OUT/bench_w2_$fmt.txt 2>&1
-      done ;;
+        run torchrun --nproc-per-node $n --master-port 2962$n -m benchmarks.bench_moe_ep --weight-format $fmt \
+          --micro-batches 1 2 --kept-first on off --out $cd_out/w${n}_$fmt > $cd_out/log_w${n}_$fmt.txt 2>&1
+      done
+      unset CUDA_VISIBLE_DEVICES ;;
     nccl)
-      run python -m pytest -q -p no:cacheprovider -rA tests/test_expert_parallel.py -k nccl > $OUT/nccl_tests.txt 2>&1 ;;
+      run python -m pytest -q -p no:cacheprovider -rA tests/test_expert_parallel.py -k nccl > $cd_out/nccl_tests.txt 2>&1
+      grep -E "^(PASSED|FAILED|ERROR)|passed|failed" $cd_out/nccl_tests.txt | tail -20 ;;
+    profile)
+      for kf in on off; do
+        run torchrun --nproc-per-node $W --master-port 29640 lab/scripts/profile_moe_ep.py --kept-first $kf > $cd_out/log_profile_$kf.txt 2>&1
+        mv $OUT/profile_*.txt $cd_out/ 2>/dev/null
+      done ;;
   esac
 done
-tail -5 $OUT/*.txt
+for f in $cd_out/w*/moe_ep.md; do echo "### $f"; grep -E "prefill|all_to_all|\| decode \| +\| +\| +\| 1 " $f; done
+cd $OUT && tar czf ep_results.tgz ep && rm -rf ep
