@@ -38,7 +38,7 @@ def time_ms(fn, reps=10):
 def inputs(world):
     device = torch.device("cuda")
     g = torch.Generator(device=device).manual_seed(0)
-    router = torch.randn(E, H, device=device, generator=g)
+    router = torch.randn(E, H, device=device, generator=g) / H**0.5  # unit-scale logits, as bench_moe_ep
     w_gate_up = torch.randn(E, 2 * I, H, device=device, generator=g) / H**0.5
     w_down = torch.randn(E, H, I, device=device, generator=g) / I**0.5
     x_all = torch.randn(world * T, H, device=device, generator=g).to(torch.bfloat16)

@@ -70,7 +70,7 @@ def main():
 
     E, H, I, K, T = 64, 7168, 2048, 8, args.tokens
     g = torch.Generator(device=device).manual_seed(0)
-    router = torch.randn(E, H, device=device, generator=g)
+    router = torch.randn(E, H, device=device, generator=g) / H**0.5  # unit-scale logits, as bench_moe_ep
     w_gate_up = torch.randn(E, 2 * I, H, device=device, generator=g) / H**0.5
     w_down = torch.randn(E, H, I, device=device, generator=g) / I**0.5
     per = E // world
