@@ -4,6 +4,7 @@
         [--intermediate 2048] [--top-k 8] [--weight-format mxfp4] [--tokens 4096]
         [--dispatch-formats auto [bf16 fp8]] [--micro-batches 1 [2 4]] [--kept-first on [off]]
     python -m benchmarks bench_moe_ep --cpu-smoke     (2 gloo ranks on the CPU, tiny shapes: checks the script)
+    python -m benchmarks bench_moe_ep --scaling DIR... [--out DIR]     (the scaling table of earlier runs)
 
 Each rank holds E / W experts and routes its own ``--tokens`` tokens. Rank 0 reports:
 
@@ -102,7 +103,16 @@ def main(argv=None):
         help="prefill: ExpertExchange.kept_first values to time (on: the block's default)",
     )
     parser.add_argument("--cpu-smoke", action="store_true", help="2 gloo ranks, tiny shapes, the interpreter")
+    parser.add_argument(
+        "--scaling",
+        nargs="+",
+        metavar="DIR",
+        help="no run: the scaling table and plot (scaling.{csv,md,png} under --out) of earlier runs' moe_ep.csv in DIRs",
+    )
     args = parser.parse_args(argv)
+    if args.scaling:
+        print(scaling(args.scaling, args.out or os.path.dirname(os.path.abspath(args.scaling[0]))))
+        return
     if args.cpu_smoke:
         import torch.multiprocessing as mp
 
@@ -296,6 +306,56 @@ def run(options: dict, decode_tokens=(1, 2, 4, 8, 16, 32, 64)) -> None:
             os.path.join(out_dir, "moe_ep.png"),
             "Expert-parallel decode latency",
         )
+
+
+def scaling(run_dirs: list, out_dir: str) -> str:
+    """The speedup over one GPU of each run's default exchange (1 micro-batch, kept-first on) and of its best
+    option, per weight format and rank count, from the ``moe_ep.csv`` of runs (one per format and W; the weight
+    format is read from the directory name's suffix after the last ``_``). Writes ``scaling.{csv,md,png}``."""
+    import csv
+
+    from benchmarks.common import bar_plot, write_table
+
+    rows = []
+    for run_dir in run_dirs:
+        with open(os.path.join(run_dir, "moe_ep.csv")) as f:
+            prefill = [r for r in csv.DictReader(f) if r["part"] == "prefill"]
+        if not prefill:
+            continue
+        default = next(
+            (r for r in prefill if r["micro_batches"] == "1" and r["kept_first"] == "on"),
+            prefill[0],
+        )
+        best = max(prefill, key=lambda r: float(r["speedup"]))
+        rows.append(
+            dict(
+                weights=os.path.basename(os.path.normpath(run_dir)).rsplit("_", 1)[-1],
+                ranks=int(default["ranks"]),
+                one_gpu_ms=float(default["one_gpu_ms"]),
+                ms=float(default["ms"]),
+                speedup=float(default["speedup"]),
+                best_option=f"micro_batches {best['micro_batches']}, kept_first {best['kept_first']}",
+                best_speedup=float(best["speedup"]),
+                max_rank_load=float(default.get("max_rank_load") or "nan"),
+            )
+        )
+    rows.sort(key=lambda r: (r["weights"], r["ranks"]))
+    table = write_table(
+        rows,
+        out_dir,
+        "scaling",
+        "Expert-parallel scaling",
+        "Prefill speedup of W ranks over one GPU running every expert on the same W·T tokens (bench_moe_ep runs; "
+        "`speedup`: the block's default exchange, `best_speedup`: the best option timed).",
+    )
+    bar_plot(
+        [f"{r['weights']} W={r['ranks']}" for r in rows],
+        {"speedup (default)": [r["speedup"] for r in rows], "best option": [r["best_speedup"] for r in rows]},
+        "speedup over one GPU",
+        os.path.join(out_dir, "scaling.png"),
+        "Expert-parallel MoE block: prefill speedup over one GPU",
+    )
+    return table
 
 
 def _row_bytes(dispatch_format: str, hidden: int) -> int:
