@@ -14,7 +14,7 @@ for part in $PARTS; do
       [ $part = bench2 ] && n=2 && export CUDA_VISIBLE_DEVICES=0,1 || n=$W
       for fmt in mxfp4 bf16; do
         run torchrun --nproc-per-node $n --master-port 2962$n -m benchmarks.bench_moe_ep --weight-format $fmt \
-          --micro-batches 1 2 --kept-first on off --out $cd_out/w${n}_$fmt > $cd_out/log_w${n}_$fmt.txt 2>&1
+          --micro-batches ${MB:-1 2} --kept-first on off --out $cd_out/w${n}_$fmt > $cd_out/log_w${n}_$fmt.txt 2>&1
       done
       unset CUDA_VISIBLE_DEVICES ;;
     nccl)

@@ -10,8 +10,8 @@ Two modes (:class:`ExpertExchange`):
   grouped by local expert: the receiver runs its grouped matmuls straight on the received buffer (one group per
   (source, expert)), writes the outputs where the return all-to-all reads them, and the returned rows land in the
   sender's order, where the combine reads them. The rows a rank keeps for its own experts are never exchanged: its
-  gather writes them where its grouped matmuls read them, and they run while the dispatch is in flight
-  (:attr:`ExpertExchange.kept_first`). The payload is any set of row-major parts (bf16 rows,
+  gather writes them where its grouped matmuls read them, and they run in two parts (:attr:`ExpertExchange.kept_first`),
+  the first half of its experts' rows while the dispatch is in flight and the others' while the return is. The payload is any set of row-major parts (bf16 rows,
   or quantized data and its scales). With ``micro_batches = m`` the tokens run in m chunks: chunk i+1's dispatch
   all-to-all and chunk i's return are in flight (``async_op=True``) while chunk i's experts run; the counts of all
   chunks travel in one exchange (still one sync). Each token's result does not depend on the chunking.
@@ -54,8 +54,9 @@ class ExpertExchange:
         self.experts_per_rank = num_experts // self.world
         self.capacity = capacity
         self.micro_batches = micro_batches
-        # exact mode: run the copies kept here while the dispatch is in flight, then the received rows (two calls
-        # of the experts per chunk, the same bits); False: one call on both, after the dispatch
+        # exact mode: run half the copies kept here while the dispatch is in flight, then the received rows, then
+        # the other kept copies while the return is in flight (three calls of the experts per chunk); False: one
+        # call on both, between the dispatch and the return
         self.kept_first = True
         self.dropped = None  # copies dropped in the last bounded forward (int64 device scalar)
         world, rank, per_rank = self.world, self.rank, self.experts_per_rank
@@ -89,7 +90,7 @@ class ExpertExchange:
                 rows this rank's experts run (views), grouped by ``a_offsets`` (int32 ``[G + 1]``: one group per
                 (source rank, local expert) of these rows, G = E/W · the sources given: 1, W − 1 or W) with the
                 local expert ``group_expert_ids[g]`` (int32 ``[G]``); it writes the bf16 ``[R, hidden]`` outputs
-                into ``out`` (a view). Called once or twice per micro-batch (:attr:`kept_first`).
+                into ``out`` (a view). Called once or three times per micro-batch (:attr:`kept_first`).
 
         Returns:
             ``(results, row_of_copy)``: bf16 ``[N, hidden]`` holding the expert outputs of this rank's copies (and
@@ -114,8 +115,12 @@ class ExpertExchange:
             dist.all_to_all_single(recv_counts, send_counts, group=self.group)
         else:
             recv_counts = send_counts
-        counts = torch.cat([send_counts.sum(2), recv_counts.sum(2)]).tolist()  # the exact mode's one sync
-        send_sizes, recv_sizes = counts[:world], counts[world:]  # [rank][chunk]
+        # the kept copies run in two calls, the first `early` local experts' while the dispatch is in flight and
+        # the others' while the return is: the rows of the first part travel in the one sync
+        early = per_rank // 2
+        counts = torch.cat([send_counts.sum(2), recv_counts.sum(2), send_counts[rank : rank + 1, :, :early].sum(2)])
+        counts = counts.tolist()  # the exact mode's one sync
+        send_sizes, recv_sizes, kept_early = counts[:world], counts[world : 2 * world], counts[2 * world]
         ordered = recv_counts.index_select(0, self.sources).permute(1, 0, 2).reshape(chunks, world * per_rank)
         a_offsets = torch.nn.functional.pad(ordered.cumsum(1), (1, 0)).to(torch.int32)  # [chunks, W·E/W + 1]
         layout, base = [], 0  # per chunk: (start, rows sent away, copies, rows received from the others)
@@ -151,18 +156,27 @@ class ExpertExchange:
             return works
 
         kept_first = self.kept_first and world > 1
-        if kept_first:  # the groups of the kept copies, and those of the received rows from their first row
-            kept_offsets = a_offsets[:, : per_rank + 1]
+        if kept_first:  # the groups of the kept copies (two parts), and those of the received rows, each from 0
+            early_offsets = a_offsets[:, : early + 1]
+            late_offsets = a_offsets[:, early : per_rank + 1] - a_offsets[:, early : early + 1]
             received_offsets = a_offsets[:, per_rank:] - a_offsets[:, per_rank : per_rank + 1]
+
+        def run_kept(c, first: bool):
+            start, sent = layout[c][:2]
+            if first:
+                rows, offsets, ids = slice(start + sent, start + sent + kept_early[c]), early_offsets[c], slice(early)
+            else:
+                rows = slice(start + sent + kept_early[c], start + sent + send_sizes[rank][c])
+                offsets, ids = late_offsets[c], slice(early, per_rank)
+            run_experts([buffer[rows] for buffer in buffers], offsets, self.group_expert_ids[ids], out[rows])
+
         pending = post_dispatch(0)
         returns = []
         for c in range(chunks):
             following = post_dispatch(c + 1) if c + 1 < chunks else []
             start, sent, copies, received = layout[c]
-            if kept_first:  # while the chunk's dispatch is in flight
-                rows = slice(start + sent, start + copies)
-                ids = self.group_expert_ids[:per_rank]
-                run_experts([buffer[rows] for buffer in buffers], kept_offsets[c], ids, out[rows])
+            if kept_first and early:  # while the chunk's dispatch is in flight
+                run_kept(c, first=True)
             for work in pending:
                 work.wait()
             if kept_first:
@@ -183,6 +197,8 @@ class ExpertExchange:
                         async_op=True,
                     )
                 )
+            if kept_first:  # while the chunk's return is in flight
+                run_kept(c, first=False)
             pending = following
         for work in returns:
             work.wait()
