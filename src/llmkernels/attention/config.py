@@ -35,9 +35,9 @@ FA4 switches
 
 Hopper's warp-specialized schedule
 ----------------------------------
-``warp_specialized``     run the Gluon kernel of ``gluon_hopper.py`` where it applies (an sm_90 GPU, dense
-                         fp16/bf16 prefill, D 64/128/256, no mask but causal / a sliding window, no score_mod,
-                         sinks or mask tensor): the seed's warp roles made explicit, a TMA **load warp** (K and
+``warp_specialized``     run the Gluon kernels where they apply (an sm_90 GPU, no score_mod, sinks or mask
+                         tensor): ``gluon_hopper.py`` for fp16/bf16 prefill, D 64/128/256, causal / a sliding
+                         window; ``gluon_fp8_prefill.py`` for dense e4m3 q/k/v, D 64/128, causal: the seed's warp roles made explicit, a TMA **load warp** (K and
                          V through two-stage rings, the seed's ``num_kv_stages`` = 2) and consumer warpgroups
                          that each issue their own wgmmas and run their own softmax (on Hopper the warpgroup
                          that issues a wgmma owns its accumulator, so the seed's MMA and softmax roles merge;

@@ -11,9 +11,9 @@ tiles, in ``lab/gluon_fp8_attention``) but was never run on a GPU, so it stays w
 Measured on an H100 (Triton 3.6, through :func:`llmkernels.attention`, CUDA-graph replay): 714-717 TFLOP/s full
 and 644-673 causal at D = 128 (4x16x4096 and 2x16x8192), 1.08-1.14x the bf16 Gluon prefill in the same run and
 2.3-2.5x the portable kernel (128 x 128 tiles, 8 warps) on the same e4m3 inputs (it converts them to bf16 for bf16
-MMAs); the lab prototype measured 1.09-1.13x cuDNN's bf16 attention and 0.73-0.77x cuDNN FP8. Relative error
-1.1-2.4e-2 against float64 on the dequantized inputs (randn), the lab's 0.6-0.7x cuDNN FP8's (which also rounds O
-to e4m3).
+MMAs). ``bench_attention_prefill --fp8`` (H100, one run): 0.80-0.83x cuDNN's FP8 SDPA and 1.03-1.17x its bf16
+attention at D = 128, 0.86x / 0.96x cuDNN FP8 at D = 64 (full / causal). Relative error 2.0-2.6e-2 against
+float64 on the dequantized inputs (randn), where cuDNN FP8's is 3.3-3.7e-2 (it also rounds O to e4m3).
 
 The schedule is :mod:`.gluon_hopper`'s (the bf16 prefill) with e4m3 operands:
 
