@@ -232,13 +232,18 @@ def dequantize(x: ScaledTensor) -> torch.Tensor:
 
 def _dequantize_fp8(x: ScaledTensor) -> torch.Tensor:
     """fp8 → float32: ``float(data) · scale`` of each element's tile, one float32 multiply (so within half a float32
-    ulp of the exact decode), one tile column at a time (no full-size temporary besides the result)."""
+    ulp of the exact decode), in place in the result: one broadcast multiply where the tiles divide the rows (the
+    expert-parallel exchange decodes its fp8 rows here), else one tile column at a time."""
     rows, cols = x.block
-    values = x.data.float()
+    values = x.data.to(torch.float32, memory_format=torch.contiguous_format)
     if values.dim() == 1:
         values = values[None]
     scales = x.scales if x.scales.dim() == values.dim() else x.scales[None]
     row_scales = scales.repeat_interleave(rows, dim=-2)[..., : values.shape[-2], :] if rows > 1 else scales
-    for tile in range(row_scales.shape[-1]):
-        values[..., tile * cols : (tile + 1) * cols] *= row_scales[..., tile : tile + 1]
+    width = values.shape[-1]
+    if width % cols == 0 and row_scales.shape[-1] == width // cols:
+        values.view(*values.shape[:-1], width // cols, cols).mul_(row_scales[..., None])
+    else:
+        for tile in range(row_scales.shape[-1]):
+            values[..., tile * cols : (tile + 1) * cols] *= row_scales[..., tile : tile + 1]
     return values.reshape(x.shape)

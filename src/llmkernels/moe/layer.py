@@ -560,7 +560,7 @@ class MoEFeedForward(nn.Module):
                 rows[0].view(spec.data_dtype), rows[1].view(spec.scale_dtype), self.dispatch_format, block=block
             )
             if self.activation_format == "bf16":
-                a = _decode_fp8_rows(a)
+                a = dequantize(a).to(torch.bfloat16)
         self._projections(a, a_offsets, group_expert_ids, out)
 
     def _experts(self, x: torch.Tensor, expert_ids: torch.Tensor, num_experts: int):
@@ -574,13 +574,3 @@ class MoEFeedForward(nn.Module):
         expert ``expert_ids[g]``): bf16 ``[R, H]`` (written into ``out`` when given)."""
         h = grouped_matmul(a, self.w_gate_up, a_offsets, expert_ids, epilogue="swiglu")
         return grouped_matmul(self._activations(h), self.w_down, a_offsets, expert_ids, out=out)
-
-
-def _decode_fp8_rows(a: ScaledTensor) -> torch.Tensor:
-    """fp8 ``(1, 128)`` rows ``[R, H]`` → bf16: ``bf16(float32(data) · scale)``, the bits of
-    ``dequantize(a).to(torch.bfloat16)``."""
-    rows, hidden = a.data.shape
-    if hidden % FP8_ACTIVATION_BLOCK[1]:
-        return dequantize(a).to(torch.bfloat16)
-    blocks = a.data.float().view(rows, -1, FP8_ACTIVATION_BLOCK[1]) * a.scales[:, :, None]
-    return blocks.view(rows, hidden).to(torch.bfloat16)
