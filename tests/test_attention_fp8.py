@@ -272,6 +272,22 @@ def test_fp8_calls_take_the_gluon_fp8_prefill_or_the_portable_kernel(monkeypatch
     assert not gluon_hopper.BACKEND.supports(call, tiles)
 
 
+@pytest.mark.parametrize("bad", [0.0, -0.5, float("nan"), float("inf")])
+def test_validate_names_a_descale_that_is_not_a_positive_factor(device, bad):
+    """With ``validate=True`` a descale entry that is not a finite factor > 0 raises naming it and its index
+    (the FP8 kernels take the softmax max on raw scores), before any launch: the poisoned output never appears."""
+    q = _e4m3((2, 32, 4, 64), device)
+    kv = _e4m3((2, 48, 2, 64), device)
+    good = _descale(2, 2, device)
+    for name in ("q_descale", "k_descale", "v_descale"):
+        descale = good.clone()
+        descale[1, 0] = bad
+        with pytest.raises(ValueError, match=rf"{name}\[1, 0\] = .* must be a finite factor > 0"):
+            attention(q, kv, kv, validate=True, **{name: descale})
+    out = attention(q, kv, kv, validate=True, q_descale=good, k_descale=good, v_descale=good)
+    assert torch.isfinite(out.float()).all()
+
+
 def test_fp8_needs_sm89():
     """Ampere has no e4m3 conversion: FP8 inputs on an sm_80 GPU are refused by name (sm_89+ pass)."""
     with runtime.pretend_gpu((8, 0)) as gpu, pytest.raises(ValueError, match="k is float8_e4m3fn on an sm_80"):

@@ -115,7 +115,8 @@ def attention(
             bad entry: ``cu_seqlens_*[0] != 0``, a decreasing entry, an entry past q's / k's rows, a length
             above ``max_seqlen_q`` / ``max_seqlen_k``, ``kv_cache.seqlens`` negative or above ``max_pages *
             page_size`` (or ``max_seqlen_k``), a used ``kv_cache.block_table`` entry (the first
-            ``ceil(seqlens[b] / page_size)`` of row b) outside ``[0, num_pages)``. Not capturable in a CUDA
+            ``ceil(seqlens[b] / page_size)`` of row b) outside ``[0, num_pages)``, a descale that is not a
+            finite factor > 0 (unchecked without ``validate``: the FP8 kernels need them positive). Not capturable in a CUDA
             graph; under ``torch.compile`` the call stays on the Python path (no custom op).
 
     Every tensor argument may be any view (strided, expanded, offset, transposed): batch, token and head
@@ -193,6 +194,7 @@ def attention(
             max_seqlen_q if cu_seqlens_q is not None else None,
             max_seqlen_k,
             kv_cache,
+            (q_descale, k_descale, v_descale),
         )
     if mask is not None and type(mask) is not SlidingWindow:
         mask = split_mask_tensor(mask)[1]

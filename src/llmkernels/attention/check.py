@@ -152,9 +152,17 @@ def _check_paged_values(
         raise ValueError(f"kv_cache.block_table[{b}, {i}] = {int(block_table[b, i])} not in [0, num_pages={num_pages})")
 
 
-def check_metadata_values(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, kv_cache) -> None:
+def check_metadata_values(
+    q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, kv_cache, descales=(None, None, None)
+) -> None:
     """The checks that need the metadata's values (one device sync); only with ``validate=True``. Raises
     ValueError naming the argument and its first bad entry."""
+    for name, descale in zip(("q_descale", "k_descale", "v_descale"), descales):
+        if descale is not None:  # the FP8 kernels take the softmax max on raw scores: factors must be positive
+            values = descale.detach().float().cpu()
+            first = first_true(~(values > 0) | ~torch.isfinite(values))
+            if first is not None:
+                raise ValueError(f"{name}{list(first)} = {values[first].item()} must be a finite factor > 0")
     paged = kv_cache is not None
     cu_q, cu_k, seqlens, block_table, starts = _to_host(
         cu_seqlens_q,
