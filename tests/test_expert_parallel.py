@@ -79,7 +79,7 @@ FP8_DISPATCH_BOUND = 2**-4  # e4m3 rounds each element to within 2^-4 of its val
         (2, "no-tokens", "bf16", None, "bf16/auto/2/together"),
         (2, "idle-experts", "mxfp4", None, ""),
         (2, "balanced", "mxfp4", 64, ""),  # bounded, nothing dropped
-        (2, "skewed", "bf16", 5, ""),  # bounded, the hot expert's rank overflows
+        (2, "skewed", "fp8", 5, ""),  # bounded, the hot expert's rank overflows; fp8 (1, 128) rows travel quantized
         (4, "balanced", "mxfp8", 3, "mxfp8/auto/2"),
     ],
 )
@@ -152,6 +152,7 @@ def _gpus() -> int:
         ("skewed", "bf16", 5, ""),
         ("graph", "mxfp4", 64, ""),
         ("graph", "bf16", 5, ""),  # overflowing capacity, replayed
+        ("graph", "fp8", 5, ""),  # fp8 rows quantized on the sender inside the graph
     ],
 )
 def test_nccl_ranks_match_one_process(tmp_path, case, weight_format, capacity, variants):

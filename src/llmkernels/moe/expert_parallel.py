@@ -16,7 +16,8 @@ Two modes (:class:`ExpertExchange`):
   all-to-all and chunk i's return are in flight (``async_op=True``) while chunk i's experts run; the counts of all
   chunks travel in one exchange (still one sync). Each token's result does not depend on the chunking.
 * **bounded** (``capacity=C``): every rank sends exactly ``C`` rows to every rank (padding included), so no
-  count reaches the host: no sync, CUDA-graph capturable. For decode. One chunk, bf16 rows. **Rule for the
+  count reaches the host: no sync, CUDA-graph capturable. For decode. One chunk; the payload is any set of
+  row-major parts, as in the exact mode. **Rule for the
   overflow**: a rank's copies to one destination beyond the first ``C`` (in token order, then top-k slot) are
   dropped: their expert's output is left out of the token's weighted sum (the other weights are not
   renormalized). The number of copies dropped in the last forward is :attr:`ExpertExchange.dropped` (a device
@@ -206,10 +207,11 @@ class ExpertExchange:
             return out, routed[0][2]
         return out, torch.cat([row_of_copy + layout[c][0] for c, (_, _, row_of_copy) in enumerate(routed)])
 
-    def send(self, x: torch.Tensor, expert_ids: torch.Tensor):
-        """The bounded mode's dispatch. x: bf16 ``[T, H]`` this rank's tokens; expert_ids: int ``[T, k]`` global
-        expert ids. Returns ``(rows [W·C, H] bf16, local_ids [W·C] int32, state)``: the copies this rank's experts run
-        (padding rows are zeros with local id 0) and what :meth:`receive` needs."""
+    def send(self, parts: Sequence[torch.Tensor], expert_ids: torch.Tensor):
+        """The bounded mode's dispatch. parts: this rank's ``T`` tokens' payload, row-major ``[T, ...]`` tensors (bf16
+        rows, or quantized data and scales as uint8 / float32); expert_ids: int ``[T, k]`` global expert ids. Returns
+        ``(rows, local_ids [W·C] int32, state)``: ``rows``, the parts' ``[W·C, ...]`` copies this rank's experts run
+        (padding rows are zeros with local id 0), and what :meth:`receive` needs."""
         top_k = expert_ids.shape[1]
         dest = (expert_ids.reshape(-1) // self.experts_per_rank).to(torch.int64)  # [T·k] destination rank
         order = torch.argsort(dest, stable=True)  # copies grouped by destination, token order within
@@ -217,21 +219,24 @@ class ExpertExchange:
         local_sorted = (expert_ids.reshape(-1)[order] - dest_sorted * self.experts_per_rank).to(torch.int32)
         token_sorted = order // top_k
         # counts by scatter_add: bincount would sync to size its output
-        send_counts = torch.zeros(self.world, dtype=torch.int64, device=x.device).scatter_add_(
+        device = expert_ids.device
+        send_counts = torch.zeros(self.world, dtype=torch.int64, device=device).scatter_add_(
             0, dest, torch.ones_like(dest)
         )
         capacity = self.capacity
         starts = torch.cumsum(send_counts, 0) - send_counts
-        slot = torch.arange(dest.numel(), device=x.device) - starts[dest_sorted]  # rank among copies to that rank
+        slot = torch.arange(dest.numel(), device=device) - starts[dest_sorted]  # rank among copies to that rank
         kept = slot < capacity
         self.dropped = (~kept).sum()
         position = torch.where(kept, dest_sorted * capacity + slot, self.world * capacity)  # the last row: a sink
-        send_rows = x.new_zeros((self.world * capacity + 1, x.shape[1]))
-        send_rows[position] = x[token_sorted]
-        send_ids = torch.zeros(self.world * capacity + 1, dtype=torch.int32, device=x.device)
+        rows = []
+        for part in parts:
+            send_rows = part.new_zeros((self.world * capacity + 1, *part.shape[1:]))
+            send_rows[position] = part[token_sorted]
+            rows.append(torch.empty_like(send_rows[:-1]))
+            dist.all_to_all_single(rows[-1], send_rows[:-1], group=self.group)
+        send_ids = torch.zeros(self.world * capacity + 1, dtype=torch.int32, device=device)
         send_ids[position] = local_sorted
-        rows = torch.empty_like(send_rows[:-1])
-        dist.all_to_all_single(rows, send_rows[:-1], group=self.group)
         local_ids = torch.empty_like(send_ids[:-1])
         dist.all_to_all_single(local_ids, send_ids[:-1], group=self.group)
         return rows, local_ids, (order, position)

@@ -50,18 +50,15 @@ DISPATCH_FORMATS = ("bf16", "fp8")
 def _dispatch_format(process_group, capacity, micro_batches, dispatch_format, activation_format: str) -> str | None:
     """The format the exchange moves rows in (None without a process group), after checking ``micro_batches`` and
     ``dispatch_format`` (before any collective): None picks the activations' own format where its rows quantize
-    alone (fp8, mxfp8, mxfp4), bf16 otherwise; the bounded mode moves bf16 rows."""
+    alone (fp8, mxfp8, mxfp4), bf16 otherwise; in both modes."""
     if isinstance(micro_batches, bool) or not isinstance(micro_batches, int) or micro_batches < 1:
         raise ValueError(f"micro_batches must be an int >= 1, got {micro_batches!r}")
     if dispatch_format is not None and dispatch_format not in DISPATCH_FORMATS:
         raise ValueError(f"dispatch_format must be None or one of {DISPATCH_FORMATS}, got {dispatch_format!r}")
     if process_group is None and (micro_batches != 1 or dispatch_format is not None):
         raise ValueError("micro_batches and dispatch_format need a process_group (expert parallelism)")
-    if capacity is not None and (micro_batches != 1 or dispatch_format == "fp8"):
-        raise ValueError(
-            "the bounded mode (capacity) runs one chunk of bf16 rows: micro_batches must be 1 and dispatch_format "
-            f"None or 'bf16', got micro_batches={micro_batches}, dispatch_format={dispatch_format!r}"
-        )
+    if capacity is not None and micro_batches != 1:
+        raise ValueError(f"the bounded mode (capacity) runs one chunk: micro_batches must be 1, got {micro_batches}")
     if dispatch_format == "fp8" and activation_format not in ("bf16", "fp8"):
         raise ValueError(
             f"dispatch_format 'fp8' goes with bf16 or fp8 activations (it would round {activation_format} "
@@ -71,7 +68,7 @@ def _dispatch_format(process_group, capacity, micro_batches, dispatch_format, ac
         return None
     if dispatch_format is not None:
         return dispatch_format
-    return activation_format if capacity is None and activation_format in ROW_LOCAL else "bf16"
+    return activation_format if activation_format in ROW_LOCAL else "bf16"
 
 
 def _check_same_config_on_every_rank(process_group, block, device: torch.device) -> None:
@@ -228,8 +225,8 @@ class MoEFeedForward(nn.Module):
     ``[T·k, H]`` copy of x) and after the SwiGLU; H and I need not be multiples of 128 (partial tiles).
 
     With a ``process_group`` (expert parallelism, :mod:`llmkernels.moe.expert_parallel`), ``capacity``,
-    ``micro_batches`` and ``dispatch_format`` choose how the tokens travel (:meth:`from_float`); the exact mode
-    moves fp8, mxfp8 and mxfp4 activations quantized, once per token.
+    ``micro_batches`` and ``dispatch_format`` choose how the tokens travel (:meth:`from_float`); both modes move
+    fp8, mxfp8 and mxfp4 activations quantized, once per token.
 
     The constructor checks every argument (shapes, format pairs, blocks, routing, devices, the process group)
     before it copies anything, and raises TypeError / ValueError naming it.
@@ -397,7 +394,7 @@ class MoEFeedForward(nn.Module):
                 while the neighbouring chunk's experts run (the counts of all chunks still travel in one exchange:
                 one sync). Each token's result is the same for any value (bit-equal with row-local activation
                 formats). Default 1 (no overlap); the bounded mode takes 1 only.
-            dispatch_format: exact mode only: the format the copies travel in. None: the activations' own format
+            dispatch_format: the format the copies travel in (both modes). None: the activations' own format
                 where each row quantizes alone (fp8 (1, 128), mxfp8, mxfp4: quantized once per token on the sender,
                 never again on the receiver; same bits as bf16 rows), bf16 otherwise (bf16 activations, nvfp4 whose
                 global scale spans the rows). ``"bf16"``: bf16 rows, the receiver quantizes. ``"fp8"`` (bf16 or fp8
@@ -418,8 +415,8 @@ class MoEFeedForward(nn.Module):
                 H or I not a multiple of a format's block (fp8 takes partial tiles), shapes that do not fit, a
                 world size that does not divide E, local weights of another expert count, a capacity below 1 or
                 without a group, micro_batches below 1 or above 1 without a group or with a capacity, an unknown
-                dispatch_format, one without a group, ``"fp8"`` with a capacity or with activations other than bf16
-                and fp8, routing values that do not fit (top_k, scoring, groups, a correction_bias not
+                dispatch_format, one without a group, ``"fp8"`` with activations other than bf16 and fp8, routing
+                values that do not fit (top_k, scoring, groups, a correction_bias not
                 ``[E]``), tensors on other devices, ranks that disagree.
         """
         if weight_format not in PLAIN + tuple(FORMATS):
@@ -528,8 +525,9 @@ class MoEFeedForward(nn.Module):
                 self._dispatched(x.to(torch.bfloat16)), expert_ids, self._run_experts, self.hidden
             )
             return combine(results, row_of_copy, weights, hidden_states.dtype).reshape(hidden_states.shape)
-        rows, local_ids, state = self.exchange.send(x.to(torch.bfloat16), expert_ids)
-        y, row_of_row = self._experts(rows, local_ids.view(-1, 1), len(self.expert_ids))
+        rows, local_ids, state = self.exchange.send(self._dispatched(x.to(torch.bfloat16)), expert_ids)
+        token_of_row, a_offsets, row_of_row = dispatch(local_ids.view(-1, 1), len(self.expert_ids))
+        y = self._projections(self._received(rows, token_of_row), a_offsets, self.expert_ids)
         results, row_of_copy = self.exchange.receive(y[row_of_row.view(-1)], state)  # rows in arrival order
         return combine(results, row_of_copy.view(weights.shape), weights, hidden_states.dtype).reshape(
             hidden_states.shape
@@ -547,25 +545,29 @@ class MoEFeedForward(nn.Module):
         scales = q.scales if q.scales.dtype == torch.float32 else q.scales.view(torch.uint8)
         return [q.data.view(torch.uint8), scales]
 
-    def _run_experts(self, rows: list, a_offsets: torch.Tensor, group_expert_ids: torch.Tensor, out: torch.Tensor):
-        """The exact mode's experts on the received payload ``rows`` (:meth:`_dispatched`'s parts, ``R`` rows in
-        groups of ``a_offsets``, local expert ``group_expert_ids[g]``): writes bf16 ``[R, H]`` into ``out``. Quantized
-        rows are read as they arrived (never quantized again); fp8 rows for bf16 activations are decoded to bf16."""
+    def _received(self, rows: list, token_of_row: torch.Tensor | None = None):
+        """The grouped matmul's A from received payload ``rows`` (:meth:`_dispatched`'s parts, ``[R, ...]``), or from
+        their rows ``token_of_row``: quantized rows are read as they arrived (never quantized again), fp8 rows for
+        bf16 activations are decoded to bf16, bf16 rows are quantized as the activations are."""
         if self.dispatch_format == "bf16":
-            a = self._activations(rows[0])
-        else:
-            spec = format_spec(self.dispatch_format)
-            block = FP8_ACTIVATION_BLOCK if self.dispatch_format == "fp8" else None
-            a = ScaledTensor.unchecked(
-                rows[0].view(spec.data_dtype), rows[1].view(spec.scale_dtype), self.dispatch_format, block=block
-            )
-            if self.activation_format == "bf16":
-                a = dequantize(a).to(torch.bfloat16)
-        self._projections(a, a_offsets, group_expert_ids, out)
+            return self._activations(rows[0], token_of_row)
+        if token_of_row is not None:
+            rows = [part.index_select(0, token_of_row) for part in rows]
+        spec = format_spec(self.dispatch_format)
+        block = FP8_ACTIVATION_BLOCK if self.dispatch_format == "fp8" else None
+        a = ScaledTensor.unchecked(
+            rows[0].view(spec.data_dtype), rows[1].view(spec.scale_dtype), self.dispatch_format, block=block
+        )
+        return dequantize(a).to(torch.bfloat16) if self.activation_format == "bf16" else a
+
+    def _run_experts(self, rows: list, a_offsets: torch.Tensor, group_expert_ids: torch.Tensor, out: torch.Tensor):
+        """The exact mode's experts on the received payload ``rows`` (``R`` rows in groups of ``a_offsets``, local
+        expert ``group_expert_ids[g]``): writes bf16 ``[R, H]`` into ``out``."""
+        self._projections(self._received(rows), a_offsets, group_expert_ids, out)
 
     def _experts(self, x: torch.Tensor, expert_ids: torch.Tensor, num_experts: int):
-        """This rank's experts on bf16 ``x [T, H]`` routed by local ``expert_ids [T, k]``: ``(y, row_of_copy)``,
-        the outputs in expert-sorted rows and the row of each (token, slot) copy."""
+        """The experts on bf16 ``x [T, H]`` routed by ``expert_ids [T, k]``: ``(y, row_of_copy)``, the outputs in
+        expert-sorted rows and the row of each (token, slot) copy."""
         token_of_row, a_offsets, row_of_copy = dispatch(expert_ids, num_experts)
         return self._projections(self._activations(x, token_of_row), a_offsets, self.expert_ids), row_of_copy
 
