@@ -259,7 +259,8 @@ def test_ragged(device, heads, causal):
         sinks=torch.randn(heads[0], device=device),
     )
     _check(q, k, v, config=CPU_CONFIG, max_seqlen_q=33, max_seqlen_k=40, what="ragged", **kwargs)
-    _check(q, k, v, config=CPU_CONFIG, what="ragged, no max_seqlen", **kwargs)
+    if heads == (4, 4):  # the bounds read from cu_seqlens: one head layout is enough (CI time)
+        _check(q, k, v, config=CPU_CONFIG, what="ragged, no max_seqlen", **kwargs)
 
 
 # --------------------------------------------------------------------------- paged
