@@ -119,7 +119,7 @@ def main() -> int:
     args = parser.parse_args()
     print(f"Triton {triton.__version__}, ptxas {_ptxas()}")
     failed = False
-    # (D, causal, permute_keys, stages, fused_pv); the first two are the defaults
+    # (D, causal, permute_keys, stages, fused_pv[, pingpong]); the first two are the defaults
     variants = (
         (128, False, True, 2, True),
         (128, True, True, 2, True),
@@ -133,14 +133,16 @@ def main() -> int:
         (128, True, True, 2, False),
         (128, False, False, 2, False),
         (128, True, False, 2, False),
+        (128, False, True, 2, True, True),
+        (64, False, True, 2, True, True),
     )
-    for head_dim, causal, permute, stages, fused in variants:
+    for head_dim, causal, permute, stages, fused, *pingpong in variants:
         label = (
             f"D={head_dim} {'causal' if causal else 'full'} {'permuted keys' if permute else 'P reshuffled'} "
-            f"{stages} stages {'fused P V' if fused else 'loop-carried P'}"
+            f"{stages} stages {'fused P V' if fused else 'loop-carried P'}{' ping-pong' if pingpong else ''}"
         )
         try:
-            result = inspect(compile_for_sm90(head_dim, causal, permute, stages, fused))
+            result = inspect(compile_for_sm90(head_dim, causal, permute, stages, fused, bool(pingpong)))
         except Exception as error:  # noqa: BLE001 - report and go on
             failed = True
             print(f"{label}: COMPILE ERROR {type(error).__name__}: {str(error)[:3000]}")

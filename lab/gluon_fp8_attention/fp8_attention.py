@@ -342,27 +342,43 @@ def _fused_step(
     seqlen_kv,
     shift,
     c,
+    turn,
+    t,
     MASKED: gl.constexpr,
     CAUSAL: gl.constexpr,
     PERMUTE_KEYS: gl.constexpr,
+    CONSUMER: gl.constexpr,
+    PINGPONG: gl.constexpr,
 ):
     """FUSED_PV schedule, ring position i, key tile j (not the block's last), ``s = S_j`` retired: softmax of S_j,
     issue ``S_{j+1}``, rescale O, round P_j and issue ``O += P_j V_j``, wait for both. P is produced and consumed
     in one step (not loop-carried): the e4m3 bytes go from the cvt straight into the wgmma's operand registers,
     and nothing runs between the P V wgmma and its wait, so its register operand cannot be overwritten in flight.
-    The softmax overlaps the other consumer's wgmmas only."""
+    The softmax overlaps the other consumer's wgmmas only. PINGPONG (FA3's warpgroup ping-pong): the consumers
+    issue their wgmmas in turns (``turn``: this consumer waits for its turn, the ``t``-th, then hands it to the
+    other), so that one's softmax runs while the other's products do."""
     q_smem, k_smem, vraw_smem, vt_smem = smem
     q_ready, q_empty, k_ready, k_empty, vraw_ready, vt_ready, vt_empty = bars
     STAGES: gl.constexpr = k_smem.shape[0]
     HEAD_DIM: gl.constexpr = acc.shape[1]
     p, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, j, rows, seqlen_kv, shift, c, MASKED, CAUSAL)
     nxt = i + 1
-    mbarrier.wait(k_ready.index(nxt % STAGES), (nxt // STAGES) & 1)
-    s_next = warpgroup_mma(q, k_smem.index(nxt % STAGES).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-    acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout)), 1)
-    p8 = _to_operand(p, HEAD_DIM, PERMUTE_KEYS)
-    mbarrier.wait(vt_ready.index(i % STAGES), (i // STAGES) & 1)
-    acc = warpgroup_mma(p8, vt_smem.index(i % STAGES).permute((1, 0)), acc, is_async=True)
+    if PINGPONG:  # everything but the products first, then both products in this consumer's turn
+        acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout)), 1)
+        p8 = _to_operand(p, HEAD_DIM, PERMUTE_KEYS)
+        mbarrier.wait(k_ready.index(nxt % STAGES), (nxt // STAGES) & 1)
+        mbarrier.wait(vt_ready.index(i % STAGES), (i // STAGES) & 1)
+        mbarrier.wait(turn.index(CONSUMER), t & 1)
+        s_next = warpgroup_mma(q, k_smem.index(nxt % STAGES).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        acc = warpgroup_mma(p8, vt_smem.index(i % STAGES).permute((1, 0)), acc, is_async=True)
+        mbarrier.arrive(turn.index(1 - CONSUMER))
+    else:
+        mbarrier.wait(k_ready.index(nxt % STAGES), (nxt // STAGES) & 1)
+        s_next = warpgroup_mma(q, k_smem.index(nxt % STAGES).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout)), 1)
+        p8 = _to_operand(p, HEAD_DIM, PERMUTE_KEYS)
+        mbarrier.wait(vt_ready.index(i % STAGES), (i // STAGES) & 1)
+        acc = warpgroup_mma(p8, vt_smem.index(i % STAGES).permute((1, 0)), acc, is_async=True)
     s_next, acc = warpgroup_mma_wait(num_outstanding=0, deps=(s_next, acc))
     mbarrier.arrive(k_empty.index(nxt % STAGES))
     mbarrier.arrive(vt_empty.index(i % STAGES))
@@ -385,13 +401,18 @@ def _consumer_block(
     group_size,
     num_m_blocks,
     sm_scale_log2,
+    turn,
+    t,
     CONSUMER: gl.constexpr,
     CAUSAL: gl.constexpr,
     PERMUTE_KEYS: gl.constexpr,
     FUSED_PV: gl.constexpr,
+    PINGPONG: gl.constexpr,
 ):
     """Consumer ``CONSUMER`` on work tile ``tile`` (this program's ``count``-th; its key tiles from ring position
-    ``base``): query rows ``[q_start + 64 CONSUMER, + 64)``. Returns the number of key tiles of the block."""
+    ``base``): query rows ``[q_start + 64 CONSUMER, + 64)``. Returns the number of key tiles of the block and the
+    turns taken so far (PINGPONG: ``t`` turns before the block, one per wgmma issue: S of tile 0, each step, the
+    last P V; both consumers take the same number, non-causal only)."""
     q_smem, k_smem, vraw_smem, vt_smem = smem
     q_ready, q_empty, k_ready, k_empty, vraw_ready, vt_ready, vt_empty = bars
     q_descale_ptr, k_descale_ptr, v_descale_ptr = descales
@@ -433,7 +454,12 @@ def _consumer_block(
 
     # Tile 0 alone: S and its softmax (masked).
     mbarrier.wait(k_ready.index(base % STAGES), (base // STAGES) & 1)
+    if PINGPONG:
+        mbarrier.wait(turn.index(CONSUMER), t & 1)
     s = warpgroup_mma(q, k_smem.index(base % STAGES).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    if PINGPONG:
+        mbarrier.arrive(turn.index(1 - CONSUMER))
+    t += 1
     s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
     mbarrier.arrive(k_empty.index(base % STAGES))
     m_i = gl.full([64], float("-inf"), gl.float32, layout=row_layout)
@@ -457,9 +483,13 @@ def _consumer_block(
                 seqlen_kv,
                 shift,
                 c,
+                turn,
+                t + j,
                 True,
                 CAUSAL,
                 PERMUTE_KEYS,
+                CONSUMER,
+                PINGPONG,
             )
         for j in range(1, gl.minimum(band_hi, my_end - 1)):
             s, m_i, l_i, acc = _fused_step(
@@ -477,9 +507,13 @@ def _consumer_block(
                 seqlen_kv,
                 shift,
                 c,
+                turn,
+                t + j,
                 False,
                 CAUSAL,
                 PERMUTE_KEYS,
+                CONSUMER,
+                PINGPONG,
             )
         for j in range(gl.maximum(band_hi, 1), my_end - 1):
             s, m_i, l_i, acc = _fused_step(
@@ -497,9 +531,13 @@ def _consumer_block(
                 seqlen_kv,
                 shift,
                 c,
+                turn,
+                t + j,
                 True,
                 CAUSAL,
                 PERMUTE_KEYS,
+                CONSUMER,
+                PINGPONG,
             )
         mbarrier.arrive(q_empty.index(CONSUMER))  # every S of the block is done: the next Q may land
         last = offset + my_end - 1
@@ -507,7 +545,13 @@ def _consumer_block(
         acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
         p = _to_operand(p, HEAD_DIM, PERMUTE_KEYS)
         mbarrier.wait(vt_ready.index(last % STAGES), (last // STAGES) & 1)
+        t += my_end - 1  # the steps' turns
+        if PINGPONG:
+            mbarrier.wait(turn.index(CONSUMER), t & 1)
         acc = warpgroup_mma(p, vt_smem.index(last % STAGES).permute((1, 0)), acc, is_async=True)
+        if PINGPONG:
+            mbarrier.arrive(turn.index(1 - CONSUMER))
+        t += 1
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         mbarrier.arrive(vt_empty.index(last % STAGES))
     else:
@@ -578,7 +622,7 @@ def _consumer_block(
     row_offsets = ((batch * seqlen_q + out_rows).to(gl.int64) * num_q_heads + head) * HEAD_DIM
     offsets = gl.expand_dims(row_offsets, 1) + gl.expand_dims(out_cols, 0)
     gl.store(out_ptr + offsets, out, mask=gl.expand_dims(out_rows < seqlen_q, 1))
-    return end_tile
+    return end_tile, t
 
 
 @gluon.jit
@@ -596,16 +640,21 @@ def _consumer_partition(
     num_m_blocks,
     num_work_tiles,
     sm_scale_log2,
+    turn,
     CONSUMER: gl.constexpr,
     CAUSAL: gl.constexpr,
     PERMUTE_KEYS: gl.constexpr,
     FUSED_PV: gl.constexpr,
+    PINGPONG: gl.constexpr,
 ):
     count = 0
     base = 0
+    t = 0  # PINGPONG: this consumer's turns taken (consumer 0 opens the first)
+    if PINGPONG and CONSUMER == 0:
+        mbarrier.arrive(turn.index(0))
     tile = _receive_tile(count, schedule)
     while tile < num_work_tiles:
-        base += _consumer_block(
+        tiles, t = _consumer_block(
             tile,
             count,
             base,
@@ -620,11 +669,15 @@ def _consumer_partition(
             group_size,
             num_m_blocks,
             sm_scale_log2,
+            turn,
+            t,
             CONSUMER,
             CAUSAL,
             PERMUTE_KEYS,
             FUSED_PV,
+            PINGPONG,
         )
+        base += tiles
         count += 1
         tile = _receive_tile(count, schedule)
 
@@ -655,6 +708,7 @@ def fp8_attention_kernel(
     PERMUTE_KEYS: gl.constexpr,
     STAGES: gl.constexpr,
     FUSED_PV: gl.constexpr,
+    PINGPONG: gl.constexpr,
 ):
     """q_desc: e4m3 ``[B, Sq, Hq * D]`` block ``[1, 64, D]``; k_desc ``[B, Skv, Hkv * D]`` block ``[1, 128, D]``;
     v_desc the same tensor shape, block ``[1, 128, 32]``. out_ptr: bf16 ``[B, Sq, Hq, D]`` contiguous. Descales:
@@ -679,7 +733,9 @@ def fp8_attention_kernel(
     vt_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     tile_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     tile_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())  # PINGPONG: the consumers' turns
     for i in gl.static_range(2):
+        mbarrier.init(turn.index(i), count=1)
         mbarrier.init(q_ready.index(i), count=1)
         mbarrier.init(q_empty.index(i), count=1)
         mbarrier.init(tile_ready.index(i), count=1)
@@ -712,10 +768,12 @@ def fp8_attention_kernel(
                     num_m_blocks,
                     num_work_tiles,
                     sm_scale_log2,
+                    turn,
                     0,
                     CAUSAL,
                     PERMUTE_KEYS,
                     FUSED_PV,
+                    PINGPONG,
                 ),
             ),
             (
@@ -734,10 +792,12 @@ def fp8_attention_kernel(
                     num_m_blocks,
                     num_work_tiles,
                     sm_scale_log2,
+                    turn,
                     1,
                     CAUSAL,
                     PERMUTE_KEYS,
                     FUSED_PV,
+                    PINGPONG,
                 ),
             ),
             (
@@ -822,6 +882,7 @@ def fp8_attention(
     permute_keys: bool = True,
     stages: int = 2,
     fused_pv: bool = True,
+    pingpong: bool = False,
 ) -> torch.Tensor:
     """Attention forward on e4m3 inputs: ``softmax(D^-0.5 (q q_ds)(k k_ds)^T) (v v_ds)`` as bf16 ``[B, Sq, Hq, D]``
     (see the module docstring). Descales may be None (1.0). permute_keys: False reshuffles P across lanes instead
@@ -872,6 +933,7 @@ def fp8_attention(
         PERMUTE_KEYS=permute_keys,
         STAGES=stages,
         FUSED_PV=fused_pv,
+        PINGPONG=pingpong and fused_pv and not causal,  # turns need the same step count in both consumers
         **_layouts(head_dim),
         num_warps=4,
         maxnreg=MAX_REGS,
@@ -911,7 +973,12 @@ def _descriptor_type(block) -> str:
 
 
 def compile_for_sm90(
-    head_dim: int = 128, causal: bool = False, permute_keys: bool = True, stages: int = 2, fused_pv: bool = True
+    head_dim: int = 128,
+    causal: bool = False,
+    permute_keys: bool = True,
+    stages: int = 2,
+    fused_pv: bool = True,
+    pingpong: bool = False,
 ):
     """Compiles the kernel for sm_90a without a GPU (ptxas runs, nothing launches); returns the compiled kernel
     (``.asm`` dict: ttgir, ptx, cubin; ``.metadata``). Run with ``TRITON_INTERPRET`` unset or 0."""
@@ -920,7 +987,14 @@ def compile_for_sm90(
 
     fn = fp8_attention_kernel
     names = fn.arg_names
-    constexprs = dict(CAUSAL=causal, PERMUTE_KEYS=permute_keys, STAGES=stages, FUSED_PV=fused_pv, **_layouts(head_dim))
+    constexprs = dict(
+        CAUSAL=causal,
+        PERMUTE_KEYS=permute_keys,
+        STAGES=stages,
+        FUSED_PV=fused_pv,
+        PINGPONG=pingpong and fused_pv and not causal,
+        **_layouts(head_dim),
+    )
     signature, attrs = {}, {}
     types = {name: _descriptor_type(block) for name, block in _blocks(head_dim).items()}
     types.update(

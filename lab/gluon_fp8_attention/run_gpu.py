@@ -152,6 +152,7 @@ VARIANTS = {
     "loop-carried P": dict(fused_pv=False),
     "loop-carried, P reshuffled": dict(fused_pv=False, permute_keys=False),
     "3 stages": dict(stages=3),
+    "ping-pong (full only)": dict(pingpong=True),  # the consumers issue their wgmmas in turns (FA3)
 }
 
 
