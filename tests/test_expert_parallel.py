@@ -146,10 +146,12 @@ def _gpus() -> int:
     "case, weight_format, capacity, variants",
     [
         ("balanced", "bf16", None, ""),
-        ("skewed", "mxfp8", None, "fp8/auto/3,bf16/fp8/2,mxfp8/auto/4"),
-        ("no-tokens", "mxfp4", None, "mxfp4/auto/2,mxfp4/fp8/2"),
+        ("skewed", "mxfp8", None, "fp8/auto/3,bf16/fp8/2,mxfp8/auto/4,mxfp8/bf16/2"),
+        ("no-tokens", "mxfp4", None, "mxfp4/auto/2,mxfp4/fp8/2,bf16/auto/2/together"),
+        ("idle-experts", "mxfp4", None, ""),
         ("balanced", "mxfp4", 64, ""),
         ("skewed", "bf16", 5, ""),
+        ("skewed", "fp8", 5, ""),
         ("graph", "mxfp4", 64, ""),
         ("graph", "bf16", 5, ""),  # overflowing capacity, replayed
         ("graph", "fp8", 5, ""),  # fp8 rows quantized on the sender inside the graph
