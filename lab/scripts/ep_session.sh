@@ -1,8 +1,8 @@
 #!/bin/bash
 # One multi-GPU device call for the expert-parallel work (repository root of a clean copy, PYTHONPATH=src:.):
-#   bash lab/scripts/ep_session.sh W [parts...]      parts: bench bench2 nccl profile (default: bench bench2 nccl)
+#   bash lab/scripts/ep_session.sh W [parts...]      parts: bench bench2 nccl nccl2 profile (default: bench bench2 nccl)
 # bench: bench_moe_ep at W ranks, mxfp4 and bf16 weights, kept-first on / off, 1 / 2 micro-batches; bench2: the same
-# at 2 ranks (GPUs 0, 1); nccl: the NCCL tests (W = min(GPUs, 4)); profile: profile_moe_ep.py at W ranks. Results in
+# at 2 ranks (GPUs 0, 1); nccl / nccl2: the NCCL tests (W = min(GPUs, 4) / 2); profile: profile_moe_ep.py at W ranks. Results in
 # one tarball $OUT/ep_results.tgz (the device runner returns a few files per call).
 W=${1:-4}; shift; PARTS=${*:-"bench bench2 nccl"}
 run() { echo "== $*"; timeout ${LIMIT:-240} "$@"; echo "rc=$?"; }
@@ -17,9 +17,11 @@ for part in $PARTS; do
           --micro-batches ${MB:-1 2} --kept-first on off --out $cd_out/w${n}_$fmt > $cd_out/log_w${n}_$fmt.txt 2>&1
       done
       unset CUDA_VISIBLE_DEVICES ;;
-    nccl)
-      run python -m pytest -q -p no:cacheprovider -rA tests/test_expert_parallel.py -k nccl > $cd_out/nccl_tests.txt 2>&1
-      grep -E "^(PASSED|FAILED|ERROR)|passed|failed" $cd_out/nccl_tests.txt | tail -20 ;;
+    nccl|nccl2)  # the NCCL tests at W = min(GPUs, 4), or at 2 (GPUs 0, 1)
+      [ $part = nccl2 ] && export CUDA_VISIBLE_DEVICES=0,1
+      run python -m pytest -q -p no:cacheprovider -rA tests/test_expert_parallel.py -k nccl > $cd_out/${part}_tests.txt 2>&1
+      unset CUDA_VISIBLE_DEVICES
+      grep -E "^(FAILED|ERROR)|passed|failed" $cd_out/${part}_tests.txt | tail -20 ;;
     profile)
       for kf in on off; do
         run torchrun --nproc-per-node $W --master-port 29640 lab/scripts/profile_moe_ep.py --kept-first $kf > $cd_out/log_profile_$kf.txt 2>&1
