@@ -116,8 +116,8 @@ def attention(
             above ``max_seqlen_q`` / ``max_seqlen_k``, ``kv_cache.seqlens`` negative or above ``max_pages *
             page_size`` (or ``max_seqlen_k``), a used ``kv_cache.block_table`` entry (the first
             ``ceil(seqlens[b] / page_size)`` of row b) outside ``[0, num_pages)``, a descale that is not a
-            finite factor > 0 (unchecked without ``validate``: the FP8 kernels need them positive). Not capturable in a CUDA
-            graph; under ``torch.compile`` the call stays on the Python path (no custom op).
+            finite factor > 0 (unchecked without ``validate``: the FP8 kernels need them positive). Not
+            capturable in a CUDA graph; under ``torch.compile`` the call stays on the Python path (no custom op).
 
     Every tensor argument may be any view (strided, expanded, offset, transposed): batch, token and head
     strides go to the kernels, other layouts are copied first; the result has the bits of the contiguous call.

@@ -10,17 +10,17 @@ Two modes (:class:`ExpertExchange`):
   grouped by local expert: the receiver runs its grouped matmuls straight on the received buffer (one group per
   (source, expert)), writes the outputs where the return all-to-all reads them, and the returned rows land in the
   sender's order, where the combine reads them. The rows a rank keeps for its own experts are never exchanged: its
-  gather writes them where its grouped matmuls read them, and they run in two parts (:attr:`ExpertExchange.kept_first`),
-  the first half of its experts' rows while the dispatch is in flight and the others' while the return is. The payload is any set of row-major parts (bf16 rows,
-  or quantized data and its scales). With ``micro_batches = m`` the tokens run in m chunks: chunk i+1's dispatch
-  all-to-all and chunk i's return are in flight (``async_op=True``) while chunk i's experts run; the counts of all
-  chunks travel in one exchange (still one sync). Each token's result does not depend on the chunking.
+  gather writes them where its grouped matmuls read them, and they run in two parts
+  (:attr:`ExpertExchange.kept_first`): the first half of its experts' rows while the dispatch is in flight, the
+  others' while the return is. The payload is any set of row-major parts (bf16 rows, or quantized data and its
+  scales). With ``micro_batches = m`` the tokens run in m chunks: chunk i+1's dispatch all-to-all and chunk i's
+  return are in flight (``async_op=True``) while chunk i's experts run; the counts of all chunks travel in one
+  exchange (still one sync). Each token's result does not depend on the chunking.
 * **bounded** (``capacity=C``): every rank sends exactly ``C`` rows to every rank (padding included), so no
   count reaches the host: no sync, CUDA-graph capturable. For decode. One chunk; the payload is any set of
-  row-major parts, as in the exact mode. **Rule for the
-  overflow**: a rank's copies to one destination beyond the first ``C`` (in token order, then top-k slot) are
-  dropped: their expert's output is left out of the token's weighted sum (the other weights are not
-  renormalized). The number of copies dropped in the last forward is :attr:`ExpertExchange.dropped` (a device
+  row-major parts, as in the exact mode. **Rule for the overflow**: a rank's copies to one destination beyond the
+  first ``C`` (in token order, then top-k slot) are dropped: their expert's output is left out of the token's
+  weighted sum (the other weights are not renormalized). The number of copies dropped in the last forward is :attr:`ExpertExchange.dropped` (a device
   tensor, read it when convenient); dropped copies never change any other token's result.
 
 The local experts run exactly as on one GPU.

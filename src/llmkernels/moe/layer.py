@@ -518,7 +518,7 @@ class MoEFeedForward(nn.Module):
         else:
             weights, expert_ids = route(logits, self.top_k, correction_bias=self.correction_bias, **self.routing)
         if self.exchange is None:
-            y, row_of_copy = self._experts(x.to(torch.bfloat16), expert_ids, self.num_experts)
+            y, row_of_copy = self._experts(x.to(torch.bfloat16), expert_ids)
             return combine(y, row_of_copy, weights, hidden_states.dtype).reshape(hidden_states.shape)
         if self.exchange.capacity is None:
             results, row_of_copy = self.exchange.exact(
@@ -565,10 +565,10 @@ class MoEFeedForward(nn.Module):
         expert ``group_expert_ids[g]``): writes bf16 ``[R, H]`` into ``out``."""
         self._projections(self._received(rows), a_offsets, group_expert_ids, out)
 
-    def _experts(self, x: torch.Tensor, expert_ids: torch.Tensor, num_experts: int):
-        """The experts on bf16 ``x [T, H]`` routed by ``expert_ids [T, k]``: ``(y, row_of_copy)``, the outputs in
-        expert-sorted rows and the row of each (token, slot) copy."""
-        token_of_row, a_offsets, row_of_copy = dispatch(expert_ids, num_experts)
+    def _experts(self, x: torch.Tensor, expert_ids: torch.Tensor):
+        """The one-process block's experts on bf16 ``x [T, H]`` routed by ``expert_ids [T, k]``: ``(y, row_of_copy)``,
+        the outputs in expert-sorted rows and the row of each (token, slot) copy."""
+        token_of_row, a_offsets, row_of_copy = dispatch(expert_ids, self.num_experts)
         return self._projections(self._activations(x, token_of_row), a_offsets, self.expert_ids), row_of_copy
 
     def _projections(self, a, a_offsets: torch.Tensor, expert_ids: torch.Tensor, out: torch.Tensor | None = None):
