@@ -217,17 +217,24 @@ def fp8_problem_rows(batch, context, q_len, page_size, bf16_tflops, device="cuda
     return rows
 
 
-def run_fp8(out_dir, budget, started):
-    """The ``--fp8`` mode over :data:`FP8_GRID` (no new problem past ``budget`` seconds)."""
-    out_dir = out_dir or default_out_dir("bench_attention_chunked/fp8")
+def grid_rows(grid, make_rows, budget, started) -> list:
+    """``make_rows(*problem, bf16_tflops)`` of each problem of ``grid`` in order, none started past ``budget``
+    seconds after ``started``."""
     bf16_tflops = measure_ceilings().get("bf16_tflops")
     rows = []
-    for problem in FP8_GRID:
+    for problem in grid:
         if time.perf_counter() - started > budget:
             print(f"time budget reached: {problem} and later not run", flush=True)
             break
-        rows += fp8_problem_rows(*problem, bf16_tflops)
+        rows += make_rows(*problem, bf16_tflops)
         torch.cuda.empty_cache()
+    return rows
+
+
+def run_fp8(out_dir, budget, started):
+    """The ``--fp8`` mode over :data:`FP8_GRID` (no new problem past ``budget`` seconds)."""
+    out_dir = out_dir or default_out_dir("bench_attention_chunked/fp8")
+    rows = grid_rows(FP8_GRID, fp8_problem_rows, budget, started)
     table = write_table(
         rows,
         out_dir,
@@ -284,14 +291,7 @@ def main():
         run_fp8(args.out, args.budget, started)
         return
     out_dir = args.out or default_out_dir("bench_attention_chunked")
-    bf16_tflops = measure_ceilings().get("bf16_tflops")
-    rows = []
-    for problem in GRID:
-        if time.perf_counter() - started > args.budget:
-            print(f"time budget reached: {problem} and later not run", flush=True)
-            break
-        rows += problem_rows(*problem, bf16_tflops)
-        torch.cuda.empty_cache()
+    rows = grid_rows(GRID, problem_rows, args.budget, started)
     table = write_table(
         rows,
         out_dir,
