@@ -54,14 +54,22 @@ GRID = (
 FP8_GRID = [problem for problem in GRID if problem[1] >= 8 * K]  # 8k, 16k and 32k cached keys
 
 
-def checked_graph_ms(fn, expected):
-    """(graph-replay ms, note) of a runner whose output is first checked against ``expected``."""
+# A runner whose relative error against the reference exceeds this is reported WRONG and not timed; over an FP8
+# cache the kernel rounds P (and a bf16 q, per row) to e4m3: measured 2-3e-2 on these inputs, so FP8 runners get
+# the prefill bench's FP8 bound.
+WRONG = 2e-2
+FP8_WRONG = 0.1
+
+
+def checked_graph_ms(fn, expected, wrong=WRONG):
+    """(graph-replay ms, note) of a runner whose output is first checked against ``expected`` (its relative error
+    is in the note)."""
     try:
         out = fn()
         error = ((out.float() - expected).norm() / expected.norm()).item()
-        if not error < 2e-2:
+        if not error < wrong:
             return None, f"WRONG (rel. error {error:.2e})"
-        return graph_time_ms(fn), ""
+        return graph_time_ms(fn), f"rel. error {error:.1e}"
     except Exception as exc:  # noqa: BLE001 - a system that cannot run a problem is reported, not fatal
         return None, f"fails ({type(exc).__name__}: {str(exc)[:60]})"
 
@@ -186,7 +194,9 @@ def fp8_problem_rows(batch, context, q_len, page_size, bf16_tflops, device="cuda
         ).transpose(1, 2),
         "llmkernels paged bf16": lambda: attention(q, None, None, kv_cache=bf16_cache, causal=True).transpose(1, 2),
     }
-    times = {name: checked_graph_ms(fn, expected) for name, fn in runners.items()}
+    times = {
+        name: checked_graph_ms(fn, expected, FP8_WRONG if "fp8" in name else WRONG) for name, fn in runners.items()
+    }
     flops = 4 * batch * HEADS * DIM * (q_len * context + q_len * (q_len + 1) / 2)
     q_bytes = q.numel() * q.element_size()
     fp8_ms, bf16_ms = times["llmkernels paged fp8"][0], times["llmkernels paged bf16"][0]

@@ -203,9 +203,10 @@ def test_views_give_the_contiguous_bits(device):
 
 
 def test_fp8_calls_take_the_gluon_fp8_prefill_or_the_portable_kernel(monkeypatch, device):
-    """On an sm_90 GPU: an e4m3 q, k, v dense call (full or causal, GQA, D 64 or 128, descales or none, LSE or not)
-    goes to the Gluon FP8 prefill; a bf16 q over FP8 K/V, a window, sinks, ragged or paged FP8 inputs, D = 256, a
-    split-KV call or an interpreter run go to the portable kernel; a bf16 call to the Gluon bf16 prefill."""
+    """On an sm_90 GPU: FP8 K/V with an e4m3 or a bf16 q, dense, ragged or paged (pages TMA reads), full, causal or
+    a sliding window, GQA, D 64, 128 or 256, descales or none, LSE or not, go to the Gluon FP8 prefill; sinks, a
+    split-KV call, pages TMA cannot read or an interpreter run go to the portable kernel; a bf16 call to the Gluon
+    bf16 prefill."""
     monkeypatch.setattr(attention_config, "runs_gluon", lambda device: True)  # as on an H100, not the interpreter
     with runtime.pretend_gpu((9, 0)) as gpu:
 
@@ -243,12 +244,12 @@ def test_fp8_calls_take_the_gluon_fp8_prefill_or_the_portable_kernel(monkeypatch
         assert chosen(q8[..., :64], kv8[..., :64], kv8[..., :64], causal=True) == "gluon_fp8_prefill"
         assert chosen(q8, kv8, kv8, mask=SlidingWindow(-1, 0)) == "gluon_fp8_prefill"  # causal by another name
         assert chosen(bf16, bf16, bf16) == "gluon_prefill"
-        assert chosen(bf16, kv8, kv8) == "portable"  # bf16 q over FP8 K/V
-        assert chosen(q8, kv8, kv8, mask=SlidingWindow(100, 0)) == "portable"
+        assert chosen(bf16, kv8, kv8, causal=True) == "gluon_fp8_prefill"  # q quantized per row
+        assert chosen(q8, kv8, kv8, mask=SlidingWindow(100, 0)) == "gluon_fp8_prefill"
         assert chosen(q8, kv8, kv8, sinks=torch.zeros(8, device=device)) == "portable"
         assert chosen(q8, kv8, kv8, split=True) == "portable"
         wide = torch.zeros(2, 256, 8, 256, device=device).to(FP8)
-        assert chosen(wide, wide[:, :, :2], wide[:, :, :2]) == "portable"  # D = 256: never run on a GPU
+        assert chosen(wide, wide[:, :, :2], wide[:, :, :2]) == "gluon_fp8_prefill"
         cu = torch.tensor([0, 100, 256], dtype=torch.int32, device=device)
         ragged = dict(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=156, max_seqlen_k=156)
         call = check_attention(
@@ -256,12 +257,15 @@ def test_fp8_calls_take_the_gluon_fp8_prefill_or_the_portable_kernel(monkeypatch
         )
         call = dataclasses.replace(call, device=gpu, tma_ready=(True, True, True))
         tiles = tiling(default_config(128, call.dtype, gpu), False, call.q_bound, call.group, 2, 2)
-        assert next(backend for backend in PASSES if takes(backend, call, tiles)).name == "portable"
+        assert next(backend for backend in PASSES if takes(backend, call, tiles)).name == "gluon_fp8_prefill"
         cache = _fp8_paged_cache([200, 256], 16, 2, 128, device)
-        call = check_attention(
-            q8, None, None, True, None, None, None, None, None, None, None, None, cache, None, False, None, False
-        )
-        call = dataclasses.replace(call, device=gpu, tma_ready=(True, True, True))
+        for q in (q8, bf16):
+            call = check_attention(
+                q, None, None, True, None, None, None, None, None, None, None, None, cache, None, False, None, False
+            )
+            call = dataclasses.replace(call, device=gpu, tma_ready=(True, True, True))
+            assert next(backend for backend in PASSES if takes(backend, call, tiles)).name == "gluon_fp8_prefill"
+        call = dataclasses.replace(call, tma_ready=(True, False, False))  # pages TMA cannot read are never copied
         assert next(backend for backend in PASSES if takes(backend, call, tiles)).name == "portable"
     # the interpreter (or any GPU but sm_90): the portable kernel
     monkeypatch.setattr(attention_config, "runs_gluon", lambda device: False)
@@ -551,3 +555,24 @@ def test_fp8_cache_decode_converts_without_the_quarter_rate_unit_on_sm90():
     assert done.returncode == 0, done.stderr[-2000:]
     one_by_one, pairs, packs = map(int, done.stdout.split()[-3:])
     assert one_by_one == 0 and pairs > 0 and packs >= pairs, (one_by_one, pairs, packs)
+
+
+def test_quantize_rows_rounds_each_row_to_its_own_scale(device):
+    """:func:`fp8_rows.quantize_rows` (what the Gluon FP8 prefill does to a 16-bit q): a strided, offset view in,
+    e4m3 out with the bits of torch's nearest-even cast of ``x / scale``, ``scale = amax / 448`` per (token, head)
+    row (the row's largest element becomes ±448), a zero row kept 0, untouched memory around the output."""
+    from llmkernels.attention.fp8_rows import quantize_rows
+
+    base = torch.randn(40, 6, 128, device=device) * torch.exp2(torch.randn(40, 6, 1, device=device) * 4)
+    base[7, 2] = 0.0  # x[1, 1]
+    x = base.to(torch.bfloat16)[5:37:2, 1:5]  # [16, 4, 128], token stride 2 rows, an offset head
+    x8, scale = quantize_rows(x)
+    assert x8.shape == x.shape and x8.dtype == FP8 and x8.is_contiguous() and scale.shape == (16, 4)
+    amax = x.float().abs().amax(dim=-1)
+    torch.testing.assert_close(scale, amax.clamp_min(1e-30) / 448, rtol=0, atol=0)
+    expected = (x.float() / scale[..., None]).clamp(-448, 448).to(FP8)
+    assert torch.equal(x8.view(torch.uint8), expected.view(torch.uint8))
+    nonzero = amax > 0
+    assert (x8.float().abs().amax(dim=-1)[nonzero] == 448).all()
+    assert (x8[~nonzero].float() == 0).all() and (~nonzero).any()
+    assert relative_error(x8.float() * scale[..., None], x.float()) < 0.04

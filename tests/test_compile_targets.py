@@ -335,8 +335,15 @@ _FP8_ATTENTION_SCRIPT = (
     + """
 from llmkernels.attention.gluon_fp8_prefill import compile_for_sm90
 
-for d, causal in ((64, False), (64, True), (128, False), (128, True)):
-    asm = compile_for_sm90(d, causal, return_lse=causal)
+cases = (
+    (64, False, {{}}),
+    (128, False, dict(ragged=True)),
+    (128, True, dict(return_lse=True)),
+    (256, True, {{}}),
+    (128, True, dict(fp8_q=False, page_size=16)),
+)
+for d, causal, options in cases:
+    asm = compile_for_sm90(d, causal, **options)
     ptx = asm["ptx"]
     kinds = sorted(set(re.findall(r"wgmma\\.mma_async\\.sync\\.aligned\\.(m\\d+n\\d+k\\d+\\.\\w+\\.\\w+\\.\\w+)", ptx)))
     regs = sorted(set(re.findall(r"setmaxnreg\\.\\w+\\.sync\\.aligned\\.u32\\s+(\\d+)", ptx)), key=int)
@@ -347,15 +354,17 @@ for d, causal in ((64, False), (64, True), (128, False), (128, True)):
 
 def test_gluon_fp8_attention_compiles_to_e4m3_wgmma():
     """The Gluon FP8 prefill (``attention/gluon_fp8_prefill.py``: its backend's KernelSpec) builds for sm_90a at D 64
-    and 128, full and causal (the causal ones with the LSE): only e4m3 x e4m3 wgmmas (``m64n128k32`` for S = Q K^T,
+    (full), 128 (ragged full; causal with the LSE; a bf16 q quantized per row over a paged cache, causal) and 256
+    (causal): only e4m3 x e4m3 wgmmas (``m64n{TILE_N}k32`` for S = Q K^T, 128 keys a tile or 64 at D 256,
     ``m64n{D}k32`` for P V: no bf16 MMA), consumers raised to 240 registers and the producer lowered to 24
     (setmaxnreg), no spill inside a loop that issues them, and causal work tiles from an atomic counter."""
     if not _compilable(90):
         pytest.skip("this Triton does not compile for sm_90a")
     rows = _compiler_rows(_FP8_ATTENTION_SCRIPT.format(tools=str(TOOL.parent)))
-    assert len(rows) == 4, rows
+    assert len(rows) == 5, rows
     for head_dim, causal, kinds, regs, spills, atomics in rows:
-        assert set(kinds.split(",")) == {"m64n128k32.f32.e4m3.e4m3", f"m64n{head_dim}k32.f32.e4m3.e4m3"}, kinds
+        tile_n = 64 if head_dim == "256" else 128
+        assert set(kinds.split(",")) == {f"m64n{tile_n}k32.f32.e4m3.e4m3", f"m64n{head_dim}k32.f32.e4m3.e4m3"}, kinds
         assert {"24", "240"} <= set(regs.split(",")), regs
         assert int(spills) == 0, (head_dim, causal, spills)  # -1: no MMA loop found
         assert int(atomics) == (1 if causal == "True" else 0), (head_dim, causal, atomics)

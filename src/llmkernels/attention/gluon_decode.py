@@ -129,9 +129,9 @@ def _decode_split_kernel(
         if i < n:
             key = (t0 + i) * TILE
             mbarrier.expect(k_ready.index(i), TILE_BYTES)
-            _load_kv_tile(k_desc, k_smem.index(i), k_ready.index(i), batch, key, kv_head, pages, PAGE_SIZE)
+            _load_kv_tile(k_desc, k_smem.index(i), k_ready.index(i), batch, key, kv_head * HEAD_DIM, pages, PAGE_SIZE)
             mbarrier.expect(v_ready.index(i), TILE_BYTES)
-            _load_kv_tile(v_desc, v_smem.index(i), v_ready.index(i), batch, key, kv_head, pages, PAGE_SIZE)
+            _load_kv_tile(v_desc, v_smem.index(i), v_ready.index(i), batch, key, kv_head * HEAD_DIM, pages, PAGE_SIZE)
 
     # Q: the group's heads as rows (zeros past the group), through registers into shared memory
     blocked: gl.constexpr = _store_layout(HEAD_DIM, 4)
@@ -178,9 +178,13 @@ def _decode_split_kernel(
             _cta_barrier()  # every warp is done with this stage before TMA overwrites it
             next_key = (t0 + i + STAGES) * TILE
             mbarrier.expect(k_ready.index(stage), TILE_BYTES)
-            _load_kv_tile(k_desc, k_smem.index(stage), k_ready.index(stage), batch, next_key, kv_head, pages, PAGE_SIZE)
+            _load_kv_tile(
+                k_desc, k_smem.index(stage), k_ready.index(stage), batch, next_key, kv_head * HEAD_DIM, pages, PAGE_SIZE
+            )
             mbarrier.expect(v_ready.index(stage), TILE_BYTES)
-            _load_kv_tile(v_desc, v_smem.index(stage), v_ready.index(stage), batch, next_key, kv_head, pages, PAGE_SIZE)
+            _load_kv_tile(
+                v_desc, v_smem.index(stage), v_ready.index(stage), batch, next_key, kv_head * HEAD_DIM, pages, PAGE_SIZE
+            )
 
     nonempty = l_i != 0.0
     lse = gl.where(nonempty, m_i * qk_scale + gl.log2(gl.where(nonempty, l_i, 1.0)), float("-inf"))

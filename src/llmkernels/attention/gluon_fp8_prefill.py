@@ -1,45 +1,51 @@
-"""FP8 attention prefill in Gluon for Hopper (sm_90a): e4m3 q, k, v through e4m3 x e4m3 wgmmas, warp-specialized.
+"""FP8 attention prefill in Gluon for Hopper (sm_90a): e4m3 K/V through e4m3 x e4m3 wgmmas, warp-specialized.
 
 The backend :data:`BACKEND` (:class:`GluonFp8Prefill`) takes the plan's FP8 calls that it can run: an sm_90 GPU,
-float8_e4m3fn ``[B, S, H, D]`` q, k and v (dense, any strides: copied when TMA cannot read them), D 64 or 128,
-full or causal (bottom-right aligned), MHA/GQA/MQA, FA3's float32 descales ``[B, Hkv]`` (``[1, 1]``, ``[B, 1]``
-and ``[1, Hkv]`` broadcast, None is 1.0), the call's softmax scale, optionally the LSE; the output is bf16 (the
-portable kernel's for an e4m3 q). Every other FP8 call (bf16 q over FP8 K/V, ragged, paged, windows, sinks,
-score_mod, mask tensors, split-KV, D other than 64 and 128) runs the portable kernel. D = 256 compiles (64-key
-tiles, in ``lab/gluon_fp8_attention``) but was never run on a GPU, so it stays with the portable kernel.
+float8_e4m3fn K/V, dense ``[B, S, Hkv, D]`` (any strides: copied when TMA cannot read them), ragged
+(``cu_seqlens``) or a paged cache (pages TMA reads in place, in any order), with an e4m3 q or a bf16 / fp16 q,
+dense or ragged; D 64, 128 or 256; full, causal or a sliding window (bottom-right aligned); MHA/GQA/MQA; FA3's
+float32 descales ``[B, Hkv]`` (``[1, 1]``, ``[B, 1]`` and ``[1, Hkv]`` broadcast, None is 1.0); the call's softmax
+scale; optionally the LSE. The output is bf16 for an e4m3 q, q's dtype otherwise. Sinks, score_mod, mask tensors
+and split-KV (decode) run the portable kernel.
 
-Measured on an H100 (Triton 3.6, through :func:`llmkernels.attention`, CUDA-graph replay): 714-717 TFLOP/s full
-and 644-673 causal at D = 128 (4x16x4096 and 2x16x8192), 1.08-1.14x the bf16 Gluon prefill in the same run and
-2.3-2.5x the portable kernel (128 x 128 tiles, 8 warps) on the same e4m3 inputs (it converts them to bf16 for bf16
-MMAs). ``bench_attention_prefill --fp8`` (H100, one run): 0.80-0.83x cuDNN's FP8 SDPA and 1.03-1.17x its bf16
-attention at D = 128, 0.86x / 0.96x cuDNN FP8 at D = 64 (full / causal). Relative error 2.0-2.6e-2 against
-float64 on the dequantized inputs (randn), where cuDNN FP8's is 3.3-3.7e-2 (it also rounds O to e4m3).
+A 16-bit q is rounded to e4m3 per (token, head) row first (:func:`fp8_rows.quantize_rows`, one small kernel: the
+row's amax becomes ±448, its scale joins the descales in the exponent), so that chunked prefill over an FP8 cache
+runs on the FP8 tensor cores as FA3 and vLLM do; it moves a randn row by 2.6%, and the output by about as much as
+P's own rounding (the GPU tests state the measured errors).
 
-The schedule is :mod:`.gluon_hopper`'s (the bf16 prefill) with e4m3 operands:
+Measured on an H100 (Triton 3.6, CUDA-graph replay; ``bench_attention_prefill --fp8``, one run): e4m3 q/k/v at
+D = 128 0.80-0.83x cuDNN's FP8 SDPA and 1.03-1.17x its bf16 attention, 0.86x / 0.96x cuDNN FP8 at D = 64 (full /
+causal); relative error 2.0-2.6e-2 against float64 on the dequantized inputs (randn), where cuDNN FP8's is
+3.3-3.7e-2 (it also rounds O to e4m3).
 
-* persistent grid, one program per SM, work tiles of 128 query rows of one (batch, q head), head-major; causal
+The schedule is :mod:`.gluon_hopper`'s (the bf16 prefill, whose work-tile geometry and K/V loads it shares) with
+e4m3 operands:
+
+* persistent grid, one program per SM, work tiles of 128 query rows of one (batch, q head), head-major; masked
   tiles handed out longest first through an atomic counter (:func:`gluon_hopper.take_tile_counter`: zeroed
   without a sync);
 * a **producer** warpgroup (4 warps, 24 registers) publishes the work tiles, TMA-loads Q once per tile, K and V
-  tiles through two-stage rings, and **transposes V**: e4m3 wgmma takes its B operand K-major only, i.e.
-  ``V^T`` with keys contiguous. V arrives as ``[128 keys, 32 dims]`` boxes; the producer reads each into
-  registers, relabels it ``[dims, keys]`` (``gl.permute``: no data moves) and stores it into the ``[D, 128]``
-  ``V^T`` stage while the next tile lands in a separate raw ring; ``fence.proxy.async``, a barrier of the
-  producer's warps, then ``vt_ready``. On the way the keys are permuted within each 32-key block
-  (:func:`_to_operand` says why);
+  tiles through three-stage rings (paged: one box per page), and **transposes V**: e4m3 wgmma takes its B operand
+  K-major only, i.e. ``V^T`` with keys contiguous. V arrives as ``[128 keys, 32 dims]`` boxes (``[64, 64]`` at D
+  = 256); the producer reads each into registers, relabels it ``[dims, keys]`` (``gl.permute``: no data moves)
+  and stores it into the ``[D, TILE_N]`` ``V^T`` stage while the next tile lands in a separate raw ring;
+  ``fence.proxy.async``, a barrier of the producer's warps, then ``vt_ready``. On the way the keys are permuted
+  within each 32-key block (:func:`_to_operand` says why), and the rows of a ragged or paged sequence's last tile
+  past its keys (another sequence's values, NaN say) are zeroed;
 * two **consumer** warpgroups (240 registers), 64 query rows each: ``S = Q K^T`` from shared memory, fp32
-  accumulate; online softmax on the raw scores with ``c = q_descale * k_descale * softmax_scale * log2(e)``
-  folded into the one FMA of the exp2 argument; ``P = exp2(s c - m c + 8)``, the probabilities times 256,
-  rounded to e4m3 (RNE, satfinite) and used from registers as the A operand of the e4m3 ``P V`` wgmma. The 256
-  keeps probabilities down to 2^-14 normal in e4m3 (2^-6 without it) and cancels in ``O / l``; ``l`` sums the
-  unrounded fp32 probabilities. Per key tile j (:func:`_fused_step`): softmax of ``S_j``, issue ``S_{j+1}``,
-  rescale O, issue ``P_j V_j``, wait for both: P is made and used in one step. (FA3's order, ``P_{j-1} V_{j-1}``
-  issued with ``S_j`` and P loop-carried, measured 14-17% slower: Triton carries an e4m3 tensor as separate
-  bytes and repacks them, ~200 integer instructions per tile and warp.) The end writes ``O * v_descale / l``
-  as bf16.
+  accumulate; online softmax on the raw scores with ``c = q_descale * k_descale * softmax_scale * log2(e)`` (times
+  the row's q scale) folded into the one FMA of the exp2 argument; ``P = exp2(s c - m c + 8)``, the
+  probabilities times 256, rounded to e4m3 (RNE, satfinite) and used from registers as the A operand of the e4m3
+  ``P V`` wgmma. The 256 keeps probabilities down to 2^-14 normal in e4m3 (2^-6 without it) and cancels in ``O /
+  l``; ``l`` sums the unrounded fp32 probabilities. Per key tile j (:func:`_fused_step`): softmax of ``S_j``, issue
+  ``S_{j+1}``, rescale O, issue ``P_j V_j``, wait for both: P is made and used in one step. (FA3's order,
+  ``P_{j-1} V_{j-1}`` issued with ``S_j`` and P loop-carried, measured 14-17% slower: Triton carries an e4m3
+  tensor as separate bytes and repacks them, ~200 integer instructions per tile and warp; FA3's consumer
+  ping-pong measured +2.5% at most, within a run's spread: lab/gluon_fp8_attention.) The end writes ``O *
+  v_descale / l``.
 
-The max is taken on raw scores: the descales must be positive (FA3's convention; their values are not checked,
-which would need a sync). A query that sees no key (causal with Sq > Skv) gets output 0 and LSE -inf.
+The max is taken on raw scores: the descales must be positive (FA3's convention; ``validate=True`` checks them,
+which costs a sync). A query that sees no key (causal with Sq > Skv) gets output 0 and LSE -inf.
 :func:`compile_for_sm90` builds the kernel without a GPU, so that CPU tests can inspect its PTX.
 """
 
@@ -63,6 +69,7 @@ from ..runtime import num_programs_hint, pretend_gpu
 from . import config as attention_config
 from .check import FP8, CheckedCall
 from .config import FA4Config, Tiling
+from .fp8_rows import quantize_rows
 from .gluon_hopper import (
     LN2,
     LOG2E,
@@ -72,22 +79,24 @@ from .gluon_hopper import (
     _nvmma_layout,
     _receive_tile,
     _store_layout,
+    _tile_block,
     _tma_load,
     as_tma_ready,
     descriptor_type,
     gluon_eligible,
+    page_of,
     sequence_rows,
     take_tile_counter,
 )
-from .layout import dummy
+from .layout import dummy, paged_metadata
 from .masks import UNBOUNDED, MaskSpec, ScoreModSpec
+from .portable import TYPE_NAMES
 
 __all__ = ["BACKEND", "GluonFp8Prefill", "compile_for_sm90", "HEAD_DIMS"]
 
-HEAD_DIMS = (64, 128)
+HEAD_DIMS = (64, 128, 256)
 BLOCK_M = 128  # query rows per work tile: two consumer warpgroups of 64
-TILE_N = 128  # keys per K / V tile
-V_CHUNK = 32  # V arrives as [TILE_N, 32] boxes (32-byte swizzle) for the producer's transpose
+STAGES = 3  # depth of the K, raw V and V^T rings (2 stages: 1-4% slower at D 128 and 256)
 P_SHIFT = gl.constexpr(8.0)  # P is stored times 2^8 in e4m3
 # Registers: 12 warps (consumer 0 = the default partition, consumer 1, the producer warpgroup); the launch's
 # maxnreg 168 = 65536 / 384 rounded to 8, and setmaxnreg gives 2 x 128 x 240 + 128 x 24 = 64512 = 168 x 384.
@@ -97,37 +106,6 @@ PRODUCER_WARPS = gl.constexpr(4)
 
 # A barrier of one partition's warps: ``thread_barrier`` in Triton 3.9, ``barrier`` in 3.6.
 _partition_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
-
-
-@gluon.jit
-def _tile_block(
-    tile,
-    seqlen_q,
-    seqlen_kv,
-    num_q_heads,
-    group_size,
-    num_m_blocks,
-    CAUSAL: gl.constexpr,
-    BLOCK_M: gl.constexpr,
-    TILE_N: gl.constexpr,
-):
-    """Work tile ``tile``: ``(batch, q head, kv head, first query row, number of key tiles)``. Head-major; causal
-    blocks of a head run longest (last rows) first. At least one key tile, so that a block that sees no key still
-    runs (and writes zeros)."""
-    pid_bh = tile // num_m_blocks
-    pid_m = tile % num_m_blocks
-    if CAUSAL:
-        pid_m = num_m_blocks - 1 - pid_m
-    batch = pid_bh // num_q_heads
-    head = pid_bh % num_q_heads
-    q_start = pid_m * BLOCK_M
-    if CAUSAL:
-        q_last = gl.minimum(q_start + BLOCK_M, seqlen_q) - 1
-        kv_hi = gl.minimum(q_last + seqlen_kv - seqlen_q + 1, seqlen_kv)
-        num_tiles = gl.maximum(gl.cdiv(kv_hi, TILE_N), 1)
-    else:
-        num_tiles = gl.maximum(gl.cdiv(seqlen_kv, TILE_N), 1)
-    return batch, head, head // group_size, q_start, num_tiles
 
 
 @gluon.jit
@@ -142,22 +120,25 @@ def _publish_tile(tile, count, schedule):
 
 
 @gluon.jit
-def _transpose_v(position, vraw_smem, vt_smem, vraw_ready, vt_ready, vt_empty):
-    """Producer: the V tile at ring position ``position``, landed in ``vraw_smem`` as ``[D / 32]`` boxes of
-    ``[128 keys, 32 dims]``, written into ``vt_smem[stage]`` (``[D, 128]``, keys contiguous) with row x of the
-    tile holding key ``sigma(x)`` (:func:`_to_operand`) once the consumers released that stage; then
-    ``vt_ready``."""
+def _transpose_v(position, vraw_smem, vt_smem, vraw_ready, vt_ready, vt_empty, keys):
+    """Producer: the V tile at ring position ``position``, landed in ``vraw_smem`` as ``[D / W]`` boxes of
+    ``[TILE_N keys, W dims]`` (``[128, 32]``, or ``[64, 64]`` at D = 256), written into ``vt_smem[stage]`` (``[D,
+    TILE_N]``, keys contiguous) with row x of the tile holding key ``sigma(x)`` (:func:`_to_operand`) once the
+    consumers released that stage; then ``vt_ready``. Keys ``>= keys`` (a sequence's last tile of ragged or paged
+    K/V, whose rows hold other values, NaN say, that P V would multiply by P's zeros) are written as zeros."""
     STAGES: gl.constexpr = vt_smem.shape[0]
     CHUNKS: gl.constexpr = vraw_smem.shape[0] // STAGES
     TILE_N: gl.constexpr = vraw_smem.shape[1]
     V_CHUNK: gl.constexpr = vraw_smem.shape[2]
-    gl.static_assert(TILE_N == 128 and V_CHUNK == 32)  # what the load layout covers
+    gl.static_assert((TILE_N == 128 and V_CHUNK == 32) or (TILE_N == 64 and V_CHUNK == 64))
     # Thread: keys {2c, 2c+1, 2c+8, 2c+9} (+16, +32, ...) x 8 dims: the keys whose probabilities one thread holds
     # in the S accumulator, which sigma sends to 4 consecutive columns of P' (its stores stay 4 contiguous bytes).
+    # The last warp bit: key bit 6 of a [128, 32] box, dim bit 5 of a [64, 64] one.
+    WARP_BIT: gl.constexpr = [64, 0] if TILE_N == 128 else [0, 32]
     load_layout: gl.constexpr = gl.DistributedLinearLayout(
         reg_bases=[[0, 1], [0, 2], [0, 4], [1, 0], [8, 0]],
         lane_bases=[[2, 0], [4, 0], [0, 8], [0, 16], [16, 0]],
-        warp_bases=[[32, 0], [64, 0]],
+        warp_bases=[[32, 0], WARP_BIT],
         block_bases=[],
         shape=[TILE_N, V_CHUNK],
     )
@@ -168,6 +149,9 @@ def _transpose_v(position, vraw_smem, vt_smem, vraw_ready, vt_ready, vt_empty):
     vt = vt_smem.index(stage)
     for c in gl.static_range(CHUNKS):
         x = vraw_smem.index(stage * CHUNKS + c).load(load_layout)
+        if keys < TILE_N:
+            key = gl.expand_dims(gl.arange(0, TILE_N, layout=gl.SliceLayout(1, load_layout)), 1)
+            x = gl.where(key < keys, x, gl.zeros_like(x))
         # row x of the tile becomes key sigma(x): V'[x] = V[sigma(x)]
         x = x.reshape([TILE_N // 32, 2, 2, 4, 2, V_CHUNK]).permute((0, 1, 3, 2, 4, 5)).reshape([TILE_N, V_CHUNK])
         vt.slice(c * V_CHUNK, V_CHUNK, dim=0).store(gl.permute(x, (1, 0)))
@@ -177,24 +161,54 @@ def _transpose_v(position, vraw_smem, vt_smem, vraw_ready, vt_ready, vt_empty):
 
 
 @gluon.jit
+def _load_kv_tiles(descs, k_buffer, vraw_smem, first_box, bars, batch, key, column, pages, PAGE_SIZE: gl.constexpr):
+    """TMA loads of keys ``[key, key + TILE_N)`` of sequence ``batch``, head columns from ``column``: K into
+    ``k_buffer`` (arriving on ``bars[0]``), V's ``[TILE_N, V_CHUNK]`` column boxes into ``vraw_smem[first_box:]``
+    (on ``bars[1]``). Paged, per page the tile spans: its K box and V's column boxes, the page looked up once (a
+    tile of 16-key pages takes 8 lookups, not 40)."""
+    k_desc, v_desc = descs
+    k_ready, v_ready = bars
+    V_CHUNK: gl.constexpr = v_desc.block_type.shape[2]
+    CHUNKS: gl.constexpr = k_buffer.shape[1] // V_CHUNK
+    if PAGE_SIZE == 0:
+        _tma_load(k_desc, [batch, key, column], k_ready, _as_box(k_buffer))
+        for c in gl.static_range(CHUNKS):
+            _tma_load(v_desc, [batch, key, column + c * V_CHUNK], v_ready, _as_box(vraw_smem.index(first_box + c)))
+    else:
+        BOX: gl.constexpr = k_desc.block_type.shape[1]
+        for r in gl.static_range(k_buffer.shape[0] // BOX):
+            box_key = key + r * BOX
+            page = page_of(pages, batch, box_key, PAGE_SIZE)
+            row = box_key % PAGE_SIZE
+            _tma_load(k_desc, [page, row, column], k_ready, _as_box(k_buffer).slice(r * BOX, BOX, dim=1))
+            for c in gl.static_range(CHUNKS):
+                box = _as_box(vraw_smem.index(first_box + c)).slice(r * BOX, BOX, dim=1)
+                _tma_load(v_desc, [page, row, column + c * V_CHUNK], v_ready, box)
+
+
+@gluon.jit
 def _producer_partition(
     descs,
     smem,
     bars,
     schedule,
-    seqlen_q,
-    seqlen_kv,
+    geometry,
+    lens,
+    pages,
     num_q_heads,
     group_size,
     num_m_blocks,
     num_work_tiles,
     tile_counter,
-    CAUSAL: gl.constexpr,
+    WINDOW: gl.constexpr,
+    RAGGED: gl.constexpr,
+    PAGE_SIZE: gl.constexpr,
 ):
-    """Loads and transposes. Per work tile: publish it, load its two 64-row Q tiles once the consumers released
-    the last ones, then for each key tile i: K_i into the K ring, V_i's column boxes into the raw ring, and
-    transpose V_{i-1} meanwhile (the last one after the loop). The next work tile comes from ``tile_counter``
-    (CAUSAL: blocks differ in length, so the first program to ask gets the next one) or by striding the grid."""
+    """Loads and transposes. Per work tile (ragged blocks past their sequence skipped): publish it, load its two
+    64-row Q tiles once the consumers released the last ones, then for each key tile i: K_i into the K ring, V_i's
+    column boxes into the raw ring (paged: one box per page and column box), and transpose V_{i-1} meanwhile (the
+    last one after the loop). The next work tile comes from ``tile_counter`` (WINDOW: blocks differ in length, so
+    the first program to ask gets the next one) or by striding the grid."""
     q_desc, k_desc, v_desc = descs
     q_smem, k_smem, vraw_smem, vt_smem = smem
     q_ready, q_empty, k_ready, k_empty, vraw_ready, vt_ready, vt_empty = bars
@@ -203,45 +217,72 @@ def _producer_partition(
     HEAD_DIM: gl.constexpr = k_smem.shape[2]
     V_CHUNK: gl.constexpr = vraw_smem.shape[2]
     CHUNKS: gl.constexpr = HEAD_DIM // V_CHUNK
-    BLOCK_M: gl.constexpr = q_smem.shape[0] * q_smem.shape[1]
     TILE_BYTES: gl.constexpr = TILE_N * HEAD_DIM  # e4m3: one byte each
+    ZERO_TAILS: gl.constexpr = RAGGED or PAGE_SIZE > 0  # dense K/V: a per-sequence descriptor reads zeros there
     tile = gl.program_id(0)
     count = 0
     loaded = 0  # key tiles loaded by this program so far: the rings' position
     while tile < num_work_tiles:
-        batch, head, kv_head, q_start, num_tiles = _tile_block(
-            tile, seqlen_q, seqlen_kv, num_q_heads, group_size, num_m_blocks, CAUSAL, BLOCK_M, TILE_N
+        batch, head, kv_head, q_start, first_tile, num_tiles, tile_geometry, place = _tile_block(
+            tile,
+            geometry,
+            lens,
+            num_q_heads,
+            group_size,
+            num_m_blocks,
+            WINDOW,
+            TILE_N,
+            2,
+            RAGGED,
+            PAGE_SIZE > 0,
+            PRODUCER_WARPS,
         )
-        _publish_tile(tile, count, schedule)
-        for c in gl.static_range(2):
-            # Fresh mbarriers count as having completed the phase before 0: the first lap does not wait.
-            mbarrier.wait(q_empty.index(c), (count & 1) ^ 1)
-            mbarrier.expect(q_ready.index(c), q_desc.block_type.nbytes)
-            _tma_load(q_desc, [batch, q_start + c * 64, head * HEAD_DIM], q_ready.index(c), _as_box(q_smem.index(c)))
-        for i in range(num_tiles):
-            position = loaded + i
-            stage = position % STAGES
-            phase = (position // STAGES) & 1
-            key = i * TILE_N
-            mbarrier.wait(k_empty.index(stage), phase ^ 1)
-            mbarrier.expect(k_ready.index(stage), TILE_BYTES)
-            _tma_load(k_desc, [batch, key, kv_head * HEAD_DIM], k_ready.index(stage), _as_box(k_smem.index(stage)))
-            # The raw V stage was last read by this partition's transpose of position - STAGES, which ended in a
-            # barrier of the producer's warps: it is free.
-            mbarrier.expect(vraw_ready.index(stage), TILE_BYTES)
-            for c in gl.static_range(CHUNKS):
+        seqlen_q = tile_geometry[0]
+        keys = TILE_N * (first_tile + num_tiles)  # the keys of the block's last tile that P V may read
+        if ZERO_TAILS:
+            keys = tile_geometry[1]
+        q_batch, q_row0, kv_batch, kv_row0, _, _ = place
+        if (q_start >= 0) & (q_start < seqlen_q):
+            _publish_tile(tile, count, schedule)
+            for c in gl.static_range(2):
+                # Fresh mbarriers count as having completed the phase before 0: the first lap does not wait.
+                mbarrier.wait(q_empty.index(c), (count & 1) ^ 1)
+                mbarrier.expect(q_ready.index(c), q_desc.block_type.nbytes)
                 _tma_load(
-                    v_desc,
-                    [batch, key, kv_head * HEAD_DIM + c * V_CHUNK],
-                    vraw_ready.index(stage),
-                    _as_box(vraw_smem.index(stage * CHUNKS + c)),
+                    q_desc,
+                    [q_batch, q_row0 + q_start + c * 64, head * HEAD_DIM],
+                    q_ready.index(c),
+                    _as_box(q_smem.index(c)),
                 )
-            if i > 0:
-                _transpose_v(position - 1, vraw_smem, vt_smem, vraw_ready, vt_ready, vt_empty)
-        _transpose_v(loaded + num_tiles - 1, vraw_smem, vt_smem, vraw_ready, vt_ready, vt_empty)
-        loaded += num_tiles
-        count += 1
-        if CAUSAL:
+            for i in range(num_tiles):
+                position = loaded + i
+                stage = position % STAGES
+                phase = (position // STAGES) & 1
+                key = (first_tile + i) * TILE_N
+                mbarrier.wait(k_empty.index(stage), phase ^ 1)
+                # The raw V stage was last read by this partition's transpose of position - STAGES, which ended
+                # in a barrier of the producer's warps: it is free.
+                mbarrier.expect(k_ready.index(stage), TILE_BYTES)
+                mbarrier.expect(vraw_ready.index(stage), TILE_BYTES)
+                _load_kv_tiles(
+                    (k_desc, v_desc),
+                    k_smem.index(stage),
+                    vraw_smem,
+                    stage * CHUNKS,
+                    (k_ready.index(stage), vraw_ready.index(stage)),
+                    kv_batch,
+                    kv_row0 + key,
+                    kv_head * HEAD_DIM,
+                    pages,
+                    PAGE_SIZE,
+                )
+                if i > 0:
+                    _transpose_v(position - 1, vraw_smem, vt_smem, vraw_ready, vt_ready, vt_empty, TILE_N)
+            last_key = (first_tile + num_tiles - 1) * TILE_N
+            _transpose_v(loaded + num_tiles - 1, vraw_smem, vt_smem, vraw_ready, vt_ready, vt_empty, keys - last_key)
+            loaded += num_tiles
+            count += 1
+        if WINDOW:
             tile = gl.num_programs(0) + gl.atomic_add(tile_counter, 1)
         else:
             tile += gl.num_programs(0)
@@ -249,31 +290,37 @@ def _producer_partition(
 
 
 @gluon.jit
-def _softmax_tile(s, m_i, l_i, j, rows, seqlen_kv, shift, scale, MASKED: gl.constexpr, CAUSAL: gl.constexpr):
-    """Online softmax of the raw e4m3-product scores ``s`` ``[64, 128]`` of key tile j: ``(p * 2^8, m, l, alpha)``;
-    m is the running max of raw scores, ``scale > 0`` the descales, softmax scale and log2 e, folded into the
-    exponent. Query row r sees keys ``< seqlen_kv`` (and ``<= r + shift`` when CAUSAL)."""
+def _softmax_tile(s, m_i, l_i, j, rows, geometry, scale, MASKED: gl.constexpr, WINDOW: gl.constexpr):
+    """Online softmax of the raw e4m3-product scores ``s`` ``[64, TILE_N]`` of key tile j: ``(p * 2^8, m, l,
+    alpha)``; m is the running max of raw scores, ``scale > 0`` (a scalar, or ``[64]`` per row with a q quantized
+    per row) the descales, softmax scale and log2 e, folded into the exponent. Query row r sees keys
+    ``< seqlen_kv`` (and, with WINDOW, ``[r + shift - left, r + shift + right]``)."""
+    seqlen_q, seqlen_kv, shift, window_left, window_right = geometry
     TILE_N: gl.constexpr = s.shape[1]
     if MASKED:
         cols = gl.expand_dims(j * TILE_N + gl.arange(0, TILE_N, layout=gl.SliceLayout(0, s.type.layout)), 0)
         valid = cols < seqlen_kv
-        if CAUSAL:
-            valid = valid & (cols <= gl.expand_dims(rows + shift, 1))
+        if WINDOW:  # int32 is enough: sides are <= 2**30 and |pos| < 2**30
+            pos = gl.expand_dims(rows + shift, 1)
+            valid = valid & (cols <= pos + window_right) & (cols >= pos - window_left)
         s = gl.where(valid, s, float("-inf"))
     m_new = gl.maximum(m_i, gl.max(s, axis=1))
     m_scaled = m_new * scale
     if MASKED:  # a row that has seen no key yet: alpha and p are exp2(-inf) = 0, not NaN
         m_scaled = gl.where(m_new == float("-inf"), 0.0, m_scaled)
     alpha = gl.exp2(m_i * scale - m_scaled)
-    p = gl.exp2(gl.fma(s, scale, gl.expand_dims(P_SHIFT - m_scaled, 1)))
+    if scale.type.is_block():
+        p = gl.exp2(gl.fma(s, gl.expand_dims(scale, 1), gl.expand_dims(P_SHIFT - m_scaled, 1)))
+    else:
+        p = gl.exp2(gl.fma(s, scale, gl.expand_dims(P_SHIFT - m_scaled, 1)))
     l_new = l_i * alpha + gl.sum(p, axis=1)
     return p, m_new, l_new, alpha
 
 
 @gluon.jit
 def _to_operand(p, HEAD_DIM: gl.constexpr):
-    """fp32 probabilities ``[64, 128]`` in the S accumulator layout -> the e4m3 A operand of the P V wgmma, with the
-    columns relabelled instead of moved.
+    """fp32 probabilities ``[64, TILE_N]`` in the S accumulator layout -> the e4m3 A operand of the P V wgmma, with
+    the columns relabelled instead of moved.
 
     Per 32-key block, the accumulator gives lane ``c`` (= lane % 4) columns ``{2c, 2c+1, 8+2c, 9+2c, 16+2c, 17+2c,
     24+2c, 25+2c}``; the e4m3 A fragment of ``m64nNk32`` wants ``{4c..4c+3, 16+4c..16+4c+3}``. With
@@ -304,11 +351,10 @@ def _fused_step(
     acc,
     rows,
     s_zero,
-    seqlen_kv,
-    shift,
+    geometry,
     scale,
     MASKED: gl.constexpr,
-    CAUSAL: gl.constexpr,
+    WINDOW: gl.constexpr,
 ):
     """Ring position i, key tile j (not the block's last), ``s = S_j`` retired: softmax of S_j, issue ``S_{j+1}``,
     rescale O, round P_j and issue ``O += P_j V_j``, wait for both. Nothing runs between the P V wgmma and its wait,
@@ -317,7 +363,7 @@ def _fused_step(
     q_ready, q_empty, k_ready, k_empty, vraw_ready, vt_ready, vt_empty = bars
     STAGES: gl.constexpr = k_smem.shape[0]
     HEAD_DIM: gl.constexpr = acc.shape[1]
-    p, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, j, rows, seqlen_kv, shift, scale, MASKED, CAUSAL)
+    p, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, j, rows, geometry, scale, MASKED, WINDOW)
     nxt = i + 1
     mbarrier.wait(k_ready.index(nxt % STAGES), (nxt // STAGES) & 1)
     s_next = warpgroup_mma(q, k_smem.index(nxt % STAGES).permute((1, 0)), s_zero, use_acc=False, is_async=True)
@@ -348,19 +394,23 @@ def _consumer_block(
     bars,
     out_ptr,
     lse_ptr,
+    q_scale_ptr,
     descales,
-    seqlen_q,
-    seqlen_kv,
+    geometry,
+    lens,
     num_q_heads,
     group_size,
     num_m_blocks,
     qk_scale,
     CONSUMER: gl.constexpr,
-    CAUSAL: gl.constexpr,
+    WINDOW: gl.constexpr,
     RETURN_LSE: gl.constexpr,
+    Q_ROWS: gl.constexpr,
     Q_DESCALE: gl.constexpr,
     K_DESCALE: gl.constexpr,
     V_DESCALE: gl.constexpr,
+    RAGGED: gl.constexpr,
+    PAGED: gl.constexpr,
 ):
     """Consumer ``CONSUMER`` on work tile ``tile`` (this program's ``count``-th; its key tiles from ring position
     ``base``): query rows ``[q_start + 64 CONSUMER, + 64)``. Returns the number of key tiles of the block."""
@@ -380,7 +430,6 @@ def _consumer_block(
     STAGES: gl.constexpr = k_smem.shape[0]
     TILE_N: gl.constexpr = k_smem.shape[1]
     HEAD_DIM: gl.constexpr = k_smem.shape[2]
-    BLOCK_M: gl.constexpr = q_smem.shape[0] * q_smem.shape[1]
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, TILE_N, 32]
     )
@@ -389,55 +438,67 @@ def _consumer_block(
     )
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
 
-    batch, head, kv_head, q_start, end_tile = _tile_block(
-        tile, seqlen_q, seqlen_kv, num_q_heads, group_size, num_m_blocks, CAUSAL, BLOCK_M, TILE_N
+    batch, head, kv_head, q_start, first_tile, num_tiles, geometry, place = _tile_block(
+        tile, geometry, lens, num_q_heads, group_size, num_m_blocks, WINDOW, TILE_N, 2, RAGGED, PAGED, 4
     )
-    shift = seqlen_kv - seqlen_q
-    scale = _descale(q_descale_ptr, stride_qd_b, stride_qd_h, batch, kv_head, qk_scale, Q_DESCALE)
-    scale = _descale(k_descale_ptr, stride_kd_b, stride_kd_h, batch, kv_head, scale, K_DESCALE)
+    seqlen_q, seqlen_kv, shift, window_left, window_right = geometry
+    out_token0 = place[4]
+    lse_base = place[5]
     first_row = q_start + CONSUMER * 64
     rows = first_row + gl.arange(0, 64, layout=row_layout)
-    # Tiles [1, band_hi): every row of this consumer sees all keys (no mask); [band_hi, my_end): masked; tiles
-    # [my_end, end_tile) hold no key these rows see (the causal diagonal of the other consumer): only released.
-    if CAUSAL:
+    scale = _descale(q_descale_ptr, stride_qd_b, stride_qd_h, batch, kv_head, qk_scale, Q_DESCALE)
+    scale = _descale(k_descale_ptr, stride_kd_b, stride_kd_h, batch, kv_head, scale, K_DESCALE)
+    if Q_ROWS:  # q quantized per (token, head) row: its scales, float32 [tokens, Hq]
+        q_scales = gl.load(
+            q_scale_ptr + (out_token0 + rows).to(gl.int64) * num_q_heads + head, mask=rows < seqlen_q, other=1.0
+        )
+        scale = scale * q_scales
+    end_tile = first_tile + num_tiles
+    # Tiles [band_lo, band_hi): every row of this consumer sees all their keys (no mask); the others are masked;
+    # tiles [my_end, end_tile) hold no key these rows see (the causal diagonal of the other consumer): only
+    # released.
+    if WINDOW:
         last_row = gl.minimum(first_row + 64, seqlen_q) - 1
-        seen_hi = gl.minimum(last_row + shift + 1, seqlen_kv)
-        my_end = gl.minimum(gl.maximum(gl.cdiv(seen_hi, TILE_N), 1), end_tile)
-        full_hi = gl.minimum(first_row + shift + 1, seqlen_kv)
+        full_lo = gl.maximum(last_row + shift - window_left, 0)
+        full_hi = gl.minimum(first_row + shift + window_right + 1, seqlen_kv)
+        seen_hi = gl.minimum(last_row + shift + window_right + 1, seqlen_kv)
+        my_end = gl.minimum(gl.maximum(gl.cdiv(seen_hi, TILE_N), first_tile + 1), end_tile)
     else:
-        my_end = end_tile
+        full_lo = first_row * 0
         full_hi = seqlen_kv
-    band_hi = gl.maximum(gl.minimum(gl.maximum(full_hi, 0) // TILE_N, my_end), 1)
-    offset = base  # ring position of key tile j: base + j
+        my_end = end_tile
+    band_lo = gl.minimum(gl.maximum(gl.cdiv(full_lo, TILE_N), first_tile + 1), my_end)
+    band_hi = gl.maximum(gl.minimum(gl.maximum(full_hi, 0) // TILE_N, my_end), band_lo)
+    offset = base - first_tile  # ring position of key tile j: offset + j
 
     q = q_smem.index(CONSUMER)
     mbarrier.wait(q_ready.index(CONSUMER), count & 1)
     s_zero = gl.zeros([64, TILE_N], gl.float32, layout=s_layout)
     acc = gl.zeros([64, HEAD_DIM], gl.float32, layout=o_layout)
 
-    # Tile 0: its S alone; its softmax (masked) and P V in the first step.
+    # The first tile's S alone; its softmax (masked) and P V in the first step.
     mbarrier.wait(k_ready.index(base % STAGES), (base // STAGES) & 1)
     s = warpgroup_mma(q, k_smem.index(base % STAGES).permute((1, 0)), s_zero, use_acc=False, is_async=True)
     s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
     mbarrier.arrive(k_empty.index(base % STAGES))
     m_i = gl.full([64], float("-inf"), gl.float32, layout=row_layout)
     l_i = gl.full([64], 0.0, gl.float32, layout=row_layout)
-    # Tile 0 (masked) if another follows, the unmasked band, the masked tiles, then the last tile (masked, no next S).
-    for j in range(0, gl.minimum(my_end - 1, 1)):
+    # Masked tiles up to the band, the unmasked band, masked tiles after it; the last tile (masked, no next S) alone.
+    for j in range(first_tile, gl.minimum(band_lo, my_end - 1)):
         s, m_i, l_i, acc = _fused_step(
-            offset + j, j, q, smem, bars, s, m_i, l_i, acc, rows, s_zero, seqlen_kv, shift, scale, True, CAUSAL
+            offset + j, j, q, smem, bars, s, m_i, l_i, acc, rows, s_zero, geometry, scale, True, WINDOW
         )
-    for j in range(1, gl.minimum(band_hi, my_end - 1)):
+    for j in range(band_lo, gl.minimum(band_hi, my_end - 1)):
         s, m_i, l_i, acc = _fused_step(
-            offset + j, j, q, smem, bars, s, m_i, l_i, acc, rows, s_zero, seqlen_kv, shift, scale, False, CAUSAL
+            offset + j, j, q, smem, bars, s, m_i, l_i, acc, rows, s_zero, geometry, scale, False, WINDOW
         )
-    for j in range(gl.maximum(band_hi, 1), my_end - 1):
+    for j in range(band_hi, my_end - 1):
         s, m_i, l_i, acc = _fused_step(
-            offset + j, j, q, smem, bars, s, m_i, l_i, acc, rows, s_zero, seqlen_kv, shift, scale, True, CAUSAL
+            offset + j, j, q, smem, bars, s, m_i, l_i, acc, rows, s_zero, geometry, scale, True, WINDOW
         )
     mbarrier.arrive(q_empty.index(CONSUMER))  # every S of the block is done: the next Q may land
     last = offset + my_end - 1
-    p, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, my_end - 1, rows, seqlen_kv, shift, scale, True, CAUSAL)
+    p, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, my_end - 1, rows, geometry, scale, True, WINDOW)
     acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
     p = _to_operand(p, HEAD_DIM)
     mbarrier.wait(vt_ready.index(last % STAGES), (last // STAGES) & 1)
@@ -453,33 +514,35 @@ def _consumer_block(
         mbarrier.wait(vt_ready.index(position % STAGES), (position // STAGES) & 1)
         mbarrier.arrive(vt_empty.index(position % STAGES))
 
-    if RETURN_LSE:  # natural log, [B, Hq, Sq] contiguous; -inf for a row that saw no key (l = 0)
+    if RETURN_LSE:  # natural log, [B, Hq, Sq] ([Hq, total_q] ragged) contiguous; -inf for a row that saw no key
         lse = (m_i * scale + gl.log2(l_i) - P_SHIFT) * LN2
-        lse_base = (batch * num_q_heads + head).to(gl.int64) * seqlen_q
         gl.store(lse_ptr + lse_base + rows, lse, mask=rows < seqlen_q)
     l_safe = gl.where(l_i == 0.0, 1.0, l_i)  # a row that saw no key: output 0
     factor = _descale(v_descale_ptr, stride_vd_b, stride_vd_h, batch, kv_head, 1.0 / l_safe, V_DESCALE)
     out = acc * gl.expand_dims(gl.convert_layout(factor, gl.SliceLayout(1, o_layout)), 1)
     store_layout: gl.constexpr = _store_layout(HEAD_DIM, 4)
-    out = gl.convert_layout(out.to(gl.bfloat16), store_layout)
+    out = gl.convert_layout(out.to(out_ptr.dtype.element_ty), store_layout)
     out_rows = first_row + gl.arange(0, 64, layout=gl.SliceLayout(1, store_layout))
     out_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, store_layout))
     # int64: B * Sq * Hq * D can exceed 2**31 elements.
-    row_offsets = ((batch * seqlen_q + out_rows).to(gl.int64) * num_q_heads + head) * HEAD_DIM
+    row_offsets = ((out_token0 + out_rows).to(gl.int64) * num_q_heads + head) * HEAD_DIM
     offsets = gl.expand_dims(row_offsets, 1) + gl.expand_dims(out_cols, 0)
     gl.store(out_ptr + offsets, out, mask=gl.expand_dims(out_rows < seqlen_q, 1))
-    return end_tile
+    return num_tiles
 
 
 @gluon.jit
 def _consumer_partition(
     args,
     CONSUMER: gl.constexpr,
-    CAUSAL: gl.constexpr,
+    WINDOW: gl.constexpr,
     RETURN_LSE: gl.constexpr,
+    Q_ROWS: gl.constexpr,
     Q_DESCALE: gl.constexpr,
     K_DESCALE: gl.constexpr,
     V_DESCALE: gl.constexpr,
+    RAGGED: gl.constexpr,
+    PAGED: gl.constexpr,
 ):
     """One consumer warpgroup: every work tile the producer hands this program, in turn. ``args``: what both
     consumers take (see the kernel)."""
@@ -489,9 +552,10 @@ def _consumer_partition(
         schedule,
         out_ptr,
         lse_ptr,
+        q_scale_ptr,
         descales,
-        seqlen_q,
-        seqlen_kv,
+        geometry,
+        lens,
         num_q_heads,
         group_size,
         num_m_blocks,
@@ -510,19 +574,23 @@ def _consumer_partition(
             bars,
             out_ptr,
             lse_ptr,
+            q_scale_ptr,
             descales,
-            seqlen_q,
-            seqlen_kv,
+            geometry,
+            lens,
             num_q_heads,
             group_size,
             num_m_blocks,
             qk_scale,
             CONSUMER,
-            CAUSAL,
+            WINDOW,
             RETURN_LSE,
+            Q_ROWS,
             Q_DESCALE,
             K_DESCALE,
             V_DESCALE,
+            RAGGED,
+            PAGED,
         )
         count += 1
         tile = _receive_tile(count, schedule)
@@ -535,10 +603,20 @@ def _fp8_attention_fwd_kernel(
     v_desc,
     out_ptr,
     lse_ptr,
+    q_scale_ptr,
     q_descale_ptr,
     k_descale_ptr,
     v_descale_ptr,
     tile_counter,
+    cu_seqlens_q_ptr,
+    cu_seqlens_k_ptr,
+    total_q,
+    total_k,
+    block_table_ptr,
+    seqlens_ptr,
+    stride_block_table,
+    max_pages,
+    num_pages,
     stride_q_descale_b,
     stride_q_descale_h,
     stride_k_descale_b,
@@ -547,16 +625,23 @@ def _fp8_attention_fwd_kernel(
     stride_v_descale_h,
     seqlen_q,
     seqlen_kv,
+    window_left,
+    window_right,
     num_q_heads,
     group_size,
     num_m_blocks,
     num_work_tiles,
     qk_scale,
-    CAUSAL: gl.constexpr,
+    WINDOW: gl.constexpr,
     RETURN_LSE: gl.constexpr,
+    Q_ROWS: gl.constexpr,
     Q_DESCALE: gl.constexpr,
     K_DESCALE: gl.constexpr,
     V_DESCALE: gl.constexpr,
+    RAGGED: gl.constexpr,
+    PAGE_SIZE: gl.constexpr,
+    STAGES: gl.constexpr,
+    TILE_N: gl.constexpr,
     Q_LAYOUT: gl.constexpr,
     K_LAYOUT: gl.constexpr,
     VRAW_LAYOUT: gl.constexpr,
@@ -564,21 +649,28 @@ def _fp8_attention_fwd_kernel(
 ):
     """Persistent: each program runs work tiles (128 query rows of one (batch, q head)) until none is left.
 
-    q_desc: TMA descriptor over e4m3 q viewed as ``[B, Sq, Hq * D]``, block ``[1, 64, D]``; k_desc over k as
-    ``[B, Skv, Hkv * D]``, block ``[1, 128, D]``; v_desc over v alike, block ``[1, 128, 32]``. out_ptr: bf16
-    ``[B, Sq, Hq, D]`` contiguous. lse_ptr: float32 ``[B, Hq, Sq]`` contiguous (RETURN_LSE). Descales: float32,
-    element ``(b, h)`` at ``b * stride_*_descale_b + h * stride_*_descale_h`` (0 for a broadcast dim), read
-    only where Q_DESCALE / K_DESCALE / V_DESCALE (else 1.0); must be > 0. tile_counter: int32 ``[1]`` zero
-    (CAUSAL). CAUSAL: query i sees keys ``j <= i + Skv - Sq``. group_size: Hq // Hkv. num_m_blocks:
+    q_desc: TMA descriptor over e4m3 q viewed as ``[B, Sq, Hq * D]``, block ``[1, 64, D]``. k_desc over k as
+    ``[B, Skv, Hkv * D]``, block ``[1, TILE_N, D]`` (TILE_N: 128 keys, 64 at D = 256); v_desc over v alike, block
+    ``[1, TILE_N, V_CHUNK]`` (32, or 64 at D = 256). Paged (PAGE_SIZE > 0): over the pages ``[num_pages,
+    PAGE_SIZE, Hkv * D]``, blocks of ``min(PAGE_SIZE, TILE_N)`` rows, sequence b's key i in page ``block_table[b, i
+    // PAGE_SIZE]`` (int32, rows ``stride_block_table`` apart, ``max_pages`` per row) with ``seqlens[b]`` keys
+    (int32, clamped to ``[0, seqlen_kv]``; ``seqlen_kv`` is then ``max_pages * PAGE_SIZE``). RAGGED: q ``[total_q,
+    Hq, D]`` (descriptor over ``[1, total_q, Hq * D]``), sequence b's rows from int32 ``cu_seqlens_q`` ``[B + 1]``,
+    and unless paged k / v ``[total_k, Hkv, D]`` likewise from ``cu_seqlens_k``; ``seqlen_q`` (``seqlen_kv``) are
+    then host bounds on one sequence's queries (keys). out_ptr: bf16 / fp16 ``[B, Sq, Hq, D]`` (ragged ``[total_q,
+    Hq, D]``) contiguous. lse_ptr: float32 ``[B, Hq, Sq]`` (ragged ``[Hq, total_q]``) contiguous (RETURN_LSE).
+    q_scale_ptr: float32 ``[tokens, Hq]`` contiguous (Q_ROWS: q is a 16-bit q quantized per row,
+    :func:`fp8_rows.quantize_rows`). Descales: float32, element ``(b, h)`` at ``b * stride_*_descale_b + h *
+    stride_*_descale_h`` (0 for a broadcast dim), read only where Q_DESCALE / K_DESCALE / V_DESCALE (else 1.0);
+    must be > 0. tile_counter: int32 ``[1]`` zero (WINDOW). WINDOW: query i sees keys ``i + Skv - Sq - left <= j <=
+    i + Skv - Sq + right`` (bottom-right aligned; causal is ``(2**30, 0)``). group_size: Hq // Hkv. num_m_blocks:
     ``cdiv(Sq, 128)``; num_work_tiles: ``num_m_blocks * B * Hq``. qk_scale: ``softmax_scale * log2(e)`` (> 0).
-    Layouts: the shared layouts of the ``[64, D]`` Q, ``[128, D]`` K, ``[128, 32]`` raw V and ``[D, 128]``
-    ``V^T`` tiles. Grid ``(min(num_work_tiles, SMs),)``, num_warps 4 (the default partition, consumer 0), maxnreg
-    168."""
+    STAGES: depth of the K, raw V and V^T rings. Layouts: the shared layouts of the ``[64, D]`` Q, ``[TILE_N, D]``
+    K, ``[TILE_N, V_CHUNK]`` raw V and ``[D, TILE_N]`` ``V^T`` tiles. Grid ``(min(num_work_tiles, SMs),)``,
+    num_warps 4 (the default partition, consumer 0), maxnreg 168."""
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[2]
-    TILE_N: gl.constexpr = k_desc.block_type.shape[1]
     V_CHUNK: gl.constexpr = v_desc.block_type.shape[2]
     CHUNKS: gl.constexpr = HEAD_DIM // V_CHUNK
-    STAGES: gl.constexpr = 2  # depth of the K, raw V and V^T rings (3 measured +1-3%, within one run's noise)
     dtype: gl.constexpr = q_desc.dtype
     q_smem = gl.allocate_shared_memory(dtype, [2, 64, HEAD_DIM], Q_LAYOUT)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, TILE_N, HEAD_DIM], K_LAYOUT)
@@ -608,6 +700,9 @@ def _fp8_attention_fwd_kernel(
     smem = (q_smem, k_smem, vraw_smem, vt_smem)
     bars = (q_ready, q_empty, k_ready, k_empty, vraw_ready, vt_ready, vt_empty)
     schedule = (tile_smem, tile_ready, tile_empty)
+    geometry = (seqlen_q, seqlen_kv, seqlen_kv - seqlen_q, window_left, window_right)
+    lens = (cu_seqlens_q_ptr, cu_seqlens_k_ptr, seqlens_ptr, total_q, total_k)
+    pages = (block_table_ptr, stride_block_table, max_pages, num_pages)
     descales = (
         q_descale_ptr,
         k_descale_ptr,
@@ -625,19 +720,27 @@ def _fp8_attention_fwd_kernel(
         schedule,
         out_ptr,
         lse_ptr,
+        q_scale_ptr,
         descales,
-        seqlen_q,
-        seqlen_kv,
+        geometry,
+        lens,
         num_q_heads,
         group_size,
         num_m_blocks,
         num_work_tiles,
         qk_scale,
     )
+    PAGED: gl.constexpr = PAGE_SIZE > 0
     gl.warp_specialize(
         [
-            (_consumer_partition, (consumer_args, 0, CAUSAL, RETURN_LSE, Q_DESCALE, K_DESCALE, V_DESCALE)),
-            (_consumer_partition, (consumer_args, 1, CAUSAL, RETURN_LSE, Q_DESCALE, K_DESCALE, V_DESCALE)),
+            (
+                _consumer_partition,
+                (consumer_args, 0, WINDOW, RETURN_LSE, Q_ROWS, Q_DESCALE, K_DESCALE, V_DESCALE, RAGGED, PAGED),
+            ),
+            (
+                _consumer_partition,
+                (consumer_args, 1, WINDOW, RETURN_LSE, Q_ROWS, Q_DESCALE, K_DESCALE, V_DESCALE, RAGGED, PAGED),
+            ),
             (
                 _producer_partition,
                 (
@@ -645,14 +748,17 @@ def _fp8_attention_fwd_kernel(
                     smem,
                     bars,
                     schedule,
-                    seqlen_q,
-                    seqlen_kv,
+                    geometry,
+                    lens,
+                    pages,
                     num_q_heads,
                     group_size,
                     num_m_blocks,
                     num_work_tiles,
                     tile_counter,
-                    CAUSAL,
+                    WINDOW,
+                    RAGGED,
+                    PAGE_SIZE,
                 ),
             ),
         ],
@@ -665,25 +771,32 @@ def _fp8_attention_fwd_kernel(
 # host side
 
 
+def tile_n(head_dim: int) -> int:
+    """Keys per K / V tile: 128, or 64 at D = 256 (128 would need more shared memory than an SM has)."""
+    return 64 if head_dim == 256 else 128
+
+
+def v_chunk(head_dim: int) -> int:
+    """V arrives as ``[TILE_N, W]`` column boxes for the producer's transpose: W = 32 (32-byte swizzle) with
+    128-key tiles, 64 (64-byte swizzle) with 64-key tiles (the transposer's layout covers 4 KB a box)."""
+    return 64 if tile_n(head_dim) == 64 else 32
+
+
 def _shared_layouts(head_dim: int) -> dict:
     """The shared layouts of the kernel's Q, K, raw V and V^T tiles (the descriptors' boxes match the first three)."""
-    fp8 = gl.float8e4nv
+    fp8, block_n = gl.float8e4nv, tile_n(head_dim)
     return dict(
         Q_LAYOUT=_nvmma_layout([64, head_dim], fp8),
-        K_LAYOUT=_nvmma_layout([TILE_N, head_dim], fp8),
-        VRAW_LAYOUT=_nvmma_layout([TILE_N, V_CHUNK], fp8),
-        VT_LAYOUT=_nvmma_layout([head_dim, TILE_N], fp8),
+        K_LAYOUT=_nvmma_layout([block_n, head_dim], fp8),
+        VRAW_LAYOUT=_nvmma_layout([block_n, v_chunk(head_dim)], fp8),
+        VT_LAYOUT=_nvmma_layout([head_dim, block_n], fp8),
     )
 
 
-def _causal_only(mask: MaskSpec) -> bool:
-    """No mask, or causal alone (no window side that binds but ``right = 0``)."""
-    return not mask.has_window or (mask.window_left >= UNBOUNDED and mask.window_right == 0)
-
-
 class GluonFp8Prefill:
-    """The FP8 prefill kernel (one pass): e4m3 q, k, v, dense, D 64 or 128, full or causal, no window, sinks,
-    score_mod or mask tensor."""
+    """The FP8 prefill kernel (one pass): e4m3 K/V (dense, ragged or paged) with an e4m3 q, or a 16-bit q
+    quantized per row; D 64, 128 or 256; no mask but causal / a sliding window; no sinks, score_mod or mask
+    tensor."""
 
     name = "gluon_fp8_prefill"
     kernel = _fp8_attention_fwd_kernel
@@ -691,49 +804,57 @@ class GluonFp8Prefill:
 
     def supports(self, call: CheckedCall, tiles: Tiling) -> bool:
         """A config with ``warp_specialized`` (sm_90's default) on an sm_90 GPU (not the interpreter), one pass,
-        q, k and v all float8_e4m3fn, dense ``[B, S, H, D]`` (not ragged or paged) with at least one key, D 64 or
-        128 (D = 256 was never run on a GPU), no mask but causal, no sinks (:func:`gluon_hopper.gluon_eligible`:
-        no score_mod, mask tensor, chunk or mask_mod), a positive scale and at most 2**31 - 2**20 Q blocks of 128
-        rows. Layouts TMA cannot read are copied."""
+        float8_e4m3fn k and v (or pages TMA reads in place) with at least one key row (or page), D 64, 128 or
+        256, no sinks (:func:`gluon_hopper.gluon_eligible`: no score_mod, mask tensor, chunk or mask_mod), a
+        positive scale and at most 2**31 - 2**20 Q blocks of 128 rows. q, k, v TMA cannot read are copied; a
+        16-bit q is quantized per row."""
         return (
-            call.fp8_q
-            and call.fp8_kv
+            call.fp8_kv
             and not tiles.split
-            and not call.ragged
-            and not call.paged
             and not call.has_sinks
-            and call.dynamic_kv
             and call.kv_rows >= 1
             and call.head_dim in HEAD_DIMS
             and call.softmax_scale > 0
-            and _causal_only(call.mask_spec)
             and triton.cdiv(call.q_bound, BLOCK_M) * call.batch * call.num_q_heads <= MAX_WORK_TILES
             and gluon_eligible(call, tiles.config)
+            and (not call.paged or (call.tma_ready[1] and call.tma_ready[2]))
         )
 
     def spec(self, call: CheckedCall, tiles: Tiling) -> KernelSpec:
-        head_dim = call.head_dim
-        causal = call.mask_spec.has_window
+        head_dim, paged, ragged, window = call.head_dim, call.paged, call.ragged, call.mask_spec.has_window
+        block_n = tile_n(head_dim)
+        box = min(call.page_size, block_n) if paged else block_n
         num_work_tiles = triton.cdiv(call.q_bound, BLOCK_M) * call.batch * call.num_q_heads
         q_descale, k_descale, v_descale = call.descales
         constexprs = dict(
-            CAUSAL=causal,
+            WINDOW=window,
             RETURN_LSE=call.return_lse,
+            Q_ROWS=not call.fp8_q,
             Q_DESCALE=q_descale,
             K_DESCALE=k_descale,
             V_DESCALE=v_descale,
+            RAGGED=ragged,
+            PAGE_SIZE=call.page_size if paged else 0,
+            STAGES=STAGES,
+            TILE_N=block_n,
             **_shared_layouts(head_dim),
         )
+        unused = "*fp32"  # the pointers a variant never reads
         arg_types = dict(
             q_desc=descriptor_type(FP8, [1, 64, head_dim]),
-            k_desc=descriptor_type(FP8, [1, TILE_N, head_dim]),
-            v_desc=descriptor_type(FP8, [1, TILE_N, V_CHUNK]),
-            out_ptr="*bf16",
+            k_desc=descriptor_type(FP8, [1, box, head_dim]),
+            v_desc=descriptor_type(FP8, [1, box, v_chunk(head_dim)]),
+            out_ptr="*" + TYPE_NAMES[call.dtype],
             lse_ptr="*fp32",
+            q_scale_ptr="*fp32",
             q_descale_ptr="*fp32",
             k_descale_ptr="*fp32",
             v_descale_ptr="*fp32",
-            tile_counter="*i32",
+            tile_counter="*i32" if window else unused,
+            block_table_ptr="*i32" if paged else unused,
+            seqlens_ptr="*i32" if paged else unused,
+            cu_seqlens_q_ptr="*i32" if ragged else unused,
+            cu_seqlens_k_ptr="*i32" if ragged and not paged else unused,
             qk_scale="fp32",
         )
         return KernelSpec(
@@ -742,7 +863,7 @@ class GluonFp8Prefill:
             constexprs,
             dict(num_warps=4, maxnreg=attention_config.GLUON_PREFILL_MAX_REGS[2]),
             arg_types,
-            per_call=("seqlen_kv",),
+            per_call=("seqlen_kv",) if call.dynamic_kv else (),
             divisible=("out_ptr",),
         )
 
@@ -761,14 +882,18 @@ def _descale_strides(descale: torch.Tensor | None) -> tuple[int, int]:
 
 
 class GluonFp8PrefillLaunch:
-    """The FP8 prefill kernel's launch for one plan: q, k, v TMA cannot read copied, K/V descriptors of the call's
-    key count, the descales as given (any strides: the plan's key holds them), a tile counter of its own per
-    stream for causal calls; bound at the first call."""
+    """The FP8 prefill kernel's launch for one plan: a 16-bit q quantized per row, q, k, v TMA cannot read copied,
+    the descriptors laid out, the descales as given (any strides: the plan's key holds them), tile counters of its
+    own per stream for masked calls; bound at the first call."""
 
     def __init__(self, call: CheckedCall, spec: KernelSpec):
         self.spec, self.bound, self.call = spec, None, call
+        self.ragged, self.paged, self.dynamic = call.ragged, call.paged, call.dynamic_kv
+        self.quantize_q = spec.constexprs["Q_ROWS"]
         self.copies = tuple(not ready for ready in call.tma_ready)
-        self.causal = spec.constexprs["CAUSAL"]
+        self.window = spec.constexprs["WINDOW"]
+        mask = call.mask_spec
+        self.sides = (mask.window_left, mask.window_right) if mask.has_window else (UNBOUNDED, UNBOUNDED)
         self.counters, self.lock = {}, threading.Lock()
 
     def __call__(
@@ -788,38 +913,81 @@ class GluonFp8PrefillLaunch:
         lse_partial,
         descales=(None, None, None),
     ) -> None:
-        if any(self.copies):  # the same values in a layout TMA reads: the contiguous call's bits
-            q, k, v = (as_tma_ready(t) if copy else t for t, copy in zip((q, k, v), self.copies))
         unread = dummy(out.device, torch.float32)  # pointers a variant never reads
+        block_table = seqlens = cu_q = cu_k = q_scales = unread
+        if self.paged:
+            k, v = kv_cache.k_pages, kv_cache.v_pages
+            block_table, seqlens = paged_metadata(kv_cache)
+        copies = self.copies
+        if self.quantize_q:  # a fresh contiguous e4m3 q and its row scales
+            q8, q_scales = quantize_rows(q.flatten(0, 1) if q.dim() == 4 else q)
+            q, copies = q8.view(q.shape), (False, *copies[1:])
+        if any(copies):  # the same values in a layout TMA reads: the contiguous call's bits
+            q, k, v = (as_tma_ready(t) if copy else t for t, copy in zip((q, k, v), copies))
+        if self.ragged:
+            cu_q, q = cu_seqlens_q.contiguous(), q.unsqueeze(0)
+            if not self.paged:
+                cu_k, k, v = cu_seqlens_k.contiguous(), k.unsqueeze(0), v.unsqueeze(0)
         q_descale, k_descale, v_descale = (unread if descale is None else descale for descale in descales)
-        values = (q, sequence_rows(k), sequence_rows(v), out, unread if lse is None else lse)
-        values = (*values, q_descale, k_descale, v_descale)
-        if not self.causal:
-            values = (*values, dummy(out.device, torch.int32), k.shape[1])
+        k_desc, v_desc = (sequence_rows(k), sequence_rows(v)) if self.dynamic else (k, v)
+        values = (q, k_desc, v_desc, out, unread if lse is None else lse, q_scales, q_descale, k_descale, v_descale)
+        counter = dummy(out.device, torch.int32)
+        values = (*values, counter, cu_q, cu_k, block_table, seqlens)
+        if self.dynamic:
+            values = (*values, k.shape[1])
+        if not self.window:
             (self.bound or self._bind(values, k, v, descales))(*values)
             return
         with self.lock:
-            values = (*values, take_tile_counter(self.counters, out.device), k.shape[1])
+            values = (*values[:9], take_tile_counter(self.counters, out.device), *values[10:])
             (self.bound or self._bind(values, k, v, descales))(*values)
 
     def _bind(self, values, k, v, descales) -> BoundKernel:
-        q, _, _, out, lse, q_descale, k_descale, v_descale, counter, seqlen_kv = values
-        call = self.call
+        q, _, _, out, lse, q_scales, q_descale, k_descale, v_descale, counter, cu_q, cu_k, block_table, seqlens = (
+            values[:14]
+        )
+        call, spec = self.call, self.spec
+        block_n, page_size = spec.constexprs["TILE_N"], spec.constexprs["PAGE_SIZE"]
+        head_dim = call.head_dim
+        box = min(page_size, block_n) if self.paged else block_n
+        total_q = total_k = stride_block_table = max_pages = num_pages = 0
+        seqlen_kv = k.shape[1]
+        if self.ragged:
+            total_q = q.shape[1]
+            if not self.paged:
+                total_k = seqlen_kv = k.shape[1]
+        if self.paged:
+            num_pages = k.shape[0]
+            max_pages, stride_block_table = block_table.shape[1], block_table.stride(0)
+            seqlen_kv = max_pages * page_size
         num_m_blocks = triton.cdiv(call.q_bound, BLOCK_M)
         strides = [stride for descale in descales for stride in _descale_strides(descale)]
-        self.bound = self.spec.bind(
+        left, right = self.sides
+        self.bound = spec.bind(
             _descriptor(q, 64),
-            _descriptor(k, TILE_N),
-            _descriptor(v, TILE_N, V_CHUNK),
+            _descriptor(k, box),
+            _descriptor(v, box, v_chunk(head_dim)),
             out,
             lse,
+            q_scales,
             q_descale,
             k_descale,
             v_descale,
             counter,
+            cu_q,
+            cu_k,
+            total_q,
+            total_k,
+            block_table,
+            seqlens,
+            stride_block_table,
+            max_pages,
+            num_pages,
             *strides,
             call.q_bound,
             seqlen_kv,
+            left,
+            right,
             call.num_q_heads,
             call.group,
             num_m_blocks,
@@ -829,12 +997,21 @@ class GluonFp8PrefillLaunch:
         return self.bound
 
 
-def _prefill_call(head_dim: int, causal: bool, return_lse: bool, descales: bool, device: torch.device) -> CheckedCall:
-    """An e4m3 call of the kernel's layout, without tensors (what an ahead-of-time compile needs)."""
+def _prefill_call(
+    head_dim: int,
+    causal: bool,
+    return_lse: bool,
+    descales: bool,
+    fp8_q: bool,
+    page_size: int,
+    ragged: bool,
+    device: torch.device,
+) -> CheckedCall:
+    """An FP8 call of the kernel's layout, without tensors (what an ahead-of-time compile needs)."""
     mask = MaskSpec(has_window=True, window_right=0) if causal else MaskSpec()
     return CheckedCall(
-        False,
-        False,
+        ragged,
+        page_size > 0,
         1,
         8,
         2,
@@ -849,20 +1026,31 @@ def _prefill_call(head_dim: int, causal: bool, return_lse: bool, descales: bool,
         dtype=torch.bfloat16,
         q_rows=4096,
         kv_rows=4096,
+        page_size=page_size,
         return_lse=return_lse,
         kv_token_rows=True,
         tma_ready=(True, True, True),
-        fp8_q=True,
+        fp8_q=fp8_q,
         fp8_kv=True,
-        descales=(descales,) * 3,
+        descales=(descales and fp8_q, descales, descales),
     )
 
 
-def compile_for_sm90(head_dim: int, causal: bool, *, return_lse: bool = False, descales: bool = True) -> dict:
+def compile_for_sm90(
+    head_dim: int,
+    causal: bool,
+    *,
+    return_lse: bool = False,
+    descales: bool = True,
+    fp8_q: bool = True,
+    page_size: int = 0,
+    ragged: bool = False,
+) -> dict:
     """Compiles the kernel for sm_90a without a GPU (ptxas from the Triton wheel runs, nothing launches) and
     returns the compiled kernel's ``asm`` dict (``ttgir``, ``ptx``, ``cubin``, ...): the backend's
-    :class:`KernelSpec` for an e4m3 call of that layout. Run it with ``TRITON_INTERPRET`` unset or 0 (see
-    :func:`gluon_hopper.compile_for_sm90`)."""
+    :class:`KernelSpec` for an FP8 call of that layout: ``fp8_q`` False: a bf16 q quantized per row;
+    ``page_size`` > 0: K/V in a paged cache of that page size; ``ragged``: q (and K/V unless paged) ragged. Run
+    it with ``TRITON_INTERPRET`` unset or 0 (see :func:`gluon_hopper.compile_for_sm90`)."""
     from triton.backends.compiler import GPUTarget
 
     if head_dim not in HEAD_DIMS:
@@ -870,7 +1058,7 @@ def compile_for_sm90(head_dim: int, causal: bool, *, return_lse: bool = False, d
     config = FA4Config(warp_specialized=True)
     with pretend_gpu((9, 0)) as device:  # the spec's grid asks the device for its SMs
         spec = BACKEND.spec(
-            _prefill_call(head_dim, causal, return_lse, descales, device),
+            _prefill_call(head_dim, causal, return_lse, descales, fp8_q, page_size, ragged, device),
             attention_config.tiling(config, False, 1, 1, 1, 1),
         )
     compiled = triton.compile(spec.ast_source(), target=GPUTarget("cuda", 90, 32), options=dict(spec.options))

@@ -226,26 +226,31 @@ def _receive_tile(count, schedule):
 
 
 @gluon.jit
-def _load_kv_tile(desc, buffer, bar, batch, key, kv_head, pages, PAGE_SIZE: gl.constexpr):
-    """TMA loads of keys ``[key, key + TILE_N)`` of (``batch``, ``kv_head``) into the ``[TILE_N, D]`` shared tile
-    ``buffer``, arriving on ``bar``: one box (PAGE_SIZE 0: dense ``[B, S, H * D]``), or one per page the tile
-    spans (a box of ``min(PAGE_SIZE, TILE_N)`` rows of ``[num_pages, PAGE_SIZE, H * D]``), the page found in the
-    block table. Slots past the table and entries outside ``[0, num_pages)`` are clamped: a bad entry reads a
-    wrong page of the cache, never memory outside it."""
-    HEAD_DIM: gl.constexpr = buffer.shape[1]
+def _load_kv_tile(desc, buffer, bar, batch, key, column, pages, PAGE_SIZE: gl.constexpr):
+    """TMA loads of keys ``[key, key + TILE_N)`` of sequence ``batch``, columns ``[column, column + W)`` of a row
+    (a KV head's ``column = kv_head * D``), into the ``[TILE_N, W]`` shared tile ``buffer``, arriving on ``bar``:
+    one box (PAGE_SIZE 0: dense ``[B, S, H * D]``), or one per page the tile spans (a box of ``min(PAGE_SIZE,
+    TILE_N)`` rows of ``[num_pages, PAGE_SIZE, H * D]``), the page found in the block table. Slots past the table
+    and entries outside ``[0, num_pages)`` are clamped: a bad entry reads a wrong page of the cache, never memory
+    outside it."""
     if PAGE_SIZE == 0:
-        _tma_load(desc, [batch, key, kv_head * HEAD_DIM], bar, _as_box(buffer))
+        _tma_load(desc, [batch, key, column], bar, _as_box(buffer))
     else:
-        block_table_ptr, stride_block_table, max_pages, num_pages = pages
         BOX: gl.constexpr = desc.block_type.shape[1]
-        row_ptr = block_table_ptr + batch.to(gl.int64) * stride_block_table
         for r in gl.static_range(buffer.shape[0] // BOX):
             box_key = key + r * BOX
-            page = gl.load(row_ptr + gl.minimum(box_key // PAGE_SIZE, max_pages - 1))
-            page = gl.minimum(gl.maximum(page, 0), num_pages - 1)
-            _tma_load(
-                desc, [page, box_key % PAGE_SIZE, kv_head * HEAD_DIM], bar, _as_box(buffer).slice(r * BOX, BOX, dim=1)
-            )
+            page = page_of(pages, batch, box_key, PAGE_SIZE)
+            _tma_load(desc, [page, box_key % PAGE_SIZE, column], bar, _as_box(buffer).slice(r * BOX, BOX, dim=1))
+
+
+@gluon.jit
+def page_of(pages, batch, key, PAGE_SIZE: gl.constexpr):
+    """The page holding key ``key`` of sequence ``batch``: its block-table entry, the slot clamped to the table
+    and the entry to ``[0, num_pages)`` (a bad entry reads a wrong page of the cache, never memory outside it)."""
+    block_table_ptr, stride_block_table, max_pages, num_pages = pages
+    row_ptr = block_table_ptr + batch.to(gl.int64) * stride_block_table
+    page = gl.load(row_ptr + gl.minimum(key // PAGE_SIZE, max_pages - 1))
+    return gl.minimum(gl.maximum(page, 0), num_pages - 1)
 
 
 @gluon.jit
@@ -346,7 +351,7 @@ def _load_partition(
                     k_ready.index(stage),
                     kv_batch,
                     kv_row0 + key,
-                    kv_head,
+                    kv_head * HEAD_DIM,
                     pages,
                     PAGE_SIZE,
                 )
@@ -362,7 +367,7 @@ def _load_partition(
                         v_landed.index(0),
                         kv_batch,
                         kv_row0 + key,
-                        kv_head,
+                        kv_head * HEAD_DIM,
                         pages,
                         PAGE_SIZE,
                     )
@@ -379,7 +384,7 @@ def _load_partition(
                         v_ready.index(stage),
                         kv_batch,
                         kv_row0 + key,
-                        kv_head,
+                        kv_head * HEAD_DIM,
                         pages,
                         PAGE_SIZE,
                     )
