@@ -120,16 +120,18 @@ def _publish_tile(tile, count, schedule):
 
 
 @gluon.jit
-def _transpose_v(position, vraw_smem, vt_smem, vraw_ready, vt_ready, vt_empty, keys):
+def _transpose_v(position, vraw_smem, vt_smem, vraw_ready, vt_ready, vt_empty, keys, V_CHUNK: gl.constexpr):
     """Producer: the V tile at ring position ``position``, landed in ``vraw_smem`` as ``[D / W]`` boxes of
-    ``[TILE_N keys, W dims]`` (``[128, 32]``, or ``[64, 64]`` at D = 256), written into ``vt_smem[stage]`` (``[D,
-    TILE_N]``, keys contiguous) with row x of the tile holding key ``sigma(x)`` (:func:`_to_operand`) once the
-    consumers released that stage; then ``vt_ready``. Keys ``>= keys`` (a sequence's last tile of ragged or paged
-    K/V, whose rows hold other values, NaN say, that P V would multiply by P's zeros) are written as zeros."""
+    ``[TILE_N keys, W dims]`` (W = min(D, 128)), written into ``vt_smem[stage]`` (``[D, TILE_N]``, keys contiguous)
+    ``[TILE_N, V_CHUNK]`` at a time (``[128, 32]``, or ``[64, 64]`` at D = 256) with row x of the tile holding key
+    ``sigma(x)`` (:func:`_to_operand`) once the consumers released that stage; then ``vt_ready``. Keys ``>= keys``
+    (a sequence's last tile of ragged or paged K/V, whose rows hold other values, NaN say, that P V would multiply
+    by P's zeros) are written as zeros."""
     STAGES: gl.constexpr = vt_smem.shape[0]
-    CHUNKS: gl.constexpr = vraw_smem.shape[0] // STAGES
+    HEAD_DIM: gl.constexpr = vt_smem.shape[1]
+    BOXES: gl.constexpr = vraw_smem.shape[0] // STAGES
     TILE_N: gl.constexpr = vraw_smem.shape[1]
-    V_CHUNK: gl.constexpr = vraw_smem.shape[2]
+    V_BOX: gl.constexpr = vraw_smem.shape[2]
     gl.static_assert((TILE_N == 128 and V_CHUNK == 32) or (TILE_N == 64 and V_CHUNK == 64))
     # Thread: keys {2c, 2c+1, 2c+8, 2c+9} (+16, +32, ...) x 8 dims: the keys whose probabilities one thread holds
     # in the S accumulator, which sigma sends to 4 consecutive columns of P' (its stores stay 4 contiguous bytes).
@@ -147,8 +149,9 @@ def _transpose_v(position, vraw_smem, vt_smem, vraw_ready, vt_ready, vt_empty, k
     mbarrier.wait(vraw_ready.index(stage), phase)
     mbarrier.wait(vt_empty.index(stage), phase ^ 1)
     vt = vt_smem.index(stage)
-    for c in gl.static_range(CHUNKS):
-        x = vraw_smem.index(stage * CHUNKS + c).load(load_layout)
+    for c in gl.static_range(HEAD_DIM // V_CHUNK):
+        box = vraw_smem.index(stage * BOXES + c * V_CHUNK // V_BOX)
+        x = box.slice(c * V_CHUNK % V_BOX, V_CHUNK, dim=1).load(load_layout)
         if keys < TILE_N:
             key = gl.expand_dims(gl.arange(0, TILE_N, layout=gl.SliceLayout(1, load_layout)), 1)
             x = gl.where(key < keys, x, gl.zeros_like(x))
@@ -163,17 +166,16 @@ def _transpose_v(position, vraw_smem, vt_smem, vraw_ready, vt_ready, vt_empty, k
 @gluon.jit
 def _load_kv_tiles(descs, k_buffer, vraw_smem, first_box, bars, batch, key, column, pages, PAGE_SIZE: gl.constexpr):
     """TMA loads of keys ``[key, key + TILE_N)`` of sequence ``batch``, head columns from ``column``: K into
-    ``k_buffer`` (arriving on ``bars[0]``), V's ``[TILE_N, V_CHUNK]`` column boxes into ``vraw_smem[first_box:]``
-    (on ``bars[1]``). Paged, per page the tile spans: its K box and V's column boxes, the page looked up once (a
-    tile of 16-key pages takes 8 lookups, not 40)."""
+    ``k_buffer`` (arriving on ``bars[0]``), V's ``[TILE_N, V_BOX]`` column boxes into ``vraw_smem[first_box:]``
+    (on ``bars[1]``). Paged, per page the tile spans: its K box and V's column boxes, the page looked up once."""
     k_desc, v_desc = descs
     k_ready, v_ready = bars
-    V_CHUNK: gl.constexpr = v_desc.block_type.shape[2]
-    CHUNKS: gl.constexpr = k_buffer.shape[1] // V_CHUNK
+    V_BOX: gl.constexpr = v_desc.block_type.shape[2]
+    BOXES: gl.constexpr = k_buffer.shape[1] // V_BOX
     if PAGE_SIZE == 0:
         _tma_load(k_desc, [batch, key, column], k_ready, _as_box(k_buffer))
-        for c in gl.static_range(CHUNKS):
-            _tma_load(v_desc, [batch, key, column + c * V_CHUNK], v_ready, _as_box(vraw_smem.index(first_box + c)))
+        for c in gl.static_range(BOXES):
+            _tma_load(v_desc, [batch, key, column + c * V_BOX], v_ready, _as_box(vraw_smem.index(first_box + c)))
     else:
         BOX: gl.constexpr = k_desc.block_type.shape[1]
         for r in gl.static_range(k_buffer.shape[0] // BOX):
@@ -181,9 +183,9 @@ def _load_kv_tiles(descs, k_buffer, vraw_smem, first_box, bars, batch, key, colu
             page = page_of(pages, batch, box_key, PAGE_SIZE)
             row = box_key % PAGE_SIZE
             _tma_load(k_desc, [page, row, column], k_ready, _as_box(k_buffer).slice(r * BOX, BOX, dim=1))
-            for c in gl.static_range(CHUNKS):
+            for c in gl.static_range(BOXES):
                 box = _as_box(vraw_smem.index(first_box + c)).slice(r * BOX, BOX, dim=1)
-                _tma_load(v_desc, [page, row, column + c * V_CHUNK], v_ready, box)
+                _tma_load(v_desc, [page, row, column + c * V_BOX], v_ready, box)
 
 
 @gluon.jit
@@ -215,8 +217,8 @@ def _producer_partition(
     STAGES: gl.constexpr = k_smem.shape[0]
     TILE_N: gl.constexpr = k_smem.shape[1]
     HEAD_DIM: gl.constexpr = k_smem.shape[2]
-    V_CHUNK: gl.constexpr = vraw_smem.shape[2]
-    CHUNKS: gl.constexpr = HEAD_DIM // V_CHUNK
+    BOXES: gl.constexpr = HEAD_DIM // vraw_smem.shape[2]
+    V_CHUNK: gl.constexpr = 64 if TILE_N == 64 else 32  # the transposer's [TILE_N, V_CHUNK] pieces
     TILE_BYTES: gl.constexpr = TILE_N * HEAD_DIM  # e4m3: one byte each
     ZERO_TAILS: gl.constexpr = RAGGED or PAGE_SIZE > 0  # dense K/V: a per-sequence descriptor reads zeros there
     tile = gl.program_id(0)
@@ -268,7 +270,7 @@ def _producer_partition(
                     (k_desc, v_desc),
                     k_smem.index(stage),
                     vraw_smem,
-                    stage * CHUNKS,
+                    stage * BOXES,
                     (k_ready.index(stage), vraw_ready.index(stage)),
                     kv_batch,
                     kv_row0 + key,
@@ -277,9 +279,11 @@ def _producer_partition(
                     PAGE_SIZE,
                 )
                 if i > 0:
-                    _transpose_v(position - 1, vraw_smem, vt_smem, vraw_ready, vt_ready, vt_empty, TILE_N)
+                    _transpose_v(position - 1, vraw_smem, vt_smem, vraw_ready, vt_ready, vt_empty, TILE_N, V_CHUNK)
             last_key = (first_tile + num_tiles - 1) * TILE_N
-            _transpose_v(loaded + num_tiles - 1, vraw_smem, vt_smem, vraw_ready, vt_ready, vt_empty, keys - last_key)
+            _transpose_v(
+                loaded + num_tiles - 1, vraw_smem, vt_smem, vraw_ready, vt_ready, vt_empty, keys - last_key, V_CHUNK
+            )
             loaded += num_tiles
             count += 1
         if WINDOW:
@@ -669,12 +673,11 @@ def _fp8_attention_fwd_kernel(
     K, ``[TILE_N, V_CHUNK]`` raw V and ``[D, TILE_N]`` ``V^T`` tiles. Grid ``(min(num_work_tiles, SMs),)``,
     num_warps 4 (the default partition, consumer 0), maxnreg 168."""
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[2]
-    V_CHUNK: gl.constexpr = v_desc.block_type.shape[2]
-    CHUNKS: gl.constexpr = HEAD_DIM // V_CHUNK
+    V_BOX: gl.constexpr = v_desc.block_type.shape[2]
     dtype: gl.constexpr = q_desc.dtype
     q_smem = gl.allocate_shared_memory(dtype, [2, 64, HEAD_DIM], Q_LAYOUT)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, TILE_N, HEAD_DIM], K_LAYOUT)
-    vraw_smem = gl.allocate_shared_memory(dtype, [STAGES * CHUNKS, TILE_N, V_CHUNK], VRAW_LAYOUT)
+    vraw_smem = gl.allocate_shared_memory(dtype, [STAGES * (HEAD_DIM // V_BOX), TILE_N, V_BOX], VRAW_LAYOUT)
     vt_smem = gl.allocate_shared_memory(dtype, [STAGES, HEAD_DIM, TILE_N], VT_LAYOUT)
     tile_smem = gl.allocate_shared_memory(gl.int32, [2, 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     q_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
@@ -776,10 +779,11 @@ def tile_n(head_dim: int) -> int:
     return 64 if head_dim == 256 else 128
 
 
-def v_chunk(head_dim: int) -> int:
-    """V arrives as ``[TILE_N, W]`` column boxes for the producer's transpose: W = 32 (32-byte swizzle) with
-    128-key tiles, 64 (64-byte swizzle) with 64-key tiles (the transposer's layout covers 4 KB a box)."""
-    return 64 if tile_n(head_dim) == 64 else 32
+def v_box(head_dim: int) -> int:
+    """V arrives as ``[TILE_N, W]`` boxes of W = min(D, 128) columns (128 bytes, the widest swizzle): one box a page
+    at D <= 128, so that a tile of 16-key pages takes 16 TMA loads (K and V), not 40 (the transposer's
+    ``[TILE_N, 32]`` pieces: 0.63-0.69x the bf16 cache's speed at 16-key pages)."""
+    return min(head_dim, 128)
 
 
 def _shared_layouts(head_dim: int) -> dict:
@@ -788,7 +792,7 @@ def _shared_layouts(head_dim: int) -> dict:
     return dict(
         Q_LAYOUT=_nvmma_layout([64, head_dim], fp8),
         K_LAYOUT=_nvmma_layout([block_n, head_dim], fp8),
-        VRAW_LAYOUT=_nvmma_layout([block_n, v_chunk(head_dim)], fp8),
+        VRAW_LAYOUT=_nvmma_layout([block_n, v_box(head_dim)], fp8),
         VT_LAYOUT=_nvmma_layout([head_dim, block_n], fp8),
     )
 
@@ -843,7 +847,7 @@ class GluonFp8Prefill:
         arg_types = dict(
             q_desc=descriptor_type(FP8, [1, 64, head_dim]),
             k_desc=descriptor_type(FP8, [1, box, head_dim]),
-            v_desc=descriptor_type(FP8, [1, box, v_chunk(head_dim)]),
+            v_desc=descriptor_type(FP8, [1, box, v_box(head_dim)]),
             out_ptr="*" + TYPE_NAMES[call.dtype],
             lse_ptr="*fp32",
             q_scale_ptr="*fp32",
@@ -966,7 +970,7 @@ class GluonFp8PrefillLaunch:
         self.bound = spec.bind(
             _descriptor(q, 64),
             _descriptor(k, box),
-            _descriptor(v, box, v_chunk(head_dim)),
+            _descriptor(v, box, v_box(head_dim)),
             out,
             lse,
             q_scales,
