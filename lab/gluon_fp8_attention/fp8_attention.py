@@ -27,7 +27,12 @@ Schedule (the structure of ``src/llmkernels/attention/gluon_hopper.py``, FP8 ope
   256 keeps probabilities down to 2^-14 normal in e4m3 (2^-6 without it) and cancels in ``O / l``; ``l`` sums
   the unrounded fp32 probabilities. At the end ``O * v_descale / l`` is stored as bf16. Default order
   (``fused_pv``, :func:`_fused_step`): softmax of S_j, issue S_{j+1}, rescale O, issue P_j V_j, wait both;
-  ``fused_pv=False``: FA3's order (S_j with P_{j-1} V_{j-1}, P loop-carried).
+  ``fused_pv=False``: FA3's order (S_j with P_{j-1} V_{j-1}, P loop-carried);
+* softmax variants (FA4's, default off): ``cond_rescale`` moves the exponent reference only when some row of the
+  warpgroup grew by more than ``rescale_threshold`` (4 log2 units; P then carries 2^(8 - 4) so that it stays
+  <= 256), and skips O's rescale (64 FMUL per thread) and alpha otherwise (:func:`_softmax_cond`);
+  ``poly_fraction`` (1/8, 1/4) computes that share of the exp2s with a polynomial on the FMA pipe
+  (:func:`_exp2_mixed`, :func:`_exp2_poly`) instead of MUFU.EX2.
 
 :func:`compile_for_sm90` builds the kernel without a GPU (``TRITON_INTERPRET`` must be unset / 0).
 """
@@ -68,6 +73,13 @@ def _v_chunk(head_dim: int) -> int:
 
 
 P_SHIFT = gl.constexpr(8.0)  # P is stored times 2^8 in e4m3
+# cond_rescale: the exponent reference moves only when some row of the warpgroup grew by more than the threshold
+# T (log2 units of the scaled scores); P is then stored times 2^(8 - T) instead of 2^8, so that
+# p <= 2^(T + 8 - T) = 256 < 448 (e4m3's largest finite). Right after a move p <= 2^(8 - T): with T = 4,
+# probabilities stay e4m3-normal down to 2^-(6 + 4) = 2^-10 of the row max (subnormal to 2^-13), against 2^-14
+# (2^-17) with the fixed 2^8. See NOTES.md, "Conditional rescaling".
+RESCALE_THRESHOLD = 4.0  # the default T (rescale_threshold); 0 < T <= 8
+POLY_FRACTIONS = (0.0, 0.125, 0.25)  # poly_fraction: the share of exp2s computed on the FMA units
 # Registers: 12 warps (consumer 0 = default partition, consumer 1, producer warpgroup). maxnreg 168 = 65536 / 384
 # rounded to 8; setmaxnreg then gives 2 x 128 x 240 + 128 x 24 = 64512 = 168 x 384.
 MAX_REGS = 168
@@ -240,7 +252,102 @@ def _producer_partition(
 
 
 @gluon.jit
-def _softmax_tile(s, m_i, l_i, j, rows, seqlen_kv, shift, c, MASKED: gl.constexpr, CAUSAL: gl.constexpr):
+def _exp2_poly(x):
+    """``2^x`` for fp32 ``x <= 127`` without MUFU (FA4's emulation): ``2^floor(x)`` through the exponent bits
+    times a degree-3 polynomial of the fraction (Horner, 3 FFMA; relative error 8.7e-5, far below e4m3's
+    2^-4); ``x <= -127`` (and -inf) gives exactly +0. The floor is the magic-number add ``x + 1.5 * 2^23``
+    rounded down (``add.rm``: FADD, not FRND, which is a quarter-rate conversion), whose low mantissa bits are
+    then ``floor(x)``: FMNMX, 3 FADD, 3 FFMA, SHL + IADD (or one LEA) per value."""
+    x = gl.maximum(x, -127.0)
+    big = gl.inline_asm_elementwise(
+        "add.rm.ftz.f32 $0, $1, 0f4B400000;", "=f,f", [x], dtype=gl.float32, is_pure=True, pack=1
+    )
+    frac = x - (big - 12582912.0)  # in [0, 1)
+    poly = gl.fma(gl.fma(gl.fma(frac, 0.07705804610896776, 0.22764557917179307), frac, 0.69512289274036), frac, 1.0)
+    bits = poly.to(gl.int32, bitcast=True) + (big.to(gl.int32, bitcast=True) << 23)  # floor(x) into the exponent
+    return bits.to(gl.float32, bitcast=True)
+
+
+@gluon.jit
+def _exp2_mixed(x, POLY: gl.constexpr):
+    """``2^x`` of an S-accumulator-layout tile ``[64, N]``, the fraction ``POLY`` (0, 1/8 or 1/4) of its columns
+    by :func:`_exp2_poly`, the rest by ``gl.exp2`` (MUFU.EX2). Column ``32a + 16b + 8e + 2c + p``: ``p``, ``e``,
+    ``b``, ``a`` are register bits of the accumulator layout, ``c`` the lane bit pair. The reshape / permute
+    puts ``b, e, p`` last and ``gl.split`` peels register bits off, so no value moves: 1/4 = the columns with
+    ``p = e = 1``, 1/8 those with ``b = 1`` too (every thread: 16 or 8 of its 64 values)."""
+    if POLY == 0.0:
+        return gl.exp2(x)
+    else:
+        gl.static_assert(POLY == 0.125 or POLY == 0.25)
+        M: gl.constexpr = x.shape[0]
+        N: gl.constexpr = x.shape[1]
+        y = x.reshape([M, N // 32, 2, 2, 4, 2]).permute((0, 1, 4, 2, 3, 5)).reshape([M, N // 8, 2, 2, 2])
+        p0, p1 = gl.split(y)  # [M, N / 8, 2 (b), 2 (e)]
+        e0, e1 = gl.split(p1)  # [M, N / 8, 2 (b)]
+        if POLY == 0.25:
+            e1 = _exp2_poly(e1)
+        else:
+            b0, b1 = gl.split(e1)
+            e1 = gl.join(gl.exp2(b0), _exp2_poly(b1))
+        y = gl.join(gl.exp2(p0), gl.join(gl.exp2(e0), e1))
+        y = y.reshape([M, N // 32, 4, 2, 2, 2]).permute((0, 1, 3, 4, 2, 5)).reshape([M, N])
+        return gl.convert_layout(y, x.type.layout)  # the same linear layout, relabelled: no data moves
+
+
+@gluon.jit
+def _softmax_cond(
+    s,
+    m_i,
+    l_i,
+    acc,
+    j,
+    rows,
+    seqlen_kv,
+    shift,
+    c,
+    MASKED: gl.constexpr,
+    CAUSAL: gl.constexpr,
+    POLY: gl.constexpr,
+    THRESHOLD: gl.constexpr,
+):
+    """cond_rescale's online softmax (FA4): ``(p * 2^(8 - THRESHOLD + delta), m, l, acc)`` with ``m`` the exponent
+    reference (raw scores), which moves only when some row of the 64 grew by more than THRESHOLD (scaled, log2
+    units; delta = (true max - m) c in [0, THRESHOLD], so p <= 256); then every row moves to its running max, and O and
+    l are rescaled by alpha inside the branch (warpgroup-uniform: a reduced scalar). Otherwise no alpha, no
+    ``acc * alpha`` (64 FMUL / thread) and no l rescale. O / l is unchanged whatever the reference. Called with
+    no wgmma in flight (fused schedule): the branch touches O."""
+    N: gl.constexpr = s.shape[1]
+    if MASKED:
+        cols = gl.expand_dims(j * N + gl.arange(0, N, layout=gl.SliceLayout(0, s.type.layout)), 0)
+        valid = cols < seqlen_kv
+        if CAUSAL:
+            valid = valid & (cols <= gl.expand_dims(rows + shift, 1))
+        s = gl.where(valid, s, float("-inf"))
+    m_tile = gl.max(s, axis=1)
+    # m_i = -inf (no key seen yet) and m_tile finite: inf > threshold; m_tile = -inf (nothing visible): -inf or NaN
+    grown = gl.where((m_tile - m_i) * c > THRESHOLD, 1, 0)
+    if gl.max(grown, axis=0) > 0:
+        m_new = gl.maximum(m_i, m_tile)
+        m_scaled = m_new * c
+        if MASKED:
+            m_scaled = gl.where(m_new == float("-inf"), 0.0, m_scaled)
+        alpha = gl.exp2(m_i * c - m_scaled)
+        l_i = l_i * alpha
+        acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout)), 1)
+        m_i = m_new
+    m_ref = m_i * c
+    if MASKED:  # a row that has seen no key yet keeps m = -inf: p = exp2(-inf) = 0
+        m_ref = gl.where(m_i == float("-inf"), 0.0, m_ref)
+    P_SHIFT_COND: gl.constexpr = P_SHIFT - THRESHOLD
+    p = _exp2_mixed(gl.fma(s, c, gl.expand_dims(P_SHIFT_COND - m_ref, 1)), POLY)
+    l_i = l_i + gl.sum(p, axis=1)
+    return p, m_i, l_i, acc
+
+
+@gluon.jit
+def _softmax_tile(
+    s, m_i, l_i, j, rows, seqlen_kv, shift, c, MASKED: gl.constexpr, CAUSAL: gl.constexpr, POLY: gl.constexpr = 0.0
+):
     """Online softmax of raw fp8-product scores ``s`` (key tile j): ``(p * 2^8, m, l, alpha)``; m is the running
     max of raw scores, ``c > 0`` the scale (descales, softmax scale, log2 e) folded into the exponent."""
     N: gl.constexpr = s.shape[1]
@@ -255,7 +362,7 @@ def _softmax_tile(s, m_i, l_i, j, rows, seqlen_kv, shift, c, MASKED: gl.constexp
     if MASKED:  # a row that has seen no key yet: alpha and p are exp2(-inf) = 0, not NaN
         m_scaled = gl.where(m_new == float("-inf"), 0.0, m_scaled)
     alpha = gl.exp2(m_i * c - m_scaled)
-    p = gl.exp2(gl.fma(s, c, gl.expand_dims(P_SHIFT - m_scaled, 1)))
+    p = _exp2_mixed(gl.fma(s, c, gl.expand_dims(P_SHIFT - m_scaled, 1)), POLY)
     l_new = l_i * alpha + gl.sum(p, axis=1)
     return p, m_new, l_new, alpha
 
@@ -301,6 +408,7 @@ def _consumer_step(
     MASKED: gl.constexpr,
     CAUSAL: gl.constexpr,
     PERMUTE_KEYS: gl.constexpr,
+    POLY: gl.constexpr,
 ):
     """Ring position i, key tile j: issue ``S_j = Q K_j^T`` and ``O += P_{j-1} V_{j-1}`` (both e4m3 wgmmas), the
     softmax of S_j once the first is done, then rescale O."""
@@ -315,7 +423,7 @@ def _consumer_step(
     acc = warpgroup_mma(p, vt_smem.index(prev).permute((1, 0)), acc, is_async=True)
     s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))
     mbarrier.arrive(k_empty.index(stage))
-    p_new, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, j, rows, seqlen_kv, shift, c, MASKED, CAUSAL)
+    p_new, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, j, rows, seqlen_kv, shift, c, MASKED, CAUSAL, POLY)
     # The softmax's fp32 results pass through the wait (8-bit values cannot: Triton's wait lowering refuses them),
     # so that LLVM keeps the exponentials before it; the loop-carried e4m3 P (the in-flight wgmma's register
     # operand) is only written after the wait, never while the P V wgmma may still read its registers.
@@ -349,6 +457,9 @@ def _fused_step(
     PERMUTE_KEYS: gl.constexpr,
     CONSUMER: gl.constexpr,
     PINGPONG: gl.constexpr,
+    COND: gl.constexpr,
+    THRESHOLD: gl.constexpr,
+    POLY: gl.constexpr,
 ):
     """FUSED_PV schedule, ring position i, key tile j (not the block's last), ``s = S_j`` retired: softmax of S_j,
     issue ``S_{j+1}``, rescale O, round P_j and issue ``O += P_j V_j``, wait for both. P is produced and consumed
@@ -356,15 +467,23 @@ def _fused_step(
     and nothing runs between the P V wgmma and its wait, so its register operand cannot be overwritten in flight.
     The softmax overlaps the other consumer's wgmmas only. PINGPONG (FA3's warpgroup ping-pong): the consumers
     issue their wgmmas in turns (``turn``: this consumer waits for its turn, the ``t``-th, then hands it to the
-    other), so that one's softmax runs while the other's products do."""
+    other), so that one's softmax runs while the other's products do. COND (cond_rescale): O is rescaled inside
+    the softmax (:func:`_softmax_cond`), only when the reference moves, before S_{j+1} is issued (no wgmma in
+    flight then)."""
     q_smem, k_smem, vraw_smem, vt_smem = smem
     q_ready, q_empty, k_ready, k_empty, vraw_ready, vt_ready, vt_empty = bars
     STAGES: gl.constexpr = k_smem.shape[0]
     HEAD_DIM: gl.constexpr = acc.shape[1]
-    p, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, j, rows, seqlen_kv, shift, c, MASKED, CAUSAL)
+    if COND:
+        p, m_i, l_i, acc = _softmax_cond(
+            s, m_i, l_i, acc, j, rows, seqlen_kv, shift, c, MASKED, CAUSAL, POLY, THRESHOLD
+        )
+    else:
+        p, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, j, rows, seqlen_kv, shift, c, MASKED, CAUSAL, POLY)
     nxt = i + 1
     if PINGPONG:  # everything but the products first, then both products in this consumer's turn
-        acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout)), 1)
+        if not COND:
+            acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout)), 1)
         p8 = _to_operand(p, HEAD_DIM, PERMUTE_KEYS)
         mbarrier.wait(k_ready.index(nxt % STAGES), (nxt // STAGES) & 1)
         mbarrier.wait(vt_ready.index(i % STAGES), (i // STAGES) & 1)
@@ -375,7 +494,8 @@ def _fused_step(
     else:
         mbarrier.wait(k_ready.index(nxt % STAGES), (nxt // STAGES) & 1)
         s_next = warpgroup_mma(q, k_smem.index(nxt % STAGES).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout)), 1)
+        if not COND:
+            acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout)), 1)
         p8 = _to_operand(p, HEAD_DIM, PERMUTE_KEYS)
         mbarrier.wait(vt_ready.index(i % STAGES), (i // STAGES) & 1)
         acc = warpgroup_mma(p8, vt_smem.index(i % STAGES).permute((1, 0)), acc, is_async=True)
@@ -408,6 +528,9 @@ def _consumer_block(
     PERMUTE_KEYS: gl.constexpr,
     FUSED_PV: gl.constexpr,
     PINGPONG: gl.constexpr,
+    COND: gl.constexpr,
+    THRESHOLD: gl.constexpr,
+    POLY: gl.constexpr,
 ):
     """Consumer ``CONSUMER`` on work tile ``tile`` (this program's ``count``-th; its key tiles from ring position
     ``base``): query rows ``[q_start + 64 CONSUMER, + 64)``. Returns the number of key tiles of the block and the
@@ -490,6 +613,9 @@ def _consumer_block(
                 PERMUTE_KEYS,
                 CONSUMER,
                 PINGPONG,
+                COND,
+                THRESHOLD,
+                POLY,
             )
         for j in range(1, gl.minimum(band_hi, my_end - 1)):
             s, m_i, l_i, acc = _fused_step(
@@ -514,6 +640,9 @@ def _consumer_block(
                 PERMUTE_KEYS,
                 CONSUMER,
                 PINGPONG,
+                COND,
+                THRESHOLD,
+                POLY,
             )
         for j in range(gl.maximum(band_hi, 1), my_end - 1):
             s, m_i, l_i, acc = _fused_step(
@@ -538,11 +667,19 @@ def _consumer_block(
                 PERMUTE_KEYS,
                 CONSUMER,
                 PINGPONG,
+                COND,
+                THRESHOLD,
+                POLY,
             )
         mbarrier.arrive(q_empty.index(CONSUMER))  # every S of the block is done: the next Q may land
         last = offset + my_end - 1
-        p, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, my_end - 1, rows, seqlen_kv, shift, c, True, CAUSAL)
-        acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
+        if COND:
+            p, m_i, l_i, acc = _softmax_cond(
+                s, m_i, l_i, acc, my_end - 1, rows, seqlen_kv, shift, c, True, CAUSAL, POLY, THRESHOLD
+            )
+        else:
+            p, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, my_end - 1, rows, seqlen_kv, shift, c, True, CAUSAL, POLY)
+            acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
         p = _to_operand(p, HEAD_DIM, PERMUTE_KEYS)
         mbarrier.wait(vt_ready.index(last % STAGES), (last // STAGES) & 1)
         t += my_end - 1  # the steps' turns
@@ -555,7 +692,8 @@ def _consumer_block(
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         mbarrier.arrive(vt_empty.index(last % STAGES))
     else:
-        p, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, 0, rows, seqlen_kv, shift, c, True, CAUSAL)
+        gl.static_assert(not COND, "cond_rescale needs the fused schedule")
+        p, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, 0, rows, seqlen_kv, shift, c, True, CAUSAL, POLY)
         p = _to_operand(p, HEAD_DIM, PERMUTE_KEYS)
 
         for j in range(1, band_hi):
@@ -577,6 +715,7 @@ def _consumer_block(
                 False,
                 CAUSAL,
                 PERMUTE_KEYS,
+                POLY,
             )
         for j in range(band_hi, my_end):
             p, m_i, l_i, acc = _consumer_step(
@@ -597,6 +736,7 @@ def _consumer_block(
                 True,
                 CAUSAL,
                 PERMUTE_KEYS,
+                POLY,
             )
         mbarrier.arrive(q_empty.index(CONSUMER))  # every S of the block is issued and done: the next Q may land
 
@@ -646,6 +786,9 @@ def _consumer_partition(
     PERMUTE_KEYS: gl.constexpr,
     FUSED_PV: gl.constexpr,
     PINGPONG: gl.constexpr,
+    COND: gl.constexpr,
+    THRESHOLD: gl.constexpr,
+    POLY: gl.constexpr,
 ):
     count = 0
     base = 0
@@ -676,6 +819,9 @@ def _consumer_partition(
             PERMUTE_KEYS,
             FUSED_PV,
             PINGPONG,
+            COND,
+            THRESHOLD,
+            POLY,
         )
         base += tiles
         count += 1
@@ -709,6 +855,9 @@ def fp8_attention_kernel(
     STAGES: gl.constexpr,
     FUSED_PV: gl.constexpr,
     PINGPONG: gl.constexpr,
+    COND_RESCALE: gl.constexpr,
+    THRESHOLD: gl.constexpr,
+    POLY_FRACTION: gl.constexpr,
 ):
     """q_desc: e4m3 ``[B, Sq, Hq * D]`` block ``[1, 64, D]``; k_desc ``[B, Skv, Hkv * D]`` block ``[1, 128, D]``;
     v_desc the same tensor shape, block ``[1, 128, 32]``. out_ptr: bf16 ``[B, Sq, Hq, D]`` contiguous. Descales:
@@ -774,6 +923,9 @@ def fp8_attention_kernel(
                     PERMUTE_KEYS,
                     FUSED_PV,
                     PINGPONG,
+                    COND_RESCALE,
+                    THRESHOLD,
+                    POLY_FRACTION,
                 ),
             ),
             (
@@ -798,6 +950,9 @@ def fp8_attention_kernel(
                     PERMUTE_KEYS,
                     FUSED_PV,
                     PINGPONG,
+                    COND_RESCALE,
+                    THRESHOLD,
+                    POLY_FRACTION,
                 ),
             ),
             (
@@ -883,12 +1038,19 @@ def fp8_attention(
     stages: int = 2,
     fused_pv: bool = True,
     pingpong: bool = False,
+    cond_rescale: bool = False,
+    poly_fraction: float = 0.0,
+    rescale_threshold: float = RESCALE_THRESHOLD,
 ) -> torch.Tensor:
     """Attention forward on e4m3 inputs: ``softmax(D^-0.5 (q q_ds)(k k_ds)^T) (v v_ds)`` as bf16 ``[B, Sq, Hq, D]``
     (see the module docstring). Descales may be None (1.0). permute_keys: False reshuffles P across lanes instead
     (the first version, kept for comparison; only with fused_pv=False matters it little). stages: depth of the K,
     raw V and V^T rings (2 or 3). fused_pv (default): each tile's P V in the step of its softmax (P not
-    loop-carried; see _fused_step); False: FA3's order (P_{j-1} V_{j-1} issued with S_j, P loop-carried)."""
+    loop-carried; see _fused_step); False: FA3's order (P_{j-1} V_{j-1} issued with S_j, P loop-carried).
+    pingpong (non-causal, fused only): the consumers issue their wgmmas in turns. cond_rescale (fused only): the
+    exponent reference moves only when a row grew by more than rescale_threshold (log2 units, 0 < T <= 8), O's
+    rescale is skipped otherwise (P then carries 2^(8 - T) instead of 2^8). poly_fraction (0, 0.125, 0.25): that
+    share of the exp2s on the FMA units (:func:`_exp2_poly`)."""
     if q.dtype != torch.float8_e4m3fn or k.dtype != q.dtype or v.dtype != q.dtype:
         raise TypeError("q, k, v must be float8_e4m3fn")
     batch, seqlen_q, num_q_heads, head_dim = q.shape
@@ -897,6 +1059,7 @@ def fp8_attention(
         raise ValueError(f"unsupported shapes q {tuple(q.shape)} k {tuple(k.shape)} v {tuple(v.shape)}")
     if num_q_heads % num_kv_heads or seqlen_kv < 1:
         raise ValueError("Hq must be a multiple of Hkv and Skv >= 1")
+    _check_variant(fused_pv, cond_rescale, poly_fraction, rescale_threshold)
 
     def _scale(d):
         if d is None:
@@ -934,6 +1097,9 @@ def fp8_attention(
         STAGES=stages,
         FUSED_PV=fused_pv,
         PINGPONG=pingpong and fused_pv and not causal,  # turns need the same step count in both consumers
+        COND_RESCALE=cond_rescale,
+        THRESHOLD=float(rescale_threshold) if cond_rescale else 0.0,
+        POLY_FRACTION=float(poly_fraction),
         **_layouts(head_dim),
         num_warps=4,
         maxnreg=MAX_REGS,
@@ -967,6 +1133,15 @@ def reference_attention(q, k, v, q_descale, k_descale, v_descale, causal: bool =
     return out
 
 
+def _check_variant(fused_pv: bool, cond_rescale: bool, poly_fraction: float, threshold: float) -> None:
+    if cond_rescale and not fused_pv:
+        raise ValueError("cond_rescale needs fused_pv=True")
+    if cond_rescale and not 0.0 < float(threshold) <= 8.0:
+        raise ValueError("rescale_threshold must be in (0, 8]: P carries 2^(8 - threshold) and stays <= 256")
+    if float(poly_fraction) not in POLY_FRACTIONS:
+        raise ValueError(f"poly_fraction must be one of {POLY_FRACTIONS}")
+
+
 def _descriptor_type(block) -> str:
     layout = gl.NVMMASharedLayout.get_default_for(block, gl.float8e4nv)
     return f"tensordesc<fp8e4nv[{', '.join(map(str, block))}],{layout!r}>"
@@ -979,12 +1154,16 @@ def compile_for_sm90(
     stages: int = 2,
     fused_pv: bool = True,
     pingpong: bool = False,
+    cond_rescale: bool = False,
+    poly_fraction: float = 0.0,
+    rescale_threshold: float = RESCALE_THRESHOLD,
 ):
     """Compiles the kernel for sm_90a without a GPU (ptxas runs, nothing launches); returns the compiled kernel
     (``.asm`` dict: ttgir, ptx, cubin; ``.metadata``). Run with ``TRITON_INTERPRET`` unset or 0."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
+    _check_variant(fused_pv, cond_rescale, poly_fraction, rescale_threshold)
     fn = fp8_attention_kernel
     names = fn.arg_names
     constexprs = dict(
@@ -993,6 +1172,9 @@ def compile_for_sm90(
         STAGES=stages,
         FUSED_PV=fused_pv,
         PINGPONG=pingpong and fused_pv and not causal,
+        COND_RESCALE=cond_rescale,
+        THRESHOLD=float(rescale_threshold) if cond_rescale else 0.0,
+        POLY_FRACTION=float(poly_fraction),
         **_layouts(head_dim),
     )
     signature, attrs = {}, {}

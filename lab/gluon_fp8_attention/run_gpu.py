@@ -9,8 +9,8 @@
    (per-tensor descales, MHA), cuDNN's FP8 SDPA (cudnn frontend ``graph.sdpa_fp8``; on Hopper its O is e4m3,
    scaled by ``scale_o = 448 / amax(ref)``) when ``cudnn`` imports, and torch SDPA cuDNN bf16 on the dequantized
    values (rounded to bf16).
-2. CUDA-graph-replay timings (TFLOP/s = 4 B H Sq Skv D / t, causal counts half) at 4x16x4096x128 and
-   2x16x8192x128, full and causal: this kernel, torch SDPA (cuDNN backend) bf16 on the same values, cuDNN FP8.
+2. CUDA-graph-replay timings (TFLOP/s = 4 B H Sq Skv D / t, causal counts half) at 4x16x4096x128,
+   2x16x8192x128 and 4x8x4096x256, full and causal: this kernel, torch SDPA (cuDNN backend) bf16 on the same values, cuDNN FP8.
 
 Everything is in one process; the whole script aims at under 3 minutes on an H100.
 """
@@ -153,7 +153,14 @@ VARIANTS = {
     "loop-carried, P reshuffled": dict(fused_pv=False, permute_keys=False),
     "3 stages": dict(stages=3),
     "ping-pong (full only)": dict(pingpong=True),  # the consumers issue their wgmmas in turns (FA3)
+    # FA4's softmax tricks (fp8_attention.py, NOTES.md "Conditional rescaling and exp2 on the FMA units"):
+    # O rescaled only when a row's max grew by more than 4 (log2), P x 2^4; a share of the exp2s as a polynomial
+    "cond rescale": dict(cond_rescale=True),
+    "cond rescale + poly 1/8": dict(cond_rescale=True, poly_fraction=0.125),
+    "cond rescale + poly 1/4": dict(cond_rescale=True, poly_fraction=0.25),
+    "3 stages + cond rescale + poly 1/8": dict(stages=3, cond_rescale=True, poly_fraction=0.125),
 }
+OTHERS = list(VARIANTS)[1:]  # the columns after "ours" (the default) in both tables
 
 
 def smoke() -> int:
@@ -172,7 +179,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="correctness only")
     parser.add_argument("--smoke", action="store_true", help="(internal) the child's small calls")
-    parser.add_argument("--smoke-timeout", type=float, default=240.0, help="seconds before a hang is declared")
+    parser.add_argument(  # (each variant is two compiles, ~10-15 s each, in the child: the cache the rest reuses)
+        "--smoke-timeout", type=float, default=60.0 + 40.0 * len(VARIANTS), help="seconds before a hang is declared"
+    )
     args = parser.parse_args()
     if args.smoke:
         return smoke()
@@ -209,10 +218,10 @@ def main() -> int:
         "\n## correctness vs float64 on the dequantized inputs (rel = ||out-ref||_F/||ref||_F; max = max|err|/max|ref|)"
     )
     print(
-        "| case | ours rel | ours max | other variants' rel (loop-carried P / P reshuffled / 3 stages) "
+        f"| case | ours rel | ours max | other variants' rel ({' / '.join(OTHERS)}) "
         "| cuDNN FP8 rel | cuDNN FP8 max | SDPA bf16 rel |"
     )
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    print("|" + " --- |" * 7)
     cases = [
         # B, Sq, Skv, Hq, Hkv, per_head, causal, v_mean, heads checked
         (1, 128, 128, 1, 1, False, False, 0.0, None),
@@ -249,7 +258,7 @@ def main() -> int:
             again = fp8_attention(q8, k8, v8, qd, kd, vd, causal=causal)
             repeat_equal = torch.equal(out.view(torch.int16), again.view(torch.int16))
             others = []
-            for variant in list(VARIANTS)[1:] if dim == 128 else []:  # (each variant is a compile: D=128 only)
+            for variant in OTHERS if dim == 128 else []:  # (each variant is a compile: D=128 only)
                 other = fp8_attention(q8, k8, v8, qd, kd, vd, causal=causal, **VARIANTS[variant])
                 torch.cuda.synchronize()
                 others.append(errors(pick(other, pairs), ref)[0])
@@ -270,7 +279,7 @@ def main() -> int:
                 except Exception as error:  # noqa: BLE001
                     cud = (f"error: {type(error).__name__}: {str(error)[:200]}", "-")
             bad = not finite or not repeat_equal or not all(e <= 0.06 for e in [ours[0], *others])  # NaN fails
-            others = others or [float("nan")] * (len(VARIANTS) - 1)
+            others = others or [float("nan")] * len(OTHERS)
             failed |= bad
             note = "" if not bad else f" **FAIL** (finite {finite}, repeat bit-equal {repeat_equal})"
             print(
@@ -284,7 +293,7 @@ def main() -> int:
                     case=label,
                     ours_rel=ours[0],
                     ours_max=ours[1],
-                    **{f"rel {name}": e for name, e in zip(list(VARIANTS)[1:], others)},
+                    **{f"rel {name}": e for name, e in zip(OTHERS, others)},
                     cudnn_fp8_rel=cud[0],
                     cudnn_fp8_max=cud[1],
                     sdpa_bf16_rel=sdpa,
@@ -300,20 +309,25 @@ def main() -> int:
 
     if not args.quick:
         print("\n## CUDA-graph replay timings (TFLOP/s; causal counts half the products)")
-        print(
-            "| shape | causal | ours ms | ours TFLOP/s | loop-carried P | loop-carried, P reshuffled | 3 stages "
+        header = (
+            f"| shape | causal | ours ms | ours TFLOP/s | {' | '.join(OTHERS)} "
             "| SDPA cuDNN bf16 TFLOP/s | cuDNN FP8 TFLOP/s | ours / cuDNN FP8 | ours / bf16 |"
         )
-        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-        for batch, seq, heads in ((4, 4096, 16), (2, 8192, 16)):
+        print(header)
+        print("|" + " --- |" * (header.count("|") - 1))
+        for batch, seq, heads, dim in ((4, 4096, 16, 128), (2, 8192, 16, 128), (4, 4096, 8, 256)):
             for causal in (False, True):
                 try:
-                    q8, k8, v8, qd, kd, vd = make_inputs(batch, seq, seq, heads, heads, 128, False)
-                    flops = 4 * batch * heads * seq * seq * 128 / (2 if causal else 1)
+                    q8, k8, v8, qd, kd, vd = make_inputs(batch, seq, seq, heads, heads, dim, False)
+                    flops = 4 * batch * heads * seq * seq * dim / (2 if causal else 1)
                     ours_ms = graph_time(lambda: fp8_attention(q8, k8, v8, qd, kd, vd, causal=causal))
+                    # (D 256: the variants never ran in the smoke child, so only the one that cannot deadlock)
+                    timed = OTHERS if dim == 128 else ["3 stages"]
                     others = [
                         graph_time(lambda: fp8_attention(q8, k8, v8, qd, kd, vd, causal=causal, **VARIANTS[name]))
-                        for name in list(VARIANTS)[1:]
+                        if name in timed
+                        else float("nan")
+                        for name in OTHERS
                     ]
                     deq = [dequantize(t, d).to(torch.bfloat16) for t, d in ((q8, qd), (k8, kd), (v8, vd))]
                     bf16_ms = graph_time(lambda: sdpa_bf16(*deq, causal))
@@ -326,17 +340,17 @@ def main() -> int:
                             print(f"(cuDNN FP8 timing failed: {type(error).__name__}: {str(error)[:300]})")
                     tf = lambda ms: flops / (ms * 1e-3) / 1e12  # noqa: E731
                     print(
-                        f"| {batch}x{heads}x{seq}x128 | {causal} | {ours_ms:.3f} | {tf(ours_ms):.0f} | "
+                        f"| {batch}x{heads}x{seq}x{dim} | {causal} | {ours_ms:.3f} | {tf(ours_ms):.0f} | "
                         f"{' | '.join(f'{tf(ms):.0f}' for ms in others)} | {tf(bf16_ms):.0f} | {tf(fp8_ms):.0f} | {fp8_ms / ours_ms:.2f} | {bf16_ms / ours_ms:.2f} |",
                         flush=True,
                     )
                     rows.append(
                         dict(
                             kind="time",
-                            case=f"{batch}x{heads}x{seq}x128 causal={causal}",
+                            case=f"{batch}x{heads}x{seq}x{dim} causal={causal}",
                             ours_ms=ours_ms,
                             ours_tflops=tf(ours_ms),
-                            **{f"tflops {name}": tf(ms) for name, ms in zip(list(VARIANTS)[1:], others)},
+                            **{f"tflops {name}": tf(ms) for name, ms in zip(OTHERS, others)},
                             sdpa_bf16_tflops=tf(bf16_ms),
                             cudnn_fp8_tflops=tf(fp8_ms),
                         )
@@ -345,7 +359,7 @@ def main() -> int:
                 except Exception as error:  # noqa: BLE001
                     failed = True
                     print(
-                        f"| {batch}x{heads}x{seq}x128 | {causal} | ERROR {type(error).__name__}: {str(error)[:400]} |"
+                        f"| {batch}x{heads}x{seq}x{dim} | {causal} | ERROR {type(error).__name__}: {str(error)[:400]} |"
                     )
                     traceback.print_exc()
     out_dir = os.environ.get("OUT")
