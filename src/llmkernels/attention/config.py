@@ -37,8 +37,10 @@ Hopper's warp-specialized schedule
 ----------------------------------
 ``warp_specialized``     run the Gluon kernels where they apply (an sm_90 GPU, no score_mod, sinks or mask
                          tensor): ``gluon_hopper.py`` for fp16/bf16 prefill, D 64/128/256, causal / a sliding
-                         window; ``gluon_fp8_prefill.py`` for dense e4m3 q/k/v, D 64/128, causal: the seed's warp roles made explicit, a TMA **load warp** (K and
-                         V through two-stage rings, the seed's ``num_kv_stages`` = 2) and consumer warpgroups
+                         window; ``gluon_fp8_prefill.py`` for e4m3 K/V prefill (e4m3 or 16-bit q, dense,
+                         ragged or paged, D 64/128/256, causal / a sliding window, three-stage rings): the
+                         seed's warp roles made explicit, a TMA **load warp** (K and V through two-stage rings in
+                         the bf16 kernel, the seed's ``num_kv_stages`` = 2) and consumer warpgroups
                          that each issue their own wgmmas and run their own softmax (on Hopper the warpgroup
                          that issues a wgmma owns its accumulator, so the seed's MMA and softmax roles merge;
                          the warp schedulers interleave the consumers, FA3's ping-pong without barriers). Its

@@ -13,10 +13,12 @@ row's amax becomes ±448, its scale joins the descales in the exponent), so that
 runs on the FP8 tensor cores as FA3 and vLLM do; it moves a randn row by 2.6%, and the output by about as much as
 P's own rounding (the GPU tests state the measured errors).
 
-Measured on an H100 (Triton 3.6, CUDA-graph replay; ``bench_attention_prefill --fp8``, one run): e4m3 q/k/v at
-D = 128 0.80-0.83x cuDNN's FP8 SDPA and 1.03-1.17x its bf16 attention, 0.86x / 0.96x cuDNN FP8 at D = 64 (full /
-causal); relative error 2.0-2.6e-2 against float64 on the dequantized inputs (randn), where cuDNN FP8's is
-3.3-3.7e-2 (it also rounds O to e4m3).
+Measured on an H100 (Triton 3.6, CUDA-graph replay, one run each): ``bench_attention_prefill --fp8``, e4m3 q/k/v:
+0.77-0.88x cuDNN's FP8 SDPA and 1.04-1.20x our bf16 prefill at D = 128, 0.88x cuDNN FP8 at D = 64, 0.76-0.81x at
+D = 256; relative error 2.0-2.7e-2 against float64 on the dequantized inputs (randn), where cuDNN FP8's is
+3.3-3.7e-2 (it also rounds O to e4m3). ``bench_attention_chunked --fp8``, bf16 chunks over an FP8 paged cache
+(8k-32k keys): 0.82-0.96x the same over a bf16 cache at 16-key pages, 1.02-1.16x at 64-key pages. FA4's
+conditional rescaling with an eighth of the exp2s on the FMA units measured 2-18% slower (lab/gluon_fp8_attention).
 
 The schedule is :mod:`.gluon_hopper`'s (the bf16 prefill, whose work-tile geometry and K/V loads it shares) with
 e4m3 operands:
@@ -26,9 +28,10 @@ e4m3 operands:
   without a sync);
 * a **producer** warpgroup (4 warps, 24 registers) publishes the work tiles, TMA-loads Q once per tile, K and V
   tiles through three-stage rings (paged: one box per page), and **transposes V**: e4m3 wgmma takes its B operand
-  K-major only, i.e. ``V^T`` with keys contiguous. V arrives as ``[128 keys, 32 dims]`` boxes (``[64, 64]`` at D
-  = 256); the producer reads each into registers, relabels it ``[dims, keys]`` (``gl.permute``: no data moves)
-  and stores it into the ``[D, TILE_N]`` ``V^T`` stage while the next tile lands in a separate raw ring;
+  K-major only, i.e. ``V^T`` with keys contiguous. V arrives in a separate raw ring as boxes of ``min(D, 128)``
+  columns (one a page); the producer reads ``[128 keys, 32 dims]`` pieces (``[64, 64]`` at D = 256) into
+  registers, relabels each ``[dims, keys]`` (``gl.permute``: no data moves) and stores it into the ``[D, TILE_N]``
+  ``V^T`` stage while the next tile lands;
   ``fence.proxy.async``, a barrier of the producer's warps, then ``vt_ready``. On the way the keys are permuted
   within each 32-key block (:func:`_to_operand` says why), and the rows of a ragged or paged sequence's last tile
   past its keys (another sequence's values, NaN say) are zeroed;
