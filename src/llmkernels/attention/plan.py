@@ -13,8 +13,8 @@ A backend is one kernel and the host code around it, behind one contract:
 A plan asks :data:`PASSES` in order (the Gluon FP8 prefill, the Gluon prefill, the Gluon split-KV pass, the portable
 kernel, which takes every call) for the pass over the keys; a split-KV call of several splits then runs
 :data:`COMBINE`. A call with a float8_e4m3fn input (FP8 attention) goes only to a pass whose backend says
-``reads_fp8 = True`` (:func:`takes`): the Gluon FP8 prefill (e4m3 q, k and v, dense, full or causal, on sm_90) and
-the portable kernel, which takes every other FP8 call.
+``reads_fp8 = True`` (:func:`takes`): the Gluon FP8 prefill (e4m3 K/V with an e4m3 or 16-bit q, dense, ragged or
+paged, on sm_90) and the portable kernel, which takes every other FP8 call.
 
 The plan key (:func:`plan_key`) is the call's signature as :class:`~llmkernels.launch.PlanCache` makes it, except
 for dense K/V without a mask tensor: there it holds, of Skv and the K/V strides, only what Triton specializes on
