@@ -17,7 +17,7 @@ Measured on an H100 (Triton 3.6, CUDA-graph replay, one run each): ``bench_atten
 0.77-0.88x cuDNN's FP8 SDPA and 1.04-1.20x our bf16 prefill at D = 128, 0.88x cuDNN FP8 at D = 64, 0.76-0.81x at
 D = 256; relative error 2.0-2.7e-2 against float64 on the dequantized inputs (randn), where cuDNN FP8's is
 3.3-3.7e-2 (it also rounds O to e4m3). ``bench_attention_chunked --fp8``, bf16 chunks over an FP8 paged cache
-(8k-32k keys): 0.82-0.96x the same over a bf16 cache at 16-key pages, 1.02-1.16x at 64-key pages. FA4's
+(8k-32k keys): 0.79-0.96x the same over a bf16 cache at 16-key pages, 1.02-1.16x at 64-key pages. FA4's
 conditional rescaling with an eighth of the exp2s on the FMA units measured 2-18% slower (lab/gluon_fp8_attention).
 
 The schedule is :mod:`.gluon_hopper`'s (the bf16 prefill, whose work-tile geometry and K/V loads it shares) with
