@@ -1,11 +1,13 @@
 """sha256 of the PTX of every attention compile case, keyed by its label (no GPU needed).
 
     TRITON_INTERPRET=0 python lab/scripts/attention_ptx_hashes.py --arch 90,100 --jobs 2 > before.json
+    TRITON_INTERPRET=0 python lab/scripts/attention_ptx_hashes.py --arch 90 --gluon-only > before.json
     python lab/scripts/attention_ptx_hashes.py --compare before.json after.json
 
 The cases: what ``tools/compile_defaults.py --family attention`` lists (portable prefill and decode, the
 combine), and the Gluon kernels for sm_90a as ``tests/test_compile_targets.py`` builds them
-(``gluon_hopper.compile_for_sm90`` at seven configs, ``gluon_decode.compile_for_sm90`` at three). Two hashes per
+(``gluon_hopper.compile_for_sm90`` at seven configs, ``gluon_decode.compile_for_sm90`` at three,
+``gluon_fp8_prefill.compile_for_sm90`` at five). Two hashes per
 case: ``ptx`` of the PTX as Triton writes it, and ``code`` of the PTX without its debug lines (``.file`` /
 ``.loc`` directives and the ``.debug_*`` sections, which name source files and line numbers: a refactor that
 moves kernel code or the lines above it keeps ``code`` and changes ``ptx``). ``--compare`` prints per label
@@ -31,6 +33,10 @@ GLUON_PREFILL = [("d64 3 consumers", 64, False, False, 3, 0, False), ("d64 windo
                  ("d256 paged256 ragged lse", 256, False, True, None, 256, True),
                  ("d64 window ragged lse", 64, True, True, None, 0, True)]
 GLUON_DECODE = [("d128 paged16", 128, 16), ("d128 paged64", 128, 64), ("d64 dense", 64, 0)]
+# (label, head dim, causal, options): gluon_fp8_prefill.compile_for_sm90's calls in tests/test_compile_targets.py
+GLUON_FP8_PREFILL = [("d64", 64, False, {}), ("d128 ragged", 128, False, dict(ragged=True)),
+                     ("d128 causal lse", 128, True, dict(return_lse=True)), ("d256 causal", 256, True, {}),
+                     ("d128 causal bf16q paged16", 128, True, dict(fp8_q=False, page_size=16))]
 
 
 def _listing(arch: int) -> tuple:
@@ -42,10 +48,11 @@ def _listing(arch: int) -> tuple:
 
 
 def code_of(ptx: str) -> str:
-    """The PTX without its debug information: ``.file`` and ``.loc`` lines and the ``.section .debug_*``
-    blocks."""
+    """The PTX without its debug information: ``.file`` and ``.loc`` lines, the ``.section .debug_*`` blocks and
+    the ``$L__tmp`` labels they reference."""
     ptx = re.sub(r"^\s*\.section\s+\.debug_\w+\s*\{.*?^\s*\}\s*$", "", ptx, flags=re.MULTILINE | re.DOTALL)
-    return "\n".join(line for line in ptx.splitlines() if not re.match(r"\s*\.(file|loc)\b", line))
+    # $L__tmpN: labels mark inlined functions' ranges for the debug sections only: a helper factored out renumbers them
+    return "\n".join(line for line in ptx.splitlines() if not re.match(r"\s*(\.(file|loc)\b|\$L__tmp\d+:$)", line))
 
 
 def _case_ptx(arch: int, index: int) -> tuple[str, str]:
@@ -76,6 +83,11 @@ def _gluon_ptx(kind: str, index: int) -> tuple[str, str]:
         label, head_dim, window, lse, consumers, page_size, ragged = GLUON_PREFILL[index]
         asm = compile_for_sm90(head_dim, window, return_lse=lse, consumers=consumers, page_size=page_size,
                                ragged=ragged)
+    elif kind == "fp8 prefill":
+        from llmkernels.attention.gluon_fp8_prefill import compile_for_sm90
+
+        label, head_dim, causal, options = GLUON_FP8_PREFILL[index]
+        asm = compile_for_sm90(head_dim, causal, **options)
     else:
         from llmkernels.attention.gluon_decode import compile_for_sm90
 
@@ -90,11 +102,12 @@ def _compile(job) -> tuple[str, str, str]:
     return label, hashlib.sha256(ptx.encode()).hexdigest(), hashlib.sha256(code_of(ptx).encode()).hexdigest()
 
 
-def hashes(archs, jobs: int) -> dict:
-    work = [("case", arch, index) for arch in archs for index in range(len(_listing(arch)))]
+def hashes(archs, jobs: int, gluon_only: bool = False) -> dict:
+    work = [] if gluon_only else [("case", arch, index) for arch in archs for index in range(len(_listing(arch)))]
     if 90 in archs:
         work += [("prefill", 90, index) for index in range(len(GLUON_PREFILL))]
         work += [("decode", 90, index) for index in range(len(GLUON_DECODE))]
+        work += [("fp8 prefill", 90, index) for index in range(len(GLUON_FP8_PREFILL))]
     with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
         results = list(pool.map(_compile, work))
     table = {}
@@ -126,11 +139,13 @@ def main():
     parser.add_argument("--arch", default="90,100")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--compare", nargs=2, metavar=("BEFORE", "AFTER"))
+    parser.add_argument("--gluon-only", action="store_true", help="only the Gluon kernels (sm_90a)")
     args = parser.parse_args()
     if args.compare:
         with open(args.compare[0]) as first, open(args.compare[1]) as second:
             sys.exit(1 if compare(json.load(first), json.load(second)) else 0)
-    print(json.dumps(hashes(list(map(int, args.arch.split(","))), args.jobs), indent=1, sort_keys=True))
+    archs = list(map(int, args.arch.split(",")))
+    print(json.dumps(hashes(archs, args.jobs, args.gluon_only), indent=1, sort_keys=True))
 
 
 if __name__ == "__main__":

@@ -81,14 +81,15 @@ from .gluon_hopper import (
     _descriptor,
     _nvmma_layout,
     _receive_tile,
-    _store_layout,
     _tile_block,
     _tma_load,
     as_tma_ready,
+    consumer_bands,
     descriptor_type,
     gluon_eligible,
     page_of,
     sequence_rows,
+    store_rows,
     take_tile_counter,
 )
 from .layout import dummy, paged_metadata
@@ -464,18 +465,7 @@ def _consumer_block(
     # Tiles [band_lo, band_hi): every row of this consumer sees all their keys (no mask); the others are masked;
     # tiles [my_end, end_tile) hold no key these rows see (the causal diagonal of the other consumer): only
     # released.
-    if WINDOW:
-        last_row = gl.minimum(first_row + 64, seqlen_q) - 1
-        full_lo = gl.maximum(last_row + shift - window_left, 0)
-        full_hi = gl.minimum(first_row + shift + window_right + 1, seqlen_kv)
-        seen_hi = gl.minimum(last_row + shift + window_right + 1, seqlen_kv)
-        my_end = gl.minimum(gl.maximum(gl.cdiv(seen_hi, TILE_N), first_tile + 1), end_tile)
-    else:
-        full_lo = first_row * 0
-        full_hi = seqlen_kv
-        my_end = end_tile
-    band_lo = gl.minimum(gl.maximum(gl.cdiv(full_lo, TILE_N), first_tile + 1), my_end)
-    band_hi = gl.maximum(gl.minimum(gl.maximum(full_hi, 0) // TILE_N, my_end), band_lo)
+    my_end, band_lo, band_hi = consumer_bands(first_row, first_tile, end_tile, geometry, WINDOW, TILE_N)
     offset = base - first_tile  # ring position of key tile j: offset + j
 
     q = q_smem.index(CONSUMER)
@@ -527,14 +517,7 @@ def _consumer_block(
     l_safe = gl.where(l_i == 0.0, 1.0, l_i)  # a row that saw no key: output 0
     factor = _descale(v_descale_ptr, stride_vd_b, stride_vd_h, batch, kv_head, 1.0 / l_safe, V_DESCALE)
     out = acc * gl.expand_dims(gl.convert_layout(factor, gl.SliceLayout(1, o_layout)), 1)
-    store_layout: gl.constexpr = _store_layout(HEAD_DIM, 4)
-    out = gl.convert_layout(out.to(out_ptr.dtype.element_ty), store_layout)
-    out_rows = first_row + gl.arange(0, 64, layout=gl.SliceLayout(1, store_layout))
-    out_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, store_layout))
-    # int64: B * Sq * Hq * D can exceed 2**31 elements.
-    row_offsets = ((out_token0 + out_rows).to(gl.int64) * num_q_heads + head) * HEAD_DIM
-    offsets = gl.expand_dims(row_offsets, 1) + gl.expand_dims(out_cols, 0)
-    gl.store(out_ptr + offsets, out, mask=gl.expand_dims(out_rows < seqlen_q, 1))
+    store_rows(out_ptr, out, out_token0, first_row, seqlen_q, num_q_heads, head)
     return num_tiles
 
 

@@ -421,6 +421,44 @@ def _softmax_tile(s, m_i, l_i, j, rows, geometry, qk_scale, MASKED: gl.constexpr
 
 
 @gluon.jit
+def consumer_bands(first_row, first_tile, end_tile, geometry, WINDOW: gl.constexpr, TILE_N: gl.constexpr):
+    """``(my_end, band_lo, band_hi)`` of the consumer whose 64 query rows start at ``first_row``, in a block of key
+    tiles ``[first_tile, end_tile)``: the tiles past ``my_end`` hold no key its rows see (the causal diagonal of the
+    block's other rows: it only releases them); every row sees the tiles ``[band_lo, band_hi)`` whole (no mask).
+    Tile ``first_tile`` is always masked (``band_lo > first_tile``)."""
+    seqlen_q, seqlen_kv, shift, window_left, window_right = geometry
+    if WINDOW:
+        last_row = gl.minimum(first_row + 64, seqlen_q) - 1
+        full_lo = gl.maximum(last_row + shift - window_left, 0)
+        full_hi = gl.minimum(first_row + shift + window_right + 1, seqlen_kv)
+        seen_hi = gl.minimum(last_row + shift + window_right + 1, seqlen_kv)
+        my_end = gl.minimum(gl.maximum(gl.cdiv(seen_hi, TILE_N), first_tile + 1), end_tile)
+    else:
+        full_lo = first_row * 0
+        full_hi = seqlen_kv
+        my_end = end_tile
+    band_lo = gl.minimum(gl.maximum(gl.cdiv(full_lo, TILE_N), first_tile + 1), my_end)
+    band_hi = gl.maximum(gl.minimum(gl.maximum(full_hi, 0) // TILE_N, my_end), band_lo)
+    return my_end, band_lo, band_hi
+
+
+@gluon.jit
+def store_rows(out_ptr, out, out_token0, first_row, seqlen_q, num_q_heads, head):
+    """Stores a consumer's fp32 output rows ``out`` ``[64, D]`` (rows ``first_row + i`` of the sequence whose first
+    token is ``out_token0``, head ``head``) into ``[tokens, Hq, D]`` ``out_ptr`` in its dtype, rows past
+    ``seqlen_q`` left alone: 16-byte vectors per thread."""
+    HEAD_DIM: gl.constexpr = out.shape[1]
+    store_layout: gl.constexpr = _store_layout(HEAD_DIM, 4)
+    out = gl.convert_layout(out.to(out_ptr.dtype.element_ty), store_layout)
+    out_rows = first_row + gl.arange(0, 64, layout=gl.SliceLayout(1, store_layout))
+    out_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, store_layout))
+    # int64: B * Sq * Hq * D can exceed 2**31 elements.
+    row_offsets = ((out_token0 + out_rows).to(gl.int64) * num_q_heads + head) * HEAD_DIM
+    offsets = gl.expand_dims(row_offsets, 1) + gl.expand_dims(out_cols, 0)
+    gl.store(out_ptr + offsets, out, mask=gl.expand_dims(out_rows < seqlen_q, 1))
+
+
+@gluon.jit
 def _consumer_step(
     i, j, q, smem, bars, p, m_i, l_i, acc, rows, s_zero, geometry, qk_scale, MASKED: gl.constexpr, WINDOW: gl.constexpr
 ):
@@ -499,18 +537,7 @@ def _consumer_block(
     # The block's tiles past [first_tile, my_end) hold no key this consumer's rows see (the causal diagonal of a
     # 192-row block): it only releases them. The tiles every row of this consumer sees whole, [band_lo, band_hi),
     # skip the mask; tile first_tile (run alone below) always takes it.
-    if WINDOW:
-        last_row = gl.minimum(first_row + 64, seqlen_q) - 1
-        full_lo = gl.maximum(last_row + shift - window_left, 0)
-        full_hi = gl.minimum(first_row + shift + window_right + 1, seqlen_kv)
-        seen_hi = gl.minimum(last_row + shift + window_right + 1, seqlen_kv)
-        my_end = gl.minimum(gl.maximum(gl.cdiv(seen_hi, TILE_N), first_tile + 1), end_tile)
-    else:
-        full_lo = first_row * 0
-        full_hi = seqlen_kv
-        my_end = end_tile
-    band_lo = gl.minimum(gl.maximum(gl.cdiv(full_lo, TILE_N), first_tile + 1), my_end)
-    band_hi = gl.maximum(gl.minimum(gl.maximum(full_hi, 0) // TILE_N, my_end), band_lo)
+    my_end, band_lo, band_hi = consumer_bands(first_row, first_tile, end_tile, geometry, WINDOW, TILE_N)
     # ring position of key tile j: base + j - first_tile
     offset = base - first_tile
 
@@ -563,14 +590,7 @@ def _consumer_block(
         gl.store(lse_ptr + lse_base + rows, lse, mask=rows < seqlen_q)
     l_safe = gl.where(l_i == 0.0, 1.0, l_i)  # a row that saw no key: output 0
     out = acc / gl.expand_dims(gl.convert_layout(l_safe, gl.SliceLayout(1, o_layout)), 1)
-    store_layout: gl.constexpr = _store_layout(HEAD_DIM, 4)
-    out = gl.convert_layout(out.to(dtype), store_layout)
-    out_rows = first_row + gl.arange(0, 64, layout=gl.SliceLayout(1, store_layout))
-    out_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, store_layout))
-    # int64: B * Sq * Hq * D can exceed 2**31 elements.
-    row_offsets = ((out_token0 + out_rows).to(gl.int64) * num_q_heads + head) * HEAD_DIM
-    offsets = gl.expand_dims(row_offsets, 1) + gl.expand_dims(out_cols, 0)
-    gl.store(out_ptr + offsets, out, mask=gl.expand_dims(out_rows < seqlen_q, 1))
+    store_rows(out_ptr, out, out_token0, first_row, seqlen_q, num_q_heads, head)
     return num_tiles
 
 
