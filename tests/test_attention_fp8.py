@@ -560,7 +560,8 @@ def test_fp8_cache_decode_converts_without_the_quarter_rate_unit_on_sm90():
 def test_quantize_rows_rounds_each_row_to_its_own_scale(device):
     """:func:`fp8_rows.quantize_rows` (what the Gluon FP8 prefill does to a 16-bit q): a strided, offset view in,
     e4m3 out with the bits of torch's nearest-even cast of ``x / scale``, ``scale = amax / 448`` per (token, head)
-    row (the row's largest element becomes ±448), a zero row kept 0, untouched memory around the output."""
+    row (the row's largest element becomes ±448), a zero row kept 0; a ``[B, S, H, D]`` view strided in every dim
+    gives the bits of its flattened copy."""
     from llmkernels.attention.fp8_rows import quantize_rows
 
     base = torch.randn(40, 6, 128, device=device) * torch.exp2(torch.randn(40, 6, 1, device=device) * 4)
@@ -576,3 +577,10 @@ def test_quantize_rows_rounds_each_row_to_its_own_scale(device):
     assert (x8.float().abs().amax(dim=-1)[nonzero] == 448).all()
     assert (x8[~nonzero].float() == 0).all() and (~nonzero).any()
     assert relative_error(x8.float() * scale[..., None], x.float()) < 0.04
+    # [B, S, H, D] views too (the Gluon FP8 prefill's dense q), token-major scales, nothing copied
+    wide = base.to(torch.bfloat16)[:32].view(4, 8, 6, 128)[:, 1:7, 2:5]  # [4, 6, 3, 128], strided in B, S and H
+    w8, wscale = quantize_rows(wide)
+    assert w8.shape == wide.shape and wscale.shape == (24, 3)
+    flat8, flat_scale = quantize_rows(wide.reshape(24, 3, 128))
+    assert torch.equal(w8.view(torch.uint8).reshape(24, 3, 128), flat8.view(torch.uint8))
+    assert torch.equal(wscale, flat_scale)

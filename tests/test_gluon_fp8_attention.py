@@ -93,8 +93,8 @@ def _as_computed(q):
     """The q the kernel computes with: an e4m3 q itself, a 16-bit one's per-row e4m3 rounding (float64)."""
     if q.dtype == FP8:
         return q
-    q8, scale = quantize_rows(q.flatten(0, 1) if q.dim() == 4 else q)
-    return (q8.double() * scale.double()[..., None]).view(q.shape)
+    q8, scale = quantize_rows(q)
+    return q8.double() * scale.double().view(*q.shape[:-1], 1)
 
 
 def _relative(out, ref) -> float:

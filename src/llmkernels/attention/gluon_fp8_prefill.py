@@ -88,6 +88,8 @@ from .gluon_hopper import (
     descriptor_type,
     gluon_eligible,
     page_of,
+    partition_barrier,
+    publish_tile,
     sequence_rows,
     store_rows,
     take_tile_counter,
@@ -107,20 +109,6 @@ P_SHIFT = gl.constexpr(8.0)  # P is stored times 2^8 in e4m3
 CONSUMER_REGS = gl.constexpr(240)
 PRODUCER_REGS = gl.constexpr(24)
 PRODUCER_WARPS = gl.constexpr(4)
-
-# A barrier of one partition's warps: ``thread_barrier`` in Triton 3.9, ``barrier`` in 3.6.
-_partition_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
-
-
-@gluon.jit
-def _publish_tile(tile, count, schedule):
-    """The producer warpgroup hands work tile ``tile`` (its ``count``-th) to the consumers through a 2-slot ring."""
-    tile_smem, tile_ready, tile_empty = schedule
-    slot = count % 2
-    mbarrier.wait(tile_empty.index(slot), ((count // 2) & 1) ^ 1)
-    tile_smem.index(slot).store(gl.full([1], tile, gl.int32, layout=gl.BlockedLayout([1], [32], [4], [0])))
-    _partition_barrier()  # every producer warp's store is done before the arrive
-    mbarrier.arrive(tile_ready.index(slot))
 
 
 @gluon.jit
@@ -163,7 +151,7 @@ def _transpose_v(position, vraw_smem, vt_smem, vraw_ready, vt_ready, vt_empty, k
         x = x.reshape([TILE_N // 32, 2, 2, 4, 2, V_CHUNK]).permute((0, 1, 3, 2, 4, 5)).reshape([TILE_N, V_CHUNK])
         vt.slice(c * V_CHUNK, V_CHUNK, dim=0).store(gl.permute(x, (1, 0)))
     fence_async_shared()  # the generic-proxy stores, before the wgmmas (async proxy) read them
-    _partition_barrier()  # every producer warp's part is written (and its raw reads done) before the arrive
+    partition_barrier()  # every producer warp's part is written (and its raw reads done) before the arrive
     mbarrier.arrive(vt_ready.index(stage))
 
 
@@ -249,7 +237,7 @@ def _producer_partition(
             keys = tile_geometry[1]
         q_batch, q_row0, kv_batch, kv_row0, _, _ = place
         if (q_start >= 0) & (q_start < seqlen_q):
-            _publish_tile(tile, count, schedule)
+            publish_tile(tile, count, schedule, PRODUCER_WARPS)
             for c in gl.static_range(2):
                 # Fresh mbarriers count as having completed the phase before 0: the first lap does not wait.
                 mbarrier.wait(q_empty.index(c), (count & 1) ^ 1)
@@ -294,7 +282,7 @@ def _producer_partition(
             tile = gl.num_programs(0) + gl.atomic_add(tile_counter, 1)
         else:
             tile += gl.num_programs(0)
-    _publish_tile(num_work_tiles, count, schedule)  # no more work
+    publish_tile(num_work_tiles, count, schedule, PRODUCER_WARPS)  # no more work
 
 
 @gluon.jit
@@ -910,8 +898,8 @@ class GluonFp8PrefillLaunch:
             block_table, seqlens = paged_metadata(kv_cache)
         copies = self.copies
         if self.quantize_q:  # a fresh contiguous e4m3 q and its row scales
-            q8, q_scales = quantize_rows(q.flatten(0, 1) if q.dim() == 4 else q)
-            q, copies = q8.view(q.shape), (False, *copies[1:])
+            q, q_scales = quantize_rows(q)
+            copies = (False, *copies[1:])
         if any(copies):  # the same values in a layout TMA reads: the contiguous call's bits
             q, k, v = (as_tma_ready(t) if copy else t for t, copy in zip((q, k, v), copies))
         if self.ragged:

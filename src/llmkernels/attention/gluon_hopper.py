@@ -100,6 +100,8 @@ LOADER_REGS = gl.constexpr(24)
 # The TMA global -> shared copy: ``async_copy_global_to_shared`` in Triton 3.6, ``async_load`` in later ones
 # (3.9 removed the old name), so that the kernel also compiles with the newer Triton of a CPU test machine.
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+# A barrier of one partition's warps: ``thread_barrier`` in Triton 3.9, ``barrier`` in 3.6.
+partition_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
 
 
 @gluon.constexpr_function
@@ -205,12 +207,15 @@ def _tile_block(
 
 
 @gluon.jit
-def _publish_tile(tile, count, schedule):
-    """The load warp hands work tile ``tile`` (its ``count``-th) to the consumers through a 2-slot ring."""
+def publish_tile(tile, count, schedule, NUM_WARPS: gl.constexpr):
+    """The loading partition (``NUM_WARPS`` warps) hands work tile ``tile`` (its ``count``-th) to the consumers
+    through a 2-slot ring."""
     tile_smem, tile_ready, tile_empty = schedule
     slot = count % 2
     mbarrier.wait(tile_empty.index(slot), ((count // 2) & 1) ^ 1)
-    tile_smem.index(slot).store(gl.full([1], tile, gl.int32, layout=gl.BlockedLayout([1], [32], [1], [0])))
+    tile_smem.index(slot).store(gl.full([1], tile, gl.int32, layout=gl.BlockedLayout([1], [32], [NUM_WARPS], [0])))
+    if NUM_WARPS > 1:
+        partition_barrier()  # every warp's store is done before the arrive
     mbarrier.arrive(tile_ready.index(slot))
 
 
@@ -328,7 +333,7 @@ def _load_partition(
         seqlen_kv = tile_geometry[1]
         q_batch, q_row0, kv_batch, kv_row0, _, _ = place
         if (q_start >= 0) & (q_start < seqlen_q):
-            _publish_tile(tile, count, schedule)
+            publish_tile(tile, count, schedule, 1)
             for c in gl.static_range(CONSUMERS):
                 # Fresh mbarriers count as having completed the phase before 0: the first lap does not wait.
                 mbarrier.wait(q_empty.index(c), (count & 1) ^ 1)
@@ -394,7 +399,7 @@ def _load_partition(
             tile = gl.num_programs(0) + gl.atomic_add(tile_counter, 1)
         else:
             tile += gl.num_programs(0)
-    _publish_tile(num_work_tiles, count, schedule)  # no more work
+    publish_tile(num_work_tiles, count, schedule, 1)  # no more work
 
 
 @gluon.jit
