@@ -83,10 +83,11 @@ from .gluon_hopper import (
     _receive_tile,
     _tile_block,
     _tma_load,
-    as_tma_ready,
     consumer_bands,
     descriptor_type,
     gluon_eligible,
+    kv_extents,
+    launch_operands,
     page_of,
     partition_barrier,
     publish_tile,
@@ -94,7 +95,7 @@ from .gluon_hopper import (
     store_rows,
     take_tile_counter,
 )
-from .layout import dummy, paged_metadata
+from .layout import dummy
 from .masks import UNBOUNDED, MaskSpec, ScoreModSpec
 from .portable import TYPE_NAMES
 
@@ -892,20 +893,13 @@ class GluonFp8PrefillLaunch:
         descales=(None, None, None),
     ) -> None:
         unread = dummy(out.device, torch.float32)  # pointers a variant never reads
-        block_table = seqlens = cu_q = cu_k = q_scales = unread
-        if self.paged:
-            k, v = kv_cache.k_pages, kv_cache.v_pages
-            block_table, seqlens = paged_metadata(kv_cache)
-        copies = self.copies
+        q_scales, copies = unread, self.copies
         if self.quantize_q:  # a fresh contiguous e4m3 q and its row scales
             q, q_scales = quantize_rows(q)
             copies = (False, *copies[1:])
-        if any(copies):  # the same values in a layout TMA reads: the contiguous call's bits
-            q, k, v = (as_tma_ready(t) if copy else t for t, copy in zip((q, k, v), copies))
-        if self.ragged:
-            cu_q, q = cu_seqlens_q.contiguous(), q.unsqueeze(0)
-            if not self.paged:
-                cu_k, k, v = cu_seqlens_k.contiguous(), k.unsqueeze(0), v.unsqueeze(0)
+        q, k, v, cu_q, cu_k, block_table, seqlens = launch_operands(
+            q, k, v, kv_cache, cu_seqlens_q, cu_seqlens_k, copies, self.ragged, self.paged, unread
+        )
         q_descale, k_descale, v_descale = (unread if descale is None else descale for descale in descales)
         k_desc, v_desc = (sequence_rows(k), sequence_rows(v)) if self.dynamic else (k, v)
         values = (q, k_desc, v_desc, out, unread if lse is None else lse, q_scales, q_descale, k_descale, v_descale)
@@ -928,16 +922,9 @@ class GluonFp8PrefillLaunch:
         block_n, page_size = spec.constexprs["TILE_N"], spec.constexprs["PAGE_SIZE"]
         head_dim = call.head_dim
         box = min(page_size, block_n) if self.paged else block_n
-        total_q = total_k = stride_block_table = max_pages = num_pages = 0
-        seqlen_kv = k.shape[1]
-        if self.ragged:
-            total_q = q.shape[1]
-            if not self.paged:
-                total_k = seqlen_kv = k.shape[1]
-        if self.paged:
-            num_pages = k.shape[0]
-            max_pages, stride_block_table = block_table.shape[1], block_table.stride(0)
-            seqlen_kv = max_pages * page_size
+        total_q, total_k, stride_block_table, max_pages, num_pages, seqlen_kv = kv_extents(
+            q, k, block_table, self.ragged, self.paged, page_size
+        )
         num_m_blocks = triton.cdiv(call.q_bound, BLOCK_M)
         strides = [stride for descale in descales for stride in _descale_strides(descale)]
         left, right = self.sides

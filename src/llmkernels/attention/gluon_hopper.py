@@ -1126,6 +1126,40 @@ def take_tile_counter(counters: dict, device: torch.device) -> torch.Tensor:
     return tile_counters.take()
 
 
+def launch_operands(q, k, v, kv_cache, cu_seqlens_q, cu_seqlens_k, copies, ragged: bool, paged: bool, unread):
+    """What both Gluon prefills launch on: ``(q, k, v, cu_q, cu_k, block_table, seqlens)`` with a paged cache's
+    pages as k / v and its metadata, the tensors TMA cannot read (``copies``) copied, ragged q (and k / v unless
+    paged) as one ``[1, total, H, D]`` sequence; ``unread`` stands for the pointers a variant never reads."""
+    block_table = seqlens = cu_q = cu_k = unread
+    if paged:
+        k, v = kv_cache.k_pages, kv_cache.v_pages
+        block_table, seqlens = paged_metadata(kv_cache)
+    if any(copies):  # the same values in a layout TMA reads: the contiguous call's bits
+        q, k, v = (as_tma_ready(t) if copy else t for t, copy in zip((q, k, v), copies))
+    if ragged:
+        cu_q, q = cu_seqlens_q.contiguous(), q.unsqueeze(0)
+        if not paged:
+            cu_k, k, v = cu_seqlens_k.contiguous(), k.unsqueeze(0), v.unsqueeze(0)
+    return q, k, v, cu_q, cu_k, block_table, seqlens
+
+
+def kv_extents(q, k, block_table, ragged: bool, paged: bool, page_size: int) -> tuple:
+    """``(total_q, total_k, stride_block_table, max_pages, num_pages, seqlen_kv)``: the scalars a Gluon prefill
+    takes for :func:`launch_operands`' tensors (0 where a variant does not read them; ``seqlen_kv`` the dense or
+    ragged K/V rows, or a paged table's ``max_pages * page_size``)."""
+    total_q = total_k = stride_block_table = max_pages = num_pages = 0
+    seqlen_kv = k.shape[1]
+    if ragged:
+        total_q = q.shape[1]
+        if not paged:
+            total_k = seqlen_kv = k.shape[1]
+    if paged:
+        num_pages = k.shape[0]
+        max_pages, stride_block_table = block_table.shape[1], block_table.stride(0)
+        seqlen_kv = max_pages * page_size
+    return total_q, total_k, stride_block_table, max_pages, num_pages, seqlen_kv
+
+
 class GluonPrefillLaunch:
     """The prefill kernel's launch for one plan: q, k, v TMA cannot read copied, the descriptors laid out, tile
     counters of its own per stream for masked calls, bound at the first call."""
@@ -1142,16 +1176,9 @@ class GluonPrefillLaunch:
     def __call__(
         self, q, k, v, kv_cache, cu_seqlens_q, cu_seqlens_k, sinks, slopes, attn_mask, out, lse, o_partial, lse_partial
     ) -> None:
-        block_table = seqlens = cu_q = cu_k = out  # pointers a variant never reads
-        if self.paged:
-            k, v = kv_cache.k_pages, kv_cache.v_pages
-            block_table, seqlens = paged_metadata(kv_cache)
-        if any(self.copies):  # the same values in a layout TMA reads: the contiguous call's bits
-            q, k, v = (as_tma_ready(t) if copy else t for t, copy in zip((q, k, v), self.copies))
-        if self.ragged:
-            cu_q, q = cu_seqlens_q.contiguous(), q.unsqueeze(0)
-            if not self.paged:
-                cu_k, k, v = cu_seqlens_k.contiguous(), k.unsqueeze(0), v.unsqueeze(0)
+        q, k, v, cu_q, cu_k, block_table, seqlens = launch_operands(
+            q, k, v, kv_cache, cu_seqlens_q, cu_seqlens_k, self.copies, self.ragged, self.paged, out
+        )
         k_desc, v_desc = (sequence_rows(k), sequence_rows(v)) if self.dynamic else (k, v)
         values = (q, k_desc, v_desc, out, lse if lse is not None else out, out, cu_q, cu_k, block_table, seqlens)
         if self.dynamic:
@@ -1168,16 +1195,9 @@ class GluonPrefillLaunch:
         call, spec = self.call, self.spec
         block_n, page_size = spec.constexprs["TILE_N"], spec.constexprs["PAGE_SIZE"]
         box = min(page_size, block_n) if self.paged else block_n
-        total_q = total_k = stride_block_table = max_pages = num_pages = 0
-        seqlen_kv = k.shape[1]
-        if self.ragged:
-            total_q = q.shape[1]
-            if not self.paged:
-                total_k = seqlen_kv = k.shape[1]
-        if self.paged:
-            num_pages = k.shape[0]
-            max_pages, stride_block_table = block_table.shape[1], block_table.stride(0)
-            seqlen_kv = max_pages * page_size
+        total_q, total_k, stride_block_table, max_pages, num_pages, seqlen_kv = kv_extents(
+            q, k, block_table, self.ragged, self.paged, page_size
+        )
         consumers = spec.constexprs["CONSUMERS"]
         num_m_blocks = triton.cdiv(call.q_bound, consumers * CONSUMER_ROWS)
         left, right = self.sides
