@@ -261,9 +261,10 @@ def sass_of(cubin):
         return subprocess.run([CUOBJDUMP, "-sass", file.name], capture_output=True, text=True, check=True).stdout
 
 
-def loop_spills(sass):
-    # spill instructions (STL / LDL) in the MMA loops: a backward branch and its target with an MMA between them and
-    # no other backward branch (not an outer loop, nor the jump back from a wait's retry code placed after the end)
+def mma_loops(sass):
+    # (code, loops): the SASS as (address, text), and the MMA loops: a backward branch and its target with an MMA
+    # between them and no other backward branch (not an outer loop, nor the jump back from a wait's retry code placed
+    # after the end)
     lines = re.findall(r"/\\*([0-9a-f]{{4,}})\\*/\\s+([^;]*);", sass)
     code = [(int(address, 16), text) for address, text in lines]
     back = []
@@ -277,6 +278,12 @@ def loop_spills(sass):
         if any(("GMMA" in t or "UTC" in t) for a, t in code if start <= a <= end)
         and not any(start <= other < end for _, other in back)
     ]
+    return code, loops
+
+
+def loop_spills(sass):
+    # spill instructions (STL / LDL) in the MMA loops
+    code, loops = mma_loops(sass)
     spills = [t for a, t in code if any(s <= a <= e for s, e in loops) and re.search(r"\\b(STL|LDL)\\b", t)]
     return len(spills) if loops else -1
 
@@ -331,26 +338,14 @@ def test_warp_specialized_and_fp8_blocks_backends_compile():
 
 
 _FP8_ATTENTION_SCRIPT = (
-    _FP8_SCRIPT.split("cases = (")[0]  # its SASS helpers: sass_of, loop_spills
+    _FP8_SCRIPT.split("cases = (")[0]  # its SASS helpers: sass_of, mma_loops, loop_spills
     + """
 from llmkernels.attention.gluon_fp8_prefill import compile_for_sm90
 
 
 def loop_stack_traffic(sass):
-    # (STL in the MMA loops, most LDL in one of them): loop_spills' loops, stores and loads apart
-    lines = re.findall(r"/\\*([0-9a-f]{{4,}})\\*/\\s+([^;]*);", sass)
-    code = [(int(address, 16), text) for address, text in lines]
-    back = []
-    for address, text in code:
-        target = re.search(r"\\bBRA\\s+0x([0-9a-f]+)", text)
-        if target and int(target.group(1), 16) < address:
-            back.append((int(target.group(1), 16), address))
-    loops = [
-        (start, end)
-        for start, end in back
-        if any("GMMA" in t for a, t in code if start <= a <= end)
-        and not any(start <= other < end for _, other in back)
-    ]
+    # (STL in the MMA loops, most LDL in one of them)
+    code, loops = mma_loops(sass)
     if not loops:
         return -1, -1
     stores = sum(1 for a, t in code if any(s <= a <= e for s, e in loops) and re.search(r"\\bSTL\\b", t))
