@@ -2,7 +2,7 @@
 
     torchrun --nproc-per-node W -m benchmarks.bench_moe_ep [--out DIR] [--experts 64] [--hidden 7168]
         [--intermediate 2048] [--top-k 8] [--weight-format mxfp4] [--tokens 4096]
-        [--dispatch-formats auto [bf16 fp8]] [--micro-batches 1 [2 4]] [--kept-first on [off]]
+        [--dispatch-formats auto [bf16 fp8]] [--high-priority off [on]]
     python -m benchmarks bench_moe_ep --cpu-smoke     (2 gloo ranks on the CPU, tiny shapes: checks the script)
     python -m benchmarks bench_moe_ep --scaling DIR... [--out DIR]     (the scaling table of earlier runs)
 
@@ -10,13 +10,15 @@ Each rank holds E / W experts and routes its own ``--tokens`` tokens. Rank 0 rep
 
 * **prefill**: MoE-block tokens/s of the W ranks (exact mode; W·T tokens per forward) against rank 0 alone running
   the one-process block with every expert on the same W·T tokens, and the ratio; one row per exchange option
-  (``dispatch_format`` × ``micro_batches`` × ``kept_first``: ``auto`` is the block's default, the activations' own
-  format where its rows quantize alone; ``kept_first`` on: the copies kept on their rank run while the dispatch is
-  in flight, the block's default), each with ``exchange_bytes``, the bytes rank 0 sends to the other ranks per forward
-  (dispatch payload + bf16 return, from this run's routing), and ``max_rank_load``, the most copies one rank's
-  experts receive over the mean (1.0: balanced; the router has unit-scale logits, as a trained one);
-* **all-to-all**: the time of one ``all_to_all_single`` of a forward's dispatch volume against the bandwidth this
-  run measures for the group (a large all-to-all), i.e. how close the exchange runs to the link;
+  (``dispatch_format`` × ``high_priority``: ``auto`` is the block's default, the activations' own format where its
+  rows quantize alone; ``high_priority`` on: the block's process group made with NCCL's high-priority streams), each
+  with ``exchange_bytes``, the bytes rank 0 sends to the other ranks per forward (one row per token and other rank
+  that holds one of its experts, with its expert ids and weights, and the bf16 row returned, from this run's
+  routing), and ``max_rank_load``, the most copies one rank's experts receive over the mean (1.0: balanced; the
+  router has unit-scale logits, as a trained one);
+* **all-to-all**: the time of one ``all_to_all_single`` of a forward's bf16 dispatch volume (rank 0's rows)
+  against the bandwidth this run measures for the group (a large all-to-all), i.e. how close the exchange runs to
+  the link;
 * **decode**: bounded-mode latency at 1 to 64 tokens per rank (capacity = tokens · top_k, so nothing is dropped),
   under CUDA-graph replay on GPUs, against the one-GPU block on the same W·n tokens (``latency_ratio``).
 
@@ -93,14 +95,11 @@ def main(argv=None):
         help="prefill: the exact mode's dispatch formats to time (auto: the block's default)",
     )
     parser.add_argument(
-        "--micro-batches", nargs="+", type=int, default=[1], help="prefill: the micro_batches values to time"
-    )
-    parser.add_argument(
-        "--kept-first",
+        "--high-priority",
         nargs="+",
-        default=["on"],
+        default=["off"],
         choices=["on", "off"],
-        help="prefill: ExpertExchange.kept_first values to time (on: the block's default)",
+        help="prefill: the exchange on the default process group (off) or on one with NCCL's high-priority streams",
     )
     parser.add_argument("--cpu-smoke", action="store_true", help="2 gloo ranks, tiny shapes, the interpreter")
     parser.add_argument(
@@ -128,8 +127,7 @@ def main(argv=None):
             weight_format=args.weight_format,
             out=args.out or "/tmp/moe_ep_smoke",
             dispatch_formats=args.dispatch_formats,
-            micro_batches=args.micro_batches,
-            kept_first=args.kept_first,
+            high_priority=args.high_priority,
         )
         mp.spawn(_smoke_rank, args=(small,), nprocs=2)
         return
@@ -190,13 +188,19 @@ def run(options: dict, decode_tokens=(1, 2, 4, 8, 16, 32, 64)) -> None:
         whole_ms = started(lambda: whole(x_all), reps)
     dist.barrier()
     expert_ids = torch.topk(x.float() @ router.float().t(), top_k, dim=-1).indices  # softmax routing's top-k
-    sent_away = int((expert_ids // per_rank != rank).sum())  # copies of rank 0's tokens that leave it
+    holders = torch.zeros(tokens, world, dtype=torch.bool, device=device).scatter_(1, expert_ids // per_rank, True)
+    sent_away = int(holders.sum() - holders[:, rank].sum())  # rows of rank 0's tokens that leave it
     # the most copies one rank's experts receive over the mean: the slowest rank sets the forward's time
     all_ids = torch.topk(x_all.float() @ router.float().t(), top_k, dim=-1).indices
     per_rank_copies = torch.bincount((all_ids // per_rank).reshape(-1), minlength=world).float()
     rank_load = float(per_rank_copies.max() / per_rank_copies.mean())
+    groups = {"off": dist.group.WORLD}
+    if "on" in options.get("high_priority", ["off"]) and device.type == "cuda":
+        groups["on"] = dist.new_group(
+            backend="nccl", pg_options=dist.ProcessGroupNCCL.Options(is_high_priority_stream=True)
+        )
     for dispatch_format in options.get("dispatch_formats", ["auto"]):
-        for micro_batches in options.get("micro_batches", [1]):
+        for high_priority, group in groups.items():
             try:  # every rank raises the same ValueError, before any collective
                 block = MoEFeedForward.from_float(
                     router,
@@ -204,44 +208,42 @@ def run(options: dict, decode_tokens=(1, 2, 4, 8, 16, 32, 64)) -> None:
                     w_down[mine],
                     top_k,
                     weight_format=weight_format,
-                    process_group=dist.group.WORLD,
-                    micro_batches=micro_batches,
+                    process_group=group,
                     dispatch_format=None if dispatch_format == "auto" else dispatch_format,
                 )
             except ValueError as error:
                 if rank == 0:
                     print(f"bench_moe_ep: skipped dispatch_format={dispatch_format}: {error}", file=sys.stderr)
                 continue
-            for kept_first in options.get("kept_first", ["on"]):
-                block.exchange.kept_first = kept_first == "on"
-                ep_ms = time_ms(functools.partial(block, x), reps)
-                rows.append(
-                    dict(
-                        part="prefill",
-                        dispatch_format=block.dispatch_format,
-                        micro_batches=micro_batches,
-                        kept_first=kept_first,
-                        tokens_per_rank=tokens,
-                        ranks=world,
-                        ms=ep_ms,
-                        tokens_per_s=world * tokens / ep_ms * 1e3,
-                        one_gpu_ms=whole_ms,
-                        one_gpu_tokens_per_s=world * tokens / whole_ms * 1e3,
-                        speedup=whole_ms / ep_ms,
-                        max_rank_load=rank_load,
-                        exchange_bytes=sent_away * (_row_bytes(block.dispatch_format, hidden) + 2 * hidden),
-                    )
+            ep_ms = time_ms(functools.partial(block, x), reps)
+            row_bytes = _row_bytes(block.dispatch_format, hidden) + 8 * top_k + 2 * hidden  # ids, weights, return
+            rows.append(
+                dict(
+                    part="prefill",
+                    dispatch_format=block.dispatch_format,
+                    high_priority=high_priority,
+                    tokens_per_rank=tokens,
+                    ranks=world,
+                    ms=ep_ms,
+                    tokens_per_s=world * tokens / ep_ms * 1e3,
+                    one_gpu_ms=whole_ms,
+                    one_gpu_tokens_per_s=world * tokens / whole_ms * 1e3,
+                    speedup=whole_ms / ep_ms,
+                    max_rank_load=rank_load,
+                    exchange_bytes=sent_away * row_bytes,
                 )
+            )
 
     # all-to-all: a forward's dispatch volume against the group's measured bandwidth
-    dispatch_bytes = tokens * top_k * hidden * 2  # bf16 rows sent by one rank (upper bound: all to others)
     big = torch.empty(64 * 2**20 // 2 * world, dtype=torch.bfloat16, device=device)
     big_out = torch.empty_like(big)
     big_ms = time_ms(lambda: dist.all_to_all_single(big_out, big), reps)
     link_gbps = big.numel() * 2 * (world - 1) / world / big_ms / 1e6  # bytes leaving each rank
-    rows_x = torch.empty(tokens * top_k, hidden, dtype=torch.bfloat16, device=device)
+    per_peer = -(-max(sent_away, 1) // max(world - 1, 1))  # rank 0's bf16 rows, spread evenly over the others
+    rows_x = torch.empty(world * per_peer, hidden, dtype=torch.bfloat16, device=device)
     rows_out = torch.empty_like(rows_x)
     a2a_ms = time_ms(lambda: dist.all_to_all_single(rows_out, rows_x), reps)
+    dispatch_bytes = (world - 1) * per_peer * hidden * 2  # what leaves each rank
     rows.append(
         dict(
             part="all_to_all",
@@ -250,7 +252,7 @@ def run(options: dict, decode_tokens=(1, 2, 4, 8, 16, 32, 64)) -> None:
             ms=a2a_ms,
             bytes_per_rank=dispatch_bytes,
             link_gbps=link_gbps,
-            at_link_ms=dispatch_bytes * (world - 1) / world / link_gbps / 1e6 if world > 1 else 0.0,
+            at_link_ms=dispatch_bytes / link_gbps / 1e6 if world > 1 else 0.0,
         )
     )
 
@@ -309,8 +311,8 @@ def run(options: dict, decode_tokens=(1, 2, 4, 8, 16, 32, 64)) -> None:
 
 
 def scaling(run_dirs: list, out_dir: str) -> str:
-    """The speedup over one GPU of each run's default exchange (1 micro-batch, kept-first on) and of its best
-    option, per weight format and rank count, from the ``moe_ep.csv`` of runs (one per format and W; the weight
+    """The speedup over one GPU of each run's default exchange (the block's dispatch format, the default process
+    group) and of its best option, per weight format and rank count, from the ``moe_ep.csv`` of runs (one per format and W; the weight
     format is read from the directory name's suffix after the last ``_``). Writes ``scaling.{csv,md,png}``."""
     import csv
 
@@ -322,10 +324,7 @@ def scaling(run_dirs: list, out_dir: str) -> str:
             prefill = [r for r in csv.DictReader(f) if r["part"] == "prefill"]
         if not prefill:
             continue
-        default = next(
-            (r for r in prefill if r["micro_batches"] == "1" and r["kept_first"] == "on"),
-            prefill[0],
-        )
+        default = next((r for r in prefill if r.get("high_priority", "off") == "off"), prefill[0])
         best = max(prefill, key=lambda r: float(r["speedup"]))
         rows.append(
             dict(
@@ -334,7 +333,7 @@ def scaling(run_dirs: list, out_dir: str) -> str:
                 one_gpu_ms=float(default["one_gpu_ms"]),
                 ms=float(default["ms"]),
                 speedup=float(default["speedup"]),
-                best_option=f"micro_batches {best['micro_batches']}, kept_first {best['kept_first']}",
+                best_option=f"{best['dispatch_format']} dispatch, high_priority {best.get('high_priority', 'off')}",
                 best_speedup=float(best["speedup"]),
                 max_rank_load=float(default.get("max_rank_load") or "nan"),
             )

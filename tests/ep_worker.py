@@ -2,7 +2,8 @@
 [VARIANTS]``
 spawns WORLD processes on the CPU (gloo, Triton's interpreter); each builds the expert-parallel MoE block with its
 own experts and the single-process block with all of them, runs its own tokens through both, and writes what it
-found to ``OUT.<rank>.json``. With ``EP_DEVICE=cuda`` the ranks run on GPUs through NCCL (rank r on GPU r) and the
+found to ``OUT.<rank>.json``: the bounded mode must give the single-process block's bits, the exact mode those of
+:func:`_exact_expected` (the same expert outputs, each other rank's partial sum rounded to bf16 once). With ``EP_DEVICE=cuda`` the ranks run on GPUs through NCCL (rank r on GPU r) and the
 compiled kernels instead.
 
 Cases: ``balanced`` (random routing), ``skewed`` (one hot expert), ``no-tokens`` (rank 0 has no token),
@@ -10,10 +11,10 @@ Cases: ``balanced`` (random routing), ``skewed`` (one hot expert), ``no-tokens``
 rank must raise the same ValueError at construction), ``bad-inputs`` (errors raised before any collective),
 ``graph`` (GPUs only: the bounded block captured in a CUDA graph and replayed on new tokens equals the eager block).
 
-VARIANTS (optional, comma-separated ``FORMAT/DISPATCH/MICRO_BATCHES[/together]``, e.g. ``fp8/auto/3``): more
-exact-mode blocks run in the same processes on the same tokens, each against the one-process block of its weight format (``auto``:
-the default dispatch_format; ``fp8`` dispatch of bf16 activations: against the one-process block on the tokens
-rounded through fp8 (1, 128) blocks, and its error against the bf16 result).
+VARIANTS (optional, comma-separated ``FORMAT/DISPATCH``, e.g. ``fp8/auto``): more exact-mode blocks run in the same
+processes on the same tokens, each against the one-process block of its weight format (``auto``: the default
+dispatch_format; ``fp8`` dispatch of bf16 activations: against the one-process block's experts on the tokens rounded
+through fp8 (1, 128) blocks, and its error against the bf16 result).
 """
 
 import json
@@ -100,12 +101,8 @@ def _bad_inputs(router, w_gate_up, w_down, mine, x) -> list:
             dispatch_format="fp8",
         ),  # mxfp8 activations rounded again
         lambda: MoEFeedForward.from_float(
-            router, w_gate_up[mine], w_down[mine], TOP_K, weight_format="bf16", process_group=group, micro_batches=0
-        ),
-        lambda: MoEFeedForward.from_float(
-            router, w_gate_up[mine], w_down[mine], TOP_K, process_group=group, capacity=4, micro_batches=2
-        ),  # the bounded mode keeps one chunk
-        lambda: MoEFeedForward.from_float(router, w_gate_up, w_down, TOP_K, weight_format="bf16", micro_batches=2),
+            router, w_gate_up, w_down, TOP_K, weight_format="bf16", dispatch_format="bf16"
+        ),  # without a group
     ]
     errors = []
     for attempt in attempts:
@@ -141,29 +138,42 @@ def _graph_replay(block, x: torch.Tensor) -> torch.Tensor:
     return static_out.clone()
 
 
-def _experts_on(whole, router, x, rows):
-    """The one-process bf16-activation block's forward with the routing of x and the experts run on ``rows``
-    (x itself, or x rounded through the dispatch format), from the library's public pieces."""
+def _exact_expected(whole, router, x, rank: int, world: int, rows=None):
+    """The exact mode's result on this rank's tokens x from the one-process block's expert outputs (on ``rows``, x
+    rounded through the dispatch format, when given; routed on x), summed as the exchange sums them, by the
+    library's combine (which rounds to bf16 as the platform's kernels do): each other rank's copies weighted into
+    one bf16 row per token, then the token's own-rank copies (weighted) and those rows (weight 1) in rank order."""
     from llmkernels.moe import combine, dispatch, select_experts
-    from llmkernels.ops import grouped_matmul
 
     weights, expert_ids = select_experts(x.float() @ router.float().t(), TOP_K)
     token_of_row, a_offsets, row_of_copy = dispatch(expert_ids, NUM_EXPERTS)
-    experts = torch.arange(NUM_EXPERTS, dtype=torch.int32, device=x.device)
-    h = grouped_matmul(rows[token_of_row], whole.w_gate_up, a_offsets, experts, epilogue="swiglu")
-    return combine(grouped_matmul(h, whole.w_down, a_offsets, experts), row_of_copy, weights, x.dtype)
+    y = whole._projections(whole._activations(x if rows is None else rows, token_of_row), a_offsets, whole.expert_ids)
+    dest = expert_ids // (NUM_EXPERTS // world)
+    results, columns = [y], [torch.where(dest == rank, row_of_copy, -1)]
+    for d in range(world):
+        holds = (dest == d).any(1) & (d != rank)
+        columns.append(torch.where(holds, sum(map(len, results)) + torch.arange(len(x), device=x.device), -1))
+        results.append(combine(y, torch.where(dest == d, row_of_copy, -1), weights, torch.bfloat16))
+    table = torch.stack([columns[0][:, slot] for slot in range(TOP_K)] + columns[1:], 1)
+    return combine(
+        torch.cat(results), table, torch.cat([weights, torch.ones_like(weights[:, :1]).expand(-1, world)], 1), x.dtype
+    )
 
 
-def _variants(router, w_gate_up, w_down, mine, x, variants: str, wholes: dict) -> dict:
-    """The reports of the exact-mode variants (``FORMAT/DISPATCH/MICRO_BATCHES``) on this rank's tokens x;
-    ``wholes``: weight format -> (the one-process block, its output on x), filled as needed."""
+def _relative(got, expected) -> float:
+    return (got.float() - expected.float()).norm().item() / max(expected.float().norm().item(), 1e-30)
+
+
+def _variants(router, w_gate_up, w_down, mine, x, variants: str, wholes: dict, rank: int, world: int) -> dict:
+    """The reports of the exact-mode variants (``FORMAT/DISPATCH``) on this rank's tokens x; ``wholes``: weight
+    format -> (the one-process block, its output on x), filled as needed."""
     from llmkernels.formats import dequantize
     from llmkernels.moe import MoEFeedForward
     from llmkernels.ops import quantize
 
     reports = {}
     for variant in filter(None, variants.split(",")):
-        weight_format, dispatch_format, micro_batches, *together = variant.split("/")
+        weight_format, dispatch_format = variant.split("/")
         block = MoEFeedForward.from_float(
             router,
             w_gate_up[mine],
@@ -171,26 +181,23 @@ def _variants(router, w_gate_up, w_down, mine, x, variants: str, wholes: dict) -
             TOP_K,
             weight_format=weight_format,
             process_group=dist.group.WORLD,
-            micro_batches=int(micro_batches),
             dispatch_format=None if dispatch_format == "auto" else dispatch_format,
         )
-        block.exchange.kept_first = not together  # "/together": kept and received rows in one call of the experts
         if weight_format not in wholes:
             whole = MoEFeedForward.from_float(router, w_gate_up, w_down, TOP_K, weight_format=weight_format)
             wholes[weight_format] = whole, whole(x)
-        whole, expected = wholes[weight_format]
+        whole, whole_out = wholes[weight_format]
         got = block(x)
         report = {"dispatch_format": block.dispatch_format, "finite": bool(torch.isfinite(got).all())}
+        rows = None
         if block.dispatch_format == "fp8" and block.activation_format == "bf16":
-            report["rel_error_vs_bf16"] = (got.float() - expected.float()).norm().item() / max(
-                expected.float().norm().item(), 1e-30
-            )
-            rounded = dequantize(quantize(x, "fp8", block=(1, 128))).to(torch.bfloat16)
-            expected = _experts_on(whole, router, x, rounded)  # routed on x, the experts run on the rounded rows
+            report["rel_error_vs_bf16"] = _relative(got, whole_out)
+            rows = dequantize(quantize(x, "fp8", block=(1, 128))).to(torch.bfloat16)  # what the experts run on
+        else:
+            report["rel_error_vs_one_process"] = _relative(got, whole_out)
+        expected = _exact_expected(whole, router, x, rank, world, rows)
         report["bit_equal"] = bool(torch.equal(got, expected)) and got.shape == x.shape
-        report["rel_error"] = (got.float() - expected.float()).norm().item() / max(
-            expected.float().norm().item(), 1e-30
-        )
+        report["rel_error"] = _relative(got, expected)
         reports[variant] = report
     return reports
 
@@ -248,7 +255,8 @@ def _run(
         whole = MoEFeedForward.from_float(router, w_gate_up, w_down, TOP_K, weight_format=weight_format)
         x = xs[rank]
         whole_out = whole(x)
-        got, expected = block(x).float(), whole_out.float()
+        got = block(x).float()
+        expected = (whole_out if capacity is not None else _exact_expected(whole, router, x, rank, world)).float()
         if case == "graph":
             report["graph_equal"] = bool(torch.equal(_graph_replay(block, xs[rank]).float(), got))
         kept_copies = _kept_copies(router, xs, rank, world, capacity)
@@ -264,7 +272,10 @@ def _run(
             dropped=None if block.exchange.dropped is None else int(block.exchange.dropped),
             dropped_expected=int((~kept_copies).sum()),
             copies_to=_copies_to(router, x, world),
-            variants=_variants(router, w_gate_up, w_down, mine, x, variants, {weight_format: (whole, whole_out)}),
+            rel_error_vs_one_process=_relative(got, whole_out),
+            variants=_variants(
+                router, w_gate_up, w_down, mine, x, variants, {weight_format: (whole, whole_out)}, rank, world
+            ),
         )
     _finish(report, out, rank)
 

@@ -1,20 +1,29 @@
 #!/bin/bash
 # One multi-GPU device call for the expert-parallel work (repository root of a clean copy, PYTHONPATH=src:.):
-#   bash lab/scripts/ep_session.sh W [parts...]      parts: bench bench2 nccl nccl2 profile (default: bench bench2 nccl)
-# bench: bench_moe_ep at W ranks, mxfp4 and bf16 weights, kept-first on / off, 1 / 2 micro-batches; bench2: the same
-# at 2 ranks (GPUs 0, 1); nccl / nccl2: the NCCL tests (W = min(GPUs, 4) / 2); profile: profile_moe_ep.py at W ranks. Results in
-# one tarball $OUT/ep_results.tgz (the device runner returns a few files per call).
+#   bash lab/scripts/ep_session.sh W [parts...]      parts: bench bench2 old old2 nccl nccl2 profile profile2
+#                                                    (default: bench bench2 nccl)
+# bench: bench_moe_ep at W ranks, mxfp4 and bf16 weights, the default process group and a high-priority one;
+# bench2: the same at 2 ranks (GPUs 0, 1); old / old2: the bench of an earlier tree unpacked in ./old (its own
+# src and benchmarks, default options), for a same-machine comparison; nccl / nccl2: the NCCL tests
+# (W = min(GPUs, 4) / 2); profile / profile2: profile_moe_ep.py at W / 2 ranks (bf16, both priorities;
+# HP=off: the default group only). Results in one tarball
+# $OUT/ep_results.tgz (the device runner returns a few files per call).
 W=${1:-4}; shift; PARTS=${*:-"bench bench2 nccl"}
 run() { echo "== $*"; timeout ${LIMIT:-240} "$@"; echo "rc=$?"; }
 mkdir -p $OUT/ep && cd_out=$OUT/ep
 nvidia-smi topo -m > $cd_out/topo.txt 2>&1
 for part in $PARTS; do
   case $part in
-    bench|bench2)
-      [ $part = bench2 ] && n=2 && export CUDA_VISIBLE_DEVICES=0,1 || n=$W
-      for fmt in mxfp4 bf16; do
-        run torchrun --nproc-per-node $n --master-port 2962$n -m benchmarks.bench_moe_ep --weight-format $fmt \
-          --micro-batches ${MB:-1 2} --kept-first on off --out $cd_out/w${n}_$fmt > $cd_out/log_w${n}_$fmt.txt 2>&1
+    bench|bench2|old|old2)
+      case $part in *2) n=2; export CUDA_VISIBLE_DEVICES=0,1 ;; *) n=$W ;; esac
+      for fmt in ${FORMATS:-mxfp4 bf16}; do
+        if [ "${part#old}" != "$part" ]; then
+          (cd old && PYTHONPATH=src:. run torchrun --nproc-per-node $n --master-port 2963$n -m benchmarks.bench_moe_ep \
+            --weight-format $fmt --out $cd_out/old_w${n}_$fmt > $cd_out/log_old_w${n}_$fmt.txt 2>&1)
+        else
+          run torchrun --nproc-per-node $n --master-port 2962$n -m benchmarks.bench_moe_ep --weight-format $fmt \
+            --high-priority off on --out $cd_out/w${n}_$fmt > $cd_out/log_w${n}_$fmt.txt 2>&1
+        fi
       done
       unset CUDA_VISIBLE_DEVICES ;;
     nccl|nccl2)  # the NCCL tests at W = min(GPUs, 4), or at 2 (GPUs 0, 1)
@@ -22,12 +31,16 @@ for part in $PARTS; do
       run python -m pytest -q -p no:cacheprovider -rA tests/test_expert_parallel.py -k nccl > $cd_out/${part}_tests.txt 2>&1
       unset CUDA_VISIBLE_DEVICES
       grep -E "^(FAILED|ERROR)|passed|failed" $cd_out/${part}_tests.txt | tail -20 ;;
-    profile)
-      for kf in on off; do
-        run torchrun --nproc-per-node $W --master-port 29640 lab/scripts/profile_moe_ep.py --kept-first $kf > $cd_out/log_profile_$kf.txt 2>&1
-        mv $OUT/profile_*.txt $cd_out/ 2>/dev/null
-      done ;;
+    profile|profile2)
+      [ $part = profile2 ] && export CUDA_VISIBLE_DEVICES=0,1 && n=2 || n=$W
+      for hp in ${HP:-off on}; do
+        flag=; [ $hp = on ] && flag=--high-priority
+        run torchrun --nproc-per-node $n --master-port 29640 lab/scripts/profile_moe_ep.py --weight-format bf16 $flag \
+          > $cd_out/log_profile_w${n}_$hp.txt 2>&1
+        mv $OUT/profile_*rank0.txt $cd_out/ 2>/dev/null; rm -f $OUT/profile_* $OUT/*.json
+      done
+      unset CUDA_VISIBLE_DEVICES ;;
   esac
 done
-for f in $cd_out/w*/moe_ep.md; do echo "### $f"; grep -E "prefill|all_to_all|\| decode \| +\| +\| +\| 1 " $f; done
+for f in $cd_out/*w*/moe_ep.md; do echo "### $f"; grep -E "prefill|all_to_all|\| decode \| +\| +\| +\| 1 \|" $f; done
 cd $OUT && tar czf ep_results.tgz ep && rm -rf ep

@@ -3,7 +3,7 @@ one-GPU block on rank 0), kernels summed by name, the GPU's idle time inside the
 rank under $OUT.
 
     torchrun --nproc-per-node W lab/scripts/profile_moe_ep.py [--weight-format mxfp4] [--tokens 4096]
-        [--micro-batches 1]
+        [--one-gpu] [--high-priority]
 
 Same shapes as benchmarks/bench_moe_ep.py (E 64, H 7168, I 2048, top-8).
 """
@@ -58,9 +58,8 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--weight-format", default="mxfp4")
     parser.add_argument("--tokens", type=int, default=4096)
-    parser.add_argument("--micro-batches", type=int, default=1)
     parser.add_argument("--one-gpu", action="store_true", help="also profile the one-GPU block on rank 0")
-    parser.add_argument("--kept-first", default="on", choices=["on", "off"])
+    parser.add_argument("--high-priority", action="store_true", help="the exchange on NCCL's high-priority streams")
     args = parser.parse_args()
     dist.init_process_group("nccl")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -99,10 +98,12 @@ def main():
         w_down[mine],
         K,
         weight_format=args.weight_format,
-        process_group=dist.group.WORLD,
-        micro_batches=args.micro_batches,
+        process_group=dist.new_group(
+            backend="nccl", pg_options=dist.ProcessGroupNCCL.Options(is_high_priority_stream=True)
+        )
+        if args.high_priority
+        else dist.group.WORLD,
     )
-    block.exchange.kept_first = args.kept_first == "on"
     for _ in range(3):
         block(x)
     torch.cuda.synchronize()
@@ -119,7 +120,7 @@ def main():
             block(x)
         torch.cuda.synchronize()
     report.append(f"# rank {rank}: {start.elapsed_time(end) / 10:.3f} ms per forward (events, unprofiled)")
-    report.append(kernel_summary(prof, f"rank {rank} of {world}, {T} tokens, micro_batches {args.micro_batches}", reps))
+    report.append(kernel_summary(prof, f"rank {rank} of {world}, {T} tokens, high priority {args.high_priority}", reps))
     from llmkernels.grouped_matmul.api import PLANS
 
     for plan in PLANS.plans():  # what each grouped-matmul call planned (config, size class, grid)
@@ -132,9 +133,7 @@ def main():
     cpu = prof.key_averages().table(sort_by="cpu_time_total", row_limit=25)
     report.append("### host ops by CPU time\n" + cpu)
     text = "\n".join(report)
-    with open(
-        f"{out_dir}/profile_w{world}_{args.weight_format}_m{args.micro_batches}_{args.kept_first}_rank{rank}.txt", "w"
-    ) as f:
+    with open(f"{out_dir}/profile_w{world}_{args.weight_format}_hp{int(args.high_priority)}_rank{rank}.txt", "w") as f:
         f.write(text)
     if rank == 0:
         print(text)

@@ -1,41 +1,94 @@
 """Expert parallelism over ``torch.distributed``: each rank holds a contiguous block of the experts, routes its
-own tokens, sends each (token, expert) copy to the rank that holds the expert with ``all_to_all_single``, runs
-its experts on what it receives, and sends the results back.
+own tokens, sends them to the ranks that hold their experts with ``all_to_all_single``, runs its experts on what it
+receives, and sends the results back.
 
 Two modes (:class:`ExpertExchange`):
 
-* **exact** (``capacity=None``, :meth:`ExpertExchange.exact`): the per-rank copy counts are exchanged first and
-  read on the host (one sync), then the copies travel with those split sizes. Every copy is computed. For
-  prefill. The sender orders its copies by expert (its own experts last), so that each source's rows arrive
-  grouped by local expert: the receiver runs its grouped matmuls straight on the received buffer (one group per
-  (source, expert)), writes the outputs where the return all-to-all reads them, and the returned rows land in the
-  sender's order, where the combine reads them. The rows a rank keeps for its own experts are never exchanged: its
-  gather writes them where its grouped matmuls read them, and they run in two parts
-  (:attr:`ExpertExchange.kept_first`): the first half of its experts' rows while the dispatch is in flight, the
-  others' while the return is. The payload is any set of row-major parts (bf16 rows, or quantized data and its
-  scales). With ``micro_batches = m`` the tokens run in m chunks: chunk i+1's dispatch all-to-all and chunk i's
-  return are in flight (``async_op=True``) while chunk i's experts run; the counts of all chunks travel in one
-  exchange (still one sync). Each token's result does not depend on the chunking.
+* **exact** (``capacity=None``, :meth:`ExpertExchange.exact`): for prefill. Every copy is computed. A token travels
+  once to each rank that holds one or more of its experts (not once per expert: top-8 of 64 experts over 4 ranks
+  puts ~2 copies on each rank, so the exchange moves 2.7 rows a token instead of 6), with its local expert ids and
+  routing weights. The expert rank runs the copies it received, grouped by expert across every source, sums each
+  token's copies weighted (fp32, one bf16 rounding) and returns one row per (token, rank); the sender adds those
+  rows to its own experts' weighted copies. The per-rank row counts are exchanged first and read on the host (one
+  sync); the sender's gather runs while the host waits. The copies a rank keeps for its own experts are never
+  exchanged and run in two parts: the first half of its experts' while the dispatch is in flight, the others'
+  while the return is. The payload is any set of row-major parts (bf16 rows, or quantized data and its scales).
+
+  **Rounding**: a token's copies on its own rank are summed in fp32 as on one GPU; each other rank's copies are
+  summed in fp32 there and rounded to bf16 once before they travel, then added in fp32 (own copies in slot order,
+  then the other ranks in rank order). The result differs from the one-GPU block by those roundings (at most
+  2^-9 of each remote partial sum).
 * **bounded** (``capacity=C``): every rank sends exactly ``C`` rows to every rank (padding included), so no
-  count reaches the host: no sync, CUDA-graph capturable. For decode. One chunk; the payload is any set of
-  row-major parts, as in the exact mode. **Rule for the overflow**: a rank's copies to one destination beyond the
-  first ``C`` (in token order, then top-k slot) are dropped: their expert's output is left out of the token's
-  weighted sum (the other weights are not renormalized). The number of copies dropped in the last forward is :attr:`ExpertExchange.dropped` (a device
-  tensor, read it when convenient); dropped copies never change any other token's result.
+  count reaches the host: no sync, CUDA-graph capturable. For decode. Copies travel one row each, and the payload
+  is any set of row-major parts, as in the exact mode. **Rule for the overflow**: a rank's copies to one
+  destination beyond the first ``C`` (in token order, then top-k slot) are dropped: their expert's output is left
+  out of the token's weighted sum (the other weights are not renormalized). The number of copies dropped in the
+  last forward is :attr:`ExpertExchange.dropped` (a device tensor, read it when convenient); dropped copies never
+  change any other token's result.
 
 The local experts run exactly as on one GPU.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 
 import torch
 import torch.distributed as dist
 
-from ..ops import dispatch
+from ..ops import combine, dispatch
 
 __all__ = ["ExpertExchange"]
+
+
+class _Sends:
+    """What this rank sends in the exact mode, planned on the device.
+
+    A token travels once to each other rank that holds one or more of its experts, as one byte row: each payload
+    part's row, then its local expert ids on that rank (int32 ``[k]``, -1 for its other slots) and its routing
+    weights (float32 ``[k]``), every field 16-byte aligned so that each is a view of the rows (one all-to-all
+    moves them all). ``bound`` rows at most (one per token and other rank, or k); ``token`` int64 ``[bound]``: the
+    token of each row sent, rank by rank (rows past the count: token 0, never sent); ``rows`` int64 ``[T, W]``: the
+    row of (token, rank) among those sent, which is also where its returned sum lands, or -1; ``counts`` int64
+    ``[W, 2]``: the rows and the copies sent to each rank (the copies this rank keeps included).
+    """
+
+    def __init__(self, parts, top_k, bound, token, ids, weights, rows, counts):
+        self.bound, self.token, self.ids, self.weights, self.rows, self.counts = (
+            bound,
+            token,
+            ids,
+            weights,
+            rows,
+            counts,
+        )
+        self.fields, width = [], 0
+        for dtype, shape in [(p.dtype, p.shape[1:]) for p in parts] + [
+            (torch.int32, (top_k,)),
+            (torch.float32, (top_k,)),
+        ]:
+            self.fields.append((width, dtype, tuple(shape)))
+            width += -(-math.prod(shape) * dtype.itemsize // 16) * 16
+        self.width = width
+
+    def _field(self, rows: torch.Tensor, field) -> torch.Tensor:
+        offset, dtype, shape = field
+        return rows[:, offset : offset + math.prod(shape) * dtype.itemsize].view(dtype).view(len(rows), *shape)
+
+    def gather(self, parts) -> torch.Tensor:
+        """The uint8 ``[bound, width]`` rows to send (each field written in place)."""
+        sent = torch.empty((self.bound, self.width), dtype=torch.uint8, device=self.token.device)
+        for part, field in zip(parts, self.fields):
+            torch.index_select(part, 0, self.token, out=self._field(sent, field))
+        self._field(sent, self.fields[-2]).copy_(self.ids)
+        self._field(sent, self.fields[-1]).copy_(self.weights)
+        return sent
+
+    def fields_of(self, rows: torch.Tensor):
+        """``(parts, ids, weights)`` of received byte rows, as views."""
+        parts = [self._field(rows, field) for field in self.fields[:-2]]
+        return parts, self._field(rows, self.fields[-2]), self._field(rows, self.fields[-1])
 
 
 class ExpertExchange:
@@ -47,165 +100,158 @@ class ExpertExchange:
     rank's experts must run; :meth:`receive` takes those rows' outputs and returns this rank's tokens' outputs.
     """
 
-    def __init__(self, group, num_experts: int, capacity: int | None, micro_batches: int = 1, device=None):
+    def __init__(self, group, num_experts: int, capacity: int | None, device=None):
         self.group = group
         self.world = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
         self.num_experts = num_experts
         self.experts_per_rank = num_experts // self.world
         self.capacity = capacity
-        self.micro_batches = micro_batches
-        # exact mode: run half the copies kept here while the dispatch is in flight, then the received rows, then
-        # the other kept copies while the return is in flight (three calls of the experts per chunk); False: one
-        # call on both, between the dispatch and the return
-        self.kept_first = True
         self.dropped = None  # copies dropped in the last bounded forward (int64 device scalar)
-        world, rank, per_rank = self.world, self.rank, self.experts_per_rank
-        # The exact mode's sort key of each global expert: the experts of the other ranks in rank order, then this
-        # rank's own, so that the copies for the other ranks are one contiguous block in rank order (what
-        # all_to_all_single sends) and the kept copies follow it.
-        experts = torch.arange(num_experts)
-        owner = experts // per_rank
-        key = torch.where(owner < rank, experts, experts - per_rank)
-        key = torch.where(owner == rank, experts + (world - 1 - rank) * per_rank, key)
-        self.sort_key = key.to(device=device, dtype=torch.int32)  # [E] global expert -> sort key
-        # the receiver's rows: this rank's own copies first, then the other sources in rank order
-        self.sources = torch.tensor([rank] + [s for s in range(world) if s != rank], device=device)
-        self.group_expert_ids = torch.arange(per_rank, dtype=torch.int32, device=device).repeat(world)
+        self.local_experts = torch.arange(self.experts_per_rank, dtype=torch.int32, device=device)
 
     def exact(
         self,
         parts: Sequence[torch.Tensor],
         expert_ids: torch.Tensor,
+        weights: torch.Tensor,
         run_experts: Callable,
         hidden: int,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+        out_dtype: torch.dtype,
+    ) -> torch.Tensor:
         """The exact mode's forward around this rank's experts.
 
         Args:
             parts: the payload of this rank's ``T`` tokens, row-major ``[T, ...]`` tensors of any dtype that the
                 backend moves (bf16 rows, or quantized data and scales as uint8 / float32); row t of each part
-                travels with every copy of token t.
-            expert_ids: int ``[T, k]`` global expert ids.
-            run_experts: ``run_experts(rows, a_offsets, group_expert_ids, out)``: ``rows``, the parts' ``[R, ...]``
-                rows this rank's experts run (views), grouped by ``a_offsets`` (int32 ``[G + 1]``: one group per
-                (source rank, local expert) of these rows, G = E/W · the sources given: 1, W − 1 or W) with the
-                local expert ``group_expert_ids[g]`` (int32 ``[G]``); it writes the bf16 ``[R, hidden]`` outputs
-                into ``out`` (a view). Called once or three times per micro-batch (:attr:`kept_first`).
+                travels to every rank that holds one of token t's experts.
+            expert_ids: int ``[T, k]`` global expert ids; weights: float32 ``[T, k]`` routing weights.
+            run_experts: ``run_experts(rows, token_of_row, a_offsets, group_expert_ids, out)``: the experts on the
+                rows ``token_of_row`` (int64 ``[R]``) of the payload ``rows`` (parts' ``[N, ...]`` views), grouped
+                by ``a_offsets`` (int32 ``[G + 1]``) with the local experts ``group_expert_ids`` (int32 ``[G]``);
+                writes the bf16 ``[R, hidden]`` outputs into ``out`` (a view) and returns it.
+            hidden: H; out_dtype: the result's dtype.
 
         Returns:
-            ``(results, row_of_copy)``: bf16 ``[N, hidden]`` holding the expert outputs of this rank's copies (and
-            other rows), and int64 ``[T, k]``, the row of ``results`` of token t's slot s (:func:`combine`'s
-            arguments).
+            ``[T, hidden]`` of ``out_dtype``: each token's weighted sum of its experts' outputs (the rounding is
+            in the module's docstring).
         """
         num_tokens, top_k = expert_ids.shape
         world, rank, per_rank, device = self.world, self.rank, self.experts_per_rank, expert_ids.device
-        if self.sort_key.device != device:  # the block was moved (``.to()``): the tables follow once
-            self.sort_key, self.sources, self.group_expert_ids = (
-                t.to(device) for t in (self.sort_key, self.sources, self.group_expert_ids)
-            )
-        chunks = self.micro_batches  # on every rank, also one with fewer tokens (empty chunks exchange nothing)
-        bounds = [num_tokens * c // chunks for c in range(chunks + 1)]
-        keys = self.sort_key[expert_ids]
-        routed = [dispatch(keys[bounds[c] : bounds[c + 1]], self.num_experts) for c in range(chunks)]
-        # copies per (destination, chunk, local expert): every chunk's counts in one exchange
-        send_counts = torch.stack([offsets.diff().index_select(0, self.sort_key) for _, offsets, _ in routed])
-        send_counts = send_counts.view(chunks, world, per_rank).transpose(0, 1).contiguous()
-        recv_counts = torch.empty_like(send_counts)
+        if self.local_experts.device != device:  # the block was moved (``.to()``): the table follows once
+            self.local_experts = self.local_experts.to(device)
+        expert_ids = expert_ids.long()
+        dest = expert_ids // per_rank  # [T, k] the rank of each copy
+        local_ids = expert_ids - dest * per_rank
+        # the copies this rank keeps, sorted by local expert: the first `early` experts' run while the dispatch is
+        # in flight, the others' while the return is
+        early = per_rank // 2 if world > 1 else per_rank
+        own_token_of_row, own_offsets, own_row_of_copy = dispatch(local_ids.masked_fill(dest != rank, -1), per_rank)
+        counts = own_offsets[early : early + 1].long()
         if world > 1:
-            dist.all_to_all_single(recv_counts, send_counts, group=self.group)
+            sends = self._plan_sends(parts, dest, local_ids, weights)
+            # the combine's rows: this rank's own copies (weighted), then each rank's returned sum (weight 1);
+            # `out` holds the returned rows first (at most `sends.bound`), then the own copies
+            own = torch.where(own_row_of_copy >= 0, own_row_of_copy + sends.bound, -1)
+            rows_table = torch.cat([own, sends.rows], 1)
+            weights_table = torch.cat([weights.float(), weights.new_ones((num_tokens, world), dtype=torch.float32)], 1)
+            counts_in = torch.empty_like(sends.counts)  # rows and copies from each rank
+            dist.all_to_all_single(counts_in, sends.counts, group=self.group)
+            counts = torch.cat([counts, sends.counts[:, 0], counts_in.t().reshape(-1)])
         else:
-            recv_counts = send_counts
-        # the kept copies run in two calls, the first `early` local experts' while the dispatch is in flight and
-        # the others' while the return is: the rows of the first part travel in the one sync
-        early = per_rank // 2
-        counts = torch.cat([send_counts.sum(2), recv_counts.sum(2), send_counts[rank : rank + 1, :, :early].sum(2)])
-        counts = counts.tolist()  # the exact mode's one sync
-        send_sizes, recv_sizes, kept_early = counts[:world], counts[world : 2 * world], counts[2 * world]
-        ordered = recv_counts.index_select(0, self.sources).permute(1, 0, 2).reshape(chunks, world * per_rank)
-        a_offsets = torch.nn.functional.pad(ordered.cumsum(1), (1, 0)).to(torch.int32)  # [chunks, W·E/W + 1]
-        layout, base = [], 0  # per chunk: (start, rows sent away, copies, rows received from the others)
-        for c in range(chunks):
-            copies = (bounds[c + 1] - bounds[c]) * top_k
-            kept = send_sizes[rank][c]
-            received = sum(recv_sizes[s][c] for s in range(world)) - kept
-            layout.append((base, copies - kept, copies, received))
-            base += copies + received
-        buffers = [part.new_empty((base, *part.shape[1:])) for part in parts]
-        out = torch.empty((base, hidden), dtype=torch.bfloat16, device=device)
+            rows_table, weights_table = own_row_of_copy, weights.float()
+            counts = torch.cat([counts, (own_offsets[-1:] - own_offsets[:1]).long()])
+        if device.type == "cuda":  # the sender's gather runs while the host waits for the counts
+            host = torch.empty(counts.shape, dtype=counts.dtype, pin_memory=True)
+            host.copy_(counts, non_blocking=True)
+            ready = torch.cuda.Event()
+            ready.record()
+        if world > 1:
+            sent = sends.gather(parts)
+        if device.type == "cuda":
+            ready.synchronize()  # the exact mode's one sync
+            counts = host.tolist()
+        else:
+            counts = counts.tolist()
+        own_early = counts[0]
+        if world > 1:
+            send_sizes, recv_sizes, copies_from = (
+                counts[1 : 1 + world],
+                counts[1 + world : 1 + 2 * world],
+                counts[1 + 2 * world :],
+            )
+            own_total = copies_from[rank]
+            recv_sizes[rank] = 0
+            received = sent.new_empty((sum(recv_sizes), sent.shape[1]))
+            dispatched = dist.all_to_all_single(
+                received, sent[: sum(send_sizes)], recv_sizes, send_sizes, group=self.group, async_op=True
+            )
+        else:
+            own_total = counts[1]
+        bound = sends.bound if world > 1 else 0
+        out = torch.empty((bound + own_total, hidden), dtype=torch.bfloat16, device=device)
+        own_rows = out[bound:]
+        if own_early:  # while the dispatch is in flight
+            run_experts(
+                parts,
+                own_token_of_row[:own_early],
+                own_offsets[: early + 1],
+                self.local_experts[:early],
+                own_rows[:own_early],
+            )
+        if world > 1:
+            dispatched.wait()
+            received_parts, ids, received_weights = sends.fields_of(received)
+            token_of_row, offsets, row_of_copy = dispatch(ids, per_rank)
+            received_copies = sum(copies_from) - own_total
+            y = out.new_empty((received_copies, hidden))
+            if received_copies:
+                y = run_experts(received_parts, token_of_row[:received_copies], offsets, self.local_experts, y)
+            partial = combine(y, row_of_copy, received_weights, torch.bfloat16)
+            returned = dist.all_to_all_single(
+                out[: sum(send_sizes)], partial, send_sizes, recv_sizes, group=self.group, async_op=True
+            )
+        if own_total > own_early:  # while the return is in flight
+            run_experts(
+                parts,
+                own_token_of_row[own_early:own_total],
+                own_offsets[early:] - own_offsets[early],
+                self.local_experts[early:],
+                own_rows[own_early:],
+            )
+        if world > 1:
+            returned.wait()
+        return combine(out, rows_table, weights_table, out_dtype)
 
-        def splits(sizes, c):
-            return [0 if s == rank else sizes[s][c] for s in range(world)]
-
-        def post_dispatch(c):
-            start, sent, copies, received = layout[c]
-            token_of_row = routed[c][0]
-            works = []
-            for part, buffer in zip(parts, buffers):
-                torch.index_select(part[bounds[c] : bounds[c + 1]], 0, token_of_row, out=buffer[start : start + copies])
-                if world > 1:
-                    works.append(
-                        dist.all_to_all_single(
-                            buffer[start + copies : start + copies + received],
-                            buffer[start : start + sent],
-                            splits(recv_sizes, c),
-                            splits(send_sizes, c),
-                            group=self.group,
-                            async_op=True,
-                        )
-                    )
-            return works
-
-        kept_first = self.kept_first and world > 1
-        if kept_first:  # the groups of the kept copies (two parts), and those of the received rows, each from 0
-            early_offsets = a_offsets[:, : early + 1]
-            late_offsets = a_offsets[:, early : per_rank + 1] - a_offsets[:, early : early + 1]
-            received_offsets = a_offsets[:, per_rank:] - a_offsets[:, per_rank : per_rank + 1]
-
-        def run_kept(c, first: bool):
-            start, sent = layout[c][:2]
-            if first:
-                rows, offsets, ids = slice(start + sent, start + sent + kept_early[c]), early_offsets[c], slice(early)
-            else:
-                rows = slice(start + sent + kept_early[c], start + sent + send_sizes[rank][c])
-                offsets, ids = late_offsets[c], slice(early, per_rank)
-            run_experts([buffer[rows] for buffer in buffers], offsets, self.group_expert_ids[ids], out[rows])
-
-        pending = post_dispatch(0)
-        returns = []
-        for c in range(chunks):
-            following = post_dispatch(c + 1) if c + 1 < chunks else []
-            start, sent, copies, received = layout[c]
-            if kept_first and early:  # while the chunk's dispatch is in flight
-                run_kept(c, first=True)
-            for work in pending:
-                work.wait()
-            if kept_first:
-                rows = slice(start + copies, start + copies + received)
-                ids = self.group_expert_ids[per_rank:]
-                run_experts([buffer[rows] for buffer in buffers], received_offsets[c], ids, out[rows])
-            else:
-                rows = slice(start + sent, start + copies + received)  # this rank's kept copies, then the received
-                run_experts([buffer[rows] for buffer in buffers], a_offsets[c], self.group_expert_ids, out[rows])
-            if world > 1:
-                returns.append(
-                    dist.all_to_all_single(
-                        out[start : start + sent],
-                        out[start + copies : start + copies + received],
-                        splits(send_sizes, c),
-                        splits(recv_sizes, c),
-                        group=self.group,
-                        async_op=True,
-                    )
-                )
-            if kept_first:  # while the chunk's return is in flight
-                run_kept(c, first=False)
-            pending = following
-        for work in returns:
-            work.wait()
-        if chunks == 1:
-            return out, routed[0][2]
-        return out, torch.cat([row_of_copy + layout[c][0] for c, (_, _, row_of_copy) in enumerate(routed)])
+    def _plan_sends(self, parts, dest, local_ids, weights) -> _Sends:
+        """Which of this rank's tokens go to which rank, on the device (no sync): see :class:`_Sends`."""
+        world, rank = self.world, self.rank
+        num_tokens, top_k = dest.shape
+        device = dest.device
+        present = torch.zeros(world, num_tokens, dtype=torch.int32, device=device)
+        present.scatter_(0, dest.t(), 1)
+        present[rank] = 0  # a rank's own copies never travel
+        position = present.view(-1).cumsum(0) - 1  # [W·T], rank-major: the row of (rank, token) sent
+        bound = num_tokens * min(top_k, world - 1)
+        sink = torch.where(present.view(-1) > 0, position, bound)
+        send_index = torch.zeros(bound + 1, dtype=torch.int64, device=device)
+        send_index.scatter_(0, sink, torch.arange(world * num_tokens, device=device))
+        send_index = send_index[:bound]  # rank · T + token of each row sent (rows past the count: token 0)
+        token = send_index % max(num_tokens, 1)
+        on_dest = dest.index_select(0, token) == (send_index // max(num_tokens, 1)).unsqueeze(1)
+        copies_to = torch.zeros(world, dtype=torch.int64, device=device).scatter_add_(
+            0, dest.view(-1), torch.ones_like(dest.view(-1))
+        )
+        return _Sends(
+            parts,
+            top_k,
+            bound,
+            token,
+            local_ids.index_select(0, token).masked_fill(~on_dest, -1),
+            weights.float().index_select(0, token),
+            position.view(world, num_tokens).t().masked_fill(present.t() == 0, -1),
+            torch.stack([present.sum(1, dtype=torch.int64), copies_to], 1),
+        )
 
     def send(self, parts: Sequence[torch.Tensor], expert_ids: torch.Tensor):
         """The bounded mode's dispatch. parts: this rank's ``T`` tokens' payload, row-major ``[T, ...]`` tensors (bf16

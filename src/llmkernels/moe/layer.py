@@ -47,18 +47,14 @@ ROW_LOCAL = ("fp8", "mxfp8", "mxfp4")  # activation formats whose rows quantize 
 DISPATCH_FORMATS = ("bf16", "fp8")
 
 
-def _dispatch_format(process_group, capacity, micro_batches, dispatch_format, activation_format: str) -> str | None:
-    """The format the exchange moves rows in (None without a process group), after checking ``micro_batches`` and
-    ``dispatch_format`` (before any collective): None picks the activations' own format where its rows quantize
-    alone (fp8, mxfp8, mxfp4), bf16 otherwise; in both modes."""
-    if isinstance(micro_batches, bool) or not isinstance(micro_batches, int) or micro_batches < 1:
-        raise ValueError(f"micro_batches must be an int >= 1, got {micro_batches!r}")
+def _dispatch_format(process_group, dispatch_format, activation_format: str) -> str | None:
+    """The format the exchange moves rows in (None without a process group), after checking ``dispatch_format``
+    (before any collective): None picks the activations' own format where its rows quantize alone (fp8, mxfp8,
+    mxfp4), bf16 otherwise; in both modes."""
     if dispatch_format is not None and dispatch_format not in DISPATCH_FORMATS:
         raise ValueError(f"dispatch_format must be None or one of {DISPATCH_FORMATS}, got {dispatch_format!r}")
-    if process_group is None and (micro_batches != 1 or dispatch_format is not None):
-        raise ValueError("micro_batches and dispatch_format need a process_group (expert parallelism)")
-    if capacity is not None and micro_batches != 1:
-        raise ValueError(f"the bounded mode (capacity) runs one chunk: micro_batches must be 1, got {micro_batches}")
+    if process_group is None and dispatch_format is not None:
+        raise ValueError("dispatch_format needs a process_group (expert parallelism)")
     if dispatch_format == "fp8" and activation_format not in ("bf16", "fp8"):
         raise ValueError(
             f"dispatch_format 'fp8' goes with bf16 or fp8 activations (it would round {activation_format} "
@@ -81,7 +77,6 @@ def _check_same_config_on_every_rank(process_group, block, device: torch.device)
         block.intermediate,
         block.top_k,
         -1 if block.exchange.capacity is None else block.exchange.capacity,
-        block.exchange.micro_batches,
         int.from_bytes(
             hashlib.sha256(repr((formats, block.routing, block.dispatch_format)).encode()).digest()[:7], "little"
         ),
@@ -89,7 +84,7 @@ def _check_same_config_on_every_rank(process_group, block, device: torch.device)
     mine = torch.tensor(signature, dtype=torch.int64, device=device)
     every = [torch.empty_like(mine) for _ in range(block.exchange.world)]
     dist.all_gather(every, mine, group=process_group)
-    names = ("E", "H", "I", "top_k", "capacity", "micro_batches", "formats, routing and dispatch_format")
+    names = ("E", "H", "I", "top_k", "capacity", "formats, routing and dispatch_format")
     for rank, theirs in enumerate(torch.stack(every).tolist()):  # one read of the gathered signatures
         differ = [name for name, a, b in zip(names, signature, theirs) if a != b]
         if differ:
@@ -157,7 +152,6 @@ def _check_block_arguments(
     process_group,
     capacity,
     routing: dict,
-    micro_batches: int = 1,
     dispatch_format: str | None = None,
 ) -> tuple[int, int, int, int, str | None]:
     """Every argument of the block (the weights' types excepted) before anything is quantized, copied or
@@ -186,7 +180,7 @@ def _check_block_arguments(
             f"w_down must be [E, H, I] = [{num_local}{local}, {hidden}, {intermediate}], got {tuple(w_down.shape)}"
         )
     _check_format_pair(activation_format, weight_formats)
-    exchanged = _dispatch_format(process_group, capacity, micro_batches, dispatch_format, activation_format)
+    exchanged = _dispatch_format(process_group, dispatch_format, activation_format)
     for fmt in {activation_format, *weight_formats.values()} - set(PLAIN) - {"fp8"}:  # fp8: partial tiles
         block = format_spec(fmt).block
         if hidden % block or intermediate % block:
@@ -224,9 +218,9 @@ class MoEFeedForward(nn.Module):
     (one scale per token and 128 columns), quantized in the dispatch's gather (``quantize(..., rows=)``: no
     ``[T·k, H]`` copy of x) and after the SwiGLU; H and I need not be multiples of 128 (partial tiles).
 
-    With a ``process_group`` (expert parallelism, :mod:`llmkernels.moe.expert_parallel`), ``capacity``,
-    ``micro_batches`` and ``dispatch_format`` choose how the tokens travel (:meth:`from_float`); both modes move
-    fp8, mxfp8 and mxfp4 activations quantized, once per token.
+    With a ``process_group`` (expert parallelism, :mod:`llmkernels.moe.expert_parallel`), ``capacity`` and
+    ``dispatch_format`` choose how the tokens travel (:meth:`from_float`); both modes move fp8, mxfp8 and mxfp4
+    activations quantized, once per token.
 
     The constructor checks every argument (shapes, format pairs, blocks, routing, devices, the process group)
     before it copies anything, and raises TypeError / ValueError naming it.
@@ -247,7 +241,6 @@ class MoEFeedForward(nn.Module):
         correction_bias: torch.Tensor | None = None,
         process_group=None,
         capacity: int | None = None,
-        micro_batches: int = 1,
         dispatch_format: str | None = None,
     ):
         super().__init__()
@@ -269,7 +262,6 @@ class MoEFeedForward(nn.Module):
             process_group,
             capacity,
             {**self.routing, "correction_bias": correction_bias},
-            micro_batches,
             dispatch_format,
         )
         # The buffers are dense copies of whatever views were given: the forward then never re-copies them.
@@ -284,7 +276,7 @@ class MoEFeedForward(nn.Module):
         self.register_buffer("expert_ids", torch.arange(num_local, dtype=torch.int32, device=router_weight.device))
         self.exchange = None
         if process_group is not None:
-            self.exchange = ExpertExchange(process_group, num_experts, capacity, micro_batches, router_weight.device)
+            self.exchange = ExpertExchange(process_group, num_experts, capacity, router_weight.device)
             _check_same_config_on_every_rank(process_group, self, router_weight.device)
 
     def _register_weight(self, name: str, weight) -> None:
@@ -360,7 +352,6 @@ class MoEFeedForward(nn.Module):
         weight_layout: Layout | str | None = None,
         process_group=None,
         capacity: int | None = None,
-        micro_batches: int = 1,
         dispatch_format: str | None = None,
         **routing,
     ) -> MoEFeedForward:
@@ -389,12 +380,10 @@ class MoEFeedForward(nn.Module):
                 others' wait with an error.
             capacity: with a process_group: None for the exact mode (the per-rank counts are read on the host:
                 one sync per forward), or the rows each rank sends to each rank (bounded mode: no sync, CUDA-graph
-                capturable; copies beyond it are dropped and counted in ``block.exchange.dropped``).
-            micro_batches: exact mode only: the tokens run in this many chunks, each chunk's all-to-alls in flight
-                while the neighbouring chunk's experts run (the counts of all chunks still travel in one exchange:
-                one sync). Each token's result is the same for any value (bit-equal with row-local activation
-                formats). Default 1 (no overlap); the bounded mode takes 1 only.
-            dispatch_format: the format the copies travel in (both modes). None: the activations' own format
+                capturable; copies beyond it are dropped and counted in ``block.exchange.dropped``). The exact
+                mode sums each token's copies on their expert rank (one bf16 rounding of each other rank's partial
+                sum, :mod:`llmkernels.moe.expert_parallel`); the bounded mode returns every copy.
+            dispatch_format: the format the tokens travel in (both modes). None: the activations' own format
                 where each row quantizes alone (fp8 (1, 128), mxfp8, mxfp4: quantized once per token on the sender,
                 never again on the receiver; same bits as bf16 rows), bf16 otherwise (bf16 activations, nvfp4 whose
                 global scale spans the rows). ``"bf16"``: bf16 rows, the receiver quantizes. ``"fp8"`` (bf16 or fp8
@@ -414,8 +403,7 @@ class MoEFeedForward(nn.Module):
                 fp8 or bf16 weights, formats that do not pair (quantized activations need weights of their family),
                 H or I not a multiple of a format's block (fp8 takes partial tiles), shapes that do not fit, a
                 world size that does not divide E, local weights of another expert count, a capacity below 1 or
-                without a group, micro_batches below 1 or above 1 without a group or with a capacity, an unknown
-                dispatch_format, one without a group, ``"fp8"`` with activations other than bf16 and fp8, routing
+                without a group, an unknown dispatch_format, one without a group, ``"fp8"`` with activations other than bf16 and fp8, routing
                 values that do not fit (top_k, scoring, groups, a correction_bias not
                 ``[E]``), tensors on other devices, ranks that disagree.
         """
@@ -459,7 +447,6 @@ class MoEFeedForward(nn.Module):
             process_group,
             capacity,
             routing_arguments,
-            micro_batches,
             dispatch_format,
         )
 
@@ -479,7 +466,6 @@ class MoEFeedForward(nn.Module):
             activation_format=activation_format,
             process_group=process_group,
             capacity=capacity,
-            micro_batches=micro_batches,
             dispatch_format=dispatch_format,
             **routing,
         )
@@ -521,10 +507,14 @@ class MoEFeedForward(nn.Module):
             y, row_of_copy = self._experts(x.to(torch.bfloat16), expert_ids)
             return combine(y, row_of_copy, weights, hidden_states.dtype).reshape(hidden_states.shape)
         if self.exchange.capacity is None:
-            results, row_of_copy = self.exchange.exact(
-                self._dispatched(x.to(torch.bfloat16)), expert_ids, self._run_experts, self.hidden
-            )
-            return combine(results, row_of_copy, weights, hidden_states.dtype).reshape(hidden_states.shape)
+            return self.exchange.exact(
+                self._dispatched(x.to(torch.bfloat16)),
+                expert_ids,
+                weights,
+                self._run_experts,
+                self.hidden,
+                hidden_states.dtype,
+            ).reshape(hidden_states.shape)
         rows, local_ids, state = self.exchange.send(self._dispatched(x.to(torch.bfloat16)), expert_ids)
         token_of_row, a_offsets, row_of_row = dispatch(local_ids.view(-1, 1), len(self.expert_ids))
         y = self._projections(self._received(rows, token_of_row), a_offsets, self.expert_ids)
@@ -560,10 +550,11 @@ class MoEFeedForward(nn.Module):
         )
         return dequantize(a).to(torch.bfloat16) if self.activation_format == "bf16" else a
 
-    def _run_experts(self, rows: list, a_offsets: torch.Tensor, group_expert_ids: torch.Tensor, out: torch.Tensor):
-        """The exact mode's experts on the received payload ``rows`` (``R`` rows in groups of ``a_offsets``, local
-        expert ``group_expert_ids[g]``): writes bf16 ``[R, H]`` into ``out``."""
-        self._projections(self._received(rows), a_offsets, group_expert_ids, out)
+    def _run_experts(self, rows: list, token_of_row, a_offsets, group_expert_ids, out: torch.Tensor) -> torch.Tensor:
+        """The exact mode's experts on the rows ``token_of_row`` (int64 ``[R]``) of the payload ``rows``
+        (:meth:`_dispatched`'s parts), in groups of ``a_offsets`` with local experts ``group_expert_ids``: writes
+        bf16 ``[R, H]`` into ``out`` and returns it."""
+        return self._projections(self._received(rows, token_of_row), a_offsets, group_expert_ids, out)
 
     def _experts(self, x: torch.Tensor, expert_ids: torch.Tensor):
         """The one-process block's experts on bf16 ``x [T, H]`` routed by ``expert_ids [T, k]``: ``(y, row_of_copy)``,
