@@ -31,6 +31,7 @@ The local experts run exactly as on one GPU.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable, Sequence
 
@@ -40,6 +41,14 @@ import torch.distributed as dist
 from ..ops import combine, dispatch
 
 __all__ = ["ExpertExchange"]
+
+
+def _padded(rows: int, limit: int | None = None) -> int:
+    """``rows`` rounded up to a size class: a multiple of 1/16 of its power of two, at least 256 (at most 1/16
+    more rows), capped at ``limit``."""
+    step = max(256, 1 << max(rows.bit_length() - 5, 0))
+    padded = -(-rows // step) * step
+    return padded if limit is None else min(padded, limit)
 
 
 class _Sends:
@@ -108,6 +117,7 @@ class ExpertExchange:
         self.experts_per_rank = num_experts // self.world
         self.capacity = capacity
         self.dropped = None  # copies dropped in the last bounded forward (int64 device scalar)
+        self._stream = None  # the exact mode's side stream (CUDA)
         self.local_experts = torch.arange(self.experts_per_rank, dtype=torch.int32, device=device)
 
     def exact(
@@ -147,6 +157,7 @@ class ExpertExchange:
         # in flight, the others' while the return is
         early = per_rank // 2 if world > 1 else per_rank
         own_token_of_row, own_offsets, own_row_of_copy = dispatch(local_ids.masked_fill(dest != rank, -1), per_rank)
+        own_token_of_row.clamp_(0, max(num_tokens - 1, 0))  # the rows past the copies, read by padded calls
         counts = own_offsets[early : early + 1].long()
         if world > 1:
             sends = self._plan_sends(parts, dest, local_ids, weights)
@@ -182,46 +193,74 @@ class ExpertExchange:
             )
             own_total = copies_from[rank]
             recv_sizes[rank] = 0
-            received = sent.new_empty((sum(recv_sizes), sent.shape[1]))
-            dispatched = dist.all_to_all_single(
-                received, sent[: sum(send_sizes)], recv_sizes, send_sizes, group=self.group, async_op=True
-            )
+            num_received = sum(recv_sizes)
+            received = sent.new_empty((_padded(num_received), sent.shape[1]))
+            received_parts, ids, received_weights = sends.fields_of(received)
+            ids[num_received:] = -1  # padding rows: no copy
+            posting = contextlib.nullcontext()
+            if device.type == "cuda":  # the dispatch waits for the gather only, not for the own experts below
+                posting = torch.cuda.stream(self._side_stream(device))
+                posting.stream.wait_stream(torch.cuda.current_stream(device))
         else:
             own_total = counts[1]
         bound = sends.bound if world > 1 else 0
-        out = torch.empty((bound + own_total, hidden), dtype=torch.bfloat16, device=device)
+        # Each call of the experts takes its rows padded to a size class (rows outside its groups are gathered,
+        # never computed), so that its plans, keyed by the row count, are found cached: planned again, one
+        # grouped matmul costs ~0.7 ms of host time (H200), which the GPU waits for.
+        all_copies = num_tokens * top_k
+        early_rows = _padded(own_early, all_copies)
+        late_rows = _padded(own_total - own_early, all_copies - own_early)
+        out = torch.empty(
+            (_padded(bound + max(early_rows, own_early + late_rows)), hidden), dtype=torch.bfloat16, device=device
+        )
         own_rows = out[bound:]
-        if own_early:  # while the dispatch is in flight
+        if own_early:  # while the dispatch is in flight; launched first, as the host is behind the GPU here
             run_experts(
                 parts,
-                own_token_of_row[:own_early],
+                own_token_of_row[:early_rows],
                 own_offsets[: early + 1],
                 self.local_experts[:early],
-                own_rows[:own_early],
+                own_rows[:early_rows],
             )
         if world > 1:
+            with posting:
+                dispatched = dist.all_to_all_single(
+                    received[:num_received],
+                    sent[: sum(send_sizes)],
+                    recv_sizes,
+                    send_sizes,
+                    group=self.group,
+                    async_op=True,
+                )
             dispatched.wait()
-            received_parts, ids, received_weights = sends.fields_of(received)
             token_of_row, offsets, row_of_copy = dispatch(ids, per_rank)
+            token_of_row.clamp_(0, max(num_received - 1, 0))
             received_copies = sum(copies_from) - own_total
-            y = out.new_empty((received_copies, hidden))
+            y = out.new_empty((_padded(received_copies, len(token_of_row)), hidden))
             if received_copies:
-                y = run_experts(received_parts, token_of_row[:received_copies], offsets, self.local_experts, y)
+                rows = [part[:num_received] for part in received_parts]  # (nvfp4's global scale spans them all)
+                y = run_experts(rows, token_of_row[: len(y)], offsets, self.local_experts, y)
             partial = combine(y, row_of_copy, received_weights, torch.bfloat16)
             returned = dist.all_to_all_single(
-                out[: sum(send_sizes)], partial, send_sizes, recv_sizes, group=self.group, async_op=True
+                out[: sum(send_sizes)], partial[:num_received], send_sizes, recv_sizes, group=self.group, async_op=True
             )
         if own_total > own_early:  # while the return is in flight
             run_experts(
                 parts,
-                own_token_of_row[own_early:own_total],
+                own_token_of_row[own_early : own_early + late_rows],
                 own_offsets[early:] - own_offsets[early],
                 self.local_experts[early:],
-                own_rows[own_early:],
+                own_rows[own_early : own_early + late_rows],
             )
         if world > 1:
             returned.wait()
         return combine(out, rows_table, weights_table, out_dtype)
+
+    def _side_stream(self, device) -> torch.cuda.Stream:
+        """The stream the dispatch is posted from (made once per device)."""
+        if self._stream is None or self._stream.device != device:
+            self._stream = torch.cuda.Stream(device)
+        return self._stream
 
     def _plan_sends(self, parts, dest, local_ids, weights) -> _Sends:
         """Which of this rank's tokens go to which rank, on the device (no sync): see :class:`_Sends`."""
