@@ -187,9 +187,10 @@ def run(options: dict, decode_tokens=(1, 2, 4, 8, 16, 32, 64)) -> None:
         started = _timer_local(device)
         whole_ms = started(lambda: whole(x_all), reps)
     dist.barrier()
-    expert_ids = torch.topk(x.float() @ router.float().t(), top_k, dim=-1).indices  # softmax routing's top-k
+    # rows of rank 0's tokens that leave it (every rank computes it: the all-to-all below needs one size)
+    expert_ids = torch.topk(x_all[:tokens].float() @ router.float().t(), top_k, dim=-1).indices  # softmax's top-k
     holders = torch.zeros(tokens, world, dtype=torch.bool, device=device).scatter_(1, expert_ids // per_rank, True)
-    sent_away = int(holders.sum() - holders[:, rank].sum())  # rows of rank 0's tokens that leave it
+    sent_away = int(holders.sum() - holders[:, 0].sum())
     # the most copies one rank's experts receive over the mean: the slowest rank sets the forward's time
     all_ids = torch.topk(x_all.float() @ router.float().t(), top_k, dim=-1).indices
     per_rank_copies = torch.bincount((all_ids // per_rank).reshape(-1), minlength=world).float()
