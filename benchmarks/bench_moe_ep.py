@@ -2,19 +2,20 @@
 
     torchrun --nproc-per-node W -m benchmarks.bench_moe_ep [--out DIR] [--experts 64] [--hidden 7168]
         [--intermediate 2048] [--top-k 8] [--weight-format mxfp4] [--tokens 4096]
-        [--dispatch-formats auto [bf16 fp8]] [--high-priority off [on]]
+        [--dispatch-formats auto [bf16 fp8]] [--high-priority off [on]] [--batches 1]
     python -m benchmarks bench_moe_ep --cpu-smoke     (2 gloo ranks on the CPU, tiny shapes: checks the script)
     python -m benchmarks bench_moe_ep --scaling DIR... [--out DIR]     (the scaling table of earlier runs)
 
 Each rank holds E / W experts and routes its own ``--tokens`` tokens. Rank 0 reports:
 
-* **prefill**: MoE-block tokens/s of the W ranks (exact mode; W·T tokens per forward) against rank 0 alone running
-  the one-process block with every expert on the same W·T tokens, and the ratio; one row per exchange option
-  (``dispatch_format`` × ``high_priority``: ``auto`` is the block's default, the activations' own format where its
-  rows quantize alone; ``high_priority`` on: the block's process group made with NCCL's high-priority streams), each
-  with ``exchange_bytes``, the bytes rank 0 sends to the other ranks per forward (one row per token and other rank
-  that holds one of its experts, with its expert ids and weights, and the bf16 row returned, from this run's
-  routing), and ``max_rank_load``, the most copies one rank's experts receive over the mean (1.0: balanced; the
+* **prefill**: MoE-block tokens/s of the W ranks (exact mode; W·T tokens per forward) against rank 0 alone running the
+  one-process block with every expert on the same W·T tokens, and the ratio (``--batches``: both cycle through that
+  many batches, so that the routing, and the exchange's row counts, change from one forward to the next); one row per
+  exchange option (``dispatch_format`` × ``high_priority``: ``auto`` is the block's default, the activations' own
+  format where its rows quantize alone; ``high_priority`` on: the block's process group made with NCCL's high-priority
+  streams), each with ``exchange_bytes``, the bytes rank 0 sends to the other ranks per forward (one row per token and
+  other rank that holds one of its experts, with its expert ids and weights, and the bf16 row returned, from this
+  run's routing), and ``max_rank_load``, the most copies one rank's experts receive over the mean (1.0: balanced; the
   router has unit-scale logits, as a trained one);
 * **all-to-all**: the time of one ``all_to_all_single`` of a forward's bf16 dispatch volume (rank 0's rows)
   against the bandwidth this run measures for the group (a large all-to-all), i.e. how close the exchange runs to
@@ -30,7 +31,7 @@ GPU per rank and torchrun, except with ``--cpu-smoke``.
 from __future__ import annotations
 
 import argparse
-import functools
+import itertools
 import os
 import sys
 import time
@@ -88,6 +89,13 @@ def main(argv=None):
     parser.add_argument("--weight-format", default="mxfp4")
     parser.add_argument("--tokens", type=int, default=4096, help="tokens per rank (prefill)")
     parser.add_argument(
+        "--batches",
+        type=int,
+        default=1,
+        help="prefill: forwards cycle through this many batches of tokens (other routing each forward, as in "
+        "serving: the exchange's row counts change; 1: one batch again and again)",
+    )
+    parser.add_argument(
         "--dispatch-formats",
         nargs="+",
         default=["auto"],
@@ -128,6 +136,7 @@ def main(argv=None):
             out=args.out or "/tmp/moe_ep_smoke",
             dispatch_formats=args.dispatch_formats,
             high_priority=args.high_priority,
+            batches=args.batches,
         )
         mp.spawn(_smoke_rank, args=(small,), nprocs=2)
         return
@@ -174,7 +183,11 @@ def run(options: dict, decode_tokens=(1, 2, 4, 8, 16, 32, 64)) -> None:
     w_down = torch.randn(num_experts, hidden, intermediate, device=device, generator=generator) / intermediate**0.5
     per_rank = num_experts // world
     mine = slice(rank * per_rank, (rank + 1) * per_rank)
-    x_all = torch.randn(world * tokens, hidden, device=device, generator=generator).to(torch.bfloat16)
+    batches = [
+        torch.randn(world * tokens, hidden, device=device, generator=generator).to(torch.bfloat16)
+        for _ in range(options.get("batches", 1))
+    ]
+    x_all = batches[0]  # the decode rows, the routing statistics
     x = x_all[rank * tokens : (rank + 1) * tokens]
     time_ms = _timer(device)
     reps = 3 if device.type == "cpu" else 20
@@ -185,7 +198,7 @@ def run(options: dict, decode_tokens=(1, 2, 4, 8, 16, 32, 64)) -> None:
     if rank == 0:
         whole = MoEFeedForward.from_float(router, w_gate_up, w_down, top_k, weight_format=weight_format)
         started = _timer_local(device)
-        whole_ms = started(lambda: whole(x_all), reps)
+        whole_ms = started(_cycled(whole, batches), reps)
     dist.barrier()
     # rows of rank 0's tokens that leave it (every rank computes it: the all-to-all below needs one size)
     expert_ids = torch.topk(x_all[:tokens].float() @ router.float().t(), top_k, dim=-1).indices  # softmax's top-k
@@ -216,13 +229,14 @@ def run(options: dict, decode_tokens=(1, 2, 4, 8, 16, 32, 64)) -> None:
                 if rank == 0:
                     print(f"bench_moe_ep: skipped dispatch_format={dispatch_format}: {error}", file=sys.stderr)
                 continue
-            ep_ms = time_ms(functools.partial(block, x), reps)
+            ep_ms = time_ms(_cycled(block, [b[rank * tokens : (rank + 1) * tokens] for b in batches]), reps)
             row_bytes = _row_bytes(block.dispatch_format, hidden) + 8 * top_k + 2 * hidden  # ids, weights, return
             rows.append(
                 dict(
                     part="prefill",
                     dispatch_format=block.dispatch_format,
                     high_priority=high_priority,
+                    batches=len(batches),
                     tokens_per_rank=tokens,
                     ranks=world,
                     ms=ep_ms,
@@ -366,6 +380,12 @@ def _row_bytes(dispatch_format: str, hidden: int) -> int:
         "mxfp8": hidden + hidden // 32,
         "mxfp4": hidden // 2 + hidden // 32,
     }[dispatch_format]
+
+
+def _cycled(fn, inputs: list):
+    """A call of ``fn`` on each of ``inputs`` in turn, one per call."""
+    turn = itertools.cycle(inputs)
+    return lambda: fn(next(turn))
 
 
 def _timer_local(device: torch.device):

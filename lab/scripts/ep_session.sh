@@ -3,7 +3,7 @@
 #   bash lab/scripts/ep_session.sh W [parts...]      parts: bench bench2 old old2 nccl nccl2 profile profile2
 #                                                    (default: bench bench2 nccl)
 # bench: bench_moe_ep at W ranks, mxfp4 and bf16 weights, the default process group and a high-priority one
-# (HP=off: the default one only);
+# (HP=off: the default one only; BATCHES=n: forwards cycle through n batches of tokens);
 # bench2: the same at 2 ranks (GPUs 0, 1); old / old2: the bench of an earlier tree unpacked in ./old (its own
 # src and benchmarks, default options), for a same-machine comparison; nccl / nccl2: the NCCL tests
 # (W = min(GPUs, 4) / 2); profile / profile2: profile_moe_ep.py at W / 2 ranks (bf16, both priorities;
@@ -23,7 +23,7 @@ for part in $PARTS; do
             --weight-format $fmt --out $cd_out/old_w${n}_$fmt > $cd_out/log_old_w${n}_$fmt.txt 2>&1)
         else
           run torchrun --nproc-per-node $n --master-port 2962$n -m benchmarks.bench_moe_ep --weight-format $fmt \
-            --high-priority ${HP:-off on} --out $cd_out/w${n}_$fmt > $cd_out/log_w${n}_$fmt.txt 2>&1
+            --high-priority ${HP:-off on} --batches ${BATCHES:-1} --out $cd_out/w${n}_$fmt > $cd_out/log_w${n}_$fmt.txt 2>&1
         fi
       done
       unset CUDA_VISIBLE_DEVICES ;;

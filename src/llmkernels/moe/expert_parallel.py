@@ -64,22 +64,14 @@ class _Sends:
     """
 
     def __init__(self, parts, top_k, bound, token, ids, weights, rows, counts):
-        self.bound, self.token, self.ids, self.weights, self.rows, self.counts = (
-            bound,
-            token,
-            ids,
-            weights,
-            rows,
-            counts,
-        )
-        self.fields, width = [], 0
-        for dtype, shape in [(p.dtype, p.shape[1:]) for p in parts] + [
-            (torch.int32, (top_k,)),
-            (torch.float32, (top_k,)),
-        ]:
-            self.fields.append((width, dtype, tuple(shape)))
-            width += -(-math.prod(shape) * dtype.itemsize // 16) * 16
-        self.width = width
+        self.bound, self.token, self.ids, self.weights = bound, token, ids, weights
+        self.rows, self.counts = rows, counts
+        fields = [(part.dtype, tuple(part.shape[1:])) for part in parts]
+        fields += [(torch.int32, (top_k,)), (torch.float32, (top_k,))]
+        self.fields, self.width = [], 0  # (byte offset, dtype, shape of a row) of each field; bytes of a row
+        for dtype, shape in fields:
+            self.fields.append((self.width, dtype, shape))
+            self.width += -(-math.prod(shape) * dtype.itemsize // 16) * 16
 
     def _field(self, rows: torch.Tensor, field) -> torch.Tensor:
         offset, dtype, shape = field
