@@ -75,6 +75,7 @@ PARTIAL_SUM_BOUND = 2**-7
     "world, case, weight_format, capacity, variants",
     # variants: more exact-mode blocks run by the same ranks (no extra process start), FORMAT/DISPATCH
     [
+        (1, "balanced", "bf16", None, ""),  # one rank: its own copies only, no all-to-all
         (2, "balanced", "bf16", None, ""),
         # fp8 (1, 128) activations exchanged quantized; fp8 dispatch of bf16 activations (the main block: mxfp8
         # activations exchanged quantized; mxfp8 rows sent as bf16 and quantized on receipt: the NCCL tests)
