@@ -195,6 +195,9 @@ def _variants(router, w_gate_up, w_down, mine, x, variants: str, wholes: dict, r
             rows = dequantize(quantize(x, "fp8", block=(1, 128))).to(torch.bfloat16)  # what the experts run on
         else:
             report["rel_error_vs_one_process"] = _relative(got, whole_out)
+        if block.activation_format == "nvfp4":  # one global scale per quantized set of rows: no bits to match
+            reports[variant] = report
+            continue
         expected = _exact_expected(whole, router, x, rank, world, rows)
         report["bit_equal"] = bool(torch.equal(got, expected)) and got.shape == x.shape
         report["rel_error"] = _relative(got, expected)

@@ -68,6 +68,9 @@ FP8_DISPATCH_BOUND = 2**-4  # e4m3 rounds each element to within 2^-4 of its val
 # the exact mode rounds each other rank's partial sum to bf16 (2^-9 of it) before the return, and the bf16 result
 # may then round the other way (one ulp: 2^-7 relative at most); measured 2e-3 to 4e-3
 PARTIAL_SUM_BOUND = 2**-7
+# nvfp4 activations: each rank's global scale spans the rows it quantizes (the one-process block's spans every
+# copy), so the e2m1 grid differs: measured 0.11-0.15 (the per-copy exchange before: 0.16-0.20)
+NVFP4_GLOBAL_SCALE_BOUND = 0.25
 
 
 @cpu_only
@@ -76,7 +79,7 @@ PARTIAL_SUM_BOUND = 2**-7
     # variants: more exact-mode blocks run by the same ranks (no extra process start), FORMAT/DISPATCH
     [
         (1, "balanced", "bf16", None, ""),  # one rank: its own copies only, no all-to-all
-        (2, "balanced", "bf16", None, ""),
+        (2, "balanced", "bf16", None, "nvfp4/auto"),  # nvfp4 activations travel as bf16 rows
         # fp8 (1, 128) activations exchanged quantized; fp8 dispatch of bf16 activations (the main block: mxfp8
         # activations exchanged quantized; mxfp8 rows sent as bf16 and quantized on receipt: the NCCL tests)
         (2, "skewed", "mxfp8", None, "fp8/auto,bf16/fp8"),
@@ -95,6 +98,10 @@ def test_ranks_match_one_process(tmp_path, world, case, weight_format, capacity,
         assert report["bit_equal"], report  # row-local formats: the one-process block's bits
         assert sorted(report["variants"]) == sorted(filter(None, variants.split(","))), report
         for name, variant in report["variants"].items():
+            if name.startswith("nvfp4/"):  # bf16 rows quantized on receipt, one global scale over them
+                assert variant["finite"] and variant["dispatch_format"] == "bf16", (name, report)
+                assert variant["rel_error_vs_one_process"] <= NVFP4_GLOBAL_SCALE_BOUND, (name, report)
+                continue
             assert variant["finite"] and variant["bit_equal"], (name, report)
             if "rel_error_vs_bf16" in variant:  # fp8 dispatch of bf16 activations: rounded rows
                 assert variant["dispatch_format"] == "fp8", (name, report)

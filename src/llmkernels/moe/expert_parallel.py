@@ -101,7 +101,7 @@ class ExpertExchange:
     rank's experts must run; :meth:`receive` takes those rows' outputs and returns this rank's tokens' outputs.
     """
 
-    def __init__(self, group, num_experts: int, capacity: int | None, device=None):
+    def __init__(self, group, num_experts: int, capacity: int | None, device=None, pad_rows: bool = True):
         self.group = group
         self.world = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
@@ -110,6 +110,10 @@ class ExpertExchange:
         self.capacity = capacity
         self.dropped = None  # copies dropped in the last bounded forward (int64 device scalar)
         self._stream = None  # the exact mode's side stream (CUDA)
+        # Pad each call of the experts' rows to a size class (plans stay cached): only where a row's output
+        # depends on that row alone. nvfp4 activations take one global scale over the rows quantized together,
+        # and the first projection leaves the padding rows of its output unwritten (garbage in that scale).
+        self.pad_rows = pad_rows
         self.local_experts = torch.arange(self.experts_per_rank, dtype=torch.int32, device=device)
 
     def exact(
@@ -200,8 +204,9 @@ class ExpertExchange:
         # never computed), so that its plans, keyed by the row count, are found cached: planned again, one
         # grouped matmul costs ~0.7 ms of host time (H200), which the GPU waits for.
         all_copies = num_tokens * top_k
-        early_rows = _padded(own_early, all_copies)
-        late_rows = _padded(own_total - own_early, all_copies - own_early)
+        padded = _padded if self.pad_rows else (lambda rows, limit=None: rows)
+        early_rows = padded(own_early, all_copies)
+        late_rows = padded(own_total - own_early, all_copies - own_early)
         out = torch.empty(
             (_padded(bound + max(early_rows, own_early + late_rows)), hidden), dtype=torch.bfloat16, device=device
         )
@@ -228,7 +233,7 @@ class ExpertExchange:
             token_of_row, offsets, row_of_copy = dispatch(ids, per_rank)
             token_of_row.clamp_(0, max(num_received - 1, 0))
             received_copies = sum(copies_from) - own_total
-            y = out.new_empty((_padded(received_copies, len(token_of_row)), hidden))
+            y = out.new_empty((padded(received_copies, len(token_of_row)), hidden))
             if received_copies:
                 rows = [part[:num_received] for part in received_parts]  # (nvfp4's global scale spans them all)
                 y = run_experts(rows, token_of_row[: len(y)], offsets, self.local_experts, y)

@@ -276,7 +276,10 @@ class MoEFeedForward(nn.Module):
         self.register_buffer("expert_ids", torch.arange(num_local, dtype=torch.int32, device=router_weight.device))
         self.exchange = None
         if process_group is not None:
-            self.exchange = ExpertExchange(process_group, num_experts, capacity, router_weight.device)
+            row_local = activation_format in PLAIN + ROW_LOCAL  # not nvfp4: its global scale spans the rows
+            self.exchange = ExpertExchange(
+                process_group, num_experts, capacity, router_weight.device, pad_rows=row_local
+            )
             _check_same_config_on_every_rank(process_group, self, router_weight.device)
 
     def _register_weight(self, name: str, weight) -> None:
