@@ -146,7 +146,7 @@ class ExpertExchange:
         world, rank, per_rank, device = self.world, self.rank, self.experts_per_rank, expert_ids.device
         if self.local_experts.device != device:  # the block was moved (``.to()``): the table follows once
             self.local_experts = self.local_experts.to(device)
-        expert_ids = expert_ids.long()
+        expert_ids, weights = expert_ids.long(), weights.float()
         dest = expert_ids // per_rank  # [T, k] the rank of each copy
         local_ids = expert_ids - dest * per_rank
         # the copies this rank keeps, sorted by local expert: the first `early` experts' run while the dispatch is
@@ -161,12 +161,12 @@ class ExpertExchange:
             # `out` holds the returned rows first (at most `sends.bound`), then the own copies
             own = torch.where(own_row_of_copy >= 0, own_row_of_copy + sends.bound, -1)
             rows_table = torch.cat([own, sends.rows], 1)
-            weights_table = torch.cat([weights.float(), weights.new_ones((num_tokens, world), dtype=torch.float32)], 1)
+            weights_table = torch.cat([weights, weights.new_ones((num_tokens, world))], 1)
             counts_in = torch.empty_like(sends.counts)  # rows and copies from each rank
             dist.all_to_all_single(counts_in, sends.counts, group=self.group)
             counts = torch.cat([counts, sends.counts[:, 0], counts_in.t().reshape(-1)])
         else:
-            rows_table, weights_table = own_row_of_copy, weights.float()
+            rows_table, weights_table = own_row_of_copy, weights
             counts = torch.cat([counts, (own_offsets[-1:] - own_offsets[:1]).long()])
         if device.type == "cuda":  # the sender's gather runs while the host waits for the counts
             host = torch.empty(counts.shape, dtype=counts.dtype, pin_memory=True)
@@ -284,7 +284,7 @@ class ExpertExchange:
             bound,
             token,
             local_ids.index_select(0, token).masked_fill(~on_dest, -1),
-            weights.float().index_select(0, token),
+            weights.index_select(0, token),
             position.view(world, num_tokens).t().masked_fill(present.t() == 0, -1),
             torch.stack([present.sum(1, dtype=torch.int64), copies_to], 1),
         )

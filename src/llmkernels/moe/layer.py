@@ -538,14 +538,13 @@ class MoEFeedForward(nn.Module):
         scales = q.scales if q.scales.dtype == torch.float32 else q.scales.view(torch.uint8)
         return [q.data.view(torch.uint8), scales]
 
-    def _received(self, rows: list, token_of_row: torch.Tensor | None = None):
-        """The grouped matmul's A from received payload ``rows`` (:meth:`_dispatched`'s parts, ``[R, ...]``), or from
-        their rows ``token_of_row``: quantized rows are read as they arrived (never quantized again), fp8 rows for
-        bf16 activations are decoded to bf16, bf16 rows are quantized as the activations are."""
+    def _received(self, rows: list, token_of_row: torch.Tensor):
+        """The grouped matmul's A from the rows ``token_of_row`` of received payload ``rows`` (:meth:`_dispatched`'s
+        parts, ``[R, ...]``): quantized rows are read as they arrived (never quantized again), fp8 rows for bf16
+        activations are decoded to bf16, bf16 rows are quantized as the activations are."""
         if self.dispatch_format == "bf16":
             return self._activations(rows[0], token_of_row)
-        if token_of_row is not None:
-            rows = [part.index_select(0, token_of_row) for part in rows]
+        rows = [part.index_select(0, token_of_row) for part in rows]
         spec = format_spec(self.dispatch_format)
         block = FP8_ACTIVATION_BLOCK if self.dispatch_format == "fp8" else None
         a = ScaledTensor.unchecked(
