@@ -7,7 +7,8 @@
 # bench2: the same at 2 ranks (GPUs 0, 1); old / old2: the bench of an earlier tree unpacked in ./old (its own
 # src and benchmarks, default options), for a same-machine comparison; nccl / nccl2: the NCCL tests
 # (W = min(GPUs, 4) / 2); profile / profile2: profile_moe_ep.py at W / 2 ranks (bf16, both priorities;
-# HP=off: the default group only). Results in one tarball $OUT/ep_results.tgz (the device runner returns a few
+# HP=off: the default group only). TAG=name: suffix of the bench's result folders and logs (runs of one call under
+# different environments, e.g. TAG=ctas16 NCCL_MAX_CTAS=16). Results in one tarball $OUT/ep_results.tgz (the device runner returns a few
 # files per call).
 W=${1:-4}; shift; PARTS=${*:-"bench bench2 nccl"}
 run() { echo "== $*"; timeout ${LIMIT:-240} "$@"; echo "rc=$?"; }
@@ -23,7 +24,7 @@ for part in $PARTS; do
             --weight-format $fmt --out $cd_out/old_w${n}_$fmt > $cd_out/log_old_w${n}_$fmt.txt 2>&1)
         else
           run torchrun --nproc-per-node $n --master-port 2962$n -m benchmarks.bench_moe_ep --weight-format $fmt \
-            --high-priority ${HP:-off on} --batches ${BATCHES:-1} --out $cd_out/w${n}_$fmt > $cd_out/log_w${n}_$fmt.txt 2>&1
+            --high-priority ${HP:-off on} --batches ${BATCHES:-1} --out $cd_out/w${n}_$fmt${TAG:+_$TAG} > $cd_out/log_w${n}_$fmt${TAG:+_$TAG}.txt 2>&1
         fi
       done
       unset CUDA_VISIBLE_DEVICES ;;
@@ -44,4 +45,5 @@ for part in $PARTS; do
   esac
 done
 for f in $cd_out/*w*/moe_ep.md; do echo "### $f"; grep -E "prefill|all_to_all|\| decode \| +\| +\| +\| 1 \|" $f; done
+[ -n "$KEEP" ] && exit 0  # a later ep_session.sh call in the same command packs the results
 cd $OUT && tar czf ep_results.tgz ep && rm -rf ep

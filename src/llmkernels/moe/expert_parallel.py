@@ -39,6 +39,7 @@ import torch
 import torch.distributed as dist
 
 from ..ops import combine, dispatch
+from ..routing import plan_exchange
 
 __all__ = ["ExpertExchange"]
 
@@ -52,20 +53,16 @@ def _padded(rows: int, limit: int | None = None) -> int:
 
 
 class _Sends:
-    """What this rank sends in the exact mode, planned on the device.
+    """The byte rows this rank sends in the exact mode (:func:`llmkernels.routing.plan_exchange` plans them).
 
     A token travels once to each other rank that holds one or more of its experts, as one byte row: each payload
     part's row, then its local expert ids on that rank (int32 ``[k]``, -1 for its other slots) and its routing
     weights (float32 ``[k]``), every field 16-byte aligned so that each is a view of the rows (one all-to-all
-    moves them all). ``bound`` rows at most (one per token and other rank, or k); ``token`` int64 ``[bound]``: the
-    token of each row sent, rank by rank (rows past the count: token 0, never sent); ``rows`` int64 ``[T, W]``: the
-    row of (token, rank) among those sent, which is also where its returned sum lands, or -1; ``counts`` int64
-    ``[W, 2]``: the rows and the copies sent to each rank (the copies this rank keeps included).
+    moves them all). ``bound`` rows at most: one per token and other rank, or k.
     """
 
-    def __init__(self, parts, top_k, bound, token, ids, weights, rows, counts):
-        self.bound, self.token, self.ids, self.weights = bound, token, ids, weights
-        self.rows, self.counts = rows, counts
+    def __init__(self, parts, num_tokens, top_k, world):
+        self.bound = num_tokens * min(top_k, world - 1)
         fields = [(part.dtype, tuple(part.shape[1:])) for part in parts]
         fields += [(torch.int32, (top_k,)), (torch.float32, (top_k,))]
         self.fields, self.width = [], 0  # (byte offset, dtype, shape of a row) of each field; bytes of a row
@@ -77,17 +74,17 @@ class _Sends:
         offset, dtype, shape = field
         return rows[:, offset : offset + math.prod(shape) * dtype.itemsize].view(dtype).view(len(rows), *shape)
 
-    def gather(self, parts) -> torch.Tensor:
-        """The uint8 ``[bound, width]`` rows to send (each field written in place)."""
-        sent = torch.empty((self.bound, self.width), dtype=torch.uint8, device=self.token.device)
+    def empty(self, device) -> torch.Tensor:
+        """uint8 ``[bound, width]`` rows to fill."""
+        return torch.empty((self.bound, self.width), dtype=torch.uint8, device=device)
+
+    def gather(self, parts, token: torch.Tensor, sent: torch.Tensor) -> None:
+        """Writes each payload part's rows ``token`` into its field of ``sent``."""
         for part, field in zip(parts, self.fields):
-            torch.index_select(part, 0, self.token, out=self._field(sent, field))
-        self._field(sent, self.fields[-2]).copy_(self.ids)
-        self._field(sent, self.fields[-1]).copy_(self.weights)
-        return sent
+            torch.index_select(part, 0, token, out=self._field(sent, field))
 
     def fields_of(self, rows: torch.Tensor):
-        """``(parts, ids, weights)`` of received byte rows, as views."""
+        """``(parts, ids, weights)`` of byte rows, as views."""
         parts = [self._field(rows, field) for field in self.fields[:-2]]
         return parts, self._field(rows, self.fields[-2]), self._field(rows, self.fields[-1])
 
@@ -135,7 +132,9 @@ class ExpertExchange:
             run_experts: ``run_experts(rows, token_of_row, a_offsets, group_expert_ids, out)``: the experts on the
                 rows ``token_of_row`` (int64 ``[R]``) of the payload ``rows`` (parts' ``[N, ...]`` views), grouped
                 by ``a_offsets`` (int32 ``[G + 1]``) with the local experts ``group_expert_ids`` (int32 ``[G]``);
-                writes the bf16 ``[R, hidden]`` outputs into ``out`` (a view) and returns it.
+                writes the bf16 ``[R, hidden]`` outputs into ``out`` (a view) and returns it. The rows from
+                ``a_offsets[G]`` (a device value) on are padding (valid token indices): their outputs are never
+                read, and may be left unwritten.
             hidden: H; out_dtype: the result's dtype.
 
         Returns:
@@ -146,27 +145,31 @@ class ExpertExchange:
         world, rank, per_rank, device = self.world, self.rank, self.experts_per_rank, expert_ids.device
         if self.local_experts.device != device:  # the block was moved (``.to()``): the table follows once
             self.local_experts = self.local_experts.to(device)
-        expert_ids, weights = expert_ids.long(), weights.float()
-        dest = expert_ids // per_rank  # [T, k] the rank of each copy
-        local_ids = expert_ids - dest * per_rank
+        weights = weights.float().contiguous()
+        all_copies = num_tokens * top_k
+        # `out`: this rank's own copies (T·k rows at most), then each rank's returned sum
+        if world > 1:
+            sends = _Sends(parts, num_tokens, top_k, world)
+            sent = sends.empty(device)
+            _, sent_ids, sent_weights = sends.fields_of(sent)
+            own_ids, token, returned_rows, weights_table, send_counts = plan_exchange(
+                expert_ids, weights, sent_ids, sent_weights, rank, world, per_rank, all_copies
+            )
+        else:
+            own_ids, weights_table = expert_ids, weights
         # the copies this rank keeps, sorted by local expert: the first `early` experts' run while the dispatch is
         # in flight, the others' while the return is
         early = per_rank // 2 if world > 1 else per_rank
-        own_token_of_row, own_offsets, own_row_of_copy = dispatch(local_ids.masked_fill(dest != rank, -1), per_rank)
+        own_token_of_row, own_offsets, own_row_of_copy = dispatch(own_ids, per_rank)
         own_token_of_row.clamp_(0, max(num_tokens - 1, 0))  # the rows past the copies, read by padded calls
         counts = own_offsets[early : early + 1].long()
         if world > 1:
-            sends = self._plan_sends(parts, dest, local_ids, weights)
-            # the combine's rows: this rank's own copies (weighted), then each rank's returned sum (weight 1);
-            # `out` holds the returned rows first (at most `sends.bound`), then the own copies
-            own = torch.where(own_row_of_copy >= 0, own_row_of_copy + sends.bound, -1)
-            rows_table = torch.cat([own, sends.rows], 1)
-            weights_table = torch.cat([weights, weights.new_ones((num_tokens, world))], 1)
-            counts_in = torch.empty_like(sends.counts)  # rows and copies from each rank
-            dist.all_to_all_single(counts_in, sends.counts, group=self.group)
-            counts = torch.cat([counts, sends.counts[:, 0], counts_in.t().reshape(-1)])
+            rows_table = torch.cat([own_row_of_copy, returned_rows], 1)
+            counts_in = torch.empty_like(send_counts)  # rows and copies from each rank
+            dist.all_to_all_single(counts_in, send_counts, group=self.group)
+            counts = torch.cat([counts, send_counts[:, 0], counts_in.t().reshape(-1)])
         else:
-            rows_table, weights_table = own_row_of_copy, weights
+            rows_table = own_row_of_copy
             counts = torch.cat([counts, (own_offsets[-1:] - own_offsets[:1]).long()])
         if device.type == "cuda":  # the sender's gather runs while the host waits for the counts
             host = torch.empty(counts.shape, dtype=counts.dtype, pin_memory=True)
@@ -174,13 +177,32 @@ class ExpertExchange:
             ready = torch.cuda.Event()
             ready.record()
         if world > 1:
-            sent = sends.gather(parts)
+            sends.gather(parts, token, sent)
+            if device.type == "cuda":
+                gathered = torch.cuda.Event()
+                gathered.record()
+        out = torch.empty((all_copies + (sends.bound if world > 1 else 0), hidden), dtype=torch.bfloat16, device=device)
+        own_rows = out[:all_copies]
+
+        def run_own_early(rows: int):
+            run_experts(
+                parts, own_token_of_row[:rows], own_offsets[: early + 1], self.local_experts[:early], own_rows[:rows]
+            )
+
+        if self.pad_rows:
+            # Launched before the sync, sized by every copy (rows past the first `early` experts' copies are
+            # neither gathered nor computed): the GPU runs them while the host waits for the counts.
+            run_own_early(all_copies)
+            if world == 1:  # every expert ran: no count needed on the host
+                return combine(out, rows_table, weights_table, out_dtype)
         if device.type == "cuda":
             ready.synchronize()  # the exact mode's one sync
             counts = host.tolist()
         else:
             counts = counts.tolist()
         own_early = counts[0]
+        if not self.pad_rows and own_early:  # one global scale over the call's rows: exactly its copies
+            run_own_early(own_early)
         if world > 1:
             send_sizes, recv_sizes, copies_from = (
                 counts[1 : 1 + world],
@@ -194,32 +216,9 @@ class ExpertExchange:
             received_parts, ids, received_weights = sends.fields_of(received)
             ids[num_received:] = -1  # padding rows: no copy
             posting = contextlib.nullcontext()
-            if device.type == "cuda":  # the dispatch waits for the gather only, not for the own experts below
+            if device.type == "cuda":  # the dispatch waits for the gather only, not for the own experts
                 posting = torch.cuda.stream(self._side_stream(device))
-                posting.stream.wait_stream(torch.cuda.current_stream(device))
-        else:
-            own_total = counts[1]
-        bound = sends.bound if world > 1 else 0
-        # Each call of the experts takes its rows padded to a size class (rows outside its groups are gathered,
-        # never computed), so that its plans, keyed by the row count, are found cached: planned again, one
-        # grouped matmul costs ~0.7 ms of host time (H200), which the GPU waits for.
-        all_copies = num_tokens * top_k
-        padded = _padded if self.pad_rows else (lambda rows, limit=None: rows)
-        early_rows = padded(own_early, all_copies)
-        late_rows = padded(own_total - own_early, all_copies - own_early)
-        out = torch.empty(
-            (_padded(bound + max(early_rows, own_early + late_rows)), hidden), dtype=torch.bfloat16, device=device
-        )
-        own_rows = out[bound:]
-        if own_early:  # while the dispatch is in flight; launched first, as the host is behind the GPU here
-            run_experts(
-                parts,
-                own_token_of_row[:early_rows],
-                own_offsets[: early + 1],
-                self.local_experts[:early],
-                own_rows[:early_rows],
-            )
-        if world > 1:
+                posting.stream.wait_event(gathered)
             with posting:
                 dispatched = dist.all_to_all_single(
                     received[:num_received],
@@ -230,6 +229,10 @@ class ExpertExchange:
                     async_op=True,
                 )
             dispatched.wait()
+            # Each call of the experts takes its rows padded to a size class (rows outside its groups are
+            # neither gathered nor computed), so that its plans, keyed by the row count, are found cached:
+            # planned again, one grouped matmul costs ~0.7 ms of host time (H200), which the GPU waits for.
+            padded = _padded if self.pad_rows else (lambda rows, limit=None: rows)
             token_of_row, offsets, row_of_copy = dispatch(ids, per_rank)
             token_of_row.clamp_(0, max(num_received - 1, 0))
             received_copies = sum(copies_from) - own_total
@@ -239,17 +242,22 @@ class ExpertExchange:
                 y = run_experts(rows, token_of_row[: len(y)], offsets, self.local_experts, y)
             partial = combine(y, row_of_copy, received_weights, torch.bfloat16)
             returned = dist.all_to_all_single(
-                out[: sum(send_sizes)], partial[:num_received], send_sizes, recv_sizes, group=self.group, async_op=True
+                out[all_copies : all_copies + sum(send_sizes)],
+                partial[:num_received],
+                send_sizes,
+                recv_sizes,
+                group=self.group,
+                async_op=True,
             )
-        if own_total > own_early:  # while the return is in flight
-            run_experts(
-                parts,
-                own_token_of_row[own_early : own_early + late_rows],
-                own_offsets[early:] - own_offsets[early],
-                self.local_experts[early:],
-                own_rows[own_early : own_early + late_rows],
-            )
-        if world > 1:
+            if own_total > own_early:  # while the return is in flight
+                late_rows = padded(own_total - own_early, all_copies - own_early)
+                run_experts(
+                    parts,
+                    own_token_of_row[own_early : own_early + late_rows],
+                    own_offsets[early:] - own_offsets[early],
+                    self.local_experts[early:],
+                    own_rows[own_early : own_early + late_rows],
+                )
             returned.wait()
         return combine(out, rows_table, weights_table, out_dtype)
 
@@ -258,36 +266,6 @@ class ExpertExchange:
         if self._stream is None or self._stream.device != device:
             self._stream = torch.cuda.Stream(device)
         return self._stream
-
-    def _plan_sends(self, parts, dest, local_ids, weights) -> _Sends:
-        """Which of this rank's tokens go to which rank, on the device (no sync): see :class:`_Sends`."""
-        world, rank = self.world, self.rank
-        num_tokens, top_k = dest.shape
-        device = dest.device
-        present = torch.zeros(world, num_tokens, dtype=torch.int32, device=device)
-        present.scatter_(0, dest.t(), 1)
-        present[rank] = 0  # a rank's own copies never travel
-        position = present.view(-1).cumsum(0) - 1  # [W·T], rank-major: the row of (rank, token) sent
-        bound = num_tokens * min(top_k, world - 1)
-        sink = torch.where(present.view(-1) > 0, position, bound)
-        send_index = torch.zeros(bound + 1, dtype=torch.int64, device=device)
-        send_index.scatter_(0, sink, torch.arange(world * num_tokens, device=device))
-        send_index = send_index[:bound]  # rank · T + token of each row sent (rows past the count: token 0)
-        token = send_index % max(num_tokens, 1)
-        on_dest = dest.index_select(0, token) == (send_index // max(num_tokens, 1)).unsqueeze(1)
-        copies_to = torch.zeros(world, dtype=torch.int64, device=device).scatter_add_(
-            0, dest.view(-1), torch.ones_like(dest.view(-1))
-        )
-        return _Sends(
-            parts,
-            top_k,
-            bound,
-            token,
-            local_ids.index_select(0, token).masked_fill(~on_dest, -1),
-            weights.index_select(0, token),
-            position.view(world, num_tokens).t().masked_fill(present.t() == 0, -1),
-            torch.stack([present.sum(1, dtype=torch.int64), copies_to], 1),
-        )
 
     def send(self, parts: Sequence[torch.Tensor], expert_ids: torch.Tensor):
         """The bounded mode's dispatch. parts: this rank's ``T`` tokens' payload, row-major ``[T, ...]`` tensors (bf16

@@ -14,7 +14,7 @@ from ..formats.layouts import HOPPER, ROW, Layout, as_layout
 from ..formats.spec import format_spec
 from ..grouped_matmul import prefers_hopper_layout
 from ..ops import combine, dispatch, grouped_matmul, quantize
-from ..routing import check_routing, route, select_experts
+from ..routing import check_routing, gather_rows, route, select_experts
 from ..runtime import forward_only
 from .expert_parallel import ExpertExchange
 
@@ -538,13 +538,19 @@ class MoEFeedForward(nn.Module):
         scales = q.scales if q.scales.dtype == torch.float32 else q.scales.view(torch.uint8)
         return [q.data.view(torch.uint8), scales]
 
-    def _received(self, rows: list, token_of_row: torch.Tensor):
+    def _received(self, rows: list, token_of_row: torch.Tensor, count: torch.Tensor | None = None):
         """The grouped matmul's A from the rows ``token_of_row`` of received payload ``rows`` (:meth:`_dispatched`'s
         parts, ``[R, ...]``): quantized rows are read as they arrived (never quantized again), fp8 rows for bf16
-        activations are decoded to bf16, bf16 rows are quantized as the activations are."""
+        activations are decoded to bf16, bf16 rows are quantized as the activations are. With ``count`` (a device
+        scalar) the rows from ``count`` on are padding: copies of payload rows are made below it only."""
         if self.dispatch_format == "bf16":
+            if self.activation_format == "bf16" and count is not None:
+                return gather_rows(rows[0], token_of_row, count)
             return self._activations(rows[0], token_of_row)
-        rows = [part.index_select(0, token_of_row) for part in rows]
+        if count is None:
+            rows = [part.index_select(0, token_of_row) for part in rows]
+        else:
+            rows = [gather_rows(part, token_of_row, count) for part in rows]
         spec = format_spec(self.dispatch_format)
         block = FP8_ACTIVATION_BLOCK if self.dispatch_format == "fp8" else None
         a = ScaledTensor.unchecked(
@@ -555,8 +561,9 @@ class MoEFeedForward(nn.Module):
     def _run_experts(self, rows: list, token_of_row, a_offsets, group_expert_ids, out: torch.Tensor) -> torch.Tensor:
         """The exact mode's experts on the rows ``token_of_row`` (int64 ``[R]``) of the payload ``rows``
         (:meth:`_dispatched`'s parts), in groups of ``a_offsets`` with local experts ``group_expert_ids``: writes
-        bf16 ``[R, H]`` into ``out`` and returns it."""
-        return self._projections(self._received(rows, token_of_row), a_offsets, group_expert_ids, out)
+        bf16 ``[R, H]`` into ``out`` (rows past ``a_offsets[-1]``: padding, left unwritten) and returns it."""
+        a = self._received(rows, token_of_row, a_offsets[-1:])
+        return self._projections(a, a_offsets, group_expert_ids, out)
 
     def _experts(self, x: torch.Tensor, expert_ids: torch.Tensor):
         """The one-process block's experts on bf16 ``x [T, H]`` routed by ``expert_ids [T, k]``: ``(y, row_of_copy)``,

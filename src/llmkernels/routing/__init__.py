@@ -1,8 +1,9 @@
 """Token routing for Mixture-of-Experts: top-k selection, the expert-sorted layout of the token copies
-(dispatch) and the router-weighted sum back (combine)."""
+(dispatch), the router-weighted sum back (combine), and the expert-parallel exchange's plan and row gather."""
 
 from .combine import combine
 from .dispatch import dispatch, dispatch_reference
+from .exchange import gather_rows, plan_exchange
 from .select import select_experts
 from .topk import SCORINGS, check_correction_bias, check_routing, route
 
@@ -15,4 +16,6 @@ __all__ = [
     "dispatch",
     "dispatch_reference",
     "combine",
+    "plan_exchange",
+    "gather_rows",
 ]
