@@ -57,10 +57,10 @@ def _plan_exchange_kernel(
         tl.store(table + slots[None, :], tl.load(weights_ptr + at, mask=copy), mask=copy)
         returned = (tokens < num_tokens)[:, None] & (ranks < WORLD)[None, :]
         tl.store(table + K + ranks[None, :], tl.full([BLOCK_T, BLOCK_W], 1.0, tl.float32), mask=returned)
-    sent = 0
+    sent = tl.zeros([], dtype=tl.int64)
     for d in tl.static_range(WORLD):
-        rows_d = 0
-        copies = 0
+        rows_d = tl.zeros([], dtype=tl.int64)
+        copies = tl.zeros([], dtype=tl.int64)
         for start in range(0, num_tokens, BLOCK_T):
             tokens = start + tl.arange(0, BLOCK_T)
             valid = tokens < num_tokens
