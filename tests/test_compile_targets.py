@@ -426,8 +426,8 @@ def test_fp8_hopper_binds_tma_descriptors_over_the_plan_tensors():
 
     launch = bind()
     bound = launch.bound
-    assert bound.names[:10] == (*(f"{name}_ptr" for name in pointers), "out_desc")
-    assert bound.slots == tuple(range(10))  # every tensor and descriptor is passed per call
+    assert bound.names[:11] == (*(f"{name}_ptr" for name in pointers), "out_desc", "tile_counter")
+    assert bound.slots == tuple(range(11))  # every tensor and descriptor is passed per call, the tile counter too
     boxes = {
         bound.names[i]: (t.fields["shape"], t.fields["strides"], t.fields["block_shape"])
         for i, t in bound.templates.items()

@@ -112,3 +112,32 @@ def test_views_a_strided_and_unaligned_b_spaced_out_offset():
     lk.grouped_matmul(a, b, offsets, ids, out=wide[:, 40:296])
     assert torch.equal(wide[: sum(SIZES), 40:296], expected[: sum(SIZES)])
     assert wide[:, :40].isnan().all() and wide[:, 296:].isnan().all()
+
+
+def test_tile_counters_across_launches_streams_and_graph_replay():
+    """Work tiles past the first grid come from a zeroed counter per launch: 300 launches in a row (the per-stream
+    counters are zeroed again after 256), launches on two streams, and a captured launch replayed twice (its own
+    counter, zeroed by the graph) all give the bits of the first call."""
+    a, b, offsets, ids = _problem(8192, 320, "bf16")  # 9 m-tiles x 32 n-tiles: 288 tiles, over twice the grid
+    expected = lk.grouped_matmul(a, b, offsets, ids)
+    for _ in range(300):
+        out = lk.grouped_matmul(a, b, offsets, ids)
+    assert torch.equal(out[: sum(SIZES)], expected[: sum(SIZES)])
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        beside = [lk.grouped_matmul(a, b, offsets, ids) for _ in range(3)]
+    here = lk.grouped_matmul(a, b, offsets, ids)
+    torch.cuda.current_stream().wait_stream(side)
+    for result in (*beside, here):
+        assert torch.equal(result[: sum(SIZES)], expected[: sum(SIZES)])
+    graph_out = poison(torch.empty_like(expected))
+    lk.grouped_matmul(a, b, offsets, ids, out=graph_out)  # planned before the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        lk.grouped_matmul(a, b, offsets, ids, out=graph_out)
+    for _ in range(2):
+        graph_out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(graph_out[: sum(SIZES)], expected[: sum(SIZES)])

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from triton import knobs
 
-from .runtime import interpreting
+from .runtime import capturing, interpreting
 
 __all__ = [
     "PlanCache",
@@ -38,6 +38,8 @@ __all__ = [
     "tensor_key",
     "value_key",
     "DIRECT_LAUNCHER_LAYOUT",
+    "TileCounters",
+    "take_tile_counter",
 ]
 
 _CACHES: list[PlanCache] = []
@@ -459,3 +461,39 @@ class KernelSpec:
         if type(self.fn).__name__ == "GluonJITFunction":
             from triton.experimental.gluon._runtime import GluonASTSource as ASTSource
         return ASTSource(self.fn, signature, constexprs=constexprs, attrs=attrs)
+
+
+class TileCounters:
+    """Int32 tile counters of one stream, 16 bytes apart (the kernel is specialized on 16-byte aligned pointers),
+    zeroed together: each masked launch takes the next one, and once all were taken one memset, ordered on the
+    stream after every launch that used them, zeroes them again (one memset per 256 launches, not one each)."""
+
+    COUNT = 256
+
+    def __init__(self, device: torch.device):
+        self.slab = torch.zeros(4 * self.COUNT, dtype=torch.int32, device=device)
+        self.views = [self.slab[4 * i : 4 * i + 1] for i in range(self.COUNT)]
+        self.taken = 0
+
+    def take(self) -> torch.Tensor:
+        if self.taken == self.COUNT:
+            self.slab.zero_()
+            self.taken = 0
+        self.taken += 1
+        return self.views[self.taken - 1]
+
+
+def take_tile_counter(counters: dict, device: torch.device) -> torch.Tensor:
+    """A zeroed int32 tile counter, without a sync: the next of a launch's own for the current stream
+    (``counters`` maps streams to :class:`TileCounters`; the caller holds the launch's lock, so that two threads'
+    launches on one stream take them in order), or a fresh one while a CUDA graph is captured (each captured launch
+    keeps its own) and off the GPU."""
+    if device.type != "cuda" or capturing(device):
+        return torch.zeros(1, dtype=torch.int32, device=device)
+    stream = torch._C._cuda_getCurrentRawStream(
+        device.index if device.index is not None else torch.cuda.current_device()
+    )
+    tile_counters = counters.get(stream)
+    if tile_counters is None:
+        tile_counters = counters.setdefault(stream, TileCounters(device))
+    return tile_counters.take()

@@ -24,7 +24,7 @@ The schedule is :mod:`.gluon_hopper`'s (the bf16 prefill, whose work-tile geomet
 e4m3 operands:
 
 * persistent grid, one program per SM, work tiles of 128 query rows of one (batch, q head), head-major; masked
-  tiles handed out longest first through an atomic counter (:func:`gluon_hopper.take_tile_counter`: zeroed
+  tiles handed out longest first through an atomic counter (:func:`llmkernels.launch.take_tile_counter`: zeroed
   without a sync);
 * a **producer** warpgroup (4 warps, 24 registers) publishes the work tiles, TMA-loads Q once per tile, K and V
   tiles through three-stage rings (paged: one box per page), and **transposes V**: e4m3 wgmma takes its B operand
@@ -67,7 +67,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from ..launch import BoundKernel, KernelSpec
+from ..launch import BoundKernel, KernelSpec, take_tile_counter
 from ..runtime import num_programs_hint, pretend_gpu
 from . import config as attention_config
 from .check import FP8, CheckedCall
@@ -93,7 +93,6 @@ from .gluon_hopper import (
     publish_tile,
     sequence_rows,
     store_rows,
-    take_tile_counter,
 )
 from .layout import dummy
 from .masks import UNBOUNDED, MaskSpec, ScoreModSpec

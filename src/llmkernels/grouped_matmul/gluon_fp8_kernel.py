@@ -20,7 +20,9 @@ Schedule (DeepGEMM's on Hopper):
 
 * a **persistent grid** of ``min(SMs, tile bound)`` programs; work tiles (group, 128-row m-tile, n-tile) numbered
   group after group, m-tiles fastest (neighbouring programs share a weight tile in L2), never straddling groups;
-  program p takes tiles p, p + P, ...
+  program p takes tile p first, then the next tile an atomic counter hands out (in order, as load warps ask): a
+  program that shares its SM with another kernel (an NCCL exchange beside the experts) takes fewer tiles
+  instead of finishing last (a static p, p + P, ... schedule measured 0.2 ms late per NCCL overlap).
 * a **1-warp load partition** finds each tile's group on the device (a forward-only cursor over the offsets,
   32 groups per vector load), publishes ``(first row, rows, first column, expert)`` to the consumers through a
   2-slot shared-memory ring, and issues the TMA loads of the tile's K blocks into a 3-stage ring: per stage two
@@ -258,9 +260,11 @@ def _load_partition(
     n_tiles,
     min_group_rows,
     max_group_rows,
+    tile_counter,
     SWIGLU: gl.constexpr,
 ):
-    """The load warp: finds this program's tiles, publishes each, then TMA-loads its K blocks into the ring."""
+    """The load warp: finds this program's tiles (its program id, then what ``tile_counter`` hands out), publishes
+    each, then TMA-loads its K blocks into the ring."""
     STAGES_: gl.constexpr = a_smem.shape[0] // 2
     STAGE_BYTES: gl.constexpr = 2 * a_desc.block_type.nbytes + 2 * b_desc.block_type.nbytes
     K_STEP: gl.constexpr = a_desc.block_type.shape[1]
@@ -299,7 +303,7 @@ def _load_partition(
                 _tma_load(b_desc, [b_row1, kb * K_STEP], ready.index(stage), b_smem.index(2 * stage + 1))
                 loaded += 1
         count += 1
-        tile += programs
+        tile = programs + gl.atomic_add(tile_counter, 1)
         found, group, group_start, group_end, tile_m, tile_n, cursor = _find_tile(
             tile, cursor, a_offsets_ptr, num_groups, num_tokens, n_tiles, min_group_rows, max_group_rows
         )
@@ -641,6 +645,7 @@ def fp8_hopper_grouped_kernel(
     expert_scales_ptr,
     bias_ptr,
     out_desc,
+    tile_counter,
     stride_a_scale_row,
     stride_a_scale_k,
     stride_b_scale_expert,
@@ -677,7 +682,8 @@ def fp8_hopper_grouped_kernel(
     ``[G]``; expert_scales_ptr fp32 ``[E]`` (``HAS_EXPERT_SCALES``); bias_ptr fp32/bf16/fp16 ``[E, N]`` with unit
     column stride (``HAS_BIAS``). EPILOGUE: ``"none"``, ``"silu"``, ``"gelu"``, ``"swiglu"`` (``[gate | up]``
     halves, N_out = N / 2 a multiple of 128) or ``"user"`` (``EPILOGUE_FN``, a ``@triton.jit`` function).
-    n_tiles: output column tiles, ``cdiv(N_out, 256)`` (128 under SwiGLU). Only groups of ``min_group_rows < rows
+    n_tiles: output column tiles, ``cdiv(N_out, 256)`` (128 under SwiGLU). tile_counter: int32 ``[1]``, zero at
+    launch (:func:`llmkernels.launch.take_tile_counter`). Only groups of ``min_group_rows < rows
     <= max_group_rows`` are computed (the launch's size class). Grid ``(min(SMs, tile bound),)``, ``num_warps=4``
     (consumer 0, the default partition) + consumer 1 (4 warps) + the load warp; ``maxnreg`` = :data:`MAX_REGS`."""
     a_desc = a_ptr
@@ -803,6 +809,7 @@ def fp8_hopper_grouped_kernel(
                     n_tiles,
                     min_group_rows,
                     max_group_rows,
+                    tile_counter,
                     EPILOGUE == "swiglu",
                 ),
             ),

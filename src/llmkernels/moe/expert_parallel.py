@@ -118,7 +118,8 @@ class ExpertExchange:
         parts: Sequence[torch.Tensor],
         expert_ids: torch.Tensor,
         weights: torch.Tensor,
-        run_experts: Callable,
+        gather: Callable,
+        project: Callable,
         hidden: int,
         out_dtype: torch.dtype,
     ) -> torch.Tensor:
@@ -129,12 +130,14 @@ class ExpertExchange:
                 backend moves (bf16 rows, or quantized data and scales as uint8 / float32); row t of each part
                 travels to every rank that holds one of token t's experts.
             expert_ids: int ``[T, k]`` global expert ids; weights: float32 ``[T, k]`` routing weights.
-            run_experts: ``run_experts(rows, token_of_row, a_offsets, group_expert_ids, out)``: the experts on the
-                rows ``token_of_row`` (int64 ``[R]``) of the payload ``rows`` (parts' ``[N, ...]`` views), grouped
-                by ``a_offsets`` (int32 ``[G + 1]``) with the local experts ``group_expert_ids`` (int32 ``[G]``);
-                writes the bf16 ``[R, hidden]`` outputs into ``out`` (a view) and returns it. The rows from
-                ``a_offsets[G]`` (a device value) on are padding (valid token indices): their outputs are never
-                read, and may be left unwritten.
+            gather: ``gather(rows, token_of_row, count)``: the experts' input (the grouped matmul's A, ``[R, ...]``)
+                from the rows ``token_of_row`` (int64 ``[R]``) of the payload ``rows`` (parts' ``[N, ...]`` views);
+                the rows from ``count`` (a one-element device tensor) on are padding (valid token indices) and may
+                be left unwritten.
+            project: ``project(a, a_offsets, group_expert_ids, out)``: the experts on ``gather``'s ``a``, grouped by
+                ``a_offsets`` (int32 ``[G + 1]``, ``a_offsets[G]`` = the count) with the local experts
+                ``group_expert_ids`` (int32 ``[G]``); writes the bf16 ``[R, hidden]`` outputs into ``out`` (a view;
+                padding rows may be left unwritten) and returns it.
             hidden: H; out_dtype: the result's dtype.
 
         Returns:
@@ -185,9 +188,8 @@ class ExpertExchange:
         own_rows = out[:all_copies]
 
         def run_own_early(rows: int):
-            run_experts(
-                parts, own_token_of_row[:rows], own_offsets[: early + 1], self.local_experts[:early], own_rows[:rows]
-            )
+            a = gather(parts, own_token_of_row[:rows], own_offsets[early : early + 1])
+            project(a, own_offsets[: early + 1], self.local_experts[:early], own_rows[:rows])
 
         if self.pad_rows:
             # Launched before the sync, sized by every copy (rows past the first `early` experts' copies are
@@ -203,62 +205,67 @@ class ExpertExchange:
         own_early = counts[0]
         if not self.pad_rows and own_early:  # one global scale over the call's rows: exactly its copies
             run_own_early(own_early)
-        if world > 1:
-            send_sizes, recv_sizes, copies_from = (
-                counts[1 : 1 + world],
-                counts[1 + world : 1 + 2 * world],
-                counts[1 + 2 * world :],
-            )
-            own_total = copies_from[rank]
-            recv_sizes[rank] = 0
-            num_received = sum(recv_sizes)
+        if world == 1:
+            return combine(out, rows_table, weights_table, out_dtype)
+        send_sizes, recv_sizes, copies_from = (
+            counts[1 : 1 + world],
+            counts[1 + world : 1 + 2 * world],
+            counts[1 + 2 * world :],
+        )
+        own_total = copies_from[rank]
+        recv_sizes[rank] = 0
+        num_received = sum(recv_sizes)
+        received_copies = sum(copies_from) - own_total
+        # Each call of the experts takes its rows padded to a size class (rows outside its groups are neither
+        # gathered nor computed), so that its plans, keyed by the row count, are found cached: planned again, one
+        # grouped matmul costs ~0.7 ms of host time (H200), which the GPU waits for.
+        padded = _padded if self.pad_rows else (lambda rows, limit=None: rows)
+        # The dispatch, and the received rows' sort and gather, run on a side stream beside the own experts: it
+        # waits for the sender's gather only. Every buffer it writes is allocated on it, so that no block freed by
+        # the own experts' calls (whose kernels may still run) is handed to it; the blocks it frees are taken
+        # again on it only, after the next forward's gather.
+        side = self._side_stream(device) if device.type == "cuda" else None
+        with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+            if side is not None:
+                side.wait_event(gathered)
             received = sent.new_empty((_padded(num_received), sent.shape[1]))
             received_parts, ids, received_weights = sends.fields_of(received)
             ids[num_received:] = -1  # padding rows: no copy
-            posting = contextlib.nullcontext()
-            if device.type == "cuda":  # the dispatch waits for the gather only, not for the own experts
-                posting = torch.cuda.stream(self._side_stream(device))
-                posting.stream.wait_event(gathered)
-            with posting:
-                dispatched = dist.all_to_all_single(
-                    received[:num_received],
-                    sent[: sum(send_sizes)],
-                    recv_sizes,
-                    send_sizes,
-                    group=self.group,
-                    async_op=True,
-                )
-            dispatched.wait()
-            # Each call of the experts takes its rows padded to a size class (rows outside its groups are
-            # neither gathered nor computed), so that its plans, keyed by the row count, are found cached:
-            # planned again, one grouped matmul costs ~0.7 ms of host time (H200), which the GPU waits for.
-            padded = _padded if self.pad_rows else (lambda rows, limit=None: rows)
-            token_of_row, offsets, row_of_copy = dispatch(ids, per_rank)
-            token_of_row.clamp_(0, max(num_received - 1, 0))
-            received_copies = sum(copies_from) - own_total
-            y = out.new_empty((padded(received_copies, len(token_of_row)), hidden))
-            if received_copies:
-                rows = [part[:num_received] for part in received_parts]  # (nvfp4's global scale spans them all)
-                y = run_experts(rows, token_of_row[: len(y)], offsets, self.local_experts, y)
-            partial = combine(y, row_of_copy, received_weights, torch.bfloat16)
-            returned = dist.all_to_all_single(
-                out[all_copies : all_copies + sum(send_sizes)],
-                partial[:num_received],
-                send_sizes,
+            dispatched = dist.all_to_all_single(
+                received[:num_received],
+                sent[: sum(send_sizes)],
                 recv_sizes,
+                send_sizes,
                 group=self.group,
                 async_op=True,
             )
-            if own_total > own_early:  # while the return is in flight
-                late_rows = padded(own_total - own_early, all_copies - own_early)
-                run_experts(
-                    parts,
-                    own_token_of_row[own_early : own_early + late_rows],
-                    own_offsets[early:] - own_offsets[early],
-                    self.local_experts[early:],
-                    own_rows[own_early : own_early + late_rows],
-                )
-            returned.wait()
+            dispatched.wait()
+            token_of_row, offsets, row_of_copy = dispatch(ids, per_rank)
+            token_of_row.clamp_(0, max(num_received - 1, 0))
+            received_rows = padded(received_copies, len(token_of_row))
+            if received_copies:
+                rows = [part[:num_received] for part in received_parts]  # (nvfp4's global scale spans them all)
+                a = gather(rows, token_of_row[:received_rows], offsets[-1:])
+        if side is not None:
+            torch.cuda.current_stream(device).wait_stream(side)
+        y = out.new_empty((received_rows, hidden))
+        if received_copies:
+            y = project(a, offsets, self.local_experts, y)
+        partial = combine(y, row_of_copy, received_weights, torch.bfloat16)
+        returned = dist.all_to_all_single(
+            out[all_copies : all_copies + sum(send_sizes)],
+            partial[:num_received],
+            send_sizes,
+            recv_sizes,
+            group=self.group,
+            async_op=True,
+        )
+        if own_total > own_early:  # while the return is in flight
+            late_rows = padded(own_total - own_early, all_copies - own_early)
+            late_offsets = own_offsets[early:] - own_offsets[early]
+            a = gather(parts, own_token_of_row[own_early : own_early + late_rows], late_offsets[-1:])
+            project(a, late_offsets, self.local_experts[early:], own_rows[own_early : own_early + late_rows])
+        returned.wait()
         return combine(out, rows_table, weights_table, out_dtype)
 
     def _side_stream(self, device) -> torch.cuda.Stream:

@@ -514,7 +514,8 @@ class MoEFeedForward(nn.Module):
                 self._dispatched(x.to(torch.bfloat16)),
                 expert_ids,
                 weights,
-                self._run_experts,
+                self._received,
+                self._projections,
                 self.hidden,
                 hidden_states.dtype,
             ).reshape(hidden_states.shape)
@@ -557,13 +558,6 @@ class MoEFeedForward(nn.Module):
             rows[0].view(spec.data_dtype), rows[1].view(spec.scale_dtype), self.dispatch_format, block=block
         )
         return dequantize(a).to(torch.bfloat16) if self.activation_format == "bf16" else a
-
-    def _run_experts(self, rows: list, token_of_row, a_offsets, group_expert_ids, out: torch.Tensor) -> torch.Tensor:
-        """The exact mode's experts on the rows ``token_of_row`` (int64 ``[R]``) of the payload ``rows``
-        (:meth:`_dispatched`'s parts), in groups of ``a_offsets`` with local experts ``group_expert_ids``: writes
-        bf16 ``[R, H]`` into ``out`` (rows past ``a_offsets[-1]``: padding, left unwritten) and returns it."""
-        a = self._received(rows, token_of_row, a_offsets[-1:])
-        return self._projections(a, a_offsets, group_expert_ids, out)
 
     def _experts(self, x: torch.Tensor, expert_ids: torch.Tensor):
         """The one-process block's experts on bf16 ``x [T, H]`` routed by ``expert_ids [T, k]``: ``(y, row_of_copy)``,

@@ -15,13 +15,14 @@ descriptors' bases.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 import torch
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from ...launch import BoundKernel, KernelSpec, bind
+from ...launch import BoundKernel, KernelSpec, bind, take_tile_counter
 from ...runtime import cdiv, cuda_capability, interpreting, num_programs_hint
 from .. import gluon_fp8_kernel as kernel
 from .base import pointer_types
@@ -132,6 +133,7 @@ def warp_specialized_spec(call, element, stages: int, tma_store: bool) -> Hopper
         a_scales_ptr="*fp32",
         b_scales_ptr="*fp32",
         out_desc=descriptor_type(GL_DTYPES[call.out_dtype], kernel.OUT_BOX),
+        tile_counter="*i32",
     )
     return HopperWsSpec(
         kernel.fp8_hopper_grouped_kernel,
@@ -241,6 +243,7 @@ class HopperWsSpec(KernelSpec):
             expert_scales,
             bias,
             out_desc,
+            torch.zeros(1, dtype=torch.int32, device=out.device),  # each call takes its own (HopperWsLaunch)
             *sizes,
             **constexprs,
             **self.options,
@@ -255,10 +258,13 @@ def _layout(block, dtype):
 class HopperWsLaunch:
     """The bound kernel of one plan, called with the call's tensors in the order of the kernel's ``*_ptr``
     arguments: A and B become the bases of their descriptors (copied first where :meth:`HopperWsSpec.bind`
-    found their layout unreadable by TMA), out also that of the TMA store's (or the dummy)."""
+    found their layout unreadable by TMA), out also that of the TMA store's (or the dummy), and a zeroed tile
+    counter of the current stream is added."""
 
     def __init__(self, bound: BoundKernel, copy_a: bool, copy_b: bool, out_dummy: torch.Tensor | None):
         self.bound, self.copy_a, self.copy_b, self.out_dummy = bound, copy_a, copy_b, out_dummy
+        # zeroed tile counters per stream; two threads' launches on one stream take them in order
+        self.counters, self.lock = {}, threading.Lock()
 
     @property
     def compiled(self):
@@ -270,7 +276,9 @@ class HopperWsLaunch:
         if self.copy_b:
             b = dense_copy(b)
         out_base = out if self.out_dummy is None else self.out_dummy
-        self.bound(a, a_scales, b, b_scales, out, a_offsets, expert_ids, expert_scales, bias, out_base)
+        with self.lock:
+            counter = take_tile_counter(self.counters, out.device)
+            self.bound(a, a_scales, b, b_scales, out, a_offsets, expert_ids, expert_scales, bias, out_base, counter)
 
     def __repr__(self) -> str:
         return f"HopperWsLaunch({self.bound!r})"
