@@ -41,11 +41,13 @@ import torch.distributed as dist
 
 
 def _timer(device: torch.device):
-    """``time_ms(fn, reps)``: mean milliseconds per call, CUDA events on a GPU, wall clock on the CPU; every rank
-    enters it together (a barrier first), so collective calls line up."""
+    """``time_ms(fn, reps, warmup=1)``: mean milliseconds per call after ``warmup`` calls (every batch of a
+    :func:`_cycled` call once: each batch's first forward plans its row counts' size classes), CUDA events on a GPU,
+    wall clock on the CPU; every rank enters it together (a barrier first), so collective calls line up."""
 
-    def time_ms(fn, reps: int) -> float:
-        fn()
+    def time_ms(fn, reps: int, warmup: int = 1) -> float:
+        for _ in range(warmup):
+            fn()
         dist.barrier()
         if device.type == "cuda":
             torch.cuda.synchronize()
@@ -198,7 +200,7 @@ def run(options: dict, decode_tokens=(1, 2, 4, 8, 16, 32, 64)) -> None:
     if rank == 0:
         whole = MoEFeedForward.from_float(router, w_gate_up, w_down, top_k, weight_format=weight_format)
         started = _timer_local(device)
-        whole_ms = started(_cycled(whole, batches), reps)
+        whole_ms = started(_cycled(whole, batches), reps, warmup=len(batches))
     dist.barrier()
     # rows of rank 0's tokens that leave it (every rank computes it: the all-to-all below needs one size)
     expert_ids = torch.topk(x_all[:tokens].float() @ router.float().t(), top_k, dim=-1).indices  # softmax's top-k
@@ -229,7 +231,8 @@ def run(options: dict, decode_tokens=(1, 2, 4, 8, 16, 32, 64)) -> None:
                 if rank == 0:
                     print(f"bench_moe_ep: skipped dispatch_format={dispatch_format}: {error}", file=sys.stderr)
                 continue
-            ep_ms = time_ms(_cycled(block, [b[rank * tokens : (rank + 1) * tokens] for b in batches]), reps)
+            my_batches = [b[rank * tokens : (rank + 1) * tokens] for b in batches]
+            ep_ms = time_ms(_cycled(block, my_batches), reps, warmup=len(batches))
             row_bytes = _row_bytes(block.dispatch_format, hidden) + 8 * top_k + 2 * hidden  # ids, weights, return
             rows.append(
                 dict(
@@ -391,8 +394,9 @@ def _cycled(fn, inputs: list):
 def _timer_local(device: torch.device):
     """Like :func:`_timer` for one rank alone (no barrier: the other ranks do not take part)."""
 
-    def time_ms(fn, reps: int) -> float:
-        fn()
+    def time_ms(fn, reps: int, warmup: int = 1) -> float:
+        for _ in range(warmup):
+            fn()
         if device.type == "cuda":
             torch.cuda.synchronize()
         started = time.perf_counter()
