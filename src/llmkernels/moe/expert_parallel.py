@@ -161,8 +161,9 @@ class ExpertExchange:
         else:
             own_ids, weights_table = expert_ids, weights
         # the copies this rank keeps, sorted by local expert: the first `early` experts' run while the dispatch is
-        # in flight, the others' while the return is
-        early = per_rank // 2 if world > 1 else per_rank
+        # in flight and the host launches the received rows' work, the others' while the return is. Own copies
+        # are 1/W of a rank's work: at W = 2 three quarters of them still cover the return, beyond that half.
+        early = per_rank if world == 1 else per_rank * 3 // 4 if world == 2 else per_rank // 2
         own_token_of_row, own_offsets, own_row_of_copy = dispatch(own_ids, per_rank)
         own_token_of_row.clamp_(0, max(num_tokens - 1, 0))  # the rows past the copies, read by padded calls
         counts = own_offsets[early : early + 1].long()
