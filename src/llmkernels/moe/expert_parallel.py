@@ -9,10 +9,14 @@ Two modes (:class:`ExpertExchange`):
   puts ~2 copies on each rank, so the exchange moves 2.7 rows a token instead of 6), with its local expert ids and
   routing weights. The expert rank runs the copies it received, grouped by expert across every source, sums each
   token's copies weighted (fp32, one bf16 rounding) and returns one row per (token, rank); the sender adds those
-  rows to its own experts' weighted copies. The per-rank row counts are exchanged first and read on the host (one
-  sync); the sender's gather runs while the host waits. The copies a rank keeps for its own experts are never
-  exchanged and run in two parts: the first half of its experts' while the dispatch is in flight, the others'
-  while the return is. The payload is any set of row-major parts (bf16 rows, or quantized data and its scales).
+  rows to its own experts' weighted copies. The exchange is planned in one kernel
+  (:func:`llmkernels.routing.plan_exchange`); the per-rank row counts are exchanged first and read on the host
+  (one sync). The copies a rank keeps for its own experts are never exchanged and run in two calls: the first
+  (three quarters of its experts at W = 2, half beyond) is launched before the sync over a bound on its rows
+  (rows past the device count are never computed), so the GPU runs it while the host waits and
+  then posts the dispatch; the other runs while the return is in flight. The dispatch, and the received rows'
+  sort and gather, run on a side stream. W = 1 needs no sync. The payload is any set of row-major parts (bf16
+  rows, or quantized data and its scales).
 
   **Rounding**: a token's copies on its own rank are summed in fp32 as on one GPU; each other rank's copies are
   summed in fp32 there and rounded to bf16 once before they travel, then added in fp32 (own copies in slot order,
