@@ -178,8 +178,7 @@ class ExpertExchange:
             counts = torch.cat([counts, send_counts[:, 0], counts_in.t().reshape(-1)])
         else:
             rows_table = own_row_of_copy
-            counts = torch.cat([counts, (own_offsets[-1:] - own_offsets[:1]).long()])
-        if device.type == "cuda":  # the sender's gather runs while the host waits for the counts
+        if device.type == "cuda" and (world > 1 or not self.pad_rows):  # the gather runs while the host waits
             host = torch.empty(counts.shape, dtype=counts.dtype, pin_memory=True)
             host.copy_(counts, non_blocking=True)
             ready = torch.cuda.Event()
