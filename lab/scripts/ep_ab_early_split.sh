@@ -1,6 +1,6 @@
 # A/B of two trees on one two-GPU machine (run from a clean copy with the other tree unpacked in ./old):
 # bench_moe_ep at --batches 1 and 4, bf16 and mxfp4. As run on 2026-11-27 (fifth session): ./ = early 3/4 at
-# W 2, ./old = 3c45095 (early 1/2). Results in $OUT/ep_results.tgz.
+# W 2, ./old = 13729a3 (early 1/2; 3c45095 before a history rewrite). Results in $OUT/ep_results.tgz.
 mkdir -p $OUT/ep
 b() {  # tree fmt batches tag
   (cd $1 && PYTHONPATH=src:. timeout 100 torchrun --nproc-per-node 2 --master-port 2962$3 -m benchmarks.bench_moe_ep \
