@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from llmkernels import runtime
-from llmkernels.routing import gather_rows, plan_exchange
+from llmkernels.routing.exchange import gather_rows, plan_exchange
 from llmkernels.testing import poison
 
 GUARD = 3  # guard rows on each side of the byte rows sent

@@ -465,7 +465,7 @@ class KernelSpec:
 
 class TileCounters:
     """Int32 tile counters of one stream, 16 bytes apart (the kernel is specialized on 16-byte aligned pointers),
-    zeroed together: each masked launch takes the next one, and once all were taken one memset, ordered on the
+    zeroed together: each launch takes the next one, and once all were taken one memset, ordered on the
     stream after every launch that used them, zeroes them again (one memset per 256 launches, not one each)."""
 
     COUNT = 256

@@ -10,13 +10,13 @@ Two modes (:class:`ExpertExchange`):
   routing weights. The expert rank runs the copies it received, grouped by expert across every source, sums each
   token's copies weighted (fp32, one bf16 rounding) and returns one row per (token, rank); the sender adds those
   rows to its own experts' weighted copies. The exchange is planned in one kernel
-  (:func:`llmkernels.routing.plan_exchange`); the per-rank row counts are exchanged first and read on the host
-  (one sync). The copies a rank keeps for its own experts are never exchanged and run in two calls: the first
+  (:func:`llmkernels.routing.exchange.plan_exchange`); the per-rank row counts are exchanged first and read on the
+  host (one sync). The copies a rank keeps for its own experts are never exchanged and run in two calls: the first
   (three quarters of its experts at W = 2, half beyond) is launched before the sync over a bound on its rows
   (rows past the device count are never computed), so the GPU runs it while the host waits and
   then posts the dispatch; the other runs while the return is in flight. The dispatch, and the received rows'
-  sort and gather, run on a side stream. W = 1 needs no sync. The payload is any set of row-major parts (bf16
-  rows, or quantized data and its scales).
+  sort and gather, run on a side stream. W = 1 with row-local activations needs no sync. The payload is any set
+  of row-major parts (bf16 rows, or quantized data and its scales).
 
   **Rounding**: a token's copies on its own rank are summed in fp32 as on one GPU; each other rank's copies are
   summed in fp32 there and rounded to bf16 once before they travel, then added in fp32 (own copies in slot order,
@@ -43,7 +43,7 @@ import torch
 import torch.distributed as dist
 
 from ..ops import combine, dispatch
-from ..routing import plan_exchange
+from ..routing.exchange import plan_exchange
 
 __all__ = ["ExpertExchange"]
 
@@ -57,7 +57,7 @@ def _padded(rows: int, limit: int | None = None) -> int:
 
 
 class _Sends:
-    """The byte rows this rank sends in the exact mode (:func:`llmkernels.routing.plan_exchange` plans them).
+    """The byte rows this rank sends in the exact mode (:func:`llmkernels.routing.exchange.plan_exchange` plans them).
 
     A token travels once to each other rank that holds one or more of its experts, as one byte row: each payload
     part's row, then its local expert ids on that rank (int32 ``[k]``, -1 for its other slots) and its routing
@@ -170,14 +170,14 @@ class ExpertExchange:
         early = per_rank if world == 1 else per_rank * 3 // 4 if world == 2 else per_rank // 2
         own_token_of_row, own_offsets, own_row_of_copy = dispatch(own_ids, per_rank)
         own_token_of_row.clamp_(0, max(num_tokens - 1, 0))  # the rows past the copies, read by padded calls
-        counts = own_offsets[early : early + 1].long()
         if world > 1:
             rows_table = torch.cat([own_row_of_copy, returned_rows], 1)
             counts_in = torch.empty_like(send_counts)  # rows and copies from each rank
             dist.all_to_all_single(counts_in, send_counts, group=self.group)
-            counts = torch.cat([counts, send_counts[:, 0], counts_in.t().reshape(-1)])
+            counts = torch.cat([own_offsets[early : early + 1].long(), send_counts[:, 0], counts_in.t().reshape(-1)])
         else:
             rows_table = own_row_of_copy
+            counts = None if self.pad_rows else own_offsets[early : early + 1].long()  # read when not padded
         if device.type == "cuda" and (world > 1 or not self.pad_rows):  # the gather runs while the host waits
             host = torch.empty(counts.shape, dtype=counts.dtype, pin_memory=True)
             host.copy_(counts, non_blocking=True)
@@ -196,8 +196,8 @@ class ExpertExchange:
             project(a, own_offsets[: early + 1], self.local_experts[:early], own_rows[:rows])
 
         if self.pad_rows:
-            # Launched before the sync, sized by every copy (rows past the first `early` experts' copies are
-            # neither gathered nor computed): the GPU runs them while the host waits for the counts.
+            # Launched before the sync, sized by every copy (rows past the first `early` experts' copies are never
+            # computed): the GPU runs them while the host waits for the counts.
             run_own_early(all_copies)
             if world == 1:  # every expert ran: no count needed on the host
                 return combine(out, rows_table, weights_table, out_dtype)
@@ -220,8 +220,8 @@ class ExpertExchange:
         recv_sizes[rank] = 0
         num_received = sum(recv_sizes)
         received_copies = sum(copies_from) - own_total
-        # Each call of the experts takes its rows padded to a size class (rows outside its groups are neither
-        # gathered nor computed), so that its plans, keyed by the row count, are found cached: planned again, one
+        # Each call of the experts takes its rows padded to a size class (rows outside its groups are never
+        # computed), so that its plans, keyed by the row count, are found cached: planned again, one
         # grouped matmul costs ~0.7 ms of host time (H200), which the GPU waits for.
         padded = _padded if self.pad_rows else (lambda rows, limit=None: rows)
         # The dispatch, and the received rows' sort and gather, run on a side stream beside the own experts: it

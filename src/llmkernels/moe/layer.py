@@ -14,7 +14,8 @@ from ..formats.layouts import HOPPER, ROW, Layout, as_layout
 from ..formats.spec import format_spec
 from ..grouped_matmul import prefers_hopper_layout
 from ..ops import combine, dispatch, grouped_matmul, quantize
-from ..routing import check_routing, gather_rows, route, select_experts
+from ..routing import check_routing, route, select_experts
+from ..routing.exchange import gather_rows
 from ..runtime import forward_only
 from .expert_parallel import ExpertExchange
 
