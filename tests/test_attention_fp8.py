@@ -276,6 +276,68 @@ def test_fp8_calls_take_the_gluon_fp8_prefill_or_the_portable_kernel(monkeypatch
     assert not gluon_hopper.BACKEND.supports(call, tiles)
 
 
+def _sigma_reference(v: torch.Tensor) -> torch.Tensor:
+    """fp8_vt's layout by indexing: ``[B, Hkv * D, S']``, column x of a 32-key block holding key sigma(x)."""
+    batch, seqlen, heads, head_dim = v.shape
+    padded = -(-seqlen // 32) * 32
+    keys = torch.zeros(batch, padded, heads, head_dim, dtype=torch.uint8)
+    keys[:, :seqlen] = v.cpu().view(torch.uint8)
+    x = torch.arange(padded)
+    b, h, c, e, p = x // 32, x // 16 % 2, x // 4 % 4, x // 2 % 2, x % 2
+    return keys[:, 32 * b + 16 * h + 8 * e + 2 * c + p].permute(0, 2, 3, 1).reshape(batch, heads * head_dim, padded)
+
+
+@pytest.mark.parametrize(
+    "shape, view",
+    [
+        ((2, 100, 3, 64), "contiguous"),
+        ((1, 32, 1, 128), "contiguous"),
+        ((2, 1, 2, 256), "heads apart"),
+        ((1, 257, 2, 128), "head-major"),
+        ((3, 70, 2, 64), "batch broadcast"),
+        ((2, 0, 2, 64), "contiguous"),
+    ],
+)
+def test_transposed_v_permutes_keys_within_32_key_blocks(device, shape, view):
+    """:func:`fp8_vt.transposed_v` (the FP8 prefill's V^T in memory): every element of ``[B, Hkv * D, S']`` written
+    (the buffer starts as NaN), keys past S zero, for views of V with any strides."""
+    from llmkernels.attention.fp8_vt import transposed_v
+
+    batch, seqlen, heads, head_dim = shape
+    if view == "heads apart":
+        v = _e4m3((batch, seqlen, 2 * heads, head_dim), device)[:, :, 1::2]
+    elif view == "head-major":
+        v = _e4m3((batch, heads, seqlen, head_dim), device).transpose(1, 2)
+    elif view == "batch broadcast":
+        v = _e4m3((1, seqlen, heads, head_dim), device).expand(batch, -1, -1, -1)
+    else:
+        v = _e4m3(shape, device)
+    out = transposed_v(v)
+    assert out.dtype == FP8 and out.is_contiguous()
+    assert torch.equal(out.cpu().view(torch.uint8), _sigma_reference(v))
+
+
+def test_dense_fp8_prefill_transposes_v_in_memory_from_16_reads(device):
+    """The FP8 prefill transposes dense V in memory once 16 work tiles read each KV head's V (query blocks of 128
+    times q heads per KV head); ragged and paged K/V keep the producer's transpose."""
+    from llmkernels.attention.gluon_fp8_prefill import V_READS, transposes_v
+
+    assert V_READS == 16
+    bf16 = torch.zeros(1, 1, 8, 64, dtype=torch.bfloat16, device=device)
+
+    def call(seqlen_q, q_heads, kv_heads, **kwargs):
+        q = bf16.expand(1, seqlen_q, 8, 64)[:, :, :q_heads].to(FP8)
+        kv = bf16.expand(1, 256, 8, 64)[:, :, :kv_heads].to(FP8)
+        return check_attention(q, kv, kv, False, *[None] * 10, False, None, False)
+
+    assert transposes_v(call(2048, 2, 2))  # 16 query blocks
+    assert not transposes_v(call(1920, 2, 2))  # 15
+    assert transposes_v(call(256, 8, 1))  # 2 blocks x 8 q heads per KV head
+    assert not transposes_v(call(128, 8, 1))
+    assert not transposes_v(dataclasses.replace(call(4096, 8, 1), ragged=True))
+    assert not transposes_v(dataclasses.replace(call(4096, 8, 1), paged=True))
+
+
 @pytest.mark.parametrize("bad", [0.0, -0.5, float("nan"), float("inf")])
 def test_validate_names_a_descale_that_is_not_a_positive_factor(device, bad):
     """With ``validate=True`` a descale entry that is not a finite factor > 0 raises naming it and its index

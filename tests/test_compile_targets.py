@@ -359,6 +359,7 @@ cases = (
     (128, True, dict(return_lse=True)),
     (256, True, {{}}),
     (128, True, dict(fp8_q=False, page_size=16)),
+    (128, False, dict(seqlen_q=128)),
 )
 for d, causal, options in cases:
     asm = compile_for_sm90(d, causal, **options)
@@ -366,25 +367,27 @@ for d, causal, options in cases:
     kinds = sorted(set(re.findall(r"wgmma\\.mma_async\\.sync\\.aligned\\.(m\\d+n\\d+k\\d+\\.\\w+\\.\\w+\\.\\w+)", ptx)))
     regs = sorted(set(re.findall(r"setmaxnreg\\.\\w+\\.sync\\.aligned\\.u32\\s+(\\d+)", ptx)), key=int)
     stores, loads = loop_stack_traffic(sass_of(asm["cubin"]))
-    print(d, causal, ",".join(kinds), ",".join(regs), stores, loads, ptx.count("atom.global"))
+    transposes = ptx.count("fence.proxy.async")  # the producer's V transpose ends in one
+    print(d, causal, ",".join(kinds), ",".join(regs), stores, loads, ptx.count("atom.global"), transposes)
 """
 )
 
 
 def test_gluon_fp8_attention_compiles_to_e4m3_wgmma():
     """The Gluon FP8 prefill (``attention/gluon_fp8_prefill.py``: its backend's KernelSpec) builds for sm_90a at D 64
-    (full), 128 (ragged full; causal with the LSE; a bf16 q quantized per row over a paged cache, causal) and 256
-    (causal): only e4m3 x e4m3 wgmmas (``m64n{TILE_N}k32`` for S = Q K^T, 128 keys a tile or 64 at D 256,
+    (full), 128 (ragged full; causal with the LSE; a bf16 q quantized per row over a paged cache, causal; 128 queries
+    full) and 256 (causal): only e4m3 x e4m3 wgmmas (``m64n{TILE_N}k32`` for S = Q K^T, 128 keys a tile or 64 at D 256,
     ``m64n{D}k32`` for P V: no bf16 MMA), consumers raised to 240 registers and the producer lowered to 24
     (setmaxnreg), no spill stored inside a loop that issues them and at most two reloads in one (ptxas keeps a
     lane-index value and a phase bit of the ragged / paged / windowed kernel on the stack at 240 registers: one or two
     L1 loads per ~860-instruction loop body, at D 128; none at D 64 and 256), and causal work tiles from an atomic
-    counter."""
+    counter. Dense K/V read by 16 work tiles per KV head or more (the 4096-query cases) take V transposed in memory
+    (no transpose in the producer, no proxy fence); ragged, paged and the 128-query call keep the producer's."""
     if not _compilable(90):
         pytest.skip("this Triton does not compile for sm_90a")
     rows = _compiler_rows(_FP8_ATTENTION_SCRIPT.format(tools=str(TOOL.parent)))
-    assert len(rows) == 5, rows
-    for head_dim, causal, kinds, regs, stores, loads, atomics in rows:
+    assert [int(row[-1]) > 0 for row in rows] == [False, True, False, False, True, True], rows
+    for head_dim, causal, kinds, regs, stores, loads, atomics, _ in rows:
         tile_n = 64 if head_dim == "256" else 128
         assert set(kinds.split(",")) == {f"m64n{tile_n}k32.f32.e4m3.e4m3", f"m64n{head_dim}k32.f32.e4m3.e4m3"}, kinds
         assert {"24", "240"} <= set(regs.split(",")), regs

@@ -172,6 +172,43 @@ def test_views_give_the_contiguous_bits():
     assert _backends() == {"gluon_fp8_prefill"}, _backends()
 
 
+@pytest.mark.parametrize(
+    "head_dim, seqlen_q, seqlen_kv, kv_heads, q_dtype, mask",
+    [
+        (128, 1000, 1000, 2, FP8, dict(causal=True)),
+        (64, 700, 333, 1, FP8, {}),
+        (256, 300, 1025, 2, FP8, dict(causal=True)),
+        (128, 513, 97, 2, torch.bfloat16, dict(mask=SlidingWindow(64, 16))),
+    ],
+)
+def test_v_transposed_in_memory_gives_the_producers_bits(
+    monkeypatch, head_dim, seqlen_q, seqlen_kv, kv_heads, q_dtype, mask
+):
+    """Dense K/V: V transposed in memory first (:func:`fp8_vt.transposed_v`, taken from ``V_READS`` work tiles per
+    KV head) and V transposed tile by tile by the producer hold the same values in the same key order: the same
+    bits, with keys that are not a multiple of 32 or of the tile, GQA, a bf16 q, a window, and a V whose heads are
+    not adjacent (read in place by the transpose, copied for the producer's TMA)."""
+    from llmkernels.attention import gluon_fp8_prefill
+
+    q = _e4m3(2, seqlen_q, 8, head_dim)
+    q = q if q_dtype == FP8 else q.to(q_dtype)
+    k = _e4m3(2, seqlen_kv, kv_heads, head_dim)
+    wide = _e4m3(2, seqlen_kv, 2 * kv_heads, head_dim)
+    v = wide[:, :, 1::2]
+    descales = {name: _descale(2, kv_heads) for name in ("q_descale", "k_descale", "v_descale")}
+    if q_dtype != FP8:
+        descales.pop("q_descale")
+    outs = {}
+    for reads in (1, 10**9):
+        monkeypatch.setattr(gluon_fp8_prefill, "V_READS", reads)
+        PLANS.clear()
+        outs[reads] = attention(q, k, v, **mask, **descales)
+        (spec,) = [spec for plan in PLANS.plans() for name, spec in plan.specs() if name == "gluon_fp8_prefill"]
+        assert spec.constexprs["V_TRANSPOSED"] == (reads == 1)
+    assert torch.equal(outs[1].view(torch.int16), outs[10**9].view(torch.int16))
+    _check(q, k, v, what=f"V^T in memory, D={head_dim}", **mask, **descales)
+
+
 def test_repeated_causal_calls_and_a_cuda_graph_give_the_same_bits():
     """Causal calls take their work tiles from a counter zeroed without a sync: repeated calls and the replays of a
     captured graph give the first call's bits."""

@@ -14,8 +14,8 @@ runs on the FP8 tensor cores as FA3 and vLLM do; it moves a randn row by 2.6%, a
 P's own rounding (the GPU tests state the measured errors).
 
 Measured on an H100 (Triton 3.6, CUDA-graph replay, one run each): ``bench_attention_prefill --fp8``, e4m3 q/k/v:
-0.77-0.88x cuDNN's FP8 SDPA and 1.04-1.20x our bf16 prefill at D = 128, 0.88x cuDNN FP8 at D = 64, 0.76-0.81x at
-D = 256; relative error 2.0-2.7e-2 against float64 on the dequantized inputs (randn), where cuDNN FP8's is
+0.91-0.97x cuDNN's FP8 SDPA and 1.17-1.37x our bf16 prefill at D = 128, 0.88-0.90x cuDNN FP8 at D = 64, 0.92-0.98x
+at D = 256 (0.77-0.88x, 0.88x and 0.76-0.81x before V was transposed in memory); relative error 2.0-2.7e-2 against float64 on the dequantized inputs (randn), where cuDNN FP8's is
 3.3-3.7e-2 (it also rounds O to e4m3). ``bench_attention_chunked --fp8``, bf16 chunks over an FP8 paged cache
 (8k-32k keys): 0.79-0.96x the same over a bf16 cache at 16-key pages, 1.02-1.16x at 64-key pages. FA4's
 conditional rescaling with an eighth of the exp2s on the FMA units measured 2-18% slower (lab/gluon_fp8_attention).
@@ -27,8 +27,11 @@ e4m3 operands:
   tiles handed out longest first through an atomic counter (:func:`llmkernels.launch.take_tile_counter`: zeroed
   without a sync);
 * a **producer** warpgroup (4 warps, 24 registers) publishes the work tiles, TMA-loads Q once per tile, K and V
-  tiles through three-stage rings (paged: one box per page), and **transposes V**: e4m3 wgmma takes its B operand
-  K-major only, i.e. ``V^T`` with keys contiguous. V arrives in a separate raw ring as boxes of ``min(D, 128)``
+  tiles through three-stage rings (paged: one box per page). e4m3 wgmma takes its B operand K-major only, i.e.
+  ``V^T`` with keys contiguous. Dense K/V read by at least :data:`V_READS` work tiles per KV head come as ``V^T``
+  transposed in memory first (:func:`fp8_vt.transposed_v`, in the key order below), whose tiles land in the ``V^T``
+  ring as they are: 1.02-1.17x the producer's transpose on an H100 with the pass counted, 0.81-0.97x below 16
+  reads (``lab/fp8_prefill_ablation``). Otherwise the producer **transposes V**: V arrives in a separate raw ring as boxes of ``min(D, 128)``
   columns (one a page); the producer reads ``[128 keys, 32 dims]`` pieces (``[64, 64]`` at D = 256) into
   registers, relabels each ``[dims, keys]`` (``gl.permute``: no data moves) and stores it into the ``[D, TILE_N]``
   ``V^T`` stage while the next tile lands;
@@ -66,6 +69,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma,
     warpgroup_mma_wait,
 )
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from ..launch import BoundKernel, KernelSpec, take_tile_counter
 from ..runtime import num_programs_hint, pretend_gpu
@@ -73,6 +77,7 @@ from . import config as attention_config
 from .check import FP8, CheckedCall
 from .config import FA4Config, Tiling
 from .fp8_rows import quantize_rows
+from .fp8_vt import transposed_v
 from .gluon_hopper import (
     LN2,
     LOG2E,
@@ -107,6 +112,7 @@ P_SHIFT = gl.constexpr(8.0)  # P is stored times 2^8 in e4m3
 # Registers: 12 warps (consumer 0 = the default partition, consumer 1, the producer warpgroup); the launch's
 # maxnreg 168 = 65536 / 384 rounded to 8, and setmaxnreg gives 2 x 128 x 240 + 128 x 24 = 64512 = 168 x 384.
 CONSUMER_REGS = gl.constexpr(240)
+V_READS = 16  # work tiles per KV head from which V is transposed in memory first (:func:`transposes_v`)
 PRODUCER_REGS = gl.constexpr(24)
 PRODUCER_WARPS = gl.constexpr(4)
 
@@ -181,6 +187,21 @@ def _load_kv_tiles(descs, k_buffer, vraw_smem, first_box, bars, batch, key, colu
 
 
 @gluon.jit
+def _load_k_and_vt(descs, smem, bars, stage, phase, batch, key, column, TILE_BYTES: gl.constexpr):
+    """Dense K/V with V transposed in memory: K's tile ``[key, key + TILE_N)`` into the K ring and V^T's ``[D,
+    TILE_N]`` tile of the same keys into the V^T ring at ``stage``, each once the consumers released it."""
+    k_desc, vt_desc = descs
+    q_smem, k_smem, vraw_smem, vt_smem = smem
+    q_ready, q_empty, k_ready, k_empty, vraw_ready, vt_ready, vt_empty = bars
+    mbarrier.wait(k_empty.index(stage), phase ^ 1)
+    mbarrier.expect(k_ready.index(stage), TILE_BYTES)
+    _tma_load(k_desc, [batch, key, column], k_ready.index(stage), _as_box(k_smem.index(stage)))
+    mbarrier.wait(vt_empty.index(stage), phase ^ 1)
+    mbarrier.expect(vt_ready.index(stage), TILE_BYTES)
+    _tma_load(vt_desc, [batch, column, key], vt_ready.index(stage), _as_box(vt_smem.index(stage)))
+
+
+@gluon.jit
 def _producer_partition(
     descs,
     smem,
@@ -197,12 +218,14 @@ def _producer_partition(
     WINDOW: gl.constexpr,
     RAGGED: gl.constexpr,
     PAGE_SIZE: gl.constexpr,
+    V_TRANSPOSED: gl.constexpr,
 ):
     """Loads and transposes. Per work tile (ragged blocks past their sequence skipped): publish it, load its two
     64-row Q tiles once the consumers released the last ones, then for each key tile i: K_i into the K ring, V_i's
     column boxes into the raw ring (paged: one box per page and column box), and transpose V_{i-1} meanwhile (the
     last one after the loop). The next work tile comes from ``tile_counter`` (WINDOW: blocks differ in length, so
-    the first program to ask gets the next one) or by striding the grid."""
+    the first program to ask gets the next one) or by striding the grid. V_TRANSPOSED (dense K/V): ``v_desc`` is
+    over :func:`fp8_vt.transposed_v`'s ``V^T``, whose tiles land in the ``V^T`` ring as they are."""
     q_desc, k_desc, v_desc = descs
     q_smem, k_smem, vraw_smem, vt_smem = smem
     q_ready, q_empty, k_ready, k_empty, vraw_ready, vt_ready, vt_empty = bars
@@ -253,29 +276,35 @@ def _producer_partition(
                 stage = position % STAGES
                 phase = (position // STAGES) & 1
                 key = (first_tile + i) * TILE_N
-                mbarrier.wait(k_empty.index(stage), phase ^ 1)
-                # The raw V stage was last read by this partition's transpose of position - STAGES, which ended
-                # in a barrier of the producer's warps: it is free.
-                mbarrier.expect(k_ready.index(stage), TILE_BYTES)
-                mbarrier.expect(vraw_ready.index(stage), TILE_BYTES)
-                _load_kv_tiles(
-                    (k_desc, v_desc),
-                    k_smem.index(stage),
-                    vraw_smem,
-                    stage * BOXES,
-                    (k_ready.index(stage), vraw_ready.index(stage)),
-                    kv_batch,
-                    kv_row0 + key,
-                    kv_head * HEAD_DIM,
-                    pages,
-                    PAGE_SIZE,
+                if V_TRANSPOSED:
+                    _load_k_and_vt(
+                        (k_desc, v_desc), smem, bars, stage, phase, kv_batch, key, kv_head * HEAD_DIM, TILE_BYTES
+                    )
+                else:
+                    mbarrier.wait(k_empty.index(stage), phase ^ 1)
+                    # The raw V stage was last read by this partition's transpose of position - STAGES, which ended
+                    # in a barrier of the producer's warps: it is free.
+                    mbarrier.expect(k_ready.index(stage), TILE_BYTES)
+                    mbarrier.expect(vraw_ready.index(stage), TILE_BYTES)
+                    _load_kv_tiles(
+                        (k_desc, v_desc),
+                        k_smem.index(stage),
+                        vraw_smem,
+                        stage * BOXES,
+                        (k_ready.index(stage), vraw_ready.index(stage)),
+                        kv_batch,
+                        kv_row0 + key,
+                        kv_head * HEAD_DIM,
+                        pages,
+                        PAGE_SIZE,
+                    )
+                    if i > 0:
+                        _transpose_v(position - 1, vraw_smem, vt_smem, vraw_ready, vt_ready, vt_empty, TILE_N, V_CHUNK)
+            if not V_TRANSPOSED:
+                last_key = (first_tile + num_tiles - 1) * TILE_N
+                _transpose_v(
+                    loaded + num_tiles - 1, vraw_smem, vt_smem, vraw_ready, vt_ready, vt_empty, keys - last_key, V_CHUNK
                 )
-                if i > 0:
-                    _transpose_v(position - 1, vraw_smem, vt_smem, vraw_ready, vt_ready, vt_empty, TILE_N, V_CHUNK)
-            last_key = (first_tile + num_tiles - 1) * TILE_N
-            _transpose_v(
-                loaded + num_tiles - 1, vraw_smem, vt_smem, vraw_ready, vt_ready, vt_empty, keys - last_key, V_CHUNK
-            )
             loaded += num_tiles
             count += 1
         if WINDOW:
@@ -620,6 +649,7 @@ def _fp8_attention_fwd_kernel(
     PAGE_SIZE: gl.constexpr,
     STAGES: gl.constexpr,
     TILE_N: gl.constexpr,
+    V_TRANSPOSED: gl.constexpr,
     Q_LAYOUT: gl.constexpr,
     K_LAYOUT: gl.constexpr,
     VRAW_LAYOUT: gl.constexpr,
@@ -647,11 +677,12 @@ def _fp8_attention_fwd_kernel(
     K, ``[TILE_N, V_CHUNK]`` raw V and ``[D, TILE_N]`` ``V^T`` tiles. Grid ``(min(num_work_tiles, SMs),)``,
     num_warps 4 (the default partition, consumer 0), maxnreg 168."""
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[2]
-    V_BOX: gl.constexpr = v_desc.block_type.shape[2]
+    V_BOX: gl.constexpr = HEAD_DIM if HEAD_DIM < 128 else 128  # v_box(HEAD_DIM)
+    RAW_BOXES: gl.constexpr = 1 if V_TRANSPOSED else STAGES * (HEAD_DIM // V_BOX)  # V_TRANSPOSED: unused
     dtype: gl.constexpr = q_desc.dtype
     q_smem = gl.allocate_shared_memory(dtype, [2, 64, HEAD_DIM], Q_LAYOUT)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, TILE_N, HEAD_DIM], K_LAYOUT)
-    vraw_smem = gl.allocate_shared_memory(dtype, [STAGES * (HEAD_DIM // V_BOX), TILE_N, V_BOX], VRAW_LAYOUT)
+    vraw_smem = gl.allocate_shared_memory(dtype, [RAW_BOXES, TILE_N, V_BOX], VRAW_LAYOUT)
     vt_smem = gl.allocate_shared_memory(dtype, [STAGES, HEAD_DIM, TILE_N], VT_LAYOUT)
     tile_smem = gl.allocate_shared_memory(gl.int32, [2, 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     q_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
@@ -736,6 +767,7 @@ def _fp8_attention_fwd_kernel(
                     WINDOW,
                     RAGGED,
                     PAGE_SIZE,
+                    V_TRANSPOSED,
                 ),
             ),
         ],
@@ -751,6 +783,15 @@ def _fp8_attention_fwd_kernel(
 def tile_n(head_dim: int) -> int:
     """Keys per K / V tile: 128, or 64 at D = 256 (128 would need more shared memory than an SM has)."""
     return 64 if head_dim == 256 else 128
+
+
+def transposes_v(call: CheckedCall) -> bool:
+    """Whether V is transposed in memory first (:func:`fp8_vt.transposed_v`) rather than tile by tile by the producer:
+    dense K/V (not ragged, not paged) read by at least :data:`V_READS` work tiles per KV head (query blocks of 128
+    times q heads per KV head). The pass moves V twice through HBM; the producer's transposes cost ~15% of the
+    kernel (see :mod:`.fp8_vt`), so the pass pays once that share of the kernel outweighs it."""
+    reads = triton.cdiv(call.q_bound, BLOCK_M) * call.group
+    return not call.ragged and not call.paged and reads >= V_READS
 
 
 def v_box(head_dim: int) -> int:
@@ -815,13 +856,14 @@ class GluonFp8Prefill:
             PAGE_SIZE=call.page_size if paged else 0,
             STAGES=STAGES,
             TILE_N=block_n,
+            V_TRANSPOSED=transposes_v(call),
             **_shared_layouts(head_dim),
         )
         unused = "*fp32"  # the pointers a variant never reads
         arg_types = dict(
             q_desc=descriptor_type(FP8, [1, 64, head_dim]),
             k_desc=descriptor_type(FP8, [1, box, head_dim]),
-            v_desc=descriptor_type(FP8, [1, box, v_box(head_dim)]),
+            v_desc=descriptor_type(FP8, [1, head_dim, block_n] if transposes_v(call) else [1, box, v_box(head_dim)]),
             out_ptr="*" + TYPE_NAMES[call.dtype],
             lse_ptr="*fp32",
             q_scale_ptr="*fp32",
@@ -852,6 +894,13 @@ class GluonFp8Prefill:
 BACKEND = GluonFp8Prefill()
 
 
+def _vt_descriptor(vt: torch.Tensor, head_dim: int, block_n: int) -> TensorDescriptor:
+    """Over :func:`fp8_vt.transposed_v`'s ``[B, Hkv * D, S']``: boxes of one KV head's D rows by ``block_n`` keys (a
+    box past S' reads zeros)."""
+    block = [1, head_dim, block_n]
+    return TensorDescriptor(vt, list(vt.shape), list(vt.stride()), block, _nvmma_layout(block, gl.float8e4nv))
+
+
 def _descale_strides(descale: torch.Tensor | None) -> tuple[int, int]:
     """(batch, kv head) strides of a float32 ``[B|1, Hkv|1]`` descale: 0 along a broadcast (size-1) dim."""
     if descale is None:
@@ -868,7 +917,10 @@ class GluonFp8PrefillLaunch:
         self.spec, self.bound, self.call = spec, None, call
         self.ragged, self.paged, self.dynamic = call.ragged, call.paged, call.dynamic_kv
         self.quantize_q = spec.constexprs["Q_ROWS"]
+        self.v_transposed = spec.constexprs["V_TRANSPOSED"]
         self.copies = tuple(not ready for ready in call.tma_ready)
+        if self.v_transposed:  # read through pointers: any strides
+            self.copies = (*self.copies[:2], False)
         self.window = spec.constexprs["WINDOW"]
         mask = call.mask_spec
         self.sides = (mask.window_left, mask.window_right) if mask.has_window else (UNBOUNDED, UNBOUNDED)
@@ -901,6 +953,9 @@ class GluonFp8PrefillLaunch:
         )
         q_descale, k_descale, v_descale = (unread if descale is None else descale for descale in descales)
         k_desc, v_desc = (sequence_rows(k), sequence_rows(v)) if self.dynamic else (k, v)
+        if self.v_transposed:  # [B, Hkv * D, S'], fresh per call
+            vt = transposed_v(v)
+            v_desc = (vt, vt.shape, vt.stride())
         values = (q, k_desc, v_desc, out, unread if lse is None else lse, q_scales, q_descale, k_descale, v_descale)
         counter = dummy(out.device, torch.int32)
         values = (*values, counter, cu_q, cu_k, block_table, seqlens)
@@ -914,7 +969,7 @@ class GluonFp8PrefillLaunch:
             (self.bound or self._bind(values, k, v, descales))(*values)
 
     def _bind(self, values, k, v, descales) -> BoundKernel:
-        q, _, _, out, lse, q_scales, q_descale, k_descale, v_descale, counter, cu_q, cu_k, block_table, seqlens = (
+        q, _, v_desc, out, lse, q_scales, q_descale, k_descale, v_descale, counter, cu_q, cu_k, block_table, seqlens = (
             values[:14]
         )
         call, spec = self.call, self.spec
@@ -930,7 +985,7 @@ class GluonFp8PrefillLaunch:
         self.bound = spec.bind(
             _descriptor(q, 64),
             _descriptor(k, box),
-            _descriptor(v, box, v_box(head_dim)),
+            _vt_descriptor(v_desc[0], head_dim, block_n) if self.v_transposed else _descriptor(v, box, v_box(head_dim)),
             out,
             lse,
             q_scales,
@@ -969,6 +1024,7 @@ def _prefill_call(
     fp8_q: bool,
     page_size: int,
     ragged: bool,
+    seqlen_q: int,
     device: torch.device,
 ) -> CheckedCall:
     """An FP8 call of the kernel's layout, without tensors (what an ahead-of-time compile needs)."""
@@ -981,14 +1037,14 @@ def _prefill_call(
         2,
         head_dim,
         4,
-        4096,
+        seqlen_q,
         4096,
         mask,
         ScoreModSpec(),
         head_dim**-0.5,
         device,
         dtype=torch.bfloat16,
-        q_rows=4096,
+        q_rows=seqlen_q,
         kv_rows=4096,
         page_size=page_size,
         return_lse=return_lse,
@@ -1009,12 +1065,14 @@ def compile_for_sm90(
     fp8_q: bool = True,
     page_size: int = 0,
     ragged: bool = False,
+    seqlen_q: int = 4096,
 ) -> dict:
     """Compiles the kernel for sm_90a without a GPU (ptxas from the Triton wheel runs, nothing launches) and
     returns the compiled kernel's ``asm`` dict (``ttgir``, ``ptx``, ``cubin``, ...): the backend's
     :class:`KernelSpec` for an FP8 call of that layout: ``fp8_q`` False: a bf16 q quantized per row;
     ``page_size`` > 0: K/V in a paged cache of that page size; ``ragged``: q (and K/V unless paged) ragged. Run
-    it with ``TRITON_INTERPRET`` unset or 0 (see :func:`gluon_hopper.compile_for_sm90`)."""
+    ``seqlen_q``: the call's queries (over 4096 keys; dense K/V are transposed in memory first from
+    :data:`V_READS` work tiles per KV head, :func:`transposes_v`). Run it with ``TRITON_INTERPRET`` unset or 0 (see :func:`gluon_hopper.compile_for_sm90`)."""
     from triton.backends.compiler import GPUTarget
 
     if head_dim not in HEAD_DIMS:
@@ -1022,7 +1080,7 @@ def compile_for_sm90(
     config = FA4Config(warp_specialized=True)
     with pretend_gpu((9, 0)) as device:  # the spec's grid asks the device for its SMs
         spec = BACKEND.spec(
-            _prefill_call(head_dim, causal, return_lse, descales, fp8_q, page_size, ragged, device),
+            _prefill_call(head_dim, causal, return_lse, descales, fp8_q, page_size, ragged, seqlen_q, device),
             attention_config.tiling(config, False, 1, 1, 1, 1),
         )
     compiled = triton.compile(spec.ast_source(), target=GPUTarget("cuda", 90, 32), options=dict(spec.options))
