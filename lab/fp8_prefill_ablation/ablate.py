@@ -10,7 +10,10 @@ anything. A variant that gets much faster names the critical resource:
 * ``no_transpose``: the producer waits and signals as before but moves no V bytes (V^T stays stale);
 * ``no_exp``: P = the exp2's argument (no MUFU for P; alpha's exp2 per row stays);
 * ``no_exp_no_max``: also no row max (m stays -inf; the row sum stays);
-* ``no_exp_no_transpose``: both.
+* ``no_exp_no_transpose``: both;
+* ``poly_1_8`` / ``poly_1_4``: not a removal: an eighth / a quarter of P's exp2s on the FMA units
+  (``lab/gluon_fp8_attention``'s ``_exp2_mixed``, FA4's emulation), the rest on MUFU; its output is checked
+  against the base's.
 
 ``--compile-only`` (no GPU): compiles every variant for sm_90a and prints its consumer-loop instruction counts.
 """
@@ -38,6 +41,28 @@ NO_EXP = [
         "p = gl.fma(s, scale, gl.expand_dims(P_SHIFT - m_scaled, 1))",
     ),
 ]
+_POLY_SOURCE = (
+    "@gluon.jit\ndef _exp2_poly(x):"
+    + (
+        open(os.path.join(os.path.dirname(__file__), "..", "gluon_fp8_attention", "fp8_attention.py"))
+        .read()
+        .split("@gluon.jit\ndef _exp2_poly(x):")[1]
+        .split("@gluon.jit\ndef _softmax_cond(")[0]
+    )
+)
+
+
+def poly(fraction: float) -> list:
+    """P's exp2 through ``_exp2_mixed(., fraction)``, the lab kernel's functions inserted before the softmax."""
+    return [
+        ("@gluon.jit\ndef _softmax_tile(", _POLY_SOURCE + "@gluon.jit\ndef _softmax_tile("),
+        (
+            "p = gl.exp2(gl.fma(s, scale, gl.expand_dims(P_SHIFT - m_scaled, 1)))",
+            f"p = _exp2_mixed(gl.fma(s, scale, gl.expand_dims(P_SHIFT - m_scaled, 1)), {fraction})",
+        ),
+    ]
+
+
 NO_MAX = [("m_new = gl.maximum(m_i, gl.max(s, axis=1))", "m_new = m_i")]
 
 VARIANTS = {
@@ -46,10 +71,12 @@ VARIANTS = {
     "no_exp": NO_EXP,
     "no_exp_no_max": NO_EXP + NO_MAX,
     "no_exp_no_transpose": NO_EXP + NO_TRANSPOSE,
+    "poly_1_8": poly(0.125),
+    "poly_1_4": poly(0.25),
 }
 
 # (batch, heads, seqlen, head_dim, causal)
-SHAPES = [(4, 16, 4096, 128, False), (4, 16, 4096, 128, True), (4, 16, 4096, 64, False)]
+SHAPES = [(4, 16, 4096, 128, False), (4, 16, 4096, 128, True), (4, 16, 4096, 64, False), (4, 16, 4096, 64, True)]
 
 
 def load_variant(name: str, directory: str):
@@ -104,19 +131,22 @@ def time_variants(modules: dict, out_dir: str) -> None:
         inputs = fp8_inputs(batch, heads, seqlen, head_dim, "cuda")
         descales = {key: inputs[key] for key in ("q_descale", "k_descale", "v_descale")}
         flops = 4 * batch * heads * seqlen * seqlen * head_dim * (0.5 if causal else 1.0)
-        cells = []
+        cells, base = [], None
         for name, module in modules.items():
             use(module)
 
             def run():
                 return attention(inputs["q8"], inputs["k8"], inputs["v8"], causal=causal, **descales)
 
-            run()
+            out = run().float()
             torch.cuda.synchronize()
+            base = out if base is None else base
+            moved = ((out - base).norm() / base.norm()).item()
             ms = graph_time_ms(run)
             cells.append(f"{flops / ms / 1e9:.0f}")
             print(
-                f"{batch}x{heads}x{seqlen}x{head_dim} causal={causal} {name}: {ms:.3f} ms, {cells[-1]} TFLOP/s",
+                f"{batch}x{heads}x{seqlen}x{head_dim} causal={causal} {name}: {ms:.3f} ms, {cells[-1]} TFLOP/s, "
+                f"output moved {moved:.2e} from the first variant's",
                 flush=True,
             )
         lines.append(f"| {batch}x{heads}x{seqlen}x{head_dim} | {causal} | " + " | ".join(cells) + " |")
