@@ -788,8 +788,10 @@ def tile_n(head_dim: int) -> int:
 def transposes_v(call: CheckedCall) -> bool:
     """Whether V is transposed in memory first (:func:`fp8_vt.transposed_v`) rather than tile by tile by the producer:
     dense K/V (not ragged, not paged) read by at least :data:`V_READS` work tiles per KV head (query blocks of 128
-    times q heads per KV head). The pass moves V twice through HBM; the producer's transposes cost ~15% of the
-    kernel (see :mod:`.fp8_vt`), so the pass pays once that share of the kernel outweighs it."""
+    times q heads per KV head). The pass moves V twice through HBM and holds a transient copy of V's size; the
+    producer's transposes cost ~15% of the kernel (see :mod:`.fp8_vt`), so the pass pays once that share of the
+    kernel outweighs it. Ragged and paged K/V keep the producer's transpose: a per-sequence ``V^T`` would need a
+    host bound on each sequence's keys (a paged table's width can be far past them)."""
     reads = triton.cdiv(call.q_bound, BLOCK_M) * call.group
     return not call.ragged and not call.paged and reads >= V_READS
 
