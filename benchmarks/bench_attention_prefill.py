@@ -1,6 +1,6 @@
 """Dense prefill over a grid (16k tokens, S 2k-16k, D 64/128/256, causal and not) against SDPA and FlexAttention.
 
-    python -m benchmarks bench_attention_prefill [--out DIR] [--flex-dims 128] [--fp8]
+    python -m benchmarks bench_attention_prefill [--out DIR] [--flex-dims 128] [--fp8] [--sinks]
 
 B·S = 16k tokens with S in {2k, 4k, 8k, 16k}, Hq = Hkv = 16 and GQA 32/8, D in {64, 128, 256}, causal and not;
 bf16; llmkernels against SDPA's cuDNN and flash backends (FlexAttention, compiled once per shape, at
@@ -16,6 +16,12 @@ with float32 descales ``[B, H]`` (its general per-(batch, KV head) path) against
 when it does not import), SDPA's cuDNN backend in bf16 on the dequantized values, and ours in bf16 on them. Each
 system's relative error against a float64 reference on the dequantized inputs (two heads per shape). Writes
 ``attention_prefill_fp8.{csv,md,png}`` to DIR (default the suite's ``fp8/`` folder). GPU only.
+
+``--sinks``: gpt-oss's attention (Hq 64, Hkv 8, D 64, bf16, a sink logit per q head; causal, and causal with its
+128-token sliding window) at :data:`SINK_SHAPES`: ours with sinks, the same call on the portable kernel
+(``FA4Config(warp_specialized=False)``), ours without sinks and SDPA's cuDNN backend without sinks (no peer here
+takes sinks; the last two bound what the sinks cost). Writes ``attention_prefill_sinks.{csv,md,png}`` (default the
+suite's ``sinks/`` folder).
 """
 
 from __future__ import annotations
@@ -49,6 +55,10 @@ HEAD_DIMS = (64, 128, 256)
 # --fp8: (batch, heads, seqlen, head_dim), Hq = Hkv, each full and causal (the FP8 issue's grid)
 FP8_SHAPES = ((4, 16, 4096, 128), (2, 16, 8192, 128), (8, 16, 2048, 64), (4, 8, 4096, 256), (1, 32, 16384, 128))
 FP8_SYSTEMS = ("ours_fp8", "cudnn_fp8", "sdpa_cudnn_bf16", "ours_bf16")
+# --sinks: (batch, seqlen) of gpt-oss's attention (Hq 64, Hkv 8, D 64); masks: causal, and its 128-token window
+SINK_SHAPES = ((1, 8192), (4, 4096), (16, 1024))
+SINK_HEADS = (64, 8, 64)
+SINK_SYSTEMS = ("ours_sinks", "portable_sinks", "ours_no_sinks", "sdpa_cudnn_no_sinks")
 FP8_WRONG = 0.1  # a system whose relative error exceeds this is reported WRONG and not timed
 REFERENCE_ROWS = 4096  # query rows per float64 score block of the reference (bounds its memory)
 
@@ -278,6 +288,87 @@ def run_fp8(out_dir: str | None) -> None:
     bar_plot(labels, series, "TFLOP/s (graph replay)", os.path.join(out_dir, "attention_prefill_fp8.png"), title)
 
 
+def sinks_problem_row(batch: int, seqlen: int, window: bool, device="cuda") -> dict:
+    """One row of the ``--sinks`` table: each system with sinks checked against the reference on q heads 0-7 (KV
+    head 0) of the first sequence, then every system timed as a CUDA-graph replay."""
+    from llmkernels.attention.config import default_config
+    from llmkernels.attention.masks import SlidingWindow
+    from llmkernels.attention.reference import attention_reference
+
+    heads, kv_heads, head_dim = SINK_HEADS
+    q = torch.randn(batch, seqlen, heads, head_dim, device=device, dtype=torch.bfloat16)
+    k = torch.randn(batch, seqlen, kv_heads, head_dim, device=device, dtype=torch.bfloat16)
+    v = torch.randn(batch, seqlen, kv_heads, head_dim, device=device, dtype=torch.bfloat16)
+    sinks = torch.randn(heads, device=device) * 2
+    mask = dict(causal=True, mask=SlidingWindow(127, 0)) if window else dict(causal=True)
+    portable = default_config(head_dim, q.dtype, q.device).replace(warp_specialized=False)
+    group = heads // kv_heads
+    expected = attention_reference(q[:1, :, :group], k[:1, :, :1], v[:1, :, :1], sinks=sinks[:group], **mask)
+    runners = {
+        "ours_sinks": lambda: attention(q, k, v, sinks=sinks, **mask),
+        "portable_sinks": lambda: attention(q, k, v, sinks=sinks, config=portable, **mask),
+        "ours_no_sinks": lambda: attention(q, k, v, **mask),
+    }
+    if not window:
+        q_t, k_t, v_t = (x.transpose(1, 2) for x in (q, k, v))
+        runners["sdpa_cudnn_no_sinks"] = sdpa_runner("cudnn", q_t, k_t, v_t, causal=True)
+    errors, times, notes = {}, {}, {}
+    for name, run in runners.items():
+        try:
+            out = run()
+            if name.endswith("_sinks") and not name.endswith("no_sinks"):
+                errors[name] = relative_error(out[:1, :, :group], expected)
+                if not errors[name] <= 2e-2:
+                    notes[name] = f"WRONG (rel. error {errors[name]:.2e})"
+                    continue
+            times[name] = graph_time_ms(run)
+        except Exception as error:  # noqa: BLE001 - a system that cannot run a problem is reported, not fatal
+            notes[name] = f"fails ({type(error).__name__}: {str(error)[:80]})"
+    # (query, key) pairs the mask keeps: query i sees i + 1 keys, at most 128 with the window
+    pairs = sum(min(i + 1, 128) for i in range(seqlen)) if window else seqlen * (seqlen + 1) // 2
+    flops = 4 * batch * heads * head_dim * pairs
+    ours = times.get("ours_sinks")
+    row = {
+        "shape": f"{batch}x{seqlen}",
+        "mask": "causal, window 128" if window else "causal",
+        **{f"{name} TFLOP/s": flops / times[name] / 1e9 if name in times else "-" for name in SINK_SYSTEMS},
+        **{f"ours_sinks/{name}": times[name] / ours if ours and name in times else "-" for name in SINK_SYSTEMS[1:]},
+        **{f"err {name}": errors.get(name, "-") for name in SINK_SYSTEMS[:2]},
+        **{f"{name} ms": times.get(name, "-") for name in SINK_SYSTEMS},
+        "note": "; ".join(f"{name}: {note}" for name, note in notes.items()),
+    }
+    return row
+
+
+def run_sinks(out_dir: str | None) -> None:
+    """The ``--sinks`` mode: every shape of :data:`SINK_SHAPES`, causal and windowed; prints each row, then the
+    table."""
+    rows = []
+    for batch, seqlen in SINK_SHAPES:
+        for window in (False, True):
+            rows.append(sinks_problem_row(batch, seqlen, window))
+            print({k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in rows[-1].items()}, flush=True)
+            torch.cuda.empty_cache()
+    gpu = torch.cuda.get_device_name()
+    out_dir = out_dir or default_out_dir("bench_attention_prefill/sinks")
+    title = "gpt-oss attention (Hq 64, Hkv 8, D 64, sinks): ours against the portable kernel and sink-free bounds"
+    notes = (
+        f"GPU: {gpu}, torch {torch.__version__}, triton {triton_version()}. B x S, bf16 randn, sinks 2 x randn per "
+        "q head; FLOPs count the (query, key) pairs each mask keeps (4 D per pair and head). Times are CUDA-graph "
+        "replays. `ours_sinks`: llmkernels.attention with sinks (the Gluon prefill on Hopper); `portable_sinks`: "
+        "the same call with FA4Config(warp_specialized=False); `ours_no_sinks`, `sdpa_cudnn_no_sinks` (causal "
+        "only: SDPA has no window): the same attention without sinks. `ours_sinks/X`: X's time / ours_sinks' "
+        "(> 1: ours faster). `err X`: relative error against the float32 reference on q heads 0-7 of sequence 0."
+    )
+    print(write_table(rows, out_dir, "attention_prefill_sinks", title, notes))
+    labels = [f"{row['shape']} {row['mask']}" for row in rows]
+    series = {
+        name: [row[f"{name} TFLOP/s"] if row[f"{name} TFLOP/s"] != "-" else float("nan") for row in rows]
+        for name in SINK_SYSTEMS
+    }
+    bar_plot(labels, series, "TFLOP/s (graph replay)", os.path.join(out_dir, "attention_prefill_sinks.png"), title)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=None)
@@ -285,11 +376,15 @@ def main():
     parser.add_argument(
         "--fp8", action="store_true", help="FP8 (e4m3) prefill against cuDNN's FP8 SDPA at the FP8 grid"
     )
+    parser.add_argument("--sinks", action="store_true", help="gpt-oss's attention with sinks (Hq 64, Hkv 8, D 64)")
     args = parser.parse_args()
     require_gpu("bench_attention_prefill")
     torch.manual_seed(0)
     if args.fp8:
         run_fp8(args.out)
+        return
+    if args.sinks:
+        run_sinks(args.out)
         return
     bench_attention.TIME_BUDGET_S = float("inf")  # that script's own time budget does not apply here
     ceilings = measure_ceilings()

@@ -204,9 +204,9 @@ def test_views_give_the_contiguous_bits(device):
 
 def test_fp8_calls_take_the_gluon_fp8_prefill_or_the_portable_kernel(monkeypatch, device):
     """On an sm_90 GPU: FP8 K/V with an e4m3 or a bf16 q, dense, ragged or paged (pages TMA reads), full, causal or
-    a sliding window, GQA, D 64, 128 or 256, descales or none, LSE or not, go to the Gluon FP8 prefill; sinks, a
-    split-KV call, pages TMA cannot read or an interpreter run go to the portable kernel; a bf16 call to the Gluon
-    bf16 prefill."""
+    a sliding window, GQA, D 64, 128 or 256, descales or none, LSE or not, sinks or not, go to the Gluon FP8
+    prefill; a split-KV call, pages TMA cannot read or an interpreter run go to the portable kernel; a bf16 call
+    to the Gluon bf16 prefill."""
     monkeypatch.setattr(attention_config, "runs_gluon", lambda device: True)  # as on an H100, not the interpreter
     with runtime.pretend_gpu((9, 0)) as gpu:
 
@@ -246,7 +246,7 @@ def test_fp8_calls_take_the_gluon_fp8_prefill_or_the_portable_kernel(monkeypatch
         assert chosen(bf16, bf16, bf16) == "gluon_prefill"
         assert chosen(bf16, kv8, kv8, causal=True) == "gluon_fp8_prefill"  # q quantized per row
         assert chosen(q8, kv8, kv8, mask=SlidingWindow(100, 0)) == "gluon_fp8_prefill"
-        assert chosen(q8, kv8, kv8, sinks=torch.zeros(8, device=device)) == "portable"
+        assert chosen(q8, kv8, kv8, sinks=torch.zeros(8, device=device)) == "gluon_fp8_prefill"
         assert chosen(q8, kv8, kv8, split=True) == "portable"
         wide = torch.zeros(2, 256, 8, 256, device=device).to(FP8)
         assert chosen(wide, wide[:, :, :2], wide[:, :, :2]) == "gluon_fp8_prefill"

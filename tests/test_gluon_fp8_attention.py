@@ -326,11 +326,16 @@ def test_chunked_prefill_over_a_paged_fp8_cache(page_size):
     )
 
 
-def test_other_fp8_calls_go_to_the_portable_kernel():
-    """On the GPU too: sinks run the portable kernel."""
-    q, k, v = _e4m3(1, 200, 4, 128), _e4m3(1, 300, 2, 128), _e4m3(1, 300, 2, 128)
-    sinks = torch.randn(4, device="cuda")
-    PLANS.clear()
-    out = attention(q, k, v, sinks=sinks)
-    assert _backends() == {"portable"}, _backends()
-    assert_close_relative(out, attention_reference(q, k, v, sinks=sinks), TOLERANCE["out"], "sinks")
+@pytest.mark.parametrize("q_dtype", [FP8, torch.bfloat16], ids=["e4m3_q", "bf16_q"])
+def test_sinks_fold_into_the_last_step(q_dtype):
+    """Attention sinks run this kernel (the sink joins the denominator after P's 2^8 shift is taken out): ordinary
+    sinks, one far above every score, +inf (O = 0, LSE = +inf), -inf (no sink); causal with more queries than keys
+    (rows that see no key: O = 0, LSE = the sink); per-head descales."""
+    q, k, v = _e4m3(2, 300, 8, 128), _e4m3(2, 200, 2, 128), _e4m3(2, 200, 2, 128)
+    q = q if q_dtype == FP8 else q.to(q_dtype)
+    sinks = torch.tensor([0.0, 1.5, -2.0, 30.0, float("inf"), float("-inf"), 3.0, -0.5], device="cuda")
+    descales = {name: _descale(2, 2) for name in ("k_descale", "v_descale")}
+    out, lse = _check(q, k, v, causal=True, sinks=sinks, what=f"sinks {q_dtype}", **descales)
+    assert (out[:, :, 4] == 0).all() and torch.isinf(lse[:, 4]).all()
+    assert (out[:, :100] == 0).all()
+    torch.testing.assert_close(lse[:, :, :100], sinks[None, :, None].expand(2, -1, 100))

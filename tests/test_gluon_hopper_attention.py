@@ -464,6 +464,37 @@ def test_paged_cache_views(gluon_launches):
     _check_paged(out, lse, q, k, v, seqlens, False)
 
 
+@pytest.mark.parametrize(
+    "head_dim, q_heads, kv_heads, mask",
+    [(64, 8, 1, dict(causal=True)), (64, 8, 2, dict(window=(127, 0))), (128, 8, 2, {}), (256, 8, 4, dict(causal=True))],
+)
+def test_sinks_fold_into_the_last_step(gluon_launches, head_dim, q_heads, kv_heads, mask):
+    """Attention sinks (gpt-oss: a logit per q head in the softmax's denominator) run this kernel: against the
+    library's reference with the LSE, for sinks that are ordinary, far above every score (the weight goes to the
+    sink), +inf (O = 0, LSE = +inf) and -inf (no sink); with more queries than keys, causal rows that see no key get
+    O = 0 and LSE = the sink."""
+    import llmkernels as lk
+
+    q, k, v = _inputs(2, 300, 200, q_heads, kv_heads, head_dim)
+    sinks = torch.tensor([0.0, 1.5, -2.0, 30.0, float("inf"), float("-inf"), 3.0, -0.5], device="cuda")[:q_heads]
+    if "window" in mask:
+        mask = dict(mask=lk.SlidingWindow(*mask["window"]))
+    torch.full(q.shape, float("nan"), dtype=q.dtype, device="cuda")  # poison the memory the output will take
+    out, lse = lk.attention(q, k, v, sinks=sinks, return_lse=True, **mask)
+    assert gluon_launches == [(False, False)], gluon_launches
+    ref, ref_lse = lk.attention_reference(q, k, v, sinks=sinks, return_lse=True, **mask)
+    assert not torch.isnan(out).any(), "NaN in the output"
+    error = ((out.float() - ref).norm() / ref.norm()).item()
+    assert error < TOLERANCE, f"relative error {error:.2e}"
+    assert torch.equal(torch.isfinite(lse), torch.isfinite(ref_lse)) and torch.equal(lse.isinf(), ref_lse.isinf())
+    finite = torch.isfinite(ref_lse)
+    torch.testing.assert_close(lse[finite], ref_lse[finite].float(), atol=2e-2, rtol=1e-3)
+    assert (out[:, :, 4] == 0).all(), "a sink of +inf takes all the weight"
+    if mask.get("causal"):  # queries 0..99 see no key: O = 0, LSE = the sink
+        assert (out[:, :100] == 0).all()
+        torch.testing.assert_close(lse[:, :, :100], sinks[None, :, None].expand(2, -1, 100))
+
+
 # --------------------------------------------------------------------------- ragged q (and k / v)
 
 

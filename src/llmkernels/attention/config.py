@@ -35,8 +35,8 @@ FA4 switches
 
 Hopper's warp-specialized schedule
 ----------------------------------
-``warp_specialized``     run the Gluon kernels where they apply (an sm_90 GPU, no score_mod, sinks or mask
-                         tensor): ``gluon_hopper.py`` for fp16/bf16 prefill, D 64/128/256, causal / a sliding
+``warp_specialized``     run the Gluon kernels where they apply (an sm_90 GPU, no score_mod or mask tensor;
+                         sinks fold into the prefills' last step): ``gluon_hopper.py`` for fp16/bf16 prefill, D 64/128/256, causal / a sliding
                          window; ``gluon_fp8_prefill.py`` for e4m3 K/V prefill (e4m3 or 16-bit q, dense,
                          ragged or paged, D 64/128/256, causal / a sliding window, three-stage rings): the
                          seed's warp roles made explicit, a TMA **load warp** (K and V through two-stage rings in

@@ -5,8 +5,8 @@ float8_e4m3fn K/V, dense ``[B, S, Hkv, D]`` (any strides: copied when TMA cannot
 (``cu_seqlens``) or a paged cache (pages TMA reads in place, in any order), with an e4m3 q or a bf16 / fp16 q,
 dense or ragged; D 64, 128 or 256; full, causal or a sliding window (bottom-right aligned); MHA/GQA/MQA; FA3's
 float32 descales ``[B, Hkv]`` (``[1, 1]``, ``[B, 1]`` and ``[1, Hkv]`` broadcast, None is 1.0); the call's softmax
-scale; optionally the LSE. The output is bf16 for an e4m3 q, q's dtype otherwise. Sinks, score_mod, mask tensors
-and split-KV (decode) run the portable kernel.
+scale; attention sinks; optionally the LSE. The output is bf16 for an e4m3 q, q's dtype otherwise. score_mod, mask
+tensors and split-KV (decode) run the portable kernel.
 
 A 16-bit q is rounded to e4m3 per (token, head) row first (:func:`fp8_rows.quantize_rows`, one small kernel: the
 row's amax becomes ±448, its scale joins the descales in the exponent), so that chunked prefill over an FP8 cache
@@ -90,6 +90,7 @@ from .gluon_hopper import (
     _tma_load,
     consumer_bands,
     descriptor_type,
+    fold_sink,
     gluon_eligible,
     kv_extents,
     launch_operands,
@@ -418,7 +419,7 @@ def _consumer_block(
     smem,
     bars,
     out_ptr,
-    lse_ptr,
+    lse_and_sinks,
     q_scale_ptr,
     descales,
     geometry,
@@ -430,6 +431,7 @@ def _consumer_block(
     CONSUMER: gl.constexpr,
     WINDOW: gl.constexpr,
     RETURN_LSE: gl.constexpr,
+    HAS_SINKS: gl.constexpr,
     Q_ROWS: gl.constexpr,
     Q_DESCALE: gl.constexpr,
     K_DESCALE: gl.constexpr,
@@ -528,10 +530,14 @@ def _consumer_block(
         mbarrier.wait(vt_ready.index(position % STAGES), (position // STAGES) & 1)
         mbarrier.arrive(vt_empty.index(position % STAGES))
 
+    lse_ptr, sinks_ptr = lse_and_sinks
+    m_log2 = m_i * scale - P_SHIFT  # acc and l_i are relative to 2^m_log2 (P is stored times 2^P_SHIFT)
+    if HAS_SINKS:
+        acc, l_i, m_log2 = fold_sink(acc, l_i, m_log2, sinks_ptr, head)
     if RETURN_LSE:  # natural log, [B, Hq, Sq] ([Hq, total_q] ragged) contiguous; -inf for a row that saw no key
-        lse = (m_i * scale + gl.log2(l_i) - P_SHIFT) * LN2
+        lse = (m_log2 + gl.log2(l_i)) * LN2
         gl.store(lse_ptr + lse_base + rows, lse, mask=rows < seqlen_q)
-    l_safe = gl.where(l_i == 0.0, 1.0, l_i)  # a row that saw no key: output 0
+    l_safe = gl.where(l_i == 0.0, 1.0, l_i)  # a row that saw no key (and no sink): output 0
     factor = _descale(v_descale_ptr, stride_vd_b, stride_vd_h, batch, kv_head, 1.0 / l_safe, V_DESCALE)
     out = acc * gl.expand_dims(gl.convert_layout(factor, gl.SliceLayout(1, o_layout)), 1)
     store_rows(out_ptr, out, out_token0, first_row, seqlen_q, num_q_heads, head)
@@ -544,6 +550,7 @@ def _consumer_partition(
     CONSUMER: gl.constexpr,
     WINDOW: gl.constexpr,
     RETURN_LSE: gl.constexpr,
+    HAS_SINKS: gl.constexpr,
     Q_ROWS: gl.constexpr,
     Q_DESCALE: gl.constexpr,
     K_DESCALE: gl.constexpr,
@@ -558,7 +565,7 @@ def _consumer_partition(
         bars,
         schedule,
         out_ptr,
-        lse_ptr,
+        lse_and_sinks,
         q_scale_ptr,
         descales,
         geometry,
@@ -580,7 +587,7 @@ def _consumer_partition(
             smem,
             bars,
             out_ptr,
-            lse_ptr,
+            lse_and_sinks,
             q_scale_ptr,
             descales,
             geometry,
@@ -592,6 +599,7 @@ def _consumer_partition(
             CONSUMER,
             WINDOW,
             RETURN_LSE,
+            HAS_SINKS,
             Q_ROWS,
             Q_DESCALE,
             K_DESCALE,
@@ -614,6 +622,7 @@ def _fp8_attention_fwd_kernel(
     q_descale_ptr,
     k_descale_ptr,
     v_descale_ptr,
+    sinks_ptr,
     tile_counter,
     cu_seqlens_q_ptr,
     cu_seqlens_k_ptr,
@@ -641,6 +650,7 @@ def _fp8_attention_fwd_kernel(
     qk_scale,
     WINDOW: gl.constexpr,
     RETURN_LSE: gl.constexpr,
+    HAS_SINKS: gl.constexpr,
     Q_ROWS: gl.constexpr,
     Q_DESCALE: gl.constexpr,
     K_DESCALE: gl.constexpr,
@@ -670,8 +680,9 @@ def _fp8_attention_fwd_kernel(
     q_scale_ptr: float32 ``[tokens, Hq]`` contiguous (Q_ROWS: q is a 16-bit q quantized per row,
     :func:`fp8_rows.quantize_rows`). Descales: float32, element ``(b, h)`` at ``b * stride_*_descale_b + h *
     stride_*_descale_h`` (0 for a broadcast dim), read only where Q_DESCALE / K_DESCALE / V_DESCALE (else 1.0);
-    must be > 0. tile_counter: int32 ``[1]`` zero (WINDOW). WINDOW: query i sees keys ``i + Skv - Sq - left <= j <=
-    i + Skv - Sq + right`` (bottom-right aligned; causal is ``(2**30, 0)``). group_size: Hq // Hkv. num_m_blocks:
+    must be > 0. sinks_ptr: float32 ``[Hq]`` contiguous attention-sink logits (HAS_SINKS:
+    :func:`gluon_hopper.fold_sink`). tile_counter: int32 ``[1]`` zero (WINDOW). WINDOW: query i sees keys ``i + Skv
+    - Sq - left <= j <= i + Skv - Sq + right`` (bottom-right aligned; causal is ``(2**30, 0)``). group_size: Hq // Hkv. num_m_blocks:
     ``cdiv(Sq, 128)``; num_work_tiles: ``num_m_blocks * B * Hq``. qk_scale: ``softmax_scale * log2(e)`` (> 0).
     STAGES: depth of the K, raw V and V^T rings. Layouts: the shared layouts of the ``[64, D]`` Q, ``[TILE_N, D]``
     K, ``[TILE_N, V_CHUNK]`` raw V and ``[D, TILE_N]`` ``V^T`` tiles. Grid ``(min(num_work_tiles, SMs),)``,
@@ -727,7 +738,7 @@ def _fp8_attention_fwd_kernel(
         bars,
         schedule,
         out_ptr,
-        lse_ptr,
+        (lse_ptr, sinks_ptr),
         q_scale_ptr,
         descales,
         geometry,
@@ -743,11 +754,35 @@ def _fp8_attention_fwd_kernel(
         [
             (
                 _consumer_partition,
-                (consumer_args, 0, WINDOW, RETURN_LSE, Q_ROWS, Q_DESCALE, K_DESCALE, V_DESCALE, RAGGED, PAGED),
+                (
+                    consumer_args,
+                    0,
+                    WINDOW,
+                    RETURN_LSE,
+                    HAS_SINKS,
+                    Q_ROWS,
+                    Q_DESCALE,
+                    K_DESCALE,
+                    V_DESCALE,
+                    RAGGED,
+                    PAGED,
+                ),
             ),
             (
                 _consumer_partition,
-                (consumer_args, 1, WINDOW, RETURN_LSE, Q_ROWS, Q_DESCALE, K_DESCALE, V_DESCALE, RAGGED, PAGED),
+                (
+                    consumer_args,
+                    1,
+                    WINDOW,
+                    RETURN_LSE,
+                    HAS_SINKS,
+                    Q_ROWS,
+                    Q_DESCALE,
+                    K_DESCALE,
+                    V_DESCALE,
+                    RAGGED,
+                    PAGED,
+                ),
             ),
             (
                 _producer_partition,
@@ -816,7 +851,7 @@ def _shared_layouts(head_dim: int) -> dict:
 
 class GluonFp8Prefill:
     """The FP8 prefill kernel (one pass): e4m3 K/V (dense, ragged or paged) with an e4m3 q, or a 16-bit q
-    quantized per row; D 64, 128 or 256; no mask but causal / a sliding window; no sinks, score_mod or mask
+    quantized per row; D 64, 128 or 256; no mask but causal / a sliding window; sinks or not; no score_mod or mask
     tensor."""
 
     name = "gluon_fp8_prefill"
@@ -826,13 +861,12 @@ class GluonFp8Prefill:
     def supports(self, call: CheckedCall, tiles: Tiling) -> bool:
         """A config with ``warp_specialized`` (sm_90's default) on an sm_90 GPU (not the interpreter), one pass,
         float8_e4m3fn k and v (or pages TMA reads in place) with at least one key row (or page), D 64, 128 or
-        256, no sinks (:func:`gluon_hopper.gluon_eligible`: no score_mod, mask tensor, chunk or mask_mod), a
+        256 (:func:`gluon_hopper.gluon_eligible`: no score_mod, mask tensor, chunk or mask_mod), a
         positive scale and at most 2**31 - 2**20 Q blocks of 128 rows. q, k, v TMA cannot read are copied; a
         16-bit q is quantized per row."""
         return (
             call.fp8_kv
             and not tiles.split
-            and not call.has_sinks
             and call.kv_rows >= 1
             and call.head_dim in HEAD_DIMS
             and call.softmax_scale > 0
@@ -850,6 +884,7 @@ class GluonFp8Prefill:
         constexprs = dict(
             WINDOW=window,
             RETURN_LSE=call.return_lse,
+            HAS_SINKS=call.has_sinks,
             Q_ROWS=not call.fp8_q,
             Q_DESCALE=q_descale,
             K_DESCALE=k_descale,
@@ -872,6 +907,7 @@ class GluonFp8Prefill:
             q_descale_ptr="*fp32",
             k_descale_ptr="*fp32",
             v_descale_ptr="*fp32",
+            sinks_ptr="*fp32",
             tile_counter="*i32" if window else unused,
             block_table_ptr="*i32" if paged else unused,
             seqlens_ptr="*i32" if paged else unused,
@@ -959,6 +995,7 @@ class GluonFp8PrefillLaunch:
             vt = transposed_v(v)
             v_desc = (vt, vt.shape, vt.stride())
         values = (q, k_desc, v_desc, out, unread if lse is None else lse, q_scales, q_descale, k_descale, v_descale)
+        values = (*values, unread if sinks is None else sinks.contiguous())  # float32 [Hq]
         counter = dummy(out.device, torch.int32)
         values = (*values, counter, cu_q, cu_k, block_table, seqlens)
         if self.dynamic:
@@ -967,13 +1004,27 @@ class GluonFp8PrefillLaunch:
             (self.bound or self._bind(values, k, v, descales))(*values)
             return
         with self.lock:
-            values = (*values[:9], take_tile_counter(self.counters, out.device), *values[10:])
+            values = (*values[:10], take_tile_counter(self.counters, out.device), *values[11:])
             (self.bound or self._bind(values, k, v, descales))(*values)
 
     def _bind(self, values, k, v, descales) -> BoundKernel:
-        q, _, v_desc, out, lse, q_scales, q_descale, k_descale, v_descale, counter, cu_q, cu_k, block_table, seqlens = (
-            values[:14]
-        )
+        (
+            q,
+            _,
+            v_desc,
+            out,
+            lse,
+            q_scales,
+            q_descale,
+            k_descale,
+            v_descale,
+            sinks,
+            counter,
+            cu_q,
+            cu_k,
+            block_table,
+            seqlens,
+        ) = values[:15]
         call, spec = self.call, self.spec
         block_n, page_size = spec.constexprs["TILE_N"], spec.constexprs["PAGE_SIZE"]
         head_dim = call.head_dim
@@ -994,6 +1045,7 @@ class GluonFp8PrefillLaunch:
             q_descale,
             k_descale,
             v_descale,
+            sinks,
             counter,
             cu_q,
             cu_k,
@@ -1027,6 +1079,7 @@ def _prefill_call(
     page_size: int,
     ragged: bool,
     seqlen_q: int,
+    sinks: bool,
     device: torch.device,
 ) -> CheckedCall:
     """An FP8 call of the kernel's layout, without tensors (what an ahead-of-time compile needs)."""
@@ -1049,6 +1102,7 @@ def _prefill_call(
         q_rows=seqlen_q,
         kv_rows=4096,
         page_size=page_size,
+        has_sinks=sinks,
         return_lse=return_lse,
         kv_token_rows=True,
         tma_ready=(True, True, True),
@@ -1068,12 +1122,13 @@ def compile_for_sm90(
     page_size: int = 0,
     ragged: bool = False,
     seqlen_q: int = 4096,
+    sinks: bool = False,
 ) -> dict:
     """Compiles the kernel for sm_90a without a GPU (ptxas from the Triton wheel runs, nothing launches) and
     returns the compiled kernel's ``asm`` dict (``ttgir``, ``ptx``, ``cubin``, ...): the backend's
     :class:`KernelSpec` for an FP8 call of that layout: ``fp8_q`` False: a bf16 q quantized per row;
     ``page_size`` > 0: K/V in a paged cache of that page size; ``ragged``: q (and K/V unless paged) ragged. Run
-    ``seqlen_q``: the call's queries (over 4096 keys; dense K/V are transposed in memory first from
+    ``sinks``: with attention sinks; ``seqlen_q``: the call's queries (over 4096 keys; dense K/V are transposed in memory first from
     :data:`V_READS` work tiles per KV head, :func:`transposes_v`). Run it with ``TRITON_INTERPRET`` unset or 0 (see :func:`gluon_hopper.compile_for_sm90`)."""
     from triton.backends.compiler import GPUTarget
 
@@ -1082,7 +1137,7 @@ def compile_for_sm90(
     config = FA4Config(warp_specialized=True)
     with pretend_gpu((9, 0)) as device:  # the spec's grid asks the device for its SMs
         spec = BACKEND.spec(
-            _prefill_call(head_dim, causal, return_lse, descales, fp8_q, page_size, ragged, seqlen_q, device),
+            _prefill_call(head_dim, causal, return_lse, descales, fp8_q, page_size, ragged, seqlen_q, sinks, device),
             attention_config.tiling(config, False, 1, 1, 1, 1),
         )
     compiled = triton.compile(spec.ast_source(), target=GPUTarget("cuda", 90, 32), options=dict(spec.options))

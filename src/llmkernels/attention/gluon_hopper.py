@@ -448,6 +448,23 @@ def consumer_bands(first_row, first_tile, end_tile, geometry, WINDOW: gl.constex
 
 
 @gluon.jit
+def fold_sink(acc, l_i, m_log2, sinks_ptr, head):
+    """Q head ``head``'s attention sink (``sinks[head]``, float32, a logit) joins the rows' softmax denominator.
+    ``m_log2``: the rows' max in log2 units (-inf for a row that saw no key), ``acc`` ``[64, D]`` and ``l_i``
+    relative to it; returns ``(acc, l, m)`` relative to ``max(m, sink * log2 e)``. As the portable kernel
+    (:func:`kernel.store_q_tile`): a row that saw no key gets O = 0 and LSE = the sink, a sink of +inf takes all the
+    weight (O = 0, LSE = +inf), -inf is no sink, NaN gives NaN."""
+    sink = gl.load(sinks_ptr + head) * 1.4426950408889634  # log2(e)
+    final = gl.maximum(m_log2, sink)
+    final = gl.where(final == float("-inf"), 0.0, final)
+    alpha = gl.exp2(m_log2 - final)
+    # a sink at the max adds exactly 1, also a sink of +inf (where inf - inf would be NaN)
+    l_i = l_i * alpha + gl.exp2(gl.where(sink == final, 0.0, sink - final))
+    acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout)), 1)
+    return acc, l_i, final
+
+
+@gluon.jit
 def store_rows(out_ptr, out, out_token0, first_row, seqlen_q, num_q_heads, head):
     """Stores a consumer's fp32 output rows ``out`` ``[64, D]`` (rows ``first_row + i`` of the sequence whose first
     token is ``out_token0``, head ``head``) into ``[tokens, Hq, D]`` ``out_ptr`` in its dtype, rows past
@@ -499,7 +516,7 @@ def _consumer_block(
     smem,
     bars,
     out_ptr,
-    lse_ptr,
+    lse_and_sinks,
     geometry,
     lens,
     num_q_heads,
@@ -509,6 +526,7 @@ def _consumer_block(
     CONSUMER: gl.constexpr,
     WINDOW: gl.constexpr,
     RETURN_LSE: gl.constexpr,
+    HAS_SINKS: gl.constexpr,
     RAGGED: gl.constexpr,
     PAGED: gl.constexpr,
 ):
@@ -590,10 +608,14 @@ def _consumer_block(
         mbarrier.wait(v_ready.index(position % STAGES), (position // STAGES) & 1)
         mbarrier.arrive(v_empty.index(position % STAGES))
 
+    lse_ptr, sinks_ptr = lse_and_sinks
+    m_log2 = m_i * qk_scale  # acc and l_i are relative to 2^m_log2
+    if HAS_SINKS:
+        acc, l_i, m_log2 = fold_sink(acc, l_i, m_log2, sinks_ptr, head)
     if RETURN_LSE:  # natural log, [B, Hq, Sq] ([Hq, total_q] ragged) contiguous; -inf for a row that saw no key
-        lse = (m_i * qk_scale + gl.log2(l_i)) * LN2
+        lse = (m_log2 + gl.log2(l_i)) * LN2
         gl.store(lse_ptr + lse_base + rows, lse, mask=rows < seqlen_q)
-    l_safe = gl.where(l_i == 0.0, 1.0, l_i)  # a row that saw no key: output 0
+    l_safe = gl.where(l_i == 0.0, 1.0, l_i)  # a row that saw no key (and no sink): output 0
     out = acc / gl.expand_dims(gl.convert_layout(l_safe, gl.SliceLayout(1, o_layout)), 1)
     store_rows(out_ptr, out, out_token0, first_row, seqlen_q, num_q_heads, head)
     return num_tiles
@@ -605,7 +627,7 @@ def _consumer_partition(
     bars,
     schedule,
     out_ptr,
-    lse_ptr,
+    lse_and_sinks,
     geometry,
     lens,
     num_q_heads,
@@ -616,6 +638,7 @@ def _consumer_partition(
     CONSUMER: gl.constexpr,
     WINDOW: gl.constexpr,
     RETURN_LSE: gl.constexpr,
+    HAS_SINKS: gl.constexpr,
     RAGGED: gl.constexpr,
     PAGED: gl.constexpr,
 ):
@@ -631,7 +654,7 @@ def _consumer_partition(
             smem,
             bars,
             out_ptr,
-            lse_ptr,
+            lse_and_sinks,
             geometry,
             lens,
             num_q_heads,
@@ -641,6 +664,7 @@ def _consumer_partition(
             CONSUMER,
             WINDOW,
             RETURN_LSE,
+            HAS_SINKS,
             RAGGED,
             PAGED,
         )
@@ -655,6 +679,7 @@ def _attention_fwd_kernel(
     v_desc,
     out_ptr,
     lse_ptr,
+    sinks_ptr,
     tile_counter,
     cu_seqlens_q_ptr,
     cu_seqlens_k_ptr,
@@ -676,6 +701,7 @@ def _attention_fwd_kernel(
     qk_scale,
     WINDOW: gl.constexpr,
     RETURN_LSE: gl.constexpr,
+    HAS_SINKS: gl.constexpr,
     CONSUMERS: gl.constexpr,
     TILE_N: gl.constexpr,
     RAGGED: gl.constexpr,
@@ -697,7 +723,8 @@ def _attention_fwd_kernel(
     (read clamped: :func:`_ragged_bounds`); ``seqlen_q`` (and ``seqlen_kv``) are then host bounds on one
     sequence's queries (keys): ``num_m_blocks = cdiv(seqlen_q, CONSUMERS * 64)`` blocks per (sequence, head).
     out_ptr: ``[B, Sq, Hq, D]`` (ragged ``[total_q, Hq, D]``) in q's dtype, contiguous. lse_ptr: float32
-    ``[B, Hq, Sq]`` (ragged ``[Hq, total_q]``) (RETURN_LSE).
+    ``[B, Hq, Sq]`` (ragged ``[Hq, total_q]``) (RETURN_LSE). sinks_ptr: float32 ``[Hq]`` contiguous, each q head's
+    attention-sink logit, which joins the softmax's denominator (HAS_SINKS: :func:`fold_sink`).
     tile_counter: int32 ``[1]`` zero (WINDOW: work tiles are handed out in order as programs ask for them, since
     masked blocks differ in length; otherwise program p runs tiles p, p + grid, ...).
     WINDOW: query i sees keys ``i + Skv - Sq - window_left <= j <= i + Skv - Sq + window_right`` (bottom-right
@@ -753,7 +780,7 @@ def _attention_fwd_kernel(
                         bars,
                         schedule,
                         out_ptr,
-                        lse_ptr,
+                        (lse_ptr, sinks_ptr),
                         geometry,
                         lens,
                         num_q_heads,
@@ -764,6 +791,7 @@ def _attention_fwd_kernel(
                         0,
                         WINDOW,
                         RETURN_LSE,
+                        HAS_SINKS,
                         RAGGED,
                         PAGED,
                     ),
@@ -775,7 +803,7 @@ def _attention_fwd_kernel(
                         bars,
                         schedule,
                         out_ptr,
-                        lse_ptr,
+                        (lse_ptr, sinks_ptr),
                         geometry,
                         lens,
                         num_q_heads,
@@ -786,6 +814,7 @@ def _attention_fwd_kernel(
                         1,
                         WINDOW,
                         RETURN_LSE,
+                        HAS_SINKS,
                         RAGGED,
                         PAGED,
                     ),
@@ -797,7 +826,7 @@ def _attention_fwd_kernel(
                         bars,
                         schedule,
                         out_ptr,
-                        lse_ptr,
+                        (lse_ptr, sinks_ptr),
                         geometry,
                         lens,
                         num_q_heads,
@@ -808,6 +837,7 @@ def _attention_fwd_kernel(
                         2,
                         WINDOW,
                         RETURN_LSE,
+                        HAS_SINKS,
                         RAGGED,
                         PAGED,
                     ),
@@ -847,7 +877,7 @@ def _attention_fwd_kernel(
                         bars,
                         schedule,
                         out_ptr,
-                        lse_ptr,
+                        (lse_ptr, sinks_ptr),
                         geometry,
                         lens,
                         num_q_heads,
@@ -858,6 +888,7 @@ def _attention_fwd_kernel(
                         0,
                         WINDOW,
                         RETURN_LSE,
+                        HAS_SINKS,
                         RAGGED,
                         PAGED,
                     ),
@@ -869,7 +900,7 @@ def _attention_fwd_kernel(
                         bars,
                         schedule,
                         out_ptr,
-                        lse_ptr,
+                        (lse_ptr, sinks_ptr),
                         geometry,
                         lens,
                         num_q_heads,
@@ -880,6 +911,7 @@ def _attention_fwd_kernel(
                         1,
                         WINDOW,
                         RETURN_LSE,
+                        HAS_SINKS,
                         RAGGED,
                         PAGED,
                     ),
@@ -1015,19 +1047,18 @@ def sequence_rows(t: torch.Tensor) -> tuple:
 
 class GluonPrefill:
     """The warp-specialized prefill kernel (one pass): dense or ragged q and k/v, or a paged cache without key
-    starts; no mask but causal / a sliding window, no score_mod, sinks or mask tensor; D 64, 128 or 256."""
+    starts; no mask but causal / a sliding window, sinks or not, no score_mod or mask tensor; D 64, 128 or 256."""
 
     name = "gluon_prefill"
     kernel = _attention_fwd_kernel
 
     def supports(self, call: CheckedCall, tiles: Tiling) -> bool:
         """A config with ``warp_specialized`` (sm_90's default) on an sm_90 GPU (not the interpreter), one pass,
-        no sinks, :func:`gluon_eligible`, what :func:`_fits` asks, at least one key row (or page), and pages TMA
+        :func:`gluon_eligible`, what :func:`_fits` asks, at least one key row (or page), and pages TMA
         reads in place (q, k, v in other layouts are copied); no FP8 input (this kernel reads 16-bit tiles only)."""
         return (
             not tiles.split
             and not call.fp8
-            and not call.has_sinks
             and gluon_eligible(call, tiles.config)
             and call.kv_rows >= 1
             and _fits(
@@ -1050,6 +1081,7 @@ class GluonPrefill:
         constexprs = dict(
             WINDOW=window,
             RETURN_LSE=call.return_lse,
+            HAS_SINKS=call.has_sinks,
             CONSUMERS=consumers,
             TILE_N=block_n,
             RAGGED=ragged,
@@ -1066,6 +1098,7 @@ class GluonPrefill:
             v_desc=kv_type,
             out_ptr=data,
             lse_ptr="*fp32",
+            sinks_ptr="*fp32" if call.has_sinks else unused,
             qk_scale="fp32",
             tile_counter="*i32" if window else unused,
             block_table_ptr="*i32" if paged else unused,
@@ -1144,18 +1177,19 @@ class GluonPrefillLaunch:
             q, k, v, kv_cache, cu_seqlens_q, cu_seqlens_k, self.copies, self.ragged, self.paged, out
         )
         k_desc, v_desc = (sequence_rows(k), sequence_rows(v)) if self.dynamic else (k, v)
-        values = (q, k_desc, v_desc, out, lse if lse is not None else out, out, cu_q, cu_k, block_table, seqlens)
+        sinks = out if sinks is None else sinks.contiguous()  # float32 [Hq]
+        values = (q, k_desc, v_desc, out, lse if lse is not None else out, sinks, out, cu_q, cu_k, block_table, seqlens)
         if self.dynamic:
             values = (*values, k.shape[1])
         if not self.window:
             (self.bound or self._bind(values, k, v))(*values)
             return
         with self.lock:
-            values = (*values[:5], take_tile_counter(self.counters, out.device), *values[6:])
+            values = (*values[:6], take_tile_counter(self.counters, out.device), *values[7:])
             (self.bound or self._bind(values, k, v))(*values)
 
     def _bind(self, values, k, v) -> BoundKernel:
-        q, _, _, out, lse, counter, cu_q, cu_k, block_table, seqlens = values[:10]
+        q, _, _, out, lse, sinks, counter, cu_q, cu_k, block_table, seqlens = values[:11]
         call, spec = self.call, self.spec
         block_n, page_size = spec.constexprs["TILE_N"], spec.constexprs["PAGE_SIZE"]
         box = min(page_size, block_n) if self.paged else block_n
@@ -1171,6 +1205,7 @@ class GluonPrefillLaunch:
             _descriptor(v, box),
             out,
             lse,
+            sinks,
             counter,
             cu_q,
             cu_k,
@@ -1291,7 +1326,7 @@ _LAUNCHES = PlanCache("gluon_attention")
 
 
 def _prefill_call(
-    head_dim: int, window: bool, return_lse: bool, page_size: int, ragged: bool, device: torch.device
+    head_dim: int, window: bool, return_lse: bool, page_size: int, ragged: bool, sinks: bool, device: torch.device
 ) -> CheckedCall:
     """A bf16 call of the prefill kernel's layout, without tensors (what an ahead-of-time compile needs)."""
     mask = MaskSpec(has_window=True, window_right=0) if window else MaskSpec()
@@ -1311,6 +1346,7 @@ def _prefill_call(
         device,
         dtype=torch.bfloat16,
         page_size=page_size,
+        has_sinks=sinks,
         return_lse=return_lse,
         tma_ready=(True, True, True),
     )
@@ -1324,12 +1360,14 @@ def compile_for_sm90(
     consumers: int | None = None,
     page_size: int = 0,
     ragged: bool = False,
+    sinks: bool = False,
 ) -> dict:
     """Compiles the kernel for sm_90a without a GPU (ptxas from the Triton wheel runs, nothing launches) and
     returns the compiled kernel's ``asm`` dict (``ttgir``, ``ptx``, ``cubin``, ...): the backend's
     :class:`KernelSpec` for a bf16 call of that layout (:meth:`GluonPrefill.spec`); ``window``: the masked variant
     (causal or a sliding window); ``page_size`` > 0: K/V in a paged cache of that page size; ``ragged``: q (and K/V
-    unless paged) ragged; ``consumers`` None: the unmasked rule's count. Run it with ``TRITON_INTERPRET`` unset or
+    unless paged) ragged; ``sinks``: with attention sinks; ``consumers`` None: the unmasked rule's count. Run it
+    with ``TRITON_INTERPRET`` unset or
     0 (e.g. in a subprocess, as ``tests/test_compile_targets.py`` does): in interpreter mode Triton turns gl's own
     ``@jit`` helpers into interpreted functions, which the compiler then refuses."""
     from triton.backends.compiler import GPUTarget
@@ -1340,7 +1378,7 @@ def compile_for_sm90(
     config = FA4Config(warp_specialized=True, consumer_warpgroups=consumers)
     with pretend_gpu((9, 0)) as device:  # the spec's grid asks the device for its SMs
         spec = BACKEND.spec(
-            _prefill_call(head_dim, window, return_lse, page_size, ragged, device),
+            _prefill_call(head_dim, window, return_lse, page_size, ragged, sinks, device),
             attention_config.tiling(config, False, 1, 1, 1, 1),
         )
     compiled = triton.compile(spec.ast_source(), target=GPUTarget("cuda", 90, 32), options=dict(spec.options))
