@@ -330,10 +330,12 @@ def test_chunked_prefill_over_a_paged_fp8_cache(page_size):
 def test_sinks_fold_into_the_last_step(q_dtype):
     """Attention sinks run this kernel (the sink joins the denominator after P's 2^8 shift is taken out): ordinary
     sinks, one far above every score, +inf (O = 0, LSE = +inf), -inf (no sink); causal with more queries than keys
-    (rows that see no key: O = 0, LSE = the sink); per-head descales."""
+    (rows that see no key: O = 0, LSE = the sink); per-head descales; the sinks as a strided view (every other
+    element; the others NaN)."""
     q, k, v = _e4m3(2, 300, 8, 128), _e4m3(2, 200, 2, 128), _e4m3(2, 200, 2, 128)
     q = q if q_dtype == FP8 else q.to(q_dtype)
-    sinks = torch.tensor([0.0, 1.5, -2.0, 30.0, float("inf"), float("-inf"), 3.0, -0.5], device="cuda")
+    values = [0.0, 1.5, -2.0, 30.0, float("inf"), float("-inf"), 3.0, -0.5]
+    sinks = torch.tensor([x for value in values for x in (value, float("nan"))], device="cuda")[::2]  # strided
     descales = {name: _descale(2, 2) for name in ("k_descale", "v_descale")}
     out, lse = _check(q, k, v, causal=True, sinks=sinks, what=f"sinks {q_dtype}", **descales)
     assert (out[:, :, 4] == 0).all() and torch.isinf(lse[:, 4]).all()

@@ -472,11 +472,12 @@ def test_sinks_fold_into_the_last_step(gluon_launches, head_dim, q_heads, kv_hea
     """Attention sinks (gpt-oss: a logit per q head in the softmax's denominator) run this kernel: against the
     library's reference with the LSE, for sinks that are ordinary, far above every score (the weight goes to the
     sink), +inf (O = 0, LSE = +inf) and -inf (no sink); with more queries than keys, causal rows that see no key get
-    O = 0 and LSE = the sink."""
+    O = 0 and LSE = the sink. The sinks come as a strided view (every other element; the others NaN)."""
     import llmkernels as lk
 
     q, k, v = _inputs(2, 300, 200, q_heads, kv_heads, head_dim)
-    sinks = torch.tensor([0.0, 1.5, -2.0, 30.0, float("inf"), float("-inf"), 3.0, -0.5], device="cuda")[:q_heads]
+    values = [0.0, 1.5, -2.0, 30.0, float("inf"), float("-inf"), 3.0, -0.5]
+    sinks = torch.tensor([x for value in values for x in (value, float("nan"))], device="cuda")[::2]  # strided
     if "window" in mask:
         mask = dict(mask=lk.SlidingWindow(*mask["window"]))
     torch.full(q.shape, float("nan"), dtype=q.dtype, device="cuda")  # poison the memory the output will take
