@@ -875,8 +875,8 @@ def test_gluon_dispatch_hands_over_tma_readable_tensors(monkeypatch):
     """The plan's hand-over to the Hopper Gluon kernel, checked on the CPU with a stand-in for its launch: the window
     (causal: ``(UNBOUNDED, 0)``), the config's consumer count, and q/k/v that TMA could not read in place (here:
     a head-major slice) replaced by contiguous copies with the same values, so any view gives the contiguous call's
-    bits; a readable tensor is passed as is; ragged calls hand over their cumulative lengths, paged ones the pages,
-    block table and key counts."""
+    bits; a readable tensor is passed as is; sinks as a contiguous float32 ``[Hq]``; ragged calls hand over their
+    cumulative lengths, paged ones the pages, block table and key counts."""
     from llmkernels.attention import gluon_hopper
     from llmkernels.attention.masks import UNBOUNDED
 
@@ -887,14 +887,15 @@ def test_gluon_dispatch_hands_over_tma_readable_tensors(monkeypatch):
             q=_base(values[0]),
             k=_base(values[1]),
             v=_base(values[2]),
-            cu=values[6:8],
+            sinks=values[5] if _bound_value(bound, "HAS_SINKS") else None,
+            cu=values[7:9],
             window=(_bound_value(bound, "window_left"), _bound_value(bound, "window_right")),
             consumers=_bound_value(bound, "CONSUMERS"),
             scale=_bound_value(bound, "qk_scale") / LOG2E,
             paged=_bound_value(bound, "PAGE_SIZE") > 0,
             ragged=_bound_value(bound, "RAGGED"),
             seqlen_q=_bound_value(bound, "seqlen_q"),
-            pages=values[8:10],
+            pages=values[9:11],
         )
         values[3].fill_(1.0)
 
@@ -909,7 +910,11 @@ def test_gluon_dispatch_hands_over_tma_readable_tensors(monkeypatch):
     assert seen["k"].is_contiguous() and torch.equal(seen["k"], k) and seen["k"].data_ptr() != k.data_ptr()
     assert seen["window"] == (UNBOUNDED, 0) and seen["consumers"] == 3 and seen["scale"] == pytest.approx(0.25)
     attention(q, k, v, mask=SlidingWindow(7, 2), config=config)
-    assert seen["window"] == (7, 2) and not seen["paged"] and not seen["ragged"]
+    assert seen["window"] == (7, 2) and not seen["paged"] and not seen["ragged"] and seen["sinks"] is None
+    # sinks (gpt-oss) are handed over too: a strided view as a contiguous copy of its values
+    sinks = torch.randn(8)[::2]
+    attention(q, k, v, causal=True, sinks=sinks, config=config)
+    assert seen["sinks"].is_contiguous() and torch.equal(seen["sinks"], sinks)
     # ragged q and k: the cumulative lengths and the host bound on one sequence's queries
     cu = _cu_seqlens([30, 50], "cpu")
     q_ragged, k_ragged = torch.randn(80, 4, 64, dtype=torch.bfloat16), torch.randn(80, 2, 64, dtype=torch.bfloat16)
