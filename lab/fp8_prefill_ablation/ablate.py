@@ -1,6 +1,6 @@
 """Where the product FP8 prefill's time goes: the same kernel with one piece of work removed at a time.
 
-    PYTHONPATH=src:. python lab/fp8_prefill_ablation/ablate.py [--compile-only] [--out DIR]
+    PYTHONPATH=src:. python lab/fp8_prefill_ablation/ablate.py [--compile-only] [--out DIR] [--producer-transpose]
 
 Each variant is the product module (``llmkernels/attention/gluon_fp8_prefill.py``) with text substitutions,
 written to a temporary file and imported as a sibling module, its kernel swapped into the product backend (the
@@ -16,6 +16,9 @@ anything. A variant that gets much faster names the critical resource:
   against the base's.
 
 ``--compile-only`` (no GPU): compiles every variant for sm_90a and prints its consumer-loop instruction counts.
+``--producer-transpose``: every call transposes V in the producer (``V_READS`` out of reach), as the product did when
+the removal table of ``lab/NOTES.md`` was recorded; without it dense calls at these shapes take V^T from memory and
+``no_transpose`` removes nothing (the ``poly_*`` rows were recorded that way).
 """
 
 from __future__ import annotations
@@ -79,22 +82,28 @@ VARIANTS = {
 SHAPES = [(4, 16, 4096, 128, False), (4, 16, 4096, 128, True), (4, 16, 4096, 64, False), (4, 16, 4096, 64, True)]
 
 
-def load_variant(name: str, directory: str):
-    """The product module with the variant's substitutions, imported as ``llmkernels.attention._ablate_<name>``."""
-    text = open(SOURCE).read()
-    for old, new in VARIANTS[name]:
+def patched_module(source: str, name: str, substitutions: list, directory: str):
+    """The attention module at ``source`` with ``(old, new)`` text substitutions, written to ``directory`` and
+    imported as ``llmkernels.attention._lab_<name>`` (a sibling of the product modules: its relative imports work)."""
+    text = open(source).read()
+    for old, new in substitutions:
         if old not in text:
-            raise SystemExit(f"{name}: {old!r} not in the product source")
+            raise SystemExit(f"{name}: {old!r} not in {source}")
         text = text.replace(old, new)
-    path = os.path.join(directory, f"_ablate_{name}.py")
+    path = os.path.join(directory, f"_lab_{name}.py")
     with open(path, "w") as f:
         f.write(text)
-    module_name = f"llmkernels.attention._ablate_{name}"
+    module_name = f"llmkernels.attention._lab_{name}"
     spec = importlib.util.spec_from_file_location(module_name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def load_variant(name: str, directory: str):
+    """The product FP8 prefill module with the variant's substitutions."""
+    return patched_module(SOURCE, f"ablate_{name}", VARIANTS[name], directory)
 
 
 def use(module) -> None:
@@ -162,7 +171,12 @@ def main() -> None:
     parser.add_argument("--compile-only", action="store_true")
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--producer-transpose", action="store_true", help="V transposed by the producer only")
     args = parser.parse_args()
+    if args.producer_transpose:
+        from llmkernels.attention import gluon_fp8_prefill
+
+        gluon_fp8_prefill.V_READS = 10**9
     with tempfile.TemporaryDirectory() as directory:
         modules = {name: load_variant(name, directory) for name in args.variants.split(",")}
         if args.compile_only:

@@ -11,15 +11,14 @@ speak of at these sizes). Every system is checked against the reference on q hea
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
-import sys
 import tempfile
 
 import torch
 
 from benchmarks.common import graph_time_ms, time_ms
 from benchmarks.peers import sdpa_runner
+from lab.fp8_prefill_ablation.ablate import patched_module
 from llmkernels.attention import gluon_hopper
 from llmkernels.attention.api import attention
 from llmkernels.attention.config import default_config
@@ -33,25 +32,11 @@ SHAPES = ((1, 8192), (4, 4096), (16, 1024))
 HEADS, KV_HEADS, HEAD_DIM, WINDOW = 64, 8, 64, 128
 
 
-def patched(name: str, substitutions: list):
-    text = open(SOURCE).read()
-    for old, new in substitutions:
-        assert old in text, old
-        text = text.replace(old, new)
-    path = os.path.join(tempfile.mkdtemp(), f"_lab_{name}.py")
-    with open(path, "w") as f:
-        f.write(text)
-    module_name = f"llmkernels.attention._lab_{name}"
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-THREE_STAGES = patched(
+THREE_STAGES = patched_module(
+    SOURCE,
     "three_stages",
     [("STAGES: gl.constexpr = 2  # a third stage", "STAGES: gl.constexpr = 3  # a third stage")],
+    tempfile.mkdtemp(),
 )
 ORIGINAL_KERNEL = gluon_hopper.GluonPrefill.kernel
 

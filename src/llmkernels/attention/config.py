@@ -36,9 +36,10 @@ FA4 switches
 Hopper's warp-specialized schedule
 ----------------------------------
 ``warp_specialized``     run the Gluon kernels where they apply (an sm_90 GPU, no score_mod or mask tensor;
-                         sinks fold into the prefills' last step): ``gluon_hopper.py`` for fp16/bf16 prefill, D 64/128/256, causal / a sliding
-                         window; ``gluon_fp8_prefill.py`` for e4m3 K/V prefill (e4m3 or 16-bit q, dense,
-                         ragged or paged, D 64/128/256, causal / a sliding window, three-stage rings): the
+                         sinks fold into the prefills' last step): ``gluon_hopper.py`` for fp16/bf16 prefill,
+                         D 64/128/256, causal / a sliding window; ``gluon_fp8_prefill.py`` for e4m3 K/V
+                         prefill (e4m3 or 16-bit q, dense, ragged or paged, D 64/128/256, causal / a sliding
+                         window, three-stage rings): the
                          seed's warp roles made explicit, a TMA **load warp** (K and V through two-stage rings in
                          the bf16 kernel, the seed's ``num_kv_stages`` = 2) and consumer warpgroups
                          that each issue their own wgmmas and run their own softmax (on Hopper the warpgroup

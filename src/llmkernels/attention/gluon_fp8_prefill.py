@@ -15,10 +15,11 @@ P's own rounding (the GPU tests state the measured errors).
 
 Measured on an H100 (Triton 3.6, CUDA-graph replay, one run each): ``bench_attention_prefill --fp8``, e4m3 q/k/v:
 0.91-0.97x cuDNN's FP8 SDPA and 1.17-1.37x our bf16 prefill at D = 128, 0.88-0.90x cuDNN FP8 at D = 64, 0.92-0.98x
-at D = 256 (0.77-0.88x, 0.88x and 0.76-0.81x before V was transposed in memory); relative error 2.0-2.7e-2 against float64 on the dequantized inputs (randn), where cuDNN FP8's is
-3.3-3.7e-2 (it also rounds O to e4m3). ``bench_attention_chunked --fp8``, bf16 chunks over an FP8 paged cache
-(8k-32k keys): 0.79-0.96x the same over a bf16 cache at 16-key pages, 1.02-1.16x at 64-key pages. FA4's
-conditional rescaling with an eighth of the exp2s on the FMA units measured 2-18% slower (lab/gluon_fp8_attention).
+at D = 256 (0.77-0.88x, 0.88x and 0.76-0.81x before V was transposed in memory); relative error 2.0-2.7e-2 against
+float64 on the dequantized inputs (randn), where cuDNN FP8's is 3.3-3.7e-2 (it also rounds O to e4m3).
+``bench_attention_chunked --fp8``, bf16 chunks over an FP8 paged cache (8k-32k keys): 0.79-0.96x the same over a
+bf16 cache at 16-key pages, 1.02-1.16x at 64-key pages. FA4's conditional rescaling with an eighth of the exp2s on
+the FMA units measured 2-18% slower (lab/gluon_fp8_attention).
 
 The schedule is :mod:`.gluon_hopper`'s (the bf16 prefill, whose work-tile geometry and K/V loads it shares) with
 e4m3 operands:
@@ -31,10 +32,10 @@ e4m3 operands:
   ``V^T`` with keys contiguous. Dense K/V read by at least :data:`V_READS` work tiles per KV head come as ``V^T``
   transposed in memory first (:func:`fp8_vt.transposed_v`, in the key order below), whose tiles land in the ``V^T``
   ring as they are: 1.02-1.17x the producer's transpose on an H100 with the pass counted, 0.81-0.97x below 16
-  reads (``lab/fp8_prefill_ablation``). Otherwise the producer **transposes V**: V arrives in a separate raw ring as boxes of ``min(D, 128)``
-  columns (one a page); the producer reads ``[128 keys, 32 dims]`` pieces (``[64, 64]`` at D = 256) into
-  registers, relabels each ``[dims, keys]`` (``gl.permute``: no data moves) and stores it into the ``[D, TILE_N]``
-  ``V^T`` stage while the next tile lands;
+  reads (``lab/fp8_prefill_ablation``). Otherwise the producer **transposes V**: V arrives in a separate raw ring
+  as boxes of ``min(D, 128)`` columns (one a page); the producer reads ``[128 keys, 32 dims]`` pieces (``[64,
+  64]`` at D = 256) into registers, relabels each ``[dims, keys]`` (``gl.permute``: no data moves) and stores it
+  into the ``[D, TILE_N]`` ``V^T`` stage while the next tile lands;
   ``fence.proxy.async``, a barrier of the producer's warps, then ``vt_ready``. On the way the keys are permuted
   within each 32-key block (:func:`_to_operand` says why), and the rows of a ragged or paged sequence's last tile
   past its keys (another sequence's values, NaN say) are zeroed;
@@ -682,11 +683,13 @@ def _fp8_attention_fwd_kernel(
     stride_*_descale_h`` (0 for a broadcast dim), read only where Q_DESCALE / K_DESCALE / V_DESCALE (else 1.0);
     must be > 0. sinks_ptr: float32 ``[Hq]`` contiguous attention-sink logits (HAS_SINKS:
     :func:`gluon_hopper.fold_sink`). tile_counter: int32 ``[1]`` zero (WINDOW). WINDOW: query i sees keys ``i + Skv
-    - Sq - left <= j <= i + Skv - Sq + right`` (bottom-right aligned; causal is ``(2**30, 0)``). group_size: Hq // Hkv. num_m_blocks:
-    ``cdiv(Sq, 128)``; num_work_tiles: ``num_m_blocks * B * Hq``. qk_scale: ``softmax_scale * log2(e)`` (> 0).
-    STAGES: depth of the K, raw V and V^T rings. Layouts: the shared layouts of the ``[64, D]`` Q, ``[TILE_N, D]``
-    K, ``[TILE_N, V_CHUNK]`` raw V and ``[D, TILE_N]`` ``V^T`` tiles. Grid ``(min(num_work_tiles, SMs),)``,
-    num_warps 4 (the default partition, consumer 0), maxnreg 168."""
+    - Sq - left <= j <= i + Skv - Sq + right`` (bottom-right aligned; causal is ``(2**30, 0)``). group_size: Hq //
+    Hkv. num_m_blocks: ``cdiv(Sq, 128)``; num_work_tiles: ``num_m_blocks * B * Hq``. qk_scale: ``softmax_scale *
+    log2(e)`` (> 0). STAGES: depth of the K, raw V and V^T rings. V_TRANSPOSED: ``v_desc`` is over
+    :func:`fp8_vt.transposed_v`'s ``[B, Hkv * D, S']``, block ``[1, D, TILE_N]`` (dense K/V; the raw V ring is then
+    unused). Layouts: the shared layouts of the ``[64, D]`` Q, ``[TILE_N, D]`` K, ``[TILE_N, V_CHUNK]`` raw V and
+    ``[D, TILE_N]`` ``V^T`` tiles. Grid ``(min(num_work_tiles, SMs),)``, num_warps 4 (the default partition,
+    consumer 0), maxnreg 168."""
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[2]
     V_BOX: gl.constexpr = HEAD_DIM if HEAD_DIM < 128 else 128  # v_box(HEAD_DIM)
     RAW_BOXES: gl.constexpr = 1 if V_TRANSPOSED else STAGES * (HEAD_DIM // V_BOX)  # V_TRANSPOSED: unused
@@ -877,7 +880,7 @@ class GluonFp8Prefill:
 
     def spec(self, call: CheckedCall, tiles: Tiling) -> KernelSpec:
         head_dim, paged, ragged, window = call.head_dim, call.paged, call.ragged, call.mask_spec.has_window
-        block_n = tile_n(head_dim)
+        block_n, v_transposed = tile_n(head_dim), transposes_v(call)
         box = min(call.page_size, block_n) if paged else block_n
         num_work_tiles = triton.cdiv(call.q_bound, BLOCK_M) * call.batch * call.num_q_heads
         q_descale, k_descale, v_descale = call.descales
@@ -893,14 +896,14 @@ class GluonFp8Prefill:
             PAGE_SIZE=call.page_size if paged else 0,
             STAGES=STAGES,
             TILE_N=block_n,
-            V_TRANSPOSED=transposes_v(call),
+            V_TRANSPOSED=v_transposed,
             **_shared_layouts(head_dim),
         )
         unused = "*fp32"  # the pointers a variant never reads
         arg_types = dict(
             q_desc=descriptor_type(FP8, [1, 64, head_dim]),
             k_desc=descriptor_type(FP8, [1, box, head_dim]),
-            v_desc=descriptor_type(FP8, [1, head_dim, block_n] if transposes_v(call) else [1, box, v_box(head_dim)]),
+            v_desc=descriptor_type(FP8, [1, head_dim, block_n] if v_transposed else [1, box, v_box(head_dim)]),
             out_ptr="*" + TYPE_NAMES[call.dtype],
             lse_ptr="*fp32",
             q_scale_ptr="*fp32",
@@ -1127,9 +1130,10 @@ def compile_for_sm90(
     """Compiles the kernel for sm_90a without a GPU (ptxas from the Triton wheel runs, nothing launches) and
     returns the compiled kernel's ``asm`` dict (``ttgir``, ``ptx``, ``cubin``, ...): the backend's
     :class:`KernelSpec` for an FP8 call of that layout: ``fp8_q`` False: a bf16 q quantized per row;
-    ``page_size`` > 0: K/V in a paged cache of that page size; ``ragged``: q (and K/V unless paged) ragged. Run
-    ``sinks``: with attention sinks; ``seqlen_q``: the call's queries (over 4096 keys; dense K/V are transposed in memory first from
-    :data:`V_READS` work tiles per KV head, :func:`transposes_v`). Run it with ``TRITON_INTERPRET`` unset or 0 (see :func:`gluon_hopper.compile_for_sm90`)."""
+    ``page_size`` > 0: K/V in a paged cache of that page size; ``ragged``: q (and K/V unless paged) ragged;
+    ``sinks``: with attention sinks; ``seqlen_q``: the call's queries (over 4096 keys; dense K/V are transposed in
+    memory first from :data:`V_READS` work tiles per KV head, :func:`transposes_v`). Run it with
+    ``TRITON_INTERPRET`` unset or 0 (see :func:`gluon_hopper.compile_for_sm90`)."""
     from triton.backends.compiler import GPUTarget
 
     if head_dim not in HEAD_DIMS:

@@ -1367,9 +1367,9 @@ def compile_for_sm90(
     :class:`KernelSpec` for a bf16 call of that layout (:meth:`GluonPrefill.spec`); ``window``: the masked variant
     (causal or a sliding window); ``page_size`` > 0: K/V in a paged cache of that page size; ``ragged``: q (and K/V
     unless paged) ragged; ``sinks``: with attention sinks; ``consumers`` None: the unmasked rule's count. Run it
-    with ``TRITON_INTERPRET`` unset or
-    0 (e.g. in a subprocess, as ``tests/test_compile_targets.py`` does): in interpreter mode Triton turns gl's own
-    ``@jit`` helpers into interpreted functions, which the compiler then refuses."""
+    with ``TRITON_INTERPRET`` unset or 0 (e.g. in a subprocess, as ``tests/test_compile_targets.py`` does): in
+    interpreter mode Triton turns gl's own ``@jit`` helpers into interpreted functions, which the compiler then
+    refuses."""
     from triton.backends.compiler import GPUTarget
 
     if head_dim not in HEAD_DIMS:
